@@ -1,0 +1,66 @@
+"""Project sessions. `nox -s demo` runs the main job; `nox -s lint tests` runs the checks CI runs."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests"]
+
+ROOT = Path(__file__).parent
+# torch 2.13.0 (CPU) is what the development and CI machines install from local wheels; the GPU
+# machine has torch 2.11. The code supports 2.11 through 2.14.
+TORCH = "torch==2.13.0"
+PACKAGES = ["csf-codec", "csf-kernels", "csf-moe", "csf-attention", "csf-serving-adapters"]
+
+
+def _install_packages(session: nox.Session, *extras: str) -> None:
+    session.install(TORCH)
+    codec = f"packages/csf-codec[{','.join(extras)}]" if extras else "packages/csf-codec"
+    args = ["-e", codec]
+    for pkg in PACKAGES[1:]:
+        args += ["-e", f"packages/{pkg}"]
+    session.install(*args)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The CPU test suite (GPU tests are skipped here; see README for the H200 command)."""
+    _install_packages(session, "test")
+    session.run("python", "-m", "pytest", "-m", "not gpu", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: synthetic MXFP4 and NVFP4 MoE checkpoints of the DeepSeek-V4.1-Flash TP4 layer,
+    compressed, verified and restored, with their sizes and ratios."""
+    _install_packages(session)
+    session.run("python", "-m", "csf_codec.demo", *session.posargs)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+@nox.session
+def bench_codec(session: nox.Session) -> None:
+    """Both forms' ratios and CPU encode/decode throughput on the DS4.1-TP4 planes, as JSON."""
+    _install_packages(session)
+    stamp = datetime.date.today().isoformat()
+    out = f"benchmarks/results/codec-{stamp}-{_commit()}.json"
+    session.run("python", "benchmarks/bench_codec.py", "--out", out, *session.posargs)

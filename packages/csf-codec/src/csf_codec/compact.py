@@ -1,0 +1,328 @@
+"""The compact CSF form: the smallest lossless form, for checkpoints and bulk expansion.
+
+A plane of R rows (experts x N, flattened) and C scale columns is stored as five body sections
+(docs/csf-format.md has the normative description):
+
+1. ``base codes``: one 2-bit code per row, four per byte: 0 = same base as the row above, 1 = +1,
+   2 = -1, 3 = escape (the base is the next byte of section 2). Row 0 of every 128-row segment is an
+   escape, so segments decode independently (one GPU program per segment).
+2. ``escapes``: the escaped base bytes, in row order.
+3. ``selectors``: R*C fields of ``width`` bits, row-major: scale = base + field for in-window scales.
+4. ``chunk counts``: the flat plane is cut into 256-scale chunks; one byte each: the number n of
+   exceptions (scales outside their row's window) when 2n < chunk length, else 255 = raw chunk.
+5. ``exceptions``: per chunk in order, n position bytes (ascending, within the chunk) then n value
+   bytes; or, for a raw chunk, the chunk's native bytes.
+
+The encoder picks the offset width (1, 2 or 4 bits) that gives the smallest payload. Encoding is plain
+deterministic torch, so it produces the same bytes on the CPU and on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .bitfields import pack_fields, packed_nbytes, unpack_fields
+from .container import Envelope, open_envelope, seal
+from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
+from .formats import ScaleFormat, scale_format
+from .planes import as_rows
+from .rowbase import row_bases_for_widths
+
+__all__ = [
+    "CHUNK_SCALES",
+    "SEGMENT_ROWS",
+    "CompactHeader",
+    "CompactScales",
+    "compact_size",
+    "decode_compact",
+    "encode_compact",
+    "read_compact_header",
+]
+
+MAGIC = b"CSFc"
+SEGMENT_ROWS = 128
+CHUNK_SCALES = 256
+RAW_CHUNK = 255
+_SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
+_WIDTHS = (1, 2, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactHeader:
+    fmt: ScaleFormat
+    shape: tuple[int, ...]
+    width: int
+    sections: tuple[int, ...]
+
+    @property
+    def version(self) -> int:
+        from .container import CSF_FORMAT_VERSION
+
+        return CSF_FORMAT_VERSION
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactScales:
+    """A compact-form plane: ``payload`` is self-describing (header, checksums, geometry)."""
+
+    payload: torch.Tensor
+    shape: tuple[int, ...]
+    fmt: ScaleFormat
+    width: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.payload.numel())
+
+    @property
+    def native_nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Everything the encoder derives for one offset width, sized exactly."""
+
+    width: int
+    bases: torch.Tensor  # uint8 [R]
+    codes: torch.Tensor  # uint8 [R]
+    outside: torch.Tensor  # bool [R*C]
+    counts: torch.Tensor  # int64 [chunks]
+    raw: torch.Tensor  # bool [chunks]
+    chunk_len: torch.Tensor  # int64 [chunks]
+    chunk_bytes: torch.Tensor  # int64 [chunks]
+
+    def sections(self, rows: int, cols: int) -> tuple[int, ...]:
+        escapes = int((self.codes == _ESCAPE).sum())
+        return (
+            packed_nbytes(rows, 2),
+            escapes,
+            packed_nbytes(rows * cols, self.width),
+            int(self.counts.numel()),
+            int(self.chunk_bytes.sum()),
+        )
+
+
+def _chunk_lengths(total: int, device: torch.device) -> torch.Tensor:
+    n = (total + CHUNK_SCALES - 1) // CHUNK_SCALES
+    lens = torch.full((n,), CHUNK_SCALES, dtype=torch.int64, device=device)
+    if n:
+        lens[-1] = total - CHUNK_SCALES * (n - 1)
+    return lens
+
+
+def _base_codes(bases: torch.Tensor) -> torch.Tensor:
+    b = bases.to(torch.int16)
+    delta = torch.zeros_like(b)
+    delta[1:] = b[1:] - b[:-1]
+    codes = torch.full_like(bases, _ESCAPE)
+    codes[delta == 0] = _SAME
+    codes[delta == 1] = _UP
+    codes[delta == -1] = _DOWN
+    codes[::SEGMENT_ROWS] = _ESCAPE
+    return codes
+
+
+def _layout(rows: torch.Tensor, bases: torch.Tensor, width: int) -> _Layout:
+    d = rows.to(torch.int16) - bases.to(torch.int16)[:, None]
+    outside = ((d < 0) | (d >= (1 << width))).reshape(-1)
+    total = outside.numel()
+    chunk_len = _chunk_lengths(total, rows.device)
+    padded = torch.nn.functional.pad(outside, (0, chunk_len.numel() * CHUNK_SCALES - total))
+    counts = padded.view(-1, CHUNK_SCALES).sum(dim=1, dtype=torch.int64)
+    raw = 2 * counts >= chunk_len
+    chunk_bytes = torch.where(raw, chunk_len, 2 * counts)
+    return _Layout(width, bases, _base_codes(bases), outside, counts, raw, chunk_len, chunk_bytes)
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    if x.numel() > 1:
+        out[1:] = x.cumsum(0)[:-1]
+    return out
+
+
+def _build_body(rows: torch.Tensor, lay: _Layout) -> tuple[torch.Tensor, tuple[int, ...]]:
+    flat = rows.reshape(-1)
+    r, c = rows.shape
+    d = (rows.to(torch.int16) - lay.bases.to(torch.int16)[:, None]).reshape(-1)
+    fields = torch.where(lay.outside, torch.zeros_like(d), d).to(torch.uint8)
+    codes = pack_fields(lay.codes, 2)
+    escapes = lay.bases[lay.codes == _ESCAPE]
+    selectors = pack_fields(fields, lay.width)
+    counts = torch.where(lay.raw, torch.full_like(lay.counts, RAW_CHUNK), lay.counts).to(torch.uint8)
+
+    exc = torch.zeros(int(lay.chunk_bytes.sum()), dtype=torch.uint8, device=rows.device)
+    offsets = _exclusive_cumsum(lay.chunk_bytes)
+    chunk_of = torch.arange(flat.numel(), device=rows.device) // CHUNK_SCALES
+    in_raw = lay.raw[chunk_of] if flat.numel() else torch.zeros(0, dtype=torch.bool, device=rows.device)
+    # raw chunks: their native bytes
+    raw_idx = in_raw.nonzero().squeeze(1)
+    exc[offsets[chunk_of[raw_idx]] + raw_idx % CHUNK_SCALES] = flat[raw_idx]
+    # listed chunks: positions, then values (nonzero() is ordered, so ranks ascend within a chunk)
+    idx = (lay.outside & ~in_raw).nonzero().squeeze(1)
+    ch = chunk_of[idx]
+    listed_counts = torch.where(lay.raw, torch.zeros_like(lay.counts), lay.counts)
+    rank = torch.arange(idx.numel(), device=rows.device) - _exclusive_cumsum(listed_counts)[ch]
+    exc[offsets[ch] + rank] = (idx % CHUNK_SCALES).to(torch.uint8)
+    exc[offsets[ch] + lay.counts[ch] + rank] = flat[idx]
+
+    body = torch.cat([codes, escapes, selectors, counts, exc])
+    sections = (codes.numel(), escapes.numel(), selectors.numel(), counts.numel(), exc.numel())
+    assert sections == lay.sections(r, c)
+    return body, sections
+
+
+def compact_size(layout_sections: tuple[int, ...]) -> int:
+    from .container import HEADER_BYTES
+
+    return HEADER_BYTES + sum(layout_sections)
+
+
+def encode_compact(
+    plane: torch.Tensor,
+    fmt: ScaleFormat | str,
+    *,
+    name: str = "scales",
+    widths: tuple[int, ...] = _WIDTHS,
+    verify: bool = True,
+) -> CompactScales:
+    """Encode a native scale plane (uint8 [N, KB] or [E, N, KB]) into the compact form.
+
+    ``verify`` (the default) decodes the result and compares it byte for byte with ``plane``.
+    """
+    fmt = scale_format(fmt)
+    rows, shape = as_rows(plane, name=name)
+    r, c = rows.shape
+    bases = row_bases_for_widths(rows, widths)
+    layouts = [_layout(rows, bases[w], w) for w in widths]
+    best = min(layouts, key=lambda lay: (sum(lay.sections(r, c)), lay.width))
+    body, sections = _build_body(rows, best)
+    env = Envelope(magic=MAGIC, fmt=fmt, param=best.width, shape=shape, extra=0, sections=sections)
+    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=best.width)
+    if verify:
+        back = decode_compact(out.payload, name=name)
+        if not torch.equal(back, plane.view(torch.uint8) if plane.dtype != torch.uint8 else plane):
+            raise VerificationError(name, "compact encoding does not decode to the native bytes")
+    return out
+
+
+def read_compact_header(payload: torch.Tensor, *, name: str = "scales") -> CompactHeader:
+    env, _ = open_envelope(payload, MAGIC, name=name, check_body=False)
+    return _header(env, name)
+
+
+def _header(env: Envelope, name: str) -> CompactHeader:
+    if env.param not in _WIDTHS:
+        raise CorruptPayloadError(name, f"impossible offset width {env.param}")
+    return CompactHeader(fmt=env.fmt, shape=env.shape, width=env.param, sections=env.sections)
+
+
+def decode_compact(
+    payload: torch.Tensor | CompactScales,
+    *,
+    name: str = "scales",
+    expected_shape: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """Decode a compact payload to its native plane (uint8, on the payload's device).
+
+    Raises :class:`CorruptPayloadError`, :class:`FormatVersionError` or :class:`ShapeMismatchError`
+    naming ``name``; every index is validated before use, so no input reads out of bounds.
+    """
+    if isinstance(payload, CompactScales):
+        payload = payload.payload
+    env, body = open_envelope(payload, MAGIC, name=name)
+    head = _header(env, name)
+    if expected_shape is not None and tuple(expected_shape) != head.shape:
+        raise ShapeMismatchError(name, f"payload holds a plane of shape {head.shape}, expected {tuple(expected_shape)}")
+    shape, w = head.shape, head.width
+    c = shape[-1]
+    r = 1
+    for dim in shape[:-1]:
+        r *= dim
+    total = r * c
+    dev = body.device
+    # sizes first, in Python integers: a forged geometry must fail here, before anything is allocated
+    want = (packed_nbytes(r, 2), None, packed_nbytes(total, w), -(-total // CHUNK_SCALES), None)
+    for i, (got, exp) in enumerate(zip(head.sections, want, strict=True)):
+        if exp is not None and got != exp:
+            raise CorruptPayloadError(name, f"section {i} holds {got} bytes, the geometry {shape} needs {exp}")
+    chunk_len = _chunk_lengths(total, dev)
+    bounds = torch.tensor((0, *head.sections), dtype=torch.int64).cumsum(0).tolist()
+    sec = [body[bounds[i] : bounds[i + 1]] for i in range(5)]
+
+    codes = unpack_fields(sec[0], 2, r)
+    if r and bool((codes[::SEGMENT_ROWS] != _ESCAPE).any()):
+        raise CorruptPayloadError(name, "a 128-row segment does not start with an escaped base")
+    is_esc = codes == _ESCAPE
+    if int(is_esc.sum()) != sec[1].numel():
+        raise CorruptPayloadError(name, f"{int(is_esc.sum())} escaped bases announced, {sec[1].numel()} stored")
+    bases = _scan_bases(codes, is_esc, sec[1])
+    if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
+        raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+
+    fields = unpack_fields(sec[2], w, total).to(torch.int32)
+    row_of = torch.arange(total, device=dev) // c if c else torch.zeros(0, dtype=torch.int64, device=dev)
+    flat = (bases[row_of] + fields).to(torch.uint8) if total else torch.zeros(0, dtype=torch.uint8, device=dev)
+
+    counts = sec[3].to(torch.int64)
+    raw = counts == RAW_CHUNK
+    if bool((~raw & (2 * counts >= chunk_len)).any()):
+        raise CorruptPayloadError(name, "a chunk lists more exceptions than a raw chunk would hold")
+    chunk_bytes = torch.where(raw, chunk_len, 2 * counts)
+    if int(chunk_bytes.sum()) != sec[4].numel():
+        raise CorruptPayloadError(
+            name, f"exception section holds {sec[4].numel()} bytes, chunk counts need {int(chunk_bytes.sum())}"
+        )
+    offsets = _exclusive_cumsum(chunk_bytes)
+    exc = sec[4]
+
+    listed = torch.where(raw, torch.zeros_like(counts), counts)
+    n_listed = int(listed.sum())
+    if n_listed:
+        ch = torch.repeat_interleave(torch.arange(counts.numel(), device=dev), listed)
+        rank = torch.arange(n_listed, device=dev) - _exclusive_cumsum(listed)[ch]
+        pos = exc[offsets[ch] + rank].to(torch.int64)
+        val = exc[offsets[ch] + counts[ch] + rank]
+        if bool((pos >= chunk_len[ch]).any()):
+            raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
+        same_chunk = ch[1:] == ch[:-1]
+        if bool((same_chunk & (pos[1:] <= pos[:-1])).any()):
+            raise CorruptPayloadError(name, "exception positions are not strictly ascending")
+        where = ch * CHUNK_SCALES + pos
+        if bool((fields[where] != 0).any()):
+            raise CorruptPayloadError(name, "an exception's selector is not zero")
+        base = bases[row_of[where]]
+        v = val.to(torch.int32)
+        if bool(((v >= base) & (v < base + (1 << w))).any()):
+            raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
+        flat[where] = val
+    raw_chunks = raw.nonzero().squeeze(1)
+    if raw_chunks.numel():
+        lens = chunk_len[raw_chunks]
+        ch = torch.repeat_interleave(raw_chunks, lens)
+        within = torch.arange(int(lens.sum()), device=dev) - _exclusive_cumsum(lens).repeat_interleave(lens)
+        flat[ch * CHUNK_SCALES + within] = exc[offsets[ch] + within]
+    return flat.reshape(shape)
+
+
+def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:
+    """Row bases from 2-bit delta codes: each row adds its delta to the last escaped base above it."""
+    r = codes.numel()
+    dev = codes.device
+    if r == 0:
+        return torch.zeros(0, dtype=torch.int32, device=dev)
+    delta = torch.zeros(r, dtype=torch.int32, device=dev)
+    delta[codes == _UP] = 1
+    delta[codes == _DOWN] = -1
+    cum = delta.cumsum(0)
+    idx = torch.arange(r, device=dev)
+    last_esc = torch.where(is_esc, idx, torch.full_like(idx, -1)).cummax(0).values
+    esc_value = torch.zeros(r, dtype=torch.int32, device=dev)
+    esc_value[is_esc] = escapes.to(torch.int32)
+    return esc_value[last_esc] + cum - cum[last_esc]

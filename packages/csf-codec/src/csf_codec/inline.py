@@ -1,0 +1,449 @@
+"""The inline CSF form: fixed-size tile records that a GEMM pipeline stage copies and decodes in registers.
+
+Storage of one plane (tile geometry and slot order: :mod:`csf_codec.tile_layout`):
+
+* ``base_ref``   uint8 [row_blocks]: a reference byte per 128-row block.
+* ``base_delta`` uint8 [row_blocks, 64]: each slot's row base minus the reference, one nibble per slot
+  (slot s in nibble s; a quad's four rows are one little-endian u16).
+* ``records``    uint8 [row_blocks, full_col_tiles, S]: one S-byte record per 128 x 4 tile.
+* ``tail``       uint8 [row_blocks, S_tail]: records of the tail column tile (cols % 4 columns), if any.
+* ``raw`` / ``tail_raw``: native bytes (slot * columns + column order) of tiles no mode fits.
+
+S and S_tail are multiples of 16 chosen per plane, so a stage copies a record with aligned 16-byte
+copies. Record layout, for a tile of ``tc`` columns, selector width w, cap = min(63, (S - 4 - 16 tc w) // 3)::
+
+    [0, 16 tc w)                      selectors: field p = slot * tc + column at bit p * w
+    [16 tc w, +2 cap)                 exception positions p, u16 little-endian, ascending
+    [16 tc w + 2 cap, +cap)           exception values
+    [S - 4, S)                        header u32: bits 0-1 mode (0: 1-bit, 1: 2-bit, 2: 4-bit, 3: raw);
+                                      selector modes: bits 2-7 exception count, bits 8-15 origin o (int8);
+                                      raw: bits 2-31 index into the raw tiles of its column class
+
+A selector tile decodes scale = base_ref + delta[slot] + o + field, then patches its exceptions. Each
+tile takes the (width, origin) window with the fewest exceptions that fits its record, so scattered
+exceptions push a tile into 2-bit selectors or more exception slots long before it goes raw. A row whose
+base lies more than 15 above its block's reference is clamped; its scales then travel as exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .bitfields import pack_fields, unpack_fields
+from .container import Envelope, open_envelope, seal
+from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
+from .formats import ScaleFormat, scale_format
+from .planes import as_rows
+from .rowbase import row_bases
+from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
+
+__all__ = [
+    "CANDIDATE_WINDOWS",
+    "MODE_RAW",
+    "MODE_WIDTH",
+    "InlineScales",
+    "decode_inline",
+    "encode_inline",
+    "exception_capacity",
+    "inline_from_payload",
+    "record_bytes_choices",
+]
+
+MAGIC = b"CSFi"
+MODE_RAW = 3
+MODE_WIDTH = {0: 1, 1: 2, 2: 4}
+_WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
+_HEADER = 4
+_EXCEPTION = 3  # u16 position + u8 value
+MAX_EXCEPTIONS = 63
+_DELTA_BITS = 4
+_ROW_GROUP_MASK = (1 << 20) - 1  # the envelope packs row group and both record sizes into one u32
+
+# (width, origin) windows the encoder tries, relative to the row base; the decoder accepts any legal one.
+CANDIDATE_WINDOWS = {
+    "mxfp4": ((1, 0), (1, -1), (1, 1), (2, -1), (2, 0), (2, -2), (2, 1), (4, -4), (4, -6)),
+    "nvfp4": ((4, 0), (4, -1), (4, 1), (4, -2), (4, 2), (4, -4), (4, 4), (2, 0), (1, 0)),
+}
+
+
+def selector_bytes(width: int, cols: int) -> int:
+    return TILE_ROWS * cols * width // 8
+
+
+def exception_capacity(width: int, record_bytes: int, cols: int = TILE_COLS) -> int:
+    """Exceptions a record holds in a mode of this selector width (negative: the mode does not fit).
+
+    At most 63: the header's count field has six bits.
+    """
+    return min(MAX_EXCEPTIONS, (record_bytes - _HEADER - selector_bytes(width, cols)) // _EXCEPTION)
+
+
+def record_bytes_choices(fmt: ScaleFormat, cols: int = TILE_COLS) -> tuple[int, ...]:
+    """Record sizes a plane may choose from for tiles of ``cols`` columns (kernels are built per size)."""
+    w = fmt.row_base_width
+    smallest = -(-(selector_bytes(w, cols) + _HEADER + _EXCEPTION) // 16) * 16
+    return tuple(smallest + 16 * i for i in range(8 if w == 1 else 6))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InlineScales:
+    fmt: ScaleFormat
+    shape: tuple[int, ...]
+    row_group: int
+    base_ref: torch.Tensor
+    base_delta: torch.Tensor
+    record_bytes: int
+    records: torch.Tensor
+    raw: torch.Tensor
+    tail_record_bytes: int
+    tail: torch.Tensor
+    tail_raw: torch.Tensor
+
+    @property
+    def geometry(self) -> InlineGeometry:
+        return InlineGeometry.for_shape(self.shape, self.row_group)
+
+    def _parts(self) -> tuple[torch.Tensor, ...]:
+        return (self.base_ref, self.base_delta, self.records, self.raw, self.tail, self.tail_raw)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.numel()) for t in self._parts())
+
+    @property
+    def raw_tiles(self) -> int:
+        return int(self.raw.shape[0] + self.tail_raw.shape[0])
+
+    def headers(self) -> torch.Tensor:
+        """int64 header words of every record: full column tiles first, then tail tiles."""
+        out = []
+        for rec, s in ((self.records, self.record_bytes), (self.tail, self.tail_record_bytes)):
+            if rec.numel():
+                h = rec.reshape(-1, s)[:, -_HEADER:].to(torch.int64)
+                out.append(h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24))
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+    def mode_counts(self) -> dict[str, int]:
+        modes = self.headers() & 3
+        names = {0: "sel1", 1: "sel2", 2: "sel4", 3: "raw"}
+        return {names[m]: int((modes == m).sum()) for m in range(4)}
+
+    @property
+    def exceptions(self) -> int:
+        h = self.headers()
+        return int(torch.where((h & 3) == MODE_RAW, 0, (h >> 2) & 63).sum())
+
+    def to_payload(self) -> torch.Tensor:
+        """Serialize (header with checksums, then the six arrays) into one uint8 tensor."""
+        parts = self._parts()
+        sizes = (
+            parts[0].numel() + parts[1].numel(),
+            parts[2].numel(),
+            parts[3].numel(),
+            parts[4].numel(),
+            parts[5].numel(),
+        )
+        extra = self.row_group | (self.record_bytes // 16) << 20 | (self.tail_record_bytes // 16) << 26
+        env = Envelope(magic=MAGIC, fmt=self.fmt, param=0, shape=self.shape, extra=extra, sections=sizes)
+        return seal(env, torch.cat([p.reshape(-1) for p in parts]))
+
+
+# ----------------------------------------------------------------------------------------------- bases
+
+
+def _block_bases(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat):
+    """Row bases in slot order as (reference [RB], nibble deltas [RB, 128]) and the effective bases."""
+    dev = rows.device
+    br = geo.block_rows(dev)
+    valid = br >= 0
+    natural = row_bases(rows, fmt.row_base_width)
+    slot_base = natural[br.clamp(min=0)]
+    # padding slots repeat slot 0 (row 0 of a block always exists) so they do not move the reference
+    slot_base = torch.where(valid, slot_base, slot_base[:, :1])
+    ref = row_bases(slot_base, _DELTA_BITS) if geo.row_blocks else slot_base.new_zeros(0)
+    delta = (slot_base.to(torch.int16) - ref[:, None].to(torch.int16)).clamp(0, (1 << _DELTA_BITS) - 1)
+    delta = torch.where(valid, delta, torch.zeros_like(delta))
+    return ref, delta.to(torch.uint8), br
+
+
+def _pack_deltas(delta: torch.Tensor) -> torch.Tensor:
+    return pack_fields(delta, _DELTA_BITS)
+
+
+def _unpack_deltas(packed: torch.Tensor) -> torch.Tensor:
+    return unpack_fields(packed, _DELTA_BITS, TILE_ROWS)
+
+
+# ----------------------------------------------------------------------------------------------- tiles
+
+
+@dataclass(frozen=True)
+class _ColumnClass:
+    """The tiles of one column class (full 4-column tiles, or the tail tile), flattened to [T, 128 * tc]."""
+
+    cols: int  # tc
+    tiles: torch.Tensor  # uint8 [T, 128 tc] native bytes, slot * tc + column order (empty when decoding)
+    base: torch.Tensor  # int32 [T, 128 tc] effective row base of each position
+    valid: torch.Tensor  # bool [T, 128 tc]
+
+
+def _column_classes(rows: torch.Tensor | None, geo, base_slot, br) -> list[_ColumnClass]:
+    """Cut the plane into column classes; with ``rows=None`` only bases and validity (for decoding)."""
+    dev = br.device
+    padded = None
+    if rows is not None:
+        idx = torch.where(br < 0, torch.full_like(br, rows.shape[0]), br)
+        padded = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])[idx]  # [RB, 128, C]
+    slot_valid = (br >= 0)[:, :, None]
+    classes = []
+    spans = [(0, geo.full_col_tiles, TILE_COLS)]
+    if geo.tail_cols:
+        spans.append((geo.full_col_tiles * TILE_COLS, 1, geo.tail_cols))
+    for start, count, tc in spans:
+        t = torch.zeros(0, TILE_ROWS * tc, dtype=torch.uint8, device=dev)
+        if padded is not None:
+            block = padded[:, :, start : start + count * tc].reshape(geo.row_blocks, TILE_ROWS, count, tc)
+            t = block.permute(0, 2, 1, 3).reshape(-1, TILE_ROWS * tc)
+        base = base_slot[:, None, :, None].expand(-1, count, -1, tc).reshape(-1, TILE_ROWS * tc)
+        valid = slot_valid[:, None, :, :].expand(-1, count, -1, tc).reshape(-1, TILE_ROWS * tc)
+        classes.append(_ColumnClass(tc, t.contiguous(), base.contiguous(), valid.contiguous()))
+    return classes
+
+
+def _header_bytes(header: torch.Tensor) -> torch.Tensor:
+    return torch.stack([((header >> (8 * i)) & 0xFF) for i in range(4)], dim=1).to(torch.uint8)
+
+
+def _encode_class(cls: _ColumnClass, fmt: ScaleFormat, record_bytes: int | None):
+    """Choose this class's record size and every tile's mode; return (S, records [T, S], raw tiles)."""
+    dev = cls.tiles.device
+    windows = CANDIDATE_WINDOWS[fmt.name]
+    d = cls.tiles.to(torch.int32) - cls.base
+    n_list, legal_list = [], []
+    for w, o in windows:
+        n_list.append((cls.valid & ((d < o) | (d > o + (1 << w) - 1))).sum(dim=1, dtype=torch.int32))
+        lo = cls.base + o
+        legal_list.append((~cls.valid | ((lo >= 0) & (lo + (1 << w) - 1 <= 255))).all(dim=1))
+    n, legal = torch.stack(n_list), torch.stack(legal_list)
+    order = torch.arange(len(windows), device=dev)[:, None]
+
+    def choose(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        caps = torch.tensor([exception_capacity(w, s, cls.cols) for w, _ in windows], device=dev, dtype=torch.int32)
+        fits = legal & (n <= caps[:, None])
+        best = torch.where(fits, n * len(windows) + order, 1 << 30).argmin(dim=0)
+        return best, ~fits.any(dim=0)
+
+    sizes = record_bytes_choices(fmt, cls.cols) if record_bytes is None else (record_bytes,)
+    if any(s % 16 or exception_capacity(1, s, cls.cols) < 0 for s in sizes):
+        raise ValueError(f"record size must be a multiple of 16 that holds a selector mode; got {sizes}")
+    s = min((cls.tiles.shape[0] * s + int(choose(s)[1].sum()) * cls.tiles.shape[1], s) for s in sizes)[1]
+    best, raw = choose(s)
+
+    records = torch.zeros(cls.tiles.shape[0], s, dtype=torch.uint8, device=dev)
+    header = torch.zeros(cls.tiles.shape[0], dtype=torch.int64, device=dev)
+    for k, (w, o) in enumerate(windows):
+        sel = ((best == k) & ~raw).nonzero().squeeze(1)
+        if not sel.numel():
+            continue
+        dk, vk = d[sel], cls.valid[sel]
+        outside = vk & ((dk < o) | (dk > o + (1 << w) - 1))
+        fields = torch.where(outside | ~vk, torch.zeros_like(dk), dk - o)
+        sb = selector_bytes(w, cls.cols)
+        records[sel, :sb] = pack_fields(fields, w)
+        cap = exception_capacity(w, s, cls.cols)
+        t, p = outside.nonzero(as_tuple=True)  # ordered: ranks ascend within a tile
+        nk = outside.sum(dim=1)
+        rank = torch.arange(t.numel(), device=dev) - (torch.cumsum(nk, 0) - nk)[t]
+        rt = sel[t]
+        records[rt, sb + 2 * rank] = (p & 0xFF).to(torch.uint8)
+        records[rt, sb + 2 * rank + 1] = (p >> 8).to(torch.uint8)
+        records[rt, sb + 2 * cap + rank] = cls.tiles[rt, p]
+        header[sel] = _WIDTH_MODE[w] | (nk.to(torch.int64) << 2) | ((o & 0xFF) << 8)
+    raw_ids = raw.nonzero().squeeze(1)
+    header[raw_ids] = MODE_RAW | (torch.arange(raw_ids.numel(), device=dev, dtype=torch.int64) << 2)
+    records[:, s - _HEADER :] = _header_bytes(header)
+    return s, records, cls.tiles[raw_ids].contiguous()
+
+
+def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.Tensor, name: str) -> torch.Tensor:
+    """Rebuild [T, 128 tc] native bytes of one column class, validating every record."""
+    dev = records.device
+    tc = cls.cols
+    h = records[:, s - _HEADER :].to(torch.int64)
+    h = h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24)
+    mode = h & 3
+    out = torch.zeros(records.shape[0], TILE_ROWS * tc, dtype=torch.int32, device=dev)
+    for m, w in MODE_WIDTH.items():
+        sel = (mode == m).nonzero().squeeze(1)
+        if not sel.numel():
+            continue
+        hs = h[sel]
+        cnt = (hs >> 2) & 63
+        origin = (((hs >> 8) & 0xFF) - (((hs >> 8) & 0x80) << 1)).to(torch.int32)
+        cap = exception_capacity(w, s, tc)
+        if cap < 0 or bool((hs >> 16).any()) or bool((cnt > cap).any()):
+            raise CorruptPayloadError(name, f"a {w}-bit tile header is impossible for {s}-byte records")
+        valid = cls.valid[sel]
+        lo = cls.base[sel] + origin[:, None]
+        if bool((valid & ((lo < 0) | (lo + (1 << w) - 1 > 255))).any()):
+            raise CorruptPayloadError(name, "a tile window leaves the byte range")
+        sb = selector_bytes(w, tc)
+        fields = unpack_fields(records[sel, :sb], w, TILE_ROWS * tc).to(torch.int32)
+        vals = lo + fields
+        total = int(cnt.sum())
+        if total:
+            t = torch.repeat_interleave(torch.arange(sel.numel(), device=dev), cnt)
+            rank = torch.arange(total, device=dev) - (torch.cumsum(cnt, 0) - cnt)[t]
+            rt = sel[t]
+            pos = records[rt, sb + 2 * rank].to(torch.int64) | (records[rt, sb + 2 * rank + 1].to(torch.int64) << 8)
+            val = records[rt, sb + 2 * cap + rank].to(torch.int32)
+            if bool((pos >= TILE_ROWS * tc).any()):
+                raise CorruptPayloadError(name, "an exception position lies outside its tile")
+            if bool(((t[1:] == t[:-1]) & (pos[1:] <= pos[:-1])).any()):
+                raise CorruptPayloadError(name, "exception positions are not strictly ascending")
+            if bool((~valid[t, pos]).any() | (fields[t, pos] != 0).any()):
+                raise CorruptPayloadError(name, "an exception sits on padding or on a non-zero selector")
+            lo_t = lo[t, pos]
+            if bool(((val >= lo_t) & (val < lo_t + (1 << w))).any()):
+                raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
+            vals[t, pos] = val
+        out[sel] = vals
+    raw_sel = (mode == MODE_RAW).nonzero().squeeze(1)
+    if raw_sel.numel() != raw.shape[0] or not torch.equal(
+        h[raw_sel] >> 2, torch.arange(raw_sel.numel(), device=dev, dtype=torch.int64)
+    ):
+        raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    out[raw_sel] = raw.to(torch.int32)
+    return out.to(torch.uint8)
+
+
+# ----------------------------------------------------------------------------------------------- API
+
+
+def encode_inline(
+    plane: torch.Tensor,
+    fmt: ScaleFormat | str,
+    *,
+    row_group: int | None = None,
+    record_bytes: int | None = None,
+    name: str = "scales",
+    verify: bool = True,
+) -> InlineScales:
+    """Build the inline storage of a native plane (uint8 [N, KB] or [E, N, KB]) on the plane's device.
+
+    ``record_bytes`` forces the full tiles' record size; by default each column class takes the size
+    from :func:`record_bytes_choices` with the smallest total. ``verify`` (default) decodes the result
+    and compares it byte for byte with the plane.
+    """
+    fmt = scale_format(fmt)
+    rows, shape = as_rows(plane, name=name)
+    geo = InlineGeometry.for_shape(shape, row_group, name=name)
+    ref, delta, br = _block_bases(rows, geo, fmt)
+    base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
+    classes = _column_classes(rows, geo, base_slot, br)
+    s, records, raw = _encode_class(classes[0], fmt, record_bytes)
+    dev = rows.device
+    tail_s, tail, tail_raw = (
+        0,
+        torch.zeros(0, dtype=torch.uint8, device=dev),
+        torch.zeros(0, 0, dtype=torch.uint8, device=dev),
+    )
+    if len(classes) > 1:
+        tail_s, tail, tail_raw = _encode_class(classes[1], fmt, None)
+    out = InlineScales(
+        fmt=fmt,
+        shape=shape,
+        row_group=geo.row_group,
+        base_ref=ref,
+        base_delta=_pack_deltas(delta),
+        record_bytes=s,
+        records=records.view(geo.row_blocks, geo.full_col_tiles, s),
+        raw=raw,
+        tail_record_bytes=tail_s,
+        tail=tail.view(geo.row_blocks, tail_s) if tail_s else tail,
+        tail_raw=tail_raw.view(-1, TILE_ROWS * geo.tail_cols) if tail_s else tail_raw,
+    )
+    if verify and not torch.equal(decode_inline(out, name=name), rows.view(shape)):
+        raise VerificationError(name, "inline encoding does not decode to the native bytes")
+    return out
+
+
+def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor:
+    """Decode inline storage to the native plane (uint8, on its device), validating every record."""
+    geo = inline.geometry
+    dev = inline.records.device
+    rb, tcol = geo.row_blocks, geo.tail_cols
+    expect = {
+        "base_ref": (inline.base_ref, (rb,)),
+        "base_delta": (inline.base_delta, (rb, TILE_ROWS // 2)),
+        "records": (inline.records, (rb, geo.full_col_tiles, inline.record_bytes)),
+        "tail": (inline.tail, (rb, inline.tail_record_bytes) if tcol else (0,)),
+    }
+    for part, (t, shape) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != torch.uint8:
+            raise ShapeMismatchError(
+                name, f"inline {part} has shape {tuple(t.shape)}, the {inline.shape} plane needs {shape}"
+            )
+    for raw, tc in ((inline.raw, TILE_COLS), (inline.tail_raw, tcol)):
+        if raw.numel() and (raw.dim() != 2 or raw.shape[1] != TILE_ROWS * tc):
+            raise ShapeMismatchError(name, f"raw tiles of shape {tuple(raw.shape)} do not hold {tc}-column tiles")
+    delta = _unpack_deltas(inline.base_delta)
+    br = geo.block_rows(dev)
+    base_slot = inline.base_ref[:, None].to(torch.int32) + delta.to(torch.int32)
+    rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=dev)
+    classes = _column_classes(None, geo, base_slot, br)
+    parts = [(inline.records.reshape(-1, inline.record_bytes), inline.record_bytes, inline.raw)]
+    if tcol:
+        parts.append((inline.tail, inline.tail_record_bytes, inline.tail_raw.reshape(-1, TILE_ROWS * tcol)))
+    slot_valid = br >= 0
+    for i, (cls, (rec, s, raw)) in enumerate(zip(classes, parts, strict=True)):
+        if cls.base.shape[0] == 0:
+            continue
+        tiles = _decode_class(cls, rec, s, raw, name)
+        count = tiles.shape[0] // rb
+        block = tiles.view(rb, count, TILE_ROWS, cls.cols).permute(0, 2, 1, 3).reshape(rb, TILE_ROWS, -1)
+        start = i * geo.full_col_tiles * TILE_COLS
+        rows[br[slot_valid], start : start + block.shape[2]] = block[slot_valid]
+    return rows.view(inline.shape)
+
+
+def inline_from_payload(payload: torch.Tensor, *, name: str = "scales") -> InlineScales:
+    """Parse a serialized inline payload (see :meth:`InlineScales.to_payload`) and validate every record."""
+    env, body = open_envelope(payload, MAGIC, name=name)
+    s, tail_s = ((env.extra >> 20) & 63) * 16, (env.extra >> 26) * 16
+    try:
+        geo = InlineGeometry.for_shape(env.shape, (env.extra & _ROW_GROUP_MASK) or None, name=name)
+    except ShapeMismatchError as e:
+        raise CorruptPayloadError(name, f"impossible inline geometry: {e.fault}") from None
+    rb = geo.row_blocks
+    nb, nr, nraw, nt, ntraw = env.sections
+    full_tile, tail_tile = TILE_ROWS * TILE_COLS, TILE_ROWS * geo.tail_cols
+    if (
+        nb != rb * (1 + TILE_ROWS // 2)
+        or nr != rb * geo.full_col_tiles * s
+        or nraw % full_tile
+        or nt != (rb * tail_s if geo.tail_cols else 0)
+        or (ntraw and (not tail_tile or ntraw % tail_tile))
+        or (geo.full_col_tiles and s not in record_bytes_choices(env.fmt))
+        or (geo.tail_cols and tail_s not in record_bytes_choices(env.fmt, geo.tail_cols))
+    ):
+        raise CorruptPayloadError(name, f"record sizes {s}/{tail_s} or sections {env.sections} do not fit {env.shape}")
+    cuts = torch.tensor((0, rb, nb, nb + nr, nb + nr + nraw, nb + nr + nraw + nt, body.numel())).tolist()
+    part = [body[cuts[i] : cuts[i + 1]] for i in range(6)]
+    out = InlineScales(
+        fmt=env.fmt,
+        shape=env.shape,
+        row_group=geo.row_group,
+        base_ref=part[0],
+        base_delta=part[1].view(rb, TILE_ROWS // 2),
+        record_bytes=s,
+        records=part[2].view(rb, geo.full_col_tiles, s),
+        raw=part[3].view(-1, full_tile),
+        tail_record_bytes=tail_s,
+        tail=part[4].view(rb, tail_s) if geo.tail_cols else part[4],
+        tail_raw=part[5].view(-1, tail_tile) if tail_tile else part[5].view(0, 0),
+    )
+    decode_inline(out, name=name)
+    return out
