@@ -49,7 +49,7 @@ def _payloads():
 
 @pytest.mark.parametrize("form", ["compact", "inline"])
 def test_every_truncation_is_reported(form):
-    plane, compact, inline = _payloads()
+    _, compact, inline = _payloads()
     payload = compact if form == "compact" else inline
     decode = decode_compact if form == "compact" else inline_from_payload
     for cut in list(range(0, HEADER_BYTES + 8)) + list(range(HEADER_BYTES + 8, payload.numel(), 97)):
@@ -95,7 +95,7 @@ def test_wrong_magic_and_wrong_form():
 
 
 def test_shape_mismatch_names_both_shapes():
-    plane, compact, _ = _payloads()
+    _, compact, _ = _payloads()
     with pytest.raises(ShapeMismatchError, match=r"\(2, 200, 18\).*\(2, 200, 20\)"):
         decode_compact(compact, name=NAME, expected_shape=(2, 200, 20))
 
@@ -109,7 +109,11 @@ def test_non_byte_inputs_are_refused():
         decode_compact(torch.zeros(100, dtype=torch.int32), name=NAME)
 
 
-@settings(max_examples=int(__import__("os").environ.get("CSF_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(__import__("os").environ.get("CSF_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     form=st.sampled_from(["compact", "inline"]),
     fmt=st.sampled_from([MXFP4, NVFP4]),

@@ -56,11 +56,7 @@ class CompactHeader:
     width: int
     sections: tuple[int, ...]
 
-    @property
-    def version(self) -> int:
-        from .container import CSF_FORMAT_VERSION
-
-        return CSF_FORMAT_VERSION
+    version: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +72,12 @@ class CompactScales:
     def nbytes(self) -> int:
         return int(self.payload.numel())
 
+    @classmethod
+    def from_payload(cls, payload: torch.Tensor, *, name: str = "scales") -> CompactScales:
+        """Wrap a stored payload after checking its header (the body is checked when decoded)."""
+        head = read_compact_header(payload, name=name)
+        return cls(payload=payload, shape=head.shape, fmt=head.fmt, width=head.width)
+
     @property
     def native_nbytes(self) -> int:
         n = 1
@@ -84,28 +86,26 @@ class CompactScales:
         return n
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Everything the encoder derives for one offset width, sized exactly."""
+_SCALES_PER_PASS = 1 << 22  # encoders and decoders walk the plane in row spans of about this many scales
 
-    width: int
-    bases: torch.Tensor  # uint8 [R]
-    codes: torch.Tensor  # uint8 [R]
-    outside: torch.Tensor  # bool [R*C]
+
+def _row_spans(rows: int, cols: int):
+    """Row ranges of a multiple of 256 rows: every section (2-bit codes, w-bit selectors, 256-scale
+    chunks, 128-row segments) splits on their boundaries, so spans encode and decode independently."""
+    step = 256 * max(1, _SCALES_PER_PASS // (256 * max(cols, 1)))
+    for start in range(0, rows, step):
+        yield start, min(start + step, rows)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """The exception structure of one row span for one offset width."""
+
+    outside: torch.Tensor  # bool [span rows * C]
     counts: torch.Tensor  # int64 [chunks]
     raw: torch.Tensor  # bool [chunks]
     chunk_len: torch.Tensor  # int64 [chunks]
     chunk_bytes: torch.Tensor  # int64 [chunks]
-
-    def sections(self, rows: int, cols: int) -> tuple[int, ...]:
-        escapes = int((self.codes == _ESCAPE).sum())
-        return (
-            packed_nbytes(rows, 2),
-            escapes,
-            packed_nbytes(rows * cols, self.width),
-            int(self.counts.numel()),
-            int(self.chunk_bytes.sum()),
-        )
 
 
 def _chunk_lengths(total: int, device: torch.device) -> torch.Tensor:
@@ -128,7 +128,7 @@ def _base_codes(bases: torch.Tensor) -> torch.Tensor:
     return codes
 
 
-def _layout(rows: torch.Tensor, bases: torch.Tensor, width: int) -> _Layout:
+def _span(rows: torch.Tensor, bases: torch.Tensor, width: int) -> _Span:
     d = rows.to(torch.int16) - bases.to(torch.int16)[:, None]
     outside = ((d < 0) | (d >= (1 << width))).reshape(-1)
     total = outside.numel()
@@ -136,8 +136,7 @@ def _layout(rows: torch.Tensor, bases: torch.Tensor, width: int) -> _Layout:
     padded = torch.nn.functional.pad(outside, (0, chunk_len.numel() * CHUNK_SCALES - total))
     counts = padded.view(-1, CHUNK_SCALES).sum(dim=1, dtype=torch.int64)
     raw = 2 * counts >= chunk_len
-    chunk_bytes = torch.where(raw, chunk_len, 2 * counts)
-    return _Layout(width, bases, _base_codes(bases), outside, counts, raw, chunk_len, chunk_bytes)
+    return _Span(outside, counts, raw, chunk_len, torch.where(raw, chunk_len, 2 * counts))
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -147,35 +146,27 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _build_body(rows: torch.Tensor, lay: _Layout) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _span_sections(rows: torch.Tensor, bases: torch.Tensor, sp: _Span, width: int) -> tuple[torch.Tensor, ...]:
+    """Selectors, chunk counts and exception bytes of one row span."""
     flat = rows.reshape(-1)
-    r, c = rows.shape
-    d = (rows.to(torch.int16) - lay.bases.to(torch.int16)[:, None]).reshape(-1)
-    fields = torch.where(lay.outside, torch.zeros_like(d), d).to(torch.uint8)
-    codes = pack_fields(lay.codes, 2)
-    escapes = lay.bases[lay.codes == _ESCAPE]
-    selectors = pack_fields(fields, lay.width)
-    counts = torch.where(lay.raw, torch.full_like(lay.counts, RAW_CHUNK), lay.counts).to(torch.uint8)
-
-    exc = torch.zeros(int(lay.chunk_bytes.sum()), dtype=torch.uint8, device=rows.device)
-    offsets = _exclusive_cumsum(lay.chunk_bytes)
-    chunk_of = torch.arange(flat.numel(), device=rows.device) // CHUNK_SCALES
-    in_raw = lay.raw[chunk_of] if flat.numel() else torch.zeros(0, dtype=torch.bool, device=rows.device)
-    # raw chunks: their native bytes
-    raw_idx = in_raw.nonzero().squeeze(1)
+    dev = rows.device
+    d = (rows.to(torch.int16) - bases.to(torch.int16)[:, None]).reshape(-1)
+    selectors = pack_fields(torch.where(sp.outside, torch.zeros_like(d), d).to(torch.uint8), width)
+    counts = torch.where(sp.raw, torch.full_like(sp.counts, RAW_CHUNK), sp.counts).to(torch.uint8)
+    exc = torch.zeros(int(sp.chunk_bytes.sum()), dtype=torch.uint8, device=dev)
+    offsets = _exclusive_cumsum(sp.chunk_bytes)
+    chunk_of = torch.arange(flat.numel(), device=dev) // CHUNK_SCALES
+    in_raw = sp.raw[chunk_of] if flat.numel() else torch.zeros(0, dtype=torch.bool, device=dev)
+    raw_idx = in_raw.nonzero().squeeze(1)  # raw chunks: their native bytes
     exc[offsets[chunk_of[raw_idx]] + raw_idx % CHUNK_SCALES] = flat[raw_idx]
     # listed chunks: positions, then values (nonzero() is ordered, so ranks ascend within a chunk)
-    idx = (lay.outside & ~in_raw).nonzero().squeeze(1)
+    idx = (sp.outside & ~in_raw).nonzero().squeeze(1)
     ch = chunk_of[idx]
-    listed_counts = torch.where(lay.raw, torch.zeros_like(lay.counts), lay.counts)
-    rank = torch.arange(idx.numel(), device=rows.device) - _exclusive_cumsum(listed_counts)[ch]
+    listed = torch.where(sp.raw, torch.zeros_like(sp.counts), sp.counts)
+    rank = torch.arange(idx.numel(), device=dev) - _exclusive_cumsum(listed)[ch]
     exc[offsets[ch] + rank] = (idx % CHUNK_SCALES).to(torch.uint8)
-    exc[offsets[ch] + lay.counts[ch] + rank] = flat[idx]
-
-    body = torch.cat([codes, escapes, selectors, counts, exc])
-    sections = (codes.numel(), escapes.numel(), selectors.numel(), counts.numel(), exc.numel())
-    assert sections == lay.sections(r, c)
-    return body, sections
+    exc[offsets[ch] + sp.counts[ch] + rank] = flat[idx]
+    return selectors, counts, exc
 
 
 def compact_size(layout_sections: tuple[int, ...]) -> int:
@@ -200,11 +191,29 @@ def encode_compact(
     rows, shape = as_rows(plane, name=name)
     r, c = rows.shape
     bases = row_bases_for_widths(rows, widths)
-    layouts = [_layout(rows, bases[w], w) for w in widths]
-    best = min(layouts, key=lambda lay: (sum(lay.sections(r, c)), lay.width))
-    body, sections = _build_body(rows, best)
-    env = Envelope(magic=MAGIC, fmt=fmt, param=best.width, shape=shape, extra=0, sections=sections)
-    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=best.width)
+    spans = list(_row_spans(r, c))
+
+    def size(w: int) -> int:
+        codes = _base_codes(bases[w])
+        n = packed_nbytes(r, 2) + int((codes == _ESCAPE).sum()) + packed_nbytes(r * c, w)
+        for a, b in spans:
+            sp = _span(rows[a:b], bases[w][a:b], w)
+            n += sp.counts.numel() + int(sp.chunk_bytes.sum())
+        return n
+
+    width = min(widths, key=lambda w: (size(w), w)) if len(widths) > 1 else widths[0]
+    codes = _base_codes(bases[width])
+    parts: list[list[torch.Tensor]] = [[pack_fields(codes, 2)], [bases[width][codes == _ESCAPE]], [], [], []]
+    for a, b in spans:
+        span_rows, span_bases = rows[a:b], bases[width][a:b]
+        for i, t in enumerate(_span_sections(span_rows, span_bases, _span(span_rows, span_bases, width), width)):
+            parts[2 + i].append(t)
+    empty = torch.zeros(0, dtype=torch.uint8, device=rows.device)
+    pieces = [torch.cat(p) if p else empty for p in parts]
+    body = torch.cat(pieces)
+    sections = tuple(int(p.numel()) for p in pieces)
+    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
     if verify:
         back = decode_compact(out.payload, name=name)
         if not torch.equal(back, plane.view(torch.uint8) if plane.dtype != torch.uint8 else plane):
@@ -220,7 +229,7 @@ def read_compact_header(payload: torch.Tensor, *, name: str = "scales") -> Compa
 def _header(env: Envelope, name: str) -> CompactHeader:
     if env.param not in _WIDTHS:
         raise CorruptPayloadError(name, f"impossible offset width {env.param}")
-    return CompactHeader(fmt=env.fmt, shape=env.shape, width=env.param, sections=env.sections)
+    return CompactHeader(fmt=env.fmt, shape=env.shape, width=env.param, sections=env.sections, version=env.version)
 
 
 def decode_compact(
@@ -266,10 +275,6 @@ def decode_compact(
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
 
-    fields = unpack_fields(sec[2], w, total).to(torch.int32)
-    row_of = torch.arange(total, device=dev) // c if c else torch.zeros(0, dtype=torch.int64, device=dev)
-    flat = (bases[row_of] + fields).to(torch.uint8) if total else torch.zeros(0, dtype=torch.uint8, device=dev)
-
     counts = sec[3].to(torch.int64)
     raw = counts == RAW_CHUNK
     if bool((~raw & (2 * counts >= chunk_len)).any()):
@@ -280,8 +285,22 @@ def decode_compact(
             name, f"exception section holds {sec[4].numel()} bytes, chunk counts need {int(chunk_bytes.sum())}"
         )
     offsets = _exclusive_cumsum(chunk_bytes)
-    exc = sec[4]
+    flat = torch.empty(total, dtype=torch.uint8, device=dev)
+    for a, b in _row_spans(r, c):
+        lo, hi = a * c, b * c  # span spans are whole bytes of selectors and whole 256-scale chunks
+        fields = unpack_fields(sec[2][lo * w // 8 : -(-hi * w // 8)], w, hi - lo).to(torch.int32)
+        vals = (bases[a:b, None] + fields.view(b - a, c)).reshape(-1).to(torch.int32)
+        c0, c1 = lo // CHUNK_SCALES, -(-hi // CHUNK_SCALES)
+        _patch_span(
+            vals, fields, bases[a:b], c, w, counts[c0:c1], raw[c0:c1], chunk_len[c0:c1], offsets[c0:c1], sec[4], name
+        )
+        flat[lo:hi] = vals.to(torch.uint8)
+    return flat.reshape(shape)
 
+
+def _patch_span(vals, fields, bases, c, w, counts, raw, chunk_len, offsets, exc, name) -> None:
+    """Apply one row span's listed exceptions and raw chunks to its decoded values, validating each."""
+    dev = vals.device
     listed = torch.where(raw, torch.zeros_like(counts), counts)
     n_listed = int(listed.sum())
     if n_listed:
@@ -291,24 +310,22 @@ def decode_compact(
         val = exc[offsets[ch] + counts[ch] + rank]
         if bool((pos >= chunk_len[ch]).any()):
             raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
-        same_chunk = ch[1:] == ch[:-1]
-        if bool((same_chunk & (pos[1:] <= pos[:-1])).any()):
+        if bool(((ch[1:] == ch[:-1]) & (pos[1:] <= pos[:-1])).any()):
             raise CorruptPayloadError(name, "exception positions are not strictly ascending")
         where = ch * CHUNK_SCALES + pos
         if bool((fields[where] != 0).any()):
             raise CorruptPayloadError(name, "an exception's selector is not zero")
-        base = bases[row_of[where]]
+        base = bases[where // c]
         v = val.to(torch.int32)
         if bool(((v >= base) & (v < base + (1 << w))).any()):
             raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
-        flat[where] = val
+        vals[where] = v
     raw_chunks = raw.nonzero().squeeze(1)
     if raw_chunks.numel():
         lens = chunk_len[raw_chunks]
         ch = torch.repeat_interleave(raw_chunks, lens)
         within = torch.arange(int(lens.sum()), device=dev) - _exclusive_cumsum(lens).repeat_interleave(lens)
-        flat[ch * CHUNK_SCALES + within] = exc[offsets[ch] + within]
-    return flat.reshape(shape)
+        vals[ch * CHUNK_SCALES + within] = exc[offsets[ch] + within].to(torch.int32)
 
 
 def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:

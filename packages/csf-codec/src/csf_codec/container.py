@@ -40,6 +40,7 @@ MAX_DIM = 1 << 31
 @dataclass(frozen=True, kw_only=True)
 class Envelope:
     magic: bytes
+    version: int = CSF_FORMAT_VERSION
     fmt: ScaleFormat
     param: int
     shape: tuple[int, ...]
@@ -111,6 +112,12 @@ def open_envelope(
     if check_body and _crc(body.cpu().numpy().tobytes()) != body_crc:
         raise CorruptPayloadError(name, "body checksum mismatch (corrupt payload)")
     env = Envelope(
-        magic=got_magic, fmt=fmt, param=param, shape=tuple(dims[:ndim]), extra=extra, sections=tuple(sections)
+        magic=got_magic,
+        version=version,
+        fmt=fmt,
+        param=param,
+        shape=tuple(dims[:ndim]),
+        extra=extra,
+        sections=tuple(sections),
     )
     return env, body

@@ -3,8 +3,9 @@
 Storage of one plane (tile geometry and slot order: :mod:`csf_codec.tile_layout`):
 
 * ``base_ref``   uint8 [row_blocks]: a reference byte per 128-row block.
-* ``base_delta`` uint8 [row_blocks, 64]: each slot's row base minus the reference, one nibble per slot
-  (slot s in nibble s; a quad's four rows are one little-endian u16).
+* ``base_delta`` uint8 [row_blocks, 16 d]: each slot's row base minus the reference in d bits (slot s at
+  bit s d; a quad's four rows are one little-endian u16 or u32). d = 4 for MXFP4, whose row bases
+  cluster within a few binades, and 8 for NVFP4, whose E4M3 row bases span many codes.
 * ``records``    uint8 [row_blocks, full_col_tiles, S]: one S-byte record per 128 x 4 tile.
 * ``tail``       uint8 [row_blocks, S_tail]: records of the tail column tile (cols % 4 columns), if any.
 * ``raw`` / ``tail_raw``: native bytes (slot * columns + column order) of tiles no mode fits.
@@ -21,8 +22,8 @@ copies. Record layout, for a tile of ``tc`` columns, selector width w, cap = min
 
 A selector tile decodes scale = base_ref + delta[slot] + o + field, then patches its exceptions. Each
 tile takes the (width, origin) window with the fewest exceptions that fits its record, so scattered
-exceptions push a tile into 2-bit selectors or more exception slots long before it goes raw. A row whose
-base lies more than 15 above its block's reference is clamped; its scales then travel as exceptions.
+exceptions push a tile into 2-bit selectors or more exception slots long before it goes raw. An MXFP4 row
+whose base lies more than 15 above its block's reference is clamped; its scales then travel as exceptions.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
 _HEADER = 4
 _EXCEPTION = 3  # u16 position + u8 value
 MAX_EXCEPTIONS = 63
-_DELTA_BITS = 4
+DELTA_BITS = {"mxfp4": 4, "nvfp4": 8}
 _ROW_GROUP_MASK = (1 << 20) - 1  # the envelope packs row group and both record sizes into one u32
 
 # (width, origin) windows the encoder tries, relative to the row base; the decoder accepts any legal one.
@@ -162,18 +163,26 @@ def _block_bases(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat):
     slot_base = natural[br.clamp(min=0)]
     # padding slots repeat slot 0 (row 0 of a block always exists) so they do not move the reference
     slot_base = torch.where(valid, slot_base, slot_base[:, :1])
-    ref = row_bases(slot_base, _DELTA_BITS) if geo.row_blocks else slot_base.new_zeros(0)
-    delta = (slot_base.to(torch.int16) - ref[:, None].to(torch.int16)).clamp(0, (1 << _DELTA_BITS) - 1)
+    bits = DELTA_BITS[fmt.name]
+    ref = row_bases(slot_base, bits) if geo.row_blocks and bits < 8 else slot_base.new_zeros(slot_base.shape[0])
+    delta = (slot_base.to(torch.int16) - ref[:, None].to(torch.int16)).clamp(0, (1 << bits) - 1)
     delta = torch.where(valid, delta, torch.zeros_like(delta))
     return ref, delta.to(torch.uint8), br
 
 
-def _pack_deltas(delta: torch.Tensor) -> torch.Tensor:
-    return pack_fields(delta, _DELTA_BITS)
+def _pack_deltas(delta: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
+    bits = DELTA_BITS[fmt.name]
+    return delta.clone() if bits == 8 else pack_fields(delta, bits)
 
 
-def _unpack_deltas(packed: torch.Tensor) -> torch.Tensor:
-    return unpack_fields(packed, _DELTA_BITS, TILE_ROWS)
+def _unpack_deltas(packed: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
+    bits = DELTA_BITS[fmt.name]
+    return packed if bits == 8 else unpack_fields(packed, bits, TILE_ROWS)
+
+
+def delta_bytes(fmt: ScaleFormat) -> int:
+    """Bytes of ``base_delta`` per 128-row block."""
+    return TILE_ROWS * DELTA_BITS[fmt.name] // 8
 
 
 # ----------------------------------------------------------------------------------------------- tiles
@@ -189,9 +198,19 @@ class _ColumnClass:
     valid: torch.Tensor  # bool [T, 128 tc]
 
 
+_SCALES_PER_PASS = 1 << 22  # encoder and decoder walk the plane in spans of row blocks of about this size
+
+
+def _block_spans(geo: InlineGeometry):
+    step = max(1, _SCALES_PER_PASS // (TILE_ROWS * max(geo.cols, 1)))
+    for start in range(0, geo.row_blocks, step):
+        yield start, min(start + step, geo.row_blocks)
+
+
 def _column_classes(rows: torch.Tensor | None, geo, base_slot, br) -> list[_ColumnClass]:
-    """Cut the plane into column classes; with ``rows=None`` only bases and validity (for decoding)."""
+    """Cut the row blocks ``br`` (a span of them) into column classes; ``rows=None``: bases and validity only."""
     dev = br.device
+    nblocks = br.shape[0]
     padded = None
     if rows is not None:
         idx = torch.where(br < 0, torch.full_like(br, rows.shape[0]), br)
@@ -204,7 +223,7 @@ def _column_classes(rows: torch.Tensor | None, geo, base_slot, br) -> list[_Colu
     for start, count, tc in spans:
         t = torch.zeros(0, TILE_ROWS * tc, dtype=torch.uint8, device=dev)
         if padded is not None:
-            block = padded[:, :, start : start + count * tc].reshape(geo.row_blocks, TILE_ROWS, count, tc)
+            block = padded[:, :, start : start + count * tc].reshape(nblocks, TILE_ROWS, count, tc)
             t = block.permute(0, 2, 1, 3).reshape(-1, TILE_ROWS * tc)
         base = base_slot[:, None, :, None].expand(-1, count, -1, tc).reshape(-1, TILE_ROWS * tc)
         valid = slot_valid[:, None, :, :].expand(-1, count, -1, tc).reshape(-1, TILE_ROWS * tc)
@@ -216,31 +235,31 @@ def _header_bytes(header: torch.Tensor) -> torch.Tensor:
     return torch.stack([((header >> (8 * i)) & 0xFF) for i in range(4)], dim=1).to(torch.uint8)
 
 
-def _encode_class(cls: _ColumnClass, fmt: ScaleFormat, record_bytes: int | None):
-    """Choose this class's record size and every tile's mode; return (S, records [T, S], raw tiles)."""
-    dev = cls.tiles.device
-    windows = CANDIDATE_WINDOWS[fmt.name]
+def _window_counts(cls: _ColumnClass, windows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per candidate window and tile: exceptions it leaves ([K, T] int32) and whether it is legal ([K, T])."""
     d = cls.tiles.to(torch.int32) - cls.base
     n_list, legal_list = [], []
     for w, o in windows:
         n_list.append((cls.valid & ((d < o) | (d > o + (1 << w) - 1))).sum(dim=1, dtype=torch.int32))
         lo = cls.base + o
         legal_list.append((~cls.valid | ((lo >= 0) & (lo + (1 << w) - 1 <= 255))).all(dim=1))
-    n, legal = torch.stack(n_list), torch.stack(legal_list)
+    return torch.stack(n_list), torch.stack(legal_list)
+
+
+def _choose(n: torch.Tensor, legal: torch.Tensor, windows, s: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each tile's window (fewest exceptions that fit an S-byte record, then list order), and which go raw."""
+    dev = n.device
+    caps = torch.tensor([exception_capacity(w, s, cols) for w, _ in windows], device=dev, dtype=torch.int32)
+    fits = legal & (n <= caps[:, None])
     order = torch.arange(len(windows), device=dev)[:, None]
+    best = torch.where(fits, n * len(windows) + order, 1 << 30).argmin(dim=0)
+    return best, ~fits.any(dim=0)
 
-    def choose(s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        caps = torch.tensor([exception_capacity(w, s, cls.cols) for w, _ in windows], device=dev, dtype=torch.int32)
-        fits = legal & (n <= caps[:, None])
-        best = torch.where(fits, n * len(windows) + order, 1 << 30).argmin(dim=0)
-        return best, ~fits.any(dim=0)
 
-    sizes = record_bytes_choices(fmt, cls.cols) if record_bytes is None else (record_bytes,)
-    if any(s % 16 or exception_capacity(1, s, cls.cols) < 0 for s in sizes):
-        raise ValueError(f"record size must be a multiple of 16 that holds a selector mode; got {sizes}")
-    s = min((cls.tiles.shape[0] * s + int(choose(s)[1].sum()) * cls.tiles.shape[1], s) for s in sizes)[1]
-    best, raw = choose(s)
-
+def _build_records(cls: _ColumnClass, best, raw, s: int, windows, raw_start: int) -> torch.Tensor:
+    """The S-byte records of a span of tiles, whose raw tiles are numbered from ``raw_start``."""
+    dev = cls.tiles.device
+    d = cls.tiles.to(torch.int32) - cls.base
     records = torch.zeros(cls.tiles.shape[0], s, dtype=torch.uint8, device=dev)
     header = torch.zeros(cls.tiles.shape[0], dtype=torch.int64, device=dev)
     for k, (w, o) in enumerate(windows):
@@ -262,9 +281,43 @@ def _encode_class(cls: _ColumnClass, fmt: ScaleFormat, record_bytes: int | None)
         records[rt, sb + 2 * cap + rank] = cls.tiles[rt, p]
         header[sel] = _WIDTH_MODE[w] | (nk.to(torch.int64) << 2) | ((o & 0xFF) << 8)
     raw_ids = raw.nonzero().squeeze(1)
-    header[raw_ids] = MODE_RAW | (torch.arange(raw_ids.numel(), device=dev, dtype=torch.int64) << 2)
+    header[raw_ids] = MODE_RAW | ((raw_start + torch.arange(raw_ids.numel(), device=dev, dtype=torch.int64)) << 2)
     records[:, s - _HEADER :] = _header_bytes(header)
-    return s, records, cls.tiles[raw_ids].contiguous()
+    return records
+
+
+def _encode_plane(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int | None):
+    """Both column classes of the plane, span by span: (S, records, raw tiles) per class."""
+    windows = CANDIDATE_WINDOWS[fmt.name]
+    spans = list(_block_spans(geo))
+    dev = base_slot.device
+
+    def classes(a: int, b: int) -> list[_ColumnClass]:
+        return _column_classes(rows, geo, base_slot[a:b], br[a:b])
+
+    stats = [[_window_counts(c, windows) for c in classes(a, b)] for a, b in spans]
+    out = []
+    for k in range(1 + bool(geo.tail_cols)):
+        cols = TILE_COLS if k == 0 else geo.tail_cols
+        n = torch.cat([st[k][0] for st in stats], dim=1)
+        legal = torch.cat([st[k][1] for st in stats], dim=1)
+        sizes = record_bytes_choices(fmt, cols) if (record_bytes is None or k) else (record_bytes,)
+        if any(s % 16 or exception_capacity(1, s, cols) < 0 for s in sizes):
+            raise ValueError(f"record size must be a multiple of 16 that holds a selector mode; got {sizes}")
+        raw_cost = TILE_ROWS * cols
+        s = min((n.shape[1] * s + int(_choose(n, legal, windows, s, cols)[1].sum()) * raw_cost, s) for s in sizes)[1]
+        best, raw = _choose(n, legal, windows, s, cols)
+        records, raws, t0 = [], [], 0
+        for a, b in spans:
+            cls = classes(a, b)[k]
+            t1 = t0 + cls.tiles.shape[0]
+            records.append(_build_records(cls, best[t0:t1], raw[t0:t1], s, windows, sum(x.shape[0] for x in raws)))
+            raws.append(cls.tiles[raw[t0:t1]])
+            t0 = t1
+        rec = torch.cat(records) if records else torch.zeros(0, s, dtype=torch.uint8, device=dev)
+        raw_tiles = torch.cat(raws) if raws else torch.zeros(0, raw_cost, dtype=torch.uint8, device=dev)
+        out.append((s, rec, raw_tiles))
+    return out
 
 
 def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.Tensor, name: str) -> torch.Tensor:
@@ -311,11 +364,10 @@ def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.T
             vals[t, pos] = val
         out[sel] = vals
     raw_sel = (mode == MODE_RAW).nonzero().squeeze(1)
-    if raw_sel.numel() != raw.shape[0] or not torch.equal(
-        h[raw_sel] >> 2, torch.arange(raw_sel.numel(), device=dev, dtype=torch.int64)
-    ):
-        raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
-    out[raw_sel] = raw.to(torch.int32)
+    raw_idx = h[raw_sel] >> 2  # enumerated in order across the plane: checked by decode_inline
+    if bool((raw_idx >= raw.shape[0]).any()):
+        raise CorruptPayloadError(name, "a raw tile index points past the raw tiles")
+    out[raw_sel] = raw[raw_idx].to(torch.int32)
     return out.to(torch.uint8)
 
 
@@ -342,22 +394,19 @@ def encode_inline(
     geo = InlineGeometry.for_shape(shape, row_group, name=name)
     ref, delta, br = _block_bases(rows, geo, fmt)
     base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    classes = _column_classes(rows, geo, base_slot, br)
-    s, records, raw = _encode_class(classes[0], fmt, record_bytes)
+    encoded = _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+    s, records, raw = encoded[0]
     dev = rows.device
-    tail_s, tail, tail_raw = (
-        0,
-        torch.zeros(0, dtype=torch.uint8, device=dev),
-        torch.zeros(0, 0, dtype=torch.uint8, device=dev),
-    )
-    if len(classes) > 1:
-        tail_s, tail, tail_raw = _encode_class(classes[1], fmt, None)
+    tail_s, tail = 0, torch.zeros(0, dtype=torch.uint8, device=dev)
+    tail_raw = torch.zeros(0, 0, dtype=torch.uint8, device=dev)
+    if len(encoded) > 1:
+        tail_s, tail, tail_raw = encoded[1]
     out = InlineScales(
         fmt=fmt,
         shape=shape,
         row_group=geo.row_group,
         base_ref=ref,
-        base_delta=_pack_deltas(delta),
+        base_delta=_pack_deltas(delta, fmt),
         record_bytes=s,
         records=records.view(geo.row_blocks, geo.full_col_tiles, s),
         raw=raw,
@@ -377,7 +426,7 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
     rb, tcol = geo.row_blocks, geo.tail_cols
     expect = {
         "base_ref": (inline.base_ref, (rb,)),
-        "base_delta": (inline.base_delta, (rb, TILE_ROWS // 2)),
+        "base_delta": (inline.base_delta, (rb, delta_bytes(inline.fmt))),
         "records": (inline.records, (rb, geo.full_col_tiles, inline.record_bytes)),
         "tail": (inline.tail, (rb, inline.tail_record_bytes) if tcol else (0,)),
     }
@@ -389,23 +438,33 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
     for raw, tc in ((inline.raw, TILE_COLS), (inline.tail_raw, tcol)):
         if raw.numel() and (raw.dim() != 2 or raw.shape[1] != TILE_ROWS * tc):
             raise ShapeMismatchError(name, f"raw tiles of shape {tuple(raw.shape)} do not hold {tc}-column tiles")
-    delta = _unpack_deltas(inline.base_delta)
+    delta = _unpack_deltas(inline.base_delta, inline.fmt)
     br = geo.block_rows(dev)
     base_slot = inline.base_ref[:, None].to(torch.int32) + delta.to(torch.int32)
     rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=dev)
-    classes = _column_classes(None, geo, base_slot, br)
-    parts = [(inline.records.reshape(-1, inline.record_bytes), inline.record_bytes, inline.raw)]
+    parts = [(inline.records.reshape(rb, -1), inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
     if tcol:
-        parts.append((inline.tail, inline.tail_record_bytes, inline.tail_raw.reshape(-1, TILE_ROWS * tcol)))
-    slot_valid = br >= 0
-    for i, (cls, (rec, s, raw)) in enumerate(zip(classes, parts, strict=True)):
-        if cls.base.shape[0] == 0:
-            continue
-        tiles = _decode_class(cls, rec, s, raw, name)
-        count = tiles.shape[0] // rb
-        block = tiles.view(rb, count, TILE_ROWS, cls.cols).permute(0, 2, 1, 3).reshape(rb, TILE_ROWS, -1)
-        start = i * geo.full_col_tiles * TILE_COLS
-        rows[br[slot_valid], start : start + block.shape[2]] = block[slot_valid]
+        parts.append(
+            (inline.tail.reshape(rb, -1), inline.tail_record_bytes, inline.tail_raw.reshape(-1, TILE_ROWS * tcol))
+        )
+    for rec, s, raw in parts:
+        h = rec.reshape(-1, s)[:, -_HEADER:].to(torch.int64) if rec.numel() else torch.zeros(0, 4, dtype=torch.int64)
+        h = h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24)
+        raw_idx = h[(h & 3) == MODE_RAW] >> 2
+        if raw_idx.numel() != raw.shape[0] or not torch.equal(raw_idx, torch.arange(raw_idx.numel(), device=h.device)):
+            raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    for a, b in _block_spans(geo):
+        span_br = br[a:b]
+        slot_valid = span_br >= 0
+        classes = _column_classes(None, geo, base_slot[a:b], span_br)
+        for i, (cls, (rec, s, raw)) in enumerate(zip(classes, parts, strict=True)):
+            if cls.base.shape[0] == 0:
+                continue
+            tiles = _decode_class(cls, rec[a:b].reshape(-1, s), s, raw, name)
+            count = tiles.shape[0] // (b - a)
+            block = tiles.view(b - a, count, TILE_ROWS, cls.cols).permute(0, 2, 1, 3).reshape(b - a, TILE_ROWS, -1)
+            start = i * geo.full_col_tiles * TILE_COLS
+            rows[span_br[slot_valid], start : start + block.shape[2]] = block[slot_valid]
     return rows.view(inline.shape)
 
 
@@ -421,7 +480,7 @@ def inline_from_payload(payload: torch.Tensor, *, name: str = "scales") -> Inlin
     nb, nr, nraw, nt, ntraw = env.sections
     full_tile, tail_tile = TILE_ROWS * TILE_COLS, TILE_ROWS * geo.tail_cols
     if (
-        nb != rb * (1 + TILE_ROWS // 2)
+        nb != rb * (1 + delta_bytes(env.fmt))
         or nr != rb * geo.full_col_tiles * s
         or nraw % full_tile
         or nt != (rb * tail_s if geo.tail_cols else 0)
@@ -437,7 +496,7 @@ def inline_from_payload(payload: torch.Tensor, *, name: str = "scales") -> Inlin
         shape=env.shape,
         row_group=geo.row_group,
         base_ref=part[0],
-        base_delta=part[1].view(rb, TILE_ROWS // 2),
+        base_delta=part[1].view(rb, delta_bytes(env.fmt)),
         record_bytes=s,
         records=part[2].view(rb, geo.full_col_tiles, s),
         raw=part[3].view(-1, full_tile),

@@ -1,0 +1,235 @@
+"""The ``csf`` command: compress, decompress, verify and inspect FP4 checkpoints.
+
+Exit status: 0 on success, 1 when a checkpoint or payload is bad (any :class:`CSFError`: corrupt payload,
+unknown format version, shape mismatch, verification failure), 2 on usage or file-system errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .checkpoint import compress_checkpoint, decompress_checkpoint, inspect_checkpoint, verify_checkpoint
+from .errors import CSFError
+
+__all__ = ["inspect_totals", "main"]
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _ratio(native: float, stored: float) -> float | None:
+    return native / stored if stored else None
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.0f}%"
+
+
+def inspect_totals(reports: Sequence[dict]) -> dict[str, object]:
+    """Totals over :func:`inspect_checkpoint` reports; the entropy bound adds up as bytes (native / bound ratio)."""
+    native = sum(r["native_bytes"] for r in reports)
+    compact = sum(r["compact_bytes"] for r in reports)
+    inline = sum(r["inline_bytes"] for r in reports)
+    bound = sum(r["native_bytes"] / r["entropy_bound_ratio"] for r in reports if r["entropy_bound_ratio"])
+    bound_ratio = _ratio(native, bound)
+    compact_ratio, inline_ratio = _ratio(native, compact), _ratio(native, inline)
+    exceptions = sum(r["exceptions"] for r in reports)
+    return {
+        "tensors": len(reports),
+        "native_bytes": native,
+        "compact_bytes": compact,
+        "compact_ratio": compact_ratio,
+        "inline_bytes": inline,
+        "inline_ratio": inline_ratio,
+        "exceptions": exceptions,
+        "exception_fraction": exceptions / native if native else 0.0,
+        "raw_tiles": sum(r["raw_tiles"] for r in reports),
+        "tiles": sum(r["tiles"] for r in reports),
+        "entropy_bound_bytes": bound,
+        "entropy_bound_ratio": bound_ratio,
+        "compact_efficiency": compact_ratio / bound_ratio if compact_ratio and bound_ratio else None,
+        "inline_efficiency": inline_ratio / bound_ratio if inline_ratio and bound_ratio else None,
+    }
+
+
+def _efficiency(ratio: float | None, bound: float | None) -> float | None:
+    return ratio / bound if ratio and bound else None
+
+
+def _inspect_table(reports: Sequence[dict]) -> str:
+    head = (
+        "tensor",
+        "fmt",
+        "shape",
+        "stored",
+        "native",
+        "compact",
+        "inline",
+        "exceptions",
+        "raw tiles",
+        "H b/scale",
+        "bound",
+        "compact/bound",
+        "inline/bound",
+    )
+    rows = []
+    for r in reports:
+        rows.append(
+            (
+                r["name"],
+                r["format"],
+                "x".join(map(str, r["shape"])),
+                r.get("stored", "native"),
+                _size(r["native_bytes"]),
+                _x(r["compact_ratio"]),
+                _x(r["inline_ratio"]),
+                f"{r['exceptions']} ({100 * r['exception_fraction']:.2f}%)",
+                f"{r['raw_tiles']}/{r['tiles']}",
+                f"{r['entropy_bits_per_scale']:.3f}",
+                _x(r["entropy_bound_ratio"]),
+                _pct(_efficiency(r["compact_ratio"], r["entropy_bound_ratio"])),
+                _pct(_efficiency(r["inline_ratio"], r["entropy_bound_ratio"])),
+            )
+        )
+    t = inspect_totals(reports)
+    bits = 8 / t["entropy_bound_ratio"] if t["entropy_bound_ratio"] else 0.0
+    rows.append(
+        (
+            f"TOTAL ({t['tensors']} planes)",
+            "",
+            "",
+            "",
+            _size(t["native_bytes"]),
+            _x(t["compact_ratio"]),
+            _x(t["inline_ratio"]),
+            f"{t['exceptions']} ({100 * t['exception_fraction']:.2f}%)",
+            f"{t['raw_tiles']}/{t['tiles']}",
+            f"{bits:.3f}",
+            _x(t["entropy_bound_ratio"]),
+            _pct(t["compact_efficiency"]),
+            _pct(t["inline_efficiency"]),
+        )
+    )
+    widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
+
+    def fmt_row(cells: Sequence[object]) -> str:  # text columns left-aligned, numbers right-aligned
+        return "  ".join(
+            str(c).ljust(w) if i < 4 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    lines = [fmt_row(head), "  ".join("-" * w for w in widths)]
+    lines += [fmt_row(r) for r in rows[:-1]]
+    lines += ["  ".join("-" * w for w in widths), fmt_row(rows[-1])]
+    lines.append(
+        f"compact total {_size(t['compact_bytes'])}, inline total {_size(t['inline_bytes'])}, "
+        f"entropy bound {_size(t['entropy_bound_bytes'])} (order-0 entropy of offsets from the row base)"
+    )
+    return "\n".join(lines)
+
+
+def _cmd_compress(args: argparse.Namespace) -> int:
+    s = compress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
+    for t in s.tensors:
+        print(f"{t.name}: {t.fmt} {_size(t.native_bytes)} -> {_size(t.compact_bytes)} ({_x(t.ratio)})")
+    print(
+        f"compressed {len(s.tensors)} scale planes: {_size(s.native_scale_bytes)} -> {_size(s.compact_scale_bytes)} "
+        f"({_x(_ratio(s.native_scale_bytes, s.compact_scale_bytes))}); {s.passthrough_tensors} tensors passed "
+        f"through; checkpoint {_size(s.native_total_bytes)} -> {_size(s.csf_total_bytes)}; wrote {s.dst}"
+    )
+    if not s.tensors:
+        print("note: no FP4 scale planes recognised; the output is a plain copy", file=sys.stderr)
+    return 0
+
+
+def _cmd_decompress(args: argparse.Namespace) -> int:
+    s = decompress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
+    print(
+        f"restored {len(s.tensors)} scale planes ({_size(s.compact_scale_bytes)} -> {_size(s.native_scale_bytes)}), "
+        f"{s.passthrough_tensors} tensors passed through; wrote {s.dst}"
+    )
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    s = verify_checkpoint(args.src, against=args.against, device=args.device, progress=args.progress)
+    msg = f"OK: {s.tensors} CSF tensors decode cleanly ({_size(s.compact_bytes)} -> {_size(s.native_bytes)})"
+    if s.against is not None:
+        msg += f"; all {s.compared_tensors} tensors byte-identical to {s.against}"
+    print(msg)
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    reports = inspect_checkpoint(args.src, device=args.device)
+    if args.json:
+        print(json.dumps({"tensors": reports, "totals": inspect_totals(reports)}, indent=2))
+    elif not reports:
+        print(f"{args.src}: no FP4 scale planes recognised")
+    else:
+        print(_inspect_table(reports))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="csf", description="Lossless compressed FP4 block scales (CSF) for checkpoints.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
+        p.add_argument("--device", default="cpu", help="torch device to encode/decode on (default: cpu)")
+        if progress:
+            p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+    p = sub.add_parser("compress", help="write a CSF copy of a native FP4 checkpoint")
+    p.add_argument("src", help="checkpoint directory or .safetensors file")
+    p.add_argument("dst", help="output directory (or .safetensors file for a single-file checkpoint)")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty destination")
+    common(p)
+    p.set_defaults(run=_cmd_compress)
+
+    p = sub.add_parser("decompress", help="restore the native checkpoint from a CSF one, byte for byte")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty destination")
+    common(p)
+    p.set_defaults(run=_cmd_decompress)
+
+    p = sub.add_parser("verify", help="decode every CSF tensor; optionally compare with the native checkpoint")
+    p.add_argument("src")
+    p.add_argument("--against", metavar="NATIVE", help="native checkpoint that every tensor must match byte for byte")
+    common(p)
+    p.set_defaults(run=_cmd_verify)
+
+    p = sub.add_parser("inspect", help="per-plane sizes, ratios, exceptions and entropy bound (native or CSF)")
+    p.add_argument("src")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    common(p, progress=False)
+    p.set_defaults(run=_cmd_inspect)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CSFError as e:
+        print(f"csf {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"csf {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
