@@ -19,11 +19,11 @@ TORCH = "torch==2.13.0"
 PACKAGES = ["csf-codec", "csf-kernels", "csf-moe", "csf-attention", "csf-serving-adapters"]
 
 
-def _install_packages(session: nox.Session, *extras: str) -> None:
+def _install_packages(session: nox.Session, *, test: bool = False, build: bool = False) -> None:
     session.install(TORCH)
-    codec = f"packages/csf-codec[{','.join(extras)}]" if extras else "packages/csf-codec"
-    args = ["-e", codec]
-    for pkg in PACKAGES[1:]:
+    args = ["-e", "packages/csf-codec[test]" if test else "packages/csf-codec"]
+    args += ["-e", "packages/csf-kernels[build]" if build else "packages/csf-kernels"]
+    for pkg in PACKAGES[2:]:
         args += ["-e", f"packages/{pkg}"]
     session.install(*args)
 
@@ -31,7 +31,7 @@ def _install_packages(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The CPU test suite (GPU tests are skipped here; see README for the H200 command)."""
-    _install_packages(session, "test")
+    _install_packages(session, test=True, build=True)
     session.run("python", "-m", "pytest", "-m", "not gpu", "-q", *session.posargs)
 
 
@@ -55,6 +55,13 @@ def _commit() -> str:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+@nox.session
+def aot_build(session: nox.Session) -> None:
+    """Compile every program of the geometry catalog for sm_90a into aot_cache/<cache key>/ (no GPU)."""
+    _install_packages(session, build=True)
+    session.run("python", "-m", "csf_kernels.aot.build", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,241 @@
+"""Scale-expansion figures on the H200, from the AOT cache (frozen): JSON with provenance.
+
+* expansion throughput on the DeepSeek-V4.1-Flash TP4 layer (W13 + W2, MXFP4), inline and compact
+  forms, whole layer and routed experts, as a fraction of the device copy bandwidth measured in the
+  same run (bytes read + written: CSF bytes read, native bytes written);
+* the time to load every program of one model's geometry set from the cache;
+* the host cost of one launch through the runtime against Triton's own JIT launch of the same kernel.
+
+    python3 benchmarks/bench_expand.py --out $OUT/bench_expand.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+
+from csf_codec import MXFP4, encode_compact, encode_inline
+from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_kernels.compact_tables import compact_tables
+from csf_kernels.expand import expand_compact, expand_inline
+
+L2_FLUSH_BYTES = 256 << 20
+
+
+def _replay_times(graph: torch.cuda.CUDAGraph, reps: int, flush: torch.Tensor) -> list[float]:
+    """Seconds per replay, each after an L2 flush, timed with events around the replay alone."""
+    out = []
+    for _ in range(reps):
+        flush.add_(1)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / 1e3)
+    return out
+
+
+def _capture(fn) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        fn()
+    return g
+
+
+def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:
+    n = 1 << 30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    g = _capture(lambda: dst.copy_(src))
+    t = _replay_times(g, reps, flush)
+    return {"bytes_moved": 2 * n, "samples_s": t, "median_GBps": 2 * n / statistics.median(t) / 1e9}
+
+
+def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
+    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
+    planes = {}
+    for proj, (shape, group) in geo.scale_planes().items():
+        plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
+        planes[proj] = (
+            plane,
+            encode_inline(plane, MXFP4, row_group=group),
+            compact_tables(encode_compact(plane, MXFP4).payload),
+        )
+    outs = {p: torch.empty_like(v[0]) for p, v in planes.items()}
+    results = []
+    g = torch.Generator().manual_seed(0)
+    routed = torch.randperm(geo.experts, generator=g)[:48].to(torch.int32).cuda()  # 8 tokens x top-6
+    for form in ("inline", "compact"):
+        for scope, ids in (("layer", None), ("routed_48_experts", routed)):
+
+            def run(form=form, ids=ids):
+                for _proj, (_, inline, tables) in planes.items():
+                    storage = inline if form == "inline" else tables
+                    (expand_inline if form == "inline" else expand_compact)(storage, outs[_proj], experts=ids)
+
+            for o in outs.values():
+                o.fill_(0xAB)
+            graph = _capture(run)
+            graph.replay()
+            torch.cuda.synchronize()
+            exact = all(
+                torch.equal(outs[p], v[0]) if ids is None else torch.equal(outs[p][ids.long()], v[0][ids.long()])
+                for p, v in planes.items()
+            )
+            frac = 1.0 if ids is None else ids.numel() / geo.experts
+            read = sum(
+                (
+                    v[1].nbytes
+                    if form == "inline"
+                    else int(
+                        v[2].selectors.numel()
+                        + v[2].exceptions.numel()
+                        + v[2].codes.numel()
+                        + v[2].escapes.numel()
+                        + v[2].counts.numel()
+                    )
+                )
+                for v in planes.values()
+            )
+            written = sum(v[0].numel() for v in planes.values())
+            moved = (read + written) * frac
+            t = _replay_times(graph, reps, flush)
+            med = statistics.median(t)
+            results.append(
+                {
+                    "form": form,
+                    "scope": scope,
+                    "bit_exact": bool(exact),
+                    "bytes_read": read * frac,
+                    "bytes_written": written * frac,
+                    "samples_s": t,
+                    "median_us": med * 1e6,
+                    "GBps": moved / med / 1e9,
+                    "fraction_of_copy_bandwidth": moved / med / 1e9 / copy_gbps,
+                }
+            )
+            print(
+                f"expand {form:8s} {scope:18s} {med * 1e6:8.1f} us  {moved / med / 1e9:7.0f} GB/s  "
+                f"{moved / med / 1e9 / copy_gbps:5.1%} of copy  exact={exact}",
+                flush=True,
+            )
+    return results
+
+
+LOAD_SNIPPET = """
+import time, json
+t0 = time.perf_counter()
+import torch
+torch.cuda.init(); torch.zeros(1, device='cuda')
+t1 = time.perf_counter()
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_kernels.families import geometry_specs
+runtime.freeze()
+geo = load_catalog().moe_geometry('deepseek-v4.1-flash', 4, 'mxfp4')
+specs = geometry_specs(geo)
+t2 = time.perf_counter()
+for s in specs:
+    runtime.program(s, geometry=geo.name)
+t3 = time.perf_counter()
+print(json.dumps({'programs': len(specs), 'torch_cuda_init_s': t1 - t0, 'imports_s': t2 - t1, 'load_all_s': t3 - t2}))
+"""
+
+
+def load_time() -> dict:
+    runs = []
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", LOAD_SNIPPET], capture_output=True, text=True, check=True)
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return {"runs": runs, "median_load_all_s": statistics.median(x["load_all_s"] for x in runs)}
+
+
+def launch_overhead(calls: int) -> dict:
+    """Host time per launch of the same tiny expansion: AOT runtime vs Triton's JIT launcher."""
+    plane = synthetic_scale_plane((1, 128, 4), MXFP4, seed=1).cuda()
+    inline = encode_inline(plane, MXFP4)
+    out = torch.empty_like(plane)
+    ids = torch.zeros(1, dtype=torch.int32, device="cuda")
+    expand_inline(inline, out, experts=ids)
+    torch.cuda.synchronize()
+    res = {}
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        expand_inline(inline, out, experts=ids)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    res["csf_runtime_expand_inline_us"] = (t1 - t0) / calls * 1e6
+    from csf_kernels.families import inline_class_spec
+
+    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4))
+    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        prog.launch((1, 1), *args)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    res["csf_runtime_raw_launch_us"] = (t1 - t0) / calls * 1e6
+    try:
+        runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
+        from csf_kernels.kernels.expand_inline import expand_inline_tiles
+
+        f = prog.spec.fact
+        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], P=f["P"], EP=f["EP"], DB=f["DB"], num_warps=4)
+        raw = inline.raw if inline.raw.numel() else torch.zeros(1, dtype=torch.uint8, device="cuda")
+        jargs = (*args[:3], raw, *args[4:])
+        expand_inline_tiles[(1, 1)](*jargs, **kw)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            expand_inline_tiles[(1, 1)](*jargs, **kw)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res["triton_jit_launch_us"] = (t1 - t0) / calls * 1e6
+    finally:
+        runtime.freeze()
+    res["calls"] = calls
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    runtime.freeze()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    copy = copy_bandwidth(a.reps, flush)
+    print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
+    doc = {
+        "benchmark": "bench_expand",
+        "provenance": provenance(),
+        "copy_bandwidth": copy,
+        "expansion": expansion(a.reps, flush, copy["median_GBps"]),
+        "program_load": load_time(),
+        "launch_overhead": launch_overhead(2000),
+        "compilations_while_frozen": runtime.compilations(),
+    }
+    print(json.dumps({k: doc[k] for k in ("program_load", "launch_overhead")}, indent=1))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Compile one Triton program spec for sm_90a, on any machine (no GPU, no driver needed)."""
+
+from __future__ import annotations
+
+from ..families import FAMILIES
+from ..manifest import Artifact
+from ..programs import ProgramSpec
+
+__all__ = ["compile_triton"]
+
+
+def compile_triton(spec: ProgramSpec) -> Artifact:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    family = FAMILIES[spec.kernel]
+    fn, signature, _ = family.source()
+    facts = spec.fact
+    constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
+    src = ASTSource(fn, signature=signature, constexprs=constexprs)
+    options = {"num_warps": facts["num_warps"], "num_stages": facts.get("num_stages", 1)}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    md = compiled.metadata
+    if md.num_ctas != 1 or md.launch_cooperative_grid or md.launch_pdl:
+        raise NotImplementedError(f"{spec.describe()}: cluster, cooperative or PDL launches are not supported yet")
+    params = [(name, t) for name, t in signature.items() if t != "constexpr"]
+    launch = {
+        "entry": md.name,
+        "block": [32 * md.num_warps, 1, 1],
+        "shared": md.shared,
+        # Triton appends two implicit u64 pointers to every entry: global scratch, profile scratch
+        "global_scratch": [md.global_scratch_size, md.global_scratch_align],
+        "profile_scratch": [md.profile_scratch_size, md.profile_scratch_align],
+        "params": [t for _, t in params],
+        "param_names": [n for n, _ in params],
+        "triton": triton.__version__,
+    }
+    return Artifact(kind="triton_cubin", data=bytes(compiled.asm["cubin"]), launch=launch)

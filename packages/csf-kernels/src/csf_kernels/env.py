@@ -1,0 +1,46 @@
+"""The one reader of csf's environment switches. Read when asked, never at import.
+
+| variable | meaning |
+|---|---|
+| ``CSF_FROZEN`` | truthy: the runtime starts frozen (serving): no program is ever lowered or compiled |
+| ``CSF_AOT_CACHE`` | the ``aot_cache`` directory (default: the repository's ``aot_cache/``, else ``./aot_cache``) |
+
+Truthy means one of ``1, true, yes, on`` (any case); falsy ``0, false, no, off`` or empty; anything
+else is an error, so a typo never silently flips a switch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["AOT_CACHE", "FROZEN", "flag", "path"]
+
+FROZEN = "CSF_FROZEN"
+AOT_CACHE = "CSF_AOT_CACHE"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def flag(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is neither true ({sorted(_TRUE)}) nor false")
+
+
+def path(name: str, default: Path) -> Path:
+    raw = os.environ.get(name)
+    return Path(raw).expanduser() if raw else default
+
+
+def aot_cache_root() -> Path:
+    # src layout: packages/csf-kernels/src/csf_kernels/env.py -> repository root is four levels up
+    repo = Path(__file__).resolve().parents[4]
+    default = repo / "aot_cache" if (repo / "noxfile.py").exists() else Path.cwd() / "aot_cache"
+    return path(AOT_CACHE, default)

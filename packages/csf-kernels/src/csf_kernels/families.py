@@ -1,0 +1,114 @@
+"""Program families: which programs a geometry needs, and where each kernel's source lives.
+
+Nothing here imports triton or cutlass: the build imports a family's source module when it compiles,
+and the unfrozen development runtime when it JIT-compiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from csf_codec import ScaleFormat
+from csf_codec.inline import DELTA_BITS, record_bytes_choices
+from csf_codec.tile_layout import TILE_COLS
+
+from .catalog import Catalog, MoEGeometry
+from .programs import ProgramSpec
+
+__all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
+
+FULL_TILES_PER_PROGRAM = 8  # 8 tiles x 4 columns = 32 bytes of each row: one memory sector per store
+
+
+@dataclass(frozen=True, kw_only=True)
+class TritonFamily:
+    kernel: str
+    version: int
+    module: str
+    function: str
+    num_warps: int
+
+    def source(self):
+        """(jit function, signature dict, module) -- imports triton."""
+        mod = importlib.import_module(self.module)
+        return getattr(mod, self.function), dict(mod.SIGNATURE), mod
+
+
+EXPAND_INLINE = TritonFamily(
+    kernel="expand.inline_tiles",
+    version=1,
+    module="csf_kernels.kernels.expand_inline",
+    function="expand_inline_tiles",
+    num_warps=4,
+)
+EXPAND_COMPACT = TritonFamily(
+    kernel="expand.compact_segments",
+    version=1,
+    module="csf_kernels.kernels.expand_compact",
+    function="expand_compact_segments",
+    num_warps=4,
+)
+FAMILIES = {f.kernel: f for f in (EXPAND_INLINE, EXPAND_COMPACT)}
+COMPACT_COLUMNS_PER_STEP = 64
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int) -> ProgramSpec:
+    """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns)."""
+    ctg = FULL_TILES_PER_PROGRAM if tile_cols == TILE_COLS else 1
+    return ProgramSpec.of(
+        EXPAND_INLINE.kernel,
+        EXPAND_INLINE.version,
+        S=record_bytes,
+        TC=tile_cols,
+        CTG=ctg,
+        P=_pow2(ctg * tile_cols),
+        DB=DELTA_BITS[fmt.name],
+        EP=_pow2(ctg),
+        num_warps=EXPAND_INLINE.num_warps,
+    )
+
+
+def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
+    """Every record size a plane with ``cols`` scale columns may have chosen, for both column classes."""
+    specs = []
+    if cols >= TILE_COLS:
+        specs += [inline_class_spec(fmt, s, TILE_COLS) for s in record_bytes_choices(fmt, TILE_COLS)]
+    if cols % TILE_COLS:
+        tc = cols % TILE_COLS
+        specs += [inline_class_spec(fmt, s, tc) for s in record_bytes_choices(fmt, tc)]
+    return specs
+
+
+def compact_spec(width: int) -> ProgramSpec:
+    """The compact-form expansion program for payloads of this selector width."""
+    return ProgramSpec.of(
+        EXPAND_COMPACT.kernel,
+        EXPAND_COMPACT.version,
+        W=width,
+        CB=COMPACT_COLUMNS_PER_STEP,
+        num_warps=EXPAND_COMPACT.num_warps,
+    )
+
+
+def geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
+    specs: list[ProgramSpec] = [compact_spec(w) for w in (1, 2, 4)]
+    for shape, _group in geo.scale_planes().values():
+        specs += inline_expansion_specs(geo.fmt, shape[-1])
+    return specs
+
+
+def catalog_specs(catalog: Catalog) -> dict[str, tuple[ProgramSpec, list[str]]]:
+    """key -> (spec, the geometries that need it), deduplicated across the catalog."""
+    out: dict[str, tuple[ProgramSpec, list[str]]] = {}
+    for geo in catalog.moe:
+        for spec in geometry_specs(geo):
+            out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+    return out

@@ -1,0 +1,146 @@
+"""Triton: expand inline CSF tiles (docs/csf-format.md section 5) into the native scale plane.
+
+One program decodes one 128-row block of one expert across ``CTG`` column tiles of one column class
+(full 4-column tiles, or the tail tile) and writes whole row segments of the native plane. Phase one
+writes every position from its selector (or its raw tile); after a CTA barrier, phase two overwrites
+the exceptions, so each position's final value is written by exactly one ordered pair of stores.
+
+Routed-experts-only expansion passes the expert ids; ids outside [0, E) are vLLM's CUDA-graph padding:
+they are clamped for addressing and write nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+KERNEL_ID = "expand.inline_tiles"
+VERSION = 1
+NUM_WARPS = 4
+
+SIGNATURE = {
+    "base_ref": "*u8",
+    "base_delta": "*u8",
+    "records": "*u8",
+    "raw": "*u8",
+    "out": "*u8",
+    "expert_ids": "*i32",
+    "blocks_per_expert": "i32",
+    "blocks_per_group": "i32",
+    "row_group": "i32",
+    "rows_per_expert": "i32",
+    "cols": "i32",
+    "col_start": "i32",
+    "class_tiles": "i32",
+    "num_experts": "i32",
+    "S": "constexpr",
+    "TC": "constexpr",
+    "CTG": "constexpr",
+    "P": "constexpr",
+    "EP": "constexpr",
+    "DB": "constexpr",
+}
+
+
+@triton.jit
+def _slot_row(slot):
+    # slot = 32 warp + 4 quad + 2 half + pair  ->  row = 64 half + 16 warp + quad + 8 pair
+    return 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+
+
+@triton.jit
+def _header(rec):
+    h = tl.load(rec + 0).to(tl.int32)
+    h |= tl.load(rec + 1).to(tl.int32) << 8
+    h |= tl.load(rec + 2).to(tl.int32) << 16
+    h |= tl.load(rec + 3).to(tl.int32) << 24
+    return h
+
+
+@triton.jit
+def expand_inline_tiles(
+    base_ref,
+    base_delta,
+    records,
+    raw,
+    out,
+    expert_ids,
+    blocks_per_expert,
+    blocks_per_group,
+    row_group,
+    rows_per_expert,
+    cols,
+    col_start,
+    class_tiles,
+    num_experts,
+    S: tl.constexpr,  # record bytes of this column class
+    TC: tl.constexpr,  # columns per tile in this class (4, or the tail's 1..3)
+    CTG: tl.constexpr,  # column tiles per program
+    P: tl.constexpr,  # next power of two >= CTG * TC
+    EP: tl.constexpr,  # next power of two >= CTG (exception phase rows)
+    DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    routed = pid_r // blocks_per_expert
+    blk = pid_r % blocks_per_expert
+    e = tl.load(expert_ids + routed)
+    live = (e >= 0) & (e < num_experts)
+    e = tl.where(live, e, 0).to(tl.int64)
+    rb = e * blocks_per_expert + blk
+    group = blk // blocks_per_group
+    within = blk % blocks_per_group
+    row0 = e * rows_per_expert + group * row_group
+
+    # phase one: selectors (or raw bytes) of CTG tiles, as a [128 slots, P columns] block
+    slot = tl.arange(0, 128)[:, None]
+    j = tl.arange(0, P)[None, :]
+    t_local = j // TC
+    col_in = j % TC
+    ct = pid_c * CTG + t_local
+    col_ok = (j < CTG * TC) & (ct < class_tiles)
+    rec = records + (rb * class_tiles + tl.where(col_ok, ct, 0)) * S
+    h = _header(rec + S - 4)
+    mode = h & 3
+    width = tl.where(mode == 3, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = tl.where(origin >= 128, origin - 256, origin)
+    p = slot * TC + col_in
+    bit = p * width
+    in_rec = (bit >> 3) < S - 4  # a mode whose selectors would not fit is impossible; never read past the record
+    byte = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
+    field = (byte >> (bit & 7)) & ((1 << width) - 1)
+    dbit = slot * DB
+    dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
+    base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
+    val = base + origin + field
+    is_raw = mode == 3
+    raw_val = tl.load(raw + (h >> 2).to(tl.int64) * (128 * TC) + p, mask=is_raw & col_ok, other=0).to(tl.int32)
+    val = tl.where(is_raw, raw_val, val)
+    row_local = within * 128 + _slot_row(slot)
+    ok = live & col_ok & (row_local < row_group)
+    dst = out + (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC + col_in
+    tl.store(dst, val.to(tl.uint8), mask=ok)
+
+    tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
+
+    # phase two: exceptions, [EP tiles, 64 entries]
+    tt = tl.arange(0, EP)[:, None]
+    ee = tl.arange(0, 64)[None, :]
+    ct2 = pid_c * CTG + tt
+    tile_ok = (tt < CTG) & (ct2 < class_tiles)
+    rec2 = records + (rb * class_tiles + tl.where(tile_ok, ct2, 0)) * S
+    h2 = _header(rec2 + S - 4)
+    mode2 = h2 & 3
+    w2 = 1 << tl.where(mode2 == 3, 0, mode2)
+    count = tl.where(mode2 == 3, 0, (h2 >> 2) & 63)
+    sb = 16 * TC * w2
+    cap = tl.minimum((S - 4 - sb) // 3, 63)
+    em = tile_ok & (ee < count) & (ee < cap) & live
+    pos = tl.load(rec2 + sb + 2 * ee, mask=em, other=0).to(tl.int32)
+    pos |= tl.load(rec2 + sb + 2 * ee + 1, mask=em, other=0).to(tl.int32) << 8
+    exc = tl.load(rec2 + sb + 2 * cap + ee, mask=em, other=0)
+    slot_e = pos // TC
+    row_e = within * 128 + _slot_row(slot_e)
+    dst2 = out + (row0 + row_e).to(tl.int64) * cols + col_start + ct2 * TC + pos % TC
+    tl.store(dst2, exc, mask=em & (row_e < row_group))

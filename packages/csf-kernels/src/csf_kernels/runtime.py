@@ -1,0 +1,272 @@
+"""The AOT runtime: load programs from ``aot_cache/`` through the CUDA driver and launch them.
+
+Frozen (after :func:`freeze`, or with ``CSF_FROZEN=1``) the runtime never imports triton or cutlass,
+never lowers or compiles, and a program missing from the cache raises :class:`UncachedProgramError`
+naming the program, the geometry and the command that would build it. Unfrozen, on a machine with
+triton, a missing Triton program is compiled on first use (counted by :func:`compilations`).
+
+Launches go on torch's current stream through ``cuLaunchKernel``, so they are captured by CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import env
+from .manifest import CacheIntegrityError, Manifest, ProgramEntry, sha256_bytes
+from .programs import ProgramSpec
+from .toolchain import TARGET, cache_key, sources_hash
+
+__all__ = [
+    "BUILD_COMMAND",
+    "CacheIntegrityError",
+    "LoadedProgram",
+    "UncachedProgramError",
+    "compilations",
+    "freeze",
+    "is_frozen",
+    "open_cache",
+    "program",
+    "unfreeze",
+]
+
+BUILD_COMMAND = "nox -s aot_build"
+_lock = threading.RLock()
+_state = {"frozen": False, "compilations": 0}
+
+
+class UncachedProgramError(LookupError):
+    """A frozen runtime was asked for a program the AOT cache does not hold."""
+
+    def __init__(self, spec: ProgramSpec, geometry: str | None, cache_dir: Path):
+        self.spec = spec
+        self.geometry = geometry
+        where = f" for geometry {geometry}" if geometry else ""
+        super().__init__(
+            f"program {spec.describe()} [key {spec.key}]{where} is not in the AOT cache {cache_dir}; "
+            f"add its geometry to csf_kernels/catalog.yaml and run `{BUILD_COMMAND}` (the runtime is frozen: "
+            f"it never compiles)"
+        )
+
+
+def freeze() -> None:
+    """From now on, never lower or compile: every program must come from the AOT cache."""
+    _state["frozen"] = True
+
+
+def unfreeze() -> None:
+    """Development and tests only: allow JIT compilation again."""
+    _state["frozen"] = False
+
+
+def is_frozen() -> bool:
+    return _state["frozen"] or env.flag(env.FROZEN)
+
+
+def compilations() -> int:
+    """How many programs this process has compiled (stays 0 when serving from the cache)."""
+    return _state["compilations"]
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+class _Driver:
+    """The few driver calls the runtime needs: cuda-bindings for loading, ctypes for the hot launch."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self.cu = driver
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuLaunchKernel.argtypes = (
+            [ctypes.c_void_p]
+            + [ctypes.c_uint] * 7
+            + [
+                ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_void_p),
+            ]
+        )
+        self.lib.cuLaunchKernel.restype = ctypes.c_int
+
+    def check(self, result, what: str):
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) != 0:
+            _, name = self.cu.cuGetErrorName(self.cu.CUresult(int(err)))
+            raise RuntimeError(f"CUDA driver: {what} failed with {name.decode() if name else int(err)}")
+        return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+    def ensure_context(self, device: int) -> None:
+        torch.cuda.init()
+        ctx = self.check(self.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(ctx) == 0:
+            dev = self.check(self.cu.cuDeviceGet(device), "cuDeviceGet")
+            ctx = self.check(self.cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            self.check(self.cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    def load_function(self, image: bytes, entry: str, shared: int):
+        module = self.check(self.cu.cuModuleLoadData(image), f"cuModuleLoadData({entry})")
+        fn = self.check(self.cu.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry})")
+        if shared > 48 * 1024:
+            attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self.check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({entry})")
+        return module, fn
+
+
+_driver: _Driver | None = None
+
+
+def _drv() -> _Driver:
+    global _driver
+    with _lock:
+        if _driver is None:
+            _driver = _Driver()
+        return _driver
+
+
+_CTYPE = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32, "fp32": ctypes.c_float}
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedProgram:
+    """A Triton cubin loaded on one device, ready to launch."""
+
+    spec: ProgramSpec
+    entry: str
+    function: int  # CUfunction handle
+    block: tuple[int, int, int]
+    shared: int
+    params: tuple[str, ...]
+    _keepalive: object
+
+    def launch(self, grid: tuple[int, ...], *args) -> None:
+        """Launch on torch's current stream. Pointers are given as tensors, scalars as Python ints."""
+        if len(args) != len(self.params):
+            raise TypeError(f"{self.spec.kernel} takes {len(self.params)} arguments, got {len(args)}")
+        gx, gy, gz = (*tuple(grid), 1, 1)[:3]
+        if min(gx, gy, gz) <= 0:
+            return
+        values = []
+        for t, a in zip(self.params, args, strict=True):
+            if t.startswith("*"):
+                values.append(ctypes.c_uint64(a.data_ptr() if isinstance(a, torch.Tensor) else int(a)))
+            else:
+                values.append(_CTYPE[t](a))
+        values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # Triton's global and profile scratch (size 0)
+        argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        stream = torch.cuda.current_stream().cuda_stream
+        drv = _drv()
+        err = drv.lib.cuLaunchKernel(self.function, gx, gy, gz, *self.block, self.shared, stream, argv, None)
+        if err != 0:
+            drv.check(err, f"cuLaunchKernel({self.entry}, grid={(gx, gy, gz)})")
+
+
+# ------------------------------------------------------------------------------------------ cache
+
+
+class ProgramCache:
+    """One ``aot_cache/<key>/`` directory: manifest checked on open, each binary checked on load."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.key = cache_key()
+        self.dir = self.root / self.key
+        self._manifest: Manifest | None = None
+        self._loaded: dict[tuple[int, str], LoadedProgram] = {}
+
+    def manifest(self) -> Manifest | None:
+        if self._manifest is None:
+            path = self.dir / "manifest.json"
+            if not path.exists():
+                return None
+            m = Manifest.read(path)
+            if m.cache_key != self.key or m.sources_sha256 != sources_hash():
+                raise CacheIntegrityError(
+                    f"{self.dir}: the cache was built for other sources (manifest key {m.cache_key}, expected "
+                    f"{self.key}); rebuild it with `{BUILD_COMMAND}`"
+                )
+            if m.target != TARGET:
+                raise CacheIntegrityError(f"{self.dir}: built for target {m.target}, this runtime needs {TARGET}")
+            self._manifest = m
+        return self._manifest
+
+    def other_keys(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def entry(self, spec: ProgramSpec) -> ProgramEntry | None:
+        m = self.manifest()
+        if m is None:
+            return None
+        e = m.programs.get(spec.key)
+        if e is not None and (e.spec.get("kernel"), e.spec.get("version")) != (spec.kernel, spec.version):
+            raise CacheIntegrityError(f"{self.dir}: manifest entry {spec.key} does not describe {spec.describe()}")
+        return e
+
+    def load(self, spec: ProgramSpec, entry: ProgramEntry, device: int) -> LoadedProgram:
+        data = (self.dir / entry.file).read_bytes() if (self.dir / entry.file).exists() else None
+        if data is None:
+            raise CacheIntegrityError(f"{self.dir}: {entry.file} listed in the manifest is missing")
+        if sha256_bytes(data) != entry.sha256:
+            raise CacheIntegrityError(f"{self.dir / entry.file}: sha256 does not match the manifest (tampered?)")
+        return _load_cubin(spec, data, entry.launch, device)
+
+
+def _load_cubin(spec: ProgramSpec, data: bytes, launch: dict, device: int) -> LoadedProgram:
+    if launch["global_scratch"][0] or launch["profile_scratch"][0]:
+        raise NotImplementedError(f"{spec.describe()}: programs that need Triton scratch memory are not supported")
+    drv = _drv()
+    drv.ensure_context(device)
+    module, fn = drv.load_function(data, launch["entry"], launch["shared"])
+    return LoadedProgram(
+        spec=spec,
+        entry=launch["entry"],
+        function=int(fn),
+        block=tuple(launch["block"]),
+        shared=launch["shared"],
+        params=tuple(launch["params"]),
+        _keepalive=(module, fn),
+    )
+
+
+_caches: dict[Path, ProgramCache] = {}
+
+
+def open_cache(root: Path | None = None) -> ProgramCache:
+    root = Path(root) if root is not None else env.aot_cache_root()
+    with _lock:
+        if root not in _caches:
+            _caches[root] = ProgramCache(root)
+        return _caches[root]
+
+
+def program(spec: ProgramSpec, *, geometry: str | None = None, device: int | None = None) -> LoadedProgram:
+    """The loaded program for ``spec`` on ``device`` (default: torch's current device)."""
+    cache = open_cache()
+    with _lock:
+        entry = cache.entry(spec)
+        if entry is None and is_frozen():
+            raise UncachedProgramError(spec, geometry, cache.dir)
+        device = torch.cuda.current_device() if device is None else device
+        key = (device, spec.key)
+        hit = cache._loaded.get(key)
+        if hit is not None:
+            return hit
+        loaded = cache.load(spec, entry, device) if entry is not None else _jit(spec, device)
+        cache._loaded[key] = loaded
+        return loaded
+
+
+def _jit(spec: ProgramSpec, device: int) -> LoadedProgram:
+    from .aot.compile_triton import compile_triton  # imports triton: development only
+
+    art = compile_triton(spec)
+    _state["compilations"] += 1
+    return _load_cubin(spec, art.data, art.launch, device)

@@ -1,0 +1,171 @@
+"""The AOT cache: deterministic, atomic builds; manifests that refuse stale or tampered caches; a
+frozen runtime that names what is missing and never imports a compiler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from csf_kernels import env
+from csf_kernels.families import catalog_specs, inline_class_spec
+from csf_kernels.manifest import CacheIntegrityError, Manifest
+from csf_kernels.runtime import ProgramCache, UncachedProgramError
+from csf_kernels.toolchain import cache_key
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = """
+moe:
+  - {name: tiny, experts: 4, hidden: 576, intermediate: 256, top_k: 2, tp: [1], formats: [mxfp4]}
+sparse_mla: {}
+token_buckets: [1, 8]
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_catalog(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
+    p.write_text(TINY)
+    return p
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_catalog) -> Path:
+    pytest.importorskip("triton")
+    from csf_kernels.aot.build import build_cache
+
+    return build_cache(tmp_path_factory.mktemp("aot"), catalog_path=tiny_catalog, jobs=2, progress=False)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_build_writes_a_keyed_directory_with_checked_binaries(built):
+    from csf_kernels.manifest import sha256_bytes
+
+    assert built.name == cache_key()
+    m = Manifest.read(built / "manifest.json")
+    assert m.cache_key == built.name and m.target["arch"] == "sm_90a"
+    assert len(m.programs) >= 2
+    for e in m.programs.values():
+        data = (built / e.file).read_bytes()
+        assert sha256_bytes(data) == e.sha256 and len(data) == e.nbytes
+        assert data[:4] == b"\x7fELF"  # a cubin (SASS), never PTX
+        assert e.launch["block"] == [128, 1, 1] and e.launch["params"][0] == "*u8"
+    assert not [p for p in built.parent.iterdir() if p.name.startswith(".")], "temporary build folders left behind"
+
+
+def test_rebuilding_gives_identical_bytes(built, tiny_catalog, tmp_path):
+    from csf_kernels.aot.build import build_cache
+
+    again = build_cache(tmp_path, catalog_path=tiny_catalog, jobs=1, progress=False)
+    assert _tree(again) == _tree(built)
+    # and building over an existing cache replaces it whole
+    again2 = build_cache(tmp_path, catalog_path=tiny_catalog, jobs=1, progress=False)
+    assert _tree(again2) == _tree(built)
+
+
+def test_the_catalog_determines_the_programs(tiny_catalog):
+    from csf_kernels.catalog import load_catalog
+
+    specs = catalog_specs(load_catalog(tiny_catalog))
+    # W13 [4, 512, 18] and W2 [4, 576, 8]: full tiles in all 8 record sizes, and the 2-column tail
+    tcs = sorted({s.fact["TC"] for s, _ in specs.values() if s.kernel == "expand.inline_tiles"})
+    assert tcs == [2, 4]
+    widths = sorted(s.fact["W"] for s, _ in specs.values() if s.kernel == "expand.compact_segments")
+    assert widths == [1, 2, 4]
+
+
+def test_tampered_binary_is_refused(built, tiny_catalog, tmp_path):
+    import shutil
+
+    from csf_kernels.catalog import load_catalog
+
+    copy = tmp_path / built.name
+    shutil.copytree(built, copy)
+    m = Manifest.read(copy / "manifest.json")
+    key, entry = next(iter(m.programs.items()))
+    data = bytearray((copy / entry.file).read_bytes())
+    data[100] ^= 0xFF
+    (copy / entry.file).write_bytes(bytes(data))
+    cache = ProgramCache(tmp_path)
+    spec = next(s for s, _ in catalog_specs(load_catalog(tiny_catalog)).values() if s.key == key)
+    with pytest.raises(CacheIntegrityError, match="sha256"):
+        cache.load(spec, cache.entry(spec), device=0)
+
+
+def test_cache_for_other_sources_is_refused(built, tmp_path):
+    import shutil
+
+    copy = tmp_path / built.name
+    shutil.copytree(built, copy)
+    doc = json.loads((copy / "manifest.json").read_text())
+    doc["sources_sha256"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(CacheIntegrityError, match="other sources"):
+        ProgramCache(tmp_path).manifest()
+
+
+def test_frozen_runtime_names_the_missing_program(tmp_path, monkeypatch):
+    from csf_codec import MXFP4
+    from csf_kernels import runtime
+
+    monkeypatch.setenv(env.AOT_CACHE, str(tmp_path))
+    runtime._caches.clear()
+    runtime.freeze()
+    try:
+        spec = inline_class_spec(MXFP4, 96, 4)
+        with pytest.raises(UncachedProgramError) as e:
+            runtime.program(spec, geometry="deepseek-v4.1-flash/tp4/mxfp4")
+        msg = str(e.value)
+        assert "expand.inline_tiles" in msg and "deepseek-v4.1-flash/tp4/mxfp4" in msg and "nox -s aot_build" in msg
+        assert runtime.compilations() == 0
+    finally:
+        runtime.unfreeze()
+        runtime._caches.clear()
+
+
+def test_frozen_runtime_imports_no_compiler(tmp_path):
+    """With triton and cutlass made unimportable, the frozen runtime still loads and resolves."""
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('triton', 'cutlass'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+import os
+os.environ['CSF_FROZEN'] = '1'
+os.environ['CSF_AOT_CACHE'] = {str(tmp_path)!r}
+import csf_kernels, csf_kernels.runtime as rt, csf_kernels.expand
+from csf_kernels.families import inline_class_spec
+from csf_codec import MXFP4
+try:
+    rt.program(inline_class_spec(MXFP4, 96, 4))
+except rt.UncachedProgramError:
+    pass
+assert not [m for m in sys.modules if m.split('.')[0] in ('triton', 'cutlass')]
+print('ok')
+"""
+    pp = os.pathsep.join([str(ROOT / "packages" / p / "src") for p in ("csf-codec", "csf-kernels")])
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=pp)
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("raw", "want"), [("1", True), ("TRUE", True), ("on", True), ("0", False), ("", False)])
+def test_env_flags_have_one_meaning_of_true(monkeypatch, raw, want):
+    monkeypatch.setenv("CSF_TEST_FLAG", raw)
+    assert env.flag("CSF_TEST_FLAG") is want
+
+
+def test_env_flag_typos_are_errors(monkeypatch):
+    monkeypatch.setenv("CSF_TEST_FLAG", "ture")
+    with pytest.raises(ValueError, match="CSF_TEST_FLAG"):
+        env.flag("CSF_TEST_FLAG")

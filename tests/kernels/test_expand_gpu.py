@@ -1,0 +1,164 @@
+"""Scale expansion on the GPU, from the AOT cache: exact on every catalog geometry and tail, routed
+experts only, CUDA-graph capture and replay, frozen with zero compilations."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
+from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_kernels.compact_tables import compact_tables
+from csf_kernels.expand import expand_compact, expand_inline
+
+from .interpret_cases import cases
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+POISON = 0xAB
+
+
+@pytest.fixture(autouse=True)
+def frozen():
+    """Every GPU test runs frozen: programs come from the AOT cache, nothing compiles."""
+    runtime.freeze()
+    before = runtime.compilations()
+    yield
+    assert runtime.compilations() == before == 0
+    runtime.unfreeze()
+
+
+def _expected(plane: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    want = torch.full_like(plane, POISON)
+    num = plane.shape[0] if plane.dim() == 3 else 1
+    for e in ids.tolist():
+        if 0 <= e < num:
+            if plane.dim() == 3:
+                want[e] = plane[e]
+            else:
+                want.copy_(plane)
+    return want
+
+
+@pytest.mark.parametrize("seed", [int.from_bytes(os.urandom(3), "little")])
+def test_expansion_of_the_shared_cases(seed):
+    for plane, fmt, group, experts in cases(seed):
+        fmt = {"mxfp4": MXFP4, "nvfp4": NVFP4}[fmt]
+        gpu = plane.cuda()
+        num = plane.shape[0] if plane.dim() == 3 else 1
+        ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
+        for form in ("inline", "compact"):
+            out = torch.full_like(gpu, POISON)
+            if form == "inline":
+                expand_inline(encode_inline(gpu, fmt, row_group=group), out, experts=ids.cuda())
+            else:
+                expand_compact(compact_tables(encode_compact(gpu, fmt).payload), out, experts=ids.cuda())
+            assert torch.equal(out.cpu(), _expected(plane, ids)), f"seed {seed} {form} {fmt.name} {tuple(plane.shape)}"
+
+
+def _catalog_planes():
+    seen = set()
+    for geo in load_catalog().moe:
+        for proj, (shape, group) in geo.scale_planes().items():
+            key = (geo.fmt.name, shape[1:], group)
+            if key in seen:
+                continue
+            seen.add(key)
+            # the per-expert tiling is what varies between geometries; 64 experts bound the test's time
+            yield pytest.param(geo.fmt, (min(shape[0], 64), *shape[1:]), group, id=f"{geo.name}-{proj}")
+
+
+@pytest.mark.parametrize(("fmt", "shape", "group"), list(_catalog_planes()))
+def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
+    plane = synthetic_scale_plane(shape, fmt, stats=EXCEPTION_DENSE if fmt is MXFP4 else None, seed=hash(shape) % 999)
+    gpu = plane.cuda()
+    inline = encode_inline(gpu, fmt, row_group=group)
+    compact = compact_tables(encode_compact(gpu, fmt).payload)
+    for expand, storage in ((expand_inline, inline), (expand_compact, compact)):
+        out = torch.full_like(gpu, POISON)
+        expand(storage, out)
+        assert torch.equal(out, gpu), f"{expand.__name__} {fmt.name} {shape}"
+    # routed experts only, with vLLM's padding ids
+    ids = torch.tensor([shape[0] - 1, -1, 0, shape[0], 3 % shape[0]], dtype=torch.int32, device="cuda")
+    out = torch.full_like(gpu, POISON)
+    expand_inline(inline, out, experts=ids)
+    assert torch.equal(out.cpu(), _expected(plane, ids.cpu()))
+
+
+def test_graph_capture_and_replay_with_changed_routes():
+    plane = synthetic_scale_plane((64, 1152, 160), MXFP4, stats=EXCEPTION_DENSE, seed=5)
+    gpu = plane.cuda()
+    inline = encode_inline(gpu, MXFP4, row_group=576)
+    tables = compact_tables(encode_compact(gpu, MXFP4).payload)
+    ids = torch.zeros(48, dtype=torch.int32, device="cuda")
+    out_i = torch.empty_like(gpu)
+    out_c = torch.empty_like(gpu)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up (loads the programs) outside capture
+        expand_inline(inline, out_i, experts=ids)
+        expand_compact(tables, out_c, experts=ids)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        expand_inline(inline, out_i, experts=ids)
+        expand_compact(tables, out_c, experts=ids)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        routes = torch.randint(-2, 70, (48,), generator=g, dtype=torch.int32)  # some padding ids
+        ids.copy_(routes)
+        out_i.fill_(POISON)
+        out_c.fill_(POISON)
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated, "replay allocated memory"
+        want = _expected(plane, routes)
+        assert torch.equal(out_i.cpu(), want)
+        assert torch.equal(out_c.cpu(), want)
+        eager = torch.full_like(gpu, POISON)
+        expand_inline(inline, eager, experts=ids)
+        assert torch.equal(eager, out_i)
+
+
+def test_frozen_production_install_needs_no_compiler():
+    """A fresh process with triton and cutlass unimportable expands scales from the cache."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('triton', 'cutlass'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+import os
+os.environ['CSF_FROZEN'] = '1'
+import torch
+from csf_codec import MXFP4, encode_inline, encode_compact
+from csf_codec.synthetic import synthetic_scale_plane
+from csf_kernels import runtime
+from csf_kernels.compact_tables import compact_tables
+from csf_kernels.expand import expand_compact, expand_inline
+plane = synthetic_scale_plane((8, 5120, 18), MXFP4, seed=3).cuda()
+assert torch.equal(expand_inline(encode_inline(plane, MXFP4)), plane)
+assert torch.equal(expand_compact(compact_tables(encode_compact(plane, MXFP4).payload)), plane)
+assert runtime.compilations() == 0
+assert not [m for m in sys.modules if m.split('.')[0] in ('triton', 'cutlass')]
+print('ok')
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-4000:]
+
+
+def test_frozen_runtime_refuses_an_uncached_program():
+    from csf_kernels.families import inline_class_spec
+
+    spec = inline_class_spec(MXFP4, 1008, 4)  # a record size no plane can choose: never built
+    with pytest.raises(runtime.UncachedProgramError, match="nox -s aot_build"):
+        runtime.program(spec, geometry="nowhere")
