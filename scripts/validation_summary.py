@@ -28,7 +28,9 @@ def _gpu() -> dict:
             p = torch.cuda.get_device_properties(0)
             info.update(name=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
         q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm"
-        smi = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True)
+        smi = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True
+        )
         if smi.returncode == 0:
             info["nvidia_smi"] = smi.stdout.strip()
         return info

@@ -7,10 +7,10 @@ csf-codec must not need triton, CuTe DSL or a GPU.
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {
