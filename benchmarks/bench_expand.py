@@ -61,7 +61,7 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
 
 def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:
     n = 1 << 30
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    src = torch.randint(0, 1 << 30, (n // 8,), dtype=torch.int64, device="cuda")  # 8-byte elements: full speed
     dst = torch.empty_like(src)
     g = _capture(lambda: dst.copy_(src))
     t = _replay_times(g, reps, flush)
@@ -181,23 +181,25 @@ def launch_overhead(calls: int) -> dict:
         expand_inline(inline, out, experts=ids)
     t1 = time.perf_counter()
     torch.cuda.synchronize()
-    res["csf_runtime_expand_inline_us"] = (t1 - t0) / calls * 1e6
+    res["csf_expand_inline_bind_and_launch_us"] = (t1 - t0) / calls * 1e6
+    from csf_kernels.expand import bind_expand_inline
     from csf_kernels.families import inline_class_spec
 
-    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4))
-    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1)
+    bound = bind_expand_inline(inline, out, experts=ids)
     t0 = time.perf_counter()
     for _ in range(calls):
-        prog.launch((1, 1), *args)
+        bound()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
-    res["csf_runtime_raw_launch_us"] = (t1 - t0) / calls * 1e6
+    res["csf_bound_launch_us"] = (t1 - t0) / calls * 1e6
+    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4, True))
+    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1)
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
         from csf_kernels.kernels.expand_inline import expand_inline_tiles
 
         f = prog.spec.fact
-        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], P=f["P"], EP=f["EP"], DB=f["DB"], num_warps=4)
+        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], EP=f["EP"], DB=f["DB"], WORDS=f["WORDS"], num_warps=4)
         raw = inline.raw if inline.raw.numel() else torch.zeros(1, dtype=torch.uint8, device="cuda")
         jargs = (*args[:3], raw, *args[4:])
         expand_inline_tiles[(1, 1)](*jargs, **kw)

@@ -33,7 +33,8 @@ def expand_interpreted(inline, out, experts):
     for rec, raw, s, tc, ct, c0 in classes:
         if ct == 0:
             continue
-        f = inline_class_spec(inline.fmt, s, tc).fact
+        words = tc == 4 and inline.geometry.cols % 4 == 0
+        f = inline_class_spec(inline.fmt, s, tc, words).fact
         grid = (experts.numel() * bpe, -(-ct // f["CTG"]))
         raw = raw if raw.numel() else torch.zeros(1, dtype=torch.uint8)
         expand_inline_tiles[grid](
@@ -54,9 +55,9 @@ def expand_interpreted(inline, out, experts):
             S=s,
             TC=tc,
             CTG=f["CTG"],
-            P=f["P"],
             EP=f["EP"],
             DB=f["DB"],
+            WORDS=f["WORDS"],
             num_warps=4,
         )
 

@@ -1,10 +1,13 @@
 """Scale expansion: CSF -> the native scale plane, on the GPU, for a whole layer or routed experts.
 
-These are the host-side launchers of the Triton programs in :mod:`csf_kernels.kernels`; they import
-no compiler and resolve every program through the AOT runtime.
+Host-side launchers of the Triton programs in :mod:`csf_kernels.kernels`; they import no compiler and
+resolve every program through the AOT runtime. ``bind_*`` resolves programs and marshals arguments
+once (for serving and CUDA graphs); calling the binding launches. ``expand_*`` binds and calls.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -15,7 +18,14 @@ from . import runtime
 from .compact_tables import CompactTables
 from .families import compact_spec, inline_class_spec
 
-__all__ = ["all_experts", "expand_inline"]
+__all__ = [
+    "BoundExpansion",
+    "all_experts",
+    "bind_expand_compact",
+    "bind_expand_inline",
+    "expand_compact",
+    "expand_inline",
+]
 
 _ALL: dict[tuple[int, torch.device], torch.Tensor] = {}
 
@@ -28,92 +38,112 @@ def all_experts(num_experts: int, device: torch.device) -> torch.Tensor:
     return _ALL[key]
 
 
-def expand_inline(
+@dataclass(frozen=True, eq=False)
+class BoundExpansion:
+    """One plane's expansion with its programs and arguments resolved; call it to launch."""
+
+    out: torch.Tensor
+    launches: tuple[runtime.BoundLaunch, ...]
+
+    def __call__(self) -> torch.Tensor:
+        for launch in self.launches:
+            launch()
+        return self.out
+
+
+def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], device: torch.device, what: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"{what}: out must be a contiguous uint8 {shape} tensor, got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.device) -> torch.Tensor:
+    if experts is None:
+        return all_experts(num_experts, device)
+    if experts.dtype != torch.int32 or not experts.is_contiguous():
+        raise ValueError("experts must be a contiguous int32 tensor (convert once, outside the hot path)")
+    return experts
+
+
+def bind_expand_inline(
     inline: InlineScales,
     out: torch.Tensor | None = None,
     *,
     experts: torch.Tensor | None = None,
     geometry: str | None = None,
-) -> torch.Tensor:
-    """Write the native scale plane of ``inline`` into ``out`` (uint8, the plane's shape, same device).
+) -> BoundExpansion:
+    """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
 
     ``experts`` (int32, on the device) limits the work to those experts' rows; ids outside [0, E) are
-    graph padding and write nothing. Returns ``out``.
+    graph padding and write nothing. The ids' values may change between calls; their count may not.
     """
     geo = inline.geometry
     dev = inline.records.device
-    if out is None:
-        out = torch.empty(inline.shape, dtype=torch.uint8, device=dev)
-    if tuple(out.shape) != tuple(inline.shape) or out.dtype != torch.uint8 or not out.is_contiguous():
-        raise ValueError(
-            f"expand_inline: out must be a contiguous uint8 {inline.shape} tensor, got {out.dtype} {tuple(out.shape)}"
-        )
-    if experts is None:
-        experts = all_experts(geo.experts, dev)
-    elif experts.dtype != torch.int32:
-        experts = experts.to(torch.int32)
+    out = _check_out(out, inline.shape, dev, "expand_inline")
+    experts = _expert_ids(experts, geo.experts, dev)
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     classes = [(inline.records, inline.raw, inline.record_bytes, TILE_COLS, geo.full_col_tiles, 0)]
     if geo.tail_cols:
-        classes.append(
-            (inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, geo.full_col_tiles * TILE_COLS)
-        )
+        start = geo.full_col_tiles * TILE_COLS
+        classes.append((inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, start))
+    words = geo.cols % TILE_COLS == 0 and out.data_ptr() % 4 == 0
+    launches = []
     for records, raw, s, tc, class_tiles, col_start in classes:
-        if class_tiles == 0:
+        if class_tiles == 0 or experts.numel() == 0:
             continue
-        spec = inline_class_spec(inline.fmt, s, tc)
+        spec = inline_class_spec(inline.fmt, s, tc, words)
         prog = runtime.program(spec, geometry=geometry)
-        ctg = spec.fact["CTG"]
-        grid = (experts.numel() * blocks_per_expert, -(-class_tiles // ctg))
-        prog.launch(
-            grid,
-            inline.base_ref,
-            inline.base_delta,
-            records,
-            raw,
-            out,
-            experts,
-            blocks_per_expert,
-            geo.blocks_per_group,
-            geo.row_group,
-            geo.rows,
-            geo.cols,
-            col_start,
-            class_tiles,
-            geo.experts,
+        grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))
+        launches.append(
+            prog.bind(
+                grid,
+                inline.base_ref,
+                inline.base_delta,
+                records,
+                raw,
+                out,
+                experts,
+                blocks_per_expert,
+                geo.blocks_per_group,
+                geo.row_group,
+                geo.rows,
+                geo.cols,
+                col_start,
+                class_tiles,
+                geo.experts,
+            )
         )
-    return out
+    return BoundExpansion(out, tuple(launches))
 
 
-def expand_compact(
+def expand_inline(inline: InlineScales, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Expand ``inline`` into ``out`` now (see :func:`bind_expand_inline`); returns ``out``."""
+    return bind_expand_inline(inline, out, **kwargs)()
+
+
+def bind_expand_compact(
     tables: CompactTables,
     out: torch.Tensor | None = None,
     *,
     experts: torch.Tensor | None = None,
     geometry: str | None = None,
-) -> torch.Tensor:
-    """Write the native plane of a compact payload (prepared by ``compact_tables``) into ``out``.
+) -> BoundExpansion:
+    """Bind the expansion of a compact payload (prepared by ``compact_tables``) into ``out``.
 
-    ``experts`` as for :func:`expand_inline`; a 2-D plane counts as one expert.
+    ``experts`` as for :func:`bind_expand_inline`; a 2-D plane counts as one expert.
     """
     shape = tables.shape
     dev = tables.codes.device
-    if out is None:
-        out = torch.empty(shape, dtype=torch.uint8, device=dev)
-    if tuple(out.shape) != tuple(shape) or out.dtype != torch.uint8 or not out.is_contiguous():
-        raise ValueError(
-            f"expand_compact: out must be a contiguous uint8 {shape} tensor, got {out.dtype} {tuple(out.shape)}"
-        )
+    out = _check_out(out, shape, dev, "expand_compact")
     num_experts = shape[0] if len(shape) == 3 else 1
     rows_per_expert = tables.rows // max(num_experts, 1)
-    if experts is None:
-        experts = all_experts(num_experts, dev)
-    elif experts.dtype != torch.int32:
-        experts = experts.to(torch.int32)
+    experts = _expert_ids(experts, num_experts, dev)
     # an expert's rows may start inside a segment: one more segment than N / 128 covers any alignment
     segments_per_expert = -(-rows_per_expert // 128) + (1 if rows_per_expert % 128 else 0)
     prog = runtime.program(compact_spec(tables.width), geometry=geometry)
-    prog.launch(
+    launch = prog.bind(
         (experts.numel() * segments_per_expert,),
         tables.codes,
         tables.escapes,
@@ -130,4 +160,9 @@ def expand_compact(
         tables.rows,
         shape[-1],
     )
-    return out
+    return BoundExpansion(out, (launch,))
+
+
+def expand_compact(tables: CompactTables, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Expand a compact payload into ``out`` now (see :func:`bind_expand_compact`); returns ``out``."""
+    return bind_expand_compact(tables, out, **kwargs)()

@@ -10,6 +10,7 @@ import importlib
 from dataclasses import dataclass
 
 from csf_codec import ScaleFormat
+from csf_codec import scale_format as catalog_format
 from csf_codec.inline import DELTA_BITS, record_bytes_choices
 from csf_codec.tile_layout import TILE_COLS
 
@@ -18,7 +19,7 @@ from .programs import ProgramSpec
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
 
-FULL_TILES_PER_PROGRAM = 8  # 8 tiles x 4 columns = 32 bytes of each row: one memory sector per store
+FULL_TILES_PER_PROGRAM = 8  # 8 tiles x 4 columns = 32 bytes of each row: one memory sector
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +61,10 @@ def _pow2(n: int) -> int:
     return p
 
 
-def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int) -> ProgramSpec:
-    """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns)."""
+def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int, words: bool = False) -> ProgramSpec:
+    """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns).
+
+    ``words``: full tiles of a plane whose rows are 4-byte aligned are stored as 32-bit words."""
     ctg = FULL_TILES_PER_PROGRAM if tile_cols == TILE_COLS else 1
     return ProgramSpec.of(
         EXPAND_INLINE.kernel,
@@ -69,8 +72,8 @@ def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int) -> Pr
         S=record_bytes,
         TC=tile_cols,
         CTG=ctg,
-        P=_pow2(ctg * tile_cols),
         DB=DELTA_BITS[fmt.name],
+        WORDS=bool(words and tile_cols == TILE_COLS),
         EP=_pow2(ctg),
         num_warps=EXPAND_INLINE.num_warps,
     )
@@ -80,10 +83,21 @@ def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
     """Every record size a plane with ``cols`` scale columns may have chosen, for both column classes."""
     specs = []
     if cols >= TILE_COLS:
-        specs += [inline_class_spec(fmt, s, TILE_COLS) for s in record_bytes_choices(fmt, TILE_COLS)]
+        words = cols % TILE_COLS == 0
+        specs += [inline_class_spec(fmt, s, TILE_COLS, words) for s in record_bytes_choices(fmt, TILE_COLS)]
     if cols % TILE_COLS:
         tc = cols % TILE_COLS
         specs += [inline_class_spec(fmt, s, tc) for s in record_bytes_choices(fmt, tc)]
+    return specs
+
+
+def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
+    """Expansion programs are geometry-independent: every record size and tail class of a format."""
+    specs = []
+    for tc in (1, 2, 3):
+        specs += inline_expansion_specs(fmt, tc)
+    for words in (False, True):
+        specs += [inline_class_spec(fmt, s, TILE_COLS, words) for s in record_bytes_choices(fmt, TILE_COLS)]
     return specs
 
 
@@ -106,9 +120,15 @@ def geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
 
 
 def catalog_specs(catalog: Catalog) -> dict[str, tuple[ProgramSpec, list[str]]]:
-    """key -> (spec, the geometries that need it), deduplicated across the catalog."""
+    """key -> (spec, the geometries that need it), deduplicated across the catalog.
+
+    Each format in the catalog also gets every expansion program (a few dozen small cubins), so any
+    plane of that format expands, not only the catalog's shapes."""
     out: dict[str, tuple[ProgramSpec, list[str]]] = {}
     for geo in catalog.moe:
         for spec in geometry_specs(geo):
             out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+    for fmt in sorted({g.fmt.name for g in catalog.moe}):
+        for spec in format_expansion_specs(catalog_format(fmt)):
+            out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
     return out

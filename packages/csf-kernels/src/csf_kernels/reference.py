@@ -41,6 +41,8 @@ def expected_stage_words(inline: InlineScales) -> torch.Tensor:
     geo = inline.geometry
     rb, ctf = geo.row_blocks, geo.full_col_tiles
     dev = inline.records.device
+    if rb == 0 or ctf == 0:
+        return torch.zeros(rb, ctf, STAGE_THREADS, 4, dtype=torch.uint32, device=dev)
     rows = decode_inline(inline).reshape(-1, geo.cols)
     br = geo.block_rows(dev)  # [RB, 128] plane row of each slot, -1 for padding
     valid = br >= 0
@@ -49,7 +51,7 @@ def expected_stage_words(inline: InlineScales) -> torch.Tensor:
     tiles = padded[torch.where(valid, br, torch.full_like(br, rows.shape[0]))]  # [RB, 128 slots, CTF, 4]
     tiles = tiles.permute(0, 2, 1, 3).contiguous()  # [RB, CTF, 128 slots, 4]
 
-    if not bool(valid.all()) and rb and ctf:
+    if not bool(valid.all()):
         h = _headers(inline.records)  # [RB, CTF]
         raw = (h & 3) == _MODE_RAW
         origin = (h >> 8) & 0xFF

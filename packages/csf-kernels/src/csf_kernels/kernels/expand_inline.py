@@ -36,9 +36,9 @@ SIGNATURE = {
     "S": "constexpr",
     "TC": "constexpr",
     "CTG": "constexpr",
-    "P": "constexpr",
     "EP": "constexpr",
     "DB": "constexpr",
+    "WORDS": "constexpr",
 }
 
 
@@ -76,9 +76,9 @@ def expand_inline_tiles(
     S: tl.constexpr,  # record bytes of this column class
     TC: tl.constexpr,  # columns per tile in this class (4, or the tail's 1..3)
     CTG: tl.constexpr,  # column tiles per program
-    P: tl.constexpr,  # next power of two >= CTG * TC
     EP: tl.constexpr,  # next power of two >= CTG (exception phase rows)
     DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
+    WORDS: tl.constexpr,  # TC == 4 and cols, col_start and out all 4-byte aligned
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -92,35 +92,44 @@ def expand_inline_tiles(
     within = blk % blocks_per_group
     row0 = e * rows_per_expert + group * row_group
 
-    # phase one: selectors (or raw bytes) of CTG tiles, as a [128 slots, P columns] block
+    # phase one: each slot's TC scale bytes of CTG tiles, decoded as one 32-bit word per (slot, tile)
     slot = tl.arange(0, 128)[:, None]
-    j = tl.arange(0, P)[None, :]
-    t_local = j // TC
-    col_in = j % TC
+    t_local = tl.arange(0, EP)[None, :]
     ct = pid_c * CTG + t_local
-    col_ok = (j < CTG * TC) & (ct < class_tiles)
-    rec = records + (rb * class_tiles + tl.where(col_ok, ct, 0)) * S
+    tile_ok = (t_local < CTG) & (ct < class_tiles)
+    rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
     h = _header(rec + S - 4)
     mode = h & 3
     width = tl.where(mode == 3, 1, 1 << mode)
     origin = (h >> 8) & 0xFF
     origin = tl.where(origin >= 128, origin - 256, origin)
-    p = slot * TC + col_in
-    bit = p * width
-    in_rec = (bit >> 3) < S - 4  # a mode whose selectors would not fit is impossible; never read past the record
-    byte = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
-    field = (byte >> (bit & 7)) & ((1 << width) - 1)
+    # the slot's TC fields are TC * width contiguous bits from bit slot * TC * width (at most 16 bits)
+    bit = slot * TC * width
+    in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
+    lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
+    hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
+    x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
+    fmask = (1 << width) - 1
+    spread = x & fmask
+    for k in tl.static_range(1, TC):
+        spread |= ((x >> (k * width)) & fmask) << (8 * k)
     dbit = slot * DB
     dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
     base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
-    val = base + origin + field
+    word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
     is_raw = mode == 3
-    raw_val = tl.load(raw + (h >> 2).to(tl.int64) * (128 * TC) + p, mask=is_raw & col_ok, other=0).to(tl.int32)
-    val = tl.where(is_raw, raw_val, val)
+    raw_p = raw + (h >> 2).to(tl.int64) * (128 * TC) + slot * TC
+    for k in tl.static_range(TC):
+        rb_k = tl.load(raw_p + k, mask=is_raw & tile_ok, other=0).to(tl.int32)
+        word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
     row_local = within * 128 + _slot_row(slot)
-    ok = live & col_ok & (row_local < row_group)
-    dst = out + (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC + col_in
-    tl.store(dst, val.to(tl.uint8), mask=ok)
+    ok = live & tile_ok & (row_local < row_group)
+    offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
+    if WORDS:  # rows and the plane are 4-byte aligned: one 32-bit store per (slot, tile)
+        tl.store(out.to(tl.pointer_type(tl.int32)) + offset // 4, word, mask=ok)
+    else:
+        for k in tl.static_range(TC):
+            tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
 
     tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
 
