@@ -72,7 +72,6 @@ def test_rebuilding_gives_identical_bytes(built, tiny_catalog, tmp_path):
 
 def test_the_catalog_determines_the_programs(tiny_catalog):
     from csf_kernels.catalog import load_catalog
-
     from csf_kernels.families import geometry_specs
 
     catalog = load_catalog(tiny_catalog)
