@@ -1,40 +1,35 @@
 """The AOT-built CuTe inline stage decoder rebuilds every thread's wgmma scale words bit for bit (H200).
 
-The GPU machine cannot compile: build the shared objects on the build machine, e.g.
-``python packages/csf-kernels/tools/build_stage_decoder_demo.py OUT --sizes 96 160 288``, carry them over and set
-``CSF_STAGE_DECODER_SO`` to a ``lib*.so`` path, several separated by ``:``, or a directory holding them (each with
-its ``<name>.json`` metadata next to it).
+The GPU machine cannot compile: the programs come from the AOT cache (``nox -s aot_build``), frozen.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from csf_codec import MXFP4, NVFP4, encode_inline
+from csf_kernels import runtime
+from csf_kernels.families import stage_decoder_spec
 from csf_kernels.reference import expected_stage_words
 
 from ..codec.planes_for_tests import clustered_plane, special_rows
 
 pytestmark = pytest.mark.gpu
 
-ENV = "CSF_STAGE_DECODER_SO"
+# record sizes across the range: the smallest MXFP4 one, a large MXFP4 one, two NVFP4 ones (8-bit deltas)
+SPECS = [(MXFP4, 96), (MXFP4, 160), (MXFP4, 224), (NVFP4, 288), (NVFP4, 304)]
+SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in the test ids
 
 
-def _shared_objects() -> list[Path]:
-    out = []
-    for part in os.environ.get(ENV, "").split(os.pathsep):
-        if not part:
-            continue
-        p = Path(part)
-        out.extend(sorted(p.glob("libcsf_stage_decoder_s*.so")) if p.is_dir() else [p])
-    return out
-
-
-SOS = _shared_objects()
+def _program(fmt, s):
+    runtime.freeze()
+    try:
+        return runtime.program(stage_decoder_spec(fmt, s), geometry=f"stage decoder {fmt.name} S={s}")
+    finally:
+        runtime.unfreeze()
 
 
 def _plane(seed: int, nvfp4: bool = False) -> torch.Tensor:
@@ -69,13 +64,10 @@ def _encode(prog, seed: int):
     return inline
 
 
-@pytest.mark.skipif(not SOS, reason=f"set {ENV} to AOT-built stage decoder .so files (the GPU machine cannot compile)")
-@pytest.mark.parametrize("so_path", SOS, ids=lambda p: p.name)
-@pytest.mark.parametrize("seed", [1, 2])
-def test_stage_decoder_matches_reference(so_path, seed):
-    from csf_kernels.cute_so import load_cute_so
-
-    prog = load_cute_so(so_path)
+@pytest.mark.parametrize(("fmt", "s"), SPECS, ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize("seed", [SEED, SEED + 1])
+def test_stage_decoder_matches_reference(fmt, s, seed):
+    prog = _program(fmt, s)
     inline = _encode(prog, seed)
     s = inline.record_bytes
     modes = inline.mode_counts()
@@ -94,11 +86,8 @@ def test_stage_decoder_matches_reference(so_path, seed):
     assert torch.equal(got, want), f"S={s} modes={modes}: {bad.shape[0]} words differ, first at {bad[:4].tolist()}"
 
 
-@pytest.mark.skipif(not SOS, reason=f"set {ENV} to AOT-built stage decoder .so files (the GPU machine cannot compile)")
 def test_stage_decoder_runs_on_the_current_stream_and_in_a_graph():
-    from csf_kernels.cute_so import load_cute_so
-
-    prog = load_cute_so(SOS[0])
+    prog = _program(MXFP4, 96)
     inline = _encode(prog, 3)
     expected = expected_stage_words(inline).view(torch.int32)
     dev = torch.device("cuda")
@@ -118,12 +107,9 @@ def test_stage_decoder_runs_on_the_current_stream_and_in_a_graph():
     assert torch.equal(out.cpu().view(torch.int32), expected)
 
 
-@pytest.mark.skipif(not SOS, reason=f"set {ENV} to AOT-built stage decoder .so files (the GPU machine cannot compile)")
 @pytest.mark.parametrize("shape", [(1, 256, 16), (3, 64, 2)], ids=["no_raw_tiles", "no_full_tiles"])
 def test_stage_decoder_edge_shapes(shape):
-    from csf_kernels.cute_so import load_cute_so
-
-    prog = load_cute_so(SOS[0])
+    prog = _program(MXFP4, 96)
     bits = int(prog.meta.get("delta_bits", 4))
     plane = clustered_plane(shape, seed=5, exception_rate=0.0, window=4 if bits == 8 else 1)
     fmt = MXFP4 if bits == 4 else NVFP4

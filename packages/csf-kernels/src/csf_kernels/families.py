@@ -51,6 +51,16 @@ EXPAND_COMPACT = TritonFamily(
     num_warps=4,
 )
 FAMILIES = {f.kernel: f for f in (EXPAND_INLINE, EXPAND_COMPACT)}
+# CuTe DSL: the inline-tile stage decoder (building block of the inline-scale wgmma GEMM)
+CUTE_STAGE_DECODER = "stage.inline_decoder"
+CUTE_STAGE_DECODER_VERSION = 1
+
+
+def stage_decoder_spec(fmt: ScaleFormat, record_bytes: int) -> ProgramSpec:
+    """The CuTe stage decoder for full tiles of one record size (row-base deltas in the format's width)."""
+    return ProgramSpec.of(CUTE_STAGE_DECODER, CUTE_STAGE_DECODER_VERSION, S=record_bytes, DB=DELTA_BITS[fmt.name])
+
+
 COMPACT_COLUMNS_PER_STEP = 64
 
 
@@ -119,7 +129,7 @@ def geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     return specs
 
 
-def catalog_specs(catalog: Catalog) -> dict[str, tuple[ProgramSpec, list[str]]]:
+def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[ProgramSpec, list[str]]]:
     """key -> (spec, the geometries that need it), deduplicated across the catalog.
 
     Each format in the catalog also gets every expansion program (a few dozen small cubins), so any
@@ -131,4 +141,9 @@ def catalog_specs(catalog: Catalog) -> dict[str, tuple[ProgramSpec, list[str]]]:
     for fmt in sorted({g.fmt.name for g in catalog.moe}):
         for spec in format_expansion_specs(catalog_format(fmt)):
             out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+    if cute:
+        for geo in catalog.moe:
+            for s in record_bytes_choices(geo.fmt, TILE_COLS):
+                spec = stage_decoder_spec(geo.fmt, s)
+                out.setdefault(spec.key, (spec, []))[1].append(geo.name)
     return out

@@ -240,12 +240,19 @@ class ProgramCache:
             raise CacheIntegrityError(f"{self.dir}: manifest entry {spec.key} does not describe {spec.describe()}")
         return e
 
-    def load(self, spec: ProgramSpec, entry: ProgramEntry, device: int) -> LoadedProgram:
-        data = (self.dir / entry.file).read_bytes() if (self.dir / entry.file).exists() else None
+    def load(self, spec: ProgramSpec, entry: ProgramEntry, device: int):
+        path = self.dir / entry.file
+        data = path.read_bytes() if path.exists() else None
         if data is None:
             raise CacheIntegrityError(f"{self.dir}: {entry.file} listed in the manifest is missing")
         if sha256_bytes(data) != entry.sha256:
-            raise CacheIntegrityError(f"{self.dir / entry.file}: sha256 does not match the manifest (tampered?)")
+            raise CacheIntegrityError(f"{path}: sha256 does not match the manifest (tampered?)")
+        if entry.kind == "cute_so":
+            from .cute_so import CuteSharedObject
+
+            prog = CuteSharedObject(path, metadata=entry.launch)
+            prog.load(device)
+            return prog
         return _load_cubin(spec, data, entry.launch, device)
 
 
@@ -294,9 +301,24 @@ def program(spec: ProgramSpec, *, geometry: str | None = None, device: int | Non
         return loaded
 
 
-def _jit(spec: ProgramSpec, device: int) -> LoadedProgram:
-    from .aot.compile_triton import compile_triton  # imports triton: development only
+def _jit(spec: ProgramSpec, device: int):
+    """Development only (unfrozen): compile a program the cache lacks (imports triton or cutlass)."""
+    from .families import FAMILIES
 
-    art = compile_triton(spec)
     _state["compilations"] += 1
-    return _load_cubin(spec, art.data, art.launch, device)
+    if spec.kernel in FAMILIES:
+        from .aot.compile_triton import compile_triton
+
+        art = compile_triton(spec)
+        return _load_cubin(spec, art.data, art.launch, device)
+    import tempfile
+
+    from .aot.compile_cute import compile_cute
+    from .cute_so import CuteSharedObject
+
+    art = compile_cute(spec)
+    path = Path(tempfile.mkdtemp(prefix="csf-jit-")) / f"{spec.key}.so"
+    path.write_bytes(art.data)
+    prog = CuteSharedObject(path, metadata=art.launch)
+    prog.load(device)
+    return prog

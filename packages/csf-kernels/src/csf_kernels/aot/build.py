@@ -30,9 +30,15 @@ _EXTENSION = {"triton_cubin": ".cubin", "cute_so": ".so"}
 
 
 def _compile(spec: ProgramSpec):
-    from .compile_triton import compile_triton
+    from ..families import FAMILIES
 
-    return compile_triton(spec)
+    if spec.kernel in FAMILIES:
+        from .compile_triton import compile_triton
+
+        return compile_triton(spec)
+    from .compile_cute import compile_cute
+
+    return compile_cute(spec)
 
 
 def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int = 1, progress: bool = True) -> Path:
@@ -42,8 +48,9 @@ def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int 
     from csf_codec import CSF_FORMAT_VERSION
 
     have = installed_toolchain()
-    if have["triton"] != TOOLCHAIN["triton"]:
-        raise SystemExit(f"aot_build: installed triton {have['triton']}, the cache pins {TOOLCHAIN['triton']}")
+    for name, pinned in TOOLCHAIN.items():
+        if have[name] != pinned:
+            raise SystemExit(f"aot_build: installed {name} {have[name]}, the cache pins {pinned}")
     key = cache_key()
     specs = catalog_specs(load_catalog(Path(catalog_path)))
     out_root.mkdir(parents=True, exist_ok=True)
