@@ -82,11 +82,14 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
     results = []
     g = torch.Generator().manual_seed(0)
     routed = torch.randperm(geo.experts, generator=g)[:48].to(torch.int32).cuda()  # 8 tokens x top-6
+    scopes = [("layer", None, tuple(planes)), ("routed_48_experts", routed, tuple(planes))]
+    scopes += [(f"{p}_only", None, (p,)) for p in planes]
     for form in ("inline", "compact"):
-        for scope, ids in (("layer", None), ("routed_48_experts", routed)):
+        for scope, ids, projs in scopes:
 
-            def run(form=form, ids=ids):
-                for _proj, (_, inline, tables) in planes.items():
+            def run(form=form, ids=ids, projs=projs):
+                for _proj in projs:
+                    _, inline, tables = planes[_proj]
                     storage = inline if form == "inline" else tables
                     (expand_inline if form == "inline" else expand_compact)(storage, outs[_proj], experts=ids)
 
@@ -96,8 +99,10 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
             graph.replay()
             torch.cuda.synchronize()
             exact = all(
-                torch.equal(outs[p], v[0]) if ids is None else torch.equal(outs[p][ids.long()], v[0][ids.long()])
-                for p, v in planes.items()
+                torch.equal(outs[p], planes[p][0])
+                if ids is None
+                else torch.equal(outs[p][ids.long()], planes[p][0][ids.long()])
+                for p in projs
             )
             frac = 1.0 if ids is None else ids.numel() / geo.experts
             read = sum(
@@ -112,9 +117,9 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
                         + v[2].counts.numel()
                     )
                 )
-                for v in planes.values()
+                for v in (planes[p] for p in projs)
             )
-            written = sum(v[0].numel() for v in planes.values())
+            written = sum(planes[p][0].numel() for p in projs)
             moved = (read + written) * frac
             t = _replay_times(graph, reps, flush)
             med = statistics.median(t)

@@ -178,3 +178,46 @@ def test_env_flag_typos_are_errors(monkeypatch):
     monkeypatch.setenv("CSF_TEST_FLAG", "ture")
     with pytest.raises(ValueError, match="CSF_TEST_FLAG"):
         env.flag("CSF_TEST_FLAG")
+
+
+def test_cubin_loading_and_argument_marshalling(monkeypatch):
+    """The launch path without a GPU: a stand-in driver records what the runtime hands to the driver."""
+    import ctypes
+
+    import torch
+
+    from csf_codec import MXFP4
+    from csf_kernels import runtime
+
+    class Recorder:
+        def __init__(self):
+            self.loaded = []
+
+        def ensure_context(self, device):
+            self.device = device
+
+        def load_function(self, data, entry, shared):
+            self.loaded.append((data, entry, shared))
+            return "module", 0x1234
+
+    rec = Recorder()
+    monkeypatch.setattr(runtime, "_drv", lambda: rec)
+    launch = {
+        "entry": "k",
+        "block": [128, 1, 1],
+        "shared": 0,
+        "global_scratch": [0, 1],
+        "profile_scratch": [0, 1],
+        "params": ["*u8", "i32", "i64"],
+    }
+    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96, 4), b"\x7fELF", launch, device=3)
+    assert (prog.function, prog.device, prog.block, rec.loaded[0][1]) == (0x1234, 3, (128, 1, 1), "k")
+    t = torch.zeros(4, dtype=torch.uint8)
+    bound = prog.bind((5, 2), t, -7, 1 << 40)
+    assert bound.grid == (5, 2, 1)
+    words = [ctypes.cast(bound.argv[i], ctypes.POINTER(ctypes.c_uint64)).contents.value for i in (0, 3, 4)]
+    assert words == [t.data_ptr(), 0, 0]  # the pointer, then Triton's two scratch pointers
+    assert ctypes.cast(bound.argv[1], ctypes.POINTER(ctypes.c_int32)).contents.value == -7
+    assert ctypes.cast(bound.argv[2], ctypes.POINTER(ctypes.c_int64)).contents.value == 1 << 40
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        prog.bind((1,), t)

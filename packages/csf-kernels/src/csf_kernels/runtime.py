@@ -269,6 +269,7 @@ def _load_cubin(spec: ProgramSpec, data: bytes, launch: dict, device: int) -> Lo
         block=tuple(launch["block"]),
         shared=launch["shared"],
         params=tuple(launch["params"]),
+        device=device,
         _keepalive=(module, fn),
     )
 
