@@ -93,6 +93,11 @@ def bind_expand_inline(
     for records, raw, s, tc, class_tiles, col_start in classes:
         if class_tiles == 0 or experts.numel() == 0:
             continue
+        if records.numel() >= 1 << 31:
+            raise ValueError(f"expand_inline: {records.numel()} record bytes exceed the kernel's 32-bit tile offsets")
+        # the kernel reads headers, selectors and raw rows as aligned words: realign views (bind time only)
+        records = records if records.data_ptr() % 16 == 0 else records.clone()
+        raw = raw if raw.data_ptr() % 16 == 0 else raw.clone()
         spec = inline_class_spec(inline.fmt, s, tc, words)
         prog = runtime.program(spec, geometry=geometry)
         grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))

@@ -97,18 +97,24 @@ def expand_inline_tiles(
     t_local = tl.arange(0, EP)[None, :]
     ct = pid_c * CTG + t_local
     tile_ok = (t_local < CTG) & (ct < class_tiles)
-    rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
-    h = _header(rec + S - 4)
+    tile = (rb * class_tiles + tl.where(tile_ok, ct, 0)).to(tl.int32)  # < 2**31 / S: checked on the host
+    rec = records + tile * S
+    # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
+    h = tl.load(records.to(tl.pointer_type(tl.int32)) + tile * (S // 4) + (S // 4 - 1))
     mode = h & 3
     width = tl.where(mode == 3, 1, 1 << mode)
     origin = (h >> 8) & 0xFF
     origin = tl.where(origin >= 128, origin - 256, origin)
-    # the slot's TC fields are TC * width contiguous bits from bit slot * TC * width (at most 16 bits)
-    bit = slot * TC * width
-    in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
-    lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
-    hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
-    x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
+    bit = slot * TC * width  # the slot's TC fields: TC * width contiguous bits from here
+    if TC == 4:
+        # 4, 8 or 16 bits that never straddle an aligned 16-bit word: one 16-bit load
+        x = tl.load(records.to(tl.pointer_type(tl.int16)) + tile * (S // 2) + (bit >> 4)).to(tl.int32)
+        x = (x >> (bit & 15)) & ((1 << (4 * width)) - 1)
+    else:
+        in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
+        lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
+        hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
+        x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
     fmask = (1 << width) - 1
     spread = x & fmask
     for k in tl.static_range(1, TC):
@@ -118,10 +124,14 @@ def expand_inline_tiles(
     base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
     word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
     is_raw = mode == 3
-    raw_p = raw + (h >> 2).to(tl.int64) * (128 * TC) + slot * TC
-    for k in tl.static_range(TC):
-        rb_k = tl.load(raw_p + k, mask=is_raw & tile_ok, other=0).to(tl.int32)
-        word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
+    raw_tile = (h >> 2) * (128 * TC)
+    if TC == 4:  # a raw tile's slot row is one aligned 32-bit word
+        raw_word = tl.load(raw.to(tl.pointer_type(tl.int32)) + raw_tile // 4 + slot, mask=is_raw & tile_ok, other=0)
+        word = tl.where(is_raw, raw_word, word)
+    else:
+        for k in tl.static_range(TC):
+            rb_k = tl.load(raw + raw_tile + slot * TC + k, mask=is_raw & tile_ok, other=0).to(tl.int32)
+            word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
     row_local = within * 128 + _slot_row(slot)
     ok = live & tile_ok & (row_local < row_group)
     offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
