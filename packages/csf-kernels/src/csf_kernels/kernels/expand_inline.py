@@ -92,9 +92,11 @@ def expand_inline_tiles(
     within = blk % blocks_per_group
     row0 = e * rows_per_expert + group * row_group
 
-    # phase one: each slot's TC scale bytes of CTG tiles, decoded as one 32-bit word per (slot, tile)
-    slot = tl.arange(0, 128)[:, None]
-    t_local = tl.arange(0, EP)[None, :]
+    # phase one: each slot's TC scale bytes of CTG tiles, decoded as one 32-bit word per (tile, slot).
+    # Slots are the fast dimension, so a warp reads one record's selectors contiguously; the word stores
+    # are contiguous along tiles instead, and Triton transposes through shared memory for them.
+    slot = tl.arange(0, 128)[None, :]
+    t_local = tl.arange(0, EP)[:, None]
     ct = pid_c * CTG + t_local
     tile_ok = (t_local < CTG) & (ct < class_tiles)
     tile = (rb * class_tiles + tl.where(tile_ok, ct, 0)).to(tl.int32)  # < 2**31 / S: checked on the host
@@ -134,10 +136,11 @@ def expand_inline_tiles(
             word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
     row_local = within * 128 + _slot_row(slot)
     ok = live & tile_ok & (row_local < row_group)
-    offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
     if WORDS:  # rows and the plane are 4-byte aligned: one 32-bit store per (slot, tile)
-        tl.store(out.to(tl.pointer_type(tl.int32)) + offset // 4, word, mask=ok)
+        word_index = (row0 + row_local).to(tl.int64) * (cols // 4) + col_start // 4 + ct
+        tl.store(out.to(tl.pointer_type(tl.int32)) + word_index, word, mask=ok)
     else:
+        offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
         for k in tl.static_range(TC):
             tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
 
