@@ -49,34 +49,6 @@ def _slot_row(slot):
 
 
 @triton.jit
-def _raw_word(raw, h, slot, TC: tl.constexpr):
-    """A raw tile's TC native bytes of each slot, as a word (full tiles: one aligned 32-bit load)."""
-    first = (h >> 2) * (128 * TC)
-    if TC == 4:
-        word = tl.load(raw.to(tl.pointer_type(tl.int32)) + first // 4 + slot)
-    else:
-        word = tl.load(raw + first + slot * TC).to(tl.int32)
-        for k in tl.static_range(1, TC):
-            word |= tl.load(raw + first + slot * TC + k).to(tl.int32) << (8 * k)
-    return word
-
-
-@triton.jit
-def _tail_fields(rec, slot, width, S: tl.constexpr, TC: tl.constexpr):
-    """A tail tile's TC fields of each slot (TC * width <= 12 bits from bit slot * TC * width), spread to bytes."""
-    bit = slot * TC * width
-    in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
-    lo = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
-    hi = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
-    x = ((lo | (hi << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
-    fmask = (1 << width) - 1
-    spread = x & fmask
-    for k in tl.static_range(1, TC):
-        spread |= ((x >> (k * width)) & fmask) << (8 * k)
-    return spread
-
-
-@triton.jit
 def _header(rec):
     h = tl.load(rec + 0).to(tl.int32)
     h |= tl.load(rec + 1).to(tl.int32) << 8
@@ -120,62 +92,57 @@ def expand_inline_tiles(
     within = blk % blocks_per_group
     row0 = e * rows_per_expert + group * row_group
 
-    # phase one: the program walks its CTG tiles; per tile the header is one uniform scalar, so each
-    # selector mode gets straight-line code with constant widths, and every slot (lanes run along slots:
-    # a warp reads one record contiguously) decodes its TC bytes as one 32-bit word. Words gather in a
-    # [slots, tiles] block whose stores Triton lays out along the rows.
-    slot = tl.arange(0, 128)
+    # phase one: each slot's TC scale bytes of CTG tiles, decoded as one 32-bit word per (tile, slot).
+    # Slots are the fast dimension, so a warp reads one record's selectors contiguously; the word stores
+    # are contiguous along tiles instead, and Triton transposes through shared memory for them.
+    slot = tl.arange(0, 128)[None, :]
+    t_local = tl.arange(0, EP)[:, None]
+    ct = pid_c * CTG + t_local
+    tile_ok = (t_local < CTG) & (ct < class_tiles)
+    tile = (rb * class_tiles + tl.where(tile_ok, ct, 0)).to(tl.int32)  # < 2**31 / S: checked on the host
+    rec = records + tile * S
+    # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
+    h = tl.load(records.to(tl.pointer_type(tl.int32)) + tile * (S // 4) + (S // 4 - 1))
+    mode = h & 3
+    width = tl.where(mode == 3, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = tl.where(origin >= 128, origin - 256, origin)
+    bit = slot * TC * width  # the slot's TC fields: TC * width contiguous bits from here
+    if TC == 4:
+        # 4, 8 or 16 bits that never straddle an aligned 16-bit word: one 16-bit load
+        x = tl.load(records.to(tl.pointer_type(tl.int16)) + tile * (S // 2) + (bit >> 4)).to(tl.int32)
+        x = (x >> (bit & 15)) & ((1 << (4 * width)) - 1)
+    else:
+        in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
+        lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
+        hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
+        x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
+    fmask = (1 << width) - 1
+    spread = x & fmask
+    for k in tl.static_range(1, TC):
+        spread |= ((x >> (k * width)) & fmask) << (8 * k)
     dbit = slot * DB
     dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
     base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
-    row_local = within * 128 + _slot_row(slot)
-    t_cols = tl.arange(0, EP)
-    words = tl.zeros((128, EP), dtype=tl.int32)
-    for t in tl.static_range(CTG):
-        ct = pid_c * CTG + t
-        if ct < class_tiles:
-            tile = (rb * class_tiles + ct).to(tl.int32)  # < 2**31 / S: checked on the host
-            rec = records + tile * S
-            h = tl.load(records.to(tl.pointer_type(tl.int32)) + tile * (S // 4) + (S // 4 - 1))
-            mode = h & 3
-            origin = (h >> 8) & 0xFF
-            origin = tl.where(origin >= 128, origin - 256, origin)
-            if mode == 3:
-                word = _raw_word(raw, h, slot, TC)
-            else:
-                if TC == 4:
-                    if mode == 0:  # 1-bit fields: the slot's nibble -> one bit per byte
-                        x = (tl.load(rec + (slot >> 1)).to(tl.int32) >> ((slot & 1) * 4)) & 15
-                        spread = (x * 0x204081) & 0x01010101
-                    elif mode == 1:  # 2-bit fields: the slot's byte
-                        x = tl.load(rec + slot, mask=slot < S - 4, other=0).to(tl.int32)
-                        spread = (x & 3) | ((x & 0xC) << 6) | ((x & 0x30) << 12) | ((x & 0xC0) << 18)
-                    else:  # 4-bit fields: the slot's 16-bit word
-                        x = (
-                            tl.load(
-                                records.to(tl.pointer_type(tl.int16)) + tile * (S // 2) + slot,
-                                mask=2 * slot + 1 < S - 4,
-                                other=0,
-                            ).to(tl.int32)
-                            & 0xFFFF
-                        )
-                        y = (x | (x << 8)) & 0x00FF00FF
-                        spread = (y | (y << 4)) & 0x0F0F0F0F
-                else:
-                    spread = _tail_fields(rec, slot, 1 << mode, S, TC)
-                word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays in 0..255
-            words = tl.where(t_cols[None, :] == t, word[:, None], words)
-    ct_all = pid_c * CTG + t_cols
-    ok = (live & (row_local < row_group))[:, None] & ((t_cols < CTG) & (ct_all < class_tiles))[None, :]
-    row = (row0 + row_local).to(tl.int64)[:, None]
-    if WORDS:  # rows and the plane are 4-byte aligned: one 32-bit store per (slot, tile)
-        tl.store(
-            out.to(tl.pointer_type(tl.int32)) + row * (cols // 4) + col_start // 4 + ct_all[None, :], words, mask=ok
-        )
+    word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
+    is_raw = mode == 3
+    raw_tile = (h >> 2) * (128 * TC)
+    if TC == 4:  # a raw tile's slot row is one aligned 32-bit word
+        raw_word = tl.load(raw.to(tl.pointer_type(tl.int32)) + raw_tile // 4 + slot, mask=is_raw & tile_ok, other=0)
+        word = tl.where(is_raw, raw_word, word)
     else:
-        offset = row * cols + col_start + ct_all[None, :] * TC
         for k in tl.static_range(TC):
-            tl.store(out + offset + k, ((words >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
+            rb_k = tl.load(raw + raw_tile + slot * TC + k, mask=is_raw & tile_ok, other=0).to(tl.int32)
+            word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
+    row_local = within * 128 + _slot_row(slot)
+    ok = live & tile_ok & (row_local < row_group)
+    if WORDS:  # rows and the plane are 4-byte aligned: one 32-bit store per (slot, tile)
+        word_index = (row0 + row_local).to(tl.int64) * (cols // 4) + col_start // 4 + ct
+        tl.store(out.to(tl.pointer_type(tl.int32)) + word_index, word, mask=ok)
+    else:
+        offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
+        for k in tl.static_range(TC):
+            tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
 
     tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
 
