@@ -136,6 +136,10 @@ def test_frozen_runtime_names_the_missing_program(tmp_path, monkeypatch):
         msg = str(e.value)
         assert "expand.inline_tiles" in msg and "deepseek-v4.1-flash/tp4/mxfp4" in msg and "nox -s aot_build" in msg
         assert runtime.compilations() == 0
+        (tmp_path / "0123456789abcdef0123").mkdir()  # a cache built for other sources
+        runtime._caches.clear()
+        with pytest.raises(UncachedProgramError, match="other sources or toolchains: 0123456789abcdef0123"):
+            runtime.program(spec)
     finally:
         runtime.unfreeze()
         runtime._caches.clear()

@@ -35,7 +35,6 @@ __all__ = [
     "SEGMENT_ROWS",
     "CompactHeader",
     "CompactScales",
-    "compact_size",
     "decode_compact",
     "encode_compact",
     "read_compact_header",
@@ -167,12 +166,6 @@ def _span_sections(rows: torch.Tensor, bases: torch.Tensor, sp: _Span, width: in
     exc[offsets[ch] + rank] = (idx % CHUNK_SCALES).to(torch.uint8)
     exc[offsets[ch] + sp.counts[ch] + rank] = flat[idx]
     return selectors, counts, exc
-
-
-def compact_size(layout_sections: tuple[int, ...]) -> int:
-    from .container import HEADER_BYTES
-
-    return HEADER_BYTES + sum(layout_sections)
 
 
 def encode_compact(

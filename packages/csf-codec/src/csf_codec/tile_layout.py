@@ -114,8 +114,3 @@ class InlineGeometry:
     def block_rows(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """int64 [row_blocks, 128]: the flattened plane row of each slot, or -1 for padding."""
         return self._block_rows_cpu.to(device)
-
-    def col_valid(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """bool [col_tiles, 4]: which tile columns exist in the plane."""
-        cols = torch.arange(self.col_tiles * TILE_COLS, device=device).view(self.col_tiles, TILE_COLS)
-        return cols < self.cols

@@ -44,12 +44,17 @@ _state = {"frozen": False, "compilations": 0}
 class UncachedProgramError(LookupError):
     """A frozen runtime was asked for a program the AOT cache does not hold."""
 
-    def __init__(self, spec: ProgramSpec, geometry: str | None, cache_dir: Path):
+    def __init__(self, spec: ProgramSpec, geometry: str | None, cache_dir: Path, other_keys: list[str] = ()):
         self.spec = spec
         self.geometry = geometry
         where = f" for geometry {geometry}" if geometry else ""
+        stale = (
+            f" ({cache_dir.parent} holds caches built for other sources or toolchains: {', '.join(other_keys)})"
+            if other_keys and not cache_dir.exists()
+            else ""
+        )
         super().__init__(
-            f"program {spec.describe()} [key {spec.key}]{where} is not in the AOT cache {cache_dir}; "
+            f"program {spec.describe()} [key {spec.key}]{where} is not in the AOT cache {cache_dir}{stale}; "
             f"add its geometry to csf_kernels/catalog.yaml and run `{BUILD_COMMAND}` (the runtime is frozen: "
             f"it never compiles)"
         )
@@ -291,7 +296,7 @@ def program(spec: ProgramSpec, *, geometry: str | None = None, device: int | Non
     with _lock:
         entry = cache.entry(spec)
         if entry is None and is_frozen():
-            raise UncachedProgramError(spec, geometry, cache.dir)
+            raise UncachedProgramError(spec, geometry, cache.dir, cache.other_keys())
         device = torch.cuda.current_device() if device is None else device
         key = (device, spec.key)
         hit = cache._loaded.get(key)

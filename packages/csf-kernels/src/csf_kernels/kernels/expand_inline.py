@@ -14,10 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-KERNEL_ID = "expand.inline_tiles"
-VERSION = 1
-NUM_WARPS = 4
-
+# kernel id, version and warps: csf_kernels.families.EXPAND_INLINE
 SIGNATURE = {
     "base_ref": "*u8",
     "base_delta": "*u8",
