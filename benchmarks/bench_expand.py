@@ -202,14 +202,14 @@ def launch_overhead(calls: int) -> dict:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     res["csf_bound_launch_us"] = (t1 - t0) / calls * 1e6
-    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4, True))
+    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4, 4, 4))
     args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1)
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
         from csf_kernels.kernels.expand_inline import expand_inline_tiles
 
         f = prog.spec.fact
-        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], EP=f["EP"], DB=f["DB"], WORDS=f["WORDS"], num_warps=4)
+        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], EP=f["EP"], DB=f["DB"], STORE=f["STORE"], num_warps=4)
         raw = inline.raw if inline.raw.numel() else torch.zeros(1, dtype=torch.uint8, device="cuda")
         jargs = (*args[:3], raw, *args[4:])
         expand_inline_tiles[(1, 1)](*jargs, **kw)

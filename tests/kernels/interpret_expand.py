@@ -15,7 +15,12 @@ import torch
 
 from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
 from csf_kernels.compact_tables import compact_tables
-from csf_kernels.families import COMPACT_COLUMNS_PER_STEP, inline_class_spec
+from csf_kernels.families import (
+    COMPACT_COLUMNS_PER_STEP,
+    inline_class_spec,
+    inline_store_bytes,
+    inline_tiles_per_program,
+)
 from csf_kernels.kernels.expand_compact import expand_compact_segments
 from csf_kernels.kernels.expand_inline import expand_inline_tiles
 
@@ -33,8 +38,8 @@ def expand_interpreted(inline, out, experts):
     for rec, raw, s, tc, ct, c0 in classes:
         if ct == 0:
             continue
-        words = tc == 4 and inline.geometry.cols % 4 == 0
-        f = inline_class_spec(inline.fmt, s, tc, words).fact
+        store = inline_store_bytes(tc, inline.geometry.cols, c0, out.data_ptr())
+        f = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, ct)).fact
         grid = (experts.numel() * bpe, -(-ct // f["CTG"]))
         raw = raw if raw.numel() else torch.zeros(1, dtype=torch.uint8)
         expand_inline_tiles[grid](
@@ -57,7 +62,7 @@ def expand_interpreted(inline, out, experts):
             CTG=f["CTG"],
             EP=f["EP"],
             DB=f["DB"],
-            WORDS=f["WORDS"],
+            STORE=f["STORE"],
             num_warps=4,
         )
 

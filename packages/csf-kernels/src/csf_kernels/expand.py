@@ -16,7 +16,7 @@ from csf_codec.tile_layout import TILE_COLS
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import compact_spec, inline_class_spec
+from .families import compact_spec, inline_class_spec, inline_store_bytes, inline_tiles_per_program
 
 __all__ = [
     "BoundExpansion",
@@ -88,7 +88,6 @@ def bind_expand_inline(
     if geo.tail_cols:
         start = geo.full_col_tiles * TILE_COLS
         classes.append((inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, start))
-    words = geo.cols % TILE_COLS == 0 and out.data_ptr() % 4 == 0
     launches = []
     for records, raw, s, tc, class_tiles, col_start in classes:
         if class_tiles == 0 or experts.numel() == 0:
@@ -98,7 +97,8 @@ def bind_expand_inline(
         # the kernel reads headers, selectors and raw rows as aligned words: realign views (bind time only)
         records = records if records.data_ptr() % 16 == 0 else records.clone()
         raw = raw if raw.data_ptr() % 16 == 0 else raw.clone()
-        spec = inline_class_spec(inline.fmt, s, tc, words)
+        store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
+        spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
         prog = runtime.program(spec, geometry=geometry)
         grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))
         launches.append(

@@ -71,11 +71,29 @@ def _pow2(n: int) -> int:
     return p
 
 
-def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int, words: bool = False) -> ProgramSpec:
+def inline_store_bytes(tile_cols: int, cols: int, col_start: int, out_ptr: int) -> int:
+    """Widest store (4, 2 or 1 bytes) that every row segment of this column class stays aligned for."""
+    for width in (4, 2):
+        if tile_cols % width == 0 and cols % width == 0 and col_start % width == 0 and out_ptr % width == 0:
+            return width
+    return 1
+
+
+def inline_tiles_per_program(tile_cols: int, class_tiles: int) -> int:
+    """Full tiles: 8 per program (32 bytes of each row), or 4 when the plane has no more (no idle lanes)."""
+    if tile_cols != TILE_COLS:
+        return 1
+    return FULL_TILES_PER_PROGRAM if class_tiles > FULL_TILES_PER_PROGRAM // 2 else FULL_TILES_PER_PROGRAM // 2
+
+
+def inline_class_spec(
+    fmt: ScaleFormat, record_bytes: int, tile_cols: int, store: int = 1, tiles_per_program: int | None = None
+) -> ProgramSpec:
     """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns).
 
-    ``words``: full tiles of a plane whose rows are 4-byte aligned are stored as 32-bit words."""
-    ctg = FULL_TILES_PER_PROGRAM if tile_cols == TILE_COLS else 1
+    ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_program``: see
+    :func:`inline_tiles_per_program` (default: the most)."""
+    ctg = tiles_per_program or inline_tiles_per_program(tile_cols, FULL_TILES_PER_PROGRAM)
     return ProgramSpec.of(
         EXPAND_INLINE.kernel,
         EXPAND_INLINE.version,
@@ -83,31 +101,42 @@ def inline_class_spec(fmt: ScaleFormat, record_bytes: int, tile_cols: int, words
         TC=tile_cols,
         CTG=ctg,
         DB=DELTA_BITS[fmt.name],
-        WORDS=bool(words and tile_cols == TILE_COLS),
+        STORE=store,
         EP=_pow2(ctg),
         num_warps=EXPAND_INLINE.num_warps,
     )
 
 
+def _class_specs(fmt: ScaleFormat, tile_cols: int, stores, ctgs) -> list[ProgramSpec]:
+    return [
+        inline_class_spec(fmt, s, tile_cols, store, ctg)
+        for s in record_bytes_choices(fmt, tile_cols)
+        for store in stores
+        for ctg in ctgs
+    ]
+
+
 def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
-    """Every record size a plane with ``cols`` scale columns may have chosen, for both column classes."""
+    """Every record size a plane with ``cols`` scale columns may have chosen, for both column classes
+    (assuming an aligned output plane, as torch allocates it)."""
     specs = []
-    if cols >= TILE_COLS:
-        words = cols % TILE_COLS == 0
-        specs += [inline_class_spec(fmt, s, TILE_COLS, words) for s in record_bytes_choices(fmt, TILE_COLS)]
+    full = cols // TILE_COLS
+    if full:
+        store = inline_store_bytes(TILE_COLS, cols, 0, 0)
+        specs += _class_specs(fmt, TILE_COLS, (store,), (inline_tiles_per_program(TILE_COLS, full),))
     if cols % TILE_COLS:
         tc = cols % TILE_COLS
-        specs += [inline_class_spec(fmt, s, tc) for s in record_bytes_choices(fmt, tc)]
+        specs += _class_specs(fmt, tc, (inline_store_bytes(tc, cols, full * TILE_COLS, 0),), (1,))
     return specs
 
 
 def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
-    """Expansion programs are geometry-independent: every record size and tail class of a format."""
-    specs = []
-    for tc in (1, 2, 3):
-        specs += inline_expansion_specs(fmt, tc)
-    for words in (False, True):
-        specs += [inline_class_spec(fmt, s, TILE_COLS, words) for s in record_bytes_choices(fmt, TILE_COLS)]
+    """Expansion programs are geometry-independent: every record size, tail class, store width and
+    tiles-per-program variant of a format, so any plane of it expands."""
+    half = FULL_TILES_PER_PROGRAM // 2
+    specs = _class_specs(fmt, TILE_COLS, (1, 2, 4), (half, FULL_TILES_PER_PROGRAM))
+    for tc, stores in ((1, (1,)), (2, (1, 2)), (3, (1,))):
+        specs += _class_specs(fmt, tc, stores, (1,))
     return specs
 
 

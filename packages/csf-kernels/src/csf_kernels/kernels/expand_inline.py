@@ -35,7 +35,7 @@ SIGNATURE = {
     "CTG": "constexpr",
     "EP": "constexpr",
     "DB": "constexpr",
-    "WORDS": "constexpr",
+    "STORE": "constexpr",
 }
 
 
@@ -75,7 +75,7 @@ def expand_inline_tiles(
     CTG: tl.constexpr,  # column tiles per program
     EP: tl.constexpr,  # next power of two >= CTG (exception phase rows)
     DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
-    WORDS: tl.constexpr,  # TC == 4 and cols, col_start and out all 4-byte aligned
+    STORE: tl.constexpr,  # bytes per store (4, 2, 1): the widest the rows stay aligned for
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -133,13 +133,18 @@ def expand_inline_tiles(
             word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
     row_local = within * 128 + _slot_row(slot)
     ok = live & tile_ok & (row_local < row_group)
-    if WORDS:  # rows and the plane are 4-byte aligned: one 32-bit store per (slot, tile)
+    if STORE == 4:  # one 32-bit store per (slot, tile)
         word_index = (row0 + row_local).to(tl.int64) * (cols // 4) + col_start // 4 + ct
         tl.store(out.to(tl.pointer_type(tl.int32)) + word_index, word, mask=ok)
     else:
         offset = (row0 + row_local).to(tl.int64) * cols + col_start + ct * TC
-        for k in tl.static_range(TC):
-            tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
+        if STORE == 2:  # TC is even: 16-bit halves
+            for k in tl.static_range(TC // 2):
+                half = ((word >> (16 * k)) & 0xFFFF).to(tl.int16)
+                tl.store(out.to(tl.pointer_type(tl.int16)) + offset // 2 + k, half, mask=ok)
+        else:
+            for k in tl.static_range(TC):
+                tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
 
     tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
 
