@@ -13,16 +13,9 @@ from collections.abc import Sequence
 
 from .checkpoint import compress_checkpoint, decompress_checkpoint, inspect_checkpoint, verify_checkpoint
 from .errors import CSFError
+from .units import human_bytes
 
 __all__ = ["inspect_totals", "main"]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def _ratio(native: float, stored: float) -> float | None:
@@ -92,7 +85,7 @@ def _inspect_table(reports: Sequence[dict]) -> str:
                 r["format"],
                 "x".join(map(str, r["shape"])),
                 r.get("stored", "native"),
-                _size(r["native_bytes"]),
+                human_bytes(r["native_bytes"]),
                 _x(r["compact_ratio"]),
                 _x(r["inline_ratio"]),
                 f"{r['exceptions']} ({100 * r['exception_fraction']:.2f}%)",
@@ -111,7 +104,7 @@ def _inspect_table(reports: Sequence[dict]) -> str:
             "",
             "",
             "",
-            _size(t["native_bytes"]),
+            human_bytes(t["native_bytes"]),
             _x(t["compact_ratio"]),
             _x(t["inline_ratio"]),
             f"{t['exceptions']} ({100 * t['exception_fraction']:.2f}%)",
@@ -133,8 +126,8 @@ def _inspect_table(reports: Sequence[dict]) -> str:
     lines += [fmt_row(r) for r in rows[:-1]]
     lines += ["  ".join("-" * w for w in widths), fmt_row(rows[-1])]
     lines.append(
-        f"compact total {_size(t['compact_bytes'])}, inline total {_size(t['inline_bytes'])}, "
-        f"entropy bound {_size(t['entropy_bound_bytes'])} (order-0 entropy of offsets from the row base)"
+        f"compact total {human_bytes(t['compact_bytes'])}, inline total {human_bytes(t['inline_bytes'])}, "
+        f"entropy bound {human_bytes(t['entropy_bound_bytes'])} (order-0 entropy of offsets from the row base)"
     )
     return "\n".join(lines)
 
@@ -142,11 +135,12 @@ def _inspect_table(reports: Sequence[dict]) -> str:
 def _cmd_compress(args: argparse.Namespace) -> int:
     s = compress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
     for t in s.tensors:
-        print(f"{t.name}: {t.fmt} {_size(t.native_bytes)} -> {_size(t.compact_bytes)} ({_x(t.ratio)})")
+        print(f"{t.name}: {t.fmt} {human_bytes(t.native_bytes)} -> {human_bytes(t.compact_bytes)} ({_x(t.ratio)})")
     print(
-        f"compressed {len(s.tensors)} scale planes: {_size(s.native_scale_bytes)} -> {_size(s.compact_scale_bytes)} "
+        f"compressed {len(s.tensors)} scale planes: "
+        f"{human_bytes(s.native_scale_bytes)} -> {human_bytes(s.compact_scale_bytes)} "
         f"({_x(_ratio(s.native_scale_bytes, s.compact_scale_bytes))}); {s.passthrough_tensors} tensors passed "
-        f"through; checkpoint {_size(s.native_total_bytes)} -> {_size(s.csf_total_bytes)}; wrote {s.dst}"
+        f"through; checkpoint {human_bytes(s.native_total_bytes)} -> {human_bytes(s.csf_total_bytes)}; wrote {s.dst}"
     )
     if not s.tensors:
         print("note: no FP4 scale planes recognised; the output is a plain copy", file=sys.stderr)
@@ -156,7 +150,8 @@ def _cmd_compress(args: argparse.Namespace) -> int:
 def _cmd_decompress(args: argparse.Namespace) -> int:
     s = decompress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
     print(
-        f"restored {len(s.tensors)} scale planes ({_size(s.compact_scale_bytes)} -> {_size(s.native_scale_bytes)}), "
+        f"restored {len(s.tensors)} scale planes "
+        f"({human_bytes(s.compact_scale_bytes)} -> {human_bytes(s.native_scale_bytes)}), "
         f"{s.passthrough_tensors} tensors passed through; wrote {s.dst}"
     )
     return 0
@@ -164,7 +159,9 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     s = verify_checkpoint(args.src, against=args.against, device=args.device, progress=args.progress)
-    msg = f"OK: {s.tensors} CSF tensors decode cleanly ({_size(s.compact_bytes)} -> {_size(s.native_bytes)})"
+    msg = (
+        f"OK: {s.tensors} CSF tensors decode cleanly ({human_bytes(s.compact_bytes)} -> {human_bytes(s.native_bytes)})"
+    )
     if s.against is not None:
         msg += f"; all {s.compared_tensors} tensors byte-identical to {s.against}"
     print(msg)

@@ -28,6 +28,7 @@ from .checkpoint import compress_checkpoint, decompress_checkpoint, tensor_sha25
 from .formats import MXFP4, NVFP4, ScaleFormat
 from .safetensors_io import DTYPE_SIZES, TensorEntry, write_safetensors
 from .synthetic import NVFP4_TYPICAL, SEED_REGIME, synthetic_fp4_values, synthetic_scale_plane
+from .units import human_bytes
 
 __all__ = ["DEEPSEEK_V41_FLASH_TP4", "MoELayerShape", "build_checkpoint", "main", "run_demo"]
 
@@ -181,14 +182,6 @@ def build_checkpoint(
     return root
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError
-
-
 @dataclass(frozen=True, kw_only=True)
 class DemoResult:
     fmt: str
@@ -227,15 +220,18 @@ def run_demo(
         out(f"{'tensor':<52} {'shape':<20} {'native':>11} {'CSF':>11} {'ratio':>7}")
         for t in summary.tensors:
             shp = "x".join(map(str, t.shape))
-            out(f"{t.name:<52} {shp:<20} {_size(t.native_bytes):>11} {_size(t.compact_bytes):>11} {t.ratio:>6.2f}x")
+            out(
+                f"{t.name:<52} {shp:<20} {human_bytes(t.native_bytes):>11} "
+                f"{human_bytes(t.compact_bytes):>11} {t.ratio:>6.2f}x"
+            )
         out(
-            f"{'scales total':<73} {_size(summary.native_scale_bytes):>11} "
-            f"{_size(summary.compact_scale_bytes):>11} {summary.scale_ratio:>6.2f}x"
+            f"{'scales total':<73} {human_bytes(summary.native_scale_bytes):>11} "
+            f"{human_bytes(summary.compact_scale_bytes):>11} {summary.scale_ratio:>6.2f}x"
         )
         total_ratio = summary.native_total_bytes / summary.csf_total_bytes
         out(
-            f"{'checkpoint total (values, scales, rest)':<73} {_size(summary.native_total_bytes):>11} "
-            f"{_size(summary.csf_total_bytes):>11} {total_ratio:>6.3f}x"
+            f"{'checkpoint total (values, scales, rest)':<73} {human_bytes(summary.native_total_bytes):>11} "
+            f"{human_bytes(summary.csf_total_bytes):>11} {total_ratio:>6.3f}x"
         )
         out(
             f"verify: {checked.tensors} CSF tensors decoded, {checked.compared_tensors} tensors byte-equal to native; "
