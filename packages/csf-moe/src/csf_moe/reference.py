@@ -1,0 +1,81 @@
+"""The float32 torch reference of a fused MoE layer: what every csf-moe kernel is tested against.
+
+    y[t] = sum_j topk_weights[t, j] * W2[e_j] @ act(W13[e_j] @ x[t] + b13[e_j]) + b2[e_j]
+
+with FP4 expert weights dequantized exactly (csf_codec.quantize), routes whose id lies outside
+[0, E) (vLLM's CUDA-graph padding) contributing nothing, and the activations the supported models use:
+
+* ``silu``: W13 rows are [gate; up] (first N rows gate, next N up); act = silu(gate) * up;
+* ``swiglu_oai``: gpt-oss's clamped SwiGLU with W13 rows interleaved (gate, up, gate, up, ...):
+  gate = min(gate, limit), up = clamp(up, -limit, limit), act = gate * sigmoid(alpha * gate) * (up + 1),
+  alpha 1.702, limit 7.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ExpertWeights", "activation", "moe_reference"]
+
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertWeights:
+    """Dequantized (float32) expert weights of one layer: W13 [E, 2N, H], W2 [E, H, N], optional biases."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    b13: torch.Tensor | None = None  # [E, 2N]
+    b2: torch.Tensor | None = None  # [E, H]
+
+    @property
+    def experts(self) -> int:
+        return self.w13.shape[0]
+
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """[.., 2N] -> [.., N] in float32."""
+    x = x.float()
+    if kind == "silu":
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    if kind == "swiglu_oai":
+        gate, up = x[..., ::2], x[..., 1::2]
+        gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
+        up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+        return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
+    raise ValueError(f"unknown MoE activation {kind!r}: expected 'silu' or 'swiglu_oai'")
+
+
+def moe_reference(
+    hidden: torch.Tensor,
+    weights: ExpertWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    kind: str = "silu",
+) -> torch.Tensor:
+    """float32 [T, H] output of the layer (see the module docstring)."""
+    if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)}, topk_ids {tuple(topk_ids.shape)} and topk_weights "
+            f"{tuple(topk_weights.shape)} do not describe the same tokens"
+        )
+    x = hidden.float()
+    out = torch.zeros(x.shape[0], weights.w2.shape[1], dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    live = (ids >= 0) & (ids < weights.experts)
+    for e in torch.unique(ids[live]).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        h = x[tok] @ weights.w13[e].float().T
+        if weights.b13 is not None:
+            h = h + weights.b13[e].float()
+        y = activation(h, kind) @ weights.w2[e].float().T
+        if weights.b2 is not None:
+            y = y + weights.b2[e].float()
+        out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
+    return out
