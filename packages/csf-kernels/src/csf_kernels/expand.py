@@ -82,6 +82,8 @@ def bind_expand_inline(
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
+    if out.numel() >= 1 << 31:
+        raise ValueError(f"expand_inline: a {out.numel()}-byte plane exceeds the kernel's 32-bit offsets")
     experts = _expert_ids(experts, geo.experts, dev)
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     classes = [(inline.records, inline.raw, inline.record_bytes, TILE_COLS, geo.full_col_tiles, 0)]
@@ -97,6 +99,8 @@ def bind_expand_inline(
         # the kernel reads headers, selectors and raw rows as aligned words: realign views (bind time only)
         records = records if records.data_ptr() % 16 == 0 else records.clone()
         raw = raw if raw.data_ptr() % 16 == 0 else raw.clone()
+        deltas = inline.base_delta
+        deltas = deltas if deltas.data_ptr() % 16 == 0 else deltas.clone()
         store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
         spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
         prog = runtime.program(spec, geometry=geometry)
@@ -105,7 +109,7 @@ def bind_expand_inline(
             prog.bind(
                 grid,
                 inline.base_ref,
-                inline.base_delta,
+                deltas,
                 records,
                 raw,
                 out,
