@@ -34,7 +34,9 @@ __all__ = [
     "CHUNK_SCALES",
     "SEGMENT_ROWS",
     "CompactHeader",
+    "CompactLayout",
     "CompactScales",
+    "compact_layout",
     "decode_compact",
     "encode_compact",
     "read_compact_header",
@@ -225,17 +227,34 @@ def _header(env: Envelope, name: str) -> CompactHeader:
     return CompactHeader(fmt=env.fmt, shape=env.shape, width=env.param, sections=env.sections, version=env.version)
 
 
-def decode_compact(
-    payload: torch.Tensor | CompactScales,
-    *,
-    name: str = "scales",
-    expected_shape: tuple[int, ...] | None = None,
-) -> torch.Tensor:
-    """Decode a compact payload to its native plane (uint8, on the payload's device).
+@dataclass(frozen=True, kw_only=True)
+class CompactLayout:
+    """A compact payload checked structurally, as views: what the decoder and the GPU expander read.
 
-    Raises :class:`CorruptPayloadError`, :class:`FormatVersionError` or :class:`ShapeMismatchError`
-    naming ``name``; every index is validated before use, so no input reads out of bounds.
+    Everything here is validated (checksums, geometry, section sizes, segment escapes, chunk counts), so
+    offsets derived from it stay inside the payload.
     """
+
+    fmt: ScaleFormat
+    shape: tuple[int, ...]
+    width: int
+    rows: int
+    cols: int
+    codes: torch.Tensor  # section 1, packed
+    escapes: torch.Tensor
+    selectors: torch.Tensor
+    counts: torch.Tensor  # section 4, uint8
+    exceptions: torch.Tensor
+    base_codes: torch.Tensor  # uint8 [rows], unpacked
+    raw: torch.Tensor  # bool [chunks]
+    chunk_len: torch.Tensor  # int64 [chunks]
+    chunk_offsets: torch.Tensor  # int64 [chunks]: where each chunk's bytes start in ``exceptions``
+
+
+def compact_layout(
+    payload: torch.Tensor | CompactScales, *, name: str = "scales", expected_shape: tuple[int, ...] | None = None
+) -> CompactLayout:
+    """Open and structurally validate a compact payload (see :class:`CompactLayout`)."""
     if isinstance(payload, CompactScales):
         payload = payload.payload
     env, body = open_envelope(payload, MAGIC, name=name)
@@ -248,26 +267,21 @@ def decode_compact(
     for dim in shape[:-1]:
         r *= dim
     total = r * c
-    dev = body.device
     # sizes first, in Python integers: a forged geometry must fail here, before anything is allocated
     want = (packed_nbytes(r, 2), None, packed_nbytes(total, w), -(-total // CHUNK_SCALES), None)
     for i, (got, exp) in enumerate(zip(head.sections, want, strict=True)):
         if exp is not None and got != exp:
             raise CorruptPayloadError(name, f"section {i} holds {got} bytes, the geometry {shape} needs {exp}")
-    chunk_len = _chunk_lengths(total, dev)
+    chunk_len = _chunk_lengths(total, body.device)
     bounds = torch.tensor((0, *head.sections), dtype=torch.int64).cumsum(0).tolist()
     sec = [body[bounds[i] : bounds[i + 1]] for i in range(5)]
 
     codes = unpack_fields(sec[0], 2, r)
     if r and bool((codes[::SEGMENT_ROWS] != _ESCAPE).any()):
         raise CorruptPayloadError(name, "a 128-row segment does not start with an escaped base")
-    is_esc = codes == _ESCAPE
-    if int(is_esc.sum()) != sec[1].numel():
-        raise CorruptPayloadError(name, f"{int(is_esc.sum())} escaped bases announced, {sec[1].numel()} stored")
-    bases = _scan_bases(codes, is_esc, sec[1])
-    if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
-        raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
-
+    escapes = int((codes == _ESCAPE).sum())
+    if escapes != sec[1].numel():
+        raise CorruptPayloadError(name, f"{escapes} escaped bases announced, {sec[1].numel()} stored")
     counts = sec[3].to(torch.int64)
     raw = counts == RAW_CHUNK
     if bool((~raw & (2 * counts >= chunk_len)).any()):
@@ -277,18 +291,62 @@ def decode_compact(
         raise CorruptPayloadError(
             name, f"exception section holds {sec[4].numel()} bytes, chunk counts need {int(chunk_bytes.sum())}"
         )
-    offsets = _exclusive_cumsum(chunk_bytes)
-    flat = torch.empty(total, dtype=torch.uint8, device=dev)
+    return CompactLayout(
+        fmt=head.fmt,
+        shape=shape,
+        width=w,
+        rows=r,
+        cols=c,
+        codes=sec[0],
+        escapes=sec[1],
+        selectors=sec[2],
+        counts=sec[3],
+        exceptions=sec[4],
+        base_codes=codes,
+        raw=raw,
+        chunk_len=chunk_len,
+        chunk_offsets=_exclusive_cumsum(chunk_bytes),
+    )
+
+
+def decode_compact(
+    payload: torch.Tensor | CompactScales,
+    *,
+    name: str = "scales",
+    expected_shape: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """Decode a compact payload to its native plane (uint8, on the payload's device).
+
+    Raises :class:`CorruptPayloadError`, :class:`FormatVersionError` or :class:`ShapeMismatchError`
+    naming ``name``; every index is validated before use, so no input reads out of bounds.
+    """
+    lay = compact_layout(payload, name=name, expected_shape=expected_shape)
+    r, c, w = lay.rows, lay.cols, lay.width
+    bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
+    if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
+        raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+    counts = lay.counts.to(torch.int64)
+    flat = torch.empty(r * c, dtype=torch.uint8, device=lay.codes.device)
     for a, b in _row_spans(r, c):
         lo, hi = a * c, b * c  # span spans are whole bytes of selectors and whole 256-scale chunks
-        fields = unpack_fields(sec[2][lo * w // 8 : -(-hi * w // 8)], w, hi - lo).to(torch.int32)
+        fields = unpack_fields(lay.selectors[lo * w // 8 : -(-hi * w // 8)], w, hi - lo).to(torch.int32)
         vals = (bases[a:b, None] + fields.view(b - a, c)).reshape(-1).to(torch.int32)
         c0, c1 = lo // CHUNK_SCALES, -(-hi // CHUNK_SCALES)
         _patch_span(
-            vals, fields, bases[a:b], c, w, counts[c0:c1], raw[c0:c1], chunk_len[c0:c1], offsets[c0:c1], sec[4], name
+            vals,
+            fields,
+            bases[a:b],
+            c,
+            w,
+            counts[c0:c1],
+            lay.raw[c0:c1],
+            lay.chunk_len[c0:c1],
+            lay.chunk_offsets[c0:c1],
+            lay.exceptions,
+            name,
         )
         flat[lo:hi] = vals.to(torch.uint8)
-    return flat.reshape(shape)
+    return flat.reshape(lay.shape)
 
 
 def _patch_span(vals, fields, bases, c, w, counts, raw, chunk_len, offsets, exc, name) -> None:
