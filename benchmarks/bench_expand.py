@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
 
 from csf_codec import MXFP4, encode_compact, encode_inline
 from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
@@ -30,47 +31,6 @@ from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
 from csf_kernels.expand import expand_compact, expand_inline
-
-L2_FLUSH_BYTES = 256 << 20
-
-
-def _replay_times(graph: torch.cuda.CUDAGraph, reps: int, flush: torch.Tensor) -> list[float]:
-    """Seconds per replay, each after an L2 flush, timed with events around the replay alone."""
-    out = []
-    for _ in range(reps):
-        flush.add_(1)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / 1e3)
-    return out
-
-
-def _capture(fn) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        fn()
-    return g
-
-
-def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:
-    """The device copy ceiling, bytes read + written: the faster of the copy engine path (copy_, a
-    memcpy node in a graph) and an SM kernel streaming the same bytes (mul by 1)."""
-    n = 1 << 30
-    src = torch.randint(0, 1 << 30, (n // 8,), dtype=torch.int64, device="cuda")
-    dst = torch.empty_like(src)
-    arms = {}
-    for name, fn in (("memcpy", lambda: dst.copy_(src)), ("sm_kernel", lambda: torch.mul(src, 1, out=dst))):
-        t = _replay_times(_capture(fn), reps, flush)
-        arms[name] = {"samples_s": t, "median_GBps": 2 * n / statistics.median(t) / 1e9}
-    best = max(a["median_GBps"] for a in arms.values())
-    return {"bytes_moved": 2 * n, "arms": arms, "median_GBps": best}
 
 
 def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
@@ -100,7 +60,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
 
             for o in outs.values():
                 o.fill_(0xAB)
-            graph = _capture(run)
+            graph = capture(run)
             graph.replay()
             torch.cuda.synchronize()
             exact = all(
@@ -126,7 +86,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
             )
             written = sum(planes[p][0].numel() for p in projs)
             moved = (read + written) * frac
-            t = _replay_times(graph, reps, flush)
+            t = replay_times(graph, reps, flush)
             med = statistics.median(t)
             results.append(
                 {

@@ -24,6 +24,8 @@ class MoEGeometry:
     hidden: int
     intermediate: int  # per rank
     top_k: int
+    activation: str = "silu"  # "silu" (SiLU-and-mul) or "swiglu_oai" (gpt-oss's clamped SwiGLU)
+    bias: bool = False  # W13 and W2 carry per-expert biases (gpt-oss)
 
     @property
     def name(self) -> str:
@@ -75,6 +77,8 @@ def _moe_entries(raw: list[dict]) -> tuple[MoEGeometry, ...]:
                         hidden=m["hidden"],
                         intermediate=m["intermediate"] // tp,
                         top_k=m["top_k"],
+                        activation=m.get("activation", "silu"),
+                        bias=bool(m.get("bias", False)),
                     )
                 )
     return tuple(out)

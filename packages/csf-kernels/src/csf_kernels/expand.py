@@ -25,6 +25,7 @@ __all__ = [
     "bind_expand_inline",
     "expand_compact",
     "expand_inline",
+    "inline_expansion_launches",
 ]
 
 _ALL: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -67,18 +68,10 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
     return experts
 
 
-def bind_expand_inline(
-    inline: InlineScales,
-    out: torch.Tensor | None = None,
-    *,
-    experts: torch.Tensor | None = None,
-    geometry: str | None = None,
-) -> BoundExpansion:
-    """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
-
-    ``experts`` (int32, on the device) limits the work to those experts' rows; ids outside [0, E) are
-    graph padding and write nothing. The ids' values may change between calls; their count may not.
-    """
+def inline_expansion_launches(
+    inline: InlineScales, out: torch.Tensor, *, experts: torch.Tensor | None = None
+) -> list[runtime.Launch]:
+    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`)."""
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -90,7 +83,7 @@ def bind_expand_inline(
     if geo.tail_cols:
         start = geo.full_col_tiles * TILE_COLS
         classes.append((inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, start))
-    launches = []
+    launches: list[runtime.Launch] = []
     for records, raw, s, tc, class_tiles, col_start in classes:
         if class_tiles == 0 or experts.numel() == 0:
             continue
@@ -103,28 +96,47 @@ def bind_expand_inline(
         deltas = deltas if deltas.data_ptr() % 16 == 0 else deltas.clone()
         store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
         spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
-        prog = runtime.program(spec, geometry=geometry)
         grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))
         launches.append(
-            prog.bind(
+            runtime.Launch(
+                spec,
                 grid,
-                inline.base_ref,
-                deltas,
-                records,
-                raw,
-                out,
-                experts,
-                blocks_per_expert,
-                geo.blocks_per_group,
-                geo.row_group,
-                geo.rows,
-                geo.cols,
-                col_start,
-                class_tiles,
-                geo.experts,
+                (
+                    inline.base_ref,
+                    deltas,
+                    records,
+                    raw,
+                    out,
+                    experts,
+                    blocks_per_expert,
+                    geo.blocks_per_group,
+                    geo.row_group,
+                    geo.rows,
+                    geo.cols,
+                    col_start,
+                    class_tiles,
+                    geo.experts,
+                ),
             )
         )
-    return BoundExpansion(out, tuple(launches))
+    return launches
+
+
+def bind_expand_inline(
+    inline: InlineScales,
+    out: torch.Tensor | None = None,
+    *,
+    experts: torch.Tensor | None = None,
+    geometry: str | None = None,
+) -> BoundExpansion:
+    """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
+
+    ``experts`` (int32, on the device) limits the work to those experts' rows; ids outside [0, E) are
+    graph padding and write nothing. The ids' values may change between calls; their count may not.
+    """
+    out = _check_out(out, inline.shape, inline.records.device, "expand_inline")
+    launches = inline_expansion_launches(inline, out, experts=experts)
+    return BoundExpansion(out, tuple(la.bind(geometry) for la in launches))
 
 
 def expand_inline(inline: InlineScales, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:

@@ -6,34 +6,18 @@ and the unfrozen development runtime when it JIT-compiles.
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-
 from csf_codec import ScaleFormat
 from csf_codec import scale_format as catalog_format
 from csf_codec.inline import DELTA_BITS, record_bytes_choices
 from csf_codec.tile_layout import TILE_COLS
 
 from .catalog import Catalog, MoEGeometry
-from .programs import ProgramSpec
+from .moe_specs import MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_COMBINE, MOE_GEMM, moe_geometry_specs
+from .programs import ProgramSpec, TritonFamily
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
 
 FULL_TILES_PER_PROGRAM = 8  # 8 tiles x 4 columns = 32 bytes of each row: one memory sector
-
-
-@dataclass(frozen=True, kw_only=True)
-class TritonFamily:
-    kernel: str
-    version: int
-    module: str
-    function: str
-    num_warps: int
-
-    def source(self):
-        """(jit function, signature dict, module) -- imports triton."""
-        mod = importlib.import_module(self.module)
-        return getattr(mod, self.function), dict(mod.SIGNATURE), mod
 
 
 EXPAND_INLINE = TritonFamily(
@@ -50,7 +34,9 @@ EXPAND_COMPACT = TritonFamily(
     function="expand_compact_segments",
     num_warps=4,
 )
-FAMILIES = {f.kernel: f for f in (EXPAND_INLINE, EXPAND_COMPACT)}
+FAMILIES = {
+    f.kernel: f for f in (EXPAND_INLINE, EXPAND_COMPACT, MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_GEMM, MOE_COMBINE)
+}
 # CuTe DSL: the inline-tile stage decoder (building block of the inline-scale wgmma GEMM)
 CUTE_STAGE_DECODER = "stage.inline_decoder"
 CUTE_STAGE_DECODER_VERSION = 1
@@ -155,7 +141,7 @@ def geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     specs: list[ProgramSpec] = [compact_spec(w) for w in (1, 2, 4)]
     for shape, _group in geo.scale_planes().values():
         specs += inline_expansion_specs(geo.fmt, shape[-1])
-    return specs
+    return specs + moe_geometry_specs(geo)
 
 
 def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[ProgramSpec, list[str]]]:

@@ -8,10 +8,11 @@ compile-time constants and launch shape). Its key is the sha256 of its canonical
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["ProgramSpec"]
+__all__ = ["ProgramSpec", "TritonFamily"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,3 +39,18 @@ class ProgramSpec:
     def describe(self) -> str:
         facts = ", ".join(f"{k}={v}" for k, v in self.facts)
         return f"{self.kernel} v{self.version} ({facts})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TritonFamily:
+    kernel: str
+    version: int
+    module: str
+    function: str
+    num_warps: int
+    signature: str = "SIGNATURE"  # the module attribute holding the kernel's parameter types
+
+    def source(self):
+        """(jit function, signature dict, module) -- imports triton."""
+        mod = importlib.import_module(self.module)
+        return getattr(mod, self.function), dict(getattr(mod, self.signature)), mod

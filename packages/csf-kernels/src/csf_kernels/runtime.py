@@ -26,6 +26,7 @@ __all__ = [
     "BUILD_COMMAND",
     "BoundLaunch",
     "CacheIntegrityError",
+    "Launch",
     "LoadedProgram",
     "UncachedProgramError",
     "compilations",
@@ -200,6 +201,26 @@ class BoundLaunch:
         )
         if err != 0:
             _drv().check(err, f"cuLaunchKernel({p.entry}, grid={self.grid})")
+
+
+@dataclass(frozen=True, eq=False)
+class Launch:
+    """A program to run: its spec, grid and arguments in signature order (tensors or ints for pointers).
+
+    :meth:`bind` resolves it through the cache; tests may also run it in Triton's interpreter."""
+
+    spec: ProgramSpec
+    grid: tuple[int, ...]
+    args: tuple
+
+    def bind(self, geometry: str | None = None) -> BoundLaunch:
+        return program(self.spec, geometry=geometry).bind(self.grid, *self.args)
+
+    def with_pointers(self, tensors: tuple[torch.Tensor, ...]) -> Launch:
+        """The same launch with ``tensors`` passed as raw addresses, so a binding does not keep them alive."""
+        ids = {id(t) for t in tensors}
+        args = tuple(a.data_ptr() if id(a) in ids else a for a in self.args)
+        return Launch(self.spec, self.grid, args)
 
 
 # ------------------------------------------------------------------------------------------ cache

@@ -1,7 +1,26 @@
-"""csf-moe: mixture-of-experts planning, weight preparation (inline CSF scale storage) and fused
-execution on Hopper, reading compressed FP4 block scales inline.
+"""csf-moe: fused MoE layers on Hopper with FP4 experts and CSF-compressed scales.
 
-Depends on csf-codec and csf-kernels. Built so far: :mod:`csf_moe.routing` (the engines' top-k
-routing) and :mod:`csf_moe.reference` (the float32 layer every kernel is tested against). Planning,
-preparation and the fused kernels come with the fused-MoE issue.
+    plan(geometry, max_tokens, ...) -> prepare_weights(plan, ...) -> bind(plan, weights, scratch)
+        -> layer.run(hidden_states, topk_ids, topk_weights)
+
+Routing helpers compute (topk_weights, topk_ids) as vLLM and SGLang do; :mod:`csf_moe.reference` is
+the float32 layer every kernel is tested against.
 """
+
+from .layer import MoELayer, bind
+from .plan import SCALE_SOURCES, BucketPlan, MoEPlan, plan
+from .routing import fused_topk, grouped_topk
+from .weights import MoEWeights, prepare_weights
+
+__all__ = [
+    "SCALE_SOURCES",
+    "BucketPlan",
+    "MoELayer",
+    "MoEPlan",
+    "MoEWeights",
+    "bind",
+    "fused_topk",
+    "grouped_topk",
+    "plan",
+    "prepare_weights",
+]

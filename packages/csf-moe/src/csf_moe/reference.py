@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ExpertWeights", "activation", "moe_reference"]
+from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
+
+__all__ = ["ExpertWeights", "QuantizedExperts", "activation", "moe_reference"]
 
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
@@ -36,6 +38,45 @@ class ExpertWeights:
     def experts(self) -> int:
         return self.w13.shape[0]
 
+    def expert(self, e: int) -> tuple[torch.Tensor, ...]:
+        b13 = None if self.b13 is None else self.b13[e]
+        b2 = None if self.b2 is None else self.b2[e]
+        return self.w13[e], self.w2[e], b13, b2
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizedExperts:
+    """FP4 expert weights dequantized one expert at a time (full layers do not fit in float32).
+
+    ``fmt`` 'mxfp4' or 'nvfp4'; values uint8 [E, R, K/2]; scales uint8 [E, R, K/bs]; NVFP4 global
+    scales float32 [E]; W13 rows in the activation's layout (see the module docstring)."""
+
+    fmt: str
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    w13_global_scale: torch.Tensor | None = None
+    w2_global_scale: torch.Tensor | None = None
+    b13: torch.Tensor | None = None
+    b2: torch.Tensor | None = None
+
+    @property
+    def experts(self) -> int:
+        return self.w13.shape[0]
+
+    def _dequant(self, values, scales, g, e):
+        if self.fmt == "mxfp4":
+            return dequantize_mxfp4(values[e], scales[e])
+        return dequantize_nvfp4(values[e], scales[e], g[e])
+
+    def expert(self, e: int) -> tuple[torch.Tensor, ...]:
+        b13 = None if self.b13 is None else self.b13[e]
+        b2 = None if self.b2 is None else self.b2[e]
+        w13 = self._dequant(self.w13, self.w13_scale, self.w13_global_scale, e)
+        w2 = self._dequant(self.w2, self.w2_scale, self.w2_global_scale, e)
+        return w13, w2, b13, b2
+
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     """[.., 2N] -> [.., N] in float32."""
@@ -53,7 +94,7 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 def moe_reference(
     hidden: torch.Tensor,
-    weights: ExpertWeights,
+    weights: ExpertWeights | QuantizedExperts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -71,11 +112,12 @@ def moe_reference(
     live = (ids >= 0) & (ids < weights.experts)
     for e in torch.unique(ids[live]).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        h = x[tok] @ weights.w13[e].float().T
-        if weights.b13 is not None:
-            h = h + weights.b13[e].float()
-        y = activation(h, kind) @ weights.w2[e].float().T
-        if weights.b2 is not None:
-            y = y + weights.b2[e].float()
+        w13, w2, b13, b2 = weights.expert(e)
+        h = x[tok] @ w13.float().T
+        if b13 is not None:
+            h = h + b13.float()
+        y = activation(h, kind) @ w2.float().T
+        if b2 is not None:
+            y = y + b2.float()
         out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
     return out

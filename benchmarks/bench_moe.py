@@ -1,0 +1,195 @@
+"""Fused MoE figures on the H200, from the AOT cache (frozen): JSON with provenance.
+
+    python3 benchmarks/bench_moe.py --out FILE [--geometries all] [--tokens 1,8,32,...]
+
+Per geometry and token count, arms side by side in one process: csf with native scales, with CSF
+expanded into scratch before each call, with CSF read inline; a torch dequantize-then-matmul arm; and
+OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
+inputs rotated over several routings. Effective bandwidth counts the FP4 values and the scale bytes
+(as the arm stores them) of the experts actually routed to; TFLOP/s counts 2 * routes * (3 N H).
+Correctness: the three csf arms' outputs are compared bit for bit on every input, and against the
+float32 reference where it is affordable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
+
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_moe import bind, plan, prepare_weights
+from csf_moe.reference import activation, moe_reference
+from csf_moe.synthetic import synthetic_layer
+
+PEER_GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4")]
+ALL_GEOMETRIES = [
+    *PEER_GEOMETRIES,
+    ("deepseek-v4.1-flash", 4, "nvfp4"),
+    ("qwen3-next-80b-a3b", 1, "mxfp4"),
+    ("kimi-k2", 16, "mxfp4"),
+]
+TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+INPUT_SETS = 4
+REFERENCE_MAX_TOKENS = 128
+ARMS = ("native", "expanded", "inline")
+
+
+def _inputs(geo, t, gen):
+    x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    scores = torch.rand(t, geo.experts, generator=gen, device="cuda")
+    w, ids = torch.topk(scores, geo.top_k, dim=-1)
+    return x, ids.to(torch.int32).contiguous(), torch.softmax(w, dim=-1).contiguous()
+
+
+def _bytes_per_expert(weights) -> dict[str, float]:
+    w13, w2 = weights.w13, weights.w2
+    e = w13.values.shape[0]
+    values = (w13.values.numel() + w2.values.numel()) / e
+    native = sum(s.numel() for s in (w13.scales, w2.scales)) / e if w13.scales is not None else None
+    inline = (w13.inline.nbytes + w2.inline.nbytes) / e if w13.inline is not None else None
+    return {"values": values, "native_scales": native, "inline_scales": inline}
+
+
+def _torch_arm(data, x, ids, w):
+    """Dequantize the routed experts to bf16, then matmul per expert (what a framework without FP4 MoE does)."""
+    ref = data.reference()
+    out = torch.zeros(x.shape[0], data.geometry.hidden, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        w13, w2, b13, b2 = ref.expert(e)
+        h = x[tok] @ w13.to(torch.bfloat16).T
+        if b13 is not None:
+            h = h + b13.to(torch.bfloat16)
+        y = activation(h, data.geometry.activation).to(torch.bfloat16) @ w2.to(torch.bfloat16).T
+        if b2 is not None:
+            y = y + b2.to(torch.bfloat16)
+        out.index_add_(0, tok, y.float() * w[tok, slot, None])
+    return out.to(torch.bfloat16)
+
+
+def _triton_kernels_status() -> str:
+    try:
+        import triton_kernels  # noqa: F401
+    except ImportError as exc:
+        return f"not importable here ({exc}); figures of anchors.md used for comparison"
+    return "importable (arm not wired yet)"
+
+
+def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps) -> dict:
+    geo = load_catalog().moe_geometry(model, tp, fmt)
+    t0 = time.perf_counter()
+    data = synthetic_layer(geo, seed=1234, device="cuda")
+    layers, weights = {}, {}
+    for arm in ARMS:
+        p = plan(geo, max(tokens), scale_source=arm)
+        weights[arm] = prepare_weights(p, **data.weight_kwargs())
+        layers[arm] = bind(p, weights[arm], torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+    per_expert = {arm: _bytes_per_expert(weights[arm]) for arm in ARMS}
+    print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    rows = []
+    for t in tokens:
+        sets = [_inputs(geo, t, gen) for _ in range(INPUT_SETS)]
+        unique = statistics.mean(int(torch.unique(ids).numel()) for _, ids, _ in sets)
+        flops = 2 * t * geo.top_k * 3 * geo.intermediate * geo.hidden
+        row = {"tokens": t, "unique_experts_mean": unique, "arms": {}}
+        outs = {}
+        for arm in ARMS:
+            layer = layers[arm]
+            graphs, arm_outs = [], []
+            for x, ids, w in sets:
+                out = torch.empty_like(x)
+                graphs.append(capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out)))
+                arm_outs.append(out)
+            samples = []
+            for _ in range(max(1, reps // INPUT_SETS)):
+                for g in graphs:
+                    samples += replay_times(g, 1, flush)
+            outs[arm] = [o.clone() for o in arm_outs]
+            med = statistics.median(samples)
+            # the GEMM reads the inline records, or a native plane (the model's, or one expanded into scratch)
+            reads_inline = arm == "inline" and not layer.plan.bucket_for(t).expand
+            pe = per_expert[arm]
+            native_scales = per_expert["native"]["native_scales"]
+            scales = pe["inline_scales"] if reads_inline else native_scales
+            moved = unique * (pe["values"] + scales)
+            row["arms"][arm] = {
+                "median_s": med,
+                "samples_s": samples,
+                "bucket": layer.plan.bucket_for(t).tokens,
+                "config": layer.plan.bucket_for(t).config.name,
+                "expands": layer.plan.bucket_for(t).expand,
+                "effective_GBps": moved / med / 1e9,
+                "fraction_of_copy": moved / med / 1e9 / copy_gbps,
+                "TFLOPs": flops / med / 1e12,
+            }
+            del graphs
+        exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in ARMS for i in range(INPUT_SETS))
+        row["bit_identical_across_sources"] = exact
+        if t <= REFERENCE_MAX_TOKENS:
+            x, ids, w = sets[0]
+            want = moe_reference(x, data.reference(), w, ids, kind=geo.activation)
+            row["rel_error_vs_float32"] = float((outs["native"][0].float() - want).norm() / want.norm())
+        # torch dequantize-then-matmul, eager (it syncs on torch.unique), events around one call
+        x, ids, w = sets[0]
+        _torch_arm(data, x, ids, w)
+        flush.add_(1)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _torch_arm(data, x, ids, w)
+        end.record()
+        end.synchronize()
+        torch_s = start.elapsed_time(end) / 1e3
+        row["arms"]["torch_dequant_matmul"] = {"median_s": torch_s, "samples_s": [torch_s], "eager": True}
+        a = row["arms"]
+        print(
+            f"  T={t:5d} native {a['native']['median_s'] * 1e6:8.1f} us"
+            f"  expanded {a['expanded']['median_s'] * 1e6:8.1f}"
+            f"  inline {a['inline']['median_s'] * 1e6:8.1f}  torch {a['torch_dequant_matmul']['median_s'] * 1e6:9.1f}"
+            f"  | inline {a['inline']['effective_GBps']:6.0f} GB/s {a['inline']['TFLOPs']:6.1f} TF  exact={exact}",
+            flush=True,
+        )
+        rows.append(row)
+    del layers, weights, data
+    torch.cuda.empty_cache()
+    return {"geometry": geo.name, "bytes_per_expert": per_expert, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--geometries", choices=("peers", "all"), default="peers")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    a = ap.parse_args()
+    runtime.freeze()
+    tokens = tuple(int(t) for t in a.tokens.split(","))
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    copy = copy_bandwidth(a.reps, flush)
+    print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
+    geos = PEER_GEOMETRIES if a.geometries == "peers" else ALL_GEOMETRIES
+    doc = {
+        "benchmark": "bench_moe",
+        "provenance": provenance(),
+        "copy_bandwidth": copy,
+        "triton_kernels": _triton_kernels_status(),
+        "results": [bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"]) for g in geos],
+        "compilations_while_frozen": runtime.compilations(),
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

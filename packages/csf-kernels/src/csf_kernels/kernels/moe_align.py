@@ -1,0 +1,113 @@
+"""Triton: group a batch's (token, slot) routes by expert into blocks of ``BM`` routes.
+
+Two launches, both sized by the plan (graph-safe; nothing depends on a host-side count):
+
+* ``moe_align_plan`` (one program): counts the routes of each expert, lays the experts' blocks out
+  back to back (each expert's count rounded up to ``BM``), writes each block's expert, a cursor per
+  expert (its first route slot), the list of active experts (-1 padded, for routed-experts-only scale
+  expansion), the number of blocks, and fills every used route slot with the sentinel ``pairs``.
+* ``moe_align_scatter``: each route takes the next slot of its expert with an atomic add.
+
+Route ids outside [0, E) (vLLM's CUDA-graph padding) join no block: they are computed by nobody and
+the combine step skips them. Within a block the order of routes is whatever the atomics produced; a
+GEMM's output row for a route does not depend on its position in the block, so results are exact
+regardless.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGNATURE_PLAN = {
+    "topk_ids": "*i32",  # or *i64: IDS64
+    "cursor": "*i32",  # [EP]
+    "block_expert": "*i32",  # [max_blocks]
+    "active_experts": "*i32",  # [max_active]
+    "meta": "*i32",  # [0]: blocks used
+    "sorted_ids": "*i32",  # [max_blocks * BM]
+    "pairs": "i32",
+    "num_experts": "i32",
+    "max_active": "i32",
+    "IDS64": "constexpr",
+    "EP": "constexpr",  # power of two > num_experts: bin EP - 1 collects invalid ids
+    "BM": "constexpr",
+    "CH": "constexpr",
+}
+
+SIGNATURE_SCATTER = {
+    "topk_ids": "*i32",
+    "cursor": "*i32",
+    "sorted_ids": "*i32",
+    "pairs": "i32",
+    "num_experts": "i32",
+    "IDS64": "constexpr",
+    "CH": "constexpr",
+}
+
+
+@triton.jit
+def _route_experts(topk_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
+    """(expert as int32, valid) of routes ``offs``; ids are range-checked before any narrowing."""
+    m = offs < pairs
+    if IDS64:
+        e64 = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + offs, mask=m, other=-1)
+        valid = m & (e64 >= 0) & (e64 < num_experts)
+        e = tl.where(valid, e64, 0).to(tl.int32)
+    else:
+        e = tl.load(topk_ids + offs, mask=m, other=-1)
+        valid = m & (e >= 0) & (e < num_experts)
+        e = tl.where(valid, e, 0)
+    return e, valid
+
+
+@triton.jit
+def moe_align_plan(
+    topk_ids,
+    cursor,
+    block_expert,
+    active_experts,
+    meta,
+    sorted_ids,
+    pairs,
+    num_experts,
+    max_active,
+    IDS64: tl.constexpr,
+    EP: tl.constexpr,
+    BM: tl.constexpr,
+    CH: tl.constexpr,
+):
+    counts = tl.zeros([EP], dtype=tl.int32)
+    for start in range(0, pairs, CH):
+        offs = start + tl.arange(0, CH)
+        e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
+        counts += tl.histogram(tl.where(valid, e, EP - 1), EP)
+    ex = tl.arange(0, EP)
+    counts = tl.where(ex < num_experts, counts, 0)
+    nblk = (counts + BM - 1) // BM
+    blk_end = tl.cumsum(nblk, 0)
+    blk_start = blk_end - nblk
+    total = tl.sum(nblk, 0)
+    tl.store(cursor + ex, blk_start * BM)
+    most = tl.max(nblk, 0)
+    for j in range(0, most):
+        tl.store(block_expert + blk_start + j, ex, mask=j < nblk)
+    active = counts > 0
+    slot = tl.cumsum(active.to(tl.int32), 0) - 1
+    tl.store(active_experts + slot, ex, mask=active & (slot < max_active))
+    n_active = tl.sum(active.to(tl.int32), 0)
+    for start in range(n_active, max_active, CH):
+        offs = start + tl.arange(0, CH)
+        tl.store(active_experts + offs, tl.full([CH], -1, tl.int32), mask=offs < max_active)
+    for start in range(0, total * BM, CH):
+        offs = start + tl.arange(0, CH)
+        tl.store(sorted_ids + offs, tl.full([CH], 0, tl.int32) + pairs, mask=offs < total * BM)
+    tl.store(meta, total)
+
+
+@triton.jit
+def moe_align_scatter(topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr):
+    offs = tl.program_id(0) * CH + tl.arange(0, CH)
+    e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
+    pos = tl.atomic_add(cursor + e, tl.full([CH], 1, tl.int32), mask=valid)
+    tl.store(sorted_ids + pos, offs, mask=valid)

@@ -1,0 +1,42 @@
+"""Triton: the top-k weighted sum of a fused MoE layer, ``out[t] = sum_j w[t, j] * y[t * k + j]``.
+
+In float32, slots in order (deterministic: no atomics), rounded once to bf16. A slot whose expert id
+lies outside [0, E) (vLLM's graph padding) contributes exactly nothing: its ``y`` row was never written
+and is never read.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGNATURE = {
+    "y": "*bf16",
+    "topk_ids": "*i32",
+    "topk_weights": "*fp32",
+    "out": "*bf16",
+    "hidden": "i32",
+    "top_k": "i32",
+    "num_experts": "i32",
+    "IDS64": "constexpr",
+    "BH": "constexpr",
+}
+
+
+@triton.jit
+def moe_combine(y, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr, BH: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = h < hidden
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in range(0, top_k):
+        route = t * top_k + j
+        if IDS64:
+            e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route)
+        else:
+            e = tl.load(topk_ids + route)
+        live = (e >= 0) & (e < num_experts)
+        wt = tl.load(topk_weights + route)
+        v = tl.load(y + route * hidden + h, mask=hm & live, other=0.0).to(tl.float32)
+        acc += tl.where(live, wt * v, 0.0)
+    tl.store(out + t * hidden + h, acc.to(tl.bfloat16), mask=hm)

@@ -1,0 +1,350 @@
+"""Triton: the grouped expert GEMM of a fused MoE layer, W4A16 (MXFP4 or NVFP4 weights, bf16 activations).
+
+One program computes ``BN`` weight rows (FC1: ``BN`` gate rows and the matching ``BN`` up rows) for one
+block of ``BM`` routes of one expert (from ``moe_align``), as ``acc[BN, BM] += W[BN, BK] @ X[BM, BK]^T``:
+the weights are the MMA's A operand (the swap-AB form, so decode with a handful of routes per expert
+still fills M), dequantized in registers to bf16, one K step per inline tile (4 scale columns: K = 128
+for MXFP4, 64 for NVFP4).
+
+The scale bytes of a step come from one of two sources (``SRC``); everything after them is shared code,
+so outputs are bit-identical across sources:
+
+* 0, native: the scale plane ``[E, R, C]`` (a model's own plane, or a CSF plane expanded into scratch);
+* 1, inline: the tile records of the inline CSF form (docs/csf-format.md section 5), decoded here.
+
+FP4 x scale products are exact in bf16 (E8M0: a power of two; E4M3: 3 + 2 significant bits), so the
+tensor cores see the exact dequantized weights; NVFP4's per-expert global scale multiplies the fp32
+accumulator. FC1 applies bias and the activation (SiLU-and-mul, or gpt-oss's clamped SwiGLU) and stores
+bf16 ``[pairs, N]``; FC2 adds its bias and stores bf16 ``[pairs, H]`` for the combine step.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGNATURE = {
+    "x": "*bf16",
+    "w": "*u8",
+    "scales": "*u8",
+    "base_ref": "*u8",
+    "base_delta": "*u8",
+    "records": "*u8",
+    "raw": "*u8",
+    "tail": "*u8",
+    "tail_raw": "*u8",
+    "gscale": "*fp32",
+    "bias": "*fp32",
+    "out": "*bf16",
+    "sorted_ids": "*i32",
+    "block_expert": "*i32",
+    "meta": "*i32",
+    "pairs": "i32",
+    "x_row_div": "i32",
+    "n_out": "i32",
+    "K": "i32",
+    "C": "i32",
+    "row_group": "i32",
+    "blocks_per_group": "i32",
+    "full_tiles": "i32",
+    "S": "i32",  # inline: record bytes of full tiles
+    "S_TAIL": "i32",  # inline: record bytes of the tail tile (0: none)
+    "TC": "i32",  # inline: columns of the tail tile
+    "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
+    "SRC": "constexpr",  # 0 native plane, 1 inline records
+    "FC1": "constexpr",
+    "ACT": "constexpr",  # FC1 only: 0 SiLU-and-mul, 1 gpt-oss clamped SwiGLU
+    "HAS_BIAS": "constexpr",
+    "HAS_GSCALE": "constexpr",
+    "DB": "constexpr",  # inline: bits per row-base delta
+    "BM": "constexpr",
+    "BN": "constexpr",
+}
+
+SWIGLU_ALPHA = tl.constexpr(1.702)
+SWIGLU_LIMIT = tl.constexpr(7.0)
+
+
+@triton.jit
+def _e2m1_f32(code):
+    """E2M1 codes (int32, 0..15) -> float32: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives."""
+    m = code & 7
+    bits = tl.where(m >= 2, (((m >> 1) + 126) << 23) | ((m & 1) << 22), tl.where(m == 1, 126 << 23, 0))
+    return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale_f32(s, FMT: tl.constexpr):
+    """Scale bytes (int32) -> float32: E8M0 2**(s - 127) (0xFF: NaN), or E4M3."""
+    if FMT == 0:
+        bits = tl.where(s == 0, 0x00400000, tl.where(s == 255, 0x7FC00000, s << 23))
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return s.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _slot_of(local):
+    # the inverse of csf_codec.tile_layout.slot_to_row: row = 64 half + 16 warp + quad + 8 pair
+    return 32 * ((local >> 4) & 3) + 4 * (local & 7) + 2 * (local >> 6) + ((local >> 3) & 1)
+
+
+@triton.jit
+def _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB: tl.constexpr):
+    """Per weight row: its inline row block, slot, and row base (reference + delta)."""
+    within = rows % row_group
+    rb = (e * (R // row_group) + rows // row_group) * blocks_per_group + within // 128
+    rb = tl.where(valid, rb, 0)
+    slot = _slot_of(within % 128)
+    ref = tl.load(base_ref + rb, mask=valid, other=0).to(tl.int32)
+    if DB == 4:
+        d = tl.load(base_delta + rb * 64 + slot // 2, mask=valid, other=0).to(tl.int32)
+        d = (d >> ((slot & 1) * 4)) & 15
+    else:
+        d = tl.load(base_delta + rb * 128 + slot, mask=valid, other=0).to(tl.int32)
+    return rb, slot, ref + d
+
+
+@triton.jit
+def _inline_scales(
+    records,
+    raw,
+    tail,
+    tail_raw,
+    rb,
+    slot,
+    base,
+    valid,
+    t,
+    full_tiles,
+    C,
+    S,
+    S_TAIL,
+    TC,
+    NEUTRAL: tl.constexpr,
+):
+    """Scale bytes [BN, 4] of column tile ``t`` for rows (rb, slot, base), decoded from their records."""
+    c = tl.arange(0, 4)[None, :]
+    is_tail = t >= full_tiles
+    tcx = tl.where(is_tail, TC, 4)
+    sbytes = tl.where(is_tail, S_TAIL, S)
+    rec = tl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S)
+    rec32 = rec.to(tl.pointer_type(tl.int32))
+    h = tl.load(rec32 + (sbytes // 4 - 1), mask=valid, other=3)  # invalid rows: "raw" tile index 0
+    mode = h & 3
+    is_raw = mode == 3
+    w = tl.where(is_raw, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = tl.where(origin >= 128, origin - 256, origin)
+    bit = slot * tcx * w  # the slot's tcx fields: tcx * w contiguous bits from here
+    wi = bit >> 5
+    lo = tl.load(rec32 + wi, mask=valid & ~is_raw, other=0).to(tl.uint32).to(tl.int64)
+    hi = tl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
+    x = ((hi.to(tl.uint32).to(tl.int64) << 32) | lo) >> (bit & 31).to(tl.int64)
+    field = ((x[:, None] >> (c * w[:, None]).to(tl.int64)) & ((1 << w[:, None]) - 1)).to(tl.int32)
+    val = base[:, None] + origin[:, None] + field
+    live = valid[:, None] & (c < tcx) & (t * 4 + c < C)
+    raw_base = tl.where(is_tail, tail_raw, raw)
+    rv = tl.load(
+        raw_base + (h >> 2)[:, None] * (128 * tcx) + slot[:, None] * tcx + c, mask=live & is_raw[:, None], other=0
+    )
+    val = tl.where(is_raw[:, None], rv.to(tl.int32), val)
+    # exceptions: ascending (position, value) pairs after the selectors
+    count = tl.where(is_raw | ~valid, 0, (h >> 2) & 63)
+    sb = 16 * tcx * w
+    cap = tl.minimum((sbytes - 4 - sb) // 3, 63)
+    pos_here = slot[:, None] * tcx + c
+    for i in range(0, tl.max(count, 0)):
+        em = i < count
+        p = tl.load(rec + sb + 2 * i, mask=em, other=0).to(tl.int32)
+        p |= tl.load(rec + sb + 2 * i + 1, mask=em, other=0).to(tl.int32) << 8
+        v = tl.load(rec + sb + 2 * cap + i, mask=em, other=0).to(tl.int32)
+        val = tl.where(em[:, None] & (pos_here == p[:, None]), v[:, None], val)
+    return tl.where(live, val, NEUTRAL)
+
+
+@triton.jit
+def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
+    col = t * 4 + tl.arange(0, 4)[None, :]
+    live = valid[:, None] & (col < C)
+    s = tl.load(scales_e + rows[:, None] * C + col, mask=live, other=NEUTRAL)
+    return s.to(tl.int32)
+
+
+@triton.jit
+def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr):
+    """bf16 [BN, BK] weights of rows ``rows`` for K step ``t``, scaled by bytes ``s`` [BN, 4]."""
+    G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
+    c = tl.arange(0, 4)[None, :, None]
+    g = tl.arange(0, G)[None, None, :]
+    kb = t * (4 * G) + c * G + g  # byte column
+    m = valid[:, None, None] & (kb < K // 2)
+    b = tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0).to(tl.int32)
+    sf = _scale_f32(s, FMT)[:, :, None]
+    lo = _e2m1_f32(b & 15) * sf
+    hi = _e2m1_f32(b >> 4) * sf
+    return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
+
+
+@triton.jit
+def _tile_scales(
+    SRC: tl.constexpr,
+    scales_e,
+    rows,
+    valid,
+    rb,
+    slot,
+    base,
+    t,
+    C,
+    records,
+    raw,
+    tail,
+    tail_raw,
+    full_tiles,
+    S,
+    S_TAIL,
+    TC,
+    NEUTRAL: tl.constexpr,
+):
+    if SRC == 0:
+        return _native_scales(scales_e, rows, valid, t, C, NEUTRAL)
+    else:
+        return _inline_scales(
+            records, raw, tail, tail_raw, rb, slot, base, valid, t, full_tiles, C, S, S_TAIL, TC, NEUTRAL
+        )
+
+
+@triton.jit
+def moe_gemm(
+    x,
+    w,
+    scales,
+    base_ref,
+    base_delta,
+    records,
+    raw,
+    tail,
+    tail_raw,
+    gscale,
+    bias,
+    out,
+    sorted_ids,
+    block_expert,
+    meta,
+    pairs,
+    x_row_div,
+    n_out,
+    K,
+    C,
+    row_group,
+    blocks_per_group,
+    full_tiles,
+    S,
+    S_TAIL,
+    TC,
+    FMT: tl.constexpr,
+    SRC: tl.constexpr,
+    FC1: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_GSCALE: tl.constexpr,
+    DB: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    BK: tl.constexpr = 128 if FMT == 0 else 64
+    NEUTRAL: tl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_b >= tl.load(meta):
+        return
+    e = tl.load(block_expert + pid_b)
+    route = tl.load(sorted_ids + pid_b * BM + tl.arange(0, BM))
+    live_m = route < pairs
+    a_row = tl.where(live_m, route // x_row_div, 0).to(tl.int64)
+    R = 2 * n_out if FC1 else n_out
+    n = pid_n * BN + tl.arange(0, BN)
+    valid = n < n_out
+    rows_a = tl.where(valid, n, 0)
+    rows_b = rows_a + n_out
+    w_e = w + e.to(tl.int64) * R * (K // 2)
+    scales_e = scales + e.to(tl.int64) * R * C
+    if SRC == 1:
+        rb_a, slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        if FC1:
+            rb_b, slot_b, base_b = _row_setup(
+                rows_b, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB
+            )
+    else:  # unused: the native source reads the plane
+        rb_a, slot_a, base_a = rows_a, rows_a, rows_a
+        rb_b, slot_b, base_b = rows_b, rows_b, rows_b
+    acc_a = tl.zeros([BN, BM], dtype=tl.float32)
+    acc_b = tl.zeros([BN, BM], dtype=tl.float32)
+    kk = tl.arange(0, BK)
+    steps = (K + BK - 1) // BK
+    for t in range(0, steps):
+        k = t * BK + kk
+        xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
+        s_a = _tile_scales(
+            SRC,
+            scales_e,
+            rows_a,
+            valid,
+            rb_a,
+            slot_a,
+            base_a,
+            t,
+            C,
+            records,
+            raw,
+            tail,
+            tail_raw,
+            full_tiles,
+            S,
+            S_TAIL,
+            TC,
+            NEUTRAL,
+        )
+        acc_a = tl.dot(_weights(w_e, rows_a, valid, t, K, s_a, FMT, BN), xt, acc_a)
+        if FC1:
+            s_b = _tile_scales(
+                SRC,
+                scales_e,
+                rows_b,
+                valid,
+                rb_b,
+                slot_b,
+                base_b,
+                t,
+                C,
+                records,
+                raw,
+                tail,
+                tail_raw,
+                full_tiles,
+                S,
+                S_TAIL,
+                TC,
+                NEUTRAL,
+            )
+            acc_b = tl.dot(_weights(w_e, rows_b, valid, t, K, s_b, FMT, BN), xt, acc_b)
+    if HAS_GSCALE:
+        g = tl.load(gscale + e)
+        acc_a = acc_a * g
+        acc_b = acc_b * g
+    if HAS_BIAS:
+        acc_a += tl.load(bias + e.to(tl.int64) * R + rows_a, mask=valid, other=0.0)[:, None]
+        if FC1:
+            acc_b += tl.load(bias + e.to(tl.int64) * R + rows_b, mask=valid, other=0.0)[:, None]
+    if FC1:
+        if ACT == 0:
+            y = acc_a / (1.0 + tl.exp(-acc_a)) * acc_b
+        else:
+            gate = tl.minimum(acc_a, SWIGLU_LIMIT)
+            up = tl.minimum(tl.maximum(acc_b, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+            y = gate / (1.0 + tl.exp(-SWIGLU_ALPHA * gate)) * (up + 1.0)
+    else:
+        y = acc_a
+    o_row = tl.where(live_m, route, 0).to(tl.int64)
+    tl.store(out + o_row[None, :] * n_out + n[:, None], y.to(tl.bfloat16), mask=valid[:, None] & live_m[None, :])

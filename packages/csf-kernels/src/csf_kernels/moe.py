@@ -1,0 +1,206 @@
+"""Host side of the fused-MoE programs: argument marshalling for align, grouped GEMM and combine.
+
+The narrow interface csf-moe builds on: each function returns a :class:`Launch` (a program spec, its
+grid and its arguments in signature order); :meth:`Launch.bind` resolves the program through the AOT
+runtime. Nothing here allocates on the device except, once, a 16-byte placeholder for absent inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from csf_codec import InlineScales, ScaleFormat
+
+from .moe_specs import (
+    COMBINE_COLUMNS,
+    SCATTER_CHUNK,
+    GemmConfig,
+    align_plan_spec,
+    align_scatter_spec,
+    combine_spec,
+    gemm_spec,
+)
+from .runtime import Launch
+
+__all__ = ["GemmOperand", "Launch", "align_launches", "combine_launch", "gemm_launch", "placeholder"]
+
+_PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
+
+
+def placeholder(device: torch.device) -> torch.Tensor:
+    """A 16-byte aligned dummy for pointer arguments a program never dereferences."""
+    device = torch.device(device)
+    if device not in _PLACEHOLDERS:
+        _PLACEHOLDERS[device] = torch.zeros(16, dtype=torch.uint8, device=device)
+    return _PLACEHOLDERS[device]
+
+
+def _ids64(topk_ids: torch.Tensor) -> bool:
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not topk_ids.is_contiguous():
+        raise ValueError("topk_ids must be contiguous")
+    return topk_ids.dtype == torch.int64
+
+
+def align_launches(
+    topk_ids: torch.Tensor,
+    *,
+    num_experts: int,
+    bm: int,
+    cursor: torch.Tensor,
+    block_expert: torch.Tensor,
+    active_experts: torch.Tensor,
+    meta: torch.Tensor,
+    sorted_ids: torch.Tensor,
+) -> list[Launch]:
+    """Group ``topk_ids`` [T, k] into blocks of ``bm`` routes per expert (see kernels/moe_align.py).
+
+    The scratch views are int32: ``cursor`` [bins], ``block_expert`` [max_blocks], ``active_experts``
+    [max_active], ``meta`` [>= 1], ``sorted_ids`` [max_blocks * bm]."""
+    ids64 = _ids64(topk_ids)
+    pairs = topk_ids.numel()
+    max_blocks = block_expert.numel()
+    if sorted_ids.numel() < max_blocks * bm:
+        raise ValueError(f"sorted_ids holds {sorted_ids.numel()} routes, {max_blocks} blocks of {bm} need more")
+    if max_blocks < max_blocks_for(pairs, num_experts, bm):
+        raise ValueError(f"{max_blocks} blocks cannot hold {pairs} routes over {num_experts} experts")
+    plan = align_plan_spec(num_experts, bm, ids64)
+    if cursor.numel() < plan.fact["EP"]:
+        raise ValueError(f"cursor needs {plan.fact['EP']} entries")
+    return [
+        Launch(
+            plan,
+            (1,),
+            (
+                topk_ids,
+                cursor,
+                block_expert,
+                active_experts,
+                meta,
+                sorted_ids,
+                pairs,
+                num_experts,
+                active_experts.numel(),
+            ),
+        ),
+        Launch(
+            align_scatter_spec(ids64),
+            (-(-pairs // SCATTER_CHUNK),),
+            (topk_ids, cursor, sorted_ids, pairs, num_experts),
+        ),
+    ]
+
+
+def max_blocks_for(pairs: int, num_experts: int, bm: int) -> int:
+    """Blocks the align step may use: every full block, plus one partial block per active expert."""
+    return pairs // bm + min(pairs, num_experts)
+
+
+@dataclass(frozen=True, eq=False)
+class GemmOperand:
+    """One expert weight stack as a GEMM reads it: packed FP4 values [E, R, K/2], and either the native
+    scale plane [E, R, C] or its inline CSF storage; NVFP4's global scales [E] and optional bias [E, R]."""
+
+    values: torch.Tensor
+    scales: torch.Tensor | None = None
+    inline: InlineScales | None = None
+    global_scale: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
+def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if t.numel() == 0:
+        return placeholder(device)
+    if t.numel() >= 1 << 31:
+        raise ValueError(f"a {t.numel()}-byte inline array exceeds the GEMM's 32-bit record offsets")
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def gemm_launch(
+    *,
+    fmt: ScaleFormat,
+    source: str,
+    fc1: bool,
+    activation: str,
+    config: GemmConfig,
+    x: torch.Tensor,
+    weights: GemmOperand,
+    out: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    meta: torch.Tensor,
+    pairs: int,
+    x_row_div: int,
+) -> Launch:
+    """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks."""
+    values = weights.values
+    dev = values.device
+    e, r, k2 = values.shape
+    k = 2 * k2
+    n_out = r // 2 if fc1 else r
+    cols = fmt.scale_columns(k)
+    if x.dtype != torch.bfloat16 or x.shape[-1] != k or not x.is_contiguous():
+        raise ValueError(f"GEMM input must be contiguous bf16 [*, {k}], got {x.dtype} {tuple(x.shape)}")
+    if out.dtype != torch.bfloat16 or out.shape[-1] != n_out or not out.is_contiguous():
+        raise ValueError(f"GEMM output must be contiguous bf16 [*, {n_out}], got {out.dtype} {tuple(out.shape)}")
+    ph = placeholder(dev)
+    inline_args = (ph, ph, ph, ph, ph, ph, 1, 1, 1, 0, 0, 0)
+    scales = ph
+    if source == "native":
+        if weights.scales is None or tuple(weights.scales.shape) != (e, r, cols):
+            raise ValueError(f"native scales must be [{e}, {r}, {cols}]")
+        scales = weights.scales
+    else:
+        il = weights.inline
+        if il is None or tuple(il.shape) != (e, r, cols) or il.fmt.name != fmt.name:
+            raise ValueError(f"inline scales must describe a {fmt.name} [{e}, {r}, {cols}] plane")
+        geo = il.geometry
+        inline_args = (
+            _aligned(il.base_ref, dev),
+            _aligned(il.base_delta, dev),
+            _aligned(il.records, dev),
+            _aligned(il.raw, dev),
+            _aligned(il.tail, dev),
+            _aligned(il.tail_raw, dev),
+            geo.row_group,
+            geo.blocks_per_group,
+            geo.full_col_tiles,
+            il.record_bytes,
+            il.tail_record_bytes,
+            geo.tail_cols,
+        )
+    has_g = fmt.name == "nvfp4"
+    if has_g and (weights.global_scale is None or weights.global_scale.shape != (e,)):
+        raise ValueError(f"NVFP4 weights need float32 global scales [{e}]")
+    bias = weights.bias
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (e, r)):
+        raise ValueError(f"bias must be float32 [{e}, {r}]")
+    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
+    grid = (block_expert.numel(), -(-n_out // config.bn))
+    base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
+    args = (
+        x, values, scales, base, delta, records, raw, tail, tail_raw,
+        weights.global_scale if has_g else ph, bias if bias is not None else ph, out,
+        sorted_ids, block_expert, meta, pairs, x_row_div, n_out, k, cols, row_group, bpg, full_tiles, s, s_tail, tc,
+    )  # fmt: skip
+    return Launch(spec, grid, args)
+
+
+def combine_launch(
+    y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *, num_experts: int
+) -> Launch:
+    """out [T, H] bf16 = sum over slots of topk_weights * y [T * k, H] (padding slots skipped)."""
+    ids64 = _ids64(topk_ids)
+    t, k = topk_ids.shape
+    h = out.shape[-1]
+    if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape or not topk_weights.is_contiguous():
+        raise ValueError(f"topk_weights must be contiguous float32 {tuple(topk_ids.shape)}, got "
+                         f"{topk_weights.dtype} {tuple(topk_weights.shape)}")  # fmt: skip
+    if y.shape[-1] != h or y.numel() < t * k * h or out.shape[0] != t:
+        raise ValueError("combine: y, out and topk_ids do not describe the same tokens")
+    return Launch(
+        combine_spec(ids64), (t, -(-h // COMBINE_COLUMNS)), (y, topk_ids, topk_weights, out, h, k, num_experts)
+    )

@@ -1,0 +1,157 @@
+"""The fused-MoE program family: its kernels, tile configurations and the specs a geometry needs.
+
+Shapes (K, N, experts, record sizes) are runtime arguments, so one program serves every geometry of a
+format, activation and tile configuration; the catalog only decides which of those combinations exist.
+Nothing here imports triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from csf_codec import ScaleFormat
+from csf_codec.inline import DELTA_BITS
+
+from .catalog import MoEGeometry
+from .programs import ProgramSpec, TritonFamily
+
+__all__ = [
+    "DECODE",
+    "MOE_ALIGN_PLAN",
+    "MOE_ALIGN_SCATTER",
+    "MOE_COMBINE",
+    "MOE_GEMM",
+    "PREFILL",
+    "SCALE_SOURCES",
+    "GemmConfig",
+    "align_plan_spec",
+    "align_scatter_spec",
+    "combine_spec",
+    "experts_bins",
+    "gemm_spec",
+    "moe_geometry_specs",
+]
+
+MOE_ALIGN_PLAN = TritonFamily(
+    kernel="moe.align_plan",
+    version=1,
+    module="csf_kernels.kernels.moe_align",
+    function="moe_align_plan",
+    signature="SIGNATURE_PLAN",
+    num_warps=8,
+)
+MOE_ALIGN_SCATTER = TritonFamily(
+    kernel="moe.align_scatter",
+    version=1,
+    module="csf_kernels.kernels.moe_align",
+    function="moe_align_scatter",
+    signature="SIGNATURE_SCATTER",
+    num_warps=4,
+)
+MOE_GEMM = TritonFamily(
+    kernel="moe.gemm", version=1, module="csf_kernels.kernels.moe_gemm", function="moe_gemm", num_warps=4
+)
+MOE_COMBINE = TritonFamily(
+    kernel="moe.combine", version=1, module="csf_kernels.kernels.moe_combine", function="moe_combine", num_warps=4
+)
+
+# what the GEMM reads its scale bytes from (the kernel's SRC constant)
+SCALE_SOURCES = {"native": 0, "inline": 1}
+ALIGN_CHUNK = 1024
+SCATTER_CHUNK = 256
+COMBINE_COLUMNS = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmConfig:
+    """One tile configuration of the grouped GEMM: routes per block (bm) and weight rows per program."""
+
+    name: str
+    bm: int
+    bn: int
+    num_warps: int
+    num_stages: int
+
+
+# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=3)
+PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3)
+CONFIGS = (DECODE, PREFILL)
+
+
+def experts_bins(num_experts: int) -> int:
+    """Histogram bins of the align kernel: a power of two above E (the last bin takes invalid ids)."""
+    p = 16
+    while p <= num_experts:
+        p *= 2
+    return p
+
+
+def align_plan_spec(num_experts: int, bm: int, ids64: bool) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_ALIGN_PLAN.kernel,
+        MOE_ALIGN_PLAN.version,
+        IDS64=int(ids64),
+        EP=experts_bins(num_experts),
+        BM=bm,
+        CH=ALIGN_CHUNK,
+        num_warps=MOE_ALIGN_PLAN.num_warps,
+    )
+
+
+def align_scatter_spec(ids64: bool) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_ALIGN_SCATTER.kernel,
+        MOE_ALIGN_SCATTER.version,
+        IDS64=int(ids64),
+        CH=SCATTER_CHUNK,
+        num_warps=MOE_ALIGN_SCATTER.num_warps,
+    )
+
+
+def combine_spec(ids64: bool) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_COMBINE.kernel, MOE_COMBINE.version, IDS64=int(ids64), BH=COMBINE_COLUMNS, num_warps=MOE_COMBINE.num_warps
+    )
+
+
+def gemm_spec(
+    fmt: ScaleFormat, source: str, *, fc1: bool, activation: str, bias: bool, config: GemmConfig
+) -> ProgramSpec:
+    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config."""
+    if source not in SCALE_SOURCES:
+        raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
+    if activation not in ("silu", "swiglu_oai"):
+        raise ValueError(f"unknown MoE activation {activation!r}: expected 'silu' or 'swiglu_oai'")
+    return ProgramSpec.of(
+        MOE_GEMM.kernel,
+        MOE_GEMM.version,
+        FMT=0 if fmt.name == "mxfp4" else 1,
+        SRC=SCALE_SOURCES[source],
+        FC1=int(fc1),
+        ACT=int(activation == "swiglu_oai") if fc1 else 0,
+        HAS_BIAS=int(bias),
+        HAS_GSCALE=int(fmt.name == "nvfp4"),
+        DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+        BM=config.bm,
+        BN=config.bn,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
+    """Every MoE program a geometry may run: both stages, both scale sources, both tile configs, and
+    the align / combine programs for int32 and int64 route ids."""
+    specs = []
+    for config in CONFIGS:
+        for source in SCALE_SOURCES:
+            for fc1 in (True, False):
+                specs.append(
+                    gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
+                )
+        for ids64 in (False, True):
+            specs.append(align_plan_spec(geo.experts, config.bm, ids64))
+    for ids64 in (False, True):
+        specs += [align_scatter_spec(ids64), combine_spec(ids64)]
+    return specs

@@ -1,0 +1,168 @@
+"""A bound fused MoE layer: plan + weights + caller-owned scratch -> ``run(hidden, topk_ids, topk_weights)``.
+
+A call with T tokens runs the programs of the plan's bucket for T:
+
+    align (2 launches) -> [expand routed experts' scales into scratch] -> FC1 + activation -> FC2 -> combine
+
+Every launch goes on torch's current stream with arguments marshalled once per (T, input addresses),
+so a call allocates nothing but its output (or nothing, given ``out``), and CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from csf_kernels import runtime
+from csf_kernels.expand import inline_expansion_launches
+from csf_kernels.moe import GemmOperand, align_launches, combine_launch, gemm_launch
+from csf_kernels.runtime import Launch
+
+from .plan import MoEPlan
+from .weights import MoEWeights
+
+__all__ = ["MoELayer", "bind"]
+
+_BINDINGS_KEPT = 64
+
+
+def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    offset, count = region
+    item = torch.empty((), dtype=dtype).element_size()
+    return scratch[offset : offset + count * item].view(dtype)
+
+
+@dataclass(eq=False)
+class MoELayer:
+    plan: MoEPlan
+    weights: MoEWeights
+    scratch: torch.Tensor
+    _bound: OrderedDict = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        lay = self.plan.scratch
+        s = self.scratch
+        self.cursor = _view(s, lay.cursor, torch.int32)
+        self.meta = _view(s, lay.meta, torch.int32)
+        self.block_expert = _view(s, lay.block_expert, torch.int32)
+        self.active_experts = _view(s, lay.active_experts, torch.int32)
+        self.sorted_ids = _view(s, lay.sorted_ids, torch.int32)
+        self.intermediate = _view(s, lay.intermediate, torch.bfloat16)
+        self.fc2_out = _view(s, lay.fc2_out, torch.bfloat16)
+        geo = self.plan.geometry
+        self.w13_plane = self.w2_plane = None
+        if lay.w13_scales[1]:
+            self.w13_plane = _view(s, lay.w13_scales, torch.uint8).view(geo.w13_scale_shape)
+            self.w2_plane = _view(s, lay.w2_scales, torch.uint8).view(geo.w2_scale_shape)
+
+    # ------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """bf16 [T, H] = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(hidden_states)."""
+        geo = self.plan.geometry
+        t = hidden_states.shape[0]
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != geo.hidden or hidden_states.dtype != torch.bfloat16:
+            raise ValueError(f"hidden_states must be bf16 [T, {geo.hidden}], got {hidden_states.dtype} "
+                             f"{tuple(hidden_states.shape)}")  # fmt: skip
+        if tuple(topk_ids.shape) != (t, self.plan.top_k):
+            raise ValueError(f"topk_ids must be [{t}, {self.plan.top_k}], got {tuple(topk_ids.shape)}")
+        if out is None:
+            out = torch.empty_like(hidden_states)
+        elif out.shape != hidden_states.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous bf16 {tuple(hidden_states.shape)}")
+        if t == 0:
+            return out
+        hidden_states = hidden_states.contiguous()
+        key = (t, topk_ids.dtype, hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+               out.data_ptr())  # fmt: skip
+        launches = self._bound.get(key)
+        if launches is None:
+            per_call = (hidden_states, topk_ids, topk_weights, out)
+            name = self.plan.geometry.name
+            launches = tuple(la.with_pointers(per_call).bind(name) for la in self.launches(*per_call))
+            self._bound[key] = launches
+            if len(self._bound) > _BINDINGS_KEPT:
+                self._bound.popitem(last=False)
+        else:
+            self._bound.move_to_end(key)
+        for launch in launches:
+            launch()
+        return out
+
+    __call__ = run
+
+    # ------------------------------------------------------------------------------------------------
+    def launches(self, hidden, topk_ids, topk_weights, out) -> list[Launch]:
+        """The programs one call runs, in order (unbound: the runtime binds them; tests may interpret them)."""
+        plan, geo = self.plan, self.plan.geometry
+        t = hidden.shape[0]
+        bucket = plan.bucket_for(t)
+        pairs = t * plan.top_k
+        bm = bucket.config.bm
+        blocks = bucket.max_blocks
+        block_expert = self.block_expert[:blocks]
+        sorted_ids = self.sorted_ids[: blocks * bm]
+        active = self.active_experts[: min(geo.experts, pairs)]
+        launches = list(
+            align_launches(
+                topk_ids,
+                num_experts=geo.experts,
+                bm=bm,
+                cursor=self.cursor,
+                block_expert=block_expert,
+                active_experts=active,
+                meta=self.meta,
+                sorted_ids=sorted_ids,
+            )
+        )
+        w13, w2 = self.weights.w13, self.weights.w2
+        if bucket.expand:
+            launches += inline_expansion_launches(w13.inline, self.w13_plane, experts=active)
+            launches += inline_expansion_launches(w2.inline, self.w2_plane, experts=active)
+            w13 = GemmOperand(values=w13.values, scales=self.w13_plane, global_scale=w13.global_scale, bias=w13.bias)
+            w2 = GemmOperand(values=w2.values, scales=self.w2_plane, global_scale=w2.global_scale, bias=w2.bias)
+        inter = self.intermediate[: pairs * geo.intermediate].view(pairs, geo.intermediate)
+        fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
+        common = dict(
+            fmt=geo.fmt,
+            source=bucket.gemm_source,
+            activation=geo.activation,
+            config=bucket.config,
+            sorted_ids=sorted_ids,
+            block_expert=block_expert,
+            meta=self.meta,
+            pairs=pairs,
+        )
+        launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))
+        launches.append(gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, **common))
+        launches.append(combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts))
+        return launches
+
+
+def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor) -> MoELayer:
+    """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
+    on the weights' device; shareable by layers that run one after another)."""
+    if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
+        raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
+    if scratch.numel() < plan.scratch_bytes:
+        raise ValueError(f"scratch holds {scratch.numel()} bytes; the plan needs {plan.scratch_bytes}")
+    if scratch.data_ptr() % 256:
+        raise ValueError("scratch must be 256-byte aligned (as torch allocates it)")
+    if scratch.device != weights.w13.values.device:
+        raise ValueError(f"scratch is on {scratch.device}, the weights on {weights.w13.values.device}")
+    needs_inline = plan.scale_source != "native"
+    for name, op in (("w13", weights.w13), ("w2", weights.w2)):
+        if needs_inline and op.inline is None:
+            raise ValueError(f"{name}: the plan reads CSF scales; prepare the weights for this plan")
+        if not needs_inline and op.scales is None:
+            raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
+    runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
+    del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
+    return MoELayer(plan=plan, weights=weights, scratch=scratch)

@@ -1,0 +1,194 @@
+"""Planning a fused MoE layer: which programs run at which token counts, and how much scratch they need.
+
+A plan is computed from the geometry alone, without compiling or touching a GPU. Token counts are
+served by *buckets* (the catalog's token buckets up to ``max_tokens``): a call with T tokens runs the
+programs of the smallest bucket >= T. Each bucket fixes its GEMM tile configuration (decode for few
+routes per expert, prefill above) and whether its scales are read inline or expanded into scratch
+first (above ``inline_token_limit`` the plan expands once per call and runs the native-scale kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from csf_kernels.catalog import MoEGeometry, load_catalog
+from csf_kernels.moe import max_blocks_for
+from csf_kernels.moe_specs import (
+    CONFIGS,
+    DECODE,
+    PREFILL,
+    GemmConfig,
+    align_plan_spec,
+    align_scatter_spec,
+    combine_spec,
+    experts_bins,
+    gemm_spec,
+)
+from csf_kernels.programs import ProgramSpec
+
+__all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
+
+SCALE_SOURCES = ("native", "expanded", "inline")
+# routes per expert (T * k / E) up to which the decode tile configuration runs
+DECODE_ROUTES_PER_EXPERT = 8
+# tokens above which an inline plan expands its scales once per call (measured: see docs/perf-notes.md)
+INLINE_TOKEN_LIMIT = 512
+_ALIGN = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketPlan:
+    tokens: int  # the largest token count this bucket serves
+    config: GemmConfig
+    expand: bool  # expand CSF scales into scratch planes before the GEMMs
+    gemm_source: str  # what the GEMM reads: "native" (a plane) or "inline" (tile records)
+    max_blocks: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScratchLayout:
+    """Byte offsets of each region in the caller-owned scratch (256-byte aligned)."""
+
+    cursor: tuple[int, int]  # (offset, int32 count)
+    meta: tuple[int, int]
+    block_expert: tuple[int, int]
+    active_experts: tuple[int, int]
+    sorted_ids: tuple[int, int]
+    intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N]
+    fc2_out: tuple[int, int]  # [pairs, H]
+    w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
+    w2_scales: tuple[int, int]
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEPlan:
+    geometry: MoEGeometry
+    top_k: int
+    max_tokens: int
+    scale_source: str  # "native", "expanded" or "inline"
+    inline_token_limit: int
+    buckets: tuple[BucketPlan, ...]
+    scratch: ScratchLayout
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.scratch.nbytes
+
+    @property
+    def max_pairs(self) -> int:
+        return self.max_tokens * self.top_k
+
+    def bucket_for(self, tokens: int) -> BucketPlan:
+        for b in self.buckets:
+            if tokens <= b.tokens:
+                return b
+        raise ValueError(
+            f"{tokens} tokens exceed the plan's max_tokens={self.max_tokens} ({self.geometry.name}); "
+            f"plan for more tokens or split the batch"
+        )
+
+    def specs(self) -> tuple[ProgramSpec, ...]:
+        """Every program this plan may launch (all in the AOT catalog for catalog geometries)."""
+        g = self.geometry
+        out: dict[str, ProgramSpec] = {}
+        for b in self.buckets:
+            for fc1 in (True, False):
+                s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
+                out[s.key] = s
+            for ids64 in (False, True):
+                for s in (align_plan_spec(g.experts, b.config.bm, ids64), align_scatter_spec(ids64)):
+                    out[s.key] = s
+                out[combine_spec(ids64).key] = combine_spec(ids64)
+        return tuple(out.values())
+
+
+def _layout(geo: MoEGeometry, max_pairs: int, expand: bool) -> ScratchLayout:
+    offset = 0
+
+    def region(count: int, itemsize: int) -> tuple[int, int]:
+        nonlocal offset
+        start = offset
+        offset += -(-count * itemsize // _ALIGN) * _ALIGN
+        return (start, count)
+
+    max_blocks = max(max_blocks_for(max_pairs, geo.experts, c.bm) for c in CONFIGS)
+    max_routes = max(max_blocks_for(max_pairs, geo.experts, c.bm) * c.bm for c in CONFIGS)
+    cursor = region(experts_bins(geo.experts), 4)
+    meta = region(4, 4)
+    block_expert = region(max_blocks, 4)
+    active = region(min(geo.experts, max_pairs), 4)
+    sorted_ids = region(max_routes, 4)
+    inter = region(max_pairs * geo.intermediate, 2)
+    fc2 = region(max_pairs * geo.hidden, 2)
+    w13 = region(_numel(geo.w13_scale_shape), 1) if expand else (0, 0)
+    w2 = region(_numel(geo.w2_scale_shape), 1) if expand else (0, 0)
+    return ScratchLayout(
+        cursor=cursor,
+        meta=meta,
+        block_expert=block_expert,
+        active_experts=active,
+        sorted_ids=sorted_ids,
+        intermediate=inter,
+        fc2_out=fc2,
+        w13_scales=w13,
+        w2_scales=w2,
+        nbytes=offset,
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def plan(
+    geometry: MoEGeometry,
+    max_tokens: int,
+    top_k: int | None = None,
+    quant_mode: str | None = None,
+    *,
+    scale_source: str = "inline",
+    inline_token_limit: int = INLINE_TOKEN_LIMIT,
+    decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
+    buckets: tuple[int, ...] | None = None,
+) -> MoEPlan:
+    """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
+    ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
+    geometry when given. ``buckets`` defaults to the catalog's token buckets (plus ``max_tokens``)."""
+    top_k = geometry.top_k if top_k is None else int(top_k)
+    if quant_mode is not None and quant_mode != geometry.fmt.name:
+        raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")
+    if scale_source not in SCALE_SOURCES:
+        raise ValueError(f"scale_source must be one of {SCALE_SOURCES}, got {scale_source!r}")
+    if not 0 < top_k <= geometry.experts:
+        raise ValueError(f"top_k={top_k} must lie in [1, {geometry.experts}]")
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
+    plans = []
+    for t in sizes:
+        config = DECODE if t * top_k <= decode_routes_per_expert * geometry.experts else PREFILL
+        expand = scale_source == "expanded" or (scale_source == "inline" and t > inline_token_limit)
+        source = "inline" if scale_source == "inline" and not expand else "native"
+        plans.append(
+            BucketPlan(
+                tokens=t,
+                config=config,
+                expand=expand,
+                gemm_source=source,
+                max_blocks=max_blocks_for(t * top_k, geometry.experts, config.bm),
+            )
+        )
+    expands = any(b.expand for b in plans)
+    return MoEPlan(
+        geometry=geometry,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        scale_source=scale_source,
+        inline_token_limit=inline_token_limit,
+        buckets=tuple(plans),
+        scratch=_layout(geometry, max_tokens * top_k, expands),
+    )

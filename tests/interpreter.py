@@ -1,0 +1,53 @@
+"""Run AOT program launches in Triton's CPU interpreter (import this module before triton).
+
+Sets TRITON_INTERPRET and works around two defects of Triton 3.6's interpreter:
+* with numpy >= 2.4 a kernel's scalar arguments arrive as one-element arrays, which ``range()`` cannot
+  take (``int()`` of a 1-d array);
+* ``tl.dot`` multiplies bf16 operands as their raw uint16 storage; they are widened to float32 here
+  (exact: what the tensor cores compute, up to accumulation order).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter as _interpreter
+
+from csf_kernels.families import FAMILIES
+
+_patch_tensor = _interpreter._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+
+_interpreter._patch_lang_tensor = _patch_lang_tensor
+
+
+def _bf16_as_f32(handle):
+    if handle.dtype.scalar == tl.bfloat16:
+        widened = (handle.data.astype(np.uint32) << 16).view(np.float32)
+        return _interpreter.TensorHandle(widened, tl.float32)
+    return handle
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    return _create_dot_orig(self, _bf16_as_f32(a), _bf16_as_f32(b), d, input_precision, max_num_imprecise_acc)
+
+
+_create_dot_orig = _interpreter.InterpreterBuilder.create_dot
+_interpreter.InterpreterBuilder.create_dot = _create_dot
+
+
+def run_launch(launch) -> None:
+    """Execute one ``csf_kernels.runtime.Launch`` on CPU tensors."""
+    fn, signature, _ = FAMILIES[launch.spec.kernel].source()
+    facts = launch.spec.fact
+    constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
+    fn[tuple(launch.grid)](*launch.args, **constexprs)

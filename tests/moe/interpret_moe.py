@@ -1,0 +1,74 @@
+"""Run a whole fused MoE layer in Triton's CPU interpreter (a subprocess entry point).
+
+Usage: python -m tests.moe.interpret_moe SEED -> prints "ok <cases>" or exits non-zero.
+Small geometries with row and column tails; every scale source; poisoned scratch and outputs;
+padding route ids; outputs bit-identical across sources and close to the float32 reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from csf_codec import scale_format
+from csf_kernels.catalog import MoEGeometry
+from csf_moe import plan, prepare_weights
+from csf_moe.layer import MoELayer
+from csf_moe.reference import moe_reference
+from csf_moe.synthetic import synthetic_layer
+from tests.interpreter import run_launch
+
+
+def geometries():
+    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=320, intermediate=192, top_k=3)
+    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=8, hidden=320, intermediate=192, top_k=3)
+    yield MoEGeometry(
+        model="tiny-oss", tp=1, fmt=scale_format("mxfp4"), experts=6, hidden=192, intermediate=320, top_k=2,
+        activation="swiglu_oai", bias=True,
+    )  # fmt: skip
+
+
+def run_layer(layer: MoELayer, x, ids, w) -> torch.Tensor:
+    out = torch.full_like(x, float("nan"))
+    layer.scratch.fill_(0xFF)  # poison: nothing may depend on scratch contents
+    for launch in layer.launches(x, ids, w, out):
+        run_launch(launch)
+    return out
+
+
+def main(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    cases = 0
+    for geo in geometries():
+        layer_data = synthetic_layer(geo, seed=seed)
+        t = 5
+        x = (torch.randn(t, geo.hidden, generator=gen)).to(torch.bfloat16)
+        ids = torch.randint(0, geo.experts, (t, geo.top_k), generator=gen, dtype=torch.int32)
+        ids[1, 0] = -1  # vLLM's graph padding
+        ids[3, -1] = geo.experts
+        w = torch.rand(t, geo.top_k, generator=gen)
+        want = moe_reference(x, layer_data.reference(), w, ids, kind=geo.activation)
+        outs = {}
+        for source in ("native", "expanded", "inline"):
+            for ids_dtype in (torch.int32, torch.int64) if source == "inline" else (torch.int32,):
+                p = plan(geo, 8, scale_source=source, buckets=(8,))
+                weights = prepare_weights(p, **layer_data.weight_kwargs())
+                scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)
+                layer = MoELayer(plan=p, weights=weights, scratch=scratch)
+                outs[(source, ids_dtype)] = run_layer(layer, x, ids.to(ids_dtype), w)
+                cases += 1
+        first = outs[("native", torch.int32)]
+        for key, got in outs.items():
+            if not torch.equal(got, first):
+                diff = (got.float() - first.float()).abs().max()
+                raise SystemExit(f"{geo.name}: {key} differs from native/int32 (max difference {diff})")
+        err = (first.float() - want).norm() / want.norm()
+        if not err < 2e-2:
+            raise SystemExit(f"{geo.name}: relative error {err:.3e} against the float32 reference")
+        print(f"{geo.name}: rel err {err:.2e}", file=sys.stderr)
+    print(f"ok {cases}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,160 @@
+"""The fused MoE layer on the GPU, from the AOT cache (frozen): every catalog geometry of the issue,
+three scale sources bit-identical, the float32 reference, padding routes, CUDA graphs, memory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_moe import bind, plan, prepare_weights
+from csf_moe.reference import moe_reference
+from csf_moe.synthetic import synthetic_layer
+
+pytestmark = pytest.mark.gpu
+SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
+GEOMETRIES = [
+    ("deepseek-v4.1-flash", 4, "mxfp4"),
+    ("deepseek-v4.1-flash", 4, "nvfp4"),
+    ("gpt-oss-120b", 1, "mxfp4"),
+    ("qwen3-30b-a3b", 1, "mxfp4"),
+    ("qwen3-30b-a3b", 1, "nvfp4"),
+    ("qwen3-next-80b-a3b", 1, "mxfp4"),
+    ("qwen3-next-80b-a3b", 1, "nvfp4"),
+    ("kimi-k2", 16, "mxfp4"),
+    ("kimi-k2", 16, "nvfp4"),
+]
+MAX_TOKENS = 1024
+# above the inline limit (512) the inline plan expands its scales; 700 runs the prefill tiles
+TOKENS = (1, 7, 64, 700)
+# relative Frobenius error against float32: the intermediate and the output each round to bf16 once
+REL_TOL = 2e-2
+
+
+@pytest.fixture(autouse=True)
+def frozen():
+    runtime.freeze()
+    before = runtime.compilations()
+    yield
+    assert runtime.compilations() == before == 0
+    runtime.unfreeze()
+
+
+def _geometry(model, tp, fmt):
+    return load_catalog().moe_geometry(model, tp, fmt)
+
+
+def _inputs(geo, t, gen, ids_dtype=torch.int32):
+    x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    scores = torch.rand(t, geo.experts, generator=gen, device="cuda")
+    w, ids = torch.topk(scores, geo.top_k, dim=-1)
+    return x, ids.to(ids_dtype), torch.softmax(w, dim=-1)
+
+
+def _layers(geo, data):
+    layers = {}
+    for source in ("native", "expanded", "inline"):
+        p = plan(geo, MAX_TOKENS, scale_source=source)
+        weights = prepare_weights(p, **data.weight_kwargs())
+        layers[source] = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+    return layers
+
+
+def _poisoned_run(layer, x, ids, w):
+    layer.scratch.fill_(0xFF)
+    out = torch.full_like(x, float("nan"))
+    return layer.run(x, ids, w, out=out)
+
+
+@pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
+def test_sources_are_bit_identical_and_match_the_reference(model, tp, fmt):
+    geo = _geometry(model, tp, fmt)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    layers = _layers(geo, data)
+    ref = data.reference()
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in TOKENS:
+        x, ids, w = _inputs(geo, t, gen)
+        outs = {s: _poisoned_run(layer, x, ids, w) for s, layer in layers.items()}
+        for s in ("expanded", "inline"):
+            assert torch.equal(outs[s], outs["native"]), f"seed {SEED} {geo.name} T={t}: {s} != native"
+        want = moe_reference(x, ref, w, ids, kind=geo.activation)
+        err = float((outs["native"].float() - want).norm() / want.norm())
+        assert err < REL_TOL, f"seed {SEED} {geo.name} T={t}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_padding_routes_contribute_exactly_nothing(ids_dtype):
+    geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    layer = _layers(geo, data)["inline"]
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in (5, 600):
+        x, ids, w = _inputs(geo, t, gen, ids_dtype)
+        padded = ids.clone()
+        padded[::2, 0] = -1
+        padded[1::3, -1] = geo.experts
+        padded[2::5, 1] = torch.iinfo(ids_dtype).max
+        padded[3::7, 2] = torch.iinfo(ids_dtype).min
+        live = (padded >= 0) & (padded < geo.experts)
+        got = _poisoned_run(layer, x, padded, w)
+        # the same routes with padding replaced by a real expert at weight exactly zero
+        masked = torch.where(live, padded, torch.zeros_like(padded))
+        want = _poisoned_run(layer, x, masked, torch.where(live, w, torch.zeros_like(w)))
+        assert torch.equal(got, want), f"seed {SEED} T={t} {ids_dtype}"
+
+
+@pytest.mark.parametrize(("model", "tp", "fmt"), [("deepseek-v4.1-flash", 4, "mxfp4"), ("kimi-k2", 16, "nvfp4")])
+def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
+    geo = _geometry(model, tp, fmt)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    layer = _layers(geo, data)["inline"]
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in (8, 700):  # an inline bucket and an expanding one
+        x, ids, w = _inputs(geo, t, gen)
+        out = torch.empty_like(x)
+        layer.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer.run(x, ids, w, out=out)
+        for _ in range(3):
+            nx, nids, nw = _inputs(geo, t, gen)
+            x.copy_(nx), ids.copy_(nids), w.copy_(nw)
+            eager = _poisoned_run(layer, x, ids, w).clone()
+            layer.scratch.fill_(0xFF)
+            out.fill_(float("nan"))
+            torch.cuda.synchronize()
+            allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocs, "replay allocated"
+            assert torch.equal(out, eager), f"seed {SEED} {geo.name} T={t}: replay != eager"
+
+
+def test_weight_preparation_leaves_no_reserved_memory():
+    geo = _geometry("deepseek-v4.1-flash", 4, "mxfp4")
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    p = plan(geo, 64, scale_source="inline")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    weights = prepare_weights(p, **data.weight_kwargs())
+    torch.cuda.synchronize()
+    slack = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    assert slack < 8 << 20, f"{slack / 2**20:.1f} MiB reserved but unused after preparation"
+    stored, native = weights.scale_bytes()["stored"], weights.scale_bytes()["native"]
+    assert stored < native / 3, f"inline scales {stored} B vs native {native} B"
+
+
+def test_frozen_plan_and_bind_fail_clearly_for_an_unplanned_token_count():
+    geo = _geometry("qwen3-30b-a3b", 1, "nvfp4")
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    p = plan(geo, 16, scale_source="inline")
+    layer = bind(p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8,
+                                                                            device="cuda"))  # fmt: skip
+    x, ids, w = _inputs(geo, 17, torch.Generator(device="cuda").manual_seed(SEED))
+    with pytest.raises(ValueError, match="exceed the plan's max_tokens"):
+        layer.run(x, ids, w)

@@ -1,0 +1,65 @@
+"""Plans are computed without a GPU or compiler, and every program a catalog plan runs is in the catalog."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from csf_kernels.catalog import load_catalog
+from csf_kernels.families import catalog_specs
+from csf_moe import plan
+from csf_moe.plan import INLINE_TOKEN_LIMIT
+
+
+def test_every_planned_program_is_built_by_the_catalog():
+    built = catalog_specs(load_catalog(), cute=False)
+    for geo in load_catalog().moe:
+        for source in ("native", "expanded", "inline"):
+            p = plan(geo, 8192, scale_source=source)
+            missing = [s.describe() for s in p.specs() if s.key not in built]
+            assert not missing, f"{geo.name} {source}: {missing}"
+
+
+def test_buckets_pick_tiles_and_expansion_by_token_count():
+    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
+    p = plan(geo, 4096, scale_source="inline")
+    assert [b.tokens for b in p.buckets] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    for b in p.buckets:
+        assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT)
+        assert b.gemm_source == ("native" if b.expand else "inline")
+    assert p.bucket_for(1).config.name == "decode"
+    assert p.bucket_for(4096).config.name == "prefill"
+    assert p.bucket_for(3).tokens == 4
+    with pytest.raises(ValueError, match="max_tokens"):
+        p.bucket_for(4097)
+    native = plan(geo, 4096, scale_source="native")
+    assert not any(b.expand for b in native.buckets)
+    assert native.scratch_bytes < p.scratch_bytes  # no expansion planes
+
+
+def test_scratch_regions_are_aligned_and_disjoint():
+    geo = load_catalog().moe_geometry("kimi-k2", 16, "nvfp4")
+    lay = plan(geo, 300, scale_source="expanded").scratch
+    regions = sorted(
+        (off, off + n * size)
+        for (off, n), size in (
+            (lay.cursor, 4), (lay.meta, 4), (lay.block_expert, 4), (lay.active_experts, 4), (lay.sorted_ids, 4),
+            (lay.intermediate, 2), (lay.fc2_out, 2), (lay.w13_scales, 1), (lay.w2_scales, 1),
+        )
+    )  # fmt: skip
+    for (a0, a1), (b0, _) in itertools.pairwise(regions):
+        assert a0 % 256 == 0 and a1 <= b0
+    assert regions[-1][1] <= lay.nbytes
+
+
+def test_plan_rejects_what_it_cannot_serve():
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")
+    with pytest.raises(ValueError, match="quant_mode"):
+        plan(geo, 8, quant_mode="nvfp4")
+    with pytest.raises(ValueError, match="scale_source"):
+        plan(geo, 8, scale_source="compact")
+    with pytest.raises(ValueError, match="top_k"):
+        plan(geo, 8, top_k=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        plan(geo, 0)
