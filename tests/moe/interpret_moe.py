@@ -50,23 +50,32 @@ def main(seed: int) -> None:
         w = torch.rand(t, geo.top_k, generator=gen)
         want = moe_reference(x, layer_data.reference(), w, ids, kind=geo.activation)
         outs = {}
-        for source in ("native", "expanded", "inline"):
-            for ids_dtype in (torch.int32, torch.int64) if source == "inline" else (torch.int32,):
-                p = plan(geo, 8, scale_source=source, buckets=(8,))
-                weights = prepare_weights(p, **layer_data.weight_kwargs())
-                scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)
-                layer = MoELayer(plan=p, weights=weights, scratch=scratch)
-                outs[(source, ids_dtype)] = run_layer(layer, x, ids.to(ids_dtype), w)
-                cases += 1
-        first = outs[("native", torch.int32)]
-        for key, got in outs.items():
-            if not torch.equal(got, first):
-                diff = (got.float() - first.float()).abs().max()
-                raise SystemExit(f"{geo.name}: {key} differs from native/int32 (max difference {diff})")
-        err = (first.float() - want).norm() / want.norm()
-        if not err < 2e-2:
-            raise SystemExit(f"{geo.name}: relative error {err:.3e} against the float32 reference")
-        print(f"{geo.name}: rel err {err:.2e}", file=sys.stderr)
+        # (source, tile config, ids dtype): every source on the split-K decode tiles, the inline source
+        # also on the prefill tiles and with int64 ids
+        runs = [(src, "decode", torch.int32) for src in ("native", "expanded", "inline")]
+        runs += [
+            ("inline", "decode", torch.int64),
+            ("inline", "prefill", torch.int32),
+            ("native", "prefill", torch.int32),
+        ]
+        for source, config, ids_dtype in runs:
+            p = plan(geo, 8, scale_source=source, buckets=(8,), decode_routes_per_expert=8 if config == "decode" else 0)
+            assert p.buckets[0].config.name == config
+            weights = prepare_weights(p, **layer_data.weight_kwargs())
+            scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)
+            layer = MoELayer(plan=p, weights=weights, scratch=scratch)
+            outs[(source, config, ids_dtype)] = run_layer(layer, x, ids.to(ids_dtype), w)
+            cases += 1
+        for config in ("decode", "prefill"):
+            first = outs[("native", config, torch.int32)]
+            for key, got in outs.items():
+                if key[1] == config and not torch.equal(got, first):
+                    diff = (got.float() - first.float()).abs().max()
+                    raise SystemExit(f"{geo.name}: {key} differs from native (max difference {diff})")
+            err = (first.float() - want).norm() / want.norm()
+            if not err < 2e-2:
+                raise SystemExit(f"{geo.name} {config}: relative error {err:.3e} against the float32 reference")
+            print(f"{geo.name} {config}: rel err {err:.2e}", file=sys.stderr)
     print(f"ok {cases}")
 
 

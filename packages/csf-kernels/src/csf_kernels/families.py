@@ -12,7 +12,14 @@ from csf_codec.inline import DELTA_BITS, record_bytes_choices
 from csf_codec.tile_layout import TILE_COLS
 
 from .catalog import Catalog, MoEGeometry
-from .moe_specs import MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_COMBINE, MOE_GEMM, moe_geometry_specs
+from .moe_specs import (
+    MOE_ALIGN_PLAN,
+    MOE_ALIGN_SCATTER,
+    MOE_COMBINE,
+    MOE_FC1_FINISH,
+    MOE_GEMM,
+    moe_geometry_specs,
+)
 from .programs import ProgramSpec, TritonFamily
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
@@ -35,7 +42,8 @@ EXPAND_COMPACT = TritonFamily(
     num_warps=4,
 )
 FAMILIES = {
-    f.kernel: f for f in (EXPAND_INLINE, EXPAND_COMPACT, MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_GEMM, MOE_COMBINE)
+    f.kernel: f
+    for f in (EXPAND_INLINE, EXPAND_COMPACT, MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_GEMM, MOE_COMBINE, MOE_FC1_FINISH)
 }
 # CuTe DSL: the inline-tile stage decoder (building block of the inline-scale wgmma GEMM)
 CUTE_STAGE_DECODER = "stage.inline_decoder"

@@ -15,16 +15,27 @@ from csf_codec import InlineScales, ScaleFormat
 
 from .moe_specs import (
     COMBINE_COLUMNS,
+    FINISH_COLUMNS,
     SCATTER_CHUNK,
     GemmConfig,
     align_plan_spec,
     align_scatter_spec,
     combine_spec,
+    fc1_finish_spec,
     gemm_spec,
 )
 from .runtime import Launch
 
-__all__ = ["GemmOperand", "Launch", "align_launches", "combine_launch", "gemm_launch", "placeholder"]
+__all__ = [
+    "GemmOperand",
+    "Launch",
+    "align_launches",
+    "combine_launch",
+    "fc1_finish_launch",
+    "gemm_launch",
+    "max_blocks_for",
+    "placeholder",
+]
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
 
@@ -134,8 +145,13 @@ def gemm_launch(
     meta: torch.Tensor,
     pairs: int,
     x_row_div: int,
+    splits: int = 1,
+    part: torch.Tensor | None = None,
 ) -> Launch:
-    """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks."""
+    """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks.
+
+    Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
+    :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused."""
     values = weights.values
     dev = values.device
     e, r, k2 = values.shape
@@ -179,20 +195,41 @@ def gemm_launch(
     if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (e, r)):
         raise ValueError(f"bias must be float32 [{e}, {r}]")
     spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
-    grid = (block_expert.numel(), -(-n_out // config.bn))
+    steps = -(-k // (4 * fmt.block_size))
+    per_split = -(-steps // splits)
+    if config.split_k:
+        if part is None or part.dtype != torch.float32 or part.numel() < splits * pairs * r:
+            raise ValueError(f"split-K needs float32 partials for {splits} x {pairs} x {r}")
+    elif splits != 1:
+        raise ValueError(f"config {config.name} does not split K")
+    if -(-steps // per_split) != splits:
+        raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_specs.split_count)")
+    grid = (block_expert.numel(), -(-n_out // config.bn), splits)
     base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
     args = (
         x, values, scales, base, delta, records, raw, tail, tail_raw,
         weights.global_scale if has_g else ph, bias if bias is not None else ph, out,
-        sorted_ids, block_expert, meta, pairs, x_row_div, n_out, k, cols, row_group, bpg, full_tiles, s, s_tail, tc,
+        part if part is not None else ph, sorted_ids, block_expert, meta, pairs, x_row_div, n_out, k, cols,
+        row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
     return Launch(spec, grid, args)
 
 
 def combine_launch(
-    y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *, num_experts: int
+    y: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    num_experts: int,
+    part: torch.Tensor | None = None,
+    splits: int = 1,
+    fc2: GemmOperand | None = None,
 ) -> Launch:
-    """out [T, H] bf16 = sum over slots of topk_weights * y [T * k, H] (padding slots skipped)."""
+    """out [T, H] bf16 = sum over slots of topk_weights * y [T * k, H] (padding slots skipped).
+
+    With ``part`` (float32 [splits, T * k, H], a split-K FC2's partials) the partials are summed first
+    and FC2's global scale and bias (from ``fc2``) applied here."""
     ids64 = _ids64(topk_ids)
     t, k = topk_ids.shape
     h = out.shape[-1]
@@ -201,6 +238,41 @@ def combine_launch(
                          f"{topk_weights.dtype} {tuple(topk_weights.shape)}")  # fmt: skip
     if y.shape[-1] != h or y.numel() < t * k * h or out.shape[0] != t:
         raise ValueError("combine: y, out and topk_ids do not describe the same tokens")
-    return Launch(
-        combine_spec(ids64), (t, -(-h // COMBINE_COLUMNS)), (y, topk_ids, topk_weights, out, h, k, num_experts)
-    )
+    ph = placeholder(out.device)
+    partial = part is not None
+    if partial and part.numel() < splits * t * k * h:
+        raise ValueError(f"combine: partials hold {part.numel()} values, {splits} x {t * k} x {h} needed")
+    bias = fc2.bias if partial and fc2 is not None else None
+    gscale = fc2.global_scale if partial and fc2 is not None else None
+    spec = combine_spec(ids64, partial=partial, bias=bias is not None, gscale=gscale is not None)
+    args = (
+        y, part if partial else ph, gscale if gscale is not None else ph, bias if bias is not None else ph,
+        topk_ids, topk_weights, out, h, k, num_experts, splits, t * k,
+    )  # fmt: skip
+    return Launch(spec, (t, -(-h // COMBINE_COLUMNS)), args)
+
+
+def fc1_finish_launch(
+    part: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    fc1: GemmOperand,
+    activation: str,
+    splits: int,
+    num_experts: int,
+) -> Launch:
+    """Sum a split-K FC1's float32 partials [splits, pairs, 2N], apply global scale, bias and the
+    activation, store bf16 ``out`` [pairs, N]."""
+    ids64 = _ids64(topk_ids)
+    pairs = topk_ids.numel()
+    n = out.shape[-1]
+    if part.dtype != torch.float32 or part.numel() < splits * pairs * 2 * n:
+        raise ValueError(f"fc1_finish: partials must be float32 with {splits} x {pairs} x {2 * n} values")
+    ph = placeholder(out.device)
+    spec = fc1_finish_spec(ids64, activation=activation, bias=fc1.bias is not None, gscale=fc1.global_scale is not None)
+    args = (
+        part, topk_ids, fc1.global_scale if fc1.global_scale is not None else ph,
+        fc1.bias if fc1.bias is not None else ph, out, pairs, n, splits, num_experts,
+    )  # fmt: skip
+    return Launch(spec, (pairs, -(-n // FINISH_COLUMNS)), args)

@@ -20,6 +20,7 @@ __all__ = [
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_SCATTER",
     "MOE_COMBINE",
+    "MOE_FC1_FINISH",
     "MOE_GEMM",
     "PREFILL",
     "SCALE_SOURCES",
@@ -28,8 +29,10 @@ __all__ = [
     "align_scatter_spec",
     "combine_spec",
     "experts_bins",
+    "fc1_finish_spec",
     "gemm_spec",
     "moe_geometry_specs",
+    "split_count",
 ]
 
 MOE_ALIGN_PLAN = TritonFamily(
@@ -54,12 +57,19 @@ MOE_GEMM = TritonFamily(
 MOE_COMBINE = TritonFamily(
     kernel="moe.combine", version=1, module="csf_kernels.kernels.moe_combine", function="moe_combine", num_warps=4
 )
+MOE_FC1_FINISH = TritonFamily(
+    kernel="moe.fc1_finish", version=1, module="csf_kernels.kernels.moe_finish", function="moe_fc1_finish", num_warps=4
+)
 
 # what the GEMM reads its scale bytes from (the kernel's SRC constant)
 SCALE_SOURCES = {"native": 0, "inline": 1}
 ALIGN_CHUNK = 1024
 SCATTER_CHUNK = 256
 COMBINE_COLUMNS = 1024
+FINISH_COLUMNS = 512
+# split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
+TARGET_PROGRAMS = 4 * 132
+MAX_SPLITS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,11 +81,12 @@ class GemmConfig:
     bn: int
     num_warps: int
     num_stages: int
+    split_k: bool  # K split over programs, float32 partials finished by separate kernels
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=3)
-PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3)
+DECODE = GemmConfig(name="decode", bm=16, bn=32, num_warps=4, num_stages=2, split_k=True)
+PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
 
 
@@ -109,9 +120,37 @@ def align_scatter_spec(ids64: bool) -> ProgramSpec:
     )
 
 
-def combine_spec(ids64: bool) -> ProgramSpec:
+def split_count(programs: int, k_steps: int) -> int:
+    """K splits for a split-K GEMM of ``programs`` programs per split over ``k_steps`` K steps."""
+    want = -(-TARGET_PROGRAMS // max(programs, 1))
+    splits = max(1, min(want, MAX_SPLITS, max(1, k_steps // 2)))
+    per_split = -(-k_steps // splits)
+    return -(-k_steps // per_split)  # no empty splits
+
+
+def combine_spec(ids64: bool, *, partial: bool = False, bias: bool = False, gscale: bool = False) -> ProgramSpec:
     return ProgramSpec.of(
-        MOE_COMBINE.kernel, MOE_COMBINE.version, IDS64=int(ids64), BH=COMBINE_COLUMNS, num_warps=MOE_COMBINE.num_warps
+        MOE_COMBINE.kernel,
+        MOE_COMBINE.version,
+        IDS64=int(ids64),
+        PARTIAL=int(partial),
+        HAS_BIAS=int(partial and bias),
+        HAS_GSCALE=int(partial and gscale),
+        BH=COMBINE_COLUMNS,
+        num_warps=MOE_COMBINE.num_warps,
+    )
+
+
+def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_FC1_FINISH.kernel,
+        MOE_FC1_FINISH.version,
+        IDS64=int(ids64),
+        ACT=int(activation == "swiglu_oai"),
+        HAS_BIAS=int(bias),
+        HAS_GSCALE=int(gscale),
+        BH=FINISH_COLUMNS,
+        num_warps=MOE_FC1_FINISH.num_warps,
     )
 
 
@@ -129,10 +168,11 @@ def gemm_spec(
         FMT=0 if fmt.name == "mxfp4" else 1,
         SRC=SCALE_SOURCES[source],
         FC1=int(fc1),
-        ACT=int(activation == "swiglu_oai") if fc1 else 0,
-        HAS_BIAS=int(bias),
-        HAS_GSCALE=int(fmt.name == "nvfp4"),
+        ACT=int(activation == "swiglu_oai") if fc1 and not config.split_k else 0,
+        HAS_BIAS=int(bias and not config.split_k),
+        HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
         DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+        SPLIT=int(config.split_k),
         BM=config.bm,
         BN=config.bn,
         num_warps=config.num_warps,
@@ -152,6 +192,12 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                 )
         for ids64 in (False, True):
             specs.append(align_plan_spec(geo.experts, config.bm, ids64))
+    gscale = geo.fmt.name == "nvfp4"
     for ids64 in (False, True):
-        specs += [align_scatter_spec(ids64), combine_spec(ids64)]
+        specs += [
+            align_scatter_spec(ids64),
+            combine_spec(ids64),
+            combine_spec(ids64, partial=True, bias=geo.bias, gscale=gscale),
+            fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale),
+        ]
     return specs

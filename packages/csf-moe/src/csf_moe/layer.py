@@ -17,7 +17,7 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
-from csf_kernels.moe import GemmOperand, align_launches, combine_launch, gemm_launch
+from csf_kernels.moe import GemmOperand, align_launches, combine_launch, fc1_finish_launch, gemm_launch
 from csf_kernels.runtime import Launch
 
 from .plan import MoEPlan
@@ -51,6 +51,7 @@ class MoELayer:
         self.sorted_ids = _view(s, lay.sorted_ids, torch.int32)
         self.intermediate = _view(s, lay.intermediate, torch.bfloat16)
         self.fc2_out = _view(s, lay.fc2_out, torch.bfloat16)
+        self.partials = _view(s, lay.partials, torch.float32)
         geo = self.plan.geometry
         self.w13_plane = self.w2_plane = None
         if lay.w13_scales[1]:
@@ -140,9 +141,21 @@ class MoELayer:
             meta=self.meta,
             pairs=pairs,
         )
-        launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))
-        launches.append(gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, **common))
-        launches.append(combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts))
+        if not bucket.config.split_k:
+            launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))
+            launches.append(gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, **common))
+            launches.append(combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts))
+            return launches
+        s1, s2 = bucket.splits_fc1, bucket.splits_fc2
+        part = self.partials
+        launches += [
+            gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
+                        **common),
+            fc1_finish_launch(part, topk_ids, inter, fc1=w13, activation=geo.activation, splits=s1,
+                              num_experts=geo.experts),
+            gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),
+            combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part, splits=s2, fc2=w2),
+        ]  # fmt: skip
         return launches
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_kernels.moe import max_blocks_for
 from csf_kernels.moe_specs import (
-    CONFIGS,
     DECODE,
     PREFILL,
     GemmConfig,
@@ -22,7 +21,9 @@ from csf_kernels.moe_specs import (
     align_scatter_spec,
     combine_spec,
     experts_bins,
+    fc1_finish_spec,
     gemm_spec,
+    split_count,
 )
 from csf_kernels.programs import ProgramSpec
 
@@ -43,6 +44,8 @@ class BucketPlan:
     expand: bool  # expand CSF scales into scratch planes before the GEMMs
     gemm_source: str  # what the GEMM reads: "native" (a plane) or "inline" (tile records)
     max_blocks: int
+    splits_fc1: int = 1  # K splits of split-K configs (float32 partials in scratch)
+    splits_fc2: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +59,7 @@ class ScratchLayout:
     sorted_ids: tuple[int, int]
     intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N]
     fc2_out: tuple[int, int]  # [pairs, H]
+    partials: tuple[int, int]  # (offset, float32 count): split-K partials, FC1's then FC2's
     w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
     w2_scales: tuple[int, int]
     nbytes: int
@@ -99,11 +103,16 @@ class MoEPlan:
             for ids64 in (False, True):
                 for s in (align_plan_spec(g.experts, b.config.bm, ids64), align_scatter_spec(ids64)):
                     out[s.key] = s
-                out[combine_spec(ids64).key] = combine_spec(ids64)
+                gscale = g.fmt.name == "nvfp4"
+                for s in (
+                    combine_spec(ids64, partial=b.config.split_k, bias=g.bias, gscale=gscale),
+                    fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale),
+                ):
+                    out[s.key] = s
         return tuple(out.values())
 
 
-def _layout(geo: MoEGeometry, max_pairs: int, expand: bool) -> ScratchLayout:
+def _layout(geo: MoEGeometry, max_pairs: int, expand: bool, partials: int, configs) -> ScratchLayout:
     offset = 0
 
     def region(count: int, itemsize: int) -> tuple[int, int]:
@@ -112,8 +121,8 @@ def _layout(geo: MoEGeometry, max_pairs: int, expand: bool) -> ScratchLayout:
         offset += -(-count * itemsize // _ALIGN) * _ALIGN
         return (start, count)
 
-    max_blocks = max(max_blocks_for(max_pairs, geo.experts, c.bm) for c in CONFIGS)
-    max_routes = max(max_blocks_for(max_pairs, geo.experts, c.bm) * c.bm for c in CONFIGS)
+    max_blocks = max(max_blocks_for(max_pairs, geo.experts, c.bm) for c in configs)
+    max_routes = max(max_blocks_for(max_pairs, geo.experts, c.bm) * c.bm for c in configs)
     cursor = region(experts_bins(geo.experts), 4)
     meta = region(4, 4)
     block_expert = region(max_blocks, 4)
@@ -121,6 +130,7 @@ def _layout(geo: MoEGeometry, max_pairs: int, expand: bool) -> ScratchLayout:
     sorted_ids = region(max_routes, 4)
     inter = region(max_pairs * geo.intermediate, 2)
     fc2 = region(max_pairs * geo.hidden, 2)
+    part = region(partials, 4)
     w13 = region(_numel(geo.w13_scale_shape), 1) if expand else (0, 0)
     w2 = region(_numel(geo.w2_scale_shape), 1) if expand else (0, 0)
     return ScratchLayout(
@@ -131,6 +141,7 @@ def _layout(geo: MoEGeometry, max_pairs: int, expand: bool) -> ScratchLayout:
         sorted_ids=sorted_ids,
         intermediate=inter,
         fc2_out=fc2,
+        partials=part,
         w13_scales=w13,
         w2_scales=w2,
         nbytes=offset,
@@ -154,6 +165,8 @@ def plan(
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
     decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
     buckets: tuple[int, ...] | None = None,
+    decode_config: GemmConfig = DECODE,
+    prefill_config: GemmConfig = PREFILL,
 ) -> MoEPlan:
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
@@ -170,19 +183,31 @@ def plan(
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
     plans = []
     for t in sizes:
-        config = DECODE if t * top_k <= decode_routes_per_expert * geometry.experts else PREFILL
+        config = decode_config if t * top_k <= decode_routes_per_expert * geometry.experts else prefill_config
         expand = scale_source == "expanded" or (scale_source == "inline" and t > inline_token_limit)
         source = "inline" if scale_source == "inline" and not expand else "native"
+        blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
+        s1 = s2 = 1
+        if config.split_k:
+            steps = {k: -(-k // (4 * geometry.fmt.block_size)) for k in (geometry.hidden, geometry.intermediate)}
+            s1 = split_count(blocks * -(-geometry.intermediate // config.bn), steps[geometry.hidden])
+            s2 = split_count(blocks * -(-geometry.hidden // config.bn), steps[geometry.intermediate])
         plans.append(
             BucketPlan(
                 tokens=t,
                 config=config,
                 expand=expand,
                 gemm_source=source,
-                max_blocks=max_blocks_for(t * top_k, geometry.experts, config.bm),
+                max_blocks=blocks,
+                splits_fc1=s1,
+                splits_fc2=s2,
             )
         )
     expands = any(b.expand for b in plans)
+    partials = max(
+        [b.tokens * top_k * max(b.splits_fc1 * 2 * geometry.intermediate, b.splits_fc2 * geometry.hidden)
+         for b in plans if b.config.split_k] + [0]
+    )  # fmt: skip
     return MoEPlan(
         geometry=geometry,
         top_k=top_k,
@@ -190,5 +215,5 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         buckets=tuple(plans),
-        scratch=_layout(geometry, max_tokens * top_k, expands),
+        scratch=_layout(geometry, max_tokens * top_k, expands, partials, (decode_config, prefill_config)),
     )

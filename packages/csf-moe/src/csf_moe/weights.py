@@ -61,7 +61,9 @@ class _PrivatePool:
 
     def release(self) -> None:
         if self.pool is not None:
+            self._ctx = None  # the context holds the pool too
             self.pool = None
+            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
 

@@ -1,8 +1,10 @@
 """Triton: the top-k weighted sum of a fused MoE layer, ``out[t] = sum_j w[t, j] * y[t * k + j]``.
 
-In float32, slots in order (deterministic: no atomics), rounded once to bf16. A slot whose expert id
-lies outside [0, E) (vLLM's graph padding) contributes exactly nothing: its ``y`` row was never written
-and is never read.
+In float32, slots in order (deterministic: no atomics), rounded once to bf16. ``y`` is the FC2 output:
+bf16 ``[pairs, H]`` with global scale and bias applied, or (``PARTIAL``) the float32 partials of a
+split-K FC2 ``[splits, pairs, H]``, summed here in split order before the global scale and bias. A slot
+whose expert id lies outside [0, E) (vLLM's graph padding) contributes exactly nothing: its ``y`` row
+was never written and is never read.
 """
 
 from __future__ import annotations
@@ -12,19 +14,45 @@ import triton.language as tl
 
 SIGNATURE = {
     "y": "*bf16",
+    "part": "*fp32",
+    "gscale": "*fp32",
+    "bias": "*fp32",
     "topk_ids": "*i32",
     "topk_weights": "*fp32",
     "out": "*bf16",
     "hidden": "i32",
     "top_k": "i32",
     "num_experts": "i32",
+    "splits": "i32",
+    "pairs": "i32",
     "IDS64": "constexpr",
+    "PARTIAL": "constexpr",
+    "HAS_BIAS": "constexpr",
+    "HAS_GSCALE": "constexpr",
     "BH": "constexpr",
 }
 
 
 @triton.jit
-def moe_combine(y, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr, BH: tl.constexpr):
+def moe_combine(
+    y,
+    part,
+    gscale,
+    bias,
+    topk_ids,
+    topk_weights,
+    out,
+    hidden,
+    top_k,
+    num_experts,
+    splits,
+    pairs,
+    IDS64: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_GSCALE: tl.constexpr,
+    BH: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     hm = h < hidden
@@ -37,6 +65,16 @@ def moe_combine(y, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS6
             e = tl.load(topk_ids + route)
         live = (e >= 0) & (e < num_experts)
         wt = tl.load(topk_weights + route)
-        v = tl.load(y + route * hidden + h, mask=hm & live, other=0.0).to(tl.float32)
+        if PARTIAL:
+            es = tl.where(live, e, 0).to(tl.int64)
+            v = tl.zeros([BH], dtype=tl.float32)
+            for s in range(0, splits):
+                v += tl.load(part + (s * pairs + route) * hidden + h, mask=hm & live, other=0.0)
+            if HAS_GSCALE:
+                v = v * tl.load(gscale + es)
+            if HAS_BIAS:
+                v += tl.load(bias + es * hidden + h, mask=hm & live, other=0.0)
+        else:
+            v = tl.load(y + route * hidden + h, mask=hm & live, other=0.0).to(tl.float32)
         acc += tl.where(live, wt * v, 0.0)
     tl.store(out + t * hidden + h, acc.to(tl.bfloat16), mask=hm)

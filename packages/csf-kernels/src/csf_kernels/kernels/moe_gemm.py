@@ -36,6 +36,7 @@ SIGNATURE = {
     "gscale": "*fp32",
     "bias": "*fp32",
     "out": "*bf16",
+    "part": "*fp32",
     "sorted_ids": "*i32",
     "block_expert": "*i32",
     "meta": "*i32",
@@ -50,6 +51,7 @@ SIGNATURE = {
     "S": "i32",  # inline: record bytes of full tiles
     "S_TAIL": "i32",  # inline: record bytes of the tail tile (0: none)
     "TC": "i32",  # inline: columns of the tail tile
+    "steps_per_split": "i32",
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "FC1": "constexpr",
@@ -57,6 +59,7 @@ SIGNATURE = {
     "HAS_BIAS": "constexpr",
     "HAS_GSCALE": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
+    "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
 }
@@ -172,6 +175,15 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
 
 
 @triton.jit
+def _e2m1_scaled_bf16_bits(code, s):
+    """MXFP4 element bits as bf16 (int32): the E2M1 value with the E8M0 exponent added to its exponent
+    field. Exact wherever the scale keeps the result normal (2 <= s <= 252; the caller checks)."""
+    m = code & 7
+    bits = tl.where(m >= 2, (((m >> 1) + 126) << 7) | ((m & 1) << 6), 126 << 7) + ((s - 127) << 7)
+    return tl.where(m == 0, 0, bits) | ((code & 8) << 12)
+
+
+@triton.jit
 def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr):
     """bf16 [BN, BK] weights of rows ``rows`` for K step ``t``, scaled by bytes ``s`` [BN, 4]."""
     G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
@@ -180,10 +192,24 @@ def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr):
     kb = t * (4 * G) + c * G + g  # byte column
     m = valid[:, None, None] & (kb < K // 2)
     b = tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0).to(tl.int32)
-    sf = _scale_f32(s, FMT)[:, :, None]
-    lo = _e2m1_f32(b & 15) * sf
-    hi = _e2m1_f32(b >> 4) * sf
-    return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
+    if FMT == 0:
+        normal = (s >= 2) & (s <= 252)
+        if tl.min(normal.to(tl.int32)) == 1:  # every block of the tile: integer exponent arithmetic
+            s3 = s[:, :, None]
+            lo = _e2m1_scaled_bf16_bits(b & 15, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            hi = _e2m1_scaled_bf16_bits(b >> 4, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
+        else:  # extreme or NaN scales somewhere in the tile: float32 products (the same exact values)
+            sf = _scale_f32(s, FMT)[:, :, None]
+            lo = _e2m1_f32(b & 15) * sf
+            hi = _e2m1_f32(b >> 4) * sf
+            out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
+    else:
+        sf = _scale_f32(s, FMT)[:, :, None]
+        lo = _e2m1_f32(b & 15) * sf
+        hi = _e2m1_f32(b >> 4) * sf
+        out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
+    return out
 
 
 @triton.jit
@@ -229,6 +255,7 @@ def moe_gemm(
     gscale,
     bias,
     out,
+    part,
     sorted_ids,
     block_expert,
     meta,
@@ -243,6 +270,7 @@ def moe_gemm(
     S,
     S_TAIL,
     TC,
+    steps_per_split,
     FMT: tl.constexpr,
     SRC: tl.constexpr,
     FC1: tl.constexpr,
@@ -250,6 +278,7 @@ def moe_gemm(
     HAS_BIAS: tl.constexpr,
     HAS_GSCALE: tl.constexpr,
     DB: tl.constexpr,
+    SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
 ):
@@ -283,7 +312,11 @@ def moe_gemm(
     acc_b = tl.zeros([BN, BM], dtype=tl.float32)
     kk = tl.arange(0, BK)
     steps = (K + BK - 1) // BK
-    for t in range(0, steps):
+    t0 = 0
+    if SPLIT:
+        t0 = tl.program_id(2) * steps_per_split
+        steps = tl.minimum(steps, t0 + steps_per_split)
+    for t in range(t0, steps):
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
         s_a = _tile_scales(
@@ -329,6 +362,13 @@ def moe_gemm(
                 NEUTRAL,
             )
             acc_b = tl.dot(_weights(w_e, rows_b, valid, t, K, s_b, FMT, BN), xt, acc_b)
+    if SPLIT:  # float32 partials, reduced in a fixed order by the finishing kernel (deterministic)
+        p_row = (tl.program_id(2) * pairs + tl.where(live_m, route, 0)).to(tl.int64) * R
+        pm = valid[:, None] & live_m[None, :]
+        tl.store(part + p_row[None, :] + rows_a[:, None], acc_a, mask=pm)
+        if FC1:
+            tl.store(part + p_row[None, :] + rows_b[:, None], acc_b, mask=pm)
+        return
     if HAS_GSCALE:
         g = tl.load(gscale + e)
         acc_a = acc_a * g

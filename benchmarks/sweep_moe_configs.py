@@ -1,0 +1,81 @@
+"""Tile-config sweep of the fused MoE GEMM on the GPU (development: unfrozen, JIT-compiles variants).
+
+    python3 benchmarks/sweep_moe_configs.py --out FILE
+
+Times each candidate decode / prefill config on the DeepSeek-V4.1-Flash TP4 MXFP4 layer (native and
+inline scales; CUDA-graph replays, L2 flushed), so the catalog's configs are chosen by measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture, replay_times
+
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_kernels.moe_specs import DECODE, PREFILL, GemmConfig
+from csf_moe import bind, plan, prepare_weights
+from csf_moe.synthetic import synthetic_layer
+
+
+def _configs(kind: str):
+    if kind == "decode":
+        for bn in (16, 32, 64):
+            for warps in (2, 4):
+                for stages in (1, 3):
+                    yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True)
+        yield GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=3, split_k=False)
+    else:
+        for bm, bn, warps in ((64, 128, 8), (64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4)):
+            yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="deepseek-v4.1-flash")
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--fmt", default="mxfp4")
+    ap.add_argument("--reps", type=int, default=12)
+    a = ap.parse_args()
+    runtime.unfreeze()
+    geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
+    data = synthetic_layer(geo, seed=7, device="cuda")
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = []
+    for kind, tokens in (("decode", (1, 8, 32, 128)), ("prefill", (512, 2048))):
+        for cfg in _configs(kind):
+            for source in ("native", "inline"):
+                kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
+                p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
+                         decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
+                layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
+                             torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
+                for t in tokens:
+                    x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+                    w, ids = torch.topk(torch.rand(t, geo.experts, generator=gen, device="cuda"), geo.top_k)
+                    ids, w = ids.to(torch.int32), torch.softmax(w, -1)
+                    out = torch.empty_like(x)
+                    g = capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out))
+                    med = statistics.median(replay_times(g, a.reps, flush))
+                    rows.append({"kind": kind, "config": cfg.__dict__, "source": source, "tokens": t, "median_s": med})
+                    print(f"{kind} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} split{int(cfg.split_k)} "
+                          f"{source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
+                del layer
+    doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,
+           "defaults": {"decode": DECODE.__dict__, "prefill": PREFILL.__dict__}}  # fmt: skip
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
