@@ -196,14 +196,14 @@ def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr):
         normal = (s >= 2) & (s <= 252)
         if tl.min(normal.to(tl.int32)) == 1:  # every block of the tile: integer exponent arithmetic
             s3 = s[:, :, None]
-            lo = _e2m1_scaled_bf16_bits(b & 15, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            hi = _e2m1_scaled_bf16_bits(b >> 4, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
+            lo_b = _e2m1_scaled_bf16_bits(b & 15, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            hi_b = _e2m1_scaled_bf16_bits(b >> 4, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            out = tl.reshape(tl.join(lo_b, hi_b), [BN, 4 * 2 * G])
         else:  # extreme or NaN scales somewhere in the tile: float32 products (the same exact values)
             sf = _scale_f32(s, FMT)[:, :, None]
-            lo = _e2m1_f32(b & 15) * sf
-            hi = _e2m1_f32(b >> 4) * sf
-            out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
+            lo_f = _e2m1_f32(b & 15) * sf
+            hi_f = _e2m1_f32(b >> 4) * sf
+            out = tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
     else:
         sf = _scale_f32(s, FMT)[:, :, None]
         lo = _e2m1_f32(b & 15) * sf
