@@ -29,13 +29,10 @@ from csf_moe.synthetic import synthetic_layer
 
 def _configs(kind: str):
     if kind == "decode":
-        for bn in (16, 32, 64):
-            for warps in (2, 4):
-                for stages in (1, 3):
-                    yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True)
-        yield GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=3, split_k=False)
+        for bn, warps, stages in ((32, 4, 1), (64, 4, 1), (64, 4, 3), (128, 4, 1), (64, 8, 1)):
+            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True)
     else:
-        for bm, bn, warps in ((64, 128, 8), (64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4)):
+        for bm, bn, warps in ((64, 128, 8), (64, 64, 4), (128, 128, 8), (128, 64, 4)):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False)
 
 

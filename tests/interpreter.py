@@ -45,9 +45,14 @@ _create_dot_orig = _interpreter.InterpreterBuilder.create_dot
 _interpreter.InterpreterBuilder.create_dot = _create_dot
 
 
+# constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins
+INTERPRETER_CONSTANTS = {"ASM": 0}
+
+
 def run_launch(launch) -> None:
     """Execute one ``csf_kernels.runtime.Launch`` on CPU tensors."""
     fn, signature, _ = FAMILIES[launch.spec.kernel].source()
     facts = launch.spec.fact
     constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
+    constexprs.update({k: v for k, v in INTERPRETER_CONSTANTS.items() if k in constexprs})
     fn[tuple(launch.grid)](*launch.args, **constexprs)

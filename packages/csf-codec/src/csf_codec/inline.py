@@ -106,12 +106,13 @@ class InlineScales:
     def geometry(self) -> InlineGeometry:
         return InlineGeometry.for_shape(self.shape, self.row_group)
 
-    def _parts(self) -> tuple[torch.Tensor, ...]:
+    def arrays(self) -> tuple[torch.Tensor, ...]:
+        """base_ref, base_delta, records, raw, tail, tail_raw (the order of the serialized payload)."""
         return (self.base_ref, self.base_delta, self.records, self.raw, self.tail, self.tail_raw)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(t.numel()) for t in self._parts())
+        return sum(int(t.numel()) for t in self.arrays())
 
     @property
     def raw_tiles(self) -> int:
@@ -138,7 +139,7 @@ class InlineScales:
 
     def to_payload(self) -> torch.Tensor:
         """Serialize (header with checksums, then the six arrays) into one uint8 tensor."""
-        parts = self._parts()
+        parts = self.arrays()
         sizes = (
             parts[0].numel() + parts[1].numel(),
             parts[2].numel(),

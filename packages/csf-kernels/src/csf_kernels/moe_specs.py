@@ -172,6 +172,7 @@ def gemm_spec(
         HAS_BIAS=int(bias and not config.split_k),
         HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
         DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+        ASM=1,
         SPLIT=int(config.split_k),
         BM=config.bm,
         BN=config.bn,

@@ -12,7 +12,7 @@ gate, ...), which ``w13_layout='interleaved'`` converts. Biases are kept in floa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,8 @@ from csf_kernels.moe import GemmOperand
 from .plan import MoEPlan
 
 __all__ = ["MoEWeights", "prepare_weights"]
+
+_ALIGN = 256  # every part starts 256-byte aligned (the kernels read records as aligned words)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +157,7 @@ def prepare_weights(
             )
         del s13, s2
     # copy the results out of the pool, drop every pool tensor, then release the pool
-    planes = tuple(_own_inline(p) if isinstance(p, InlineScales) else _own(p) for p in planes)
+    planes = _own_all(planes)
     pool.release()
     native = plan.scale_source == "native"
     return MoEWeights(
@@ -176,23 +178,29 @@ def prepare_weights(
     )
 
 
-def _own(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.clone().contiguous()
-
-
-def _own_inline(il: InlineScales | None) -> InlineScales | None:
-    if il is None:
-        return None
-    return InlineScales(
-        fmt=il.fmt,
-        shape=il.shape,
-        row_group=il.row_group,
-        base_ref=_own(il.base_ref),
-        base_delta=_own(il.base_delta),
-        record_bytes=il.record_bytes,
-        records=_own(il.records),
-        raw=_own(il.raw),
-        tail_record_bytes=il.tail_record_bytes,
-        tail=_own(il.tail),
-        tail_raw=_own(il.tail_raw),
-    )
+def _own_all(planes: tuple) -> tuple:
+    """Copy every tensor of ``planes`` (native planes or InlineScales) into one new allocation, so the
+    results occupy exactly their size (no partly used allocator segments) outside the private pool."""
+    parts = []
+    for p in planes:
+        parts += list(p.arrays()) if isinstance(p, InlineScales) else [p]
+    sizes = [-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in parts]
+    buf = torch.empty(max(sum(sizes), 1), dtype=torch.uint8, device=parts[0].device)
+    views, offset = [], 0
+    for t, size in zip(parts, sizes, strict=True):
+        v = buf[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        v.copy_(t)
+        views.append(v)
+        offset += size
+    out, i = [], 0
+    for p in planes:
+        if isinstance(p, InlineScales):
+            n = len(p.arrays())
+            base_ref, base_delta, records, raw, tail, tail_raw = views[i : i + n]
+            out.append(replace(p, base_ref=base_ref, base_delta=base_delta, records=records, raw=raw, tail=tail,
+                               tail_raw=tail_raw))  # fmt: skip
+            i += n
+        else:
+            out.append(views[i])
+            i += 1
+    return tuple(out)

@@ -59,6 +59,7 @@ SIGNATURE = {
     "HAS_BIAS": "constexpr",
     "HAS_GSCALE": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
+    "ASM": "constexpr",  # PTX weight conversion (0 only for Triton's CPU interpreter)
     "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
@@ -174,42 +175,63 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
     return s.to(tl.int32)
 
 
-@triton.jit
-def _e2m1_scaled_bf16_bits(code, s):
-    """MXFP4 element bits as bf16 (int32): the E2M1 value with the E8M0 exponent added to its exponent
-    field. Exact wherever the scale keeps the result normal (2 <= s <= 252; the caller checks)."""
-    m = code & 7
-    bits = tl.where(m >= 2, (((m >> 1) + 126) << 7) | ((m & 1) << 6), 126 << 7) + ((s - 127) << 7)
-    return tl.where(m == 0, 0, bits) | ((code & 8) << 12)
+# E2M1 -> bf16 in registers, four packed bytes (eight weights) per call: each nibble's exponent and
+# mantissa bits move into place as a bf16 subnormal/normal (s e1 e0 m -> bit 15, bits 8..6), a bf16x2
+# multiply by 2**126 makes them the E2M1 value, a second one applies the block scale (exact: both
+# factors are exact in bf16 and the products have at most 5 significant bits). ~3 instructions per weight.
+_E2M1_X2 = """{
+.reg .b32 b01, b23, m, s;
+prmt.b32 b01, $2, 0, 0x4140;
+prmt.b32 b23, $2, 0, 0x4342;
+mov.b32 m, 0x7E807E80;
+shl.b32 s, b01, SHIFT_LO; and.b32 s, s, 0x01C001C0;
+shl.b32 b01, b01, SHIFT_HI; and.b32 b01, b01, 0x80008000;
+or.b32 s, s, b01;
+mul.rn.bf16x2 s, s, m;
+mul.rn.bf16x2 $0, s, $3;
+shl.b32 s, b23, SHIFT_LO; and.b32 s, s, 0x01C001C0;
+shl.b32 b23, b23, SHIFT_HI; and.b32 b23, b23, 0x80008000;
+or.b32 s, s, b23;
+mul.rn.bf16x2 s, s, m;
+mul.rn.bf16x2 $1, s, $4;
+}"""
+E2M1_LO_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "6").replace("SHIFT_HI", "12"))
+E2M1_HI_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "2").replace("SHIFT_HI", "8"))
 
 
 @triton.jit
-def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr):
-    """bf16 [BN, BK] weights of rows ``rows`` for K step ``t``, scaled by bytes ``s`` [BN, 4]."""
+def _scale_bf16(s, FMT: tl.constexpr):
+    """Scale bytes (int32) -> bf16, exactly (E8M0 2**(s - 127), 0xFF NaN; or E4M3)."""
+    if FMT == 0:
+        bits = tl.where(s == 0, 0x0040, tl.where(s == 255, 0x7FC0, s << 7))
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return _scale_f32(s, FMT).to(tl.bfloat16)
+
+
+@triton.jit
+def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
+    """bf16 [BN, BK] weights of rows ``rows`` for K step ``t``, scaled by bytes ``s`` [BN, 4].
+
+    ``ASM``: the packed PTX conversion; otherwise float32 arithmetic (the same exact values; Triton's
+    CPU interpreter cannot run PTX)."""
     G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
     c = tl.arange(0, 4)[None, :, None]
     g = tl.arange(0, G)[None, None, :]
     kb = t * (4 * G) + c * G + g  # byte column
     m = valid[:, None, None] & (kb < K // 2)
-    b = tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0).to(tl.int32)
-    if FMT == 0:
-        normal = (s >= 2) & (s <= 252)
-        if tl.min(normal.to(tl.int32)) == 1:  # every block of the tile: integer exponent arithmetic
-            s3 = s[:, :, None]
-            lo_b = _e2m1_scaled_bf16_bits(b & 15, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            hi_b = _e2m1_scaled_bf16_bits(b >> 4, s3).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            out = tl.reshape(tl.join(lo_b, hi_b), [BN, 4 * 2 * G])
-        else:  # extreme or NaN scales somewhere in the tile: float32 products (the same exact values)
-            sf = _scale_f32(s, FMT)[:, :, None]
-            lo_f = _e2m1_f32(b & 15) * sf
-            hi_f = _e2m1_f32(b >> 4) * sf
-            out = tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
+    b = tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0)
+    if ASM:
+        sb = tl.broadcast_to(_scale_bf16(s, FMT)[:, :, None], [BN, 4, G])
+        lo = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
+        hi = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
+        return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
     else:
+        b = b.to(tl.int32)
         sf = _scale_f32(s, FMT)[:, :, None]
-        lo = _e2m1_f32(b & 15) * sf
-        hi = _e2m1_f32(b >> 4) * sf
-        out = tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G]).to(tl.bfloat16)
-    return out
+        lo_f = _e2m1_f32(b & 15) * sf
+        hi_f = _e2m1_f32(b >> 4) * sf
+        return tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
 
 
 @triton.jit
@@ -278,6 +300,7 @@ def moe_gemm(
     HAS_BIAS: tl.constexpr,
     HAS_GSCALE: tl.constexpr,
     DB: tl.constexpr,
+    ASM: tl.constexpr,
     SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -339,7 +362,7 @@ def moe_gemm(
             TC,
             NEUTRAL,
         )
-        acc_a = tl.dot(_weights(w_e, rows_a, valid, t, K, s_a, FMT, BN), xt, acc_a)
+        acc_a = tl.dot(_weights(w_e, rows_a, valid, t, K, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
             s_b = _tile_scales(
                 SRC,
@@ -361,7 +384,7 @@ def moe_gemm(
                 TC,
                 NEUTRAL,
             )
-            acc_b = tl.dot(_weights(w_e, rows_b, valid, t, K, s_b, FMT, BN), xt, acc_b)
+            acc_b = tl.dot(_weights(w_e, rows_b, valid, t, K, s_b, FMT, BN, ASM), xt, acc_b)
     if SPLIT:  # float32 partials, reduced in a fixed order by the finishing kernel (deterministic)
         p_row = (tl.program_id(2) * pairs + tl.where(live_m, route, 0)).to(tl.int64) * R
         pm = valid[:, None] & live_m[None, :]
