@@ -130,6 +130,16 @@ def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def _programs_stay_in_blocks(n_out: int, offset: int, row_group: int, bn: int) -> bool:
+    """Whether every program's rows [offset + n0, offset + n0 + bn) that exist lie in one inline row block
+    (the GEMM decodes one record per program and column tile)."""
+    for n0 in range(0, n_out, bn):
+        first, last = offset + n0, offset + min(n0 + bn, n_out) - 1
+        if (first // row_group, first % row_group // 128) != (last // row_group, last % row_group // 128):
+            return False
+    return True
+
+
 def gemm_launch(
     *,
     fmt: ScaleFormat,
@@ -174,6 +184,12 @@ def gemm_launch(
         if il is None or tuple(il.shape) != (e, r, cols) or il.fmt.name != fmt.name:
             raise ValueError(f"inline scales must describe a {fmt.name} [{e}, {r}, {cols}] plane")
         geo = il.geometry
+        for offset in (0, n_out) if fc1 else (0,):
+            if not _programs_stay_in_blocks(n_out, offset, geo.row_group, config.bn):
+                raise ValueError(
+                    f"inline scales with row group {geo.row_group}: {config.bn}-row programs at rows {offset}.. "
+                    f"would straddle 128-row blocks (tile W13 as gate/up groups: row_group={n_out})"
+                )
         inline_args = (
             _aligned(il.base_ref, dev),
             _aligned(il.base_delta, dev),

@@ -82,10 +82,11 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
+    prefetch: bool = False  # load the next K step's weights before converting this one's
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound
-DECODE = GemmConfig(name="decode", bm=16, bn=32, num_warps=4, num_stages=2, split_k=True)
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, prefetch=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
 
@@ -173,6 +174,7 @@ def gemm_spec(
         HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
         DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
         ASM=1,
+        PREFETCH=int(config.prefetch),
         SPLIT=int(config.split_k),
         BM=config.bm,
         BN=config.bn,

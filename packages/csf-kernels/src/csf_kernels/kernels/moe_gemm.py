@@ -60,6 +60,7 @@ SIGNATURE = {
     "HAS_GSCALE": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
     "ASM": "constexpr",  # PTX weight conversion (0 only for Triton's CPU interpreter)
+    "PREFETCH": "constexpr",  # load step t + 1's weight bytes before converting step t's
     "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
@@ -110,31 +111,24 @@ def _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_de
 
 
 @triton.jit
+def _block_of(e, row, R, row_group, blocks_per_group):
+    """The inline row block holding weight row ``row`` of expert ``e``."""
+    return (e * (R // row_group) + row // row_group) * blocks_per_group + (row % row_group) // 128
+
+
+@triton.jit
 def _inline_scales(
-    records,
-    raw,
-    tail,
-    tail_raw,
-    rb,
-    slot,
-    base,
-    valid,
-    t,
-    full_tiles,
-    C,
-    S,
-    S_TAIL,
-    TC,
-    NEUTRAL: tl.constexpr,
+    records, raw, tail, tail_raw, rb, slot, base, valid, t, full_tiles, C, S, S_TAIL, TC, NEUTRAL: tl.constexpr
 ):
-    """Scale bytes [BN, 4] of column tile ``t`` for rows (rb, slot, base), decoded from their records."""
+    """Scale bytes [BN, 4] of column tile ``t`` for rows (slot, base) of row block ``rb`` (one block per
+    program: the host checks), decoded from the tile's record."""
     c = tl.arange(0, 4)[None, :]
     is_tail = t >= full_tiles
     tcx = tl.where(is_tail, TC, 4)
     sbytes = tl.where(is_tail, S_TAIL, S)
     rec = tl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S)
     rec32 = rec.to(tl.pointer_type(tl.int32))
-    h = tl.load(rec32 + (sbytes // 4 - 1), mask=valid, other=3)  # invalid rows: "raw" tile index 0
+    h = tl.load(rec32 + (sbytes // 4 - 1))  # one header per tile: uniform over the program
     mode = h & 3
     is_raw = mode == 3
     w = tl.where(is_raw, 1, 1 << mode)
@@ -145,25 +139,22 @@ def _inline_scales(
     lo = tl.load(rec32 + wi, mask=valid & ~is_raw, other=0).to(tl.uint32).to(tl.int64)
     hi = tl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
     x = ((hi.to(tl.uint32).to(tl.int64) << 32) | lo) >> (bit & 31).to(tl.int64)
-    field = ((x[:, None] >> (c * w[:, None]).to(tl.int64)) & ((1 << w[:, None]) - 1)).to(tl.int32)
-    val = base[:, None] + origin[:, None] + field
+    field = ((x[:, None] >> (c * w).to(tl.int64)) & ((1 << w) - 1)).to(tl.int32)
+    val = base[:, None] + origin + field
     live = valid[:, None] & (c < tcx) & (t * 4 + c < C)
-    raw_base = tl.where(is_tail, tail_raw, raw)
-    rv = tl.load(
-        raw_base + (h >> 2)[:, None] * (128 * tcx) + slot[:, None] * tcx + c, mask=live & is_raw[:, None], other=0
-    )
-    val = tl.where(is_raw[:, None], rv.to(tl.int32), val)
-    # exceptions: ascending (position, value) pairs after the selectors
-    count = tl.where(is_raw | ~valid, 0, (h >> 2) & 63)
-    sb = 16 * tcx * w
-    cap = tl.minimum((sbytes - 4 - sb) // 3, 63)
-    pos_here = slot[:, None] * tcx + c
-    for i in range(0, tl.max(count, 0)):
-        em = i < count
-        p = tl.load(rec + sb + 2 * i, mask=em, other=0).to(tl.int32)
-        p |= tl.load(rec + sb + 2 * i + 1, mask=em, other=0).to(tl.int32) << 8
-        v = tl.load(rec + sb + 2 * cap + i, mask=em, other=0).to(tl.int32)
-        val = tl.where(em[:, None] & (pos_here == p[:, None]), v[:, None], val)
+    if is_raw:
+        raw_base = tl.where(is_tail, tail_raw, raw)
+        rv = tl.load(raw_base + (h >> 2) * (128 * tcx) + slot[:, None] * tcx + c, mask=live, other=0)
+        val = rv.to(tl.int32)
+    else:  # exceptions: ascending (position, value) pairs after the selectors
+        count = (h >> 2) & 63
+        sb = 16 * tcx * w
+        cap = tl.minimum((sbytes - 4 - sb) // 3, 63)
+        pos_here = slot[:, None] * tcx + c
+        for i in range(0, count):
+            p = tl.load(rec + sb + 2 * i).to(tl.int32) | (tl.load(rec + sb + 2 * i + 1).to(tl.int32) << 8)
+            v = tl.load(rec + sb + 2 * cap + i).to(tl.int32)
+            val = tl.where(pos_here == p, v, val)
     return tl.where(live, val, NEUTRAL)
 
 
@@ -210,27 +201,33 @@ def _scale_bf16(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _weights(w_e, rows, valid, t, K, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
-    """bf16 [BN, BK] weights of rows ``rows`` for K step ``t``, scaled by bytes ``s`` [BN, 4].
-
-    ``ASM``: the packed PTX conversion; otherwise float32 arithmetic (the same exact values; Triton's
-    CPU interpreter cannot run PTX)."""
+def _weight_bytes(w_e, rows, valid, t, K, FMT: tl.constexpr):
+    """Packed FP4 bytes [BN, 4, G] of rows ``rows`` for K step ``t`` (zeros past K: masked, never read)."""
     G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
     c = tl.arange(0, 4)[None, :, None]
     g = tl.arange(0, G)[None, None, :]
     kb = t * (4 * G) + c * G + g  # byte column
     m = valid[:, None, None] & (kb < K // 2)
-    b = tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0)
+    return tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0)
+
+
+@triton.jit
+def _weights(b, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
+    """bf16 [BN, BK] weights from packed bytes ``b`` [BN, 4, G] and scale bytes ``s`` [BN, 4].
+
+    ``ASM``: the packed PTX conversion; otherwise float32 arithmetic (the same exact values; Triton's
+    CPU interpreter cannot run PTX)."""
+    G: tl.constexpr = 16 if FMT == 0 else 8
     if ASM:
         sb = tl.broadcast_to(_scale_bf16(s, FMT)[:, :, None], [BN, 4, G])
         lo = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
         hi = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
         return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
     else:
-        b = b.to(tl.int32)
+        bi = b.to(tl.int32)
         sf = _scale_f32(s, FMT)[:, :, None]
-        lo_f = _e2m1_f32(b & 15) * sf
-        hi_f = _e2m1_f32(b >> 4) * sf
+        lo_f = _e2m1_f32(bi & 15) * sf
+        hi_f = _e2m1_f32(bi >> 4) * sf
         return tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
 
 
@@ -301,6 +298,7 @@ def moe_gemm(
     HAS_GSCALE: tl.constexpr,
     DB: tl.constexpr,
     ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
     SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -323,14 +321,14 @@ def moe_gemm(
     w_e = w + e.to(tl.int64) * R * (K // 2)
     scales_e = scales + e.to(tl.int64) * R * C
     if SRC == 1:
-        rb_a, slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        _, slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        rb_a = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
         if FC1:
-            rb_b, slot_b, base_b = _row_setup(
-                rows_b, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB
-            )
+            _, slot_b, base_b = _row_setup(rows_b, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+            rb_b = _block_of(e, n_out + pid_n * BN, R, row_group, blocks_per_group)
     else:  # unused: the native source reads the plane
-        rb_a, slot_a, base_a = rows_a, rows_a, rows_a
-        rb_b, slot_b, base_b = rows_b, rows_b, rows_b
+        rb_a, slot_a, base_a = 0, rows_a, rows_a
+        rb_b, slot_b, base_b = 0, rows_b, rows_b
     acc_a = tl.zeros([BN, BM], dtype=tl.float32)
     acc_b = tl.zeros([BN, BM], dtype=tl.float32)
     kk = tl.arange(0, BK)
@@ -339,52 +337,32 @@ def moe_gemm(
     if SPLIT:
         t0 = tl.program_id(2) * steps_per_split
         steps = tl.minimum(steps, t0 + steps_per_split)
+    if PREFETCH:  # the next step's weight bytes are in flight while this step converts and multiplies
+        b_a = _weight_bytes(w_e, rows_a, valid, t0, K, FMT)
+        if FC1:
+            b_b = _weight_bytes(w_e, rows_b, valid, t0, K, FMT)
     for t in range(t0, steps):
+        if PREFETCH:
+            nb_a = _weight_bytes(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
+            if FC1:
+                nb_b = _weight_bytes(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, FMT)
+        else:
+            b_a = _weight_bytes(w_e, rows_a, valid, t, K, FMT)
+            if FC1:
+                b_b = _weight_bytes(w_e, rows_b, valid, t, K, FMT)
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
-        s_a = _tile_scales(
-            SRC,
-            scales_e,
-            rows_a,
-            valid,
-            rb_a,
-            slot_a,
-            base_a,
-            t,
-            C,
-            records,
-            raw,
-            tail,
-            tail_raw,
-            full_tiles,
-            S,
-            S_TAIL,
-            TC,
-            NEUTRAL,
-        )
-        acc_a = tl.dot(_weights(w_e, rows_a, valid, t, K, s_a, FMT, BN, ASM), xt, acc_a)
+        s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, C, records, raw, tail, tail_raw,
+                           full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        acc_a = tl.dot(_weights(b_a, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
-            s_b = _tile_scales(
-                SRC,
-                scales_e,
-                rows_b,
-                valid,
-                rb_b,
-                slot_b,
-                base_b,
-                t,
-                C,
-                records,
-                raw,
-                tail,
-                tail_raw,
-                full_tiles,
-                S,
-                S_TAIL,
-                TC,
-                NEUTRAL,
-            )
-            acc_b = tl.dot(_weights(w_e, rows_b, valid, t, K, s_b, FMT, BN, ASM), xt, acc_b)
+            s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, C, records, raw, tail,
+                               tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            acc_b = tl.dot(_weights(b_b, s_b, FMT, BN, ASM), xt, acc_b)
+        if PREFETCH:
+            b_a = nb_a
+            if FC1:
+                b_b = nb_b
     if SPLIT:  # float32 partials, reduced in a fixed order by the finishing kernel (deterministic)
         p_row = (tl.program_id(2) * pairs + tl.where(live_m, route, 0)).to(tl.int64) * R
         pm = valid[:, None] & live_m[None, :]
