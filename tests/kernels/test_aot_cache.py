@@ -58,7 +58,11 @@ def test_build_writes_a_keyed_directory_with_checked_binaries(built):
         assert sha256_bytes(data) == e.sha256 and len(data) == e.nbytes
         assert data[:4] == b"\x7fELF"  # a SASS cubin or a linked shared object, never PTX
         if e.kind == "triton_cubin":
-            assert e.launch["block"] == [128, 1, 1] and e.launch["params"][0] == "*u8"
+            from csf_kernels.families import FAMILIES
+
+            _, signature, _ = FAMILIES[e.spec["kernel"]].source()
+            assert e.launch["block"] == [32 * e.spec["facts"]["num_warps"], 1, 1]
+            assert e.launch["params"] == [t for t in signature.values() if t != "constexpr"]
         else:
             assert e.kind == "cute_so" and e.launch["launch"]["block"] == [128, 1, 1]
     assert {e.kind for e in m.programs.values()} == {"triton_cubin", "cute_so"}

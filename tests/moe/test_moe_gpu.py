@@ -3,6 +3,7 @@ three scale sources bit-identical, the float32 reference, padding routes, CUDA g
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -139,12 +140,16 @@ def test_weight_preparation_leaves_no_reserved_memory():
     geo = _geometry("deepseek-v4.1-flash", 4, "mxfp4")
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     p = plan(geo, 64, scale_source="inline")
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     weights = prepare_weights(p, **data.weight_kwargs())
     torch.cuda.synchronize()
-    slack = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    assert slack < 8 << 20, f"{slack / 2**20:.1f} MiB reserved but unused after preparation"
+    after = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    # what preparation adds to the reserved-but-unused memory (earlier tests leave their own fragments)
+    grown = after - before
+    assert grown < 4 << 20, f"preparation left {grown / 2**20:.1f} MiB reserved but unused ({after / 2**20:.1f} total)"
     stored, native = weights.scale_bytes()["stored"], weights.scale_bytes()["native"]
     assert stored < native / 3, f"inline scales {stored} B vs native {native} B"
 

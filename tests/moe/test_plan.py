@@ -26,8 +26,9 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
     p = plan(geo, 4096, scale_source="inline")
     assert [b.tokens for b in p.buckets] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     for b in p.buckets:
-        assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT)
+        assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT or b.config.name == "prefill")
         assert b.gemm_source == ("native" if b.expand else "inline")
+    assert not p.bucket_for(64).expand
     assert p.bucket_for(1).config.name == "decode"
     assert p.bucket_for(4096).config.name == "prefill"
     assert p.bucket_for(3).tokens == 4

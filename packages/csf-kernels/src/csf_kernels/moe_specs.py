@@ -85,8 +85,10 @@ class GemmConfig:
     prefetch: bool = False  # load the next K step's weights before converting this one's
 
 
-# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, prefetch=True)
+# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
+# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, run 12): prefetching the
+# next step's weights spills registers and loses; 32- or 128-row decode tiles lose to 64.
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
 
@@ -188,7 +190,8 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     the align / combine programs for int32 and int64 route ids."""
     specs = []
     for config in CONFIGS:
-        for source in SCALE_SOURCES:
+        # prefill tiles always read a native plane (an inline plan expands first: see csf_moe.plan)
+        for source in SCALE_SOURCES if config.split_k else ("native",):
             for fc1 in (True, False):
                 specs.append(
                     gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)

@@ -32,7 +32,8 @@ __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 SCALE_SOURCES = ("native", "expanded", "inline")
 # routes per expert (T * k / E) up to which the decode tile configuration runs
 DECODE_ROUTES_PER_EXPERT = 8
-# tokens above which an inline plan expands its scales once per call (measured: see docs/perf-notes.md)
+# tokens above which an inline plan expands its scales once per call. Also measured (H200, run 12):
+# with the prefill tiles, reading records inline costs up to 1.3x, so prefill buckets expand too.
 INLINE_TOKEN_LIMIT = 512
 _ALIGN = 256
 
@@ -184,7 +185,9 @@ def plan(
     plans = []
     for t in sizes:
         config = decode_config if t * top_k <= decode_routes_per_expert * geometry.experts else prefill_config
-        expand = scale_source == "expanded" or (scale_source == "inline" and t > inline_token_limit)
+        expand = scale_source == "expanded" or (
+            scale_source == "inline" and (t > inline_token_limit or not config.split_k)
+        )
         source = "inline" if scale_source == "inline" and not expand else "native"
         blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
         s1 = s2 = 1
