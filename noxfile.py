@@ -71,3 +71,13 @@ def bench_codec(session: nox.Session) -> None:
     stamp = datetime.date.today().isoformat()
     out = f"benchmarks/results/codec-{stamp}-{_commit()}.json"
     session.run("python", "benchmarks/bench_codec.py", "--out", out, *session.posargs)
+
+
+@nox.session
+def bench_moe(session: nox.Session) -> None:
+    """Fused MoE figures (needs a GPU and the built aot_cache/): every arm per geometry and token count,
+    as JSON under benchmarks/results/. On the H200 (no nox there) run the script directly: see README."""
+    _install_packages(session)
+    stamp = datetime.date.today().isoformat()
+    out = f"benchmarks/results/moe-{stamp}-{_commit()}.json"
+    session.run("python", "benchmarks/bench_moe.py", "--out", out, *session.posargs)
