@@ -29,11 +29,11 @@ from csf_moe.synthetic import synthetic_layer
 
 def _configs(kind: str):
     if kind == "decode":
-        for bn, warps, stages in ((64, 4, 1), (128, 8, 1)):
-            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True)
+        for bn, warps, pf in ((32, 4, 1), (64, 4, 1), (64, 4, 0), (128, 4, 1), (128, 8, 1), (128, 8, 0)):
+            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=1, split_k=True, prefetch=pf)
     else:
-        for bm, bn, warps, stages in ((64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)):
-            yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=stages, split_k=False)
+        for bm, bn, warps, pf in ((64, 128, 8, 0), (64, 128, 8, 1), (64, 64, 4, 1), (128, 128, 8, 0)):
+            yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
 
 
 def main() -> None:
@@ -43,8 +43,6 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--fmt", default="mxfp4")
     ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--kinds", default="decode,prefill")
-    ap.add_argument("--sources", default="native,inline")
     a = ap.parse_args()
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
@@ -53,10 +51,8 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows = []
     for kind, tokens in (("decode", (1, 8, 32, 128)), ("prefill", (128, 512, 2048))):
-        if kind not in a.kinds.split(","):
-            continue
         for cfg in _configs(kind):
-            for source in a.sources.split(","):
+            for source in ("native", "inline"):
                 kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
                 p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
                          decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
@@ -70,7 +66,7 @@ def main() -> None:
                     g = capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out))
                     med = statistics.median(replay_times(g, a.reps, flush))
                     rows.append({"kind": kind, "config": cfg.__dict__, "source": source, "tokens": t, "median_s": med})
-                    print(f"{kind} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} "
+                    print(f"{kind} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} pf{int(cfg.prefetch)} "
                           f"{source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,

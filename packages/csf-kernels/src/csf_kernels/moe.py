@@ -33,7 +33,6 @@ __all__ = [
     "combine_launch",
     "fc1_finish_launch",
     "gemm_launch",
-    "kernel_weight_layout",
     "max_blocks_for",
     "placeholder",
 ]
@@ -47,33 +46,6 @@ def placeholder(device: torch.device) -> torch.Tensor:
     if device not in _PLACEHOLDERS:
         _PLACEHOLDERS[device] = torch.zeros(16, dtype=torch.uint8, device=device)
     return _PLACEHOLDERS[device]
-
-
-def kernel_weight_layout(values: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Packed E2M1 values [..., K/2] (element 2i low nibble, 2i + 1 high: the checkpoint order) -> the
-    GEMM's order: per group of two scale columns (2 * bs elements), byte j holds element j (low nibble)
-    and element j + bs (high); a lone last column pairs j with j + bs / 2. Same size; one expert at a time
-    for [E, R, K/2] stacks, so the temporaries stay small."""
-    if values.dtype != torch.uint8:
-        raise TypeError(f"FP4 values must be uint8, got {values.dtype}")
-    out = torch.empty_like(values)
-    for src, dst in zip(values.reshape(-1, *values.shape[-2:]), out.reshape(-1, *values.shape[-2:]), strict=True):
-        dst.copy_(_regroup(src, block_size))
-    return out
-
-
-def _regroup(v: torch.Tensor, bs: int) -> torch.Tensor:
-    codes = torch.stack((v & 0x0F, v >> 4), dim=-1).reshape(v.shape[0], -1)  # [R, K]
-    k = codes.shape[1]
-    full = k // (2 * bs) * (2 * bs)
-    parts = []
-    if full:
-        g = codes[:, :full].reshape(v.shape[0], -1, 2, bs)
-        parts.append((g[:, :, 0] | (g[:, :, 1] << 4)).reshape(v.shape[0], -1))
-    if k > full:  # one lone scale column
-        last = codes[:, full:].reshape(v.shape[0], 2, bs // 2)
-        parts.append(last[:, 0] | (last[:, 1] << 4))
-    return torch.cat(parts, dim=1)
 
 
 def _ids64(topk_ids: torch.Tensor) -> bool:

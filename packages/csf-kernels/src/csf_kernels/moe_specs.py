@@ -82,11 +82,12 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
+    prefetch: bool = False  # load the next K step's weights before converting this one's
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
-# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, run 12): 32- or 128-row
-# decode tiles lose to 64; prefetching the next step's weights (since removed) spilled registers.
+# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, run 12): prefetching the
+# next step's weights spills registers and loses; 32- or 128-row decode tiles lose to 64.
 DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
@@ -175,6 +176,7 @@ def gemm_spec(
         HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
         DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
         ASM=1,
+        PREFETCH=int(config.prefetch),
         SPLIT=int(config.split_k),
         BM=config.bm,
         BN=config.bn,

@@ -7,9 +7,7 @@ reads: the native planes (``scale_source='native'``) or the inline CSF storage (
 pool that is released afterwards, so preparation leaves no freed pages reserved.
 
 Conventions: W13 rows are [gate; up] (N rows each); gpt-oss checkpoints interleave them (gate, up,
-gate, ...), which ``w13_layout='interleaved'`` converts. FP4 values are re-paired into the GEMM's byte
-order (``csf_kernels.moe.kernel_weight_layout``), so prepared weights are new tensors of the same size.
-Biases are kept in float32.
+gate, ...), which ``w13_layout='interleaved'`` converts. Biases are kept in float32.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from csf_codec import CompactScales, InlineScales, decode_compact, encode_inline
-from csf_kernels.moe import GemmOperand, kernel_weight_layout
+from csf_kernels.moe import GemmOperand
 
 from .plan import MoEPlan
 
@@ -141,7 +139,6 @@ def prepare_weights(
         raise ValueError(f"{geo.name} {'needs' if geo.bias else 'takes no'} W13 and W2 biases")
     nv = geo.fmt.name == "nvfp4"
     v13 = w13.to(device)
-    v2 = w2.to(device)
     b13 = _bias(w13_bias, (e, 2 * n), "w13_bias", device)
     if w13_layout == "interleaved":
         v13, b13 = _deinterleave(v13), _deinterleave(b13)
@@ -161,14 +158,6 @@ def prepare_weights(
         del s13, s2
     # copy the results out of the pool, drop every pool tensor, then release the pool
     planes = _own_all(planes)
-    values = []
-    for v in (v13, v2):  # the GEMM's FP4 order; its temporaries (one expert at a time) in the pool too
-        out = torch.empty_like(v)
-        with pool:
-            for expert in range(v.shape[0]):
-                out[expert].copy_(kernel_weight_layout(v[expert : expert + 1], geo.fmt.block_size)[0])
-        values.append(out)
-    v13, v2 = values
     pool.release()
     native = plan.scale_source == "native"
     return MoEWeights(
@@ -180,7 +169,7 @@ def prepare_weights(
             bias=b13,
         ),
         w2=GemmOperand(
-            values=v2,
+            values=w2.to(device),
             scales=planes[1] if native else None,
             inline=None if native else planes[1],
             global_scale=_global(w2_global_scale, e, "w2_global_scale", device) if nv else None,

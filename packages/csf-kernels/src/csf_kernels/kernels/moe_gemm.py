@@ -3,10 +3,8 @@
 One program computes ``BN`` weight rows (FC1: ``BN`` gate rows and the matching ``BN`` up rows) for one
 block of ``BM`` routes of one expert (from ``moe_align``), as ``acc[BN, BM] += W[BN, BK] @ X[BM, BK]^T``:
 the weights are the MMA's A operand (the swap-AB form, so decode with a handful of routes per expert
-still fills M), one K step per inline tile (4 scale columns: K = 128 for MXFP4, 64 for NVFP4). FP4
-values are stored in the kernel's layout (``csf_kernels.moe.kernel_weight_layout``: each byte pairs
-elements of two scale columns), converted exactly to bf16 in registers, multiplied unscaled by the
-tensor cores per scale column, and each column's float32 product is scaled into the accumulator.
+still fills M), dequantized in registers to bf16, one K step per inline tile (4 scale columns: K = 128
+for MXFP4, 64 for NVFP4).
 
 The scale bytes of a step come from one of two sources (``SRC``); everything after them is shared code,
 so outputs are bit-identical across sources:
@@ -14,9 +12,10 @@ so outputs are bit-identical across sources:
 * 0, native: the scale plane ``[E, R, C]`` (a model's own plane, or a CSF plane expanded into scratch);
 * 1, inline: the tile records of the inline CSF form (docs/csf-format.md section 5), decoded here.
 
-NVFP4's per-expert global scale multiplies the accumulator. FC1 applies bias and the activation
-(SiLU-and-mul, or gpt-oss's clamped SwiGLU) and stores bf16 ``[pairs, N]``; FC2 adds its bias and
-stores bf16 ``[pairs, H]`` for the combine step.
+FP4 x scale products are exact in bf16 (E8M0: a power of two; E4M3: 3 + 2 significant bits), so the
+tensor cores see the exact dequantized weights; NVFP4's per-expert global scale multiplies the fp32
+accumulator. FC1 applies bias and the activation (SiLU-and-mul, or gpt-oss's clamped SwiGLU) and stores
+bf16 ``[pairs, N]``; FC2 adds its bias and stores bf16 ``[pairs, H]`` for the combine step.
 """
 
 from __future__ import annotations
@@ -61,6 +60,7 @@ SIGNATURE = {
     "HAS_GSCALE": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
     "ASM": "constexpr",  # PTX weight conversion (0 only for Triton's CPU interpreter)
+    "PREFETCH": "constexpr",  # load step t + 1's weight bytes before converting step t's
     "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
@@ -166,71 +166,69 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
     return s.to(tl.int32)
 
 
-# E2M1 -> bf16 in registers, two packed bytes per call, low or high nibbles: each nibble's exponent and
-# mantissa bits move into place as a bf16 subnormal/normal (s e1 e0 m -> bit 15, bits 8..6), and one
-# bf16x2 multiply by 2**126 makes them the exact E2M1 values. About 3 instructions per weight.
+# E2M1 -> bf16 in registers, four packed bytes (eight weights) per call: each nibble's exponent and
+# mantissa bits move into place as a bf16 subnormal/normal (s e1 e0 m -> bit 15, bits 8..6), a bf16x2
+# multiply by 2**126 makes them the E2M1 value, a second one applies the block scale (exact: both
+# factors are exact in bf16 and the products have at most 5 significant bits). ~3 instructions per weight.
 _E2M1_X2 = """{
-.reg .b32 t, a;
-prmt.b32 t, $1, 0, 0x4140;
-shl.b32 a, t, SHIFT_LO;
-and.b32 a, a, 0x01C001C0;
-shl.b32 t, t, SHIFT_HI;
-and.b32 t, t, 0x80008000;
-or.b32 a, a, t;
-mov.b32 t, 0x7E807E80;
-mul.rn.bf16x2 $0, a, t;
+.reg .b32 b01, b23, m, s;
+prmt.b32 b01, $2, 0, 0x4140;
+prmt.b32 b23, $2, 0, 0x4342;
+mov.b32 m, 0x7E807E80;
+shl.b32 s, b01, SHIFT_LO; and.b32 s, s, 0x01C001C0;
+shl.b32 b01, b01, SHIFT_HI; and.b32 b01, b01, 0x80008000;
+or.b32 s, s, b01;
+mul.rn.bf16x2 s, s, m;
+mul.rn.bf16x2 $0, s, $3;
+shl.b32 s, b23, SHIFT_LO; and.b32 s, s, 0x01C001C0;
+shl.b32 b23, b23, SHIFT_HI; and.b32 b23, b23, 0x80008000;
+or.b32 s, s, b23;
+mul.rn.bf16x2 s, s, m;
+mul.rn.bf16x2 $1, s, $4;
 }"""
 E2M1_LO_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "6").replace("SHIFT_HI", "12"))
 E2M1_HI_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "2").replace("SHIFT_HI", "8"))
 
 
 @triton.jit
-def _e2m1_bf16(b, HIGH: tl.constexpr, ASM: tl.constexpr):
-    """Exact bf16 E2M1 values of the low or high nibbles of bytes ``b`` (same shape)."""
+def _scale_bf16(s, FMT: tl.constexpr):
+    """Scale bytes (int32) -> bf16, exactly (E8M0 2**(s - 127), 0xFF NaN; or E4M3)."""
+    if FMT == 0:
+        bits = tl.where(s == 0, 0x0040, tl.where(s == 255, 0x7FC0, s << 7))
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return _scale_f32(s, FMT).to(tl.bfloat16)
+
+
+@triton.jit
+def _weight_bytes(w_e, rows, valid, t, K, FMT: tl.constexpr):
+    """Packed FP4 bytes [BN, 4, G] of rows ``rows`` for K step ``t`` (zeros past K: masked, never read)."""
+    G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
+    c = tl.arange(0, 4)[None, :, None]
+    g = tl.arange(0, G)[None, None, :]
+    kb = t * (4 * G) + c * G + g  # byte column
+    m = valid[:, None, None] & (kb < K // 2)
+    return tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0)
+
+
+@triton.jit
+def _weights(b, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
+    """bf16 [BN, BK] weights from packed bytes ``b`` [BN, 4, G] and scale bytes ``s`` [BN, 4].
+
+    ``ASM``: the packed PTX conversion; otherwise float32 arithmetic (the same exact values; Triton's
+    CPU interpreter cannot run PTX)."""
+    G: tl.constexpr = 16 if FMT == 0 else 8
     if ASM:
-        if HIGH:
-            return tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,r", [b], tl.bfloat16, True, 2)
-        else:
-            return tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,r", [b], tl.bfloat16, True, 2)
-    else:  # Triton's CPU interpreter cannot run PTX: the same values through float32
+        sb = tl.broadcast_to(_scale_bf16(s, FMT)[:, :, None], [BN, 4, G])
+        lo = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
+        hi = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
+        return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
+    else:
         bi = b.to(tl.int32)
-        code = (bi >> 4) if HIGH else (bi & 15)
-        return _e2m1_f32(code).to(tl.bfloat16)
-
-
-@triton.jit
-def _column(s, i):
-    """Column ``i`` of scale factors [BN, 4] as [BN, 1]."""
-    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == i, s, 0.0), axis=1)[:, None]
-
-
-@triton.jit
-def _tile_product(
-    w_e, rows, valid, t, K, C, sf, xp, live_m, acc, FMT: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr
-):
-    """acc [BN, BM] += W[rows, K tile t] @ X^T with the tile's scales ``sf`` [BN, 4] (float32).
-
-    Weight layout (csf_kernels.moe.kernel_weight_layout): per group of two scale columns, byte j holds
-    element j (low nibble) and element j + BS (high nibble), so each nibble half is one scale column:
-    the MMA multiplies exact unscaled E2M1 values and the column's scale multiplies the product."""
-    BS: tl.constexpr = 32 if FMT == 0 else 16
-    j = tl.arange(0, BS)
-    for gi in tl.static_range(2):
-        g = 2 * t + gi  # group of columns 2g, 2g + 1
-        single = 2 * g + 1 >= C  # a lone last column: its halves pair elements j and j + BS / 2
-        half = tl.where(single, BS // 2, BS)
-        jm = (j < half) & (2 * g < C)
-        b = tl.load(w_e + rows[:, None].to(tl.int64) * (K // 2) + g * BS + j[None, :],
-                    mask=valid[:, None] & jm[None, :], other=0)  # fmt: skip
-        k_lo = gi * 2 * BS + j  # within the tile (xp points at its first element)
-        x_lo = tl.load(xp + k_lo[:, None], mask=live_m[None, :] & jm[:, None], other=0.0)
-        x_hi = tl.load(xp + (k_lo + half)[:, None], mask=live_m[None, :] & jm[:, None], other=0.0)
-        p_lo = tl.dot(_e2m1_bf16(b, False, ASM), x_lo)
-        p_hi = tl.dot(_e2m1_bf16(b, True, ASM), x_hi)
-        s_lo = _column(sf, 2 * gi)
-        s_hi = tl.where(single, s_lo, _column(sf, 2 * gi + 1))
-        acc += s_lo * p_lo + s_hi * p_hi
-    return acc
+        sf = _scale_f32(s, FMT)[:, :, None]
+        lo_f = _e2m1_f32(bi & 15) * sf
+        hi_f = _e2m1_f32(bi >> 4) * sf
+        return tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
 
 
 @triton.jit
@@ -300,6 +298,7 @@ def moe_gemm(
     HAS_GSCALE: tl.constexpr,
     DB: tl.constexpr,
     ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
     SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -332,21 +331,38 @@ def moe_gemm(
         rb_b, slot_b, base_b = 0, rows_b, rows_b
     acc_a = tl.zeros([BN, BM], dtype=tl.float32)
     acc_b = tl.zeros([BN, BM], dtype=tl.float32)
+    kk = tl.arange(0, BK)
     steps = (K + BK - 1) // BK
     t0 = 0
     if SPLIT:
         t0 = tl.program_id(2) * steps_per_split
         steps = tl.minimum(steps, t0 + steps_per_split)
+    if PREFETCH:  # the next step's weight bytes are in flight while this step converts and multiplies
+        b_a = _weight_bytes(w_e, rows_a, valid, t0, K, FMT)
+        if FC1:
+            b_b = _weight_bytes(w_e, rows_b, valid, t0, K, FMT)
     for t in range(t0, steps):
-        xp = x + a_row[None, :] * K + t * BK
+        if PREFETCH:
+            nb_a = _weight_bytes(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
+            if FC1:
+                nb_b = _weight_bytes(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, FMT)
+        else:
+            b_a = _weight_bytes(w_e, rows_a, valid, t, K, FMT)
+            if FC1:
+                b_b = _weight_bytes(w_e, rows_b, valid, t, K, FMT)
+        k = t * BK + kk
+        xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
         s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, C, records, raw, tail, tail_raw,
                            full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-        acc_a = _tile_product(w_e, rows_a, valid, t, K, C, _scale_f32(s_a, FMT), xp, live_m, acc_a, FMT, BM, ASM)
+        acc_a = tl.dot(_weights(b_a, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
             s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, C, records, raw, tail,
                                tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            acc_b = _tile_product(w_e, rows_b, valid, t, K, C, _scale_f32(s_b, FMT), xp, live_m, acc_b, FMT, BM,
-                                  ASM)  # fmt: skip
+            acc_b = tl.dot(_weights(b_b, s_b, FMT, BN, ASM), xt, acc_b)
+        if PREFETCH:
+            b_a = nb_a
+            if FC1:
+                b_b = nb_b
     if SPLIT:  # float32 partials, reduced in a fixed order by the finishing kernel (deterministic)
         p_row = (tl.program_id(2) * pairs + tl.where(live_m, route, 0)).to(tl.int64) * R
         pm = valid[:, None] & live_m[None, :]
