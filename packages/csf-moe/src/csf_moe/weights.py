@@ -135,8 +135,9 @@ def prepare_weights(
             raise ValueError(f"{name}: expected packed FP4 uint8 {shape}, got {t.dtype} {tuple(t.shape)}")
     if w13_layout not in ("gate_up", "interleaved"):
         raise ValueError(f"w13_layout must be 'gate_up' or 'interleaved', got {w13_layout!r}")
-    if geo.bias != (w13_bias is not None and w2_bias is not None):
-        raise ValueError(f"{geo.name} {'needs' if geo.bias else 'takes no'} W13 and W2 biases")
+    for name, b in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
+        if geo.bias != (b is not None):
+            raise ValueError(f"{geo.name} {'needs' if geo.bias else 'takes no'} {name}")
     nv = geo.fmt.name == "nvfp4"
     v13 = w13.to(device)
     b13 = _bias(w13_bias, (e, 2 * n), "w13_bias", device)

@@ -1,0 +1,73 @@
+"""Weight preparation on the CPU: every input form gives the same storage, bad input a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csf_codec import decode_inline, encode_compact, scale_format
+from csf_kernels.catalog import MoEGeometry
+from csf_moe import plan, prepare_weights
+from csf_moe.synthetic import _interleave, synthetic_layer
+
+GEO = MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=4, hidden=320, intermediate=192, top_k=2)
+
+
+def test_compact_payloads_and_native_planes_give_the_same_inline_storage():
+    data = synthetic_layer(GEO, seed=5)
+    p = plan(GEO, 8, scale_source="inline")
+    from_planes = prepare_weights(p, **data.weight_kwargs())
+    kwargs = data.weight_kwargs()
+    kwargs["w13_scale"] = encode_compact(data.w13_scale, GEO.fmt).payload
+    kwargs["w2_scale"] = encode_compact(data.w2_scale, GEO.fmt).payload
+    from_compact = prepare_weights(p, **kwargs)
+    for a, b, plane in (
+        (from_planes.w13, from_compact.w13, data.w13_scale),
+        (from_planes.w2, from_compact.w2, data.w2_scale),
+    ):
+        assert all(torch.equal(x, y) for x, y in zip(a.inline.arrays(), b.inline.arrays(), strict=True))
+        assert torch.equal(decode_inline(a.inline), plane)
+        assert a.scales is None  # the native planes are not kept
+    sizes = from_planes.scale_bytes()
+    assert sizes["native"] == data.w13_scale.numel() + data.w2_scale.numel()
+    assert sizes["stored"] < sizes["native"]
+
+
+def test_interleaved_gate_up_rows_are_converted():
+    geo = MoEGeometry(
+        model="tiny-oss", tp=1, fmt=scale_format("mxfp4"), experts=3, hidden=192, intermediate=320, top_k=2,
+        activation="swiglu_oai", bias=True,
+    )  # fmt: skip
+    data = synthetic_layer(geo, seed=6)
+    p = plan(geo, 8, scale_source="native")
+    kwargs = data.weight_kwargs()
+    kwargs.update(w13=_interleave(data.w13), w13_scale=_interleave(data.w13_scale), w13_bias=_interleave(data.w13_bias))
+    got = prepare_weights(p, w13_layout="interleaved", **kwargs)
+    want = prepare_weights(p, **data.weight_kwargs())
+    for name in ("values", "scales", "bias"):
+        assert torch.equal(getattr(got.w13, name), getattr(want.w13, name)), name
+
+
+def test_bad_weights_are_refused_clearly():
+    data = synthetic_layer(GEO, seed=7)
+    p = plan(GEO, 8, scale_source="inline")
+    bad = data.weight_kwargs()
+    bad["w2_scale"] = data.w2_scale[:, :-1]
+    with pytest.raises(ValueError, match="w2_scale"):
+        prepare_weights(p, **bad)
+    bad = data.weight_kwargs()
+    bad["w13"] = data.w13[:, :, :-1]
+    with pytest.raises(ValueError, match="w13"):
+        prepare_weights(p, **bad)
+    bad = data.weight_kwargs()
+    bad["w13_bias"] = torch.zeros(GEO.experts, 2 * GEO.intermediate)
+    with pytest.raises(ValueError, match="takes no"):
+        prepare_weights(p, **bad)
+    corrupt = encode_compact(data.w13_scale, GEO.fmt).payload.clone()
+    corrupt[-5] ^= 0xFF
+    bad = data.weight_kwargs()
+    bad["w13_scale"] = corrupt
+    from csf_codec import CSFError
+
+    with pytest.raises(CSFError):
+        prepare_weights(p, **bad)
