@@ -36,8 +36,10 @@ PEER_GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxf
 ALL_GEOMETRIES = [
     *PEER_GEOMETRIES,
     ("deepseek-v4.1-flash", 4, "nvfp4"),
+    ("qwen3-30b-a3b", 1, "nvfp4"),
     ("qwen3-next-80b-a3b", 1, "mxfp4"),
     ("kimi-k2", 16, "mxfp4"),
+    ("kimi-k2", 16, "nvfp4"),
 ]
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 INPUT_SETS = 4
@@ -78,6 +80,16 @@ def _torch_arm(data, x, ids, w):
     return out.to(torch.bfloat16)
 
 
+def bf16_peak(reps: int, flush: torch.Tensor) -> dict:
+    """The dense bf16 GEMM ceiling on this GPU: torch.matmul 8192^3 in a CUDA graph."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t = replay_times(capture(lambda: torch.matmul(a, b, out=c)), reps, flush)
+    return {"shape": [n, n, n], "samples_s": t, "median_TFLOPs": 2 * n**3 / statistics.median(t) / 1e12}
+
+
 def _triton_kernels_status() -> str:
     try:
         import triton_kernels  # noqa: F401
@@ -86,7 +98,7 @@ def _triton_kernels_status() -> str:
     return "importable (arm not wired yet)"
 
 
-def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps) -> dict:
+def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops) -> dict:
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
@@ -133,6 +145,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps) -> dict:
                 "effective_GBps": moved / med / 1e9,
                 "fraction_of_copy": moved / med / 1e9 / copy_gbps,
                 "TFLOPs": flops / med / 1e12,
+                "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
             }
             del graphs
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in ARMS for i in range(INPUT_SETS))
@@ -178,13 +191,18 @@ def main() -> None:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     copy = copy_bandwidth(a.reps, flush)
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
+    peak = bf16_peak(a.reps, flush)
+    print(f"bf16 GEMM peak {peak['median_TFLOPs']:.0f} TFLOP/s", flush=True)
     geos = PEER_GEOMETRIES if a.geometries == "peers" else ALL_GEOMETRIES
     doc = {
         "benchmark": "bench_moe",
         "provenance": provenance(),
         "copy_bandwidth": copy,
+        "bf16_peak": peak,
         "triton_kernels": _triton_kernels_status(),
-        "results": [bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"]) for g in geos],
+        "results": [
+            bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"]) for g in geos
+        ],
         "compilations_while_frozen": runtime.compilations(),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
