@@ -81,3 +81,12 @@ def bench_moe(session: nox.Session) -> None:
     stamp = datetime.date.today().isoformat()
     out = f"benchmarks/results/moe-{stamp}-{_commit()}.json"
     session.run("python", "benchmarks/bench_moe.py", "--out", out, *session.posargs)
+
+
+@nox.session
+def tests_vllm(session: nox.Session) -> None:
+    """The vLLM adapter tests on the CPU against the real vLLM (it pins torch 2.14, so it gets its own ~10 GB venv;
+    the first install takes a few minutes). CI runs it after `tests`, which skips these without vLLM."""
+    session.install("vllm==0.33.0", "pytest>=8")
+    session.install("--no-deps", *[arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")])
+    session.run("python", "-m", "pytest", "tests/adapters", "-m", "not gpu", "-q", *session.posargs)

@@ -1,5 +1,11 @@
 """csf-serving-adapters: vLLM and SGLang plugins that serve CSF checkpoints through csf-moe and
 csf-attention.
 
-Depends on every csf package below it. Not built yet: see the serving-adapters issue.
+Engine-independent pieces live at the top level (the checkpoint's ``csf`` config entry, stored CSF
+planes, scale-memory accounting, shared scratch); each engine has its own subpackage, imported only
+by that engine's plugin entry point:
+
+* :mod:`csf_serving_adapters.vllm` -- ``register()``, the ``vllm.general_plugins`` entry point ``csf``.
+
+SGLang is not built yet.
 """

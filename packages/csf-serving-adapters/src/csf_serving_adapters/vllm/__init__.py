@@ -1,0 +1,36 @@
+"""vLLM plugin: the ``csf`` quantization method for FP4 MoE checkpoints with CSF-compressed scales.
+
+``register`` is the ``vllm.general_plugins`` entry point ``csf``. vLLM calls it once per process (front end,
+engine core and every worker) and honours ``VLLM_PLUGINS`` itself; it is safe to call again. Importing this
+module imports nothing of vLLM: the entry point is loaded before the engine needs it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["register"]
+
+NAME = "csf"
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """Register the ``csf`` QuantizationConfig and the CSF-aware safetensors iterators (idempotent)."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
+
+    from . import weight_iterators
+    from .config import CsfConfig
+
+    with _lock:
+        # registering twice is harmless in vLLM but logs an "overwritten" message; skip when already ours
+        if NAME not in QUANTIZATION_METHODS or not _is_registered(CsfConfig):
+            register_quantization_config(NAME)(CsfConfig)
+        weight_iterators.install()
+
+
+def _is_registered(cls: type) -> bool:
+    from vllm.model_executor.layers import quantization
+
+    # vLLM keeps custom configs in this dict; get_quantization_config would import every built-in config
+    return getattr(quantization, "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG", {}).get(NAME) is cls
