@@ -164,6 +164,17 @@ def test_prepared_weights_release_the_native_scales_and_are_accounted(fmt, tp):
     assert layer.w13_weight.data_ptr() == w.w13.values.data_ptr()
 
 
+def test_the_engines_graph_sizes_become_planned_buckets():
+    layer = make_experts(CsfConfig.from_config(MX_CONFIG), experts=E, hidden=H, inter=N, capture_sizes=[1, 3, 24, 96])
+    method = layer.quant_method
+    assert method.capture_sizes == (1, 3, 24, 96)
+    _load(layer, _native(MXFP4), MXFP4)
+    p, _ = method.prepare(layer)
+    sizes = {b.tokens for b in p.buckets}
+    assert {t for t in (1, 3, 24, 96) if t <= p.max_tokens} <= sizes
+    assert p.bucket_for(3).tokens == 3  # a captured size runs its own bucket, not the next one
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_served_layer_equals_csf_moe_with_native_scales(fmt):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from unittest import mock
 
 import torch
-from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
@@ -40,9 +40,11 @@ def make_experts(
     has_bias: bool = False,
     activation: str = "silu",
     device: str = "cpu",
+    capture_sizes: list[int] | None = None,
 ) -> RoutedExperts:
     """One RoutedExperts layer as TP rank ``rank`` of ``tp`` builds it (``inter`` is the unsharded size)."""
-    vllm_config = VllmConfig(device_config=DeviceConfig(device=device))
+    compilation = CompilationConfig(cudagraph_capture_sizes=capture_sizes) if capture_sizes else CompilationConfig()
+    vllm_config = VllmConfig(device_config=DeviceConfig(device=device), compilation_config=compilation)
     rank_of = "vllm.model_executor.layers.fused_moe.config.get_tensor_model_parallel_rank"
     with set_current_vllm_config(vllm_config), mock.patch(rank_of, return_value=rank), torch.device(device):
         runner = FusedMoEFactory(

@@ -10,12 +10,14 @@ planes are released; :data:`csf_serving_adapters.accounting.LEDGER` records what
 from __future__ import annotations
 
 import torch
+from vllm.config import get_current_vllm_config_or_none
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEConfig, FusedMoEMethodBase, RoutedExperts
 from vllm.model_executor.utils import set_weight_attrs
 
 from csf_codec import scale_format
-from csf_kernels.catalog import MoEGeometry
+from csf_kernels import runtime
+from csf_kernels.catalog import MoEGeometry, load_catalog
 
 from ..accounting import LEDGER, LayerScaleMemory
 from ..scratch import SharedScratch
@@ -79,6 +81,11 @@ class CsfMoEMethod(FusedMoEMethodBase):
         if h % bs or n % bs:
             raise ValueError(f"csf: hidden {h} and per-rank intermediate {n} must be multiples of the block {bs}")
         self.num_experts, self.hidden_size, self.intermediate_size = e, h, n
+        # the token counts the engine will capture in CUDA graphs: each becomes a planned bucket (read here, while
+        # vLLM's config is current; process_weights_after_loading may run outside that context)
+        cfg = get_current_vllm_config_or_none()
+        sizes = cfg.compilation_config.cudagraph_capture_sizes if cfg is not None else None
+        self.capture_sizes = tuple(sorted({int(t) for t in sizes or () if int(t) > 0}))
         rows = self.moe.w13_num_shards * n
         scale_dtype = torch.float8_e4m3fn if self.fmt.name == "nvfp4" else torch.uint8
 
@@ -128,7 +135,9 @@ class CsfMoEMethod(FusedMoEMethodBase):
         """Plan the layer and build its weights (inline CSF scales) on the weights' device; no binding."""
         from csf_moe import plan, prepare_weights
 
-        p = plan(self.geometry(layer), max_tokens=self.moe.max_num_tokens, scale_source="inline")
+        max_tokens = self.moe.max_num_tokens
+        buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *self.capture_sizes) if t <= max_tokens}))
+        p = plan(self.geometry(layer), max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
         nv = self.fmt.name == "nvfp4"
         w = prepare_weights(
             p,
@@ -168,7 +177,9 @@ class CsfMoEMethod(FusedMoEMethodBase):
                 f"its weights are on {device}"
             )
         p, w = self.prepare(layer)
-        setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))
+        setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))  # resolves every program
+        # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
+        runtime.freeze()
         entry = self.release_native(layer, w)
         logger.debug("csf: %s keeps %d of %d scale bytes", entry.layer, entry.stored_bytes, entry.native_bytes)
 
