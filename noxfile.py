@@ -90,3 +90,12 @@ def tests_vllm(session: nox.Session) -> None:
     session.install("vllm==0.33.0", "pytest>=8")
     session.install("--no-deps", *[arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")])
     session.run("python", "-m", "pytest", "tests/adapters", "-m", "not gpu", "-q", *session.posargs)
+
+
+@nox.session
+def tests_sglang(session: nox.Session) -> None:
+    """The SGLang adapter tests on the CPU against the real SGLang (it pins torch 2.14.1, so it gets its own ~10 GB
+    venv; the first install takes a few minutes). `tests`, which has no SGLang, skips these."""
+    session.install("sglang==0.5.23", "pytest>=8")
+    session.install("--no-deps", *[arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")])
+    session.run("python", "-m", "pytest", "tests/adapters", "-m", "not gpu", "-q", "-k", "sglang", *session.posargs)

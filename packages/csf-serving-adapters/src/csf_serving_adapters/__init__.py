@@ -5,7 +5,8 @@ Engine-independent pieces live at the top level (the checkpoint's ``csf`` config
 planes, scale-memory accounting, shared scratch); each engine has its own subpackage, imported only
 by that engine's plugin entry point:
 
-* :mod:`csf_serving_adapters.vllm` -- ``register()``, the ``vllm.general_plugins`` entry point ``csf``.
+* :mod:`csf_serving_adapters.vllm` -- ``register()``, the ``vllm.general_plugins`` entry point ``csf``;
+* :mod:`csf_serving_adapters.sglang` -- ``register()``, the ``sglang.srt.plugins`` entry point ``csf``.
 
-SGLang is not built yet.
+The sparse-MLA attention backends come with csf-attention (not built yet).
 """

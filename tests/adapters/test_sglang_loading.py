@@ -1,0 +1,219 @@
+"""Weights through SGLang's own FusedMoE.weight_loader into CsfMoEMethod's parameters, at 1 and 2 tensor-parallel
+ranks, then prepared for csf-moe (CPU) and served (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from csf_codec import MXFP4, NVFP4
+from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
+from csf_serving_adapters.accounting import LEDGER
+from csf_serving_adapters.sglang import register
+from csf_serving_adapters.sglang.config import CsfConfig
+from csf_serving_adapters.sglang.moe_method import BOUND_ATTR
+
+from .sglang_layers import MX_CONFIG, NV_CONFIG, PREFIX, make_experts
+
+E, H, N = 4, 512, 256  # N: unsharded intermediate size (big enough that CSF beats native at TP 2)
+CONFIGS = {"mxfp4": MX_CONFIG, "nvfp4": NV_CONFIG}
+SCALES = ("w13_weight_scale", "w2_weight_scale")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    register()
+
+
+def _native(fmt, seed=0) -> dict[str, list[torch.Tensor]]:
+    """Unsharded per-expert tensors: gate/up [N, H/..], down [H, N/..]."""
+    bs = fmt.block_size
+    out: dict[str, list[torch.Tensor]] = {}
+    for k, (proj, rows, cols) in enumerate((("gate", N, H), ("up", N, H), ("down", H, N))):
+        s = seed + 100 * k
+        out[proj] = [synthetic_fp4_values((rows, cols // 2), seed=s + e) for e in range(E)]
+        planes = [synthetic_scale_plane((rows, cols // bs), fmt, seed=s + 50 + e) for e in range(E)]
+        out[proj + "_scale"] = [p.view(torch.float8_e4m3fn) if fmt is NVFP4 else p for p in planes]
+        out[proj + "_global"] = [torch.tensor(2.0**-7 * (e + 1)) for e in range(E)]
+        out[proj + "_input"] = [torch.tensor(0.5 * (e + 1)) for e in range(E)]
+    return out
+
+
+def _load(layer, native, fmt) -> None:
+    """As a model's load_weights does: one weight_loader call per expert, projection and tensor."""
+    for e in range(E):
+        for shard, proj in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+            stem = "w2" if shard == "w2" else "w13"
+            names = {"weight": proj, "weight_scale": proj + "_scale"}
+            if fmt is NVFP4:
+                names |= {"weight_scale_2": proj + "_global", "input_scale": proj + "_input"}
+            for suffix, key in names.items():
+                param = getattr(layer, f"{stem}_{suffix}")
+                param.weight_loader(param, native[key][e], f"experts.{stem}_{suffix}", shard, e)
+
+
+def _params(layer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in layer.named_parameters()}
+
+
+def _merge_tp(ranks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The unsharded layout from every rank's shard: W13 halves [gate; up] on dim 1, W2 columns on dim 2."""
+    out = {}
+    for name in ranks[0]:
+        parts = [r[name] for r in ranks]
+        if name.startswith("w13_weight") and parts[0].dim() == 3:
+            gate = [p.chunk(2, dim=1)[0] for p in parts]
+            up = [p.chunk(2, dim=1)[1] for p in parts]
+            out[name] = torch.cat(gate + up, dim=1)
+        elif name.startswith("w2_weight") and parts[0].dim() == 3:
+            out[name] = torch.cat(parts, dim=2)
+        else:  # per-expert globals and input scales are replicated
+            assert all(torch.equal(p, parts[0]) for p in parts), name
+            out[name] = parts[0]
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+def test_parameters_have_the_names_shapes_and_slicing_attributes_of_sglang_fp4_methods(fmt):
+    layer = make_experts(CsfConfig.from_config(CONFIGS[fmt.name]), experts=E, hidden=H, inter=N)
+    shapes = {n: (tuple(p.shape), p.dtype) for n, p in layer.named_parameters()}
+    sdt = torch.float8_e4m3fn if fmt is NVFP4 else torch.uint8
+    bs = fmt.block_size
+    want = {
+        "w13_weight": ((E, 2 * N, H // 2), torch.uint8),
+        "w13_weight_scale": ((E, 2 * N, H // bs), sdt),
+        "w2_weight": ((E, H, N // 2), torch.uint8),
+        "w2_weight_scale": ((E, H, N // bs), sdt),
+    }
+    if fmt is NVFP4:
+        want |= {
+            "w13_weight_scale_2": ((E, 2), torch.float32),
+            "w2_weight_scale_2": ((E,), torch.float32),
+            "w13_input_scale": ((E,), torch.float32),
+            "w2_input_scale": ((E,), torch.float32),
+        }
+    assert shapes == want
+    assert all(getattr(layer, s).quant_method == "group" for s in SCALES)
+    assert all(p.weight_loader == layer.weight_loader for p in layer.parameters())
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+def test_two_tp_ranks_load_exactly_the_halves_of_one(fmt):
+    cfg = CsfConfig.from_config(CONFIGS[fmt.name])
+    native = _native(fmt)
+    whole = make_experts(cfg, experts=E, hidden=H, inter=N)
+    _load(whole, native, fmt)
+    tp1 = _params(whole)
+    ranks = []
+    for rank in range(2):
+        layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=2, rank=rank)
+        assert layer.w2_weight_scale.shape == (E, H, N // 2 // fmt.block_size)
+        _load(layer, native, fmt)
+        ranks.append(_params(layer))
+    merged = _merge_tp(ranks)
+    assert merged.keys() == tp1.keys()
+    for name in tp1:
+        assert _same(merged[name], tp1[name]), name
+    # and TP 1 holds the checkpoint exactly: [gate; up] rows, scale bytes untouched
+    e = 2
+    assert _same(tp1["w13_weight"][e, :N], native["gate"][e])
+    assert _same(tp1["w13_weight_scale"][e, :N], native["gate_scale"][e])
+    assert _same(tp1["w13_weight_scale"][e, N:], native["up_scale"][e])
+    assert _same(tp1["w2_weight_scale"][e], native["down_scale"][e])
+    if fmt is NVFP4:
+        assert tp1["w13_weight_scale_2"][e].tolist() == [native["gate_global"][e].item()] * 2
+        assert tp1["w2_weight_scale_2"][e].item() == native["down_global"][e].item()
+
+
+def test_processing_on_the_cpu_fails_clearly():
+    from sglang.srt.layers.moe.token_dispatcher import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    layer = make_experts(CsfConfig.from_config(MX_CONFIG), experts=E, hidden=H, inter=N)
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        layer.quant_method.process_weights_after_loading(layer)
+    assert not hasattr(layer, BOUND_ATTR)
+    topk = StandardTopKOutput(torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, E))
+    with pytest.raises(RuntimeError, match="not processed"):
+        layer.quant_method.apply(layer, StandardDispatchOutput(torch.zeros(1, H), None, topk))
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_prepared_weights_release_the_native_scales_and_are_accounted(fmt, tp):
+    """Everything process_weights_after_loading does except binding (which needs CUDA memory)."""
+    cfg = CsfConfig.from_config(CONFIGS[fmt.name])
+    layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=tp, rank=tp - 1)
+    _load(layer, _native(fmt), fmt)
+    method = layer.quant_method
+    p, w = method.prepare(layer)
+    geo = p.geometry
+    assert (geo.experts, geo.hidden, geo.intermediate, geo.tp, geo.fmt) == (E, H, N // tp, tp, fmt)
+    native_bytes = sum(getattr(layer, s).numel() for s in SCALES)
+    LEDGER.clear()
+    entry = method.release_native(layer, w)
+    assert entry.layer == PREFIX
+    assert entry.native_bytes == native_bytes and 0 < entry.stored_bytes < native_bytes
+    assert LEDGER.report()["total"]["returned"] == native_bytes - entry.stored_bytes
+    assert all(getattr(layer, s).numel() == 0 for s in SCALES)
+    assert layer.w13_weight.data_ptr() == w.w13.values.data_ptr()
+
+
+def test_the_servers_token_limits_size_the_plan():
+    layer = make_experts(CsfConfig.from_config(MX_CONFIG), experts=E, hidden=H, inter=N, chunked_prefill_size=4096)
+    method = layer.quant_method
+    assert method.prefill_tokens == 4096 and method.max_tokens() == 4096
+    method.capture_sizes = (1, 3, 24, 96)  # as a published cuda_graph_config.decode.bs would set them
+    _load(layer, _native(MXFP4), MXFP4)
+    p, _ = method.prepare(layer)
+    assert p.max_tokens == 4096
+    assert {1, 3, 24, 96} <= {b.tokens for b in p.buckets}
+    assert p.bucket_for(3).tokens == 3  # a captured size runs its own bucket, not the next one
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_served_layer_equals_csf_moe_with_native_scales(fmt):
+    """On the H200 (AOT cache built): the SGLang layer's output is bit-identical to csf-moe's native-scale arm."""
+    from sglang.srt.layers.moe.token_dispatcher import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    from csf_kernels.catalog import load_catalog
+    from csf_moe import bind, plan, prepare_weights
+    from csf_moe.synthetic import synthetic_layer
+
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, fmt)
+    cfg = CsfConfig.from_config(CONFIGS[fmt])
+    layer = make_experts(
+        cfg, experts=geo.experts, hidden=geo.hidden, inter=geo.intermediate, top_k=geo.top_k, device="cuda"
+    )
+    data = synthetic_layer(geo, seed=3, device="cuda")
+    layer.w13_weight.data.copy_(data.w13)
+    layer.w2_weight.data.copy_(data.w2)
+    sdt = layer.w13_weight_scale.dtype
+    layer.w13_weight_scale.data.copy_(data.w13_scale.view(sdt))
+    layer.w2_weight_scale.data.copy_(data.w2_scale.view(sdt))
+    if fmt == "nvfp4":
+        layer.w13_weight_scale_2.data.copy_(data.w13_global_scale[:, None].expand(-1, 2))
+        layer.w2_weight_scale_2.data.copy_(data.w2_global_scale)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert all(getattr(layer, s).numel() == 0 for s in SCALES)
+
+    p = plan(geo, layer.quant_method.max_tokens(), scale_source="native")
+    ref = bind(
+        p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
+    )
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for t in (1, 7, 64, 300):
+        x = torch.randn(t, geo.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(geo.experts, device="cuda", generator=gen)[: geo.top_k] for _ in range(t)])
+        w = torch.rand(t, geo.top_k, device="cuda", generator=gen).to(torch.bfloat16)  # apply converts to fp32
+        topk = StandardTopKOutput(w, ids.to(torch.int32), torch.empty(t, geo.experts, device="cuda"))
+        got = layer.quant_method.apply(layer, StandardDispatchOutput(x, None, topk)).hidden_states
+        assert torch.equal(got, ref.run(x, ids.to(torch.int32), w.float())), f"T={t}"
