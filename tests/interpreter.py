@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from csf_kernels.families import FAMILIES
+from csf_kernels.programs import assumed_multiples, check_multiples
 
 _patch_tensor = _interpreter._patch_lang_tensor
 
@@ -51,7 +52,11 @@ INTERPRETER_CONSTANTS = {"ASM": 0}
 
 def run_launch(launch) -> None:
     """Execute one ``csf_kernels.runtime.Launch`` on CPU tensors."""
-    fn, signature, _ = FAMILIES[launch.spec.kernel].source()
+    fn, signature, module = FAMILIES[launch.spec.kernel].source()
+    # the divisibilities the compiled program assumes, checked as the runtime's bind checks them
+    multiples = assumed_multiples(signature, getattr(module, "MULTIPLE_OF", {}))
+    names = tuple(n for n, t in signature.items() if t != "constexpr")
+    check_multiples(launch.spec.describe(), names, tuple(launch.args), multiples)
     facts = launch.spec.fact
     constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
     constexprs.update({k: v for k, v in INTERPRETER_CONSTANTS.items() if k in constexprs})

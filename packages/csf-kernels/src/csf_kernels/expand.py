@@ -89,11 +89,9 @@ def inline_expansion_launches(
             continue
         if records.numel() >= 1 << 31:
             raise ValueError(f"expand_inline: {records.numel()} record bytes exceed the kernel's 32-bit tile offsets")
-        # the kernel reads headers, selectors and raw rows as aligned words: realign views (bind time only)
-        records = records if records.data_ptr() % 16 == 0 else records.clone()
-        raw = raw if raw.data_ptr() % 16 == 0 else raw.clone()
-        deltas = inline.base_delta
-        deltas = deltas if deltas.data_ptr() % 16 == 0 else deltas.clone()
+        # programs assume 16-byte aligned inputs: realign views (bind time only)
+        arrays = (records, raw, inline.base_delta, inline.base_ref)
+        records, raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
         store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
         spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
         grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))
@@ -102,7 +100,7 @@ def inline_expansion_launches(
                 spec,
                 grid,
                 (
-                    inline.base_ref,
+                    base_ref,
                     deltas,
                     records,
                     raw,
@@ -164,15 +162,13 @@ def bind_expand_compact(
     # an expert's rows may start inside a segment: one more segment than N / 128 covers any alignment
     segments_per_expert = -(-rows_per_expert // 128) + (1 if rows_per_expert % 128 else 0)
     prog = runtime.program(compact_spec(tables.width), geometry=geometry)
+    sections = (tables.codes, tables.escapes, tables.selectors, tables.counts, tables.exceptions)
+    sections = tuple(runtime.aligned(a) for a in sections)  # views into the payload: realign (bind time)
     launch = prog.bind(
         (experts.numel() * segments_per_expert,),
-        tables.codes,
-        tables.escapes,
-        tables.selectors,
-        tables.counts,
-        tables.exceptions,
-        tables.chunk_offsets,
-        tables.segment_escapes,
+        *sections,
+        runtime.aligned(tables.chunk_offsets),
+        runtime.aligned(tables.segment_escapes),
         out,
         experts,
         rows_per_expert,

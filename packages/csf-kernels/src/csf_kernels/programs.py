@@ -12,7 +12,14 @@ import importlib
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["ProgramSpec", "TritonFamily"]
+__all__ = [
+    "ALIGNMENT",
+    "MisalignedArgumentError",
+    "ProgramSpec",
+    "TritonFamily",
+    "assumed_multiples",
+    "check_multiples",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,3 +61,39 @@ class TritonFamily:
         """(jit function, signature dict, module) -- imports triton."""
         mod = importlib.import_module(self.module)
         return getattr(mod, self.function), dict(getattr(mod, self.signature)), mod
+
+
+# ------------------------------------------------------------------------------------ alignment contract
+
+ALIGNMENT = 16  # bytes: every pointer argument of a compiled Triton program is assumed aligned to this
+
+
+class MisalignedArgumentError(ValueError):
+    """An argument breaks a divisibility the program was compiled to assume (it would misaddress)."""
+
+
+def assumed_multiples(signature: dict[str, str], multiples: dict[str, int]) -> dict[str, int]:
+    """Each runtime argument a program is compiled assuming divisible, with its divisor: every pointer
+    (``ALIGNMENT`` bytes, so loads and stores vectorise and pipeline as under Triton's JIT, which
+    specialises the same way) and the integers the kernel module lists in ``MULTIPLE_OF``."""
+    unknown = set(multiples) - {n for n, t in signature.items() if t != "constexpr" and not t.startswith("*")}
+    if unknown:
+        raise ValueError(f"MULTIPLE_OF names no integer argument: {sorted(unknown)}")
+    out = {n: ALIGNMENT for n, t in signature.items() if t.startswith("*")}
+    out.update(multiples)
+    return out
+
+
+def check_multiples(what: str, names: tuple[str, ...], values: tuple, multiples: dict[str, int]) -> None:
+    """Raise :class:`MisalignedArgumentError` unless every assumed divisibility holds (pointers given as
+    tensors or ints)."""
+    for name, value in zip(names, values, strict=True):
+        m = multiples.get(name)
+        if m is None:
+            continue
+        v = value.data_ptr() if hasattr(value, "data_ptr") else int(value)
+        if v % m:
+            raise MisalignedArgumentError(
+                f"{what}: argument {name!r} is {v:#x}, not a multiple of {m} as the program was compiled to "
+                "assume; pass an aligned tensor (e.g. a .clone()) or a conforming shape"
+            )

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import env
 from .manifest import CacheIntegrityError, Manifest, ProgramEntry, sha256_bytes
-from .programs import ProgramSpec
+from .programs import ALIGNMENT, ProgramSpec, check_multiples
 from .toolchain import TARGET, cache_key, sources_hash
 
 __all__ = [
@@ -154,12 +154,16 @@ class LoadedProgram:
     params: tuple[str, ...]
     device: int
     _keepalive: object
+    param_names: tuple[str, ...] = ()
+    multiples: dict[str, int] = field(default_factory=dict)  # divisibilities compiled in (checked at bind)
 
     def bind(self, grid: tuple[int, ...], *args) -> BoundLaunch:
         """Marshal the arguments once; the returned launch costs one driver call. Pointers are given as
         tensors (kept alive by the binding) or ints, scalars as Python ints."""
         if len(args) != len(self.params):
             raise TypeError(f"{self.spec.kernel} takes {len(self.params)} arguments, got {len(args)}")
+        if self.multiples:
+            check_multiples(self.spec.describe(), self.param_names, args, self.multiples)
         gx, gy, gz = (*tuple(grid), 1, 1)[:3]
         values = []
         for t, a in zip(self.params, args, strict=True):
@@ -175,6 +179,13 @@ class LoadedProgram:
     def launch(self, grid: tuple[int, ...], *args) -> None:
         """Bind and launch once on torch's current stream."""
         self.bind(grid, *args)()
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at an ``ALIGNMENT``-byte address, as compiled programs assume: itself, or a copy."""
+    if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _current_stream(device: int) -> int:
@@ -297,6 +308,8 @@ def _load_cubin(spec: ProgramSpec, data: bytes, launch: dict, device: int) -> Lo
         params=tuple(launch["params"]),
         device=device,
         _keepalive=(module, fn),
+        param_names=tuple(launch.get("param_names", ())),
+        multiples=dict(launch.get("multiples", {})),
     )
 
 

@@ -17,8 +17,8 @@ TOOLCHAIN = {"triton": "3.6.0", "nvidia-cutlass-dsl": "4.8.1"}
 TARGET = {"arch": "sm_90a", "compute_capability": [9, 0]}
 
 _PKG = Path(__file__).resolve().parent
-# Kernel sources and the format modules they implement: any change to these is a new cache key.
-_SOURCE_GLOBS = ("kernels/**/*.py", "cute/**/*.py", "catalog.yaml")
+# Kernel sources, how they are compiled, and the format modules they implement: any change is a new cache key.
+_SOURCE_GLOBS = ("kernels/**/*.py", "cute/**/*.py", "catalog.yaml", "aot/compile_*.py")
 _CODEC_FORMAT_MODULES = ("inline.py", "tile_layout.py", "compact.py", "bitfields.py", "container.py")
 
 

@@ -18,7 +18,8 @@ import torch
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.moe import GemmOperand, align_launches, combine_launch, fc1_finish_launch, gemm_launch
-from csf_kernels.runtime import Launch
+from csf_kernels.programs import ALIGNMENT
+from csf_kernels.runtime import Launch, aligned
 
 from .plan import MoEPlan
 from .weights import MoEWeights
@@ -80,7 +81,9 @@ class MoELayer:
             raise ValueError(f"out must be contiguous bf16 {tuple(hidden_states.shape)}")
         if t == 0:
             return out
-        hidden_states = hidden_states.contiguous()
+        if out.data_ptr() % ALIGNMENT:  # the programs assume 16-byte aligned operands
+            return out.copy_(self.run(hidden_states, topk_ids, topk_weights))
+        hidden_states, topk_ids, topk_weights = (aligned(a) for a in (hidden_states, topk_ids, topk_weights))
         key = (t, topk_ids.dtype, hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
                out.data_ptr())  # fmt: skip
         launches = self._bound.get(key)

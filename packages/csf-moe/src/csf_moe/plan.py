@@ -181,6 +181,11 @@ def plan(
         raise ValueError(f"top_k={top_k} must lie in [1, {geometry.experts}]")
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if geometry.hidden % 32 or geometry.intermediate % 32:
+        raise ValueError(
+            f"{geometry.name}: hidden ({geometry.hidden}) and intermediate ({geometry.intermediate}) sizes must be "
+            "multiples of 32 (the GEMM programs are compiled for 16-byte aligned rows)"
+        )
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
     plans = []
     for t in sizes:

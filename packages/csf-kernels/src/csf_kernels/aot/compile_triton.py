@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..families import FAMILIES
 from ..manifest import Artifact
-from ..programs import ProgramSpec
+from ..programs import ProgramSpec, assumed_multiples
 
 __all__ = ["compile_triton"]
 
@@ -15,10 +15,13 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     from triton.compiler import ASTSource
 
     family = FAMILIES[spec.kernel]
-    fn, signature, _ = family.source()
+    fn, signature, module = family.source()
     facts = spec.fact
     constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
-    src = ASTSource(fn, signature=signature, constexprs=constexprs)
+    multiples = assumed_multiples(signature, getattr(module, "MULTIPLE_OF", {}))
+    # what Triton's JIT would specialise on: 16-divisible pointers and integers (the runtime checks them)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if multiples.get(n, 1) % 16 == 0}
+    src = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": facts["num_warps"], "num_stages": facts.get("num_stages", 1)}
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     md = compiled.metadata
@@ -34,6 +37,7 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
         "profile_scratch": [md.profile_scratch_size, md.profile_scratch_align],
         "params": [t for _, t in params],
         "param_names": [n for n, _ in params],
+        "multiples": {n: multiples[n] for n, _ in params if n in multiples},
         "triton": triton.__version__,
     }
     return Artifact(kind="triton_cubin", data=bytes(compiled.asm["cubin"]), launch=launch)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+MULTIPLE_OF = {"hidden": 16}  # integer arguments compiled in as divisible (checked at bind)
+
 SIGNATURE = {
     "y": "*bf16",
     "part": "*fp32",

@@ -11,6 +11,8 @@ import triton.language as tl
 
 from .moe_gemm import SWIGLU_ALPHA, SWIGLU_LIMIT
 
+MULTIPLE_OF = {"n_out": 16}  # integer arguments compiled in as divisible (checked at bind)
+
 SIGNATURE = {
     "part": "*fp32",
     "topk_ids": "*i32",

@@ -66,6 +66,10 @@ SIGNATURE = {
     "BN": "constexpr",
 }
 
+# integer arguments the program is compiled to assume divisible (pointers: 16 bytes); the runtime checks
+# them at bind. K % 32: the weight row stride (K // 32) * 16 bytes is then provably 16-byte aligned.
+MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
+
 SWIGLU_ALPHA = tl.constexpr(1.702)
 SWIGLU_LIMIT = tl.constexpr(7.0)
 
@@ -208,7 +212,8 @@ def _weight_bytes(w_e, rows, valid, t, K, FMT: tl.constexpr):
     g = tl.arange(0, G)[None, None, :]
     kb = t * (4 * G) + c * G + g  # byte column
     m = valid[:, None, None] & (kb < K // 2)
-    return tl.load(w_e + rows[:, None, None].to(tl.int64) * (K // 2) + kb, mask=m, other=0)
+    row_bytes = (K // 32) * 16  # = K // 2 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
+    return tl.load(w_e + rows[:, None, None].to(tl.int64) * row_bytes + kb, mask=m, other=0)
 
 
 @triton.jit
@@ -318,7 +323,7 @@ def moe_gemm(
     valid = n < n_out
     rows_a = tl.where(valid, n, 0)
     rows_b = rows_a + n_out
-    w_e = w + e.to(tl.int64) * R * (K // 2)
+    w_e = w + e.to(tl.int64) * R * ((K // 32) * 16)
     scales_e = scales + e.to(tl.int64) * R * C
     if SRC == 1:
         _, slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
