@@ -84,6 +84,16 @@ def bench_moe(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_mla(session: nox.Session) -> None:
+    """Sparse MLA decode figures at FlashMLA's configurations (needs a GPU and the built aot_cache/), as
+    JSON under benchmarks/results/. On the H200 run the script directly: see README."""
+    _install_packages(session)
+    stamp = datetime.date.today().isoformat()
+    out = f"benchmarks/results/mla-{stamp}-{_commit()}.json"
+    session.run("python", "benchmarks/bench_mla.py", "--out", out, *session.posargs)
+
+
+@nox.session
 def tests_vllm(session: nox.Session) -> None:
     """The vLLM adapter tests on the CPU against the real vLLM (it pins torch 2.14, so it gets its own ~10 GB venv;
     the first install takes a few minutes). CI runs it after `tests`, which skips these without vLLM."""

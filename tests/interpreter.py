@@ -4,7 +4,9 @@ Sets TRITON_INTERPRET and works around two defects of Triton 3.6's interpreter:
 * with numpy >= 2.4 a kernel's scalar arguments arrive as one-element arrays, which ``range()`` cannot
   take (``int()`` of a 1-d array);
 * ``tl.dot`` multiplies bf16 operands as their raw uint16 storage; they are widened to float32 here
-  (exact: what the tensor cores compute, up to accumulation order).
+  (exact: what the tensor cores compute, up to accumulation order);
+* so does bf16 elementwise arithmetic (``a * b`` on bf16 tensors): computed here in float32 and rounded
+  to nearest even, as the GPU does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
 
 _create_dot_orig = _interpreter.InterpreterBuilder.create_dot
 _interpreter.InterpreterBuilder.create_dot = _create_dot
+
+_FLOAT_OPS = (np.add, np.subtract, np.multiply, np.divide, np.fmod)
+
+
+def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def _binary_op(self, lhs, rhs, op):
+    if lhs.dtype.scalar == tl.bfloat16 and op in _FLOAT_OPS:
+        a, b = (_bf16_as_f32(h).data for h in (lhs, rhs))
+        return _interpreter.TensorHandle(_f32_to_bf16_bits(op(a, b)), tl.bfloat16)
+    return _binary_op_orig(self, lhs, rhs, op)
+
+
+_binary_op_orig = _interpreter.InterpreterBuilder.binary_op
+_interpreter.InterpreterBuilder.binary_op = _binary_op
 
 
 # constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins

@@ -1,4 +1,25 @@
-"""csf-attention: DeepSeek-style sparse MLA decode over an FP8 KV cache on Hopper.
+"""csf-attention: DeepSeek-V3.2-style sparse MLA decode over an FP8 KV cache on Hopper.
 
-Depends on csf-codec and csf-kernels. Not built yet: see the sparse-MLA issue.
+``plan(MLACaps(...))`` -> ``bind(plan, scratch)`` -> ``decoder.run_decode(q, kv_cache, indices, lengths,
+sm_scale, attn_sink=None)``; the cache writer (``write_kv``) and the float32 reference are here too.
 """
+
+from .cache import dequantize_records, quantize_records, read_kv, write_kv
+from .decode import SparseMLADecoder, bind
+from .plan import MLACaps, MLAPlan, MLAScratch, plan
+from .reference import live_candidates, sparse_mla_reference
+
+__all__ = [
+    "MLACaps",
+    "MLAPlan",
+    "MLAScratch",
+    "SparseMLADecoder",
+    "bind",
+    "dequantize_records",
+    "live_candidates",
+    "plan",
+    "quantize_records",
+    "read_kv",
+    "sparse_mla_reference",
+    "write_kv",
+]

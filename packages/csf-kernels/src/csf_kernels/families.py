@@ -12,6 +12,7 @@ from csf_codec.inline import DELTA_BITS, record_bytes_choices
 from csf_codec.tile_layout import TILE_COLS
 
 from .catalog import Catalog, MoEGeometry
+from .mla_specs import MLA_DECODE, MLA_MERGE, sparse_mla_specs
 from .moe_specs import (
     MOE_ALIGN_PLAN,
     MOE_ALIGN_SCATTER,
@@ -43,7 +44,17 @@ EXPAND_COMPACT = TritonFamily(
 )
 FAMILIES = {
     f.kernel: f
-    for f in (EXPAND_INLINE, EXPAND_COMPACT, MOE_ALIGN_PLAN, MOE_ALIGN_SCATTER, MOE_GEMM, MOE_COMBINE, MOE_FC1_FINISH)
+    for f in (
+        EXPAND_INLINE,
+        EXPAND_COMPACT,
+        MOE_ALIGN_PLAN,
+        MOE_ALIGN_SCATTER,
+        MOE_GEMM,
+        MOE_COMBINE,
+        MOE_FC1_FINISH,
+        MLA_DECODE,
+        MLA_MERGE,
+    )
 }
 # CuTe DSL: the inline-tile stage decoder (building block of the inline-scale wgmma GEMM)
 CUTE_STAGE_DECODER = "stage.inline_decoder"
@@ -164,6 +175,8 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
     for fmt in sorted({g.fmt.name for g in catalog.moe}):
         for spec in format_expansion_specs(catalog_format(fmt)):
             out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+    for spec in sparse_mla_specs(catalog.sparse_mla):
+        out.setdefault(spec.key, (spec, []))[1].append("sparse_mla")
     if cute:
         for geo in catalog.moe:
             for s in record_bytes_choices(geo.fmt, TILE_COLS):

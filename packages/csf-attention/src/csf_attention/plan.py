@@ -1,0 +1,90 @@
+"""Planning sparse MLA decode: capabilities in, a frozen plan out (no GPU, no compiler).
+
+The plan fixes the head block, how many splits a call with ``rows`` query rows gets (the balanced
+policy: enough programs for ``waves`` waves over ``sm_count`` SMs, at most one 64-candidate chunk per
+split at the widest), the scratch layout for the split partials, and every program a bound decoder may
+launch, so ``bind`` can resolve them all up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from csf_kernels.mla_layout import CHUNK, PAGE_SIZE, VALUE_DIM
+from csf_kernels.mla_specs import PARTIAL_DTYPES, decode_spec, head_block, merge_spec
+from csf_kernels.programs import ProgramSpec
+
+__all__ = ["H200_SMS", "MODES", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
+
+MODES = ("decode",)
+H200_SMS = 132
+_ALIGN = 256  # scratch region alignment (bytes)
+
+
+@dataclass(frozen=True)
+class MLACaps:
+    """What a served model needs: heads per rank, the most query rows per call, the top-k width."""
+
+    heads: int
+    max_rows: int
+    topk: int
+    page_size: int = PAGE_SIZE
+    mode: str = "decode"
+    partial_dtype: str = "float32"  # split partials: float32 (one rounding, at the output) or bfloat16
+    sm_count: int = H200_SMS
+    waves: int = 1
+
+
+@dataclass(frozen=True)
+class MLAScratch:
+    """Byte offsets and sizes in the caller-owned scratch (256-byte aligned regions)."""
+
+    part_out: tuple[int, int]  # (offset, bytes): [slots, heads, 512] partial outputs
+    part_lse: tuple[int, int]  # (offset, bytes): [slots, heads] float32 partial log-sum-exps
+    slots: int  # rows * splits, at most, over every row count the plan admits
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class MLAPlan:
+    caps: MLACaps
+    head_block: int
+    max_splits: int
+    scratch: MLAScratch
+    programs: tuple[ProgramSpec, ...]
+
+    @property
+    def head_blocks(self) -> int:
+        return self.caps.heads // self.head_block
+
+    def splits_for(self, rows: int) -> int:
+        """Splits per row for a call with ``rows`` rows: the balanced policy's target."""
+        if not 0 < rows <= self.caps.max_rows:
+            raise ValueError(f"rows={rows} outside the plan's [1, {self.caps.max_rows}]")
+        target = (self.caps.waves * self.caps.sm_count) // (rows * self.head_blocks)
+        return max(1, min(self.max_splits, target))
+
+
+def plan(caps: MLACaps) -> MLAPlan:
+    if caps.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {caps.mode!r}")
+    if caps.page_size != PAGE_SIZE:
+        raise ValueError(f"page_size must be {PAGE_SIZE} (the record layout's), got {caps.page_size}")
+    if caps.topk <= 0 or caps.topk % CHUNK:
+        raise ValueError(f"topk must be a positive multiple of {CHUNK}, got {caps.topk}")
+    if caps.max_rows <= 0 or caps.sm_count <= 0 or caps.waves <= 0:
+        raise ValueError(f"max_rows, sm_count and waves must be positive, got {caps}")
+    if caps.partial_dtype not in PARTIAL_DTYPES:
+        raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {caps.partial_dtype!r}")
+    bh = head_block(caps.heads)
+    max_splits = caps.topk // CHUNK
+    draft = MLAPlan(caps, bh, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
+    slots = max(r * draft.splits_for(r) for r in range(1, caps.max_rows + 1))
+    esize = 4 if caps.partial_dtype == "float32" else 2
+    out_bytes = slots * caps.heads * VALUE_DIM * esize
+    lse_at = -(-out_bytes // _ALIGN) * _ALIGN
+    lse_bytes = slots * caps.heads * 4
+    scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), slots, lse_at + -(-lse_bytes // _ALIGN) * _ALIGN)
+    merges = [merge_spec(caps.partial_dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
+    programs = (decode_spec(bh, caps.partial_dtype), *merges)
+    return MLAPlan(caps, bh, max_splits, scratch, programs)

@@ -1,0 +1,124 @@
+"""Triton: sparse MLA decode over FP8 KV records (csf_kernels.mla_layout), split over the top-k list.
+
+One program takes one query row, ``BH`` heads and one split of the row's live candidates. Candidates
+come in chunks of 64; the balanced policy gives split ``s`` of ``splits`` the chunks
+``[s * cps, (s + 1) * cps)`` with ``cps = ceil(live_chunks / splits)``, so a short row still spreads over
+every split. Per chunk: gather the 64 records, dequantize the latent to bf16 (exact: E4M3 times a
+power of two), scores = q_latent . k_latent + q_rope . k_rope (float32), then an online softmax whose
+running maximum rescales both the normaliser and the accumulator whenever it rises. Each split writes its
+normalised output and log-sum-exp; ``mla_merge`` combines the splits. A candidate is skipped when its
+position is past the row's length, its index is negative, or it is not below ``num_slots``: nothing is
+read outside the cache.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGNATURE = {
+    "q": "*bf16",  # [rows, heads, 576]
+    "kv": "*u8",  # [num_slots, 656] records
+    "indices": "*i32",  # [rows, topk]
+    "lengths": "*i32",  # [rows]
+    "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
+    "part_lse": "*fp32",  # [rows * splits, heads]
+    "num_slots": "i64",
+    "sm_scale": "fp32",
+    "heads": "i32",
+    "topk": "i32",
+    "splits": "i32",  # = grid dimension 1
+    "BH": "constexpr",
+    "PARTIAL_BF16": "constexpr",
+}
+MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
+
+LATENT = tl.constexpr(512)
+ROPE = tl.constexpr(64)
+CHUNK = tl.constexpr(64)
+GROUP = tl.constexpr(128)
+RECORD = tl.constexpr(656)
+SCALE_AT = tl.constexpr(512)
+ROPE_AT = tl.constexpr(528)
+QDIM = tl.constexpr(576)
+
+
+@triton.jit
+def _chunk_keys(rec, live):
+    """Latent keys/values (bf16 [CHUNK, 512], exact) and rope keys (bf16 [CHUNK, 64]) of one chunk."""
+    d = tl.arange(0, LATENT)
+    g = tl.arange(0, LATENT // GROUP)
+    r = tl.arange(0, ROPE)
+    lat8 = tl.load(rec[:, None] + d[None, :], mask=live[:, None], other=0)
+    scales = (rec + SCALE_AT).to(tl.pointer_type(tl.float32))
+    scale = tl.load(scales[:, None] + g[None, :], mask=live[:, None], other=0.0)
+    # E4M3 -> bf16 is exact, and so is the product with a power-of-two scale
+    lat = lat8.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    lat = tl.reshape(lat, [CHUNK, LATENT // GROUP, GROUP]) * scale.to(tl.bfloat16)[:, :, None]
+    k = tl.reshape(lat, [CHUNK, LATENT])
+    ropes = (rec + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(ropes[:, None] + r[None, :], mask=live[:, None], other=0.0)
+    return k, rope
+
+
+@triton.jit
+def mla_decode(
+    q,
+    kv,
+    indices,
+    lengths,
+    part_out,
+    part_lse,
+    num_slots,
+    sm_scale,
+    heads,
+    topk,
+    splits,
+    BH: tl.constexpr,  # heads per program
+    PARTIAL_BF16: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    head_blocks = heads // BH
+    row = pid // head_blocks
+    h = (pid % head_blocks) * BH + tl.arange(0, BH)
+    n = tl.minimum(tl.maximum(tl.load(lengths + row), 0), topk)
+    live_chunks = (n + CHUNK - 1) // CHUNK
+    cps = (live_chunks + splits - 1) // splits
+    c0 = s * cps
+    c1 = tl.minimum(c0 + cps, live_chunks)
+
+    d = tl.arange(0, LATENT)
+    q_row = q + (row.to(tl.int64) * heads + h[:, None]) * QDIM
+    q_lat = tl.load(q_row + d[None, :])
+    q_rope = tl.load(q_row + LATENT + tl.arange(0, ROPE)[None, :])
+    m = tl.full([BH], float("-inf"), tl.float32)
+    den = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, LATENT], tl.float32)
+    j = tl.arange(0, CHUNK)
+    for c in range(c0, c1):
+        pos = c * CHUNK + j
+        idx = tl.load(indices + row.to(tl.int64) * topk + pos, mask=pos < n, other=-1)
+        live = (pos < n) & (idx >= 0) & (idx.to(tl.int64) < num_slots)
+        rec = kv + tl.where(live, idx, 0).to(tl.int64) * RECORD
+        k, rope = _chunk_keys(rec, live)
+        sc = tl.dot(q_lat, tl.trans(k)) + tl.dot(q_rope, tl.trans(rope))
+        sc = tl.where(live[None, :], sc * sm_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
+        alpha = tl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
+        p = tl.exp(sc - m_ref[:, None])
+        den = den * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
+        m = m_new
+
+    has = den > 0
+    lse = tl.where(has, m + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+    o = acc / tl.where(has, den, 1.0)[:, None]
+    slot = row.to(tl.int64) * splits + s
+    at = (slot * heads + h[:, None]) * LATENT + d[None, :]
+    if PARTIAL_BF16:
+        tl.store(part_out.to(tl.pointer_type(tl.bfloat16)) + at, o.to(tl.bfloat16))
+    else:
+        tl.store(part_out + at, o)
+    tl.store(part_lse + slot * heads + h, lse)

@@ -1,0 +1,72 @@
+"""Triton: merge the split partials of sparse MLA decode into the bf16 output (and the log-sum-exp).
+
+One program per (query row, head). out = sum_s w_s o_s / (sum_s w_s + exp(sink - M)), w_s =
+exp(lse_s - M), M the largest of the split maxima and the sink. A row with no live candidate gets zeros
+and lse = -inf. The returned lse covers the keys only (the sink scales the output, as FlashMLA's does).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGNATURE = {
+    "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
+    "part_lse": "*fp32",  # [rows * splits, heads]
+    "attn_sink": "*fp32",  # [heads] (HAS_SINK)
+    "out": "*bf16",  # [rows, heads, 512]
+    "lse_out": "*fp32",  # [rows, heads] (WRITE_LSE)
+    "heads": "i32",
+    "splits": "i32",
+    "PARTIAL_BF16": "constexpr",
+    "HAS_SINK": "constexpr",
+    "WRITE_LSE": "constexpr",
+}
+MULTIPLE_OF = {"heads": 16}
+
+LATENT = tl.constexpr(512)
+
+
+@triton.jit
+def mla_merge(
+    part_out,
+    part_lse,
+    attn_sink,
+    out,
+    lse_out,
+    heads,
+    splits,
+    PARTIAL_BF16: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    pid = tl.program_id(0)  # row * heads + head
+    row = pid // heads
+    hd = pid % heads
+    d = tl.arange(0, LATENT)
+    first = row.to(tl.int64) * splits
+    m = tl.full([], float("-inf"), tl.float32)
+    for s in range(0, splits):
+        m = tl.maximum(m, tl.load(part_lse + (first + s) * heads + hd))
+    if HAS_SINK:
+        sink = tl.load(attn_sink + hd)
+        m = tl.maximum(m, sink)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    num = tl.zeros([LATENT], tl.float32)
+    den = tl.full([], 0.0, tl.float32)
+    for s in range(0, splits):
+        w = tl.exp(tl.load(part_lse + (first + s) * heads + hd) - m_ref)
+        at = ((first + s) * heads + hd) * LATENT + d
+        if PARTIAL_BF16:
+            o = tl.load(part_out.to(tl.pointer_type(tl.bfloat16)) + at).to(tl.float32)
+        else:
+            o = tl.load(part_out + at)
+        num += tl.where(w > 0, w * o, 0.0)  # a split without keys holds no output (never 0 * garbage)
+        den += w
+    total = den
+    if HAS_SINK:
+        total = den + tl.exp(sink - m_ref)
+    res = tl.where(total > 0, num / tl.where(total > 0, total, 1.0), 0.0)
+    tl.store(out + pid.to(tl.int64) * LATENT + d, res.to(tl.bfloat16))
+    if WRITE_LSE:
+        tl.store(lse_out + pid, tl.where(den > 0, m_ref + tl.log(tl.where(den > 0, den, 1.0)), float("-inf")))

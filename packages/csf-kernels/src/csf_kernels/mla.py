@@ -1,0 +1,105 @@
+"""Host side of the sparse-MLA programs: argument checks and marshalling for decode and merge.
+
+Returns :class:`Launch` objects (spec, grid, arguments); csf-attention plans splits and scratch and
+binds them. Nothing here allocates on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mla_layout import HEAD_DIM, RECORD_BYTES, VALUE_DIM
+from .mla_specs import decode_spec, head_block, merge_spec
+from .runtime import Launch
+
+__all__ = ["check_decode_inputs", "decode_launch", "merge_launch"]
+
+
+def check_decode_inputs(q, kv_cache, indices, lengths, attn_sink=None) -> None:
+    """Shapes, dtypes and devices of one decode call; raises ValueError / TypeError naming the argument."""
+    if q.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[2] != HEAD_DIM or not q.is_contiguous():
+        raise ValueError(f"q must be contiguous bf16 [rows, heads, {HEAD_DIM}], got {q.dtype} {tuple(q.shape)}")
+    rows, heads = q.shape[0], q.shape[1]
+    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != RECORD_BYTES or not kv_cache.is_contiguous():
+        raise ValueError(f"kv_cache must be contiguous uint8 [..., {RECORD_BYTES}], got {kv_cache.dtype} "
+                         f"{tuple(kv_cache.shape)}")  # fmt: skip
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != rows or not indices.is_contiguous():
+        raise ValueError(f"indices must be contiguous int32 [{rows}, topk], got {indices.dtype} {tuple(indices.shape)}")
+    if lengths.dtype != torch.int32 or tuple(lengths.shape) != (rows,) or not lengths.is_contiguous():
+        raise ValueError(f"lengths must be contiguous int32 [{rows}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if attn_sink is not None and (attn_sink.dtype != torch.float32 or tuple(attn_sink.shape) != (heads,)):
+        raise ValueError(f"attn_sink must be float32 [{heads}], got {attn_sink.dtype} {tuple(attn_sink.shape)}")
+    devices = {t.device for t in (q, kv_cache, indices, lengths) + ((attn_sink,) if attn_sink is not None else ())}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+
+
+def decode_launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    sm_scale: float,
+    splits: int,
+    partial_dtype: str = "float32",
+) -> Launch:
+    """The decode program over ``splits`` splits per row; partials [rows * splits, heads, 512] and lse
+    [rows * splits, heads] (views of the caller's scratch)."""
+    rows, heads = q.shape[0], q.shape[1]
+    want = (rows * splits, heads, VALUE_DIM)
+    if tuple(part_out.shape) != want or tuple(part_lse.shape) != want[:2]:
+        raise ValueError(
+            f"partials must be {want} and {want[:2]}, got {tuple(part_out.shape)}, {tuple(part_lse.shape)}"
+        )
+    bh = head_block(heads)
+    num_slots = kv_cache.numel() // RECORD_BYTES
+    return Launch(
+        decode_spec(bh, partial_dtype),
+        (rows * (heads // bh), splits),
+        (
+            q,
+            kv_cache,
+            indices,
+            lengths,
+            part_out,
+            part_lse,
+            num_slots,
+            float(sm_scale),
+            heads,
+            indices.shape[1],
+            splits,
+        ),
+    )
+
+
+def merge_launch(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    splits: int,
+    attn_sink: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    partial_dtype: str = "float32",
+    placeholder: torch.Tensor,
+) -> Launch:
+    """The merge program: ``out`` bf16 [rows, heads, 512] (and ``lse`` float32 [rows, heads] if given)."""
+    rows, heads = out.shape[0], out.shape[1]
+    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (rows, heads)):
+        raise ValueError(f"lse must be float32 [{rows}, {heads}], got {lse.dtype} {tuple(lse.shape)}")
+    return Launch(
+        merge_spec(partial_dtype, sink=attn_sink is not None, lse=lse is not None),
+        (rows * heads,),
+        (
+            part_out,
+            part_lse,
+            placeholder if attn_sink is None else attn_sink,
+            out,
+            placeholder if lse is None else lse,
+            heads,
+            splits,
+        ),
+    )

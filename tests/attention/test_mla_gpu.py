@@ -1,0 +1,130 @@
+"""Sparse MLA decode on the GPU, from the AOT cache (frozen): every catalog head count and top-k width
+against the float32 reference, splits, sinks, CUDA graphs with changing lengths, and records past 4 GiB."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_kernels.mla_layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
+from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err
+
+pytestmark = pytest.mark.gpu
+SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
+REL_TOL = 1.5e-2  # p rounds to bf16 before the value product, the output to bf16 once
+CATALOG = load_catalog().sparse_mla
+
+
+@pytest.fixture(autouse=True)
+def frozen():
+    runtime.freeze()
+    before = runtime.compilations()
+    yield
+    assert runtime.compilations() == before == 0
+    runtime.unfreeze()
+
+
+def _decoder(caps: MLACaps):
+    p = plan(caps)
+    return bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
+
+
+def _poisoned(dec, x, attn_sink=None):
+    dec.scratch.fill_(0xFF)
+    rows, heads = x.q.shape[0], x.q.shape[1]
+    out = torch.full((rows, heads, VALUE_DIM), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    return dec.run_decode(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale, attn_sink, return_lse=True, out=out,
+                          lse=lse)  # fmt: skip
+
+
+def _check(got, want, what):
+    out, lse = got
+    err = rel_err(out, want[0])
+    assert err < REL_TOL, f"seed {SEED} {what}: rel err {err:.3g}"
+    assert not torch.isnan(out).any(), f"seed {SEED} {what}: NaN"
+    assert torch.equal(torch.isinf(lse), torch.isinf(want[1])), f"seed {SEED} {what}: lse -inf pattern"
+    fin = torch.isfinite(want[1])
+    assert torch.allclose(lse[fin], want[1][fin], atol=2e-3, rtol=1e-3), f"seed {SEED} {what}: lse"
+
+
+@pytest.mark.parametrize("heads", CATALOG["heads"])
+@pytest.mark.parametrize("topk", CATALOG["top_k"])
+def test_decode_matches_the_reference(heads, topk):
+    gen = torch.Generator().manual_seed(SEED)
+    for rows in (1, 7, 64):
+        lengths = [topk - 3 * r for r in range(rows)]
+        lengths[-1] = 0 if rows > 1 else topk
+        x = mla_inputs(gen, rows=rows, heads=heads, topk=topk, pages=64, lengths=lengths, device="cuda")
+        sink = torch.randn(heads, generator=gen).cuda()
+        for dtype in ("float32", "bfloat16"):
+            dec = _decoder(MLACaps(heads=heads, max_rows=64, topk=topk, partial_dtype=dtype))
+            for attn_sink in (None, sink):
+                want = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale, attn_sink)
+                _check(_poisoned(dec, x, attn_sink), want, f"h={heads} k={topk} rows={rows} {dtype}")
+
+
+def test_splits_agree_with_one_split_and_a_late_maximum_is_rescaled():
+    gen = torch.Generator().manual_seed(SEED)
+    x = mla_inputs(gen, rows=2, heads=16, topk=2048, pages=64, lengths=[2048, 100], device="cuda")
+    one = _poisoned(_decoder(MLACaps(heads=16, max_rows=2, topk=2048, sm_count=1)), x)[0]
+    many = _poisoned(_decoder(MLACaps(heads=16, max_rows=2, topk=2048)), x)[0]
+    assert float((many.float() - one.float()).abs().max()) <= 2e-2 * float(one.float().abs().max())
+    y = late_maximum_inputs(gen, heads=16, chunks=10, device="cuda")
+    want = sparse_mla_reference(y.q, y.kv_cache, y.indices, y.lengths, y.sm_scale)
+    got = _poisoned(_decoder(MLACaps(heads=16, max_rows=1, topk=640, sm_count=1)), y)
+    assert rel_err(got[0][:, 0], want[0][:, 0]) < REL_TOL, f"seed {SEED}: late maximum"
+
+
+def test_cuda_graph_replay_with_changing_lengths_is_exact_and_allocation_free():
+    gen = torch.Generator().manual_seed(SEED)
+    rows, heads, topk = 8, 32, 2048
+    x = mla_inputs(gen, rows=rows, heads=heads, topk=topk, pages=128, lengths=[topk] * rows, device="cuda")
+    dec = _decoder(MLACaps(heads=heads, max_rows=rows, topk=topk))
+    out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(rows, heads, device="cuda")
+
+    def run():
+        dec.run_decode(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale, return_lse=True, out=out, lse=lse)
+
+    run()  # bind outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(3):
+        x.lengths.copy_(torch.randint(0, topk + 1, (rows,), generator=gen, dtype=torch.int32))
+        x.indices.copy_(torch.randint(-1, 128 * PAGE_SIZE, (rows, topk), generator=gen, dtype=torch.int32))
+        eager = [t.clone() for t in _poisoned(dec, x)]
+        dec.scratch.fill_(0xFF)
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocs, "replay allocated"
+        assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1]), f"seed {SEED}: replay != eager"
+
+
+def test_records_past_2_and_4_gib_are_addressed_exactly():
+    slots = -(-(4 * 2**30 + 2**28) // RECORD_BYTES)  # a 4.25 GiB cache
+    pages = -(-slots // PAGE_SIZE)
+    kv = torch.zeros(pages, PAGE_SIZE, RECORD_BYTES, dtype=torch.uint8, device="cuda")
+    gen = torch.Generator().manual_seed(SEED)
+    n = pages * PAGE_SIZE
+    high = torch.tensor([(2**31) // RECORD_BYTES + i for i in range(32)] + [n - 1 - i for i in range(32)])
+    latent, rope = torch.randn(64, LATENT, generator=gen), torch.randn(64, ROPE, generator=gen)
+    write_kv(kv, high.cuda(), latent.cuda(), rope.cuda())  # records straddling 2 GiB, and past 4 GiB
+    indices = high.to(torch.int32).view(1, 64).repeat(2, 1).cuda()
+    indices[1, ::2] = -1
+    q = (torch.randn(2, 16, LATENT + ROPE, generator=gen) * 0.05).to(torch.bfloat16).cuda()
+    lengths = torch.tensor([64, 64], dtype=torch.int32, device="cuda")
+    dec = _decoder(MLACaps(heads=16, max_rows=2, topk=64))
+    out, lse = dec.run_decode(q, kv, indices, lengths, 0.04, return_lse=True)
+    want = sparse_mla_reference(q, kv, indices, lengths, 0.04)
+    assert rel_err(out, want[0]) < REL_TOL and torch.allclose(lse, want[1], atol=2e-3, rtol=1e-3), f"seed {SEED}"

@@ -1,0 +1,92 @@
+"""Sparse-MLA planning: the balanced split policy, scratch layout, programs, argument checks (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csf_attention import MLACaps, SparseMLADecoder, plan
+from csf_kernels.catalog import load_catalog
+from csf_kernels.families import catalog_specs
+from csf_kernels.mla_layout import VALUE_DIM
+from tests.attention.mla_cases import mla_inputs
+
+
+def test_split_policy_fills_the_machine_and_never_exceeds_one_chunk_per_split():
+    p = plan(MLACaps(heads=128, max_rows=128, topk=2048))
+    assert p.head_blocks == 128 // p.head_block
+    for rows in (1, 2, 7, 32, 128):
+        s = p.splits_for(rows)
+        assert 1 <= s <= 2048 // 64
+        assert rows * p.head_blocks * s <= max(132, rows * p.head_blocks)  # one wave at most
+    assert p.splits_for(1) == min(32, 132 // p.head_blocks)
+    small = plan(MLACaps(heads=16, max_rows=4, topk=512))
+    assert small.splits_for(1) == 512 // 64  # a lone row with one head block: every chunk its own split
+    with pytest.raises(ValueError, match="rows=5"):
+        small.splits_for(5)
+
+
+def test_scratch_holds_the_partials_of_every_row_count():
+    for dtype, esize in (("float32", 4), ("bfloat16", 2)):
+        caps = MLACaps(heads=32, max_rows=64, topk=2048, partial_dtype=dtype)
+        p = plan(caps)
+        slots = max(r * p.splits_for(r) for r in range(1, 65))
+        assert p.scratch.slots == slots
+        assert p.scratch.part_out == (0, slots * 32 * VALUE_DIM * esize)
+        off, size = p.scratch.part_lse
+        assert off % 256 == 0 and off >= p.scratch.part_out[1] and size == slots * 32 * 4
+        assert p.scratch.nbytes >= off + size
+
+
+@pytest.mark.parametrize(
+    ("caps", "match"),
+    [
+        (MLACaps(heads=24, max_rows=1, topk=512), "multiple of 16 heads"),
+        (MLACaps(heads=16, max_rows=1, topk=500), "topk must be"),
+        (MLACaps(heads=16, max_rows=0, topk=512), "must be positive"),
+        (MLACaps(heads=16, max_rows=1, topk=512, page_size=32), "page_size"),
+        (MLACaps(heads=16, max_rows=1, topk=512, mode="prefill"), "mode"),
+        (MLACaps(heads=16, max_rows=1, topk=512, partial_dtype="float16"), "partial_dtype"),
+    ],
+)
+def test_unsupported_capabilities_are_refused(caps, match):
+    with pytest.raises(ValueError, match=match):
+        plan(caps)
+
+
+def test_every_catalog_plan_uses_only_cataloged_programs():
+    cat = load_catalog()
+    have = set(catalog_specs(cat, cute=False))
+    for heads in cat.sparse_mla["heads"]:
+        for topk in cat.sparse_mla["top_k"]:
+            for dtype in ("float32", "bfloat16"):
+                p = plan(MLACaps(heads=heads, max_rows=128, topk=topk, partial_dtype=dtype))
+                assert {s.key for s in p.programs} <= have, (heads, topk, dtype)
+
+
+def test_decoder_refuses_mismatched_inputs_before_launching():
+    p = plan(MLACaps(heads=16, max_rows=2, topk=128))
+    dec = SparseMLADecoder(p, torch.zeros(p.scratch.nbytes, dtype=torch.uint8))
+    x = mla_inputs(torch.Generator().manual_seed(0), rows=2, heads=16, topk=128, pages=2, lengths=[128, 5])
+    out = torch.empty(2, 16, VALUE_DIM, dtype=torch.bfloat16)
+    ok = (x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale, None, out, None)
+    assert len(dec.launches(*ok)) == 2
+    bad = {
+        0: (x.q.float(), "q must be"),
+        1: (x.kv_cache[..., :600].contiguous(), "kv_cache must be"),
+        2: (x.indices.long(), "indices must be"),
+        3: (x.lengths[:1], "lengths must be"),
+        5: (torch.zeros(8), "attn_sink must be"),
+        6: (out[:1], "out must be"),
+    }
+    for i, (value, match) in bad.items():
+        args = list(ok)
+        args[i] = value
+        with pytest.raises(ValueError, match=match):
+            dec.launches(*args)
+    wide = mla_inputs(torch.Generator().manual_seed(0), rows=3, heads=16, topk=128, pages=2, lengths=[1, 1, 1])
+    with pytest.raises(ValueError, match="rows=3"):
+        dec.launches(wide.q, wide.kv_cache, wide.indices, wide.lengths, 1.0, None,
+                     torch.empty(3, 16, VALUE_DIM, dtype=torch.bfloat16), None)  # fmt: skip
+    with pytest.raises(ValueError, match="scratch must be"):
+        SparseMLADecoder(p, torch.zeros(p.scratch.nbytes - 1, dtype=torch.uint8))
