@@ -6,7 +6,9 @@ Sets TRITON_INTERPRET and works around two defects of Triton 3.6's interpreter:
 * ``tl.dot`` multiplies bf16 operands as their raw uint16 storage; they are widened to float32 here
   (exact: what the tensor cores compute, up to accumulation order);
 * so does bf16 elementwise arithmetic (``a * b`` on bf16 tensors): computed here in float32 and rounded
-  to nearest even, as the GPU does.
+  to nearest even, as the GPU does;
+* narrowing float32 to E4M3 drops the carry when the mantissa rounds up into the next binade (127.3 ->
+  64): done here with torch's float8_e4m3fn conversion (round to nearest even, as the GPU's cvt.rn).
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def _binary_op(self, lhs, rhs, op):
 
 _binary_op_orig = _interpreter.InterpreterBuilder.binary_op
 _interpreter.InterpreterBuilder.binary_op = _binary_op
+
+
+def _create_fp_to_fp(self, src, dst_type, rounding_mode):
+    if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.bfloat16):
+        import torch
+
+        wide = torch.from_numpy(np.ascontiguousarray(_bf16_as_f32(src).data, dtype=np.float32))
+        return _interpreter.TensorHandle(wide.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), tl.float8e4nv)
+    return _create_fp_to_fp_orig(self, src, dst_type, rounding_mode)
+
+
+_create_fp_to_fp_orig = _interpreter.InterpreterBuilder.create_fp_to_fp
+_interpreter.InterpreterBuilder.create_fp_to_fp = _create_fp_to_fp
 
 
 # constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from csf_attention import MLACaps, SparseMLADecoder, plan, sparse_mla_reference
+from csf_attention import MLACaps, SparseMLADecoder, dequantize_records, pack_query, plan, sparse_mla_reference
 from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err
 from tests.interpreter import run_launch
 
@@ -58,6 +58,17 @@ def main(seed: int) -> None:
         # several splits agree with one split within the merge's rounding
         diff = (outs["float32", 2].float() - outs["float32", 1].float()).abs().max()
         assert float(diff) <= 2e-2 * float(outs["float32", 1].float().abs().max()), float(diff)
+    # a packed query and a bf16 query quantized in-kernel the same way: the same bits
+    packed = pack_query(x.q)
+    caps = MLACaps(heads=heads, max_rows=3, topk=topk, sm_count=8)
+    in_kernel = decode(MLACaps(heads=heads, max_rows=3, topk=topk, sm_count=8, quantize_query=True), x)
+    x_packed = type(x)(packed, x.kv_cache, x.indices, x.lengths, x.sm_scale)
+    from_packed = decode(caps, x_packed)
+    assert torch.equal(in_kernel[0], from_packed[0]) and torch.equal(in_kernel[1], from_packed[1])
+    q_deq = dequantize_records(packed.view(-1, packed.shape[-1])).view(x.q.shape)
+    want = sparse_mla_reference(q_deq, x.kv_cache, x.indices, x.lengths, x.sm_scale)
+    check("packed query", from_packed, want, 1.5e-2)
+    cases += 2
     # the running maximum rises in the last of ten serial chunks (one split walks all ten)
     y = late_maximum_inputs(gen, heads=heads, chunks=10)
     want = sparse_mla_reference(y.q, y.kv_cache, y.indices, y.lengths, y.sm_scale)

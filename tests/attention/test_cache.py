@@ -60,3 +60,30 @@ def test_malformed_caches_and_tokens_are_refused():
         quantize_records(latent[:, :256], rope)
     with pytest.raises(ValueError, match="slots for"):
         write_kv(torch.zeros(1, 64, RECORD_BYTES, dtype=torch.uint8), torch.tensor([0]), latent, rope)
+
+
+def test_group_scales_follow_the_exact_rule_at_and_around_every_boundary():
+    from csf_attention import group_scales
+
+    edges = torch.tensor([448.0 * 2.0**k for k in range(-20, 20)], dtype=torch.float32)
+    below = torch.nextafter(edges, torch.zeros_like(edges))
+    above = torch.nextafter(edges, torch.full_like(edges, float("inf")))
+    gen = torch.Generator().manual_seed(6)
+    amax = torch.cat([edges, below, above, torch.rand(1000, generator=gen) * 1e4, torch.tensor([0.0, 1e-6, 1e-4])])
+    got = group_scales(amax)
+    want = torch.exp2(torch.ceil(torch.log2(amax.double().clamp_min(float(torch.tensor(1e-4))) / 448.0)))
+    assert torch.equal(got.double(), want)
+    assert (amax.clamp_min(1e-4) / got <= 448.0).all() and (amax.clamp_min(1e-4) / got > 224.0).all()
+
+
+def test_packed_queries_are_records_of_the_query():
+    from csf_attention import pack_query
+
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 16, LATENT + ROPE, generator=gen).to(torch.bfloat16)
+    packed = pack_query(q)
+    assert packed.shape == (3, 16, RECORD_BYTES) and packed.dtype == torch.uint8
+    flat = q.view(48, -1)
+    assert torch.equal(packed.view(48, RECORD_BYTES), quantize_records(flat[:, :LATENT], flat[:, LATENT:]))
+    with pytest.raises(ValueError, match="q must be"):
+        pack_query(q[..., :512])

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
+from csf_attention import MLACaps, bind, dequantize_records, pack_query, plan, sparse_mla_reference, write_kv
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.mla_layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
@@ -79,6 +79,19 @@ def test_splits_agree_with_one_split_and_a_late_maximum_is_rescaled():
     want = sparse_mla_reference(y.q, y.kv_cache, y.indices, y.lengths, y.sm_scale)
     got = _poisoned(_decoder(MLACaps(heads=16, max_rows=1, topk=640, sm_count=1)), y)
     assert rel_err(got[0][:, 0], want[0][:, 0]) < REL_TOL, f"seed {SEED}: late maximum"
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_a_packed_query_gives_the_bits_of_the_same_query_quantized_in_kernel(heads):
+    gen = torch.Generator().manual_seed(SEED)
+    x = mla_inputs(gen, rows=5, heads=heads, topk=512, pages=32, lengths=[512, 300, 64, 1, 0], device="cuda")
+    in_kernel = _poisoned(_decoder(MLACaps(heads=heads, max_rows=5, topk=512, quantize_query=True)), x)
+    packed = pack_query(x.q)
+    x_packed = type(x)(packed, x.kv_cache, x.indices, x.lengths, x.sm_scale)
+    from_packed = _poisoned(_decoder(MLACaps(heads=heads, max_rows=5, topk=512)), x_packed)
+    assert torch.equal(in_kernel[0], from_packed[0]) and torch.equal(in_kernel[1], from_packed[1]), f"seed {SEED}"
+    q_deq = dequantize_records(packed.view(-1, packed.shape[-1])).view(x.q.shape)
+    _check(from_packed, sparse_mla_reference(q_deq, x.kv_cache, x.indices, x.lengths, x.sm_scale), "packed query")
 
 
 def test_cuda_graph_replay_with_changing_lengths_is_exact_and_allocation_free():

@@ -4,7 +4,7 @@
 sm_scale, attn_sink=None)``; the cache writer (``write_kv``) and the float32 reference are here too.
 """
 
-from .cache import dequantize_records, quantize_records, read_kv, write_kv
+from .cache import dequantize_records, group_scales, pack_query, quantize_records, read_kv, write_kv
 from .decode import SparseMLADecoder, bind
 from .plan import MLACaps, MLAPlan, MLAScratch, plan
 from .reference import live_candidates, sparse_mla_reference
@@ -16,7 +16,9 @@ __all__ = [
     "SparseMLADecoder",
     "bind",
     "dequantize_records",
+    "group_scales",
     "live_candidates",
+    "pack_query",
     "plan",
     "quantize_records",
     "read_kv",

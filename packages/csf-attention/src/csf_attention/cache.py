@@ -3,7 +3,9 @@
 A record (``csf_kernels.mla_layout``) holds a token's 512 latent values as E4M3 in four groups of 128,
 each group scaled by a power of two (``2**ceil(log2(max(absmax, 1e-4) / 448))``, so the group's largest
 value lands at or below 448, E4M3's largest), then the four float32 scales and the 64 rope values in
-bf16. Pure torch: runs on the CPU or the GPU.
+bf16. The exponent comes from the absmax's bits (no logarithm), exactly as the decode kernel quantizes a
+query in-kernel, so a packed query (``pack_query``) and an in-kernel quantized one give the same bits.
+Pure torch: runs on the CPU or the GPU.
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ import torch
 
 from csf_kernels.mla_layout import GROUP, GROUPS, HEAD_DIM, LATENT, RECORD_BYTES, ROPE, ROPE_OFFSET, SCALE_OFFSET
 
-__all__ = ["E4M3_MAX", "dequantize_records", "quantize_records", "read_kv", "write_kv"]
+__all__ = ["E4M3_MAX", "dequantize_records", "group_scales", "pack_query", "quantize_records", "read_kv", "write_kv"]
 
 E4M3_MAX = 448.0
 _SCALE_FLOOR = 1e-4  # an all-zero group still gets a finite scale
+
+
+def group_scales(amax: torch.Tensor) -> torch.Tensor:
+    """float32 2**e, the smallest power of two with ``max(amax, 1e-4) / 2**e <= 448``: from frexp's
+    exponent and mantissa (448 = 0.875 * 2**9), no rounding anywhere."""
+    m, e = torch.frexp(amax.float().clamp_min(_SCALE_FLOOR))
+    return torch.ldexp(torch.ones_like(m), e - 9 + (m > 0.875).to(e.dtype))
 
 
 def quantize_records(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -25,8 +34,7 @@ def quantize_records(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
                          f"{tuple(rope.shape)}")  # fmt: skip
     n = latent.shape[0]
     groups = latent.float().reshape(n, GROUPS, GROUP)
-    amax = groups.abs().amax(-1).clamp_min(_SCALE_FLOOR)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+    scale = group_scales(groups.abs().amax(-1))
     codes = (groups / scale[..., None]).to(torch.float8_e4m3fn)  # exact division: a power of two
     records = torch.empty(n, RECORD_BYTES, dtype=torch.uint8, device=latent.device)
     records[:, :SCALE_OFFSET] = codes.reshape(n, LATENT).view(torch.uint8)
@@ -42,6 +50,16 @@ def dequantize_records(records: torch.Tensor) -> torch.Tensor:
     scale = records[:, SCALE_OFFSET:ROPE_OFFSET].contiguous().view(torch.float32)
     rope = records[:, ROPE_OFFSET:].contiguous().view(torch.bfloat16).float()
     return torch.cat([(codes * scale[..., None]).reshape(n, LATENT), rope], dim=1)
+
+
+def pack_query(q: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, heads, 656]: a bf16 query [rows, heads, 576] in the record form (latent quantized as
+    the cache's, rope kept in bf16), for ``run_decode``'s packed-query path."""
+    if q.dim() != 3 or q.shape[2] != HEAD_DIM:
+        raise ValueError(f"q must be [rows, heads, {HEAD_DIM}], got {tuple(q.shape)}")
+    rows, heads = q.shape[0], q.shape[1]
+    flat = q.reshape(rows * heads, HEAD_DIM)
+    return quantize_records(flat[:, :LATENT], flat[:, LATENT:]).view(rows, heads, RECORD_BYTES)
 
 
 def _flat(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -71,6 +89,3 @@ def read_kv(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """float32 [N, 576] dequantized keys at ``slots`` (for tests and references)."""
     flat = _flat(kv_cache)
     return dequantize_records(flat[_slots(slots, flat.shape[0])])
-
-
-assert HEAD_DIM == LATENT + ROPE

@@ -56,8 +56,9 @@ class SparseMLADecoder:
         part_out, part_lse = self._partials(rows, splits)
         dt = caps.partial_dtype
         decode = decode_launch(
-            q, kv_cache, indices, lengths, part_out, part_lse, sm_scale=sm_scale, splits=splits, partial_dtype=dt
-        )
+            q, kv_cache, indices, lengths, part_out, part_lse, sm_scale=sm_scale, splits=splits, partial_dtype=dt,
+            quantize_query=caps.quantize_query,
+        )  # fmt: skip
         merge = merge_launch(
             part_out, part_lse, out, splits=splits, attn_sink=attn_sink, lse=lse, partial_dtype=dt,
             placeholder=placeholder(q.device),
@@ -77,7 +78,9 @@ class SparseMLADecoder:
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
     ):
-        """bf16 [rows, heads, 512] attention output (and float32 [rows, heads] lse if ``return_lse``)."""
+        """bf16 [rows, heads, 512] attention output (and float32 [rows, heads] lse if ``return_lse``).
+
+        ``q``: bf16 [rows, heads, 576], or uint8 [rows, heads, 656] packed by ``pack_query``."""
         rows, heads = q.shape[0], q.shape[1]
         if out is None:
             out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device=q.device)

@@ -33,6 +33,7 @@ class MLACaps:
     partial_dtype: str = "float32"  # split partials: float32 (one rounding, at the output) or bfloat16
     sm_count: int = H200_SMS
     waves: int = 1
+    quantize_query: bool = False  # quantize a bf16 query like a cache record (bit-identical to a packed one)
 
 
 @dataclass(frozen=True)
@@ -86,5 +87,6 @@ def plan(caps: MLACaps) -> MLAPlan:
     lse_bytes = slots * caps.heads * 4
     scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), slots, lse_at + -(-lse_bytes // _ALIGN) * _ALIGN)
     merges = [merge_spec(caps.partial_dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
-    programs = (decode_spec(bh, caps.partial_dtype), *merges)
+    query = "bf16_quantized" if caps.quantize_query else "bf16"
+    programs = (decode_spec(bh, caps.partial_dtype, query), decode_spec(bh, caps.partial_dtype, "packed"), *merges)
     return MLAPlan(caps, bh, max_splits, scratch, programs)

@@ -12,13 +12,23 @@ from .mla_layout import HEAD_DIM, RECORD_BYTES, VALUE_DIM
 from .mla_specs import decode_spec, head_block, merge_spec
 from .runtime import Launch
 
-__all__ = ["check_decode_inputs", "decode_launch", "merge_launch"]
+__all__ = ["check_decode_inputs", "decode_launch", "merge_launch", "query_form"]
+
+
+def query_form(q: torch.Tensor, quantize_query: bool) -> str:
+    """The decode program's query mode for ``q`` (see ``mla_specs.QUERY_MODES``)."""
+    if q.dtype == torch.uint8:
+        return "packed"
+    return "bf16_quantized" if quantize_query else "bf16"
 
 
 def check_decode_inputs(q, kv_cache, indices, lengths, attn_sink=None) -> None:
     """Shapes, dtypes and devices of one decode call; raises ValueError / TypeError naming the argument."""
-    if q.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[2] != HEAD_DIM or not q.is_contiguous():
-        raise ValueError(f"q must be contiguous bf16 [rows, heads, {HEAD_DIM}], got {q.dtype} {tuple(q.shape)}")
+    bf16 = q.dtype == torch.bfloat16 and q.dim() == 3 and q.shape[2] == HEAD_DIM
+    packed = q.dtype == torch.uint8 and q.dim() == 3 and q.shape[2] == RECORD_BYTES
+    if not (bf16 or packed) or not q.is_contiguous():
+        raise ValueError(f"q must be contiguous bf16 [rows, heads, {HEAD_DIM}] or packed uint8 [rows, heads, "
+                         f"{RECORD_BYTES}], got {q.dtype} {tuple(q.shape)}")  # fmt: skip
     rows, heads = q.shape[0], q.shape[1]
     if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != RECORD_BYTES or not kv_cache.is_contiguous():
         raise ValueError(f"kv_cache must be contiguous uint8 [..., {RECORD_BYTES}], got {kv_cache.dtype} "
@@ -45,9 +55,11 @@ def decode_launch(
     sm_scale: float,
     splits: int,
     partial_dtype: str = "float32",
+    quantize_query: bool = False,
 ) -> Launch:
     """The decode program over ``splits`` splits per row; partials [rows * splits, heads, 512] and lse
-    [rows * splits, heads] (views of the caller's scratch)."""
+    [rows * splits, heads] (views of the caller's scratch). A uint8 ``q`` is a packed query;
+    ``quantize_query`` quantizes a bf16 one in-kernel the same way (bit-identical results)."""
     rows, heads = q.shape[0], q.shape[1]
     want = (rows * splits, heads, VALUE_DIM)
     if tuple(part_out.shape) != want or tuple(part_lse.shape) != want[:2]:
@@ -57,7 +69,7 @@ def decode_launch(
     bh = head_block(heads)
     num_slots = kv_cache.numel() // RECORD_BYTES
     return Launch(
-        decode_spec(bh, partial_dtype),
+        decode_spec(bh, partial_dtype, query_form(q, quantize_query)),
         (rows * (heads // bh), splits),
         (
             q,

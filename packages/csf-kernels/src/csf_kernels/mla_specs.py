@@ -13,6 +13,7 @@ __all__ = [
     "MLA_DECODE",
     "MLA_MERGE",
     "PARTIAL_DTYPES",
+    "QUERY_MODES",
     "decode_spec",
     "head_block",
     "merge_spec",
@@ -36,14 +37,20 @@ def head_block(heads: int) -> int:
     return 16
 
 
-def decode_spec(bh: int, partial_dtype: str = "float32") -> ProgramSpec:
+QUERY_MODES = {"bf16": 0, "bf16_quantized": 1, "packed": 2}  # see kernels/mla_decode.py
+
+
+def decode_spec(bh: int, partial_dtype: str = "float32", query: str = "bf16") -> ProgramSpec:
     if partial_dtype not in PARTIAL_DTYPES:
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
+    if query not in QUERY_MODES:
+        raise ValueError(f"query must be one of {tuple(QUERY_MODES)}, got {query!r}")
     return ProgramSpec.of(
         MLA_DECODE.kernel,
         MLA_DECODE.version,
         BH=bh,
         PARTIAL_BF16=int(partial_dtype == "bfloat16"),
+        Q_MODE=QUERY_MODES[query],
         num_warps=MLA_DECODE.num_warps,
     )
 
@@ -62,12 +69,12 @@ def merge_spec(partial_dtype: str = "float32", *, sink: bool = False, lse: bool 
 
 
 def sparse_mla_specs(sparse_mla: dict) -> list[ProgramSpec]:
-    """Every program the catalog's sparse-MLA entry needs: each head count's decode program and every
-    merge variant, for both partial dtypes."""
+    """Every program the catalog's sparse-MLA entry needs: each head block's decode program for every
+    query form, and every merge variant, for both partial dtypes."""
     specs = []
     for dtype in PARTIAL_DTYPES:
         for bh in sorted({head_block(h) for h in sparse_mla.get("heads", ())}):
-            specs.append(decode_spec(bh, dtype))
+            specs += [decode_spec(bh, dtype, query) for query in QUERY_MODES]
         if sparse_mla.get("heads"):
             specs += [merge_spec(dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
     return specs

@@ -9,6 +9,10 @@ running maximum rescales both the normaliser and the accumulator whenever it ris
 normalised output and log-sum-exp; ``mla_merge`` combines the splits. A candidate is skipped when its
 position is past the row's length, its index is negative, or it is not below ``num_slots``: nothing is
 read outside the cache.
+
+The query (``Q_MODE``): 0, bf16 as given; 1, bf16 quantized here the way the cache quantizes a record
+(E4M3 latent per 128 with a power-of-two scale from the absmax's bits); 2, already packed as 656-byte
+records (``csf_attention.pack_query``). Modes 1 and 2 give bit-identical outputs.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import triton
 import triton.language as tl
 
 SIGNATURE = {
-    "q": "*bf16",  # [rows, heads, 576]
+    "q": "*bf16",  # [rows, heads, 576] bf16, or [rows, heads, 656] packed records (Q_MODE 2)
     "kv": "*u8",  # [num_slots, 656] records
     "indices": "*i32",  # [rows, topk]
     "lengths": "*i32",  # [rows]
@@ -30,6 +34,7 @@ SIGNATURE = {
     "splits": "i32",  # = grid dimension 1
     "BH": "constexpr",
     "PARTIAL_BF16": "constexpr",
+    "Q_MODE": "constexpr",
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
@@ -44,8 +49,8 @@ QDIM = tl.constexpr(576)
 
 
 @triton.jit
-def _chunk_keys(rec, live):
-    """Latent keys/values (bf16 [CHUNK, 512], exact) and rope keys (bf16 [CHUNK, 64]) of one chunk."""
+def _records(rec, live, N: tl.constexpr):
+    """Latent (bf16 [N, 512], exact) and rope (bf16 [N, 64]) of ``N`` records at ``rec`` (u8 pointers)."""
     d = tl.arange(0, LATENT)
     g = tl.arange(0, LATENT // GROUP)
     r = tl.arange(0, ROPE)
@@ -54,11 +59,24 @@ def _chunk_keys(rec, live):
     scale = tl.load(scales[:, None] + g[None, :], mask=live[:, None], other=0.0)
     # E4M3 -> bf16 is exact, and so is the product with a power-of-two scale
     lat = lat8.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-    lat = tl.reshape(lat, [CHUNK, LATENT // GROUP, GROUP]) * scale.to(tl.bfloat16)[:, :, None]
-    k = tl.reshape(lat, [CHUNK, LATENT])
+    lat = tl.reshape(lat, [N, LATENT // GROUP, GROUP]) * scale.to(tl.bfloat16)[:, :, None]
+    k = tl.reshape(lat, [N, LATENT])
     ropes = (rec + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
     rope = tl.load(ropes[:, None] + r[None, :], mask=live[:, None], other=0.0)
     return k, rope
+
+
+@triton.jit
+def _quantized(x, N: tl.constexpr):
+    """bf16 [N, 512] -> the same values quantized as a record's latent (E4M3 per 128, power-of-two
+    scale 2**e: the smallest with absmax / 2**e <= 448, absmax floored at 1e-4), dequantized exactly."""
+    g = tl.reshape(x.to(tl.float32), [N, LATENT // GROUP, GROUP])
+    bits = tl.maximum(tl.max(tl.abs(g), 2), 1e-4).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    scale = ((127 + e) << 23).to(tl.float32, bitcast=True)
+    codes = (g * inv[:, :, None]).to(tl.float8e4nv)
+    return tl.reshape(codes.to(tl.bfloat16) * scale.to(tl.bfloat16)[:, :, None], [N, LATENT])
 
 
 @triton.jit
@@ -76,6 +94,7 @@ def mla_decode(
     splits,
     BH: tl.constexpr,  # heads per program
     PARTIAL_BF16: tl.constexpr,
+    Q_MODE: tl.constexpr,  # 0 bf16, 1 bf16 quantized here, 2 packed records
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -89,9 +108,15 @@ def mla_decode(
     c1 = tl.minimum(c0 + cps, live_chunks)
 
     d = tl.arange(0, LATENT)
-    q_row = q + (row.to(tl.int64) * heads + h[:, None]) * QDIM
-    q_lat = tl.load(q_row + d[None, :])
-    q_rope = tl.load(q_row + LATENT + tl.arange(0, ROPE)[None, :])
+    if Q_MODE == 2:
+        q_rec = q.to(tl.pointer_type(tl.uint8)) + (row.to(tl.int64) * heads + h) * RECORD
+        q_lat, q_rope = _records(q_rec, h >= 0, BH)
+    else:
+        q_row = q + (row.to(tl.int64) * heads + h[:, None]) * QDIM
+        q_lat = tl.load(q_row + d[None, :])
+        q_rope = tl.load(q_row + LATENT + tl.arange(0, ROPE)[None, :])
+        if Q_MODE == 1:
+            q_lat = _quantized(q_lat, BH)
     m = tl.full([BH], float("-inf"), tl.float32)
     den = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, LATENT], tl.float32)
@@ -101,7 +126,7 @@ def mla_decode(
         idx = tl.load(indices + row.to(tl.int64) * topk + pos, mask=pos < n, other=-1)
         live = (pos < n) & (idx >= 0) & (idx.to(tl.int64) < num_slots)
         rec = kv + tl.where(live, idx, 0).to(tl.int64) * RECORD
-        k, rope = _chunk_keys(rec, live)
+        k, rope = _records(rec, live, CHUNK)
         sc = tl.dot(q_lat, tl.trans(k)) + tl.dot(q_rope, tl.trans(rope))
         sc = tl.where(live[None, :], sc * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, 1))
