@@ -69,6 +69,12 @@ def main(seed: int) -> None:
     want = sparse_mla_reference(q_deq, x.kv_cache, x.indices, x.lengths, x.sm_scale)
     check("packed query", from_packed, want, 1.5e-2)
     cases += 2
+    # adversarial logit spreads: near-one-hot softmax rows, over two splits
+    for spread in (8.0, 40.0):
+        z = mla_inputs(gen, rows=2, heads=heads, topk=128, pages=4, lengths=[128, 100], spread=spread)
+        want = sparse_mla_reference(z.q, z.kv_cache, z.indices, z.lengths, z.sm_scale)
+        check(f"spread {spread}", decode(MLACaps(heads=heads, max_rows=2, topk=128, sm_count=4), z), want, 1.5e-2)
+        cases += 1
     # the running maximum rises in the last of ten serial chunks (one split walks all ten)
     y = late_maximum_inputs(gen, heads=heads, chunks=10)
     want = sparse_mla_reference(y.q, y.kv_cache, y.indices, y.lengths, y.sm_scale)

@@ -29,7 +29,7 @@ def mla_inputs(
     latent = torch.randn(slots, LATENT, generator=gen) * torch.rand(slots, 1, generator=gen) * 4
     rope = torch.randn(slots, ROPE, generator=gen)
     write_kv(kv, torch.arange(slots), latent, rope)
-    q = (torch.randn(rows, heads, HEAD_DIM, generator=gen) * spread / (2.0 * HEAD_DIM**0.5)).to(torch.bfloat16)
+    q = (torch.randn(rows, heads, HEAD_DIM, generator=gen) * 0.43 * spread).to(torch.bfloat16)  # logit std ~ spread
     indices = torch.randint(0, slots, (rows, topk), generator=gen, dtype=torch.int32)
     skip = torch.rand(rows, topk, generator=gen) < 0.1
     indices[skip] = -1

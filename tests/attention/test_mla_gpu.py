@@ -69,6 +69,15 @@ def test_decode_matches_the_reference(heads, topk):
                 _check(_poisoned(dec, x, attn_sink), want, f"h={heads} k={topk} rows={rows} {dtype}")
 
 
+@pytest.mark.parametrize("spread", [8.0, 40.0])
+def test_adversarial_logit_spreads(spread):
+    gen = torch.Generator().manual_seed(SEED)
+    x = mla_inputs(gen, rows=4, heads=64, topk=2048, pages=64, lengths=[2048, 1000, 65, 1], spread=spread,
+                   device="cuda")  # fmt: skip
+    want = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale)
+    _check(_poisoned(_decoder(MLACaps(heads=64, max_rows=4, topk=2048)), x), want, f"spread {spread}")
+
+
 def test_splits_agree_with_one_split_and_a_late_maximum_is_rescaled():
     gen = torch.Generator().manual_seed(SEED)
     x = mla_inputs(gen, rows=2, heads=16, topk=2048, pages=64, lengths=[2048, 100], device="cuda")
