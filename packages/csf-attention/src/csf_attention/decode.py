@@ -56,8 +56,8 @@ class SparseMLADecoder:
         part_out, part_lse = self._partials(rows, splits)
         dt = caps.partial_dtype
         decode = decode_launch(
-            q, kv_cache, indices, lengths, part_out, part_lse, sm_scale=sm_scale, splits=splits, partial_dtype=dt,
-            quantize_query=caps.quantize_query,
+            q, kv_cache, indices, lengths, part_out, part_lse, sm_scale=sm_scale, splits=splits,
+            config=self.plan.config, partial_dtype=dt, quantize_query=caps.quantize_query,
         )  # fmt: skip
         merge = merge_launch(
             part_out, part_lse, out, splits=splits, attn_sink=attn_sink, lse=lse, partial_dtype=dt,

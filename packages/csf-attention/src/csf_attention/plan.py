@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from csf_kernels.mla_layout import CHUNK, PAGE_SIZE, VALUE_DIM
-from csf_kernels.mla_specs import PARTIAL_DTYPES, decode_spec, head_block, merge_spec
+from csf_kernels.mla_specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
 from csf_kernels.programs import ProgramSpec
 
 __all__ = ["H200_SMS", "MODES", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
@@ -49,10 +49,14 @@ class MLAScratch:
 @dataclass(frozen=True)
 class MLAPlan:
     caps: MLACaps
-    head_block: int
+    config: DecodeConfig
     max_splits: int
     scratch: MLAScratch
     programs: tuple[ProgramSpec, ...]
+
+    @property
+    def head_block(self) -> int:
+        return self.config.head_block
 
     @property
     def head_blocks(self) -> int:
@@ -66,7 +70,8 @@ class MLAPlan:
         return max(1, min(self.max_splits, target))
 
 
-def plan(caps: MLACaps) -> MLAPlan:
+def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
+    """The plan for ``caps``; ``config`` overrides the decode program's head block and warps (sweeps)."""
     if caps.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {caps.mode!r}")
     if caps.page_size != PAGE_SIZE:
@@ -77,9 +82,11 @@ def plan(caps: MLACaps) -> MLAPlan:
         raise ValueError(f"max_rows, sm_count and waves must be positive, got {caps}")
     if caps.partial_dtype not in PARTIAL_DTYPES:
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {caps.partial_dtype!r}")
-    bh = head_block(caps.heads)
+    config = config or decode_config(caps.heads)
+    if caps.heads % config.head_block:
+        raise ValueError(f"{caps.heads} heads do not split into blocks of {config.head_block}")
     max_splits = caps.topk // CHUNK
-    draft = MLAPlan(caps, bh, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
+    draft = MLAPlan(caps, config, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
     slots = max(r * draft.splits_for(r) for r in range(1, caps.max_rows + 1))
     esize = 4 if caps.partial_dtype == "float32" else 2
     out_bytes = slots * caps.heads * VALUE_DIM * esize
@@ -88,5 +95,5 @@ def plan(caps: MLACaps) -> MLAPlan:
     scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), slots, lse_at + -(-lse_bytes // _ALIGN) * _ALIGN)
     merges = [merge_spec(caps.partial_dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
     query = "bf16_quantized" if caps.quantize_query else "bf16"
-    programs = (decode_spec(bh, caps.partial_dtype, query), decode_spec(bh, caps.partial_dtype, "packed"), *merges)
-    return MLAPlan(caps, bh, max_splits, scratch, programs)
+    decodes = (decode_spec(config, caps.partial_dtype, query), decode_spec(config, caps.partial_dtype, "packed"))
+    return MLAPlan(caps, config, max_splits, scratch, (*decodes, *merges))

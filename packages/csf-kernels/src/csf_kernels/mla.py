@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .mla_layout import HEAD_DIM, RECORD_BYTES, VALUE_DIM
-from .mla_specs import decode_spec, head_block, merge_spec
+from .mla_specs import DecodeConfig, decode_spec, merge_spec
 from .runtime import Launch
 
 __all__ = ["check_decode_inputs", "decode_launch", "merge_launch", "query_form"]
@@ -54,6 +54,7 @@ def decode_launch(
     *,
     sm_scale: float,
     splits: int,
+    config: DecodeConfig,
     partial_dtype: str = "float32",
     quantize_query: bool = False,
 ) -> Launch:
@@ -66,10 +67,12 @@ def decode_launch(
         raise ValueError(
             f"partials must be {want} and {want[:2]}, got {tuple(part_out.shape)}, {tuple(part_lse.shape)}"
         )
-    bh = head_block(heads)
+    bh = config.head_block
+    if heads % bh:
+        raise ValueError(f"{heads} heads do not split into blocks of {bh}")
     num_slots = kv_cache.numel() // RECORD_BYTES
     return Launch(
-        decode_spec(bh, partial_dtype, query_form(q, quantize_query)),
+        decode_spec(config, partial_dtype, query_form(q, quantize_query)),
         (rows * (heads // bh), splits),
         (
             q,

@@ -7,6 +7,8 @@ triton.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .programs import ProgramSpec, TritonFamily
 
 __all__ = [
@@ -14,8 +16,9 @@ __all__ = [
     "MLA_MERGE",
     "PARTIAL_DTYPES",
     "QUERY_MODES",
+    "DecodeConfig",
+    "decode_config",
     "decode_spec",
-    "head_block",
     "merge_spec",
     "sparse_mla_specs",
 ]
@@ -29,18 +32,30 @@ MLA_MERGE = TritonFamily(
 PARTIAL_DTYPES = ("float32", "bfloat16")
 
 
-def head_block(heads: int) -> int:
-    """Heads per decode program. 16, the smallest MMA tile, for every head count for now: 32 spills
-    registers in the first version of the kernel (255 registers at 16)."""
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Heads per decode program (an MMA tile: 16, 32 or 64) and warps per program."""
+
+    head_block: int = 16
+    num_warps: int = MLA_DECODE.num_warps
+
+    def __post_init__(self):
+        if self.head_block not in (16, 32, 64) or self.num_warps not in (4, 8):
+            raise ValueError(f"unsupported decode config {self}")
+
+
+def decode_config(heads: int) -> DecodeConfig:
+    """The decode config for ``heads`` heads per rank. 16 heads per program for every head count in
+    this first version: 32 spilled registers at 8 warps (255 registers at 16); to be swept on the H200."""
     if heads <= 0 or heads % 16:
         raise ValueError(f"sparse MLA decode needs a positive multiple of 16 heads per rank, got {heads}")
-    return 16
+    return DecodeConfig()
 
 
 QUERY_MODES = {"bf16": 0, "bf16_quantized": 1, "packed": 2}  # see kernels/mla_decode.py
 
 
-def decode_spec(bh: int, partial_dtype: str = "float32", query: str = "bf16") -> ProgramSpec:
+def decode_spec(config: DecodeConfig, partial_dtype: str = "float32", query: str = "bf16") -> ProgramSpec:
     if partial_dtype not in PARTIAL_DTYPES:
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
     if query not in QUERY_MODES:
@@ -48,10 +63,10 @@ def decode_spec(bh: int, partial_dtype: str = "float32", query: str = "bf16") ->
     return ProgramSpec.of(
         MLA_DECODE.kernel,
         MLA_DECODE.version,
-        BH=bh,
+        BH=config.head_block,
         PARTIAL_BF16=int(partial_dtype == "bfloat16"),
         Q_MODE=QUERY_MODES[query],
-        num_warps=MLA_DECODE.num_warps,
+        num_warps=config.num_warps,
     )
 
 
@@ -73,8 +88,8 @@ def sparse_mla_specs(sparse_mla: dict) -> list[ProgramSpec]:
     query form, and every merge variant, for both partial dtypes."""
     specs = []
     for dtype in PARTIAL_DTYPES:
-        for bh in sorted({head_block(h) for h in sparse_mla.get("heads", ())}):
-            specs += [decode_spec(bh, dtype, query) for query in QUERY_MODES]
+        for config in sorted({decode_config(h) for h in sparse_mla.get("heads", ())}, key=repr):
+            specs += [decode_spec(config, dtype, query) for query in QUERY_MODES]
         if sparse_mla.get("heads"):
             specs += [merge_spec(dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
     return specs

@@ -1,0 +1,73 @@
+"""Decode-config sweep of sparse MLA on the GPU (development: unfrozen, JIT-compiles variants).
+
+    python3 benchmarks/sweep_mla_configs.py --out FILE [--reps 20]
+
+Times each candidate (heads per program, warps) at FlashMLA's benchmark configurations (CUDA-graph
+replays, L2 flushed) and checks each against the float32 reference on a few rows, so the catalog's
+config is chosen by measurement. Inputs as in bench_mla.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_mla import TOPK, _inputs
+from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture, replay_times
+
+from csf_attention import MLACaps, bind, plan, sparse_mla_reference
+from csf_kernels import runtime
+from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
+from csf_kernels.mla_specs import DecodeConfig
+
+CANDIDATES = [DecodeConfig(16, 4), DecodeConfig(16, 8), DecodeConfig(32, 4), DecodeConfig(32, 8), DecodeConfig(64, 8)]
+SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (128, 64, 1)]  # (batch, heads, query rows per element)
+
+
+def time_config(config: DecodeConfig, heads: int, inputs, want, reps: int, flush) -> dict:
+    q, kv, indices, lengths = inputs
+    rows, sm_scale = q.shape[0], 1.0 / HEAD_DIM**0.5
+    p = plan(MLACaps(heads=heads, max_rows=rows, topk=TOPK), config)
+    dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
+    out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
+    times = replay_times(capture(lambda: dec.run_decode(q, kv, indices, lengths, sm_scale, out=out)), reps, flush)
+    err = float((out[:4].float() - want).norm() / want.norm())
+    return {"samples_s": times, "median_us": statistics.median(times) * 1e6, "rel_err": err, "correct": err < 1.5e-2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    runtime.unfreeze()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    results = []
+    for batch, heads, s_q in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(batch + heads + s_q)
+        inputs = _inputs(batch, heads, s_q, gen)
+        q, kv, indices, lengths = inputs
+        want, _ = sparse_mla_reference(q[:4], kv, indices[:4], lengths[:4], 1.0 / HEAD_DIM**0.5)
+        for config in CANDIDATES:
+            row = {"batch": batch, "heads": heads, "query_rows_per_element": s_q, "config": vars(config)}
+            try:
+                row.update(time_config(config, heads, inputs, want, a.reps, flush))
+            except Exception as exc:  # a config that does not compile or launch is a result too
+                row.update(error=f"{type(exc).__name__}: {exc}"[:500])
+            print(json.dumps({k: v for k, v in row.items() if k != "samples_s"}), flush=True)
+            results.append(row)
+        torch.cuda.empty_cache()
+    doc = {"benchmark": "sweep_mla_configs", "provenance": provenance(), "results": results}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
