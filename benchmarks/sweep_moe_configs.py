@@ -30,7 +30,8 @@ from csf_moe.synthetic import synthetic_layer
 def _configs(kind: str):
     if kind == "decode":
         # since the programs are compiled 16-byte aligned, stages >= 2 pipeline the weight loads (cp.async)
-        for bn, warps, stages in ((64, 4, 1), (64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3)):
+        candidates = ((64, 4, 1), (64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
+        for bn, warps, stages in candidates:
             yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True, prefetch=0)
     else:
         for bm, bn, warps, pf in ((64, 128, 8, 0), (64, 128, 8, 1), (64, 64, 4, 1), (128, 128, 8, 0)):
