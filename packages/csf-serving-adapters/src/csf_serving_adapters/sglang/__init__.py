@@ -21,10 +21,12 @@ _lock = threading.Lock()
 
 
 def register() -> None:
-    """Register the ``csf`` QuantizationConfig, its CLI choice and the CSF-aware safetensors iterators (idempotent)."""
+    """Register the ``csf`` QuantizationConfig, its CLI choice and the CSF-aware safetensors iterators, and with
+    ``CSF_SPARSE_MLA=1`` csf's sparse MLA decode behind the "dsa" attention backend (idempotent)."""
     from sglang.srt.arg_groups.choices import QUANTIZATION_CHOICES, add_quantization_method_choices
     from sglang.srt.layers.quantization import QUANTIZATION_METHODS
 
+    from ..sparse_mla import enabled
     from . import weight_iterators
     from .config import CsfConfig
 
@@ -38,3 +40,17 @@ def register() -> None:
         if NAME not in QUANTIZATION_CHOICES:
             add_quantization_method_choices([NAME])
         weight_iterators.install()
+        if enabled():
+            _register_sparse_mla()
+
+
+SPARSE_BACKEND_NAMES = ("dsa", "nsa")  # the registry names DeepSeek-V3.2's model code asks for
+
+
+def _register_sparse_mla() -> None:
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from .attention import create_backend
+
+    for name in SPARSE_BACKEND_NAMES:
+        ATTENTION_BACKENDS[name] = create_backend

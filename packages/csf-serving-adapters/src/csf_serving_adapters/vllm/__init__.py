@@ -16,9 +16,11 @@ _lock = threading.Lock()
 
 
 def register() -> None:
-    """Register the ``csf`` QuantizationConfig and the CSF-aware safetensors iterators (idempotent)."""
+    """Register the ``csf`` QuantizationConfig and the CSF-aware safetensors iterators, and with
+    ``CSF_SPARSE_MLA=1`` csf's sparse MLA decode as the ``FLASHMLA_SPARSE`` backend (idempotent)."""
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
 
+    from ..sparse_mla import enabled
     from . import weight_iterators
     from .config import CsfConfig
 
@@ -27,6 +29,16 @@ def register() -> None:
         if NAME not in QUANTIZATION_METHODS or not _is_registered(CsfConfig):
             register_quantization_config(NAME)(CsfConfig)
         weight_iterators.install()
+        if enabled():
+            _register_sparse_mla()
+
+
+def _register_sparse_mla() -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from .attention import CLASS_PATH
+
+    register_backend(AttentionBackendEnum.FLASHMLA_SPARSE, CLASS_PATH)
 
 
 def _is_registered(cls: type) -> bool:
