@@ -1,0 +1,171 @@
+"""The engine-neutral half of csf's MoE quantization method: parameters, plan, preparation, binding.
+
+Each engine's ``CsfMoEMethod`` derives from :class:`CsfMoECore` and the engine's ``FusedMoEMethodBase``;
+it reads the engine's config (activation, parallelism, token limits, CUDA-graph sizes) and supplies the
+hooks below. Everything from the parameter list to the released scale planes happens here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from csf_codec import ScaleFormat
+from csf_kernels import runtime
+from csf_kernels.catalog import MoEGeometry, load_catalog
+
+from .accounting import LEDGER, LayerScaleMemory
+from .scratch import SharedScratch
+
+__all__ = ["BOUND_ATTR", "SCRATCH", "CsfMoECore"]
+
+logger = logging.getLogger(__name__)
+
+BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer, kept on the engine's MoE module
+SCRATCH = SharedScratch()
+# after binding: copied by prepare_weights (biases and global scales as float32), or unused by W4A16 (input scales)
+_RELEASED = (
+    "w13_weight_scale",
+    "w2_weight_scale",
+    "w13_weight_scale_2",
+    "w2_weight_scale_2",
+    "w13_input_scale",
+    "w2_input_scale",
+    "w13_bias",
+    "w2_bias",
+)
+
+
+class CsfMoECore:
+    # set by the engine's method
+    fmt: ScaleFormat
+    engine: str  # the model name of geometries of unnamed layers
+    scale_quant_method: str  # the engine loader's name for block-scale slicing ("block", "group")
+    input_scale_quant_method: str | None  # ... and for per-expert scalars ("tensor"), if it wants one
+    activation: str  # csf-moe's name
+    w13_layout: str = "gate_up"
+    capture_sizes: tuple[int, ...] = ()
+
+    # hooks: the engine's view of the layer
+    def tp_size(self) -> int:
+        raise NotImplementedError
+
+    def top_k(self) -> int:
+        raise NotImplementedError
+
+    def has_bias(self) -> bool:
+        raise NotImplementedError
+
+    def max_tokens(self) -> int:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ weights
+    def register_parameters(self, layer, e: int, h: int, n: int, *, w13_rows: int, attrs: dict, set_attrs) -> None:
+        """The parameters of the engine's own FP4 MoE methods (names, shapes, dtypes, slicing attributes),
+        so its weight loader TP-slices checkpoint tensors into them as it does for those methods."""
+        bs = self.fmt.block_size
+        if h % bs or n % bs:
+            raise ValueError(f"csf: hidden {h} and per-rank intermediate {n} must be multiples of the block {bs}")
+        self.num_experts, self.hidden_size, self.intermediate_size = e, h, n
+        scale_dtype = torch.float8_e4m3fn if self.fmt.name == "nvfp4" else torch.uint8
+
+        def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, quant_method: str | None = None) -> None:
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+            layer.register_parameter(name, p)
+            set_attrs(p, attrs)
+            if quant_method is not None:
+                p.quant_method = quant_method  # read by the engine's weight_loader to TP-slice scales
+
+        add("w13_weight", (e, w13_rows, h // 2), torch.uint8)
+        add("w13_weight_scale", (e, w13_rows, h // bs), scale_dtype, self.scale_quant_method)
+        add("w2_weight", (e, h, n // 2), torch.uint8)
+        add("w2_weight_scale", (e, h, n // bs), scale_dtype, self.scale_quant_method)
+        if self.fmt.name == "nvfp4":
+            # ModelOpt's per-expert global scales: one per gate/up shard while loading, as the engines write them
+            add("w13_weight_scale_2", (e, 2), torch.float32, "tensor")
+            add("w2_weight_scale_2", (e,), torch.float32, "tensor")
+            # ModelOpt checkpoints carry activation scales too; a W4A16 layer loads and drops them
+            add("w13_input_scale", (e,), torch.float32, self.input_scale_quant_method)
+            add("w2_input_scale", (e,), torch.float32, self.input_scale_quant_method)
+        if self.has_bias():
+            add("w13_bias", (e, w13_rows), torch.bfloat16)
+            add("w2_bias", (e, h), torch.bfloat16)
+
+    def geometry(self, layer) -> MoEGeometry:
+        """The layer as this rank holds it (a catalog entry or not)."""
+        return MoEGeometry(
+            model=getattr(layer, "layer_name", None) or self.engine,
+            tp=self.tp_size(),
+            fmt=self.fmt,
+            experts=self.num_experts,
+            hidden=self.hidden_size,
+            intermediate=self.intermediate_size,
+            top_k=self.top_k(),
+            activation=self.activation,
+            bias=self.has_bias(),
+        )
+
+    def _w13_global_scale(self, layer) -> torch.Tensor:
+        g = layer.w13_weight_scale_2.data
+        if not torch.equal(g[:, 0], g[:, 1]):
+            raise ValueError(f"csf: {layer.layer_name}: gate and up weight_scale_2 differ; one per expert is supported")
+        return g[:, 0]
+
+    def prepare(self, layer):
+        """Plan the layer and build its weights (inline CSF scales) on the weights' device; no binding."""
+        from csf_moe import plan, prepare_weights
+
+        max_tokens = self.max_tokens()
+        buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *self.capture_sizes) if t <= max_tokens}))
+        p = plan(self.geometry(layer), max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
+        nv = self.fmt.name == "nvfp4"
+        w = prepare_weights(
+            p,
+            w13=layer.w13_weight.data,
+            w13_scale=layer.w13_weight_scale.data,
+            w2=layer.w2_weight.data,
+            w2_scale=layer.w2_weight_scale.data,
+            w13_global_scale=self._w13_global_scale(layer) if nv else None,
+            w2_global_scale=layer.w2_weight_scale_2.data if nv else None,
+            w13_bias=getattr(layer, "w13_bias", None),
+            w2_bias=getattr(layer, "w2_bias", None),
+            w13_layout=self.w13_layout,
+        )
+        return p, w
+
+    def release_native(self, layer, weights) -> LayerScaleMemory:
+        """Drop what ``weights`` now holds in another form, and record the scale memory returned."""
+        for name in _RELEASED:
+            old = getattr(layer, name, None)
+            if isinstance(old, torch.Tensor):
+                setattr(layer, name, torch.nn.Parameter(old.new_empty(0), requires_grad=False))
+        # an interleaved W13 was reordered into a new tensor: keep only that one
+        layer.w13_weight = torch.nn.Parameter(weights.w13.values, requires_grad=False)
+        layer.w2_weight = torch.nn.Parameter(weights.w2.values, requires_grad=False)
+        sizes = weights.scale_bytes()
+        entry = LayerScaleMemory(layer=layer.layer_name, native_bytes=sizes["native"], stored_bytes=sizes["stored"])
+        LEDGER.record(entry)
+        return entry
+
+    def process_weights_after_loading(self, layer) -> None:
+        from csf_moe import bind
+
+        device = layer.w13_weight.device
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"csf: {layer.layer_name}: the CSF fused MoE runs on a CUDA GPU (Hopper, sm_90a); "
+                f"its weights are on {device}"
+            )
+        p, w = self.prepare(layer)
+        setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))  # resolves every program
+        # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
+        runtime.freeze()
+        entry = self.release_native(layer, w)
+        logger.debug("csf: %s keeps %d of %d scale bytes", entry.layer, entry.stored_bytes, entry.native_bytes)
+
+    def bound_layer(self, layer):
+        bound = getattr(layer, BOUND_ATTR, None)
+        if bound is None:
+            raise RuntimeError(f"csf: {layer.layer_name} was not processed after loading")
+        return bound
