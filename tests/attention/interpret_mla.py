@@ -47,14 +47,20 @@ def main(seed: int) -> None:
         assert (want[0][2] == 0).all() and torch.isinf(want[1][2]).all()  # the empty row
         outs = {}
         for dtype in ("float32", "bfloat16"):
-            for sms in (1, 8):  # one split per row; 8 // 3 = 2 splits (row 1's two chunks spread over both)
-                caps = MLACaps(heads=heads, max_rows=3, topk=topk, partial_dtype=dtype, sm_count=sms)
+            for sms in (1, 8):  # one split per row (merged, not finished directly); 8 // 3 = 2 splits
+                caps = MLACaps(heads=heads, max_rows=3, topk=topk, partial_dtype=dtype, sm_count=sms,
+                               direct_single_split=False)  # fmt: skip
                 got = decode(caps, x, attn_sink)
                 check(f"sink={attn_sink is not None} {dtype} sms={sms}", got, want, 1.5e-2)
-                outs[dtype, got[2]] = got[0]
+                outs[dtype, got[2]] = got
                 cases += 1
         if attn_sink is None:  # one split, no sink: float32 and bf16 partials round once, to the same bits
-            assert torch.equal(outs["float32", 1], outs["bfloat16", 1])
+            assert torch.equal(outs["float32", 1][0], outs["bfloat16", 1][0])
+        # one split finished by the decode program itself: the float32-partial merge's bits
+        direct = decode(MLACaps(heads=heads, max_rows=3, topk=topk, sm_count=1), x, attn_sink)
+        assert torch.equal(direct[0], outs["float32", 1][0]) and torch.equal(direct[1], outs["float32", 1][1])
+        cases += 1
+        outs = {key: got[0] for key, got in outs.items()}
         # several splits agree with one split within the merge's rounding
         diff = (outs["float32", 2].float() - outs["float32", 1].float()).abs().max()
         assert float(diff) <= 2e-2 * float(outs["float32", 1].float().abs().max()), float(diff)

@@ -28,10 +28,13 @@ def test_split_policy_fills_the_machine_and_never_exceeds_one_chunk_per_split():
 
 def test_scratch_holds_the_partials_of_every_row_count():
     for dtype, esize in (("float32", 4), ("bfloat16", 2)):
-        caps = MLACaps(heads=32, max_rows=64, topk=2048, partial_dtype=dtype)
+        caps = MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype)
         p = plan(caps)
-        slots = max(r * p.splits_for(r) for r in range(1, 65))
+        # calls with one split per row finish in the decode program: only the others need partials
+        slots = max(r * p.splits_for(r) for r in range(1, 129) if p.splits_for(r) > 1)
         assert p.scratch.slots == slots
+        merged = plan(MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype, direct_single_split=False))
+        assert merged.scratch.slots == max(r * p.splits_for(r) for r in range(1, 129)) == 128 > slots
         assert p.scratch.part_out == (0, slots * 32 * VALUE_DIM * esize)
         off, size = p.scratch.part_lse
         assert off % 256 == 0 and off >= p.scratch.part_out[1] and size == slots * 32 * 4
@@ -60,8 +63,9 @@ def test_every_catalog_plan_uses_only_cataloged_programs():
     for heads in cat.sparse_mla["heads"]:
         for topk in cat.sparse_mla["top_k"]:
             for dtype in ("float32", "bfloat16"):
-                p = plan(MLACaps(heads=heads, max_rows=128, topk=topk, partial_dtype=dtype))
-                assert {s.key for s in p.programs} <= have, (heads, topk, dtype)
+                for quantize in (False, True):
+                    caps = MLACaps(heads=heads, max_rows=128, topk=topk, partial_dtype=dtype, quantize_query=quantize)
+                    assert {s.key for s in plan(caps).programs} <= have, (heads, topk, dtype, quantize)
 
 
 def test_decoder_refuses_mismatched_inputs_before_launching():

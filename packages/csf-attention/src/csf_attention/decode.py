@@ -53,16 +53,16 @@ class SparseMLADecoder:
         if tuple(out.shape) != (rows, caps.heads, VALUE_DIM) or out.dtype != torch.bfloat16 or not out.is_contiguous():
             raise ValueError(f"out must be contiguous bf16 [{rows}, {caps.heads}, {VALUE_DIM}]")
         splits = self.plan.splits_for(rows)
+        kw = {"sm_scale": sm_scale, "splits": splits, "config": self.plan.config, "partial_dtype": caps.partial_dtype,
+              "quantize_query": caps.quantize_query, "placeholder": placeholder(q.device)}  # fmt: skip
+        if splits == 1 and caps.direct_single_split:  # the decode finishes the output: no partials, no merge
+            unused = kw["placeholder"]  # no partials
+            return [decode_launch(q, kv_cache, indices, lengths, unused, unused, out=out, lse=lse, attn_sink=attn_sink,
+                                  **kw)]  # fmt: skip
         part_out, part_lse = self._partials(rows, splits)
-        dt = caps.partial_dtype
-        decode = decode_launch(
-            q, kv_cache, indices, lengths, part_out, part_lse, sm_scale=sm_scale, splits=splits,
-            config=self.plan.config, partial_dtype=dt, quantize_query=caps.quantize_query,
-        )  # fmt: skip
-        merge = merge_launch(
-            part_out, part_lse, out, splits=splits, attn_sink=attn_sink, lse=lse, partial_dtype=dt,
-            placeholder=placeholder(q.device),
-        )  # fmt: skip
+        decode = decode_launch(q, kv_cache, indices, lengths, part_out, part_lse, **kw)
+        merge = merge_launch(part_out, part_lse, out, splits=splits, attn_sink=attn_sink, lse=lse,
+                             partial_dtype=caps.partial_dtype, placeholder=kw["placeholder"])  # fmt: skip
         return [decode, merge]
 
     def run_decode(

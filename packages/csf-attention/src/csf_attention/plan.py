@@ -34,6 +34,7 @@ class MLACaps:
     sm_count: int = H200_SMS
     waves: int = 1
     quantize_query: bool = False  # quantize a bf16 query like a cache record (bit-identical to a packed one)
+    direct_single_split: bool = True  # one split per row: the decode finishes the output (no partials, no merge)
 
 
 @dataclass(frozen=True)
@@ -87,13 +88,22 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
         raise ValueError(f"{caps.heads} heads do not split into blocks of {config.head_block}")
     max_splits = caps.topk // CHUNK
     draft = MLAPlan(caps, config, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
-    slots = max(r * draft.splits_for(r) for r in range(1, caps.max_rows + 1))
+    # partials only for calls that merge: with direct single splits, those with more than one split
+    merging = [r for r in range(1, caps.max_rows + 1) if not (caps.direct_single_split and draft.splits_for(r) == 1)]
+    slots = max((r * draft.splits_for(r) for r in merging), default=0)
     esize = 4 if caps.partial_dtype == "float32" else 2
     out_bytes = slots * caps.heads * VALUE_DIM * esize
     lse_at = -(-out_bytes // _ALIGN) * _ALIGN
     lse_bytes = slots * caps.heads * 4
     scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), slots, lse_at + -(-lse_bytes // _ALIGN) * _ALIGN)
-    merges = [merge_spec(caps.partial_dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
-    query = "bf16_quantized" if caps.quantize_query else "bf16"
-    decodes = (decode_spec(config, caps.partial_dtype, query), decode_spec(config, caps.partial_dtype, "packed"))
-    return MLAPlan(caps, config, max_splits, scratch, (*decodes, *merges))
+    options = [(sink, lse) for sink in (False, True) for lse in (False, True)]
+    queries = ("bf16_quantized" if caps.quantize_query else "bf16", "packed")
+    programs = [decode_spec(config, caps.partial_dtype, query) for query in queries]
+    programs += [merge_spec(caps.partial_dtype, sink=sink, lse=lse) for sink, lse in options]
+    if caps.direct_single_split:
+        programs += [
+            decode_spec(config, caps.partial_dtype, query, direct=True, sink=sink, lse=lse)
+            for query in queries
+            for sink, lse in options
+        ]
+    return MLAPlan(caps, config, max_splits, scratch, tuple(programs))

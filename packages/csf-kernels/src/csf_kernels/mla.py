@@ -55,39 +55,47 @@ def decode_launch(
     sm_scale: float,
     splits: int,
     config: DecodeConfig,
+    placeholder: torch.Tensor,
     partial_dtype: str = "float32",
     quantize_query: bool = False,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
 ) -> Launch:
     """The decode program over ``splits`` splits per row; partials [rows * splits, heads, 512] and lse
     [rows * splits, heads] (views of the caller's scratch). A uint8 ``q`` is a packed query;
-    ``quantize_query`` quantizes a bf16 one in-kernel the same way (bit-identical results)."""
+    ``quantize_query`` quantizes a bf16 one in-kernel the same way (bit-identical results). With ``out``
+    given (one split only) the program writes the finished output (and ``lse``) itself, as the merge would."""
     rows, heads = q.shape[0], q.shape[1]
     want = (rows * splits, heads, VALUE_DIM)
-    if tuple(part_out.shape) != want or tuple(part_lse.shape) != want[:2]:
-        raise ValueError(
-            f"partials must be {want} and {want[:2]}, got {tuple(part_out.shape)}, {tuple(part_lse.shape)}"
-        )
+    direct = out is not None
+    if direct and splits != 1:
+        raise ValueError(f"a decode that finishes its output needs one split per row, got {splits}")
+    if not direct and (tuple(part_out.shape) != want or tuple(part_lse.shape) != want[:2]):
+        got = (tuple(part_out.shape), tuple(part_lse.shape))
+        raise ValueError(f"partials must be {want} and {want[:2]}, got {got[0]} and {got[1]}")
+    if direct:
+        _check_final(out, lse, rows, heads)
     bh = config.head_block
     if heads % bh:
         raise ValueError(f"{heads} heads do not split into blocks of {bh}")
     num_slots = kv_cache.numel() // RECORD_BYTES
-    return Launch(
-        decode_spec(config, partial_dtype, query_form(q, quantize_query)),
-        (rows * (heads // bh), splits),
-        (
-            q,
-            kv_cache,
-            indices,
-            lengths,
-            part_out,
-            part_lse,
-            num_slots,
-            float(sm_scale),
-            heads,
-            indices.shape[1],
-            splits,
-        ),
-    )
+    spec = decode_spec(config, partial_dtype, query_form(q, quantize_query), direct=direct,
+                       sink=attn_sink is not None, lse=lse is not None)  # fmt: skip
+    args = (q, kv_cache, indices, lengths, part_out, part_lse, _or(attn_sink, placeholder), _or(out, placeholder),
+            _or(lse, placeholder), num_slots, float(sm_scale), heads, indices.shape[1], splits)  # fmt: skip
+    return Launch(spec, (rows * (heads // bh), splits), args)
+
+
+def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    return placeholder if t is None else t
+
+
+def _check_final(out: torch.Tensor, lse: torch.Tensor | None, rows: int, heads: int) -> None:
+    if tuple(out.shape) != (rows, heads, VALUE_DIM) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [{rows}, {heads}, {VALUE_DIM}]")
+    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (rows, heads)):
+        raise ValueError(f"lse must be float32 [{rows}, {heads}], got {lse.dtype} {tuple(lse.shape)}")
 
 
 def merge_launch(
@@ -103,8 +111,7 @@ def merge_launch(
 ) -> Launch:
     """The merge program: ``out`` bf16 [rows, heads, 512] (and ``lse`` float32 [rows, heads] if given)."""
     rows, heads = out.shape[0], out.shape[1]
-    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (rows, heads)):
-        raise ValueError(f"lse must be float32 [{rows}, {heads}], got {lse.dtype} {tuple(lse.shape)}")
+    _check_final(out, lse, rows, heads)
     return Launch(
         merge_spec(partial_dtype, sink=attn_sink is not None, lse=lse is not None),
         (rows * heads,),

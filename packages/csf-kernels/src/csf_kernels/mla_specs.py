@@ -55,7 +55,17 @@ def decode_config(heads: int) -> DecodeConfig:
 QUERY_MODES = {"bf16": 0, "bf16_quantized": 1, "packed": 2}  # see kernels/mla_decode.py
 
 
-def decode_spec(config: DecodeConfig, partial_dtype: str = "float32", query: str = "bf16") -> ProgramSpec:
+def decode_spec(
+    config: DecodeConfig,
+    partial_dtype: str = "float32",
+    query: str = "bf16",
+    *,
+    direct: bool = False,
+    sink: bool = False,
+    lse: bool = False,
+) -> ProgramSpec:
+    """The decode program. ``direct``: one split per row, the output finished in the program (then the
+    partials' dtype, absent, is not part of the key; ``sink`` and ``lse`` are the merge's options)."""
     if partial_dtype not in PARTIAL_DTYPES:
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
     if query not in QUERY_MODES:
@@ -64,8 +74,11 @@ def decode_spec(config: DecodeConfig, partial_dtype: str = "float32", query: str
         MLA_DECODE.kernel,
         MLA_DECODE.version,
         BH=config.head_block,
-        PARTIAL_BF16=int(partial_dtype == "bfloat16"),
+        PARTIAL_BF16=int(partial_dtype == "bfloat16" and not direct),
         Q_MODE=QUERY_MODES[query],
+        DIRECT=int(direct),
+        HAS_SINK=int(direct and sink),
+        WRITE_LSE=int(direct and lse),
         num_warps=config.num_warps,
     )
 
@@ -84,12 +97,23 @@ def merge_spec(partial_dtype: str = "float32", *, sink: bool = False, lse: bool 
 
 
 def sparse_mla_specs(sparse_mla: dict) -> list[ProgramSpec]:
-    """Every program the catalog's sparse-MLA entry needs: each head block's decode program for every
-    query form, and every merge variant, for both partial dtypes."""
-    specs = []
-    for dtype in PARTIAL_DTYPES:
-        for config in sorted({decode_config(h) for h in sparse_mla.get("heads", ())}, key=repr):
-            specs += [decode_spec(config, dtype, query) for query in QUERY_MODES]
-        if sparse_mla.get("heads"):
-            specs += [merge_spec(dtype, sink=s, lse=w) for s in (False, True) for w in (False, True)]
-    return specs
+    """Every program the catalog's sparse-MLA entry needs: each decode config's programs for every query
+    form (split, for both partial dtypes; and direct, with every finishing option) and every merge."""
+    specs: dict[str, ProgramSpec] = {}
+    configs = sorted({decode_config(h) for h in sparse_mla.get("heads", ())}, key=repr)
+    for config in configs:
+        for query in QUERY_MODES:
+            for dtype in PARTIAL_DTYPES:
+                s = decode_spec(config, dtype, query)
+                specs[s.key] = s
+            for sink in (False, True):
+                for lse in (False, True):
+                    s = decode_spec(config, "float32", query, direct=True, sink=sink, lse=lse)
+                    specs[s.key] = s
+    if configs:
+        for dtype in PARTIAL_DTYPES:
+            for sink in (False, True):
+                for lse in (False, True):
+                    s = merge_spec(dtype, sink=sink, lse=lse)
+                    specs[s.key] = s
+    return list(specs.values())

@@ -10,6 +10,9 @@ normalised output and log-sum-exp; ``mla_merge`` combines the splits. A candidat
 position is past the row's length, its index is negative, or it is not below ``num_slots``: nothing is
 read outside the cache.
 
+With one split per row (``DIRECT``) the program finishes the output itself with the merge's own helpers
+(``mla_finish``): the same bits as the float32-partial merge, without the partials' round trip.
+
 The query (``Q_MODE``): 0, bf16 as given; 1, bf16 quantized here the way the cache quantizes a record
 (E4M3 latent per 128 with a power-of-two scale from the absmax's bits); 2, already packed as 656-byte
 records (``csf_attention.pack_query``). Modes 1 and 2 give bit-identical outputs.
@@ -20,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .mla_finish import finished, keys_lse, reference_max, split_weight, weighted
+
 SIGNATURE = {
     "q": "*bf16",  # [rows, heads, 576] bf16, or [rows, heads, 656] packed records (Q_MODE 2)
     "kv": "*u8",  # [num_slots, 656] records
@@ -27,6 +32,9 @@ SIGNATURE = {
     "lengths": "*i32",  # [rows]
     "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
     "part_lse": "*fp32",  # [rows * splits, heads]
+    "attn_sink": "*fp32",  # [heads] (DIRECT and HAS_SINK)
+    "out": "*bf16",  # [rows, heads, 512] (DIRECT)
+    "lse_out": "*fp32",  # [rows, heads] (DIRECT and WRITE_LSE)
     "num_slots": "i64",
     "sm_scale": "fp32",
     "heads": "i32",
@@ -35,6 +43,9 @@ SIGNATURE = {
     "BH": "constexpr",
     "PARTIAL_BF16": "constexpr",
     "Q_MODE": "constexpr",
+    "DIRECT": "constexpr",  # one split: finish here as mla_merge would (same instructions), no partials
+    "HAS_SINK": "constexpr",
+    "WRITE_LSE": "constexpr",
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
@@ -87,6 +98,9 @@ def mla_decode(
     lengths,
     part_out,
     part_lse,
+    attn_sink,
+    out,
+    lse_out,
     num_slots,
     sm_scale,
     heads,
@@ -95,6 +109,9 @@ def mla_decode(
     BH: tl.constexpr,  # heads per program
     PARTIAL_BF16: tl.constexpr,
     Q_MODE: tl.constexpr,  # 0 bf16, 1 bf16 quantized here, 2 packed records
+    DIRECT: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -140,10 +157,25 @@ def mla_decode(
     has = den > 0
     lse = tl.where(has, m + tl.log(tl.where(has, den, 1.0)), float("-inf"))
     o = acc / tl.where(has, den, 1.0)[:, None]
-    slot = row.to(tl.int64) * splits + s
-    at = (slot * heads + h[:, None]) * LATENT + d[None, :]
-    if PARTIAL_BF16:
-        tl.store(part_out.to(tl.pointer_type(tl.bfloat16)) + at, o.to(tl.bfloat16))
+    if DIRECT:  # the merge of this one split, by the merge's own helpers
+        m_all = lse
+        if HAS_SINK:
+            sink = tl.load(attn_sink + h)
+            m_all = tl.maximum(m_all, sink)
+        m_fin = reference_max(m_all)
+        w = split_weight(lse, m_fin)
+        total = w
+        if HAS_SINK:
+            total = w + tl.exp(sink - m_fin)
+        res = finished(weighted(w[:, None], o), total[:, None])
+        tl.store(out + (row.to(tl.int64) * heads + h[:, None]) * LATENT + d[None, :], res.to(tl.bfloat16))
+        if WRITE_LSE:
+            tl.store(lse_out + row.to(tl.int64) * heads + h, keys_lse(w, m_fin))
     else:
-        tl.store(part_out + at, o)
-    tl.store(part_lse + slot * heads + h, lse)
+        slot = row.to(tl.int64) * splits + s
+        at = (slot * heads + h[:, None]) * LATENT + d[None, :]
+        if PARTIAL_BF16:
+            tl.store(part_out.to(tl.pointer_type(tl.bfloat16)) + at, o.to(tl.bfloat16))
+        else:
+            tl.store(part_out + at, o)
+        tl.store(part_lse + slot * heads + h, lse)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .mla_finish import finished, keys_lse, reference_max, split_weight, weighted
+
 SIGNATURE = {
     "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
     "part_lse": "*fp32",  # [rows * splits, heads]
@@ -51,22 +53,21 @@ def mla_merge(
     if HAS_SINK:
         sink = tl.load(attn_sink + hd)
         m = tl.maximum(m, sink)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    m_ref = reference_max(m)
     num = tl.zeros([LATENT], tl.float32)
     den = tl.full([], 0.0, tl.float32)
     for s in range(0, splits):
-        w = tl.exp(tl.load(part_lse + (first + s) * heads + hd) - m_ref)
+        w = split_weight(tl.load(part_lse + (first + s) * heads + hd), m_ref)
         at = ((first + s) * heads + hd) * LATENT + d
         if PARTIAL_BF16:
             o = tl.load(part_out.to(tl.pointer_type(tl.bfloat16)) + at).to(tl.float32)
         else:
             o = tl.load(part_out + at)
-        num += tl.where(w > 0, w * o, 0.0)  # a split without keys holds no output (never 0 * garbage)
+        num += weighted(w, o)
         den += w
     total = den
     if HAS_SINK:
         total = den + tl.exp(sink - m_ref)
-    res = tl.where(total > 0, num / tl.where(total > 0, total, 1.0), 0.0)
-    tl.store(out + pid.to(tl.int64) * LATENT + d, res.to(tl.bfloat16))
+    tl.store(out + pid.to(tl.int64) * LATENT + d, finished(num, total).to(tl.bfloat16))
     if WRITE_LSE:
-        tl.store(lse_out + pid, tl.where(den > 0, m_ref + tl.log(tl.where(den > 0, den, 1.0)), float("-inf")))
+        tl.store(lse_out + pid, keys_lse(den, m_ref))
