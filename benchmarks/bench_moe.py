@@ -30,7 +30,7 @@ from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import activation, moe_reference
-from csf_moe.synthetic import synthetic_layer
+from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 PEER_GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4")]
 ALL_GEOMETRIES = [
@@ -45,13 +45,6 @@ TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
 ARMS = ("native", "expanded", "inline")
-
-
-def _inputs(geo, t, gen):
-    x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    scores = torch.rand(t, geo.experts, generator=gen, device="cuda")
-    w, ids = torch.topk(scores, geo.top_k, dim=-1)
-    return x, ids.to(torch.int32).contiguous(), torch.softmax(w, dim=-1).contiguous()
 
 
 def _bytes_per_expert(weights) -> dict[str, float]:
@@ -112,7 +105,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops) 
     gen = torch.Generator(device="cuda").manual_seed(99)
     rows = []
     for t in tokens:
-        sets = [_inputs(geo, t, gen) for _ in range(INPUT_SETS)]
+        sets = [synthetic_routing(geo, t, gen) for _ in range(INPUT_SETS)]
         unique = statistics.mean(int(torch.unique(ids).numel()) for _, ids, _ in sets)
         flops = 2 * t * geo.top_k * 3 * geo.intermediate * geo.hidden
         row = {"tokens": t, "unique_experts_mean": unique, "arms": {}}

@@ -13,7 +13,7 @@ from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import moe_reference
-from csf_moe.synthetic import synthetic_layer
+from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 pytestmark = pytest.mark.gpu
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
@@ -48,13 +48,6 @@ def _geometry(model, tp, fmt):
     return load_catalog().moe_geometry(model, tp, fmt)
 
 
-def _inputs(geo, t, gen, ids_dtype=torch.int32):
-    x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    scores = torch.rand(t, geo.experts, generator=gen, device="cuda")
-    w, ids = torch.topk(scores, geo.top_k, dim=-1)
-    return x, ids.to(ids_dtype), torch.softmax(w, dim=-1)
-
-
 def _layers(geo, data):
     layers = {}
     for source in ("native", "expanded", "inline"):
@@ -78,7 +71,7 @@ def test_sources_are_bit_identical_and_match_the_reference(model, tp, fmt):
     ref = data.reference()
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in TOKENS:
-        x, ids, w = _inputs(geo, t, gen)
+        x, ids, w = synthetic_routing(geo, t, gen)
         outs = {s: _poisoned_run(layer, x, ids, w) for s, layer in layers.items()}
         for s in ("expanded", "inline"):
             assert torch.equal(outs[s], outs["native"]), f"seed {SEED} {geo.name} T={t}: {s} != native"
@@ -94,7 +87,7 @@ def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     layer = _layers(geo, data)["inline"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in (5, 600):
-        x, ids, w = _inputs(geo, t, gen, ids_dtype)
+        x, ids, w = synthetic_routing(geo, t, gen, ids_dtype=ids_dtype)
         padded = ids.clone()
         padded[::2, 0] = -1
         padded[1::3, -1] = geo.experts
@@ -115,7 +108,7 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
     layer = _layers(geo, data)["inline"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in (8, 700):  # an inline bucket and an expanding one
-        x, ids, w = _inputs(geo, t, gen)
+        x, ids, w = synthetic_routing(geo, t, gen)
         out = torch.empty_like(x)
         layer.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)
         torch.cuda.synchronize()
@@ -123,7 +116,7 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
         with torch.cuda.graph(graph):
             layer.run(x, ids, w, out=out)
         for _ in range(3):
-            nx, nids, nw = _inputs(geo, t, gen)
+            nx, nids, nw = synthetic_routing(geo, t, gen)
             x.copy_(nx), ids.copy_(nids), w.copy_(nw)
             eager = _poisoned_run(layer, x, ids, w).clone()
             layer.scratch.fill_(0xFF)
@@ -160,6 +153,25 @@ def test_frozen_plan_and_bind_fail_clearly_for_an_unplanned_token_count():
     p = plan(geo, 16, scale_source="inline")
     layer = bind(p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8,
                                                                             device="cuda"))  # fmt: skip
-    x, ids, w = _inputs(geo, 17, torch.Generator(device="cuda").manual_seed(SEED))
+    x, ids, w = synthetic_routing(geo, 17, torch.Generator(device="cuda").manual_seed(SEED))
     with pytest.raises(ValueError, match="exceed the plan's max_tokens"):
         layer.run(x, ids, w)
+
+
+def test_misaligned_and_strided_inputs_give_the_aligned_result():
+    """The programs are compiled for 16-byte aligned operands: views that are not get aligned copies
+    (and a misaligned ``out`` a temporary), never a misaddressed load."""
+    geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    layer = _layers(geo, data)["inline"]
+    x, ids, w = synthetic_routing(geo, 9, torch.Generator(device="cuda").manual_seed(SEED))
+    want = _poisoned_run(layer, x, ids, w).clone()
+    # the same values at addresses 2, 4 and 8 bytes past a 16-byte boundary, and a strided top-k
+    x_off = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view_as(x).copy_(x)
+    ids_off = torch.empty(ids.numel() + 1, dtype=ids.dtype, device="cuda")[1:].view_as(ids).copy_(ids)
+    w_wide = torch.empty(w.shape[0], 2 * w.shape[1], dtype=w.dtype, device="cuda")
+    w_wide[:, ::2] = w
+    out_off = torch.empty(x.numel() + 4, dtype=x.dtype, device="cuda")[4:].view_as(x)
+    assert x_off.data_ptr() % 16 and ids_off.data_ptr() % 16 and out_off.data_ptr() % 16
+    got = layer.run(x_off, ids_off, w_wide[:, ::2], out=out_off)
+    assert got.data_ptr() == out_off.data_ptr() and torch.equal(got, want), f"seed {SEED}"

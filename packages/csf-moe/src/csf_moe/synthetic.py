@@ -16,7 +16,7 @@ from csf_kernels.catalog import MoEGeometry
 
 from .reference import QuantizedExperts
 
-__all__ = ["SyntheticLayer", "synthetic_layer"]
+__all__ = ["SyntheticLayer", "synthetic_layer", "synthetic_routing"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,3 +92,14 @@ def synthetic_layer(
         w13_bias=on(torch.randn(e, 2 * n, generator=gen) * 0.1) if g.bias else None,
         w2_bias=on(torch.randn(e, h, generator=gen) * 0.1) if g.bias else None,
     )
+
+
+def synthetic_routing(
+    geo: MoEGeometry, tokens: int, gen: torch.Generator, *, ids_dtype: torch.dtype = torch.int32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden bf16 [T, H], topk_ids [T, k], topk_weights float32 [T, k]) on ``gen``'s device: random
+    activations, a random router's top-k (distinct experts per token), softmax weights."""
+    dev = gen.device
+    x = torch.randn(tokens, geo.hidden, generator=gen, device=dev).to(torch.bfloat16)
+    w, ids = torch.topk(torch.rand(tokens, geo.experts, generator=gen, device=dev), geo.top_k, dim=-1)
+    return x, ids.to(ids_dtype).contiguous(), torch.softmax(w, dim=-1).contiguous()
