@@ -90,7 +90,8 @@ class SparseMLADecoder:
         if rows == 0:
             return (out, lse) if return_lse else out
         args = (q, kv_cache, indices, lengths, attn_sink, out, lse)
-        key = (rows, float(sm_scale), *(None if a is None else a.data_ptr() for a in args))
+        # what a binding bakes in: pointers, the query form, the cache's size (its slot bound), the scale
+        key = (rows, float(sm_scale), q.dtype, kv_cache.numel(), *(None if a is None else a.data_ptr() for a in args))
         bound = self._bound.get(key)
         if bound is None:
             launches = self.launches(q, kv_cache, indices, lengths, sm_scale, attn_sink, out, lse)

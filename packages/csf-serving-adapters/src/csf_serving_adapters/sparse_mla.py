@@ -70,7 +70,10 @@ class SparseMLAService:
         rows, topk = batch * q_rows, indices.shape[-1]
         if rows > self.max_rows:
             raise ValueError(f"{rows} query rows exceed the {self.max_rows} this service was planned for")
-        kv = kv_cache.view(torch.uint8).reshape(-1, kv_cache.view(torch.uint8).shape[-1])
+        if not kv_cache.is_contiguous():  # read in place, never copied
+            raise ValueError(f"the KV cache must be contiguous, got strides {kv_cache.stride()}")
+        kv = kv_cache.view(torch.uint8)
+        kv = kv.view(-1, kv.shape[-1])
         idx = indices.reshape(rows, topk)
         idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
         dec = self._decoder(heads, topk, q.device)
