@@ -85,3 +85,17 @@ def test_shared_scratch_grows_only_when_asked_for_more():
     assert pool.get("cpu", 50) is a and pool.get("cpu", 100) is a
     b = pool.get("cpu", 200)
     assert b.numel() == 200 and b.dtype == torch.uint8 and pool.get("cpu", 10) is b
+
+
+def test_compressed_tensors_formats_come_from_the_config_groups():
+    from csf_serving_adapters.checkpoint_config import scale_format_of
+
+    from .ct_checkpoints import CT_NV_CONFIG
+
+    assert scale_format_of("compressed-tensors", CT_NV_CONFIG) == "nvfp4"
+    mx = {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "mxfp4-pack-quantized"}}}
+    assert scale_format_of("compressed-tensors", mx) == "mxfp4"
+    mixed = {"config_groups": {"a": {"format": "mxfp4-pack-quantized"}, "b": {"format": "nvfp4-pack-quantized"}}}
+    assert scale_format_of("compressed-tensors", mixed) is None  # one layer method serves one format
+    assert scale_format_of("compressed-tensors", {"config_groups": {"a": {"format": "float-quantized"}}}) is None
+    assert scale_format_of("compressed-tensors") is None

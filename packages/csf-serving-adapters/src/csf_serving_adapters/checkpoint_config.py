@@ -14,10 +14,13 @@ from typing import Any
 from csf_codec import CSF_FORMAT_VERSION, FormatVersionError, scale_format
 from csf_codec.checkpoint import CONFIG_KEY
 
-__all__ = ["CsfEntry", "base_quant_method", "csf_entry", "scale_format_of"]
+__all__ = ["COMPRESSED_TENSORS", "CsfEntry", "base_quant_method", "csf_entry", "scale_format_of"]
 
 # The scale format each known base quantization carries (used when a native checkpoint is served as "csf").
 _BASE_FORMATS = {"mxfp4": "mxfp4", "gpt_oss_mxfp4": "mxfp4", "modelopt_fp4": "nvfp4"}
+COMPRESSED_TENSORS = "compressed-tensors"
+# compressed-tensors names its FP4 formats per config group: "nvfp4-pack-quantized", "mxfp4-pack-quantized"
+_CT_FORMATS = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +70,12 @@ def base_quant_method(quant_cfg: Mapping[str, Any] | None) -> str | None:
     return str(method) if method else None
 
 
-def scale_format_of(base: str | None) -> str | None:
-    """The FP4 scale format a base quantization method stores, when it is one csf knows."""
+def scale_format_of(base: str | None, quant_cfg: Mapping[str, Any] | None = None) -> str | None:
+    """The FP4 scale format a base quantization method stores, when it is one csf knows (compressed-tensors:
+    from its config groups' formats, which must agree)."""
+    if base == COMPRESSED_TENSORS and isinstance(quant_cfg, Mapping):
+        groups = quant_cfg.get("config_groups") or {}
+        formats = {g.get("format") for g in groups.values() if isinstance(g, Mapping)} | {quant_cfg.get("format")}
+        found = {_CT_FORMATS[f] for f in formats if f in _CT_FORMATS}
+        return found.pop() if len(found) == 1 else None
     return _BASE_FORMATS.get(base or "")

@@ -8,6 +8,7 @@ hooks below. Everything from the parameter list to the released scale planes hap
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -16,25 +17,51 @@ from csf_kernels import runtime
 from csf_kernels.catalog import MoEGeometry, load_catalog
 
 from .accounting import LEDGER, LayerScaleMemory
+from .checkpoint_config import COMPRESSED_TENSORS
 from .scratch import SharedScratch
 
-__all__ = ["BOUND_ATTR", "SCRATCH", "CsfMoECore"]
+__all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "MODELOPT_NAMES", "SCRATCH", "CsfMoECore", "ParamNames",
+           "param_names"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer, kept on the engine's MoE module
 SCRATCH = SharedScratch()
-# after binding: copied by prepare_weights (biases and global scales as float32), or unused by W4A16 (input scales)
-_RELEASED = (
-    "w13_weight_scale",
-    "w2_weight_scale",
-    "w13_weight_scale_2",
-    "w2_weight_scale_2",
-    "w13_input_scale",
-    "w2_input_scale",
-    "w13_bias",
-    "w2_bias",
+
+
+@dataclass(frozen=True)
+class ParamNames:
+    """How the engine's own FP4 MoE method of a checkpoint's convention names its parameters (``w13_`` /
+    ``w2_`` + these), so its weight loader routes checkpoint tensors into them."""
+
+    values: str  # packed E2M1 bytes
+    global_scale: str  # NVFP4's per-expert second-level scale
+    input_scale: str  # activation scales (loaded, unused by W4A16)
+    inverted_global: bool  # the checkpoint stores 1 / scale (compressed-tensors)
+    input_scale_method: str | None  # the loader's slicing attribute for input scales, None: the engine's default
+    w13_input_per_shard: bool  # w13's input scale has one value per gate/up shard: [E, 2]
+
+
+MODELOPT_NAMES = ParamNames(  # ModelOpt NVFP4, and gpt-oss's MXFP4
+    values="weight",
+    global_scale="weight_scale_2",
+    input_scale="input_scale",
+    inverted_global=False,
+    input_scale_method=None,
+    w13_input_per_shard=False,
 )
+COMPRESSED_TENSORS_NAMES = ParamNames(
+    values="weight_packed",
+    global_scale="weight_global_scale",
+    input_scale="input_global_scale",
+    inverted_global=True,
+    input_scale_method="tensor",
+    w13_input_per_shard=True,
+)
+
+
+def param_names(base_quant_method: str | None) -> ParamNames:
+    return COMPRESSED_TENSORS_NAMES if base_quant_method == COMPRESSED_TENSORS else MODELOPT_NAMES
 
 
 class CsfMoECore:
@@ -44,6 +71,7 @@ class CsfMoECore:
     scale_quant_method: str  # the engine loader's name for block-scale slicing ("block", "group")
     input_scale_quant_method: str | None  # ... and for per-expert scalars ("tensor"), if it wants one
     activation: str  # csf-moe's name
+    names: ParamNames = MODELOPT_NAMES
     w13_layout: str = "gate_up"
     capture_sizes: tuple[int, ...] = ()
 
@@ -77,17 +105,19 @@ class CsfMoECore:
             if quant_method is not None:
                 p.quant_method = quant_method  # read by the engine's weight_loader to TP-slice scales
 
-        add("w13_weight", (e, w13_rows, h // 2), torch.uint8)
+        v, g, i = self.names.values, self.names.global_scale, self.names.input_scale
+        add(f"w13_{v}", (e, w13_rows, h // 2), torch.uint8)
         add("w13_weight_scale", (e, w13_rows, h // bs), scale_dtype, self.scale_quant_method)
-        add("w2_weight", (e, h, n // 2), torch.uint8)
+        add(f"w2_{v}", (e, h, n // 2), torch.uint8)
         add("w2_weight_scale", (e, h, n // bs), scale_dtype, self.scale_quant_method)
         if self.fmt.name == "nvfp4":
-            # ModelOpt's per-expert global scales: one per gate/up shard while loading, as the engines write them
-            add("w13_weight_scale_2", (e, 2), torch.float32, "tensor")
-            add("w2_weight_scale_2", (e,), torch.float32, "tensor")
-            # ModelOpt checkpoints carry activation scales too; a W4A16 layer loads and drops them
-            add("w13_input_scale", (e,), torch.float32, self.input_scale_quant_method)
-            add("w2_input_scale", (e,), torch.float32, self.input_scale_quant_method)
+            # per-expert global scales: one per gate/up shard while loading, as the engines write them
+            add(f"w13_{g}", (e, 2), torch.float32, "tensor")
+            add(f"w2_{g}", (e,), torch.float32, "tensor")
+            # NVFP4 checkpoints carry activation scales too; a W4A16 layer loads and drops them
+            method = self.names.input_scale_method or self.input_scale_quant_method
+            add(f"w13_{i}", (e, 2) if self.names.w13_input_per_shard else (e,), torch.float32, method)
+            add(f"w2_{i}", (e,), torch.float32, method)
         if self.has_bias():
             add("w13_bias", (e, w13_rows), torch.bfloat16)
             add("w2_bias", (e, h), torch.bfloat16)
@@ -106,11 +136,16 @@ class CsfMoECore:
             bias=self.has_bias(),
         )
 
-    def _w13_global_scale(self, layer) -> torch.Tensor:
-        g = layer.w13_weight_scale_2.data
-        if not torch.equal(g[:, 0], g[:, 1]):
-            raise ValueError(f"csf: {layer.layer_name}: gate and up weight_scale_2 differ; one per expert is supported")
-        return g[:, 0]
+    def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W13, W2) per-expert global scales as multipliers (one per expert: gate and up must agree)."""
+        g13, g2 = (getattr(layer, f"{stem}_{self.names.global_scale}").data for stem in ("w13", "w2"))
+        if not torch.equal(g13[:, 0], g13[:, 1]):
+            raise ValueError(f"csf: {layer.layer_name}: gate and up global scales differ; one per expert is supported")
+        g13 = g13[:, 0]
+        return (1.0 / g13, 1.0 / g2) if self.names.inverted_global else (g13, g2)
+
+    def values(self, layer, stem: str) -> torch.Tensor:
+        return getattr(layer, f"{stem}_{self.names.values}").data
 
     def prepare(self, layer):
         """Plan the layer and build its weights (inline CSF scales) on the weights' device; no binding."""
@@ -119,15 +154,15 @@ class CsfMoECore:
         max_tokens = self.max_tokens()
         buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *self.capture_sizes) if t <= max_tokens}))
         p = plan(self.geometry(layer), max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
-        nv = self.fmt.name == "nvfp4"
+        g13, g2 = self._global_scales(layer) if self.fmt.name == "nvfp4" else (None, None)
         w = prepare_weights(
             p,
-            w13=layer.w13_weight.data,
+            w13=self.values(layer, "w13"),
             w13_scale=layer.w13_weight_scale.data,
-            w2=layer.w2_weight.data,
+            w2=self.values(layer, "w2"),
             w2_scale=layer.w2_weight_scale.data,
-            w13_global_scale=self._w13_global_scale(layer) if nv else None,
-            w2_global_scale=layer.w2_weight_scale_2.data if nv else None,
+            w13_global_scale=g13,
+            w2_global_scale=g2,
             w13_bias=getattr(layer, "w13_bias", None),
             w2_bias=getattr(layer, "w2_bias", None),
             w13_layout=self.w13_layout,
@@ -136,13 +171,17 @@ class CsfMoECore:
 
     def release_native(self, layer, weights) -> LayerScaleMemory:
         """Drop what ``weights`` now holds in another form, and record the scale memory returned."""
-        for name in _RELEASED:
+        # after binding: copied by prepare_weights (biases and global scales as float32), or unused by W4A16 (input
+        # scales)
+        n = self.names
+        released = ["weight_scale", n.global_scale, n.input_scale, "bias"]
+        for name in (f"{stem}_{r}" for stem in ("w13", "w2") for r in released):
             old = getattr(layer, name, None)
             if isinstance(old, torch.Tensor):
                 setattr(layer, name, torch.nn.Parameter(old.new_empty(0), requires_grad=False))
         # an interleaved W13 was reordered into a new tensor: keep only that one
-        layer.w13_weight = torch.nn.Parameter(weights.w13.values, requires_grad=False)
-        layer.w2_weight = torch.nn.Parameter(weights.w2.values, requires_grad=False)
+        setattr(layer, f"w13_{n.values}", torch.nn.Parameter(weights.w13.values, requires_grad=False))
+        setattr(layer, f"w2_{n.values}", torch.nn.Parameter(weights.w2.values, requires_grad=False))
         sizes = weights.scale_bytes()
         entry = LayerScaleMemory(layer=layer.layer_name, native_bytes=sizes["native"], stored_bytes=sizes["stored"])
         LEDGER.record(entry)
@@ -151,7 +190,7 @@ class CsfMoECore:
     def process_weights_after_loading(self, layer) -> None:
         from csf_moe import bind
 
-        device = layer.w13_weight.device
+        device = self.values(layer, "w13").device
         if device.type != "cuda":
             raise RuntimeError(
                 f"csf: {layer.layer_name}: the CSF fused MoE runs on a CUDA GPU (Hopper, sm_90a); "

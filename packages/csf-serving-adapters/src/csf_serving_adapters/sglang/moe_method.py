@@ -16,7 +16,7 @@ from sglang.srt.utils import set_weight_attrs
 
 from csf_codec import scale_format
 
-from ..moe_core import BOUND_ATTR, SCRATCH, CsfMoECore
+from ..moe_core import BOUND_ATTR, SCRATCH, CsfMoECore, param_names
 
 __all__ = ["BOUND_ATTR", "SCRATCH", "CsfMoEMethod"]
 
@@ -59,6 +59,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
                 "or a native MXFP4 / ModelOpt NVFP4 one"
             )
         self.fmt = scale_format(quant_config.scale_format)
+        self.names = param_names(quant_config.base_quant_method)  # ModelOpt / gpt-oss or compressed-tensors
         self.prefix = prefix
         self.moe_runner_config = None
 

@@ -56,7 +56,7 @@ class CsfConfig(QuantizationConfig):
     def from_config(cls, config: dict[str, Any]) -> CsfConfig:
         entry = ckpt.csf_entry(config)
         base = ckpt.base_quant_method(config)
-        fmt = entry.scale_format if entry is not None else ckpt.scale_format_of(base)
+        fmt = entry.scale_format if entry is not None else ckpt.scale_format_of(base, config)
         return cls(scale_format=fmt, base_quant_method=base, entry=entry)
 
     @classmethod

@@ -16,7 +16,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from csf_codec import scale_format
 
-from ..moe_core import BOUND_ATTR, SCRATCH, CsfMoECore
+from ..moe_core import BOUND_ATTR, SCRATCH, CsfMoECore, param_names
 
 __all__ = ["BOUND_ATTR", "SCRATCH", "CsfMoEMethod"]
 
@@ -41,6 +41,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
                 "or a native MXFP4 / ModelOpt NVFP4 one"
             )
         self.fmt = scale_format(quant_config.scale_format)
+        self.names = param_names(quant_config.base_quant_method)  # ModelOpt / gpt-oss or compressed-tensors
         # as vLLM's FP4 methods name it; gpt-oss's loader reads it to pick its packed-expert path (unverified here)
         self.weight_dtype = self.fmt.name
         act = moe.activation.value
