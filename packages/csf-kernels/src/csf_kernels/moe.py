@@ -24,7 +24,7 @@ from .moe_specs import (
     fc1_finish_spec,
     gemm_spec,
 )
-from .runtime import Launch
+from .runtime import Launch, aligned
 
 __all__ = [
     "GemmOperand",
@@ -122,12 +122,13 @@ class GemmOperand:
     bias: torch.Tensor | None = None
 
 
-def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _inline_array(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An inline-CSF array as the GEMM reads it: 16-byte aligned, within 32-bit offsets (empty: a placeholder)."""
     if t.numel() == 0:
         return placeholder(device)
     if t.numel() >= 1 << 31:
         raise ValueError(f"a {t.numel()}-byte inline array exceeds the GEMM's 32-bit record offsets")
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    return aligned(t)
 
 
 def _programs_stay_in_blocks(n_out: int, offset: int, row_group: int, bn: int) -> bool:
@@ -191,12 +192,12 @@ def gemm_launch(
                     f"would straddle 128-row blocks (tile W13 as gate/up groups: row_group={n_out})"
                 )
         inline_args = (
-            _aligned(il.base_ref, dev),
-            _aligned(il.base_delta, dev),
-            _aligned(il.records, dev),
-            _aligned(il.raw, dev),
-            _aligned(il.tail, dev),
-            _aligned(il.tail_raw, dev),
+            _inline_array(il.base_ref, dev),
+            _inline_array(il.base_delta, dev),
+            _inline_array(il.records, dev),
+            _inline_array(il.raw, dev),
+            _inline_array(il.tail, dev),
+            _inline_array(il.tail_raw, dev),
             geo.row_group,
             geo.blocks_per_group,
             geo.full_col_tiles,
