@@ -13,3 +13,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def frozen_runtime():
+    """Serving conditions for a GPU test: programs only from the AOT cache, nothing compiles (checked)."""
+    from csf_kernels import runtime
+
+    runtime.freeze()
+    before = runtime.compilations()
+    yield
+    assert runtime.compilations() == before == 0
+    runtime.unfreeze()

@@ -7,28 +7,21 @@ import pytest
 import torch
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference
-from csf_kernels import runtime
 from csf_serving_adapters.sparse_mla import SparseMLAService
 from tests.attention.mla_cases import mla_inputs, rel_err
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 
 
 def test_service_equals_the_decoder_and_the_reference():
-    runtime.freeze()
-    try:
-        x = mla_inputs(torch.Generator().manual_seed(1), rows=8, heads=32, topk=512, pages=16, lengths=[512] * 8,
-                       device="cuda")  # fmt: skip
-        out, lse = SparseMLAService(max_rows=16).decode(
-            x.q.view(4, 2, 32, 576), x.kv_cache, x.indices.view(4, 2, 512), 0.05
-        )
-        p = plan(MLACaps(heads=32, max_rows=16, topk=512))
-        dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
-        want_out, want_lse = dec.run_decode(x.q, x.kv_cache, x.indices, x.lengths, 0.05, return_lse=True)
-        assert torch.equal(out.reshape(8, 32, 512), want_out)
-        assert torch.equal(lse.permute(0, 2, 1).reshape(8, 32), want_lse)
-        ref = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, 0.05)
-        assert rel_err(want_out, ref[0]) < 1.5e-2
-        assert runtime.compilations() == 0
-    finally:
-        runtime.unfreeze()
+    x = mla_inputs(torch.Generator().manual_seed(1), rows=8, heads=32, topk=512, pages=16, lengths=[512] * 8,
+                   device="cuda")  # fmt: skip
+    q, idx = x.q.view(4, 2, 32, 576), x.indices.view(4, 2, 512)
+    out, lse = SparseMLAService(max_rows=16).decode(q, x.kv_cache, idx, 0.05)
+    p = plan(MLACaps(heads=32, max_rows=16, topk=512))
+    dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
+    want_out, want_lse = dec.run_decode(x.q, x.kv_cache, x.indices, x.lengths, 0.05, return_lse=True)
+    assert torch.equal(out.reshape(8, 32, 512), want_out)
+    assert torch.equal(lse.permute(0, 2, 1).reshape(8, 32), want_lse)
+    ref = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, 0.05)
+    assert rel_err(want_out, ref[0]) < 1.5e-2

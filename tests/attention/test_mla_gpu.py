@@ -9,24 +9,14 @@ import pytest
 import torch
 
 from csf_attention import MLACaps, bind, dequantize_records, pack_query, plan, sparse_mla_reference, write_kv
-from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.mla_layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
 from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
 REL_TOL = 1.5e-2  # p rounds to bf16 before the value product, the output to bf16 once
 CATALOG = load_catalog().sparse_mla
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    runtime.freeze()
-    before = runtime.compilations()
-    yield
-    assert runtime.compilations() == before == 0
-    runtime.unfreeze()
 
 
 def _decoder(caps: MLACaps):

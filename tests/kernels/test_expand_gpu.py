@@ -20,19 +20,9 @@ from csf_kernels.expand import expand_compact, expand_inline
 
 from .interpret_cases import cases
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 ROOT = Path(__file__).resolve().parents[2]
 POISON = 0xAB
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    """Every GPU test runs frozen: programs come from the AOT cache, nothing compiles."""
-    runtime.freeze()
-    before = runtime.compilations()
-    yield
-    assert runtime.compilations() == before == 0
-    runtime.unfreeze()
 
 
 def _expected(plane: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,12 @@ import os
 import pytest
 import torch
 
-from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
 GEOMETRIES = [
     ("deepseek-v4.1-flash", 4, "mxfp4"),
@@ -33,15 +32,6 @@ MAX_TOKENS = 1024
 TOKENS = (1, 7, 64, 700)
 # relative Frobenius error against float32: the intermediate and the output each round to bf16 once
 REL_TOL = 2e-2
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    runtime.freeze()
-    before = runtime.compilations()
-    yield
-    assert runtime.compilations() == before == 0
-    runtime.unfreeze()
 
 
 def _geometry(model, tp, fmt):

@@ -5,29 +5,13 @@ The GPU tests run the same programs from the AOT cache on the H200 (test_moe_gpu
 
 from __future__ import annotations
 
-import os
-import random
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.interpreted import run_interpreted
+
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_interpreted_layer_sources_agree_and_match_the_reference():
-    seed = random.randrange(1 << 20)  # fresh data every run; the seed is in the failure message
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.moe.interpret_moe", str(seed)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, f"seed {seed}: {r.stdout[-2000:]}{r.stderr[-4000:]}"
-    assert r.stdout.strip().startswith("ok 18"), r.stdout
+    run_interpreted("tests.moe.interpret_moe", "ok 18", timeout=900)
