@@ -64,33 +64,31 @@ def aot_build(session: nox.Session) -> None:
     session.run("python", "-m", "csf_kernels.aot.build", *session.posargs)
 
 
+def _run_benchmark(session: nox.Session, name: str) -> None:
+    """benchmarks/bench_<name>.py, its JSON under benchmarks/results/<name>-<date>-<commit>.json."""
+    _install_packages(session)
+    out = f"benchmarks/results/{name}-{datetime.date.today().isoformat()}-{_commit()}.json"
+    session.run("python", f"benchmarks/bench_{name}.py", "--out", out, *session.posargs)
+
+
 @nox.session
 def bench_codec(session: nox.Session) -> None:
     """Both forms' ratios and CPU encode/decode throughput on the DS4.1-TP4 planes, as JSON."""
-    _install_packages(session)
-    stamp = datetime.date.today().isoformat()
-    out = f"benchmarks/results/codec-{stamp}-{_commit()}.json"
-    session.run("python", "benchmarks/bench_codec.py", "--out", out, *session.posargs)
+    _run_benchmark(session, "codec")
 
 
 @nox.session
 def bench_moe(session: nox.Session) -> None:
     """Fused MoE figures (needs a GPU and the built aot_cache/): every arm per geometry and token count,
     as JSON under benchmarks/results/. On the H200 (no nox there) run the script directly: see README."""
-    _install_packages(session)
-    stamp = datetime.date.today().isoformat()
-    out = f"benchmarks/results/moe-{stamp}-{_commit()}.json"
-    session.run("python", "benchmarks/bench_moe.py", "--out", out, *session.posargs)
+    _run_benchmark(session, "moe")
 
 
 @nox.session
 def bench_mla(session: nox.Session) -> None:
     """Sparse MLA decode figures at FlashMLA's configurations (needs a GPU and the built aot_cache/), as
     JSON under benchmarks/results/. On the H200 run the script directly: see README."""
-    _install_packages(session)
-    stamp = datetime.date.today().isoformat()
-    out = f"benchmarks/results/mla-{stamp}-{_commit()}.json"
-    session.run("python", "benchmarks/bench_mla.py", "--out", out, *session.posargs)
+    _run_benchmark(session, "mla")
 
 
 @nox.session

@@ -18,6 +18,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
+import torch
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
@@ -71,8 +72,6 @@ _interpreter.InterpreterBuilder.binary_op = _binary_op
 
 def _create_fp_to_fp(self, src, dst_type, rounding_mode):
     if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.bfloat16):
-        import torch
-
         wide = torch.from_numpy(np.ascontiguousarray(_bf16_as_f32(src).data, dtype=np.float32))
         return _interpreter.TensorHandle(wide.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), tl.float8e4nv)
     return _create_fp_to_fp_orig(self, src, dst_type, rounding_mode)

@@ -14,7 +14,7 @@ from csf_serving_adapters.sglang.config import CsfConfig
 
 from .ct_checkpoints import CT_NV_CONFIG, ct_native, load_ct
 from .sglang_layers import make_experts
-from .test_sglang_loading import _merge_tp, _params, _same
+from .tp_shards import merge_tp, params, same
 
 E, H, N = 4, 512, 256
 
@@ -35,16 +35,16 @@ def test_sglang_compressed_tensors_parameters_load_at_two_ranks_and_prepare_inve
         for s in ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
     }  # fmt: skip
     load_ct(whole, native, E, "experts")
-    tp1 = _params(whole)
+    tp1 = params(whole)
     ranks = []
     for rank in range(2):
         layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=2, rank=rank)
         load_ct(layer, native, E, "experts")
-        ranks.append(_params(layer))
-    merged = _merge_tp(ranks)
+        ranks.append(params(layer))
+    merged = merge_tp(ranks)
     for name in tp1:
-        assert _same(merged[name], tp1[name]), name
-    assert _same(tp1["w13_weight_packed"][1, N:], native["up.weight_packed"][1])
+        assert same(merged[name], tp1[name]), name
+    assert same(tp1["w13_weight_packed"][1, N:], native["up.weight_packed"][1])
     _, w = whole.quant_method.prepare(whole)
     want = torch.tensor([2.0 ** -(7 + e) for e in range(E)])
     assert torch.equal(w.w13.global_scale.cpu(), want) and torch.equal(w.w2.global_scale.cpu(), want)

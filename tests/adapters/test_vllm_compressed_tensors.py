@@ -13,7 +13,7 @@ from csf_serving_adapters.vllm import register
 from csf_serving_adapters.vllm.config import CsfConfig
 
 from .ct_checkpoints import CT_NV_CONFIG, ct_native, load_ct
-from .test_vllm_loading import _merge_tp, _params, _same
+from .tp_shards import merge_tp, params, same
 from .vllm_layers import PREFIX, make_experts
 
 E, H, N = 4, 512, 256
@@ -47,17 +47,17 @@ def test_two_tp_ranks_load_exactly_the_halves_of_one_and_prepare_inverts_the_glo
     native = ct_native(E, H, N)
     whole = make_experts(cfg, experts=E, hidden=H, inter=N)
     load_ct(whole, native, E, PREFIX)
-    tp1 = _params(whole)
+    tp1 = params(whole)
     ranks = []
     for rank in range(2):
         layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=2, rank=rank)
         load_ct(layer, native, E, PREFIX)
-        ranks.append(_params(layer))
-    merged = _merge_tp(ranks)
+        ranks.append(params(layer))
+    merged = merge_tp(ranks)
     for name in tp1:
-        assert _same(merged[name], tp1[name]), name
-    assert _same(tp1["w13_weight_packed"][1, :N], native["gate.weight_packed"][1])
-    assert _same(tp1["w2_weight_scale"][3], native["down.weight_scale"][3])
+        assert same(merged[name], tp1[name]), name
+    assert same(tp1["w13_weight_packed"][1, :N], native["gate.weight_packed"][1])
+    assert same(tp1["w2_weight_scale"][3], native["down.weight_scale"][3])
     _, w = whole.quant_method.prepare(whole)
     want13 = torch.tensor([2.0 ** -(7 + e) for e in range(E)])
     assert torch.equal(w.w13.global_scale.cpu(), want13) and torch.equal(w.w2.global_scale.cpu(), want13)

@@ -15,6 +15,7 @@ from csf_serving_adapters.vllm import register
 from csf_serving_adapters.vllm.config import CsfConfig
 from csf_serving_adapters.vllm.moe_method import BOUND_ATTR
 
+from .tp_shards import merge_tp, params, same
 from .vllm_layers import MX_CONFIG, NV_CONFIG, PREFIX, make_experts
 
 E, H, N = 4, 512, 256  # N: unsharded intermediate size (big enough that CSF beats native at TP 2)
@@ -53,31 +54,6 @@ def _load(layer, native, fmt) -> None:
                 param.weight_loader(param, native[key][e], f"{PREFIX}.{stem}_{suffix}", shard, e)
 
 
-def _params(layer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in layer.named_parameters()}
-
-
-def _merge_tp(ranks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The unsharded layout from every rank's shard: W13 halves [gate; up] on dim 1, W2 columns on dim 2."""
-    out = {}
-    for name in ranks[0]:
-        parts = [r[name] for r in ranks]
-        if name.startswith("w13_weight") and parts[0].dim() == 3:
-            gate = [p.chunk(2, dim=1)[0] for p in parts]
-            up = [p.chunk(2, dim=1)[1] for p in parts]
-            out[name] = torch.cat(gate + up, dim=1)
-        elif name.startswith("w2_weight") and parts[0].dim() == 3:
-            out[name] = torch.cat(parts, dim=2)
-        else:  # per-expert globals are replicated
-            assert all(torch.equal(p, parts[0]) for p in parts), name
-            out[name] = parts[0]
-    return out
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
 def test_parameters_have_the_shapes_and_slicing_attributes_of_vllm_fp4_methods(fmt):
     layer = make_experts(CsfConfig.from_config(CONFIGS[fmt.name]), experts=E, hidden=H, inter=N)
@@ -107,22 +83,22 @@ def test_two_tp_ranks_load_exactly_the_halves_of_one(fmt):
     native = _native(fmt)
     whole = make_experts(cfg, experts=E, hidden=H, inter=N)
     _load(whole, native, fmt)
-    tp1 = _params(whole)
+    tp1 = params(whole)
     ranks = []
     for rank in range(2):
         layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=2, rank=rank)
         assert layer.w2_weight_scale.shape == (E, H, N // 2 // fmt.block_size)
         _load(layer, native, fmt)
-        ranks.append(_params(layer))
-    merged = _merge_tp(ranks)
+        ranks.append(params(layer))
+    merged = merge_tp(ranks)
     assert merged.keys() == tp1.keys()
     for name in tp1:
-        assert _same(merged[name], tp1[name]), name
+        assert same(merged[name], tp1[name]), name
     # and TP 1 holds the checkpoint exactly: [gate; up] rows, scale bytes untouched
     e = 2
-    assert _same(tp1["w13_weight_scale"][e, :N], native["gate_scale"][e])
-    assert _same(tp1["w13_weight_scale"][e, N:], native["up_scale"][e])
-    assert _same(tp1["w2_weight_scale"][e], native["down_scale"][e])
+    assert same(tp1["w13_weight_scale"][e, :N], native["gate_scale"][e])
+    assert same(tp1["w13_weight_scale"][e, N:], native["up_scale"][e])
+    assert same(tp1["w2_weight_scale"][e], native["down_scale"][e])
 
 
 def test_gpt_oss_style_layers_carry_biases_and_keep_interleaved_rows():
