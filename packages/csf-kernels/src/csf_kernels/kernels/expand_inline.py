@@ -65,19 +65,6 @@ def _spread(x, width):
 
 
 @triton.jit
-def _quad_word(k: tl.constexpr, q, qbit, lo, hi, width, deltas, base0, is_raw, raw32, tile_ok, DB: tl.constexpr):
-    """Slot ``4 q + k``'s four scale bytes as one little-endian word ([EP tiles, 32 quads])."""
-    fbits = 4 * width
-    fmask = (1 << fbits) - 1
-    src = tl.where((width == 4) & (k >= 2), hi, lo)
-    shift = tl.where(width == 4, 16 * (k % 2), (qbit & 31) + fbits * k)
-    x = (src >> shift) & fmask
-    base = base0 + ((deltas >> (DB * k)) & ((1 << DB) - 1))
-    word = base * 0x01010101 + _spread(x, width)  # no carries: every byte stays in 0..255
-    return tl.where(is_raw, tl.load(raw32 + k, mask=is_raw & tile_ok, other=0), word)
-
-
-@triton.jit
 def _full_tile_quads(
     rb,
     within,
@@ -97,17 +84,11 @@ def _full_tile_quads(
     base_delta,
     raw,
     out,
-    pid_c,
-    class_tiles,
     S: tl.constexpr,
-    CTG: tl.constexpr,
-    EP: tl.constexpr,
     DB: tl.constexpr,
     STORE: tl.constexpr,
 ):
-    """Decode the words of full tiles, a quad of slots per element ([EP tiles, 32 quads]), then store
-    them as whole row segments: the words are regrouped into row order (slot -> row) through shared
-    memory, so each store covers consecutive bytes of a row instead of one word of 32 rows."""
+    """Decode and store the words of full tiles, a quad of slots per element ([EP tiles, 32 quads])."""
     q = tl.arange(0, 32)[None, :]
     # the quad's 16 * width selector bits start at bit 16 * width * q: within one 32-bit word for 1- and
     # 2-bit fields, two words for 4-bit fields
@@ -115,45 +96,35 @@ def _full_tile_quads(
     w_lo = qbit >> 5
     lo = tl.load(rec32 + w_lo, mask=tile_ok & (w_lo < S // 4 - 1), other=0)
     hi = tl.load(rec32 + w_lo + 1, mask=tile_ok & (width == 4) & (w_lo + 1 < S // 4 - 1), other=0)
+    fbits = 4 * width
+    fmask = (1 << fbits) - 1
     if DB == 4:  # the quad's four base deltas: one 16-bit word
         deltas = tl.load(base_delta.to(tl.pointer_type(tl.int16)) + rb * 32 + q).to(tl.int32)
     else:
         deltas = tl.load(base_delta.to(tl.pointer_type(tl.int32)) + rb * 32 + q)
     base0 = tl.load(base_ref + rb).to(tl.int32) + origin
     raw32 = raw.to(tl.pointer_type(tl.int32)) + (h >> 2) * 128 + 4 * q
-    w0 = _quad_word(0, q, qbit, lo, hi, width, deltas, base0, is_raw, raw32, tile_ok, DB)
-    w1 = _quad_word(1, q, qbit, lo, hi, width, deltas, base0, is_raw, raw32, tile_ok, DB)
-    w2 = _quad_word(2, q, qbit, lo, hi, width, deltas, base0, is_raw, raw32, tile_ok, DB)
-    w3 = _quad_word(3, q, qbit, lo, hi, width, deltas, base0, is_raw, raw32, tile_ok, DB)
-    if STORE == 1:  # unaligned rows: byte stores, slot by slot
-        for k in tl.static_range(4):
-            word = tl.where(k == 0, w0, tl.where(k == 1, w1, tl.where(k == 2, w2, w3)))
-            # slot 4 q + k: row 64 half + 16 warp + quad + 8 pair, with half = k >> 1, pair = k & 1
-            row_local = within * 128 + 64 * (k >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (k & 1)
-            ok = live & tile_ok & (row_local < row_group)
-            offset = (row0 + row_local) * cols + col_start + ct * 4
+    for k in tl.static_range(4):
+        src = tl.where((width == 4) & (k >= 2), hi, lo)
+        shift = tl.where(width == 4, 16 * (k % 2), (qbit & 31) + fbits * k)
+        x = (src >> shift) & fmask
+        base = base0 + ((deltas >> (DB * k)) & ((1 << DB) - 1))
+        word = base * 0x01010101 + _spread(x, width)  # no carries: every byte stays in 0..255
+        word = tl.where(is_raw, tl.load(raw32 + k, mask=is_raw & tile_ok, other=0), word)
+        # slot 4 q + k: row 64 half + 16 warp + quad + 8 pair, with half = k >> 1, pair = k & 1
+        row_local = within * 128 + 64 * (k >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (k & 1)
+        ok = live & tile_ok & (row_local < row_group)
+        row = row0 + row_local
+        if STORE == 4:
+            tl.store(out.to(tl.pointer_type(tl.int32)) + row * (cols // 4) + col_start // 4 + ct, word, mask=ok)
+        elif STORE == 2:
+            offset = (row * cols + col_start + ct * 4) // 2
+            tl.store(out.to(tl.pointer_type(tl.int16)) + offset, (word & 0xFFFF).to(tl.int16), mask=ok)
+            tl.store(out.to(tl.pointer_type(tl.int16)) + offset + 1, ((word >> 16) & 0xFFFF).to(tl.int16), mask=ok)
+        else:
+            offset = row * cols + col_start + ct * 4
             for b in tl.static_range(4):
                 tl.store(out + offset + b, ((word >> (8 * b)) & 0xFF).to(tl.uint8), mask=ok)
-    else:
-        # [tile, 32 quads, pair, half] -> [tile, warp, quad, pair, half] -> rows (64 half + 16 warp +
-        # 8 pair + quad) x tiles
-        j = tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), [EP, 4, 8, 2, 2])
-        words = tl.reshape(tl.permute(j, (4, 1, 3, 2, 0)), [128, EP])
-        r = tl.arange(0, 128)[:, None]
-        t = tl.arange(0, EP)[None, :]
-        ct_r = pid_c * CTG + t
-        row_local = within * 128 + r
-        row = row0 + row_local
-        ok = live & (t < CTG) & (ct_r < class_tiles) & (row_local < row_group)
-        if STORE == 4:
-            tl.store(out.to(tl.pointer_type(tl.int32)) + row * (cols // 4) + col_start // 4 + ct_r, words, mask=ok)
-        else:  # 16-bit halves, low half first (little-endian)
-            halves = tl.reshape(tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF), [128, 2 * EP]).to(tl.int16)
-            hh = tl.arange(0, 2 * EP)[None, :]
-            ct_h = pid_c * CTG + hh // 2
-            ok_h = live & (hh // 2 < CTG) & (ct_h < class_tiles) & (row_local < row_group)
-            at = (row * cols + col_start) // 2 + 2 * ct_h + (hh % 2)
-            tl.store(out.to(tl.pointer_type(tl.int16)) + at, halves, mask=ok_h)
 
 
 @triton.jit
@@ -226,11 +197,7 @@ def expand_inline_tiles(
             base_delta,
             raw,
             out,
-            pid_c,
-            class_tiles,
             S,
-            CTG,
-            EP,
             DB,
             STORE,
         )
