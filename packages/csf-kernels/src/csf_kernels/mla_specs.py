@@ -34,13 +34,16 @@ PARTIAL_DTYPES = ("float32", "bfloat16")
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Heads per decode program (an MMA tile: 16, 32 or 64) and warps per program."""
+    """Heads per decode program (an MMA tile: 16, 32 or 64), warps per program, and software-pipeline
+    stages of the chunk loop (2: the next chunk's records are gathered by ``cp.async`` into shared
+    memory while this one is computed)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
+    num_stages: int = 1
 
     def __post_init__(self):
-        if self.head_block not in (16, 32, 64) or self.num_warps not in (4, 8):
+        if self.head_block not in (16, 32, 64) or self.num_warps not in (4, 8) or self.num_stages not in (1, 2):
             raise ValueError(f"unsupported decode config {self}")
 
 
@@ -80,6 +83,7 @@ def decode_spec(
         HAS_SINK=int(direct and sink),
         WRITE_LSE=int(direct and lse),
         num_warps=config.num_warps,
+        **({"num_stages": config.num_stages} if config.num_stages != 1 else {}),
     )
 
 
