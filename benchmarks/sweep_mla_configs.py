@@ -27,25 +27,29 @@ from csf_kernels import runtime
 from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
 from csf_kernels.mla_specs import DecodeConfig
 
-# (decode config, waves of programs over the SMs the split policy aims at): 4 warps at 255 registers
-# leave room for two programs per SM, so they get two waves
+# head block, warps, stages, waves (programs per SM the split policy aims at), candidates per step,
+# register cap: 4 warps at 255 registers, or 8 capped at 128, leave room for two programs per SM
 CANDIDATES = [
-    (DecodeConfig(16, 8, 1), 1),
-    (DecodeConfig(16, 8, 2), 1),
-    (DecodeConfig(16, 4, 1), 2),
-    (DecodeConfig(16, 4, 2), 2),
-    (DecodeConfig(32, 8, 1), 1),
-    (DecodeConfig(32, 8, 2), 1),
-    (DecodeConfig(64, 8, 1), 1),
-    (DecodeConfig(64, 8, 2), 1),
+    DecodeConfig(16, 4, 1, 2),
+    DecodeConfig(16, 8, 1, 1, 32),
+    DecodeConfig(16, 8, 2, 1, 32),
+    DecodeConfig(16, 8, 1, 2, 32, 128),
+    DecodeConfig(16, 8, 2, 2, 32, 128),
+    DecodeConfig(16, 8, 1, 2, 64, 128),
+    DecodeConfig(32, 8, 1, 1),
+    DecodeConfig(32, 8, 1, 1, 32),
+    DecodeConfig(32, 8, 1, 2, 32, 128),
+    DecodeConfig(64, 8, 1, 1),
+    DecodeConfig(64, 8, 1, 1, 32),
+    DecodeConfig(64, 8, 2, 1, 32),
 ]
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)
 
 
-def time_config(config: DecodeConfig, waves: int, heads: int, inputs, want, reps: int, flush) -> dict:
+def time_config(config: DecodeConfig, heads: int, inputs, want, reps: int, flush) -> dict:
     q, kv, indices, lengths = inputs
     rows, sm_scale = q.shape[0], 1.0 / HEAD_DIM**0.5
-    p = plan(MLACaps(heads=heads, max_rows=rows, topk=TOPK, waves=waves), config)
+    p = plan(MLACaps(heads=heads, max_rows=rows, topk=TOPK), config)
     dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
     out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
     times = replay_times(capture(lambda: dec.run_decode(q, kv, indices, lengths, sm_scale, out=out)), reps, flush)
@@ -66,12 +70,12 @@ def main() -> None:
         inputs = _inputs(batch, heads, s_q, gen)
         q, kv, indices, lengths = inputs
         want, _ = sparse_mla_reference(q[:4], kv, indices[:4], lengths[:4], 1.0 / HEAD_DIM**0.5)
-        for config, waves in CANDIDATES:
+        for config in CANDIDATES:
             if heads % config.head_block:
                 continue
-            row = {"batch": batch, "heads": heads, "query_rows_per_element": s_q, "config": vars(config), "waves": waves}
+            row = {"batch": batch, "heads": heads, "query_rows_per_element": s_q, "config": vars(config)}
             try:
-                row.update(time_config(config, waves, heads, inputs, want, a.reps, flush))
+                row.update(time_config(config, heads, inputs, want, a.reps, flush))
             except Exception as exc:  # a config that does not compile or launch is a result too
                 row.update(error=f"{type(exc).__name__}: {exc}"[:500])
             print(json.dumps({k: v for k, v in row.items() if k != "samples_s"}), flush=True)

@@ -6,6 +6,7 @@ Usage: python -m tests.attention.interpret_mla SEED -> prints "ok <cases>" or ex
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -15,7 +16,7 @@ from tests.interpreter import run_launch
 
 
 def decode(caps: MLACaps, x, attn_sink=None):
-    p = plan(caps)
+    p = plan(replace(caps, waves=1))  # the cases set their split counts through sm_count alone
     decoder = SparseMLADecoder(p, torch.full((p.scratch.nbytes,), 0xFF, dtype=torch.uint8))  # poisoned
     rows = x.q.shape[0]
     out = torch.full((rows, caps.heads, 512), float("nan"), dtype=torch.bfloat16)

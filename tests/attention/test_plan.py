@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from csf_attention import MLACaps, SparseMLADecoder, plan
 from csf_kernels.catalog import load_catalog
 from csf_kernels.families import catalog_specs
 from csf_kernels.mla_layout import VALUE_DIM
+from csf_kernels.mla_specs import DecodeConfig
 from tests.attention.mla_cases import mla_inputs
 
 
@@ -18,8 +21,8 @@ def test_split_policy_fills_the_machine_and_never_exceeds_one_chunk_per_split():
     for rows in (1, 2, 7, 32, 128):
         s = p.splits_for(rows)
         assert 1 <= s <= 2048 // 64
-        assert rows * p.head_blocks * s <= max(132, rows * p.head_blocks)  # one wave at most
-    assert p.splits_for(1) == min(32, 132 // p.head_blocks)
+        assert rows * p.head_blocks * s <= max(p.waves * 132, rows * p.head_blocks)  # the planned waves at most
+    assert p.splits_for(1) == min(32, p.waves * 132 // p.head_blocks)
     small = plan(MLACaps(heads=16, max_rows=4, topk=512))
     assert small.splits_for(1) == 512 // 64  # a lone row with one head block: every chunk its own split
     with pytest.raises(ValueError, match="rows=5"):
@@ -29,11 +32,12 @@ def test_split_policy_fills_the_machine_and_never_exceeds_one_chunk_per_split():
 def test_scratch_holds_the_partials_of_every_row_count():
     for dtype, esize in (("float32", 4), ("bfloat16", 2)):
         caps = MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype)
-        p = plan(caps)
+        two_blocks = DecodeConfig(16, 8)  # two head blocks: 128 rows take one split, 66 take two
+        p = plan(caps, two_blocks)
         # calls with one split per row finish in the decode program: only the others need partials
         slots = max(r * p.splits_for(r) for r in range(1, 129) if p.splits_for(r) > 1)
         assert p.scratch.slots == slots
-        merged = plan(MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype, direct_single_split=False))
+        merged = plan(replace(caps, direct_single_split=False), two_blocks)
         assert merged.scratch.slots == max(r * p.splits_for(r) for r in range(1, 129)) == 128 > slots
         assert p.scratch.part_out == (0, slots * 32 * VALUE_DIM * esize)
         off, size = p.scratch.part_lse

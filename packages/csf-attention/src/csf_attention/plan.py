@@ -32,7 +32,7 @@ class MLACaps:
     mode: str = "decode"
     partial_dtype: str = "float32"  # split partials: float32 (one rounding, at the output) or bfloat16
     sm_count: int = H200_SMS
-    waves: int = 1
+    waves: int | None = None  # programs per SM the split policy aims at; None: the decode config's
     quantize_query: bool = False  # quantize a bf16 query like a cache record (bit-identical to a packed one)
     direct_single_split: bool = True  # one split per row: the decode finishes the output (no partials, no merge)
 
@@ -60,6 +60,10 @@ class MLAPlan:
         return self.config.head_block
 
     @property
+    def waves(self) -> int:
+        return self.caps.waves or self.config.waves
+
+    @property
     def head_blocks(self) -> int:
         return self.caps.heads // self.head_block
 
@@ -67,7 +71,7 @@ class MLAPlan:
         """Splits per row for a call with ``rows`` rows: the balanced policy's target."""
         if not 0 < rows <= self.caps.max_rows:
             raise ValueError(f"rows={rows} outside the plan's [1, {self.caps.max_rows}]")
-        target = (self.caps.waves * self.caps.sm_count) // (rows * self.head_blocks)
+        target = (self.waves * self.caps.sm_count) // (rows * self.head_blocks)
         return max(1, min(self.max_splits, target))
 
 
@@ -79,7 +83,7 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
         raise ValueError(f"page_size must be {PAGE_SIZE} (the record layout's), got {caps.page_size}")
     if caps.topk <= 0 or caps.topk % CHUNK:
         raise ValueError(f"topk must be a positive multiple of {CHUNK}, got {caps.topk}")
-    if caps.max_rows <= 0 or caps.sm_count <= 0 or caps.waves <= 0:
+    if caps.max_rows <= 0 or caps.sm_count <= 0 or (caps.waves is not None and caps.waves <= 0):
         raise ValueError(f"max_rows, sm_count and waves must be positive, got {caps}")
     if caps.partial_dtype not in PARTIAL_DTYPES:
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {caps.partial_dtype!r}")

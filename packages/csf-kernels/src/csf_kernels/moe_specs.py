@@ -86,10 +86,12 @@ class GemmConfig:
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
-# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, run 12): prefetching the
-# next step's weights spills registers and loses; 32- or 128-row decode tiles lose to 64.
+# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12 and 19): 32- or
+# 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower);
+# since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps
+# that load the next K step's weights before converting this one's (run 12, unaligned, that spilled).
 DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
-PREFILL = GemmConfig(name="prefill", bm=64, bn=128, num_warps=8, num_stages=3, split_k=False)
+PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False, prefetch=True)
 CONFIGS = (DECODE, PREFILL)
 
 
