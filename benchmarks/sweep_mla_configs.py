@@ -27,21 +27,17 @@ from csf_kernels import runtime
 from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
 from csf_kernels.mla_specs import DecodeConfig
 
-# head block, warps, stages, waves (programs per SM the split policy aims at), candidates per step,
-# register cap: 4 warps at 255 registers, or 8 capped at 128, leave room for two programs per SM
+# head block, warps, stages, waves (programs per SM the split policy aims at); run 20 also tried
+# 32-candidate steps and a 128-register cap (both slower; see mla_specs.py)
 CANDIDATES = [
+    DecodeConfig(16, 8, 1, 1),
+    DecodeConfig(16, 8, 2, 1),
     DecodeConfig(16, 4, 1, 2),
-    DecodeConfig(16, 8, 1, 1, 32),
-    DecodeConfig(16, 8, 2, 1, 32),
-    DecodeConfig(16, 8, 1, 2, 32, 128),
-    DecodeConfig(16, 8, 2, 2, 32, 128),
-    DecodeConfig(16, 8, 1, 2, 64, 128),
+    DecodeConfig(16, 4, 2, 2),
     DecodeConfig(32, 8, 1, 1),
-    DecodeConfig(32, 8, 1, 1, 32),
-    DecodeConfig(32, 8, 1, 2, 32, 128),
+    DecodeConfig(32, 8, 2, 1),
     DecodeConfig(64, 8, 1, 1),
-    DecodeConfig(64, 8, 1, 1, 32),
-    DecodeConfig(64, 8, 2, 1, 32),
+    DecodeConfig(64, 8, 2, 1),
 ]
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)
 

@@ -37,16 +37,12 @@ class DecodeConfig:
     """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program,
     software-pipeline stages of the chunk loop (2: the next chunk's records gathered by ``cp.async``
     while this one is computed), and the programs per SM the split policy aims at (``waves``: how many
-    fit beside each other at the program's register count), candidates per loop step (``sub_chunk``: 64,
-    or 32 for half the registers holding records) and a register cap per thread (0: the compiler's
-    choice; with 8 warps, 128 fits two programs per SM, at the price of spills)."""
+    fit beside each other at the program's register count)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
     num_stages: int = 1
     waves: int = 1
-    sub_chunk: int = 64
-    max_registers: int = 0
 
     def __post_init__(self):
         if (
@@ -54,8 +50,6 @@ class DecodeConfig:
             or self.num_warps not in (4, 8)
             or self.num_stages not in (1, 2)
             or self.waves not in (1, 2, 3, 4)
-            or self.sub_chunk not in (32, 64)
-            or self.max_registers not in (0, 128, 168)
         ):
             raise ValueError(f"unsupported decode config {self}")
 
@@ -63,8 +57,10 @@ class DecodeConfig:
 # Chosen on the H200 by benchmarks/sweep_mla_configs.py (run 19, validation/README.md): the time per
 # program hardly depends on its head block (gathering and converting records dominates), so the
 # widest block that divides the heads wins (64 heads: 3.7x over 16-head blocks at 128 heads); 16 heads
-# gain a little from two 4-warp programs per SM. Every config compiles without spills except the
-# 64-head block (a few hundred bytes of stack, still the fastest).
+# gain a little from two 4-warp programs per SM. Tried and slower (run 20): walking a chunk 32
+# candidates a step (1.3-2x: the per-step latency chain, not the record registers, bounds a program),
+# capping registers at 128 for two 8-warp programs per SM (1.1-1.3x, spills), 2 pipeline stages except
+# for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere).
 _BY_HEAD_BLOCK = {
     64: DecodeConfig(64, 8, 1, 1),
     32: DecodeConfig(32, 8, 1, 1),
@@ -106,10 +102,8 @@ def decode_spec(
         DIRECT=int(direct),
         HAS_SINK=int(direct and sink),
         WRITE_LSE=int(direct and lse),
-        SUB=config.sub_chunk,
         num_warps=config.num_warps,
         **({"num_stages": config.num_stages} if config.num_stages != 1 else {}),
-        **({"maxnreg": config.max_registers} if config.max_registers else {}),
     )
 
 

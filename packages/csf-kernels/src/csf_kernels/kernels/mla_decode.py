@@ -1,7 +1,7 @@
 """Triton: sparse MLA decode over FP8 KV records (csf_kernels.mla_layout), split over the top-k list.
 
 One program takes one query row, ``BH`` heads and one split of the row's live candidates. Candidates
-come in chunks of 64 (walked ``SUB`` at a time); the balanced policy gives split ``s`` of ``splits`` the chunks
+come in chunks of 64; the balanced policy gives split ``s`` of ``splits`` the chunks
 ``[s * cps, (s + 1) * cps)`` with ``cps = ceil(live_chunks / splits)``, so a short row still spreads over
 every split. Per chunk: gather the 64 records, dequantize the latent to bf16 (exact: E4M3 times a
 power of two), scores = q_latent . k_latent + q_rope . k_rope (float32), then an online softmax whose
@@ -46,7 +46,6 @@ SIGNATURE = {
     "DIRECT": "constexpr",  # one split: finish here as mla_merge would (same instructions), no partials
     "HAS_SINK": "constexpr",
     "WRITE_LSE": "constexpr",
-    "SUB": "constexpr",  # candidates per loop step: 64 (one chunk) or 32 (half the registers for records)
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
@@ -113,7 +112,6 @@ def mla_decode(
     DIRECT: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    SUB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -139,13 +137,13 @@ def mla_decode(
     m = tl.full([BH], float("-inf"), tl.float32)
     den = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, LATENT], tl.float32)
-    j = tl.arange(0, SUB)
-    for c in range(c0 * (CHUNK // SUB), c1 * (CHUNK // SUB)):  # the split's chunks, SUB candidates a step
-        pos = c * SUB + j
+    j = tl.arange(0, CHUNK)
+    for c in range(c0, c1):
+        pos = c * CHUNK + j
         idx = tl.load(indices + row.to(tl.int64) * topk + pos, mask=pos < n, other=-1)
         live = (pos < n) & (idx >= 0) & (idx.to(tl.int64) < num_slots)
         rec = kv + tl.where(live, idx, 0).to(tl.int64) * RECORD
-        k, rope = _records(rec, live, SUB)
+        k, rope = _records(rec, live, CHUNK)
         sc = tl.dot(q_lat, tl.trans(k)) + tl.dot(q_rope, tl.trans(rope))
         sc = tl.where(live[None, :], sc * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, 1))
