@@ -9,12 +9,14 @@ the float32 layer every kernel is tested against.
 
 from .layer import MoELayer, bind
 from .plan import SCALE_SOURCES, BucketPlan, MoEPlan, plan
+from .prefetch import ExpansionPrefetcher
 from .routing import fused_topk, grouped_topk
 from .weights import MoEWeights, prepare_weights
 
 __all__ = [
     "SCALE_SOURCES",
     "BucketPlan",
+    "ExpansionPrefetcher",
     "MoELayer",
     "MoEPlan",
     "MoEWeights",

@@ -4,6 +4,9 @@ A call with T tokens runs the programs of the plan's bucket for T:
 
     align (2 launches) -> [expand routed experts' scales into scratch] -> FC1 + activation -> FC2 -> combine
 
+A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
+:meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
+
 Every launch goes on torch's current stream with arguments marshalled once per (T, input addresses),
 so a call allocates nothing but its output (or nothing, given ``out``), and CUDA graphs capture it.
 """
@@ -60,16 +63,40 @@ class MoELayer:
             self.w2_plane = _view(s, lay.w2_scales, torch.uint8).view(geo.w2_scale_shape)
 
     # ------------------------------------------------------------------------------------------------
+    def expands(self, tokens: int) -> bool:
+        """Whether a call with ``tokens`` tokens reads native scale planes expanded from the CSF records."""
+        return self.plan.bucket_for(tokens).expand
+
+    def expansion_launches(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> list[Launch]:
+        """Expand every expert's scales into ``w13_plane`` / ``w2_plane`` (uint8, the geometry's native
+        scale shapes): what a call given ``scale_planes`` reads."""
+        geo = self.plan.geometry
+        for name, plane, shape in (("w13", w13_plane, geo.w13_scale_shape), ("w2", w2_plane, geo.w2_scale_shape)):
+            if plane.dtype != torch.uint8 or tuple(plane.shape) != tuple(shape) or not plane.is_contiguous():
+                raise ValueError(f"{name} plane must be contiguous uint8 {tuple(shape)}, got {plane.dtype} "
+                                 f"{tuple(plane.shape)}")  # fmt: skip
+            if plane.device != self.scratch.device:
+                raise ValueError(f"{name} plane is on {plane.device}, the layer on {self.scratch.device}")
+        if self.weights.w13.inline is None:
+            raise ValueError("expansion needs the CSF inline records: prepare the weights for an inline plan")
+        return [*inline_expansion_launches(self.weights.w13.inline, w13_plane),
+                *inline_expansion_launches(self.weights.w2.inline, w2_plane)]  # fmt: skip
+
     def run(
         self,
         hidden_states: torch.Tensor,
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         out: torch.Tensor | None = None,
+        scale_planes: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """bf16 [T, H] = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(hidden_states)."""
+        """bf16 [T, H] = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(hidden_states). ``scale_planes``:
+        (W13, W2) native planes already expanded (see :meth:`expansion_launches`), read instead of expanding
+        in the call; only for token counts whose bucket expands."""
         geo = self.plan.geometry
         t = hidden_states.shape[0]
+        if scale_planes is not None and not (t and self.expands(t)):
+            raise ValueError(f"scale_planes given for {t} tokens, whose bucket does not expand scales")
         if hidden_states.dim() != 2 or hidden_states.shape[1] != geo.hidden or hidden_states.dtype != torch.bfloat16:
             raise ValueError(f"hidden_states must be bf16 [T, {geo.hidden}], got {hidden_states.dtype} "
                              f"{tuple(hidden_states.shape)}")  # fmt: skip
@@ -82,15 +109,17 @@ class MoELayer:
         if t == 0:
             return out
         if out.data_ptr() % ALIGNMENT:  # the programs assume 16-byte aligned operands
-            return out.copy_(self.run(hidden_states, topk_ids, topk_weights))
+            return out.copy_(self.run(hidden_states, topk_ids, topk_weights, scale_planes=scale_planes))
         hidden_states, topk_ids, topk_weights = (aligned(a) for a in (hidden_states, topk_ids, topk_weights))
+        planes = () if scale_planes is None else tuple(scale_planes)
         key = (t, topk_ids.dtype, hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-               out.data_ptr())  # fmt: skip
+               out.data_ptr(), *(p.data_ptr() for p in planes))  # fmt: skip
         launches = self._bound.get(key)
         if launches is None:
             per_call = (hidden_states, topk_ids, topk_weights, out)
             name = self.plan.geometry.name
-            launches = tuple(la.with_pointers(per_call).bind(name) for la in self.launches(*per_call))
+            calls = self.launches(*per_call, scale_planes=scale_planes)
+            launches = tuple(la.with_pointers(per_call + planes).bind(name) for la in calls)
             self._bound[key] = launches
             if len(self._bound) > _BINDINGS_KEPT:
                 self._bound.popitem(last=False)
@@ -103,7 +132,7 @@ class MoELayer:
     __call__ = run
 
     # ------------------------------------------------------------------------------------------------
-    def launches(self, hidden, topk_ids, topk_weights, out) -> list[Launch]:
+    def launches(self, hidden, topk_ids, topk_weights, out, scale_planes=None) -> list[Launch]:
         """The programs one call runs, in order (unbound: the runtime binds them; tests may interpret them)."""
         plan, geo = self.plan, self.plan.geometry
         t = hidden.shape[0]
@@ -128,10 +157,14 @@ class MoELayer:
         )
         w13, w2 = self.weights.w13, self.weights.w2
         if bucket.expand:
-            launches += inline_expansion_launches(w13.inline, self.w13_plane, experts=active)
-            launches += inline_expansion_launches(w2.inline, self.w2_plane, experts=active)
-            w13 = GemmOperand(values=w13.values, scales=self.w13_plane, global_scale=w13.global_scale, bias=w13.bias)
-            w2 = GemmOperand(values=w2.values, scales=self.w2_plane, global_scale=w2.global_scale, bias=w2.bias)
+            if scale_planes is None:
+                w13_plane, w2_plane = self.w13_plane, self.w2_plane
+                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
+                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+            else:
+                w13_plane, w2_plane = scale_planes
+            w13 = GemmOperand(values=w13.values, scales=w13_plane, global_scale=w13.global_scale, bias=w13.bias)
+            w2 = GemmOperand(values=w2.values, scales=w2_plane, global_scale=w2.global_scale, bias=w2.bias)
         inter = self.intermediate[: pairs * geo.intermediate].view(pairs, geo.intermediate)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
         common = dict(

@@ -18,6 +18,7 @@ from csf_kernels.catalog import MoEGeometry, load_catalog
 
 from .accounting import LEDGER, LayerScaleMemory
 from .checkpoint_config import COMPRESSED_TENSORS
+from .layer_order import MOE_ORDER, prefetch_enabled, prefetcher
 from .scratch import SharedScratch
 
 __all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "MODELOPT_NAMES", "SCRATCH", "CsfMoECore", "ParamNames",
@@ -198,6 +199,7 @@ class CsfMoECore:
             )
         p, w = self.prepare(layer)
         setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))  # resolves every program
+        MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
         runtime.freeze()
         entry = self.release_native(layer, w)
@@ -208,3 +210,15 @@ class CsfMoECore:
         if bound is None:
             raise RuntimeError(f"csf: {layer.layer_name} was not processed after loading")
         return bound
+
+    def run_experts(self, layer, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The layer's MoE output for the engine's routing. Calls that expand scales (above the inline
+        token limit) read an expansion made on a side stream while the engine ran attention, and start
+        the next layer's (``CSF_EXPANSION_PREFETCH``, on by default; see csf_moe.prefetch)."""
+        bound = self.bound_layer(layer)
+        if not prefetch_enabled():
+            return bound.run(x, topk_ids, topk_weights)
+        index = MOE_ORDER.index(layer)
+        nxt = MOE_ORDER.after(index)
+        return prefetcher(x.device).run(index, bound, x, topk_ids, topk_weights,
+                                        next_layer=None if nxt is None else getattr(nxt, BOUND_ATTR, None))  # fmt: skip

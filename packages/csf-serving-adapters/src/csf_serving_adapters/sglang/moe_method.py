@@ -126,7 +126,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         ids, weights = topk.topk_ids, topk.topk_weights.to(torch.float32)
         step = bound.plan.max_tokens
         if x.shape[0] <= step:
-            return StandardCombineInput(hidden_states=bound.run(x, ids, weights))
+            return StandardCombineInput(hidden_states=self.run_experts(layer, x, ids, weights))
         # more tokens than planned (a prefill above the server's limits): run the plan's largest bucket in turn
         out = torch.empty_like(x)
         for s in range(0, x.shape[0], step):

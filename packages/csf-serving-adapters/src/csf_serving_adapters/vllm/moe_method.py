@@ -93,4 +93,4 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         shared_experts,
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
-        return self.bound_layer(layer).run(x, topk_ids, topk_weights.to(torch.float32))
+        return self.run_experts(layer, x, topk_ids, topk_weights.to(torch.float32))
