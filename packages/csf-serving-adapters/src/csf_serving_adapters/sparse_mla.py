@@ -4,8 +4,10 @@ Both engines keep DeepSeek-V3.2's FP8 KV cache in the 656-byte record layout csf
 (``fp8_ds_mla``: 512 E4M3 latent bytes, four float32 scales, 64 bf16 rope values) and hand their decode
 kernel ``q`` [batch, q_rows, heads, 576], ``indices`` [batch, q_rows, topk] (global slots, -1 = skip).
 :func:`decode` serves that call with csf: one bound decoder per (heads, top-k, device), sized for the
-engine's largest decode batch, all layers sharing one scratch buffer (they run one after another).
-Switched on by ``CSF_SPARSE_MLA=1``.
+engine's largest decode batch (the engines' adapters pass it: see :func:`service`), all layers sharing one
+scratch buffer (they run one after another). A call with more query rows than planned (an eager batch
+beyond the engine's stated limits) runs in slices of the planned size rather than failing. Switched on by
+``CSF_SPARSE_MLA=1``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import torch
 
 from csf_kernels import env
+from csf_kernels.mla_layout import VALUE_DIM
 
 __all__ = ["ENV_SWITCH", "SparseMLAService", "enabled", "service"]
 
@@ -68,8 +71,6 @@ class SparseMLAService:
                              f"{tuple(q.shape)} and {tuple(indices.shape)}")  # fmt: skip
         batch, q_rows, heads, dim = q.shape
         rows, topk = batch * q_rows, indices.shape[-1]
-        if rows > self.max_rows:
-            raise ValueError(f"{rows} query rows exceed the {self.max_rows} this service was planned for")
         if not kv_cache.is_contiguous():  # read in place, never copied
             raise ValueError(f"the KV cache must be contiguous, got strides {kv_cache.stride()}")
         kv = kv_cache.view(torch.uint8)
@@ -77,8 +78,16 @@ class SparseMLAService:
         idx = indices.reshape(rows, topk)
         idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
         dec = self._decoder(heads, topk, q.device)
-        out, lse = dec.run_decode(q.reshape(rows, heads, dim).contiguous(), kv, idx,
-                                  self._full_lengths(rows, topk, q.device), sm_scale, return_lse=True)  # fmt: skip
+        q = q.reshape(rows, heads, dim).contiguous()
+        if rows <= self.max_rows:
+            out, lse = dec.run_decode(q, kv, idx, self._full_lengths(rows, topk, q.device), sm_scale, return_lse=True)
+        else:  # beyond the planned batch: slices of the planned size, into one output
+            out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device=q.device)
+            lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+            for s in range(0, rows, self.max_rows):
+                e = min(rows, s + self.max_rows)
+                dec.run_decode(q[s:e], kv, idx[s:e], self._full_lengths(e - s, topk, q.device), sm_scale,
+                               return_lse=True, out=out[s:e], lse=lse[s:e])  # fmt: skip
         return out.view(batch, q_rows, heads, -1), lse.view(batch, q_rows, heads).permute(0, 2, 1)
 
 
@@ -87,9 +96,13 @@ _service_lock = threading.Lock()
 
 
 def service(max_rows: int | None = None) -> SparseMLAService:
-    """The process's service (created on first use; ``max_rows`` applies to that first creation)."""
+    """The process's service. ``max_rows``: the engine's largest decode batch in query rows (sequences x
+    query rows per sequence); a larger value than the service has re-plans it (the engines' backends pass
+    it when they are built, before any decode call)."""
     global _service
     with _service_lock:
         if _service is None:
             _service = SparseMLAService(max_rows or DEFAULT_MAX_ROWS)
+        elif max_rows and max_rows > _service.max_rows:
+            _service = SparseMLAService(max_rows)
         return _service
