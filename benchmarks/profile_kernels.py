@@ -1,0 +1,71 @@
+"""One call of a sparse-MLA decode or a fused MoE layer, for a profiler (ncu) to look at: no timing of its own.
+
+    ncu --clock-control none -k regex:mla_decode -c 1 --section SpeedOfLight --section WarpStateStats \\
+        python3 benchmarks/profile_kernels.py mla --batch 128 --heads 16
+    ncu --clock-control none -k regex:moe_gemm -c 2 ... python3 benchmarks/profile_kernels.py moe --tokens 8
+
+Programs come from the AOT cache (frozen), as in serving; inputs as in bench_mla.py / bench_moe.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from csf_kernels import runtime
+
+
+def profile_mla(batch: int, heads: int) -> None:
+    from bench_mla import TOPK, _inputs
+
+    from csf_attention import MLACaps, bind, plan
+    from csf_kernels.mla_layout import HEAD_DIM
+
+    q, kv, indices, lengths = _inputs(batch, heads, 1, torch.Generator(device="cuda").manual_seed(0))
+    p = plan(MLACaps(heads=heads, max_rows=batch, topk=TOPK))
+    dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
+    dec.run_decode(q, kv, indices, lengths, 1.0 / HEAD_DIM**0.5)
+    torch.cuda.synchronize()
+
+
+def profile_moe(tokens: int, source: str, model: str, tp: int, fmt: str) -> None:
+    from csf_kernels.catalog import load_catalog
+    from csf_moe import bind, plan, prepare_weights
+    from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+    geo = load_catalog().moe_geometry(model, tp, fmt)
+    p = plan(geo, max(tokens, 8), scale_source=source)
+    weights = prepare_weights(p, **synthetic_layer(geo, seed=1, device="cuda").weight_kwargs())
+    layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+    x, ids, w = synthetic_routing(geo, tokens, torch.Generator(device="cuda").manual_seed(0))
+    layer.run(x, ids, w)
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="kernel", required=True)
+    mla = sub.add_parser("mla")
+    mla.add_argument("--batch", type=int, default=128)
+    mla.add_argument("--heads", type=int, default=16)
+    moe = sub.add_parser("moe")
+    moe.add_argument("--tokens", type=int, default=8)
+    moe.add_argument("--source", default="native", choices=("native", "inline"))
+    moe.add_argument("--model", default="deepseek-v4.1-flash")
+    moe.add_argument("--tp", type=int, default=4)
+    moe.add_argument("--fmt", default="mxfp4")
+    a = ap.parse_args()
+    runtime.freeze()
+    if a.kernel == "mla":
+        profile_mla(a.batch, a.heads)
+    else:
+        profile_moe(a.tokens, a.source, a.model, a.tp, a.fmt)
+
+
+if __name__ == "__main__":
+    main()
