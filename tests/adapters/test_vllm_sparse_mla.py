@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend, FlashMLASparseImpl
 
-from csf_serving_adapters.vllm.attention import CLASS_PATH, CsfFlashMLASparseBackend, CsfFlashMLASparseImpl
+from csf_serving_adapters.vllm.attention import CLASS_PATH, CsfFlashMLASparseBackend, CsfFlashMLASparseImpl, decode_rows
 
 _PROBE = """
 import json
@@ -45,7 +45,7 @@ def test_only_the_fp8_decode_call_changes(monkeypatch):
     assert issubclass(CsfFlashMLASparseImpl, FlashMLASparseImpl)
     assert CsfFlashMLASparseBackend.get_builder_cls() is FlashMLASparseBackend.get_builder_cls()
     own = {k for k, v in vars(CsfFlashMLASparseImpl).items() if callable(v)}
-    assert own == {"_fp8_flash_mla_kernel"}
+    assert own == {"__init__", "_fp8_flash_mla_kernel"}  # __init__: only sizes the service (below)
 
     calls = []
 
@@ -63,3 +63,20 @@ def test_only_the_fp8_decode_call_changes(monkeypatch):
     got = CsfFlashMLASparseImpl._fp8_flash_mla_kernel(impl, q, torch.zeros(3, 64, 656, dtype=torch.uint8),
                                                       torch.zeros(2, 1, 2048, dtype=torch.int32), None)  # fmt: skip
     assert got == ("out", "lse") and calls == [((2, 1, 16, 576), (3, 64, 656), (2, 1, 2048), 0.07)]
+
+
+def test_the_service_is_sized_for_vllms_decode_batch():
+    from types import SimpleNamespace
+
+    from vllm.config import SchedulerConfig, SpeculativeConfig
+
+    # the fields read exist on vLLM's own config classes
+    assert {"max_num_seqs"} <= set(SchedulerConfig.__dataclass_fields__)
+    assert {"num_speculative_tokens"} <= set(SpeculativeConfig.__dataclass_fields__)
+
+    def cfg(seqs, spec):
+        return SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=seqs), speculative_config=spec)
+
+    assert decode_rows(cfg(256, None)) == 256
+    assert decode_rows(cfg(64, SimpleNamespace(num_speculative_tokens=3))) == 256  # MTP: 4 query rows each
+    assert decode_rows(None) is None
