@@ -29,10 +29,12 @@ from csf_moe.synthetic import synthetic_layer
 
 def _configs(kind: str):
     if kind == "decode":
-        # since the programs are compiled 16-byte aligned, stages >= 2 pipeline the weight loads (cp.async)
-        candidates = ((64, 4, 1), (64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
-        for bn, warps, stages in candidates:
-            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True, prefetch=0)
+        # run 19: 2-3 pipeline stages lose to 1; run 23 asks whether loading the next K step's weights
+        # before converting this one's (compiled without spills since the programs are aligned) pays
+        candidates = ((64, 4, 1, 0), (64, 4, 1, 1), (32, 4, 1, 1), (64, 8, 1, 1), (128, 8, 1, 1))
+        for bn, warps, stages, pf in candidates:
+            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True,
+                             prefetch=bool(pf))  # fmt: skip
     else:
         for bm, bn, warps, pf in ((64, 128, 8, 0), (64, 128, 8, 1), (64, 64, 4, 1), (128, 128, 8, 0)):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--fmt", default="mxfp4")
     ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--kinds", default="decode,prefill", help="which tile kinds to sweep")
     a = ap.parse_args()
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
@@ -52,7 +55,10 @@ def main() -> None:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows = []
-    for kind, tokens in (("decode", (1, 8, 32, 128)), ("prefill", (128, 512, 2048))):
+    kinds = a.kinds.split(",")
+    for kind, tokens in (("decode", (1, 8, 32, 128, 512)), ("prefill", (128, 512, 2048))):
+        if kind not in kinds:
+            continue
         for cfg in _configs(kind):
             for source in ("native", "inline"):
                 kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
