@@ -86,8 +86,9 @@ class GemmConfig:
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
-# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12 and 19): 32- or
-# 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower);
+# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12, 19, 23): 32- or
+# 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower)
+# and a weight prefetch for decode (run 23: 1.07-1.35x slower);
 # since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps
 # that load the next K step's weights before converting this one's (run 12, unaligned, that spilled).
 DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
