@@ -62,3 +62,13 @@ def test_the_fp8_decode_call_goes_to_csf_and_other_caches_keep_flashmla(monkeypa
     assert calls == [((4, 1, 16, 576), (4, 1, 2048), 0.05)]
     assert _backend("V32_NO_ROPE")._forward_flashmla_kv(*args) == "flashmla"
     assert _backend("V32", fp8=False)._forward_flashmla_kv(*args) == "flashmla"
+
+
+def test_the_service_is_sized_by_sglangs_cuda_graph_state(monkeypatch):
+    sized = []
+    from csf_serving_adapters.sglang import attention
+
+    monkeypatch.setattr(attention, "service", lambda rows=None: sized.append(rows))
+    monkeypatch.setattr(DeepseekSparseAttnBackend, "init_cuda_graph_state", lambda self, bs, tokens: None)
+    _backend("V32").init_cuda_graph_state(64, 256)  # 64 requests, 4 query rows each (speculative decoding)
+    assert sized == [256]

@@ -16,6 +16,11 @@ __all__ = ["CsfDeepseekSparseAttnBackend", "create_backend"]
 
 
 class CsfDeepseekSparseAttnBackend(DeepseekSparseAttnBackend):
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        # the largest decode batch SGLang captures, in query rows (draft tokens included): csf plans for it
+        service(max_num_tokens)
+
     def _forward_flashmla_kv(self, q_all, kv_cache, v_head_dim, sm_scale, layer, metadata, page_table_1):
         if not self.dsa_kv_cache_store_fp8 or self.flashmla_kv_format != "V32":
             return super()._forward_flashmla_kv(q_all, kv_cache, v_head_dim, sm_scale, layer, metadata, page_table_1)
