@@ -62,8 +62,9 @@ def main() -> None:
             attention(h)
             ids, w = routes[i]
             nxt = layers[i + 1] if i + 1 < len(layers) else None
-            h = layer.run(h, ids, w) if pf is None else pf.run(i, layer, h, ids, w, next_layer=nxt)
-            outs.append(h)
+            y = layer.run(h, ids, w) if pf is None else pf.run(i, layer, h, ids, w, next_layer=nxt)
+            outs.append(y)
+            h = torch.nn.functional.rms_norm(y, (geo.hidden,))  # as between a model's layers: no blow-up
         return outs
 
     def timed(fn) -> tuple[float, object]:
