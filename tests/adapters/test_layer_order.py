@@ -32,8 +32,10 @@ def test_a_layer_of_another_order_is_registered_anew():
     assert second.after(0) is None
 
 
-def test_the_prefetch_switch_is_on_by_default_and_strict(monkeypatch):
+def test_the_prefetch_switch_is_off_by_default_and_strict(monkeypatch):
     monkeypatch.delenv(PREFETCH_SWITCH, raising=False)
+    assert not prefetch_enabled()
+    monkeypatch.setenv(PREFETCH_SWITCH, "1")
     assert prefetch_enabled()
     monkeypatch.setenv(PREFETCH_SWITCH, "0")
     assert not prefetch_enabled()

@@ -5,7 +5,7 @@
 | ``CSF_FROZEN`` | truthy: the runtime starts frozen (serving): no program is ever lowered or compiled |
 | ``CSF_AOT_CACHE`` | the ``aot_cache`` directory (default: the repository's ``aot_cache/``, else ``./aot_cache``) |
 | ``CSF_SPARSE_MLA`` | truthy: the engines' sparse-MLA FP8 decode runs on csf (``csf_serving_adapters.sparse_mla``) |
-| ``CSF_EXPANSION_PREFETCH`` | falsy: no side-stream expansion of the next MoE layer's scales (on by default) |
+| ``CSF_EXPANSION_PREFETCH`` | truthy: expand the next MoE layer's scales on a side stream (off by default) |
 
 Truthy means one of ``1, true, yes, on`` (any case); falsy ``0, false, no, off`` or empty; anything
 else is an error, so a typo never silently flips a switch.

@@ -214,7 +214,7 @@ class CsfMoECore:
     def run_experts(self, layer, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The layer's MoE output for the engine's routing. Calls that expand scales (above the inline
         token limit) read an expansion made on a side stream while the engine ran attention, and start
-        the next layer's (``CSF_EXPANSION_PREFETCH``, on by default; see csf_moe.prefetch)."""
+        the next layer's when ``CSF_EXPANSION_PREFETCH`` is set (see csf_moe.prefetch and layer_order)."""
         bound = self.bound_layer(layer)
         if not prefetch_enabled():
             return bound.run(x, topk_ids, topk_weights)
