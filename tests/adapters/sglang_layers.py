@@ -37,6 +37,8 @@ def make_experts(
     rank: int = 0,
     activation: str = "silu",
     with_bias: bool = False,
+    gemm1_alpha: float | None = None,
+    gemm1_clamp_limit: float | None = None,
     device: str = "cpu",
     **server_args,
 ) -> FusedMoE:
@@ -55,6 +57,8 @@ def make_experts(
             prefix=PREFIX,
             activation=activation,
             with_bias=with_bias,
+            gemm1_alpha=gemm1_alpha,
+            gemm1_clamp_limit=gemm1_clamp_limit,
         )
 
 

@@ -74,6 +74,7 @@ class CsfMoECore:
     activation: str  # csf-moe's name
     names: ParamNames = MODELOPT_NAMES
     w13_layout: str = "gate_up"
+    bias_name: str = "bias"  # expert biases as the engine's loader names them: w13_<bias_name>, w2_<bias_name>
     capture_sizes: tuple[int, ...] = ()
 
     # hooks: the engine's view of the layer
@@ -120,8 +121,8 @@ class CsfMoECore:
             add(f"w13_{i}", (e, 2) if self.names.w13_input_per_shard else (e,), torch.float32, method)
             add(f"w2_{i}", (e,), torch.float32, method)
         if self.has_bias():
-            add("w13_bias", (e, w13_rows), torch.bfloat16)
-            add("w2_bias", (e, h), torch.bfloat16)
+            add(f"w13_{self.bias_name}", (e, w13_rows), torch.bfloat16)
+            add(f"w2_{self.bias_name}", (e, h), torch.bfloat16)
 
     def geometry(self, layer) -> MoEGeometry:
         """The layer as this rank holds it (a catalog entry or not)."""
@@ -164,8 +165,8 @@ class CsfMoECore:
             w2_scale=layer.w2_weight_scale.data,
             w13_global_scale=g13,
             w2_global_scale=g2,
-            w13_bias=getattr(layer, "w13_bias", None),
-            w2_bias=getattr(layer, "w2_bias", None),
+            w13_bias=getattr(layer, f"w13_{self.bias_name}", None),
+            w2_bias=getattr(layer, f"w2_{self.bias_name}", None),
             w13_layout=self.w13_layout,
         )
         return p, w
@@ -175,7 +176,7 @@ class CsfMoECore:
         # after binding: copied by prepare_weights (biases and global scales as float32), or unused by W4A16 (input
         # scales)
         n = self.names
-        released = ["weight_scale", n.global_scale, n.input_scale, "bias"]
+        released = ["weight_scale", n.global_scale, n.input_scale, self.bias_name]
         for name in (f"{stem}_{r}" for stem in ("w13", "w2") for r in released):
             old = getattr(layer, name, None)
             if isinstance(old, torch.Tensor):

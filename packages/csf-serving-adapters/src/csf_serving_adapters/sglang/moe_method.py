@@ -15,8 +15,10 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
 from csf_codec import scale_format
+from csf_moe.reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 from ..moe_core import BOUND_ATTR, SCRATCH, CsfMoECore, param_names
+from .gpt_oss import patch_gpt_oss_loading
 
 __all__ = ["BOUND_ATTR", "SCRATCH", "CsfMoEMethod"]
 
@@ -24,6 +26,44 @@ DEFAULT_MAX_TOKENS = 16384  # SGLang's default max_prefill_tokens, when no serve
 
 # SGLang activation -> csf-moe activation (gate/up rows as FusedMoE.weight_loader writes them: [gate; up])
 _ACTIVATIONS = {"silu": "silu"}
+
+
+def _activation(cfg) -> tuple[str, str]:
+    """(csf-moe activation, W13 row layout) for SGLang's MoE runner config. gpt-oss states its clamped SwiGLU by
+    ``gemm1_alpha`` / ``gemm1_clamp_limit`` and loads its checkpoint's interleaved gate/up rows as they are."""
+    alpha, limit = getattr(cfg, "gemm1_alpha", None), getattr(cfg, "gemm1_clamp_limit", None)
+    if alpha is not None or limit is not None:
+        if (alpha, limit) != (SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT) or not cfg.is_gated:
+            raise NotImplementedError(
+                f"csf: clamped SwiGLU with alpha {alpha} and limit {limit} (csf-moe has gpt-oss's: alpha "
+                f"{SWIGLU_OAI_ALPHA}, limit {SWIGLU_OAI_LIMIT})"
+            )
+        return "swiglu_oai", "interleaved"
+    if cfg.activation not in _ACTIVATIONS or not cfg.is_gated:
+        raise NotImplementedError(
+            f"csf: MoE activation {cfg.activation!r} (gated={cfg.is_gated}); supported: {sorted(_ACTIVATIONS)} and "
+            "gpt-oss's clamped SwiGLU"
+        )
+    return _ACTIVATIONS[cfg.activation], "gate_up"
+
+
+def _whole_tensor_loading(engine_loader):
+    """SGLang's loader, plus the whole-tensor loads of gpt-oss's MXFP4 path (``GptOssForCausalLM`` passes every
+    expert's rank slice at once, ``shard_id`` and ``expert_id`` None), which SGLang's own loader takes only for a
+    config named "mxfp4"."""
+
+    def weight_loader(param, loaded_weight, weight_name, shard_id, expert_id, *args, **kwargs):
+        if shard_id is None and expert_id is None:
+            if tuple(loaded_weight.shape) != tuple(param.shape):
+                raise ValueError(f"csf: {weight_name}: this rank's slice has shape {tuple(loaded_weight.shape)}, the "
+                                 f"parameter {tuple(param.shape)} (the per-rank intermediate size must split evenly "
+                                 "into 32-wide blocks)")  # fmt: skip
+            param.data.copy_(loaded_weight)
+            return
+        return engine_loader(param, loaded_weight, weight_name, shard_id, expert_id, *args, **kwargs)
+
+    weight_loader.engine_loader = engine_loader
+    return weight_loader
 
 
 def _server_token_limits() -> tuple[int, tuple[int, ...]]:
@@ -48,6 +88,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
     engine = "sglang"
     scale_quant_method = "group"
     input_scale_quant_method = None
+    bias_name = "weight_bias"  # as SGLang's MXFP4 method and gpt-oss's loader name expert biases
     # csf-moe sums the routed experts with the weights it is given: the top-k applies routed_scaling_factor
     fuse_routed_scaling_factor_in_topk = True
 
@@ -62,6 +103,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         self.names = param_names(quant_config.base_quant_method)  # ModelOpt / gpt-oss or compressed-tensors
         self.prefix = prefix
         self.moe_runner_config = None
+        self._with_bias = False
 
     def tp_size(self) -> int:
         return self._tp_size
@@ -70,7 +112,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         return self._top_k
 
     def has_bias(self) -> bool:
-        return False
+        return self._with_bias
 
     def max_tokens(self) -> int:
         return max(self.prefill_tokens, *self.capture_sizes, 1)
@@ -86,19 +128,18 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         **extra_weight_attrs,
     ) -> None:
         cfg = layer.moe_runner_config
-        if cfg.activation not in _ACTIVATIONS or not cfg.is_gated:
-            raise NotImplementedError(
-                f"csf: MoE activation {cfg.activation!r} (gated={cfg.is_gated}); supported: {sorted(_ACTIVATIONS)} "
-                "(gpt-oss's swiglu is not: SGLang loads its experts by the quantization name 'mxfp4')"
-            )
-        if with_bias:
-            raise NotImplementedError("csf: expert biases are not supported in SGLang yet")
+        self.activation, self.w13_layout = _activation(cfg)
+        if self.activation == "swiglu_oai":
+            patch_gpt_oss_loading()  # gpt-oss's model loads its experts through the "mxfp4" path: let csf in
+        self._with_bias = bool(with_bias)
         if layer.moe_ep_size > 1:
             raise NotImplementedError("csf: expert parallelism is not supported yet (tensor parallel only)")
         if cfg.apply_router_weight_on_input:
             raise NotImplementedError("csf: apply_router_weight_on_input (router weight on the input) is not supported")
         extra_weight_attrs.pop("moe_intermediate_size", None)
-        self.activation, self._top_k, self._tp_size = _ACTIVATIONS[cfg.activation], cfg.top_k, layer.moe_tp_size
+        self._top_k, self._tp_size = cfg.top_k, layer.moe_tp_size
+        if "weight_loader" in extra_weight_attrs:
+            extra_weight_attrs["weight_loader"] = _whole_tensor_loading(extra_weight_attrs["weight_loader"])
         # read here, while SGLang's server args are current: the largest prefill forward and the decode batch sizes
         # SGLang captures in CUDA graphs (each becomes a planned bucket)
         self.prefill_tokens, self.capture_sizes = _server_token_limits()
