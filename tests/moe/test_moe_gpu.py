@@ -13,6 +13,7 @@ from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
+from tests.cuda_graphs import replay_allocating_nothing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
@@ -111,11 +112,7 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
             eager = _poisoned_run(layer, x, ids, w).clone()
             layer.scratch.fill_(0xFF)
             out.fill_(float("nan"))
-            torch.cuda.synchronize()
-            allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocs, "replay allocated"
+            replay_allocating_nothing(graph)
             assert torch.equal(out, eager), f"seed {SEED} {geo.name} T={t}: replay != eager"
 
 

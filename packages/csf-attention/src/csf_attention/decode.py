@@ -7,8 +7,6 @@ when ``out`` and ``lse`` are given, and replays allocate nothing).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 
 from csf_kernels import runtime
@@ -21,8 +19,6 @@ from .plan import MLAPlan
 
 __all__ = ["SparseMLADecoder", "bind"]
 
-_BINDINGS_KEPT = 64  # bound launch sets kept per decoder (LRU), keyed by row count and pointers
-
 
 class SparseMLADecoder:
     def __init__(self, plan: MLAPlan, scratch: torch.Tensor):
@@ -30,7 +26,7 @@ class SparseMLADecoder:
             raise ValueError(f"scratch must be a uint8 vector of at least {plan.scratch.nbytes} bytes")
         self.plan = plan
         self.scratch = scratch
-        self._bound: OrderedDict[tuple, tuple[runtime.BoundLaunch, ...]] = OrderedDict()
+        self._bound = runtime.BindingCache()  # keyed by row count, pointers and options
 
     def _partials(self, rows: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
         caps = self.plan.caps
@@ -92,17 +88,13 @@ class SparseMLADecoder:
         args = (q, kv_cache, indices, lengths, attn_sink, out, lse)
         # what a binding bakes in: pointers, the query form, the cache's size (its slot bound), the scale
         key = (rows, float(sm_scale), q.dtype, kv_cache.numel(), *(None if a is None else a.data_ptr() for a in args))
-        bound = self._bound.get(key)
-        if bound is None:
+
+        def bind_call():
             launches = self.launches(q, kv_cache, indices, lengths, sm_scale, attn_sink, out, lse)
             tensors = tuple(a for a in args if a is not None)
-            bound = tuple(la.with_pointers(tensors).bind("sparse_mla") for la in launches)
-            self._bound[key] = bound
-            if len(self._bound) > _BINDINGS_KEPT:
-                self._bound.popitem(last=False)
-        else:
-            self._bound.move_to_end(key)
-        for launch in bound:
+            return tuple(la.with_pointers(tensors).bind("sparse_mla") for la in launches)
+
+        for launch in self._bound.get(key, bind_call):
             launch()
         return (out, lse) if return_lse else out
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from .toolchain import TARGET, cache_key, sources_hash
 
 __all__ = [
     "BUILD_COMMAND",
+    "BindingCache",
     "BoundLaunch",
     "CacheIntegrityError",
     "Launch",
@@ -212,6 +215,26 @@ class BoundLaunch:
         )
         if err != 0:
             _drv().check(err, f"cuLaunchKernel({p.entry}, grid={self.grid})")
+
+
+class BindingCache:
+    """Bound launch sets of a caller, the least recently used dropped beyond ``capacity``: binding resolves
+    programs and marshals arguments (~100 us of host time), so a call whose key (shapes, pointers, options)
+    was seen before replays the same bound launches."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._bound: OrderedDict[Hashable, tuple[BoundLaunch, ...]] = OrderedDict()
+
+    def get(self, key: Hashable, bind: Callable[[], tuple[BoundLaunch, ...]]) -> tuple[BoundLaunch, ...]:
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = bind()
+            if len(self._bound) > self.capacity:
+                self._bound.popitem(last=False)
+        else:
+            self._bound.move_to_end(key)
+        return bound
 
 
 @dataclass(frozen=True, eq=False)

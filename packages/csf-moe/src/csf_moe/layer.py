@@ -13,7 +13,6 @@ so a call allocates nothing but its output (or nothing, given ``out``), and CUDA
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -29,8 +28,6 @@ from .weights import MoEWeights
 
 __all__ = ["MoELayer", "bind"]
 
-_BINDINGS_KEPT = 64
-
 
 def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     offset, count = region
@@ -43,7 +40,7 @@ class MoELayer:
     plan: MoEPlan
     weights: MoEWeights
     scratch: torch.Tensor
-    _bound: OrderedDict = field(default_factory=OrderedDict)
+    _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
         lay = self.plan.scratch
@@ -114,18 +111,13 @@ class MoELayer:
         planes = () if scale_planes is None else tuple(scale_planes)
         key = (t, topk_ids.dtype, hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
                out.data_ptr(), *(p.data_ptr() for p in planes))  # fmt: skip
-        launches = self._bound.get(key)
-        if launches is None:
-            per_call = (hidden_states, topk_ids, topk_weights, out)
-            name = self.plan.geometry.name
+        per_call = (hidden_states, topk_ids, topk_weights, out)
+
+        def bind_call():
             calls = self.launches(*per_call, scale_planes=scale_planes)
-            launches = tuple(la.with_pointers(per_call + planes).bind(name) for la in calls)
-            self._bound[key] = launches
-            if len(self._bound) > _BINDINGS_KEPT:
-                self._bound.popitem(last=False)
-        else:
-            self._bound.move_to_end(key)
-        for launch in launches:
+            return tuple(la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls)
+
+        for launch in self._bound.get(key, bind_call):
             launch()
         return out
 

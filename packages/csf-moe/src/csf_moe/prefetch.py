@@ -22,7 +22,7 @@ and, being instruction-bound, competes with the attention for the same SMs. The 
 ``CSF_EXPANSION_PREFETCH`` is set.
 
 Memory: two full-layer plane pairs (W13 + W2 native scales of the layer shape in use). Host cost: the
-expansion programs are bound once per (layer, slot), not per call.
+expansion programs are bound once per (layer, slot), not per call (``runtime.BindingCache``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from csf_kernels import runtime
 
 from .layer import MoELayer
 
@@ -53,7 +55,7 @@ class ExpansionPrefetcher:
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
         self._slots: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * _SLOTS
-        self._bound: dict[tuple[int, int], tuple] = {}  # (id(layer), slot) -> the bound expansion launches
+        self._bound = runtime.BindingCache(capacity=4 * 256)  # expansions per (layer, slot planes)
         self._pending: _Pending | None = None
         self._last_index: int | None = None
         self.prefetched_calls = 0  # calls that read a prefetched expansion (for tests and logs)
@@ -65,17 +67,16 @@ class ExpansionPrefetcher:
         if planes is None or (tuple(planes[0].shape), tuple(planes[1].shape)) != shapes:
             planes = tuple(torch.empty(s, dtype=torch.uint8, device=self.device) for s in shapes)
             self._slots[slot] = planes
-            self._bound = {k: v for k, v in self._bound.items() if k[1] != slot}
         return planes
 
     def _expansion(self, slot: int, layer: MoELayer) -> tuple:
         planes = self._planes(slot, layer)
-        key = (id(layer), slot)
-        bound = self._bound.get(key)
-        if bound is None:
-            name = layer.plan.geometry.name
-            bound = self._bound[key] = tuple(la.bind(name) for la in layer.expansion_launches(*planes))
-        return bound
+
+        def bind():  # the planes as raw addresses (part of the key): a binding never keeps old planes alive
+            launches = layer.expansion_launches(*planes)
+            return tuple(la.with_pointers(planes).bind(layer.plan.geometry.name) for la in launches)
+
+        return self._bound.get((id(layer), *(p.data_ptr() for p in planes)), bind)
 
     def run(
         self,

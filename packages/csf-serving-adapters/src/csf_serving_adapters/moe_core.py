@@ -76,6 +76,7 @@ class CsfMoECore:
     w13_layout: str = "gate_up"
     bias_name: str = "bias"  # expert biases as the engine's loader names them: w13_<bias_name>, w2_<bias_name>
     capture_sizes: tuple[int, ...] = ()
+    prefetch: bool = False  # side-stream expansion (CSF_EXPANSION_PREFETCH), read once the layer is bound
 
     # hooks: the engine's view of the layer
     def tp_size(self) -> int:
@@ -201,6 +202,7 @@ class CsfMoECore:
         p, w = self.prepare(layer)
         setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))  # resolves every program
         MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
+        self.prefetch = prefetch_enabled()  # read here, not on every forward call
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
         runtime.freeze()
         entry = self.release_native(layer, w)
@@ -217,7 +219,7 @@ class CsfMoECore:
         token limit) read an expansion made on a side stream while the engine ran attention, and start
         the next layer's when ``CSF_EXPANSION_PREFETCH`` is set (see csf_moe.prefetch and layer_order)."""
         bound = self.bound_layer(layer)
-        if not prefetch_enabled():
+        if not self.prefetch:
             return bound.run(x, topk_ids, topk_weights)
         index = MOE_ORDER.index(layer)
         nxt = MOE_ORDER.after(index)

@@ -1,0 +1,14 @@
+"""CUDA-graph helpers for the GPU tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def replay_allocating_nothing(graph: torch.cuda.CUDAGraph) -> None:
+    """Replay ``graph`` to completion and assert the replay allocated no device memory."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "replay allocated"
