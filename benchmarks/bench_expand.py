@@ -109,6 +109,35 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
     return results
 
 
+def launch_breakdown(reps: int, flush: torch.Tensor) -> list[dict]:
+    """Each launch of the layer's inline expansion alone (a plane's full-tile and tail classes), so the
+    slow part of a plane is visible."""
+    from csf_kernels.expand import inline_expansion_launches
+
+    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
+    rows = []
+    for proj, (shape, group) in geo.scale_planes().items():
+        plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
+        inline = encode_inline(plane, MXFP4, row_group=group)
+        out = torch.empty_like(plane)
+        for launch in inline_expansion_launches(inline, out):
+            bound = launch.bind()
+            graph = capture(bound)
+            t = replay_times(graph, reps, flush)
+            med = statistics.median(t)
+            rows.append(
+                {
+                    "plane": proj,
+                    "spec": launch.spec.describe(),
+                    "grid": list(launch.grid),
+                    "samples_s": t,
+                    "median_us": med * 1e6,
+                }
+            )
+            print(f"launch {proj} {launch.spec.describe():60s} grid {launch.grid} {med * 1e6:8.1f} us", flush=True)
+    return rows
+
+
 LOAD_SNIPPET = """
 import time, json
 t0 = time.perf_counter()
@@ -163,13 +192,15 @@ def launch_overhead(calls: int) -> dict:
     torch.cuda.synchronize()
     res["csf_bound_launch_us"] = (t1 - t0) / calls * 1e6
     prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4, 4, 4))
-    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1)
+    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1, 1, 4)
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
         from csf_kernels.kernels.expand_inline import expand_inline_tiles
 
         f = prog.spec.fact
-        kw = dict(S=f["S"], TC=f["TC"], CTG=f["CTG"], EP=f["EP"], DB=f["DB"], STORE=f["STORE"], num_warps=4)
+        kw = dict(
+            S=f["S"], TC=f["TC"], CTG=f["CTG"], RBP=f["RBP"], EC=f["EC"], DB=f["DB"], STORE=f["STORE"], num_warps=4
+        )
         raw = inline.raw if inline.raw.numel() else torch.zeros(1, dtype=torch.uint8, device="cuda")
         jargs = (*args[:3], raw, *args[4:])
         expand_inline_tiles[(1, 1)](*jargs, **kw)
@@ -200,6 +231,7 @@ def main() -> None:
         "provenance": provenance(),
         "copy_bandwidth": copy,
         "expansion": expansion(a.reps, flush, copy["median_GBps"]),
+        "launch_breakdown": launch_breakdown(a.reps, flush),
         "program_load": load_time(),
         "launch_overhead": launch_overhead(2000),
         "compilations_while_frozen": runtime.compilations(),

@@ -15,56 +15,23 @@ import torch
 
 from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
 from csf_kernels.compact_tables import compact_tables
-from csf_kernels.families import (
-    COMPACT_COLUMNS_PER_STEP,
-    inline_class_spec,
-    inline_store_bytes,
-    inline_tiles_per_program,
-)
+from csf_kernels.expand import inline_expansion_launches
+from csf_kernels.families import COMPACT_COLUMNS_PER_STEP
 from csf_kernels.kernels.expand_compact import expand_compact_segments
-from csf_kernels.kernels.expand_inline import expand_inline_tiles
+from csf_kernels.runtime import Launch
+from tests.interpreter import run_launch
 
 from .interpret_cases import cases
 
 
-def expand_interpreted(inline, out, experts):
-    geo = inline.geometry
-    bpe = geo.row_blocks // geo.experts
-    classes = [(inline.records, inline.raw, inline.record_bytes, 4, geo.full_col_tiles, 0)]
-    if geo.tail_cols:
-        classes.append(
-            (inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, geo.full_col_tiles * 4)
+def expand_interpreted(inline, out, experts, min_programs):
+    """The runtime's own launches (programs, grids, arguments), run by the interpreter."""
+    for launch in inline_expansion_launches(inline, out, experts=experts, min_programs=min_programs):
+        # the interpreter cannot take empty pointers (planes without raw tiles)
+        args = tuple(
+            a if not (torch.is_tensor(a) and a.numel() == 0) else torch.zeros(1, dtype=a.dtype) for a in launch.args
         )
-    for rec, raw, s, tc, ct, c0 in classes:
-        if ct == 0:
-            continue
-        store = inline_store_bytes(tc, inline.geometry.cols, c0, out.data_ptr())
-        f = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, ct)).fact
-        grid = (experts.numel() * bpe, -(-ct // f["CTG"]))
-        raw = raw if raw.numel() else torch.zeros(1, dtype=torch.uint8)
-        expand_inline_tiles[grid](
-            inline.base_ref,
-            inline.base_delta,
-            rec,
-            raw,
-            out,
-            experts,
-            bpe,
-            geo.blocks_per_group,
-            geo.row_group,
-            geo.rows,
-            geo.cols,
-            c0,
-            ct,
-            geo.experts,
-            S=s,
-            TC=tc,
-            CTG=f["CTG"],
-            EP=f["EP"],
-            DB=f["DB"],
-            STORE=f["STORE"],
-            num_warps=4,
-        )
+        run_launch(Launch(launch.spec, launch.grid, args))
 
 
 def expand_compact_interpreted(tables, out, experts):
@@ -101,10 +68,11 @@ def main(seed: int) -> None:
         fmt = {"mxfp4": MXFP4, "nvfp4": NVFP4}[fmt]
         inline = encode_inline(plane, fmt, row_group=group)
         ids = torch.arange(inline.geometry.experts, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "compact"):
+        # inline: one step per program, and a whole column class per program (the multi-step walk)
+        for form in ("inline-steps", "inline-walk", "compact"):
             out = torch.full(plane.shape, 0xAB, dtype=torch.uint8)  # poisoned
-            if form == "inline":
-                expand_interpreted(inline, out, ids)
+            if form.startswith("inline"):
+                expand_interpreted(inline, out, ids, min_programs=1 if form == "inline-walk" else 1 << 30)
             else:
                 expand_compact_interpreted(compact_tables(encode_compact(plane, fmt).payload), out, ids)
             _check(plane, out, ids, inline.geometry.experts, f"{form} case {n} ({fmt.name}, group {group})")

@@ -16,7 +16,14 @@ from csf_codec.tile_layout import TILE_COLS
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import compact_spec, inline_class_spec, inline_store_bytes, inline_tiles_per_program
+from .families import (
+    EXPANSION_PROGRAMS,
+    compact_spec,
+    inline_class_spec,
+    inline_program_tiles,
+    inline_store_bytes,
+    inline_tiles_per_program,
+)
 
 __all__ = [
     "BoundExpansion",
@@ -69,9 +76,14 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 
 def inline_expansion_launches(
-    inline: InlineScales, out: torch.Tensor, *, experts: torch.Tensor | None = None
+    inline: InlineScales,
+    out: torch.Tensor,
+    *,
+    experts: torch.Tensor | None = None,
+    min_programs: int = EXPANSION_PROGRAMS,
 ) -> list[runtime.Launch]:
-    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`)."""
+    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`); ``min_programs``
+    (tests) sets how many programs the grid keeps before a program walks more than one step."""
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -94,7 +106,13 @@ def inline_expansion_launches(
         records, raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
         store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
         spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
-        grid = (experts.numel() * blocks_per_expert, -(-class_tiles // spec.fact["CTG"]))
+        row_blocks = experts.numel() * blocks_per_expert
+        if tc == TILE_COLS:
+            program_tiles = inline_program_tiles(spec.fact["CTG"], class_tiles, row_blocks, min_programs)
+            grid = (row_blocks, -(-class_tiles // program_tiles))
+        else:
+            program_tiles = class_tiles
+            grid = (-(-row_blocks // spec.fact["RBP"]), 1)
         launches.append(
             runtime.Launch(
                 spec,
@@ -114,6 +132,8 @@ def inline_expansion_launches(
                     col_start,
                     class_tiles,
                     geo.experts,
+                    row_blocks,
+                    program_tiles,
                 ),
             )
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from csf_codec import ScaleFormat
 from csf_codec import scale_format as catalog_format
-from csf_codec.inline import DELTA_BITS, record_bytes_choices
+from csf_codec.inline import DELTA_BITS, exception_capacity, record_bytes_choices
 from csf_codec.tile_layout import TILE_COLS
 
 from .catalog import Catalog, MoEGeometry
@@ -25,12 +25,16 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
 
-FULL_TILES_PER_PROGRAM = 8  # 8 tiles x 4 columns = 32 bytes of each row: one memory sector
+FULL_TILES_PER_PROGRAM = 8  # full tiles per step: 8 tiles x 4 columns = 32 bytes of each row, one sector
+# a program walks several steps of a row block while the grid keeps at least this many programs
+# (a few waves of 132 SMs), so per-row-block work is shared without starving small routed expansions
+EXPANSION_PROGRAMS = 8 * 132
+TAIL_ROW_BLOCKS_PER_PROGRAM = 4  # a tail tile is one word per slot: a program takes several row blocks
 
 
 EXPAND_INLINE = TritonFamily(
     kernel="expand.inline_tiles",
-    version=1,
+    version=2,
     module="csf_kernels.kernels.expand_inline",
     function="expand_inline_tiles",
     num_warps=4,
@@ -85,29 +89,42 @@ def inline_store_bytes(tile_cols: int, cols: int, col_start: int, out_ptr: int) 
 
 
 def inline_tiles_per_program(tile_cols: int, class_tiles: int) -> int:
-    """Full tiles: 8 per program (32 bytes of each row), or 4 when the plane has no more (no idle lanes)."""
+    """Full tiles per step: 8 (32 bytes of each row), or 4 when the plane has no more (no idle lanes)."""
     if tile_cols != TILE_COLS:
         return 1
     return FULL_TILES_PER_PROGRAM if class_tiles > FULL_TILES_PER_PROGRAM // 2 else FULL_TILES_PER_PROGRAM // 2
 
 
+def inline_program_tiles(
+    step_tiles: int, class_tiles: int, row_block_programs: int, min_programs: int = EXPANSION_PROGRAMS
+) -> int:
+    """Column tiles one program walks (a multiple of ``step_tiles``): the whole class when the grid still
+    has ``min_programs`` programs, fewer when few row blocks are expanded (routed experts)."""
+    steps = -(-class_tiles // step_tiles)
+    per_program = max(1, min(steps, row_block_programs * steps // max(min_programs, 1)))
+    return per_program * step_tiles
+
+
 def inline_class_spec(
-    fmt: ScaleFormat, record_bytes: int, tile_cols: int, store: int = 1, tiles_per_program: int | None = None
+    fmt: ScaleFormat, record_bytes: int, tile_cols: int, store: int = 1, tiles_per_step: int | None = None
 ) -> ProgramSpec:
     """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns).
 
-    ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_program``: see
+    ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_step``: see
     :func:`inline_tiles_per_program` (default: the most)."""
-    ctg = tiles_per_program or inline_tiles_per_program(tile_cols, FULL_TILES_PER_PROGRAM)
+    ctg = tiles_per_step or inline_tiles_per_program(tile_cols, FULL_TILES_PER_PROGRAM)
+    # the narrowest selectors leave the most room for exceptions
+    capacity = max(1, exception_capacity(1, record_bytes, tile_cols))
     return ProgramSpec.of(
         EXPAND_INLINE.kernel,
         EXPAND_INLINE.version,
         S=record_bytes,
         TC=tile_cols,
         CTG=ctg,
+        RBP=1 if tile_cols == TILE_COLS else TAIL_ROW_BLOCKS_PER_PROGRAM,
+        EC=_pow2(capacity),
         DB=DELTA_BITS[fmt.name],
         STORE=store,
-        EP=_pow2(ctg),
         num_warps=EXPAND_INLINE.num_warps,
     )
 

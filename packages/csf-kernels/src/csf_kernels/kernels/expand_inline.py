@@ -1,7 +1,9 @@
 """Triton: expand inline CSF tiles (docs/csf-format.md section 5) into the native scale plane.
 
-One program decodes one 128-row block of one expert across ``CTG`` column tiles of one column class
-(full 4-column tiles, or the tail tile) and writes whole row segments of the native plane. Phase one
+A program of the full-tile class (4 columns per tile) decodes one 128-row block of one expert across
+``program_tiles`` column tiles, ``CTG`` per step, computing what depends only on the row block (row
+bases, output rows) once; a program of the tail class (the last 1..3 columns) decodes the tail tiles of
+``RBP`` row blocks. Both write whole row segments of the native plane. Phase one
 writes every position from its selector (or its raw tile); after a CTA barrier, phase two overwrites
 the exceptions, so each position's final value is written by exactly one ordered pair of stores.
 
@@ -30,10 +32,13 @@ SIGNATURE = {
     "col_start": "i32",
     "class_tiles": "i32",
     "num_experts": "i32",
+    "row_blocks": "i32",
+    "program_tiles": "i32",
     "S": "constexpr",
     "TC": "constexpr",
     "CTG": "constexpr",
-    "EP": "constexpr",
+    "RBP": "constexpr",
+    "EC": "constexpr",
     "DB": "constexpr",
     "STORE": "constexpr",
 }
@@ -43,15 +48,6 @@ SIGNATURE = {
 def _slot_row(slot):
     # slot = 32 warp + 4 quad + 2 half + pair  ->  row = 64 half + 16 warp + quad + 8 pair
     return 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
-
-
-@triton.jit
-def _header(rec):
-    h = tl.load(rec + 0).to(tl.int32)
-    h |= tl.load(rec + 1).to(tl.int32) << 8
-    h |= tl.load(rec + 2).to(tl.int32) << 16
-    h |= tl.load(rec + 3).to(tl.int32) << 24
-    return h
 
 
 @triton.jit
@@ -65,66 +61,190 @@ def _spread(x, width):
 
 
 @triton.jit
-def _full_tile_quads(
+def _quad_row(within, q, K: tl.constexpr):
+    # slot 4 q + k of a row block: row 64 half + 16 warp + quad + 8 pair, with half = k >> 1, pair = k & 1
+    return within * 128 + 64 * (K >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (K & 1)
+
+
+@triton.jit
+def _row_offset(row, cols, col_start, STORE: tl.constexpr):
+    """Where a row's segment of this column class starts, in units of the store width."""
+    return (row * cols + col_start) // STORE
+
+
+@triton.jit
+def _quad_word(lo, hi, qbit, width, fbits, fmask, base_word, is_raw, raw32, ok, out, offset, ct, K: tl.constexpr,
+               STORE: tl.constexpr):  # fmt: skip
+    """Decode slot 4 q + K's word of each tile ([CTG, 32]) and store it at ``offset`` + the tile's column."""
+    src = tl.where((width == 4) & (K >= 2), hi, lo)
+    shift = tl.where(width == 4, 16 * (K % 2), (qbit & 31) + fbits * K)
+    word = base_word + _spread((src >> shift) & fmask, width)  # no carries: every byte stays in 0..255
+    word = tl.where(is_raw, tl.load(raw32 + K, mask=is_raw & ok, other=0), word)
+    if STORE == 4:
+        tl.store(out.to(tl.pointer_type(tl.int32)) + offset + ct, word, mask=ok)
+    elif STORE == 2:
+        dst = out.to(tl.pointer_type(tl.int16)) + offset + 2 * ct
+        tl.store(dst, (word & 0xFFFF).to(tl.int16), mask=ok)
+        tl.store(dst + 1, ((word >> 16) & 0xFFFF).to(tl.int16), mask=ok)
+    else:
+        for b in tl.static_range(4):
+            tl.store(out + offset + 4 * ct + b, ((word >> (8 * b)) & 0xFF).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _full_tiles(
     rb,
     within,
     row0,
     row_group,
     cols,
     col_start,
-    ct,
-    tile_ok,
+    class_tiles,
+    t_begin,
+    t_end,
     live,
-    rec32,
-    h,
-    width,
-    origin,
-    is_raw,
+    records,
     base_ref,
     base_delta,
     raw,
     out,
     S: tl.constexpr,
+    CTG: tl.constexpr,
     DB: tl.constexpr,
     STORE: tl.constexpr,
 ):
-    """Decode and store the words of full tiles, a quad of slots per element ([EP tiles, 32 quads])."""
+    """Decode and store full tiles [t_begin, t_end) of a row block, CTG tiles x 32 quads per step.
+
+    A thread decodes a quad (four consecutive slots, the rows one wgmma lane holds) of a tile: one header,
+    one or two selector words serve four output words. What depends only on the quad (row bases, output
+    rows) is computed once per program, not once per tile."""
     q = tl.arange(0, 32)[None, :]
-    # the quad's 16 * width selector bits start at bit 16 * width * q: within one 32-bit word for 1- and
-    # 2-bit fields, two words for 4-bit fields
-    qbit = q * 16 * width
-    w_lo = qbit >> 5
-    lo = tl.load(rec32 + w_lo, mask=tile_ok & (w_lo < S // 4 - 1), other=0)
-    hi = tl.load(rec32 + w_lo + 1, mask=tile_ok & (width == 4) & (w_lo + 1 < S // 4 - 1), other=0)
-    fbits = 4 * width
-    fmask = (1 << fbits) - 1
     if DB == 4:  # the quad's four base deltas: one 16-bit word
         deltas = tl.load(base_delta.to(tl.pointer_type(tl.int16)) + rb * 32 + q).to(tl.int32)
     else:
         deltas = tl.load(base_delta.to(tl.pointer_type(tl.int32)) + rb * 32 + q)
-    base0 = tl.load(base_ref + rb).to(tl.int32) + origin
-    raw32 = raw.to(tl.pointer_type(tl.int32)) + (h >> 2) * 128 + 4 * q
-    for k in tl.static_range(4):
-        src = tl.where((width == 4) & (k >= 2), hi, lo)
-        shift = tl.where(width == 4, 16 * (k % 2), (qbit & 31) + fbits * k)
-        x = (src >> shift) & fmask
-        base = base0 + ((deltas >> (DB * k)) & ((1 << DB) - 1))
-        word = base * 0x01010101 + _spread(x, width)  # no carries: every byte stays in 0..255
-        word = tl.where(is_raw, tl.load(raw32 + k, mask=is_raw & tile_ok, other=0), word)
-        # slot 4 q + k: row 64 half + 16 warp + quad + 8 pair, with half = k >> 1, pair = k & 1
-        row_local = within * 128 + 64 * (k >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (k & 1)
-        ok = live & tile_ok & (row_local < row_group)
-        row = row0 + row_local
-        if STORE == 4:
-            tl.store(out.to(tl.pointer_type(tl.int32)) + row * (cols // 4) + col_start // 4 + ct, word, mask=ok)
-        elif STORE == 2:
-            offset = (row * cols + col_start + ct * 4) // 2
-            tl.store(out.to(tl.pointer_type(tl.int16)) + offset, (word & 0xFFFF).to(tl.int16), mask=ok)
-            tl.store(out.to(tl.pointer_type(tl.int16)) + offset + 1, ((word >> 16) & 0xFFFF).to(tl.int16), mask=ok)
-        else:
-            offset = row * cols + col_start + ct * 4
-            for b in tl.static_range(4):
-                tl.store(out + offset + b, ((word >> (8 * b)) & 0xFF).to(tl.uint8), mask=ok)
+    base = tl.load(base_ref + rb).to(tl.int32)
+    dmask: tl.constexpr = (1 << DB) - 1
+    # each slot's row base replicated into the four bytes of a word (the origin is added per tile)
+    bw0 = (base + (deltas & dmask)) * 0x01010101
+    bw1 = (base + ((deltas >> DB) & dmask)) * 0x01010101
+    bw2 = (base + ((deltas >> (2 * DB)) & dmask)) * 0x01010101
+    bw3 = (base + ((deltas >> (3 * DB)) & dmask)) * 0x01010101
+    r0 = _quad_row(within, q, 0)
+    r1 = _quad_row(within, q, 1)
+    r2 = _quad_row(within, q, 2)
+    r3 = _quad_row(within, q, 3)
+    ok0 = live & (r0 < row_group)
+    ok1 = live & (r1 < row_group)
+    ok2 = live & (r2 < row_group)
+    ok3 = live & (r3 < row_group)
+    o0 = _row_offset(row0 + r0, cols, col_start, STORE)
+    o1 = _row_offset(row0 + r1, cols, col_start, STORE)
+    o2 = _row_offset(row0 + r2, cols, col_start, STORE)
+    o3 = _row_offset(row0 + r3, cols, col_start, STORE)
+    t_local = tl.arange(0, CTG)[:, None]
+    for c in range(t_begin, t_end, CTG):
+        ct = c + t_local
+        tile_ok = ct < t_end
+        # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
+        rec32 = records.to(tl.pointer_type(tl.int32)) + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * (S // 4)
+        h = tl.load(rec32 + (S // 4 - 1), mask=tile_ok, other=0)
+        mode = h & 3
+        is_raw = mode == 3
+        width = tl.where(is_raw, 1, 1 << mode)
+        origin = (h >> 8) & 0xFF
+        origin_word = tl.where(origin >= 128, origin - 256, origin) * 0x01010101
+        # the quad's 16 * width selector bits start at bit 16 * width * q: within one 32-bit word for 1- and
+        # 2-bit fields, two words for 4-bit fields
+        qbit = q * 16 * width
+        w_lo = qbit >> 5
+        lo = tl.load(rec32 + w_lo, mask=tile_ok & (w_lo < S // 4 - 1), other=0)
+        hi = tl.load(rec32 + w_lo + 1, mask=tile_ok & (width == 4) & (w_lo + 1 < S // 4 - 1), other=0)
+        fbits = 4 * width
+        fmask = (1 << fbits) - 1
+        raw32 = raw.to(tl.pointer_type(tl.int32)) + (h >> 2) * 128 + 4 * q
+        _quad_word(lo, hi, qbit, width, fbits, fmask, bw0 + origin_word, is_raw, raw32, tile_ok & ok0, out, o0, ct, 0,
+                   STORE)  # fmt: skip
+        _quad_word(lo, hi, qbit, width, fbits, fmask, bw1 + origin_word, is_raw, raw32, tile_ok & ok1, out, o1, ct, 1,
+                   STORE)  # fmt: skip
+        _quad_word(lo, hi, qbit, width, fbits, fmask, bw2 + origin_word, is_raw, raw32, tile_ok & ok2, out, o2, ct, 2,
+                   STORE)  # fmt: skip
+        _quad_word(lo, hi, qbit, width, fbits, fmask, bw3 + origin_word, is_raw, raw32, tile_ok & ok3, out, o3, ct, 3,
+                   STORE)  # fmt: skip
+
+
+@triton.jit
+def _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live, records, base_ref, base_delta,
+               raw, out, S: tl.constexpr, TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
+    """Decode and store the tail tile (1..3 columns) of row blocks ``rb`` ([RBP, 1]), a thread per slot."""
+    slot = tl.arange(0, 128)[None, :]
+    rec = records + rb * class_tiles * S
+    h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1))
+    mode = h & 3
+    width = tl.where(mode == 3, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = tl.where(origin >= 128, origin - 256, origin)
+    is_raw = mode == 3
+    bit = slot * TC * width  # the slot's TC fields: TC * width contiguous bits from here
+    in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
+    lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
+    hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
+    x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
+    fmask = (1 << width) - 1
+    spread = x & fmask
+    for k in tl.static_range(1, TC):
+        spread |= ((x >> (k * width)) & fmask) << (8 * k)
+    dbit = slot * DB
+    dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
+    base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
+    word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
+    raw_tile = (h >> 2) * (128 * TC)
+    for k in tl.static_range(TC):
+        rb_k = tl.load(raw + raw_tile + slot * TC + k, mask=is_raw & live, other=0).to(tl.int32)
+        word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
+    row_local = within * 128 + _slot_row(slot)
+    ok = live & (row_local < row_group)
+    offset = (row0 + row_local) * cols + col_start
+    if STORE == 2:  # TC is even: 16-bit halves
+        for k in tl.static_range(TC // 2):
+            half = ((word >> (16 * k)) & 0xFFFF).to(tl.int16)
+            tl.store(out.to(tl.pointer_type(tl.int16)) + offset // 2 + k, half, mask=ok)
+    else:
+        for k in tl.static_range(TC):
+            tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _row_block(j, expert_ids, blocks_per_expert, blocks_per_group, row_group, rows_per_expert, num_experts):
+    """Row-block program ``j`` (scalar or tensor) -> its inline row block, 128-row block within its row
+    group, first plane row of that group, and whether its expert id is live (not graph padding)."""
+    routed = j // blocks_per_expert
+    blk = j % blocks_per_expert
+    e = tl.load(expert_ids + routed)
+    live = (e >= 0) & (e < num_experts)
+    e = tl.where(live, e, 0)  # 32-bit offsets: planes stay below 2 GiB (checked on the host)
+    rb = e * blocks_per_expert + blk
+    row0 = e * rows_per_expert + (blk // blocks_per_group) * row_group
+    return rb, blk % blocks_per_group, row0, live
+
+
+@triton.jit
+def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, cols, col_start, row_group, out,
+                S: tl.constexpr, TC: tl.constexpr):  # fmt: skip
+    """Phase two: store exception ``ee`` of tile ``ct`` of row block ``rb`` (flat element tensors)."""
+    rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
+    h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1), mask=tile_ok, other=3)  # masked: raw
+    mode = h & 3
+    sb = 16 * TC * (1 << tl.where(mode == 3, 0, mode))
+    count = tl.where(mode == 3, 0, (h >> 2) & 63)
+    cap = tl.minimum((S - 4 - sb) // 3, 63)
+    em = tile_ok & (ee < count) & (ee < cap) & live
+    # positions: u16 at an even offset of a 16-byte aligned record
+    pos = tl.load((rec + sb).to(tl.pointer_type(tl.int16)) + ee, mask=em, other=0).to(tl.int32) & 0xFFFF
+    exc = tl.load(rec + sb + 2 * cap + ee, mask=em, other=0)
+    row_e = within * 128 + _slot_row(pos // TC)
+    dst = out + (row0 + row_e) * cols + col_start + ct * TC + pos % TC
+    tl.store(dst, exc, mask=em & (row_e < row_group))
 
 
 @triton.jit
@@ -143,118 +263,45 @@ def expand_inline_tiles(
     col_start,
     class_tiles,
     num_experts,
+    row_blocks,
+    program_tiles,
     S: tl.constexpr,  # record bytes of this column class
     TC: tl.constexpr,  # columns per tile in this class (4, or the tail's 1..3)
-    CTG: tl.constexpr,  # column tiles per program
-    EP: tl.constexpr,  # next power of two >= CTG (exception phase rows)
+    CTG: tl.constexpr,  # full tiles: column tiles per step (a power of two)
+    RBP: tl.constexpr,  # tails: row blocks per program (a power of two; full tiles: 1)
+    EC: tl.constexpr,  # exception entries read per tile: a power of two >= any mode's capacity at S
     DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
     STORE: tl.constexpr,  # bytes per store (4, 2, 1): the widest the rows stay aligned for
 ):
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    routed = pid_r // blocks_per_expert
-    blk = pid_r % blocks_per_expert
-    e = tl.load(expert_ids + routed)
-    live = (e >= 0) & (e < num_experts)
-    e = tl.where(live, e, 0)  # 32-bit offsets: planes stay below 2 GiB (checked on the host)
-    rb = e * blocks_per_expert + blk
-    group = blk // blocks_per_group
-    within = blk % blocks_per_group
-    row0 = e * rows_per_expert + group * row_group
-
-    # phase one. Full tiles: a thread decodes a quad (four consecutive slots, the rows one wgmma lane
-    # holds) of a tile: one header, one or two selector words and one base-delta word serve four output
-    # words. Tail tiles: a thread decodes one slot.
-    t_local = tl.arange(0, EP)[:, None]
-    ct = pid_c * CTG + t_local
-    tile_ok = (t_local < CTG) & (ct < class_tiles)
-    tile = (rb * class_tiles + tl.where(tile_ok, ct, 0)).to(tl.int32)  # < 2**31 / S: checked on the host
-    # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
-    rec32 = records.to(tl.pointer_type(tl.int32)) + tile * (S // 4)
-    h = tl.load(rec32 + (S // 4 - 1))
-    mode = h & 3
-    width = tl.where(mode == 3, 1, 1 << mode)
-    origin = (h >> 8) & 0xFF
-    origin = tl.where(origin >= 128, origin - 256, origin)
-    is_raw = mode == 3
     if TC == 4:
-        _full_tile_quads(
-            rb,
-            within,
-            row0,
-            row_group,
-            cols,
-            col_start,
-            ct,
-            tile_ok,
-            live,
-            rec32,
-            h,
-            width,
-            origin,
-            is_raw,
-            base_ref,
-            base_delta,
-            raw,
-            out,
-            S,
-            DB,
-            STORE,
-        )
+        # one row block, column tiles [t_begin, t_end): a multiple of CTG (the host's choice), fewer at the
+        # plane's edge; a thread decodes a quad of slots per tile
+        rb, within, row0, live = _row_block(tl.program_id(0), expert_ids, blocks_per_expert, blocks_per_group,
+                                            row_group, rows_per_expert, num_experts)  # fmt: skip
+        t_begin = tl.program_id(1) * program_tiles
+        t_end = tl.minimum(t_begin + program_tiles, class_tiles)
+        _full_tiles(rb, within, row0, row_group, cols, col_start, class_tiles, t_begin, t_end, live, records,
+                    base_ref, base_delta, raw, out, S, CTG, DB, STORE)  # fmt: skip
+        tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
+        # CTG tiles x EC entries per step, flat so that headers and entries share one layout
+        i = tl.arange(0, CTG * EC)
+        for c in range(t_begin, t_end, CTG):
+            ct = c + i // EC
+            _exceptions(rb, within, row0, live, ct, i % EC, ct < t_end, records, class_tiles, cols, col_start,
+                        row_group, out, S, TC)  # fmt: skip
     else:
-        slot = tl.arange(0, 128)[None, :]
-        rec = records + tile * S
-        bit = slot * TC * width  # the slot's TC fields: TC * width contiguous bits from here
-        in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
-        lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
-        hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
-        x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
-        fmask = (1 << width) - 1
-        spread = x & fmask
-        for k in tl.static_range(1, TC):
-            spread |= ((x >> (k * width)) & fmask) << (8 * k)
-        dbit = slot * DB
-        dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
-        base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
-        word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
-        raw_tile = (h >> 2) * (128 * TC)
-        for k in tl.static_range(TC):
-            rb_k = tl.load(raw + raw_tile + slot * TC + k, mask=is_raw & tile_ok, other=0).to(tl.int32)
-            word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
-        row_local = within * 128 + _slot_row(slot)
-        ok = live & tile_ok & (row_local < row_group)
-        if STORE == 4:  # one 32-bit store per (slot, tile)
-            word_index = (row0 + row_local) * (cols // 4) + col_start // 4 + ct
-            tl.store(out.to(tl.pointer_type(tl.int32)) + word_index, word, mask=ok)
-        else:
-            offset = (row0 + row_local) * cols + col_start + ct * TC
-            if STORE == 2:  # TC is even: 16-bit halves
-                for k in tl.static_range(TC // 2):
-                    half = ((word >> (16 * k)) & 0xFFFF).to(tl.int16)
-                    tl.store(out.to(tl.pointer_type(tl.int16)) + offset // 2 + k, half, mask=ok)
-            else:
-                for k in tl.static_range(TC):
-                    tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
-
-    tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
-
-    # phase two: exceptions, [EP tiles, 64 entries]
-    tt = tl.arange(0, EP)[:, None]
-    ee = tl.arange(0, 64)[None, :]
-    ct2 = pid_c * CTG + tt
-    tile_ok = (tt < CTG) & (ct2 < class_tiles)
-    rec2 = records + (rb * class_tiles + tl.where(tile_ok, ct2, 0)) * S
-    h2 = _header(rec2 + S - 4)
-    mode2 = h2 & 3
-    w2 = 1 << tl.where(mode2 == 3, 0, mode2)
-    count = tl.where(mode2 == 3, 0, (h2 >> 2) & 63)
-    sb = 16 * TC * w2
-    cap = tl.minimum((S - 4 - sb) // 3, 63)
-    em = tile_ok & (ee < count) & (ee < cap) & live
-    pos = tl.load(rec2 + sb + 2 * ee, mask=em, other=0).to(tl.int32)
-    pos |= tl.load(rec2 + sb + 2 * ee + 1, mask=em, other=0).to(tl.int32) << 8
-    exc = tl.load(rec2 + sb + 2 * cap + ee, mask=em, other=0)
-    slot_e = pos // TC
-    row_e = within * 128 + _slot_row(slot_e)
-    dst2 = out + (row0 + row_e) * cols + col_start + ct2 * TC + pos % TC
-    tl.store(dst2, exc, mask=em & (row_e < row_group))
+        # the tail tile (one per row block) of RBP row blocks; a thread decodes one slot
+        j = tl.program_id(0) * RBP + tl.arange(0, RBP)[:, None]
+        j_ok = j < row_blocks
+        rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
+                                            row_group, rows_per_expert, num_experts)  # fmt: skip
+        _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live & j_ok, records, base_ref,
+                   base_delta, raw, out, S, TC, DB, STORE)  # fmt: skip
+        tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
+        i = tl.arange(0, RBP * EC)
+        j = tl.program_id(0) * RBP + i // EC
+        j_ok = j < row_blocks
+        rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
+                                            row_group, rows_per_expert, num_experts)  # fmt: skip
+        _exceptions(rb, within, row0, live, 0, i % EC, j_ok, records, class_tiles, cols, col_start, row_group, out,
+                    S, TC)  # fmt: skip
