@@ -21,3 +21,5 @@ def cases(seed: int):
     yield torch.randint(0, 256, (2, 64, 9), generator=g).to(torch.uint8), "nvfp4", None, None
     # whole 4-column tiles only (K a multiple of 128): the 32-bit store path
     yield clustered_plane((2, 300, 40), seed=seed + 4, exception_rate=0.02), "mxfp4", 150, None
+    # narrower than one tile: the tail program alone, row blocks not a multiple of its row blocks per program
+    yield clustered_plane((3, 260, 3), seed=seed + 5, exception_rate=0.1), "mxfp4", None, None

@@ -84,14 +84,23 @@ def test_the_catalog_determines_the_programs(tiny_catalog):
     from csf_kernels.families import geometry_specs
 
     catalog = load_catalog(tiny_catalog)
-    # W13 [4, 512, 18] and W2 [4, 576, 8]: full tiles in all 8 record sizes, and the 2-column tail
+    # W13 [4, 512, 18] and W2 [4, 576, 8]: full tiles in all 8 record sizes, W13's with its 2-column tail
     needed = geometry_specs(catalog.moe[0])
-    assert sorted({s.fact["TC"] for s in needed if s.kernel == "expand.inline_tiles"}) == [2, 4]
+    expand = [s for s in needed if s.kernel == "expand.inline_tiles"]
+    assert sorted({(s.fact["TC"], s.fact["TTC"]) for s in expand}) == [(4, 0), (4, 2)]
     specs = catalog_specs(catalog)
     assert {s.key for s in needed} <= set(specs)
-    # and the format gets every tail class, so any MXFP4 plane expands
-    tcs = sorted({s.fact["TC"] for s, _ in specs.values() if s.kernel == "expand.inline_tiles"})
-    assert tcs == [1, 2, 3, 4]
+    # and the format gets every tail width, with full tiles and alone, so any MXFP4 plane expands
+    expand = [s for s, _ in specs.values() if s.kernel == "expand.inline_tiles"]
+    assert sorted({(s.fact["TC"], s.fact["TTC"]) for s in expand}) == [
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (4, 1),
+        (4, 2),
+        (4, 3),
+    ]
     widths = sorted(s.fact["W"] for s, _ in specs.values() if s.kernel == "expand.compact_segments")
     assert widths == [1, 2, 4]
 

@@ -16,7 +16,7 @@ from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import expand_compact, expand_inline
+from csf_kernels.expand import expand_compact, expand_inline, inline_expansion_launches
 from tests.cuda_graphs import replay_allocating_nothing
 
 from .interpret_cases import cases
@@ -45,10 +45,14 @@ def test_expansion_of_the_shared_cases(seed):
         gpu = plane.cuda()
         num = plane.shape[0] if plane.dim() == 3 else 1
         ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "compact"):
+        for form in ("inline", "inline-walk", "compact"):
             out = torch.full_like(gpu, POISON)
             if form == "inline":
                 expand_inline(encode_inline(gpu, fmt, row_group=group), out, experts=ids.to(torch.int32).cuda())
+            elif form == "inline-walk":  # a program walks every column step of its row block
+                inline = encode_inline(gpu, fmt, row_group=group)
+                for launch in inline_expansion_launches(inline, out, experts=ids.cuda(), min_programs=1):
+                    launch.bind()()
             else:
                 tables = compact_tables(encode_compact(gpu, fmt).payload)
                 expand_compact(tables, out, experts=ids.to(torch.int32).cuda())

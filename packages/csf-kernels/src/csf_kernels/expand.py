@@ -90,54 +90,54 @@ def inline_expansion_launches(
     if out.numel() >= 1 << 31:
         raise ValueError(f"expand_inline: a {out.numel()}-byte plane exceeds the kernel's 32-bit offsets")
     experts = _expert_ids(experts, geo.experts, dev)
+    if experts.numel() == 0:
+        return []
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
-    classes = [(inline.records, inline.raw, inline.record_bytes, TILE_COLS, geo.full_col_tiles, 0)]
-    if geo.tail_cols:
-        start = geo.full_col_tiles * TILE_COLS
-        classes.append((inline.tail, inline.tail_raw, inline.tail_record_bytes, geo.tail_cols, 1, start))
-    launches: list[runtime.Launch] = []
-    for records, raw, s, tc, class_tiles, col_start in classes:
-        if class_tiles == 0 or experts.numel() == 0:
-            continue
-        if records.numel() >= 1 << 31:
-            raise ValueError(f"expand_inline: {records.numel()} record bytes exceed the kernel's 32-bit tile offsets")
-        # programs assume 16-byte aligned inputs: realign views (bind time only)
-        arrays = (records, raw, inline.base_delta, inline.base_ref)
-        records, raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
-        store = inline_store_bytes(tc, geo.cols, col_start, out.data_ptr())
-        spec = inline_class_spec(inline.fmt, s, tc, store, inline_tiles_per_program(tc, class_tiles))
-        row_blocks = experts.numel() * blocks_per_expert
-        if tc == TILE_COLS:
-            program_tiles = inline_program_tiles(spec.fact["CTG"], class_tiles, row_blocks, min_programs)
-            grid = (row_blocks, -(-class_tiles // program_tiles))
-        else:
-            program_tiles = class_tiles
-            grid = (-(-row_blocks // spec.fact["RBP"]), 1)
-        launches.append(
-            runtime.Launch(
-                spec,
-                grid,
-                (
-                    base_ref,
-                    deltas,
-                    records,
-                    raw,
-                    out,
-                    experts,
-                    blocks_per_expert,
-                    geo.blocks_per_group,
-                    geo.row_group,
-                    geo.rows,
-                    geo.cols,
-                    col_start,
-                    class_tiles,
-                    geo.experts,
-                    row_blocks,
-                    program_tiles,
-                ),
-            )
+    row_blocks = experts.numel() * blocks_per_expert
+    # programs assume 16-byte aligned inputs: realign views (bind time only)
+    arrays = (inline.records, inline.raw, inline.tail, inline.tail_raw, inline.base_delta, inline.base_ref)
+    records, raw, tail, tail_raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
+    for what in (records, tail):
+        if what.numel() >= 1 << 31:
+            raise ValueError(f"expand_inline: {what.numel()} record bytes exceed the kernel's 32-bit tile offsets")
+    full = geo.full_col_tiles
+    if full:  # one program per row block (or column range) writes whole rows: full tiles, then the tail
+        store = inline_store_bytes(TILE_COLS, geo.cols, 0, out.data_ptr())
+        spec = inline_class_spec(
+            inline.fmt, inline.record_bytes, TILE_COLS, store, inline_tiles_per_program(TILE_COLS, full), geo.tail_cols
         )
-    return launches
+        program_tiles = inline_program_tiles(spec.fact["CTG"], full, row_blocks, min_programs)
+        grid = (row_blocks, -(-full // program_tiles))
+        tail_bytes = inline.tail_record_bytes if geo.tail_cols else 0
+        class_args = (records, raw, tail, tail_raw, full, program_tiles, tail_bytes)
+    else:  # a plane narrower than one tile: tail tiles only, several row blocks per program
+        store = inline_store_bytes(geo.tail_cols, geo.cols, 0, out.data_ptr())
+        spec = inline_class_spec(inline.fmt, inline.tail_record_bytes, geo.tail_cols, store, 1)
+        grid = (-(-row_blocks // spec.fact["RBP"]), 1)
+        class_args = (tail, tail_raw, tail, tail_raw, 1, 1, 0)
+    recs, raws, tail_recs, tail_raws, class_tiles, program_tiles, tail_bytes = class_args
+    args = (
+        base_ref,
+        deltas,
+        recs,
+        raws,
+        tail_recs,
+        tail_raws,
+        out,
+        experts,
+        blocks_per_expert,
+        geo.blocks_per_group,
+        geo.row_group,
+        geo.rows,
+        geo.cols,
+        0,
+        class_tiles,
+        geo.experts,
+        row_blocks,
+        program_tiles,
+        tail_bytes,
+    )
+    return [runtime.Launch(spec, grid, args)]
 
 
 def bind_expand_inline(

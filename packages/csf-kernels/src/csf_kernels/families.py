@@ -106,12 +106,20 @@ def inline_program_tiles(
 
 
 def inline_class_spec(
-    fmt: ScaleFormat, record_bytes: int, tile_cols: int, store: int = 1, tiles_per_step: int | None = None
+    fmt: ScaleFormat,
+    record_bytes: int,
+    tile_cols: int,
+    store: int = 1,
+    tiles_per_step: int | None = None,
+    tail_cols: int = 0,
 ) -> ProgramSpec:
     """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns).
 
     ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_step``: see
-    :func:`inline_tiles_per_program` (default: the most)."""
+    :func:`inline_tiles_per_program` (default: the most); ``tail_cols``: the full-tile program also
+    decodes a tail tile of this many columns (a plane with both classes runs one program)."""
+    if tail_cols and tile_cols != TILE_COLS:
+        raise ValueError("only the full-tile program takes the plane's tail tile")
     ctg = tiles_per_step or inline_tiles_per_program(tile_cols, FULL_TILES_PER_PROGRAM)
     # the narrowest selectors leave the most room for exceptions
     capacity = max(1, exception_capacity(1, record_bytes, tile_cols))
@@ -120,6 +128,7 @@ def inline_class_spec(
         EXPAND_INLINE.version,
         S=record_bytes,
         TC=tile_cols,
+        TTC=tail_cols,
         CTG=ctg,
         RBP=1 if tile_cols == TILE_COLS else TAIL_ROW_BLOCKS_PER_PROGRAM,
         EC=_pow2(capacity),
@@ -129,9 +138,9 @@ def inline_class_spec(
     )
 
 
-def _class_specs(fmt: ScaleFormat, tile_cols: int, stores, ctgs) -> list[ProgramSpec]:
+def _class_specs(fmt: ScaleFormat, tile_cols: int, stores, ctgs, tail_cols: int = 0) -> list[ProgramSpec]:
     return [
-        inline_class_spec(fmt, s, tile_cols, store, ctg)
+        inline_class_spec(fmt, s, tile_cols, store, ctg, tail_cols)
         for s in record_bytes_choices(fmt, tile_cols)
         for store in stores
         for ctg in ctgs
@@ -139,25 +148,29 @@ def _class_specs(fmt: ScaleFormat, tile_cols: int, stores, ctgs) -> list[Program
 
 
 def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
-    """Every record size a plane with ``cols`` scale columns may have chosen, for both column classes
-    (assuming an aligned output plane, as torch allocates it)."""
-    specs = []
-    full = cols // TILE_COLS
+    """Every record size a plane with ``cols`` scale columns may have chosen (assuming an aligned output
+    plane, as torch allocates it): the full-tile program, which also takes the tail, or for planes
+    narrower than one tile the tail program."""
+    full, tail = divmod(cols, TILE_COLS)
     if full:
         store = inline_store_bytes(TILE_COLS, cols, 0, 0)
-        specs += _class_specs(fmt, TILE_COLS, (store,), (inline_tiles_per_program(TILE_COLS, full),))
-    if cols % TILE_COLS:
-        tc = cols % TILE_COLS
-        specs += _class_specs(fmt, tc, (inline_store_bytes(tc, cols, full * TILE_COLS, 0),), (1,))
-    return specs
+        return _class_specs(fmt, TILE_COLS, (store,), (inline_tiles_per_program(TILE_COLS, full),), tail)
+    return _class_specs(fmt, tail, (inline_store_bytes(tail, cols, 0, 0),), (1,))
+
+
+# the store widths a plane's rows allow, by tail columns (cols % 4): odd tails leave odd-length rows
+_FULL_TILE_STORES = {0: (1, 2, 4), 1: (1,), 2: (1, 2), 3: (1,)}
+_TAIL_STORES = {1: (1,), 2: (1, 2), 3: (1,)}
 
 
 def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
-    """Expansion programs are geometry-independent: every record size, tail class, store width and
-    tiles-per-program variant of a format, so any plane of it expands."""
+    """Expansion programs are geometry-independent: every record size, tail width, store width and
+    tiles-per-step variant of a format, so any plane of it expands."""
     half = FULL_TILES_PER_PROGRAM // 2
-    specs = _class_specs(fmt, TILE_COLS, (1, 2, 4), (half, FULL_TILES_PER_PROGRAM))
-    for tc, stores in ((1, (1,)), (2, (1, 2)), (3, (1,))):
+    specs = []
+    for tail, stores in _FULL_TILE_STORES.items():
+        specs += _class_specs(fmt, TILE_COLS, stores, (half, FULL_TILES_PER_PROGRAM), tail)
+    for tc, stores in _TAIL_STORES.items():
         specs += _class_specs(fmt, tc, stores, (1,))
     return specs
 

@@ -2,8 +2,9 @@
 
 A program of the full-tile class (4 columns per tile) decodes one 128-row block of one expert across
 ``program_tiles`` column tiles, ``CTG`` per step, computing what depends only on the row block (row
-bases, output rows) once; a program of the tail class (the last 1..3 columns) decodes the tail tiles of
-``RBP`` row blocks. Both write whole row segments of the native plane. Phase one
+bases, output rows) once, and the row block's tail tile (the plane's last 1..3 columns, ``TTC``) when it
+writes the rows' last full tiles. A plane with no full tiles has only the tail class: a program decodes
+the tail tiles of ``RBP`` row blocks. Either way whole rows come from one program. Phase one
 writes every position from its selector (or its raw tile); after a CTA barrier, phase two overwrites
 the exceptions, so each position's final value is written by exactly one ordered pair of stores.
 
@@ -22,6 +23,8 @@ SIGNATURE = {
     "base_delta": "*u8",
     "records": "*u8",
     "raw": "*u8",
+    "tail_records": "*u8",
+    "tail_raw": "*u8",
     "out": "*u8",
     "expert_ids": "*i32",
     "blocks_per_expert": "i32",
@@ -34,8 +37,10 @@ SIGNATURE = {
     "num_experts": "i32",
     "row_blocks": "i32",
     "program_tiles": "i32",
+    "tail_S": "i32",
     "S": "constexpr",
     "TC": "constexpr",
+    "TTC": "constexpr",
     "CTG": "constexpr",
     "RBP": "constexpr",
     "EC": "constexpr",
@@ -175,7 +180,7 @@ def _full_tiles(
 
 @triton.jit
 def _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live, records, base_ref, base_delta,
-               raw, out, S: tl.constexpr, TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
+               raw, out, S, TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
     """Decode and store the tail tile (1..3 columns) of row blocks ``rb`` ([RBP, 1]), a thread per slot."""
     slot = tl.arange(0, 128)[None, :]
     rec = records + rb * class_tiles * S
@@ -230,7 +235,7 @@ def _row_block(j, expert_ids, blocks_per_expert, blocks_per_group, row_group, ro
 
 @triton.jit
 def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, cols, col_start, row_group, out,
-                S: tl.constexpr, TC: tl.constexpr):  # fmt: skip
+                S, TC: tl.constexpr):  # fmt: skip
     """Phase two: store exception ``ee`` of tile ``ct`` of row block ``rb`` (flat element tensors)."""
     rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
     h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1), mask=tile_ok, other=3)  # masked: raw
@@ -253,6 +258,8 @@ def expand_inline_tiles(
     base_delta,
     records,
     raw,
+    tail_records,
+    tail_raw,
     out,
     expert_ids,
     blocks_per_expert,
@@ -265,8 +272,10 @@ def expand_inline_tiles(
     num_experts,
     row_blocks,
     program_tiles,
+    tail_S,
     S: tl.constexpr,  # record bytes of this column class
     TC: tl.constexpr,  # columns per tile in this class (4, or the tail's 1..3)
+    TTC: tl.constexpr,  # full tiles: the plane's tail columns (0: none), decoded by the same program
     CTG: tl.constexpr,  # full tiles: column tiles per step (a power of two)
     RBP: tl.constexpr,  # tails: row blocks per program (a power of two; full tiles: 1)
     EC: tl.constexpr,  # exception entries read per tile: a power of two >= any mode's capacity at S
@@ -282,6 +291,14 @@ def expand_inline_tiles(
         t_end = tl.minimum(t_begin + program_tiles, class_tiles)
         _full_tiles(rb, within, row0, row_group, cols, col_start, class_tiles, t_begin, t_end, live, records,
                     base_ref, base_delta, raw, out, S, CTG, DB, STORE)  # fmt: skip
+        # the row block's tail tile, in the program that writes the rows' last full tiles: whole rows come
+        # from one program, so no sector is written partly by two launches
+        tail_col = col_start + 4 * class_tiles
+        TSTORE: tl.constexpr = 2 if (TTC == 2 and STORE >= 2) else 1
+        if TTC > 0:
+            if t_end == class_tiles:
+                _tail_tile(rb, within, row0, row_group, cols, tail_col, 1, live, tail_records, base_ref, base_delta,
+                           tail_raw, out, tail_S, TTC, DB, TSTORE)  # fmt: skip
         tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
         # CTG tiles x EC entries per step, flat so that headers and entries share one layout
         i = tl.arange(0, CTG * EC)
@@ -289,6 +306,12 @@ def expand_inline_tiles(
             ct = c + i // EC
             _exceptions(rb, within, row0, live, ct, i % EC, ct < t_end, records, class_tiles, cols, col_start,
                         row_group, out, S, TC)  # fmt: skip
+        if TTC > 0:
+            if t_end == class_tiles:
+                k = tl.arange(0, 16)
+                for e0 in tl.static_range(0, 64, 16):  # a header counts at most 63 exceptions
+                    _exceptions(rb, within, row0, live, 0, e0 + k, True, tail_records, 1, cols, tail_col, row_group,
+                                out, tail_S, TTC)  # fmt: skip
     else:
         # the tail tile (one per row block) of RBP row blocks; a thread decodes one slot
         j = tl.program_id(0) * RBP + tl.arange(0, RBP)[:, None]
