@@ -29,14 +29,15 @@ from csf_moe.synthetic import synthetic_layer
 
 def _configs(kind: str):
     if kind == "decode":
-        # run 19: 2-3 pipeline stages lose to 1; run 23: loading the next K step's weights before
-        # converting this one's loses too (1.07-1.35x), and so do 8 warps and 32-row tiles
-        candidates = ((64, 4, 1, 0), (64, 4, 1, 1), (32, 4, 1, 1), (64, 8, 1, 1), (128, 8, 1, 1))
+        # run 19: 2-3 pipeline stages lost to 1 while weights were read back from shared memory a byte at a
+        # time; run 23: loading the next K step's weights before converting this one's lost too
+        # (1.07-1.35x), and so did 8 warps and 32-row tiles. Weights are now 32-bit words (run 31 re-sweeps)
+        candidates = ((64, 4, 1, 0), (64, 4, 2, 0), (64, 4, 3, 0), (64, 4, 4, 0), (128, 4, 3, 0), (128, 8, 3, 0))
         for bn, warps, stages, pf in candidates:
             yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True,
                              prefetch=bool(pf))  # fmt: skip
     else:
-        for bm, bn, warps, pf in ((64, 128, 8, 0), (64, 128, 8, 1), (64, 64, 4, 1), (128, 128, 8, 0)):
+        for bm, bn, warps, pf in ((64, 64, 4, 1), (64, 64, 4, 0), (64, 128, 8, 0), (128, 128, 8, 0)):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
 
 

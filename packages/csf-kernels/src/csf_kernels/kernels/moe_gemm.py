@@ -170,28 +170,38 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
     return s.to(tl.int32)
 
 
-# E2M1 -> bf16 in registers, four packed bytes (eight weights) per call: each nibble's exponent and
-# mantissa bits move into place as a bf16 subnormal/normal (s e1 e0 m -> bit 15, bits 8..6), a bf16x2
-# multiply by 2**126 makes them the E2M1 value, a second one applies the block scale (exact: both
-# factors are exact in bf16 and the products have at most 5 significant bits). ~3 instructions per weight.
-_E2M1_X2 = """{
-.reg .b32 b01, b23, m, s;
-prmt.b32 b01, $2, 0, 0x4140;
-prmt.b32 b23, $2, 0, 0x4342;
-mov.b32 m, 0x7E807E80;
-shl.b32 s, b01, SHIFT_LO; and.b32 s, s, 0x01C001C0;
-shl.b32 b01, b01, SHIFT_HI; and.b32 b01, b01, 0x80008000;
-or.b32 s, s, b01;
+# E2M1 -> bf16 in registers, one 32-bit word (eight weights, weight i in bits 4i..4i+3) per call: each
+# nibble's exponent and mantissa bits move into place as a bf16 subnormal/normal (s e1 e0 m -> bit 15,
+# bits 8..6), a bf16x2 multiply by 2**126 makes them the E2M1 value, a second one applies the block
+# scale (exact: both factors are exact in bf16 and the products have at most 5 significant bits).
+# Outputs $0..$7 are weights 0..7; $8 the word, $9 the scale. ~4 instructions per weight.
+_E2M1_PAIR = """
+shl.b32 s, SRC, SHIFT_LO; and.b32 s, s, 0x01C001C0;
+shl.b32 t, SRC, SHIFT_HI; and.b32 t, t, 0x80008000;
+or.b32 s, s, t;
 mul.rn.bf16x2 s, s, m;
-mul.rn.bf16x2 $0, s, $3;
-shl.b32 s, b23, SHIFT_LO; and.b32 s, s, 0x01C001C0;
-shl.b32 b23, b23, SHIFT_HI; and.b32 b23, b23, 0x80008000;
-or.b32 s, s, b23;
-mul.rn.bf16x2 s, s, m;
-mul.rn.bf16x2 $1, s, $4;
-}"""
-E2M1_LO_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "6").replace("SHIFT_HI", "12"))
-E2M1_HI_ASM = tl.constexpr(_E2M1_X2.replace("SHIFT_LO", "2").replace("SHIFT_HI", "8"))
+mul.rn.bf16x2 s, s, sc;
+mov.b32 {OUT_A, OUT_B}, s;"""
+
+
+def _pair(src: str, high: bool, out_a: str, out_b: str) -> str:
+    shifts = ("2", "8") if high else ("6", "12")
+    code = _E2M1_PAIR.replace("SHIFT_LO", shifts[0]).replace("SHIFT_HI", shifts[1])
+    return code.replace("SRC", src).replace("OUT_A", out_a).replace("OUT_B", out_b)
+
+
+E2M1_WORD_ASM = tl.constexpr(
+    "{\n.reg .b32 b01, b23, m, s, t, sc;\n"
+    "mov.b32 sc, {$9, $9};\n"
+    "prmt.b32 b01, $8, 0, 0x4140;\n"  # bytes 0 and 1 in the low bytes of two 16-bit lanes
+    "prmt.b32 b23, $8, 0, 0x4342;\n"
+    "mov.b32 m, 0x7E807E80;"
+    + _pair("b01", False, "$0", "$2")
+    + _pair("b01", True, "$1", "$3")
+    + _pair("b23", False, "$4", "$6")
+    + _pair("b23", True, "$5", "$7")
+    + "\n}"
+)
 
 
 @triton.jit
@@ -205,35 +215,45 @@ def _scale_bf16(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _weight_bytes(w_e, rows, valid, t, K, FMT: tl.constexpr):
-    """Packed FP4 bytes [BN, 4, G] of rows ``rows`` for K step ``t`` (zeros past K: masked, never read)."""
-    G: tl.constexpr = 16 if FMT == 0 else 8  # packed bytes per scale block
-    c = tl.arange(0, 4)[None, :, None]
-    g = tl.arange(0, G)[None, None, :]
-    kb = t * (4 * G) + c * G + g  # byte column
-    m = valid[:, None, None] & (kb < K // 2)
-    row_bytes = (K // 32) * 16  # = K // 2 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
-    return tl.load(w_e + rows[:, None, None].to(tl.int64) * row_bytes + kb, mask=m, other=0)
+def _weight_words(w_e, rows, valid, t, K, FMT: tl.constexpr):
+    """Packed FP4 weights [BN, W] of rows ``rows`` for K step ``t`` as 32-bit words of eight weights (zeros
+    past K: masked, never read). Words, not bytes, so that a pipelined copy through shared memory is read
+    back with wide loads."""
+    W: tl.constexpr = 16 if FMT == 0 else 8  # words per K step
+    kw = t * W + tl.arange(0, W)[None, :]
+    m = valid[:, None] & (kw < K // 8)
+    row_words = (K // 32) * 4  # = K // 8 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
+    w32 = w_e.to(tl.pointer_type(tl.int32))
+    return tl.load(w32 + rows[:, None].to(tl.int64) * row_words + kw, mask=m, other=0)
 
 
 @triton.jit
 def _weights(b, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
-    """bf16 [BN, BK] weights from packed bytes ``b`` [BN, 4, G] and scale bytes ``s`` [BN, 4].
+    """bf16 [BN, BK] weights from words ``b`` [BN, W] and scale bytes ``s`` [BN, 4].
 
     ``ASM``: the packed PTX conversion; otherwise float32 arithmetic (the same exact values; Triton's
     CPU interpreter cannot run PTX)."""
-    G: tl.constexpr = 16 if FMT == 0 else 8
+    W: tl.constexpr = 16 if FMT == 0 else 8
+    WPS: tl.constexpr = W // 4  # words per scale block: 4 (32 weights, MXFP4) or 2 (16, NVFP4)
     if ASM:
-        sb = tl.broadcast_to(_scale_bf16(s, FMT)[:, :, None], [BN, 4, G])
-        lo = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
-        hi = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [b, sb], tl.bfloat16, True, 4)
-        return tl.reshape(tl.join(lo, hi), [BN, 4 * 2 * G])
+        sw = tl.reshape(tl.broadcast_to(_scale_bf16(s, FMT)[:, :, None], [BN, 4, WPS]), [BN, W])
+        bf16 = tl.bfloat16
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [b, sw], [bf16] * 8, True, 1
+        )
     else:
-        bi = b.to(tl.int32)
-        sf = _scale_f32(s, FMT)[:, :, None]
-        lo_f = _e2m1_f32(bi & 15) * sf
-        hi_f = _e2m1_f32(bi >> 4) * sf
-        return tl.reshape(tl.join(lo_f, hi_f), [BN, 4 * 2 * G]).to(tl.bfloat16)
+        sf = tl.reshape(tl.broadcast_to(_scale_f32(s, FMT)[:, :, None], [BN, 4, WPS]), [BN, W])
+        o0 = (_e2m1_f32(b & 15) * sf).to(tl.bfloat16)
+        o1 = (_e2m1_f32((b >> 4) & 15) * sf).to(tl.bfloat16)
+        o2 = (_e2m1_f32((b >> 8) & 15) * sf).to(tl.bfloat16)
+        o3 = (_e2m1_f32((b >> 12) & 15) * sf).to(tl.bfloat16)
+        o4 = (_e2m1_f32((b >> 16) & 15) * sf).to(tl.bfloat16)
+        o5 = (_e2m1_f32((b >> 20) & 15) * sf).to(tl.bfloat16)
+        o6 = (_e2m1_f32((b >> 24) & 15) * sf).to(tl.bfloat16)
+        o7 = (_e2m1_f32((b >> 28) & 15) * sf).to(tl.bfloat16)
+    # [BN, W, 2, 2, 2] with element (a, b, c) = weight 4a + 2b + c of its word: K in natural order
+    x = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    return tl.reshape(x, [BN, W * 8])
 
 
 @triton.jit
@@ -343,18 +363,18 @@ def moe_gemm(
         t0 = tl.program_id(2) * steps_per_split
         steps = tl.minimum(steps, t0 + steps_per_split)
     if PREFETCH:  # the next step's weight bytes are in flight while this step converts and multiplies
-        b_a = _weight_bytes(w_e, rows_a, valid, t0, K, FMT)
+        b_a = _weight_words(w_e, rows_a, valid, t0, K, FMT)
         if FC1:
-            b_b = _weight_bytes(w_e, rows_b, valid, t0, K, FMT)
+            b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
     for t in range(t0, steps):
         if PREFETCH:
-            nb_a = _weight_bytes(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
+            nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
             if FC1:
-                nb_b = _weight_bytes(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, FMT)
+                nb_b = _weight_words(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, FMT)
         else:
-            b_a = _weight_bytes(w_e, rows_a, valid, t, K, FMT)
+            b_a = _weight_words(w_e, rows_a, valid, t, K, FMT)
             if FC1:
-                b_b = _weight_bytes(w_e, rows_b, valid, t, K, FMT)
+                b_b = _weight_words(w_e, rows_b, valid, t, K, FMT)
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
         s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, C, records, raw, tail, tail_raw,
