@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
 from timing import L2_FLUSH_BYTES, capture, replay_times
 
-from csf_kernels import runtime
+from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.moe_specs import DECODE, PREFILL, GemmConfig
 from csf_moe import bind, plan, prepare_weights
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--fmt", default="mxfp4")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--kinds", default="decode,prefill", help="which tile kinds to sweep")
+    ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
+                    "these split-K program targets (comma-separated)")  # fmt: skip
     a = ap.parse_args()
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
@@ -60,7 +62,10 @@ def main() -> None:
     for kind, tokens in (("decode", (1, 8, 32, 128, 512)), ("prefill", (128, 512, 2048))):
         if kind not in kinds:
             continue
-        for cfg in _configs(kind):
+        targets = [int(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
+        variants = [(DECODE, t) for t in targets] or [(cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind)]
+        for cfg, target in variants:
+            moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
             for source in ("native", "inline"):
                 kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
                 p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
@@ -74,9 +79,10 @@ def main() -> None:
                     out = torch.empty_like(x)
                     g = capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out))
                     med = statistics.median(replay_times(g, a.reps, flush))
-                    rows.append({"kind": kind, "config": cfg.__dict__, "source": source, "tokens": t, "median_s": med})
+                    rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
+                                 "tokens": t, "median_s": med})  # fmt: skip
                     print(f"{kind} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} pf{int(cfg.prefetch)} "
-                          f"{source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
+                          f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,
            "defaults": {"decode": DECODE.__dict__, "prefill": PREFILL.__dict__}}  # fmt: skip

@@ -89,10 +89,12 @@ class GemmConfig:
 # Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12, 19, 23): 32- or
 # 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower)
 # and a weight prefetch for decode (run 23: 1.07-1.35x slower);
-# since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps
-# that load the next K step's weights before converting this one's (run 12, unaligned, that spilled).
+# since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps.
+# Since weights are loaded as 32-bit words (run 31), 3 stages pipeline them through shared memory with
+# wide loads: prefill no longer gains from a register prefetch (1-4% slower), decode still loses with
+# 2-4 stages (1.0-1.1x slower than 1).
 DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
-PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False, prefetch=True)
+PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
 
 
