@@ -181,8 +181,7 @@ def launch_overhead(calls: int) -> dict:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     res["csf_expand_inline_bind_and_launch_us"] = (t1 - t0) / calls * 1e6
-    from csf_kernels.expand import bind_expand_inline
-    from csf_kernels.families import inline_class_spec
+    from csf_kernels.expand import bind_expand_inline, inline_expansion_launches
 
     bound = bind_expand_inline(inline, out, experts=ids)
     t0 = time.perf_counter()
@@ -191,23 +190,25 @@ def launch_overhead(calls: int) -> dict:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     res["csf_bound_launch_us"] = (t1 - t0) / calls * 1e6
-    prog = runtime.program(inline_class_spec(MXFP4, inline.record_bytes, 4, 4, 4))
-    args = (inline.base_ref, inline.base_delta, inline.records, inline.raw, out, ids, 1, 1, 128, 128, 4, 0, 1, 1, 1, 4)
+    (launch,) = inline_expansion_launches(inline, out, experts=ids)
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
-        from csf_kernels.kernels.expand_inline import expand_inline_tiles
+        from csf_kernels.kernels.expand_inline import SIGNATURE, expand_inline_tiles
 
-        f = prog.spec.fact
-        kw = dict(
-            S=f["S"], TC=f["TC"], CTG=f["CTG"], RBP=f["RBP"], EC=f["EC"], DB=f["DB"], STORE=f["STORE"], num_warps=4
+        f = launch.spec.fact
+        kw = {k: f[k] for k, t in SIGNATURE.items() if t == "constexpr"}
+        kw["num_warps"] = f["num_warps"]
+        # Triton's launcher takes no empty tensors (a plane without raw tiles or tail)
+        jargs = tuple(
+            torch.zeros(1, dtype=a.dtype, device="cuda") if torch.is_tensor(a) and a.numel() == 0 else a
+            for a in launch.args
         )
-        raw = inline.raw if inline.raw.numel() else torch.zeros(1, dtype=torch.uint8, device="cuda")
-        jargs = (*args[:3], raw, *args[4:])
-        expand_inline_tiles[(1, 1)](*jargs, **kw)
+        grid = launch.grid
+        expand_inline_tiles[grid](*jargs, **kw)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
-            expand_inline_tiles[(1, 1)](*jargs, **kw)
+            expand_inline_tiles[grid](*jargs, **kw)
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         res["triton_jit_launch_us"] = (t1 - t0) / calls * 1e6

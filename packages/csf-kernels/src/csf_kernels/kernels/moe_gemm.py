@@ -71,6 +71,7 @@ SIGNATURE = {
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 
 SWIGLU_ALPHA = tl.constexpr(1.702)
+EXC_UNROLL = tl.constexpr(4)  # inline exception entries loaded per round
 SWIGLU_LIMIT = tl.constexpr(7.0)
 
 
@@ -155,10 +156,14 @@ def _inline_scales(
         sb = 16 * tcx * w
         cap = tl.minimum((sbytes - 4 - sb) // 3, 63)
         pos_here = slot[:, None] * tcx + c
-        for i in range(0, count):
-            p = tl.load(rec + sb + 2 * i).to(tl.int32) | (tl.load(rec + sb + 2 * i + 1).to(tl.int32) << 8)
-            v = tl.load(rec + sb + 2 * cap + i).to(tl.int32)
-            val = tl.where(pos_here == p, v, val)
+        positions = (rec + sb).to(tl.pointer_type(tl.int16))  # u16 at an even offset of an aligned record
+        # EXC_UNROLL entries per round, their loads independent: most tiles hold fewer, so one round trip
+        for i0 in range(0, count, EXC_UNROLL):
+            for u in tl.static_range(EXC_UNROLL):
+                ok = i0 + u < count
+                p = tl.load(positions + i0 + u, mask=ok, other=0).to(tl.int32) & 0xFFFF
+                v = tl.load(rec + sb + 2 * cap + i0 + u, mask=ok, other=0).to(tl.int32)
+                val = tl.where((pos_here == p) & ok, v, val)
     return tl.where(live, val, NEUTRAL)
 
 
