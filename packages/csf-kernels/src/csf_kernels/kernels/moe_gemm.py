@@ -122,18 +122,30 @@ def _block_of(e, row, R, row_group, blocks_per_group):
 
 
 @triton.jit
+def _record(records, tail, rb, t, full_tiles, S, S_TAIL):
+    """Column tile ``t``'s record of row block ``rb`` and its size (the tail tile's past the full ones)."""
+    is_tail = t >= full_tiles
+    return tl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S), tl.where(is_tail, S_TAIL, S)
+
+
+@triton.jit
+def _inline_header(records, tail, rb, t, steps, full_tiles, S, S_TAIL):
+    """Tile ``t``'s record header (one per tile, uniform over the program); 0 past the last step."""
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    return tl.load(rec.to(tl.pointer_type(tl.int32)) + (sbytes // 4 - 1), mask=t < steps, other=0)
+
+
+@triton.jit
 def _inline_scales(
-    records, raw, tail, tail_raw, rb, slot, base, valid, t, full_tiles, C, S, S_TAIL, TC, NEUTRAL: tl.constexpr
+    records, raw, tail, tail_raw, rb, slot, base, valid, t, h, full_tiles, C, S, S_TAIL, TC, NEUTRAL: tl.constexpr
 ):
-    """Scale bytes [BN, 4] of column tile ``t`` for rows (slot, base) of row block ``rb`` (one block per
-    program: the host checks), decoded from the tile's record."""
+    """Scale bytes [BN, 4] of column tile ``t`` (header ``h``, loaded a step ahead) for rows (slot, base) of
+    row block ``rb`` (one block per program: the host checks), decoded from the tile's record."""
     c = tl.arange(0, 4)[None, :]
     is_tail = t >= full_tiles
     tcx = tl.where(is_tail, TC, 4)
-    sbytes = tl.where(is_tail, S_TAIL, S)
-    rec = tl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
     rec32 = rec.to(tl.pointer_type(tl.int32))
-    h = tl.load(rec32 + (sbytes // 4 - 1))  # one header per tile: uniform over the program
     mode = h & 3
     is_raw = mode == 3
     w = tl.where(is_raw, 1, 1 << mode)
@@ -271,6 +283,7 @@ def _tile_scales(
     slot,
     base,
     t,
+    h,
     C,
     records,
     raw,
@@ -286,7 +299,7 @@ def _tile_scales(
         return _native_scales(scales_e, rows, valid, t, C, NEUTRAL)
     else:
         return _inline_scales(
-            records, raw, tail, tail_raw, rb, slot, base, valid, t, full_tiles, C, S, S_TAIL, TC, NEUTRAL
+            records, raw, tail, tail_raw, rb, slot, base, valid, t, h, full_tiles, C, S, S_TAIL, TC, NEUTRAL
         )
 
 
@@ -371,6 +384,13 @@ def moe_gemm(
         b_a = _weight_words(w_e, rows_a, valid, t0, K, FMT)
         if FC1:
             b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
+    # inline: each tile's header is loaded a step ahead, so a step's selector loads need no round trip first
+    h_a = 0
+    h_b = 0
+    if SRC == 1:
+        h_a = _inline_header(records, tail, rb_a, t0, steps, full_tiles, S, S_TAIL)
+        if FC1:
+            h_b = _inline_header(records, tail, rb_b, t0, steps, full_tiles, S, S_TAIL)
     for t in range(t0, steps):
         if PREFETCH:
             nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
@@ -380,15 +400,23 @@ def moe_gemm(
             b_a = _weight_words(w_e, rows_a, valid, t, K, FMT)
             if FC1:
                 b_b = _weight_words(w_e, rows_b, valid, t, K, FMT)
+        nh_a = h_a
+        nh_b = h_b
+        if SRC == 1:
+            nh_a = _inline_header(records, tail, rb_a, t + 1, steps, full_tiles, S, S_TAIL)
+            if FC1:
+                nh_b = _inline_header(records, tail, rb_b, t + 1, steps, full_tiles, S, S_TAIL)
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
-        s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, C, records, raw, tail, tail_raw,
-                           full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, h_a, C, records, raw, tail,
+                           tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
         acc_a = tl.dot(_weights(b_a, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
-            s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, C, records, raw, tail,
+            s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, h_b, C, records, raw, tail,
                                tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
             acc_b = tl.dot(_weights(b_b, s_b, FMT, BN, ASM), xt, acc_b)
+        h_a = nh_a
+        h_b = nh_b
         if PREFETCH:
             b_a = nb_a
             if FC1:
