@@ -136,26 +136,38 @@ def _inline_header(records, tail, rb, t, steps, full_tiles, S, S_TAIL):
 
 
 @triton.jit
+def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC):
+    """The 32-bit words holding each row's selector fields in tile ``t`` (header ``h``): (lo, hi)."""
+    tcx = tl.where(t >= full_tiles, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    rec32 = rec.to(tl.pointer_type(tl.int32))
+    mode = h & 3
+    is_raw = mode == 3
+    wi = (slot * tcx * tl.where(is_raw, 1, 1 << mode)) >> 5
+    lo = tl.load(rec32 + wi, mask=valid & ~is_raw, other=0)
+    hi = tl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
+    return lo, hi
+
+
+@triton.jit
 def _inline_scales(
-    records, raw, tail, tail_raw, rb, slot, base, valid, t, h, full_tiles, C, S, S_TAIL, TC, NEUTRAL: tl.constexpr
-):
-    """Scale bytes [BN, 4] of column tile ``t`` (header ``h``, loaded a step ahead) for rows (slot, base) of
-    row block ``rb`` (one block per program: the host checks), decoded from the tile's record."""
+    records, raw, tail, tail_raw, rb, slot, base, valid, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
+    NEUTRAL: tl.constexpr,
+):  # fmt: skip
+    """Scale bytes [BN, 4] of column tile ``t`` for rows (slot, base) of row block ``rb`` (one block per
+    program: the host checks), decoded from the tile's record: its header ``h`` and the rows' selector
+    words ``lo``, ``hi`` come loaded a step ahead."""
     c = tl.arange(0, 4)[None, :]
     is_tail = t >= full_tiles
     tcx = tl.where(is_tail, TC, 4)
     rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
-    rec32 = rec.to(tl.pointer_type(tl.int32))
     mode = h & 3
     is_raw = mode == 3
     w = tl.where(is_raw, 1, 1 << mode)
     origin = (h >> 8) & 0xFF
     origin = tl.where(origin >= 128, origin - 256, origin)
     bit = slot * tcx * w  # the slot's tcx fields: tcx * w contiguous bits from here
-    wi = bit >> 5
-    lo = tl.load(rec32 + wi, mask=valid & ~is_raw, other=0).to(tl.uint32).to(tl.int64)
-    hi = tl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
-    x = ((hi.to(tl.uint32).to(tl.int64) << 32) | lo) >> (bit & 31).to(tl.int64)
+    x = ((hi.to(tl.uint32).to(tl.int64) << 32) | lo.to(tl.uint32).to(tl.int64)) >> (bit & 31).to(tl.int64)
     field = ((x[:, None] >> (c * w).to(tl.int64)) & ((1 << w) - 1)).to(tl.int32)
     val = base[:, None] + origin + field
     live = valid[:, None] & (c < tcx) & (t * 4 + c < C)
@@ -284,6 +296,8 @@ def _tile_scales(
     base,
     t,
     h,
+    lo,
+    hi,
     C,
     records,
     raw,
@@ -299,7 +313,7 @@ def _tile_scales(
         return _native_scales(scales_e, rows, valid, t, C, NEUTRAL)
     else:
         return _inline_scales(
-            records, raw, tail, tail_raw, rb, slot, base, valid, t, h, full_tiles, C, S, S_TAIL, TC, NEUTRAL
+            records, raw, tail, tail_raw, rb, slot, base, valid, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC, NEUTRAL
         )
 
 
@@ -384,13 +398,24 @@ def moe_gemm(
         b_a = _weight_words(w_e, rows_a, valid, t0, K, FMT)
         if FC1:
             b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
-    # inline: each tile's header is loaded a step ahead, so a step's selector loads need no round trip first
+    # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
+    # neither waits on a load when the step's scales are decoded
     h_a = 0
     h_b = 0
+    lo_a = rows_a
+    hi_a = rows_a
+    lo_b = rows_a
+    hi_b = rows_a
     if SRC == 1:
         h_a = _inline_header(records, tail, rb_a, t0, steps, full_tiles, S, S_TAIL)
+        lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, valid & (t0 < steps), t0, h_a, full_tiles, S,
+                                       S_TAIL, TC)  # fmt: skip
+        h_a_next = _inline_header(records, tail, rb_a, t0 + 1, steps, full_tiles, S, S_TAIL)
         if FC1:
             h_b = _inline_header(records, tail, rb_b, t0, steps, full_tiles, S, S_TAIL)
+            lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, valid & (t0 < steps), t0, h_b, full_tiles,
+                                           S, S_TAIL, TC)  # fmt: skip
+            h_b_next = _inline_header(records, tail, rb_b, t0 + 1, steps, full_tiles, S, S_TAIL)
     for t in range(t0, steps):
         if PREFETCH:
             nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
@@ -400,23 +425,27 @@ def moe_gemm(
             b_a = _weight_words(w_e, rows_a, valid, t, K, FMT)
             if FC1:
                 b_b = _weight_words(w_e, rows_b, valid, t, K, FMT)
-        nh_a = h_a
-        nh_b = h_b
-        if SRC == 1:
-            nh_a = _inline_header(records, tail, rb_a, t + 1, steps, full_tiles, S, S_TAIL)
-            if FC1:
-                nh_b = _inline_header(records, tail, rb_b, t + 1, steps, full_tiles, S, S_TAIL)
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
-        s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, h_a, C, records, raw, tail,
-                           tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, h_a, lo_a, hi_a, C, records, raw,
+                           tail, tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        if FC1:
+            s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, h_b, lo_b, hi_b, C, records,
+                               raw, tail, tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        if SRC == 1:  # the next step's selectors (its header is here) and the header after it
+            ok = valid & (t + 1 < steps)
+            lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, ok, t + 1, h_a_next, full_tiles, S, S_TAIL,
+                                           TC)  # fmt: skip
+            h_a = h_a_next
+            h_a_next = _inline_header(records, tail, rb_a, t + 2, steps, full_tiles, S, S_TAIL)
+            if FC1:
+                lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, ok, t + 1, h_b_next, full_tiles, S,
+                                               S_TAIL, TC)  # fmt: skip
+                h_b = h_b_next
+                h_b_next = _inline_header(records, tail, rb_b, t + 2, steps, full_tiles, S, S_TAIL)
         acc_a = tl.dot(_weights(b_a, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
-            s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, h_b, C, records, raw, tail,
-                               tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
             acc_b = tl.dot(_weights(b_b, s_b, FMT, BN, ASM), xt, acc_b)
-        h_a = nh_a
-        h_b = nh_b
         if PREFETCH:
             b_a = nb_a
             if FC1:
