@@ -32,7 +32,8 @@ def _configs(kind: str):
         # run 19: 2-3 pipeline stages lost to 1 while weights were read back from shared memory a byte at a
         # time; run 23: loading the next K step's weights before converting this one's lost too
         # (1.07-1.35x), and so did 8 warps and 32-row tiles. Weights are now 32-bit words (run 31 re-sweeps)
-        candidates = ((64, 4, 1, 0), (64, 4, 2, 0), (64, 4, 3, 0), (64, 4, 4, 0), (128, 4, 3, 0), (128, 8, 3, 0))
+        # (run 31: 2-4 stages with word-wide weights lose too; run 38 re-sweeps tile widths and warps)
+        candidates = ((64, 4, 1, 0), (32, 4, 1, 0), (64, 8, 1, 0), (128, 4, 1, 0), (128, 8, 1, 0))
         for bn, warps, stages, pf in candidates:
             yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True,
                              prefetch=bool(pf))  # fmt: skip
