@@ -60,7 +60,7 @@ SIGNATURE = {
     "HAS_GSCALE": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
     "ASM": "constexpr",  # PTX weight conversion (0 only for Triton's CPU interpreter)
-    "PREFETCH": "constexpr",  # load step t + 1's weight bytes before converting step t's
+    "PREFETCH": "constexpr",  # load step t + 1's weight words before converting step t's (sweeps only)
     "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
@@ -394,7 +394,7 @@ def moe_gemm(
     if SPLIT:
         t0 = tl.program_id(2) * steps_per_split
         steps = tl.minimum(steps, t0 + steps_per_split)
-    if PREFETCH:  # the next step's weight bytes are in flight while this step converts and multiplies
+    if PREFETCH:  # the next step's weight words are in flight while this step converts and multiplies
         b_a = _weight_words(w_e, rows_a, valid, t0, K, FMT)
         if FC1:
             b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
