@@ -33,16 +33,23 @@ from csf_kernels.compact_tables import compact_tables
 from csf_kernels.expand import expand_compact, expand_inline
 
 
-def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
+def layer_planes():
+    """The DeepSeek-V4.1-Flash TP4 MXFP4 layer's scale planes (seed-regime statistics) on the GPU, with
+    their inline forms: (geometry, {projection: (plane, inline)})."""
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
     planes = {}
     for proj, (shape, group) in geo.scale_planes().items():
         plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
-        planes[proj] = (
-            plane,
-            encode_inline(plane, MXFP4, row_group=group),
-            compact_tables(encode_compact(plane, MXFP4).payload),
-        )
+        planes[proj] = (plane, encode_inline(plane, MXFP4, row_group=group))
+    return geo, planes
+
+
+def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
+    geo, inline_planes = layer_planes()
+    planes = {
+        proj: (plane, inline, compact_tables(encode_compact(plane, MXFP4).payload))
+        for proj, (plane, inline) in inline_planes.items()
+    }
     outs = {p: torch.empty_like(v[0]) for p, v in planes.items()}
     results = []
     g = torch.Generator().manual_seed(0)
@@ -107,35 +114,6 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
                 flush=True,
             )
     return results
-
-
-def launch_breakdown(reps: int, flush: torch.Tensor) -> list[dict]:
-    """Each launch of the layer's inline expansion alone (a plane's full-tile and tail classes), so the
-    slow part of a plane is visible."""
-    from csf_kernels.expand import inline_expansion_launches
-
-    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
-    rows = []
-    for proj, (shape, group) in geo.scale_planes().items():
-        plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
-        inline = encode_inline(plane, MXFP4, row_group=group)
-        out = torch.empty_like(plane)
-        for launch in inline_expansion_launches(inline, out):
-            bound = launch.bind()
-            graph = capture(bound)
-            t = replay_times(graph, reps, flush)
-            med = statistics.median(t)
-            rows.append(
-                {
-                    "plane": proj,
-                    "spec": launch.spec.describe(),
-                    "grid": list(launch.grid),
-                    "samples_s": t,
-                    "median_us": med * 1e6,
-                }
-            )
-            print(f"launch {proj} {launch.spec.describe():60s} grid {launch.grid} {med * 1e6:8.1f} us", flush=True)
-    return rows
 
 
 LOAD_SNIPPET = """
@@ -232,7 +210,6 @@ def main() -> None:
         "provenance": provenance(),
         "copy_bandwidth": copy,
         "expansion": expansion(a.reps, flush, copy["median_GBps"]),
-        "launch_breakdown": launch_breakdown(a.reps, flush),
         "program_load": load_time(),
         "launch_overhead": launch_overhead(2000),
         "compilations_while_frozen": runtime.compilations(),

@@ -18,13 +18,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_expand import layer_planes
 from provenance import provenance
 from timing import L2_FLUSH_BYTES, capture, replay_times
 
-from csf_codec import MXFP4, encode_inline
-from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
 from csf_kernels import runtime
-from csf_kernels.catalog import load_catalog
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.programs import ProgramSpec
 
@@ -35,12 +33,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.unfreeze()
-    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     rows = []
-    for proj, (shape, group) in geo.scale_planes().items():
-        plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
-        inline = encode_inline(plane, MXFP4, row_group=group)
+    for proj, (plane, inline) in layer_planes()[1].items():
         out = torch.empty_like(plane)
         for launch in inline_expansion_launches(inline, out):
             for warps in (1, 2, 4, 8):

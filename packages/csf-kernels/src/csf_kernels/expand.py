@@ -103,26 +103,23 @@ def inline_expansion_launches(
     full = geo.full_col_tiles
     if full:  # one program per row block (or column range) writes whole rows: full tiles, then the tail
         store = inline_store_bytes(TILE_COLS, geo.cols, 0, out.data_ptr())
-        spec = inline_class_spec(
-            inline.fmt, inline.record_bytes, TILE_COLS, store, inline_tiles_per_program(TILE_COLS, full), geo.tail_cols
-        )
-        program_tiles = inline_program_tiles(spec.fact["CTG"], full, row_blocks, min_programs)
+        step = inline_tiles_per_program(TILE_COLS, full)
+        spec = inline_class_spec(inline.fmt, inline.record_bytes, TILE_COLS, store, step, geo.tail_cols)
+        program_tiles = inline_program_tiles(step, full, row_blocks, min_programs)
         grid = (row_blocks, -(-full // program_tiles))
         tail_bytes = inline.tail_record_bytes if geo.tail_cols else 0
-        class_args = (records, raw, tail, tail_raw, full, program_tiles, tail_bytes)
-    else:  # a plane narrower than one tile: tail tiles only, several row blocks per program
+    else:  # a plane narrower than one tile: the tail program, several row blocks per program
         store = inline_store_bytes(geo.tail_cols, geo.cols, 0, out.data_ptr())
         spec = inline_class_spec(inline.fmt, inline.tail_record_bytes, geo.tail_cols, store, 1)
         grid = (-(-row_blocks // spec.fact["RBP"]), 1)
-        class_args = (tail, tail_raw, tail, tail_raw, 1, 1, 0)
-    recs, raws, tail_recs, tail_raws, class_tiles, program_tiles, tail_bytes = class_args
+        records, raw, full, program_tiles, tail_bytes = tail, tail_raw, 1, 1, 0
     args = (
         base_ref,
         deltas,
-        recs,
-        raws,
-        tail_recs,
-        tail_raws,
+        records,
+        raw,
+        tail,
+        tail_raw,
         out,
         experts,
         blocks_per_expert,
@@ -130,8 +127,7 @@ def inline_expansion_launches(
         geo.row_group,
         geo.rows,
         geo.cols,
-        0,
-        class_tiles,
+        full,
         geo.experts,
         row_blocks,
         program_tiles,

@@ -160,9 +160,8 @@ def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
     return _class_specs(fmt, tail, (inline_store_bytes(tail, cols, 0, 0),), (1,))
 
 
-# the store widths a plane's rows allow, by tail columns (cols % 4): odd tails leave odd-length rows
-_FULL_TILE_STORES = {0: (1, 2, 4), 1: (1,), 2: (1, 2), 3: (1,)}
-_TAIL_STORES = {1: (1,), 2: (1, 2), 3: (1,)}
+# the store widths a plane's rows allow, by its tail columns (cols % 4): odd tails leave odd-length rows
+_ROW_STORES = {0: (1, 2, 4), 1: (1,), 2: (1, 2), 3: (1,)}
 
 
 def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
@@ -170,10 +169,10 @@ def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
     tiles-per-step variant of a format, so any plane of it expands."""
     half = FULL_TILES_PER_PROGRAM // 2
     specs = []
-    for tail, stores in _FULL_TILE_STORES.items():
+    for tail, stores in _ROW_STORES.items():
         specs += _class_specs(fmt, TILE_COLS, stores, (half, FULL_TILES_PER_PROGRAM), tail)
-    for tc, stores in _TAIL_STORES.items():
-        specs += _class_specs(fmt, tc, stores, (1,))
+        if tail:  # planes narrower than one tile
+            specs += _class_specs(fmt, tail, stores, (1,))
     return specs
 
 

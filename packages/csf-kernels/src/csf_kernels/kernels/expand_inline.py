@@ -32,7 +32,6 @@ SIGNATURE = {
     "row_group": "i32",
     "rows_per_expert": "i32",
     "cols": "i32",
-    "col_start": "i32",
     "class_tiles": "i32",
     "num_experts": "i32",
     "row_blocks": "i32",
@@ -56,11 +55,11 @@ def _slot_row(slot):
 
 
 @triton.jit
-def _spread(x, width):
-    """A full tile slot's four ``width``-bit fields -> one per byte."""
+def _spread(x, width, N: tl.constexpr):
+    """A slot's ``N`` ``width``-bit fields (its tile's columns) -> one per byte."""
     fmask = (1 << width) - 1
     out = x & fmask
-    for k in tl.static_range(1, 4):
+    for k in tl.static_range(1, N):
         out |= ((x >> (k * width)) & fmask) << (8 * k)
     return out
 
@@ -72,9 +71,9 @@ def _quad_row(within, q, K: tl.constexpr):
 
 
 @triton.jit
-def _row_offset(row, cols, col_start, STORE: tl.constexpr):
-    """Where a row's segment of this column class starts, in units of the store width."""
-    return (row * cols + col_start) // STORE
+def _row_offset(row, cols, STORE: tl.constexpr):
+    """Where a row starts, in units of the store width."""
+    return (row * cols) // STORE
 
 
 @triton.jit
@@ -83,7 +82,7 @@ def _quad_word(lo, hi, qbit, width, fbits, fmask, base_word, is_raw, raw32, ok, 
     """Decode slot 4 q + K's word of each tile ([CTG, 32]) and store it at ``offset`` + the tile's column."""
     src = tl.where((width == 4) & (K >= 2), hi, lo)
     shift = tl.where(width == 4, 16 * (K % 2), (qbit & 31) + fbits * K)
-    word = base_word + _spread((src >> shift) & fmask, width)  # no carries: every byte stays in 0..255
+    word = base_word + _spread((src >> shift) & fmask, width, 4)  # no carries: every byte stays in 0..255
     word = tl.where(is_raw, tl.load(raw32 + K, mask=is_raw & ok, other=0), word)
     if STORE == 4:
         tl.store(out.to(tl.pointer_type(tl.int32)) + offset + ct, word, mask=ok)
@@ -103,7 +102,6 @@ def _full_tiles(
     row0,
     row_group,
     cols,
-    col_start,
     class_tiles,
     t_begin,
     t_end,
@@ -143,10 +141,10 @@ def _full_tiles(
     ok1 = live & (r1 < row_group)
     ok2 = live & (r2 < row_group)
     ok3 = live & (r3 < row_group)
-    o0 = _row_offset(row0 + r0, cols, col_start, STORE)
-    o1 = _row_offset(row0 + r1, cols, col_start, STORE)
-    o2 = _row_offset(row0 + r2, cols, col_start, STORE)
-    o3 = _row_offset(row0 + r3, cols, col_start, STORE)
+    o0 = _row_offset(row0 + r0, cols, STORE)
+    o1 = _row_offset(row0 + r1, cols, STORE)
+    o2 = _row_offset(row0 + r2, cols, STORE)
+    o3 = _row_offset(row0 + r3, cols, STORE)
     t_local = tl.arange(0, CTG)[:, None]
     for c in range(t_begin, t_end, CTG):
         ct = c + t_local
@@ -179,11 +177,12 @@ def _full_tiles(
 
 
 @triton.jit
-def _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live, records, base_ref, base_delta,
-               raw, out, S, TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
-    """Decode and store the tail tile (1..3 columns) of row blocks ``rb`` ([RBP, 1]), a thread per slot."""
+def _tail_tile(rb, within, row0, row_group, cols, col, live, records, base_ref, base_delta, raw, out, S,
+               TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
+    """Decode and store the tail tile (1..3 columns from column ``col``; one record per row block) of row
+    blocks ``rb`` (scalar or [RBP, 1]), a thread per slot."""
     slot = tl.arange(0, 128)[None, :]
-    rec = records + rb * class_tiles * S
+    rec = records + rb * S
     h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1))
     mode = h & 3
     width = tl.where(mode == 3, 1, 1 << mode)
@@ -195,10 +194,7 @@ def _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live, 
     lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
     hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
     x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
-    fmask = (1 << width) - 1
-    spread = x & fmask
-    for k in tl.static_range(1, TC):
-        spread |= ((x >> (k * width)) & fmask) << (8 * k)
+    spread = _spread(x, width, TC)
     dbit = slot * DB
     dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
     base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
@@ -209,7 +205,7 @@ def _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live, 
         word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
     row_local = within * 128 + _slot_row(slot)
     ok = live & (row_local < row_group)
-    offset = (row0 + row_local) * cols + col_start
+    offset = (row0 + row_local) * cols + col
     if STORE == 2:  # TC is even: 16-bit halves
         for k in tl.static_range(TC // 2):
             half = ((word >> (16 * k)) & 0xFFFF).to(tl.int16)
@@ -234,9 +230,10 @@ def _row_block(j, expert_ids, blocks_per_expert, blocks_per_group, row_group, ro
 
 
 @triton.jit
-def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, cols, col_start, row_group, out,
+def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, cols, col0, row_group, out,
                 S, TC: tl.constexpr):  # fmt: skip
-    """Phase two: store exception ``ee`` of tile ``ct`` of row block ``rb`` (flat element tensors)."""
+    """Phase two: store exception ``ee`` of tile ``ct`` (its class starting at column ``col0``) of row block
+    ``rb`` (flat element tensors)."""
     rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
     h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1), mask=tile_ok, other=3)  # masked: raw
     mode = h & 3
@@ -248,7 +245,7 @@ def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, c
     pos = tl.load((rec + sb).to(tl.pointer_type(tl.int16)) + ee, mask=em, other=0).to(tl.int32) & 0xFFFF
     exc = tl.load(rec + sb + 2 * cap + ee, mask=em, other=0)
     row_e = within * 128 + _slot_row(pos // TC)
-    dst = out + (row0 + row_e) * cols + col_start + ct * TC + pos % TC
+    dst = out + (row0 + row_e) * cols + col0 + ct * TC + pos % TC
     tl.store(dst, exc, mask=em & (row_e < row_group))
 
 
@@ -267,7 +264,6 @@ def expand_inline_tiles(
     row_group,
     rows_per_expert,
     cols,
-    col_start,
     class_tiles,
     num_experts,
     row_blocks,
@@ -289,23 +285,23 @@ def expand_inline_tiles(
                                             row_group, rows_per_expert, num_experts)  # fmt: skip
         t_begin = tl.program_id(1) * program_tiles
         t_end = tl.minimum(t_begin + program_tiles, class_tiles)
-        _full_tiles(rb, within, row0, row_group, cols, col_start, class_tiles, t_begin, t_end, live, records,
-                    base_ref, base_delta, raw, out, S, CTG, DB, STORE)  # fmt: skip
-        # the row block's tail tile, in the program that writes the rows' last full tiles: whole rows come
-        # from one program, so no sector is written partly by two launches
-        tail_col = col_start + 4 * class_tiles
+        _full_tiles(rb, within, row0, row_group, cols, class_tiles, t_begin, t_end, live, records, base_ref,
+                    base_delta, raw, out, S, CTG, DB, STORE)  # fmt: skip
+        # the row block's tail tile, in the program that writes the rows' last full tiles (one launch per
+        # plane; whole rows from one program)
+        tail_col = 4 * class_tiles
         TSTORE: tl.constexpr = 2 if (TTC == 2 and STORE >= 2) else 1
         if TTC > 0:
             if t_end == class_tiles:
-                _tail_tile(rb, within, row0, row_group, cols, tail_col, 1, live, tail_records, base_ref, base_delta,
+                _tail_tile(rb, within, row0, row_group, cols, tail_col, live, tail_records, base_ref, base_delta,
                            tail_raw, out, tail_S, TTC, DB, TSTORE)  # fmt: skip
         tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
         # CTG tiles x EC entries per step, flat so that headers and entries share one layout
         i = tl.arange(0, CTG * EC)
         for c in range(t_begin, t_end, CTG):
             ct = c + i // EC
-            _exceptions(rb, within, row0, live, ct, i % EC, ct < t_end, records, class_tiles, cols, col_start,
-                        row_group, out, S, TC)  # fmt: skip
+            _exceptions(rb, within, row0, live, ct, i % EC, ct < t_end, records, class_tiles, cols, 0, row_group,
+                        out, S, TC)  # fmt: skip
         if TTC > 0:
             if t_end == class_tiles:
                 k = tl.arange(0, 16)
@@ -318,13 +314,12 @@ def expand_inline_tiles(
         j_ok = j < row_blocks
         rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
                                             row_group, rows_per_expert, num_experts)  # fmt: skip
-        _tail_tile(rb, within, row0, row_group, cols, col_start, class_tiles, live & j_ok, records, base_ref,
-                   base_delta, raw, out, S, TC, DB, STORE)  # fmt: skip
+        _tail_tile(rb, within, row0, row_group, cols, 0, live & j_ok, records, base_ref, base_delta, raw, out, S,
+                   TC, DB, STORE)  # fmt: skip
         tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
         i = tl.arange(0, RBP * EC)
         j = tl.program_id(0) * RBP + i // EC
         j_ok = j < row_blocks
         rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
                                             row_group, rows_per_expert, num_experts)  # fmt: skip
-        _exceptions(rb, within, row0, live, 0, i % EC, j_ok, records, class_tiles, cols, col_start, row_group, out,
-                    S, TC)  # fmt: skip
+        _exceptions(rb, within, row0, live, 0, i % EC, j_ok, records, 1, cols, 0, row_group, out, S, TC)

@@ -71,8 +71,8 @@ SIGNATURE = {
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 
 SWIGLU_ALPHA = tl.constexpr(1.702)
-EXC_UNROLL = tl.constexpr(4)  # inline exception entries loaded per round
 SWIGLU_LIMIT = tl.constexpr(7.0)
+EXC_UNROLL = tl.constexpr(4)  # inline exception entries loaded per round
 
 
 @triton.jit
@@ -147,6 +147,14 @@ def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAI
     lo = tl.load(rec32 + wi, mask=valid & ~is_raw, other=0)
     hi = tl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
     return lo, hi
+
+
+@triton.jit
+def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_TAIL, TC):
+    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode: the rows' selector words,
+    and step ``t + 1``'s header. Masked past the last step."""
+    lo, hi = _inline_selectors(records, tail, rb, slot, valid & (t < steps), t, h, full_tiles, S, S_TAIL, TC)
+    return lo, hi, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
 
 
 @triton.jit
@@ -399,23 +407,17 @@ def moe_gemm(
         if FC1:
             b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
-    # neither waits on a load when the step's scales are decoded
-    h_a = 0
-    h_b = 0
-    lo_a = rows_a
-    hi_a = rows_a
-    lo_b = rows_a
-    hi_b = rows_a
+    # neither waits on a load when the step's scales are decoded (native: unused placeholders)
+    h_a, lo_a, hi_a, h_a_next = 0, rows_a, rows_a, 0
+    h_b, lo_b, hi_b, h_b_next = 0, rows_b, rows_b, 0
     if SRC == 1:
         h_a = _inline_header(records, tail, rb_a, t0, steps, full_tiles, S, S_TAIL)
-        lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, valid & (t0 < steps), t0, h_a, full_tiles, S,
-                                       S_TAIL, TC)  # fmt: skip
-        h_a_next = _inline_header(records, tail, rb_a, t0 + 1, steps, full_tiles, S, S_TAIL)
+        lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t0, h_a, steps, full_tiles, S,
+                                             S_TAIL, TC)  # fmt: skip
         if FC1:
             h_b = _inline_header(records, tail, rb_b, t0, steps, full_tiles, S, S_TAIL)
-            lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, valid & (t0 < steps), t0, h_b, full_tiles,
-                                           S, S_TAIL, TC)  # fmt: skip
-            h_b_next = _inline_header(records, tail, rb_b, t0 + 1, steps, full_tiles, S, S_TAIL)
+            lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t0, h_b, steps, full_tiles, S,
+                                                 S_TAIL, TC)  # fmt: skip
     for t in range(t0, steps):
         if PREFETCH:
             nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
@@ -433,16 +435,13 @@ def moe_gemm(
             s_b = _tile_scales(SRC, scales_e, rows_b, valid, rb_b, slot_b, base_b, t, h_b, lo_b, hi_b, C, records,
                                raw, tail, tail_raw, full_tiles, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
         if SRC == 1:  # the next step's selectors (its header is here) and the header after it
-            ok = valid & (t + 1 < steps)
-            lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, ok, t + 1, h_a_next, full_tiles, S, S_TAIL,
-                                           TC)  # fmt: skip
             h_a = h_a_next
-            h_a_next = _inline_header(records, tail, rb_a, t + 2, steps, full_tiles, S, S_TAIL)
+            lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t + 1, h_a, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
             if FC1:
-                lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, ok, t + 1, h_b_next, full_tiles, S,
-                                               S_TAIL, TC)  # fmt: skip
                 h_b = h_b_next
-                h_b_next = _inline_header(records, tail, rb_b, t + 2, steps, full_tiles, S, S_TAIL)
+                lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t + 1, h_b, steps,
+                                                     full_tiles, S, S_TAIL, TC)  # fmt: skip
         acc_a = tl.dot(_weights(b_a, s_a, FMT, BN, ASM), xt, acc_a)
         if FC1:
             acc_b = tl.dot(_weights(b_b, s_b, FMT, BN, ASM), xt, acc_b)
