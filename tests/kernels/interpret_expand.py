@@ -24,9 +24,9 @@ from tests.interpreter import run_launch
 from .interpret_cases import cases
 
 
-def expand_interpreted(inline, out, experts, min_programs):
+def expand_interpreted(inline, out, experts, store=None):
     """The runtime's own launches (programs, grids, arguments), run by the interpreter."""
-    for launch in inline_expansion_launches(inline, out, experts=experts, min_programs=min_programs):
+    for launch in inline_expansion_launches(inline, out, experts=experts, store=store):
         # the interpreter cannot take empty pointers (planes without raw tiles)
         args = tuple(
             a if not (torch.is_tensor(a) and a.numel() == 0) else torch.zeros(1, dtype=a.dtype) for a in launch.args
@@ -64,15 +64,15 @@ def expand_compact_interpreted(tables, out, experts):
 
 def main(seed: int) -> None:
     n = 0
-    for plane, fmt, group, experts in cases(seed):
+    for plane, fmt, group, experts, record_bytes in cases(seed):
         fmt = {"mxfp4": MXFP4, "nvfp4": NVFP4}[fmt]
-        inline = encode_inline(plane, fmt, row_group=group)
+        inline = encode_inline(plane, fmt, row_group=group, record_bytes=record_bytes)
         ids = torch.arange(inline.geometry.experts, dtype=torch.int32) if experts is None else experts
-        # inline: one step per program, and a whole column class per program (the multi-step walk)
-        for form in ("inline-steps", "inline-walk", "compact"):
+        # inline: the plane's widest stores, and byte stores (the masked, unvectorised path)
+        for form in ("inline", "inline-bytes", "compact"):
             out = torch.full(plane.shape, 0xAB, dtype=torch.uint8)  # poisoned
             if form.startswith("inline"):
-                expand_interpreted(inline, out, ids, min_programs=1 if form == "inline-walk" else 1 << 30)
+                expand_interpreted(inline, out, ids, store=1 if form == "inline-bytes" else None)
             else:
                 expand_compact_interpreted(compact_tables(encode_compact(plane, fmt).payload), out, ids)
             _check(plane, out, ids, inline.geometry.experts, f"{form} case {n} ({fmt.name}, group {group})")

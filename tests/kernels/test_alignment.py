@@ -61,7 +61,7 @@ def test_bind_checks_the_multiples_recorded_in_the_manifest(monkeypatch):
         "param_names": ["x", "K"],
         "multiples": {"x": 16, "K": 32},
     }
-    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96, 4), b"\x7fELF", launch, device=0)
+    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=0)
     t = torch.zeros(64, dtype=torch.uint8)
     prog.bind((1,), t, 64)
     with pytest.raises(MisalignedArgumentError, match="'x'"):

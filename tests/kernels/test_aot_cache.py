@@ -143,7 +143,7 @@ def test_frozen_runtime_names_the_missing_program(tmp_path, monkeypatch):
     runtime._caches.clear()
     runtime.freeze()
     try:
-        spec = inline_class_spec(MXFP4, 96, 4)
+        spec = inline_class_spec(MXFP4, 96)
         with pytest.raises(UncachedProgramError) as e:
             runtime.program(spec, geometry="deepseek-v4.1-flash/tp4/mxfp4")
         msg = str(e.value)
@@ -171,7 +171,7 @@ import csf_kernels, csf_kernels.runtime as rt, csf_kernels.expand
 from csf_kernels.families import inline_class_spec
 from csf_codec import MXFP4
 try:
-    rt.program(inline_class_spec(MXFP4, 96, 4))
+    rt.program(inline_class_spec(MXFP4, 96))
 except rt.UncachedProgramError:
     pass
 assert sys.modules['triton'] is None and sys.modules['cutlass'] is None
@@ -227,7 +227,7 @@ def test_cubin_loading_and_argument_marshalling(monkeypatch):
         "profile_scratch": [0, 1],
         "params": ["*u8", "i32", "i64"],
     }
-    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96, 4), b"\x7fELF", launch, device=3)
+    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=3)
     assert (prog.function, prog.device, prog.block, rec.loaded[0][1]) == (0x1234, 3, (128, 1, 1), "k")
     t = torch.zeros(4, dtype=torch.uint8)
     bound = prog.bind((5, 2), t, -7, 1 << 40)

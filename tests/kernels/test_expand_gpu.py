@@ -40,18 +40,19 @@ def _expected(plane: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", [int.from_bytes(os.urandom(3), "little")])
 def test_expansion_of_the_shared_cases(seed):
-    for plane, fmt, group, experts in cases(seed):
+    for plane, fmt, group, experts, record_bytes in cases(seed):
         fmt = {"mxfp4": MXFP4, "nvfp4": NVFP4}[fmt]
         gpu = plane.cuda()
         num = plane.shape[0] if plane.dim() == 3 else 1
         ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "inline-walk", "compact"):
+        for form in ("inline", "inline-bytes", "compact"):
             out = torch.full_like(gpu, POISON)
             if form == "inline":
-                expand_inline(encode_inline(gpu, fmt, row_group=group), out, experts=ids.to(torch.int32).cuda())
-            elif form == "inline-walk":  # a program walks every column step of its row block
-                inline = encode_inline(gpu, fmt, row_group=group)
-                for launch in inline_expansion_launches(inline, out, experts=ids.cuda(), min_programs=1):
+                inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
+                expand_inline(inline, out, experts=ids.to(torch.int32).cuda())
+            elif form == "inline-bytes":  # byte stores: the masked, unvectorised path
+                inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
+                for launch in inline_expansion_launches(inline, out, experts=ids.cuda(), store=1):
                     launch.bind()()
             else:
                 tables = compact_tables(encode_compact(gpu, fmt).payload)
@@ -149,6 +150,6 @@ print('ok')
 def test_frozen_runtime_refuses_an_uncached_program():
     from csf_kernels.families import inline_class_spec
 
-    spec = inline_class_spec(MXFP4, 1008, 4)  # a record size no plane can choose: never built
+    spec = inline_class_spec(MXFP4, 1008)  # a record size no plane can choose: never built
     with pytest.raises(runtime.UncachedProgramError, match="nox -s aot_build"):
         runtime.program(spec, geometry="nowhere")

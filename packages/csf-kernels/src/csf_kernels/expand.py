@@ -12,18 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from csf_codec import InlineScales
-from csf_codec.tile_layout import TILE_COLS
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import (
-    EXPANSION_PROGRAMS,
-    compact_spec,
-    inline_class_spec,
-    inline_program_tiles,
-    inline_store_bytes,
-    inline_tiles_per_program,
-)
+from .families import compact_spec, inline_class_spec, inline_store_bytes, inline_tiles_per_program
 
 __all__ = [
     "BoundExpansion",
@@ -80,10 +72,10 @@ def inline_expansion_launches(
     out: torch.Tensor,
     *,
     experts: torch.Tensor | None = None,
-    min_programs: int = EXPANSION_PROGRAMS,
+    store: int | None = None,
 ) -> list[runtime.Launch]:
-    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`); ``min_programs``
-    (tests) sets how many programs the grid keeps before a program walks more than one step."""
+    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`); ``store`` (tests)
+    narrows the store width below the widest the plane allows."""
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -93,26 +85,28 @@ def inline_expansion_launches(
     if experts.numel() == 0:
         return []
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
-    row_blocks = experts.numel() * blocks_per_expert
     # programs assume 16-byte aligned inputs: realign views (bind time only)
     arrays = (inline.records, inline.raw, inline.tail, inline.tail_raw, inline.base_delta, inline.base_ref)
     records, raw, tail, tail_raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
     for what in (records, tail):
         if what.numel() >= 1 << 31:
             raise ValueError(f"expand_inline: {what.numel()} record bytes exceed the kernel's 32-bit tile offsets")
+    widest = inline_store_bytes(geo.cols, out.data_ptr())
+    if store is None or store > widest or store not in (1, 2, 4, 8, 16):
+        store = widest
+    # one program per row block and run of full tiles; the run holding a row block's last full tiles also
+    # decodes its tail tile, so one launch writes the whole plane
     full = geo.full_col_tiles
-    if full:  # one program per row block (or column range) writes whole rows: full tiles, then the tail
-        store = inline_store_bytes(TILE_COLS, geo.cols, 0, out.data_ptr())
-        step = inline_tiles_per_program(TILE_COLS, full)
-        spec = inline_class_spec(inline.fmt, inline.record_bytes, TILE_COLS, store, step, geo.tail_cols)
-        program_tiles = inline_program_tiles(step, full, row_blocks, min_programs)
-        grid = (row_blocks, -(-full // program_tiles))
-        tail_bytes = inline.tail_record_bytes if geo.tail_cols else 0
-    else:  # a plane narrower than one tile: the tail program, several row blocks per program
-        store = inline_store_bytes(geo.tail_cols, geo.cols, 0, out.data_ptr())
-        spec = inline_class_spec(inline.fmt, inline.tail_record_bytes, geo.tail_cols, store, 1)
-        grid = (-(-row_blocks // spec.fact["RBP"]), 1)
-        records, raw, full, program_tiles, tail_bytes = tail, tail_raw, 1, 1, 0
+    if full:
+        tiles = inline_tiles_per_program(full, store)
+        spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles)
+        runs = -(-full // tiles)
+    else:
+        spec, runs = inline_class_spec(inline.fmt, 0, geo.tail_cols, store), 1
+    tail_bytes = inline.tail_record_bytes if geo.tail_cols else 0
+    if blocks_per_expert > 65535 or experts.numel() > 65535:
+        raise ValueError(f"expand_inline: {blocks_per_expert} row blocks x {experts.numel()} experts exceed the grid")
+    grid = (runs, blocks_per_expert, experts.numel())
     args = (
         base_ref,
         deltas,
@@ -129,8 +123,6 @@ def inline_expansion_launches(
         geo.cols,
         full,
         geo.experts,
-        row_blocks,
-        program_tiles,
         tail_bytes,
     )
     return [runtime.Launch(spec, grid, args)]

@@ -25,16 +25,15 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
 
-FULL_TILES_PER_PROGRAM = 8  # full tiles per step: 8 tiles x 4 columns = 32 bytes of each row, one sector
-# a program walks several steps of a row block while the grid keeps at least this many programs
-# (a few waves of 132 SMs), so per-row-block work is shared without starving small routed expansions
-EXPANSION_PROGRAMS = 8 * 132
-TAIL_ROW_BLOCKS_PER_PROGRAM = 4  # a tail tile is one word per slot: a program takes several row blocks
-
+# full tiles per program by store width (bytes): 16-byte stores need 4 consecutive tiles of a row in one
+# thread, 8-byte stores 2; narrower stores take 8 tiles (32 bytes of each row) or 4 on planes without more
+TILES_BY_STORE = {16: (8, 4), 8: (2,), 4: (8, 4), 2: (8, 4), 1: (8, 4)}
+# warps by full tiles per program: eight 32-bit words per thread (two for tail-only planes)
+_WARPS_BY_TILES = {8: 4, 4: 2, 2: 1, 1: 2}
 
 EXPAND_INLINE = TritonFamily(
     kernel="expand.inline_tiles",
-    version=2,
+    version=3,
     module="csf_kernels.kernels.expand_inline",
     function="expand_inline_tiles",
     num_warps=4,
@@ -80,99 +79,89 @@ def _pow2(n: int) -> int:
     return p
 
 
-def inline_store_bytes(tile_cols: int, cols: int, col_start: int, out_ptr: int) -> int:
-    """Widest store (4, 2 or 1 bytes) that every row segment of this column class stays aligned for."""
-    for width in (4, 2):
-        if tile_cols % width == 0 and cols % width == 0 and col_start % width == 0 and out_ptr % width == 0:
+def inline_store_bytes(cols: int, out_ptr: int = 0) -> int:
+    """Widest store (16, 8, 4, 2 or 1 bytes) that every row of a ``cols``-byte plane stays aligned for."""
+    for width in (16, 8, 4, 2):
+        if cols % width == 0 and out_ptr % width == 0:
             return width
     return 1
 
 
-def inline_tiles_per_program(tile_cols: int, class_tiles: int) -> int:
-    """Full tiles per step: 8 (32 bytes of each row), or 4 when the plane has no more (no idle lanes)."""
-    if tile_cols != TILE_COLS:
-        return 1
-    return FULL_TILES_PER_PROGRAM if class_tiles > FULL_TILES_PER_PROGRAM // 2 else FULL_TILES_PER_PROGRAM // 2
+def inline_tiles_per_program(full_tiles: int, store: int) -> int:
+    """Full tiles per program: a multiple of the store's words, dividing the plane's full tiles when the
+    store is wider than a word (those programs have no tile mask), at most 4 when the plane has no more."""
+    choices = TILES_BY_STORE[store]
+    if store >= 8:
+        return next(t for t in choices if full_tiles % t == 0)
+    return choices[0] if full_tiles > choices[1] else choices[1]
 
 
-def inline_program_tiles(
-    step_tiles: int, class_tiles: int, row_block_programs: int, min_programs: int = EXPANSION_PROGRAMS
-) -> int:
-    """Column tiles one program walks (a multiple of ``step_tiles``): the whole class when the grid still
-    has ``min_programs`` programs, fewer when few row blocks are expanded (routed experts)."""
-    steps = -(-class_tiles // step_tiles)
-    per_program = max(1, min(steps, row_block_programs * steps // max(min_programs, 1)))
-    return per_program * step_tiles
+def _widest_selectors(record_bytes: int) -> int:
+    return max(w for w in (1, 2, 4) if exception_capacity(w, record_bytes) >= 0)
 
 
 def inline_class_spec(
     fmt: ScaleFormat,
     record_bytes: int,
-    tile_cols: int,
-    store: int = 1,
-    tiles_per_step: int | None = None,
     tail_cols: int = 0,
+    store: int = 16,
+    tiles_per_program: int | None = None,
+    num_warps: int | None = None,
 ) -> ProgramSpec:
-    """The expansion program of one column class (full 4-column tiles, or a tail of 1..3 columns).
+    """The expansion program of a plane whose full tiles have records of ``record_bytes`` (0: the plane
+    is narrower than one tile) and whose last ``tail_cols`` columns (0..3) form a tail tile.
 
-    ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_step``: see
-    :func:`inline_tiles_per_program` (default: the most); ``tail_cols``: the full-tile program also
-    decodes a tail tile of this many columns (a plane with both classes runs one program)."""
-    if tail_cols and tile_cols != TILE_COLS:
-        raise ValueError("only the full-tile program takes the plane's tail tile")
-    ctg = tiles_per_step or inline_tiles_per_program(tile_cols, FULL_TILES_PER_PROGRAM)
-    # the narrowest selectors leave the most room for exceptions
-    capacity = max(1, exception_capacity(1, record_bytes, tile_cols))
+    ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_program``: see
+    :func:`inline_tiles_per_program` (default: the most the store allows); ``num_warps``: sweeps only."""
+    if record_bytes:
+        tiles = tiles_per_program or TILES_BY_STORE[store][0]
+        maxw = _widest_selectors(record_bytes)
+        # the narrowest selectors leave the most room for exceptions
+        entries = _pow2(max(1, exception_capacity(1, record_bytes)))
+    else:
+        tiles, maxw, entries = 1, 0, 1
     return ProgramSpec.of(
         EXPAND_INLINE.kernel,
         EXPAND_INLINE.version,
         S=record_bytes,
-        TC=tile_cols,
+        CT=tiles,
+        MAXW=maxw,
+        EC=entries,
         TTC=tail_cols,
-        CTG=ctg,
-        RBP=1 if tile_cols == TILE_COLS else TAIL_ROW_BLOCKS_PER_PROGRAM,
-        EC=_pow2(capacity),
         DB=DELTA_BITS[fmt.name],
         STORE=store,
-        # full tiles: two (tile, quad) elements per thread and step (sweep_expand.py, run 30: DS4.1 W2's
-        # 4-tile steps 1.37x faster on 2 warps than on 4; W13's 8-tile steps fastest on 4)
-        num_warps=ctg // 2 if tile_cols == TILE_COLS else EXPAND_INLINE.num_warps,
+        num_warps=num_warps or _WARPS_BY_TILES[tiles],
     )
-
-
-def _class_specs(fmt: ScaleFormat, tile_cols: int, stores, ctgs, tail_cols: int = 0) -> list[ProgramSpec]:
-    return [
-        inline_class_spec(fmt, s, tile_cols, store, ctg, tail_cols)
-        for s in record_bytes_choices(fmt, tile_cols)
-        for store in stores
-        for ctg in ctgs
-    ]
 
 
 def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
     """Every record size a plane with ``cols`` scale columns may have chosen (assuming an aligned output
-    plane, as torch allocates it): the full-tile program, which also takes the tail, or for planes
-    narrower than one tile the tail program."""
+    plane, as torch allocates it)."""
     full, tail = divmod(cols, TILE_COLS)
-    if full:
-        store = inline_store_bytes(TILE_COLS, cols, 0, 0)
-        return _class_specs(fmt, TILE_COLS, (store,), (inline_tiles_per_program(TILE_COLS, full),), tail)
-    return _class_specs(fmt, tail, (inline_store_bytes(tail, cols, 0, 0),), (1,))
+    store = inline_store_bytes(cols)
+    if not full:
+        return [inline_class_spec(fmt, 0, tail, store)]
+    tiles = inline_tiles_per_program(full, store)
+    return [inline_class_spec(fmt, s, tail, store, tiles) for s in record_bytes_choices(fmt, TILE_COLS)]
 
 
 # the store widths a plane's rows allow, by its tail columns (cols % 4): odd tails leave odd-length rows
-_ROW_STORES = {0: (1, 2, 4), 1: (1,), 2: (1, 2), 3: (1,)}
+_ROW_STORES = {0: (1, 2, 4, 8, 16), 1: (1,), 2: (1, 2), 3: (1,)}
 
 
 def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
     """Expansion programs are geometry-independent: every record size, tail width, store width and
-    tiles-per-step variant of a format, so any plane of it expands."""
-    half = FULL_TILES_PER_PROGRAM // 2
+    tiles-per-program variant of a format, so any plane of it expands."""
     specs = []
     for tail, stores in _ROW_STORES.items():
-        specs += _class_specs(fmt, TILE_COLS, stores, (half, FULL_TILES_PER_PROGRAM), tail)
-        if tail:  # planes narrower than one tile
-            specs += _class_specs(fmt, tail, stores, (1,))
+        for store in stores:
+            specs += [
+                inline_class_spec(fmt, s, tail, store, tiles)
+                for s in record_bytes_choices(fmt, TILE_COLS)
+                for tiles in TILES_BY_STORE[store]
+            ]
+            if tail:  # planes narrower than one tile
+                specs.append(inline_class_spec(fmt, 0, tail, store))
     return specs
 
 

@@ -1,12 +1,16 @@
 """Triton: expand inline CSF tiles (docs/csf-format.md section 5) into the native scale plane.
 
-A program of the full-tile class (4 columns per tile) decodes one 128-row block of one expert across
-``program_tiles`` column tiles, ``CTG`` per step, computing what depends only on the row block (row
-bases, output rows) once, and the row block's tail tile (the plane's last 1..3 columns, ``TTC``) when it
-writes the rows' last full tiles. A plane with no full tiles has only the tail class: a program decodes
-the tail tiles of ``RBP`` row blocks. Either way whole rows come from one program. Phase one
-writes every position from its selector (or its raw tile); after a CTA barrier, phase two overwrites
-the exceptions, so each position's final value is written by exactly one ordered pair of stores.
+A program decodes one 128-row block of one expert across ``CT`` full column tiles (4 columns each), and,
+in the program that holds a row block's last full tiles, its tail tile (the plane's last 1..3 columns).
+A thread works on quads (the four consecutive slots one wgmma lane holds): the quad's row bases come
+from one 16- or 32-bit word, its selectors from one word per tile. Elements are laid out [quad, slot of
+the quad, tile], so a thread's words of one row are contiguous columns: 16-byte stores when the rows
+allow them. Every load a program needs (bases, headers, selectors, exception entries) is issued before
+its first store, so a program waits on memory once.
+
+Phase one writes every position from its selector (or its raw tile); after a CTA barrier, phase two
+overwrites the exceptions, so each position's final value is written by exactly one ordered pair of
+stores.
 
 Routed-experts-only expansion passes the expert ids; ids outside [0, E) are vLLM's CUDA-graph padding:
 they are clamped for addressing and write nothing.
@@ -34,18 +38,18 @@ SIGNATURE = {
     "cols": "i32",
     "class_tiles": "i32",
     "num_experts": "i32",
-    "row_blocks": "i32",
-    "program_tiles": "i32",
     "tail_S": "i32",
     "S": "constexpr",
-    "TC": "constexpr",
-    "TTC": "constexpr",
-    "CTG": "constexpr",
-    "RBP": "constexpr",
+    "CT": "constexpr",
+    "MAXW": "constexpr",
     "EC": "constexpr",
+    "TTC": "constexpr",
     "DB": "constexpr",
     "STORE": "constexpr",
 }
+
+# tail exception entries read before the barrier; more (rare records) in a loop after it
+TAIL_ENTRIES = tl.constexpr(16)
 
 
 @triton.jit
@@ -65,163 +69,19 @@ def _spread(x, width, N: tl.constexpr):
 
 
 @triton.jit
-def _quad_row(within, q, K: tl.constexpr):
-    # slot 4 q + k of a row block: row 64 half + 16 warp + quad + 8 pair, with half = k >> 1, pair = k & 1
-    return within * 128 + 64 * (K >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (K & 1)
+def _signed_origin_word(h):
+    """A header's origin (int8, bits 8-15) replicated into the four bytes of a word."""
+    o = (h >> 8) & 0xFF
+    return tl.where(o >= 128, o - 256, o) * 0x01010101
 
 
 @triton.jit
-def _row_offset(row, cols, STORE: tl.constexpr):
-    """Where a row starts, in units of the store width."""
-    return (row * cols) // STORE
-
-
-@triton.jit
-def _quad_word(lo, hi, qbit, width, fbits, fmask, base_word, is_raw, raw32, ok, out, offset, ct, K: tl.constexpr,
-               STORE: tl.constexpr):  # fmt: skip
-    """Decode slot 4 q + K's word of each tile ([CTG, 32]) and store it at ``offset`` + the tile's column."""
-    src = tl.where((width == 4) & (K >= 2), hi, lo)
-    shift = tl.where(width == 4, 16 * (K % 2), (qbit & 31) + fbits * K)
-    word = base_word + _spread((src >> shift) & fmask, width, 4)  # no carries: every byte stays in 0..255
-    word = tl.where(is_raw, tl.load(raw32 + K, mask=is_raw & ok, other=0), word)
-    if STORE == 4:
-        tl.store(out.to(tl.pointer_type(tl.int32)) + offset + ct, word, mask=ok)
-    elif STORE == 2:
-        dst = out.to(tl.pointer_type(tl.int16)) + offset + 2 * ct
-        tl.store(dst, (word & 0xFFFF).to(tl.int16), mask=ok)
-        tl.store(dst + 1, ((word >> 16) & 0xFFFF).to(tl.int16), mask=ok)
-    else:
-        for b in tl.static_range(4):
-            tl.store(out + offset + 4 * ct + b, ((word >> (8 * b)) & 0xFF).to(tl.uint8), mask=ok)
-
-
-@triton.jit
-def _full_tiles(
-    rb,
-    within,
-    row0,
-    row_group,
-    cols,
-    class_tiles,
-    t_begin,
-    t_end,
-    live,
-    records,
-    base_ref,
-    base_delta,
-    raw,
-    out,
-    S: tl.constexpr,
-    CTG: tl.constexpr,
-    DB: tl.constexpr,
-    STORE: tl.constexpr,
-):
-    """Decode and store full tiles [t_begin, t_end) of a row block, CTG tiles x 32 quads per step.
-
-    A thread decodes a quad (four consecutive slots, the rows one wgmma lane holds) of a tile: one header,
-    one or two selector words serve four output words. What depends only on the quad (row bases, output
-    rows) is computed once per program, not once per tile."""
-    q = tl.arange(0, 32)[None, :]
-    if DB == 4:  # the quad's four base deltas: one 16-bit word
-        deltas = tl.load(base_delta.to(tl.pointer_type(tl.int16)) + rb * 32 + q).to(tl.int32)
-    else:
-        deltas = tl.load(base_delta.to(tl.pointer_type(tl.int32)) + rb * 32 + q)
-    base = tl.load(base_ref + rb).to(tl.int32)
-    dmask: tl.constexpr = (1 << DB) - 1
-    # each slot's row base replicated into the four bytes of a word (the origin is added per tile)
-    bw0 = (base + (deltas & dmask)) * 0x01010101
-    bw1 = (base + ((deltas >> DB) & dmask)) * 0x01010101
-    bw2 = (base + ((deltas >> (2 * DB)) & dmask)) * 0x01010101
-    bw3 = (base + ((deltas >> (3 * DB)) & dmask)) * 0x01010101
-    r0 = _quad_row(within, q, 0)
-    r1 = _quad_row(within, q, 1)
-    r2 = _quad_row(within, q, 2)
-    r3 = _quad_row(within, q, 3)
-    ok0 = live & (r0 < row_group)
-    ok1 = live & (r1 < row_group)
-    ok2 = live & (r2 < row_group)
-    ok3 = live & (r3 < row_group)
-    o0 = _row_offset(row0 + r0, cols, STORE)
-    o1 = _row_offset(row0 + r1, cols, STORE)
-    o2 = _row_offset(row0 + r2, cols, STORE)
-    o3 = _row_offset(row0 + r3, cols, STORE)
-    t_local = tl.arange(0, CTG)[:, None]
-    for c in range(t_begin, t_end, CTG):
-        ct = c + t_local
-        tile_ok = ct < t_end
-        # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
-        rec32 = records.to(tl.pointer_type(tl.int32)) + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * (S // 4)
-        h = tl.load(rec32 + (S // 4 - 1), mask=tile_ok, other=0)
-        mode = h & 3
-        is_raw = mode == 3
-        width = tl.where(is_raw, 1, 1 << mode)
-        origin = (h >> 8) & 0xFF
-        origin_word = tl.where(origin >= 128, origin - 256, origin) * 0x01010101
-        # the quad's 16 * width selector bits start at bit 16 * width * q: within one 32-bit word for 1- and
-        # 2-bit fields, two words for 4-bit fields
-        qbit = q * 16 * width
-        w_lo = qbit >> 5
-        lo = tl.load(rec32 + w_lo, mask=tile_ok & (w_lo < S // 4 - 1), other=0)
-        hi = tl.load(rec32 + w_lo + 1, mask=tile_ok & (width == 4) & (w_lo + 1 < S // 4 - 1), other=0)
-        fbits = 4 * width
-        fmask = (1 << fbits) - 1
-        raw32 = raw.to(tl.pointer_type(tl.int32)) + (h >> 2) * 128 + 4 * q
-        _quad_word(lo, hi, qbit, width, fbits, fmask, bw0 + origin_word, is_raw, raw32, tile_ok & ok0, out, o0, ct, 0,
-                   STORE)  # fmt: skip
-        _quad_word(lo, hi, qbit, width, fbits, fmask, bw1 + origin_word, is_raw, raw32, tile_ok & ok1, out, o1, ct, 1,
-                   STORE)  # fmt: skip
-        _quad_word(lo, hi, qbit, width, fbits, fmask, bw2 + origin_word, is_raw, raw32, tile_ok & ok2, out, o2, ct, 2,
-                   STORE)  # fmt: skip
-        _quad_word(lo, hi, qbit, width, fbits, fmask, bw3 + origin_word, is_raw, raw32, tile_ok & ok3, out, o3, ct, 3,
-                   STORE)  # fmt: skip
-
-
-@triton.jit
-def _tail_tile(rb, within, row0, row_group, cols, col, live, records, base_ref, base_delta, raw, out, S,
-               TC: tl.constexpr, DB: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
-    """Decode and store the tail tile (1..3 columns from column ``col``; one record per row block) of row
-    blocks ``rb`` (scalar or [RBP, 1]), a thread per slot."""
-    slot = tl.arange(0, 128)[None, :]
-    rec = records + rb * S
-    h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1))
-    mode = h & 3
-    width = tl.where(mode == 3, 1, 1 << mode)
-    origin = (h >> 8) & 0xFF
-    origin = tl.where(origin >= 128, origin - 256, origin)
-    is_raw = mode == 3
-    bit = slot * TC * width  # the slot's TC fields: TC * width contiguous bits from here
-    in_rec = (bit >> 3) + 1 < S - 4  # impossible modes never read past the record
-    lo_b = tl.load(rec + (bit >> 3), mask=in_rec, other=0).to(tl.int32)
-    hi_b = tl.load(rec + (bit >> 3) + 1, mask=in_rec, other=0).to(tl.int32)
-    x = ((lo_b | (hi_b << 8)) >> (bit & 7)) & ((1 << (TC * width)) - 1)
-    spread = _spread(x, width, TC)
-    dbit = slot * DB
-    dbyte = tl.load(base_delta + rb * (16 * DB) + (dbit >> 3)).to(tl.int32)
-    base = tl.load(base_ref + rb).to(tl.int32) + ((dbyte >> (dbit & 7)) & ((1 << DB) - 1))
-    word = (base + origin) * 0x01010101 + spread  # no carries: every byte stays within 0..255
-    raw_tile = (h >> 2) * (128 * TC)
-    for k in tl.static_range(TC):
-        rb_k = tl.load(raw + raw_tile + slot * TC + k, mask=is_raw & live, other=0).to(tl.int32)
-        word = tl.where(is_raw, tl.where(k == 0, rb_k, word | (rb_k << (8 * k))), word)
-    row_local = within * 128 + _slot_row(slot)
-    ok = live & (row_local < row_group)
-    offset = (row0 + row_local) * cols + col
-    if STORE == 2:  # TC is even: 16-bit halves
-        for k in tl.static_range(TC // 2):
-            half = ((word >> (16 * k)) & 0xFFFF).to(tl.int16)
-            tl.store(out.to(tl.pointer_type(tl.int16)) + offset // 2 + k, half, mask=ok)
-    else:
-        for k in tl.static_range(TC):
-            tl.store(out + offset + k, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
-
-
-@triton.jit
-def _row_block(j, expert_ids, blocks_per_expert, blocks_per_group, row_group, rows_per_expert, num_experts):
-    """Row-block program ``j`` (scalar or tensor) -> its inline row block, 128-row block within its row
-    group, first plane row of that group, and whether its expert id is live (not graph padding)."""
-    routed = j // blocks_per_expert
-    blk = j % blocks_per_expert
-    e = tl.load(expert_ids + routed)
+def _row_block(expert_ids, blocks_per_expert, blocks_per_group, row_group, rows_per_expert, num_experts):
+    """This program's inline row block, its 128-row block within its row group, the first plane row of
+    that group, and whether its expert id is live (not graph padding). Grid: (column runs, row blocks
+    of an expert, routed experts)."""
+    blk = tl.program_id(1)
+    e = tl.load(expert_ids + tl.program_id(2))
     live = (e >= 0) & (e < num_experts)
     e = tl.where(live, e, 0)  # 32-bit offsets: planes stay below 2 GiB (checked on the host)
     rb = e * blocks_per_expert + blk
@@ -230,23 +90,136 @@ def _row_block(j, expert_ids, blocks_per_expert, blocks_per_group, row_group, ro
 
 
 @triton.jit
-def _exceptions(rb, within, row0, live, ct, ee, tile_ok, records, class_tiles, cols, col0, row_group, out,
-                S, TC: tl.constexpr):  # fmt: skip
-    """Phase two: store exception ``ee`` of tile ``ct`` (its class starting at column ``col0``) of row block
-    ``rb`` (flat element tensors)."""
-    rec = records + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * S
-    h = tl.load(rec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1), mask=tile_ok, other=3)  # masked: raw
+def _quad_bases(rb, base_ref, base_delta, DB: tl.constexpr):
+    """[32, 4, 1]: slot 4 q + k's row base replicated into the four bytes of a word."""
+    q = tl.arange(0, 32)[:, None, None]
+    k = tl.arange(0, 4)[None, :, None]
+    if DB == 4:  # the quad's four base deltas: one 16-bit word
+        deltas = tl.load(base_delta.to(tl.pointer_type(tl.int16)) + rb * 32 + q).to(tl.int32)
+    else:
+        deltas = tl.load(base_delta.to(tl.pointer_type(tl.int32)) + rb * 32 + q)
+    base = tl.load(base_ref + rb).to(tl.int32)
+    return (base + ((deltas >> (DB * k)) & ((1 << DB) - 1))) * 0x01010101
+
+
+@triton.jit
+def _quad_rows(within):
+    """[32, 4, 1]: the row (within its row group) of slot 4 q + k: 64 half + 16 warp + quad + 8 pair."""
+    q = tl.arange(0, 32)[:, None, None]
+    k = tl.arange(0, 4)[None, :, None]
+    return within * 128 + 64 * (k >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (k & 1)
+
+
+@triton.jit
+def _full_words(rb, c0, class_tiles, bases, records, raw, S: tl.constexpr, CT: tl.constexpr, MAXW: tl.constexpr):
+    """[32, 4, CT]: the words (slot 4 q + k, columns of tile c0 + t) of full tiles, before exceptions."""
+    q = tl.arange(0, 32)[:, None, None]
+    k = tl.arange(0, 4)[None, :, None]
+    ct = c0 + tl.arange(0, CT)[None, None, :]
+    tile_ok = ct < class_tiles
+    # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
+    rec32 = records.to(tl.pointer_type(tl.int32)) + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * (S // 4)
+    h = tl.load(rec32 + (S // 4 - 1), mask=tile_ok, other=0)
+    is_raw = (h & 3) == 3
+    if MAXW == 1:
+        # only 1-bit selectors fit this record size: a quad's 16 bits are half a word, at a fixed place
+        sel = tl.load(rec32 + (q >> 1), mask=tile_ok, other=0)
+        nibble = (sel >> (16 * (q & 1) + 4 * k)) & 0xF
+        spread = (nibble * 0x00204081) & 0x01010101  # bit i -> byte i (shifted copies never overlap)
+    else:
+        width = tl.where(is_raw, 1, 1 << (h & 3))
+        # the quad's 16 * width bits start at bit 16 * width * q: one word for 1- and 2-bit fields, two for 4
+        qbit = q * 16 * width
+        w_lo = qbit >> 5
+        lo = tl.load(rec32 + w_lo, mask=tile_ok & (w_lo < S // 4 - 1), other=0)
+        hi = tl.load(rec32 + w_lo + 1, mask=tile_ok & (width == 4) & (w_lo + 1 < S // 4 - 1), other=0)
+        src = tl.where((width == 4) & (k >= 2), hi, lo)
+        shift = tl.where(width == 4, 16 * (k % 2), (qbit & 31) + 4 * width * k)
+        spread = _spread(src >> shift, width, 4)
+    word = bases + _signed_origin_word(h) + spread  # no carries: every byte stays in 0..255
+    # a raw tile's quad is one 16-byte word of native bytes: 4 slots x 4 columns
+    raw32 = raw.to(tl.pointer_type(tl.int32)) + (h >> 2) * 128 + 4 * q + k
+    return tl.where(is_raw, tl.load(raw32, mask=is_raw & tile_ok, other=0), word)
+
+
+@triton.jit
+def _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT: tl.constexpr, STORE: tl.constexpr):
+    """Store [32, 4, CT] words at their rows (``rows`` [32, 4, 1] within the group from ``row0``)."""
+    ct = c0 + tl.arange(0, CT)[None, None, :]
+    if STORE >= 8:
+        # the host gives these planes whole programs (class_tiles % CT == 0): no tile mask, so a thread's
+        # contiguous words of a row become one vector store
+        dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows) * ((cols // STORE) * (STORE // 4)) + ct
+        tl.store(dst, words, mask=ok)
+    elif STORE == 4:
+        dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows) * (cols // 4) + ct
+        tl.store(dst, words, mask=ok & (ct < class_tiles))
+    elif STORE == 2:
+        dst = out.to(tl.pointer_type(tl.int16)) + (row0 + rows) * (cols // 2) + 2 * ct
+        m = ok & (ct < class_tiles)
+        tl.store(dst, (words & 0xFFFF).to(tl.int16), mask=m)
+        tl.store(dst + 1, ((words >> 16) & 0xFFFF).to(tl.int16), mask=m)
+    else:
+        dst = out + (row0 + rows) * cols + 4 * ct
+        m = ok & (ct < class_tiles)
+        for b in tl.static_range(4):
+            tl.store(dst + b, ((words >> (8 * b)) & 0xFF).to(tl.uint8), mask=m)
+
+
+@triton.jit
+def _tail_words(th, trec, tail_raw, tail_S, bases, live, TTC: tl.constexpr):
+    """[32, 4, 1]: the tail tile's words (TTC columns in the low bytes) from its header ``th`` (scalar)."""
+    q = tl.arange(0, 32)[:, None, None]
+    k = tl.arange(0, 4)[None, :, None]
+    t_raw = (th & 3) == 3
+    width = tl.where(t_raw, 1, 1 << (th & 3))
+    fbits = TTC * width  # a slot's bits; a quad's 4 * fbits (<= 48) may straddle two words
+    bit = q * 4 * fbits
+    wi = bit >> 5
+    rec32 = trec.to(tl.pointer_type(tl.int32))
+    lo = tl.load(rec32 + wi, mask=live & (wi < tail_S // 4 - 1), other=0)
+    hi = tl.load(rec32 + wi + 1, mask=live & (wi + 1 < tail_S // 4 - 1), other=0)
+    x = lo.to(tl.uint32, bitcast=True).to(tl.uint64) | (hi.to(tl.uint32, bitcast=True).to(tl.uint64) << 32)
+    field = ((x >> ((bit & 31) + fbits * k).to(tl.uint64)) & ((1 << fbits) - 1).to(tl.uint64)).to(tl.int32)
+    word = bases + _signed_origin_word(th) + _spread(field, width, TTC)
+    raw = tail_raw + (th >> 2) * (128 * TTC) + (4 * q + k) * TTC
+    raw_word = tl.load(raw, mask=live & t_raw, other=0).to(tl.int32)
+    for c in tl.static_range(1, TTC):
+        raw_word |= tl.load(raw + c, mask=live & t_raw, other=0).to(tl.int32) << (8 * c)
+    return tl.where(t_raw, raw_word, word)
+
+
+@triton.jit
+def _store_tail(word, out, row0, rows, ok, col, cols, TTC: tl.constexpr, STORE: tl.constexpr):
+    dst = out + (row0 + rows) * cols + col
+    if TTC == 2 and STORE >= 2:  # the rows' even length keeps the tail's two bytes aligned
+        tl.store(dst.to(tl.pointer_type(tl.int16)), (word & 0xFFFF).to(tl.int16), mask=ok)
+    else:
+        for c in tl.static_range(TTC):
+            tl.store(dst + c, ((word >> (8 * c)) & 0xFF).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _exception_entries(rec, h, ee, ok, within, row0, row_group, cols, col, record_bytes, TC: tl.constexpr,
+                       MAXW: tl.constexpr):  # fmt: skip
+    """Exception ``ee`` of the record at ``rec`` (header ``h``) of a tile starting at column ``col``:
+    (destination, value, mask). ``MAXW``: the widest selectors the record size allows (0: unknown)."""
     mode = h & 3
-    sb = 16 * TC * (1 << tl.where(mode == 3, 0, mode))
-    count = tl.where(mode == 3, 0, (h >> 2) & 63)
-    cap = tl.minimum((S - 4 - sb) // 3, 63)
-    em = tile_ok & (ee < count) & (ee < cap) & live
+    if MAXW == 1:  # the only selector mode: positions and values sit at fixed offsets
+        sb = 16 * TC
+        cap = (record_bytes - 4 - sb) // 3
+        in_list = ok & (ee < cap)
+    else:
+        sb = 16 * TC * (1 << tl.where(mode == 3, 0, mode))
+        cap = tl.minimum((record_bytes - 4 - sb) // 3, 63)
+        in_list = ok & (ee < cap) & (ee < tl.where(mode == 3, 0, (h >> 2) & 63))
     # positions: u16 at an even offset of a 16-byte aligned record
-    pos = tl.load((rec + sb).to(tl.pointer_type(tl.int16)) + ee, mask=em, other=0).to(tl.int32) & 0xFFFF
-    exc = tl.load(rec + sb + 2 * cap + ee, mask=em, other=0)
-    row_e = within * 128 + _slot_row(pos // TC)
-    dst = out + (row0 + row_e) * cols + col0 + ct * TC + pos % TC
-    tl.store(dst, exc, mask=em & (row_e < row_group))
+    pos = tl.load((rec + sb).to(tl.pointer_type(tl.int16)) + ee, mask=in_list, other=0).to(tl.int32) & 0xFFFF
+    value = tl.load(rec + sb + 2 * cap + ee, mask=in_list, other=0)
+    count = tl.where(mode == 3, 0, (h >> 2) & 63)
+    row = within * 128 + _slot_row(pos // TC)
+    m = in_list & (ee < count) & (pos < 128 * TC) & (row < row_group)
+    return (row0 + row) * cols + col + pos % TC, value, m
 
 
 @triton.jit
@@ -266,60 +239,52 @@ def expand_inline_tiles(
     cols,
     class_tiles,
     num_experts,
-    row_blocks,
-    program_tiles,
     tail_S,
-    S: tl.constexpr,  # record bytes of this column class
-    TC: tl.constexpr,  # columns per tile in this class (4, or the tail's 1..3)
-    TTC: tl.constexpr,  # full tiles: the plane's tail columns (0: none), decoded by the same program
-    CTG: tl.constexpr,  # full tiles: column tiles per step (a power of two)
-    RBP: tl.constexpr,  # tails: row blocks per program (a power of two; full tiles: 1)
-    EC: tl.constexpr,  # exception entries read per tile: a power of two >= any mode's capacity at S
+    S: tl.constexpr,  # full-tile record bytes (0: the plane is narrower than one tile)
+    CT: tl.constexpr,  # full tiles per program (a power of two)
+    MAXW: tl.constexpr,  # the widest selectors a full-tile record of S bytes holds (1, 2 or 4)
+    EC: tl.constexpr,  # exception entries read per full tile: a power of two >= any mode's capacity at S
+    TTC: tl.constexpr,  # the plane's tail columns (0: none), decoded by the program holding the last tiles
     DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
-    STORE: tl.constexpr,  # bytes per store (4, 2, 1): the widest the rows stay aligned for
+    STORE: tl.constexpr,  # bytes per store (16, 8, 4, 2, 1): the widest the rows stay aligned for
 ):
-    if TC == 4:
-        # one row block, column tiles [t_begin, t_end): a multiple of CTG (the host's choice), fewer at the
-        # plane's edge; a thread decodes a quad of slots per tile
-        rb, within, row0, live = _row_block(tl.program_id(0), expert_ids, blocks_per_expert, blocks_per_group,
-                                            row_group, rows_per_expert, num_experts)  # fmt: skip
-        t_begin = tl.program_id(1) * program_tiles
-        t_end = tl.minimum(t_begin + program_tiles, class_tiles)
-        _full_tiles(rb, within, row0, row_group, cols, class_tiles, t_begin, t_end, live, records, base_ref,
-                    base_delta, raw, out, S, CTG, DB, STORE)  # fmt: skip
-        # the row block's tail tile, in the program that writes the rows' last full tiles (one launch per
-        # plane; whole rows from one program)
-        tail_col = 4 * class_tiles
-        TSTORE: tl.constexpr = 2 if (TTC == 2 and STORE >= 2) else 1
-        if TTC > 0:
-            if t_end == class_tiles:
-                _tail_tile(rb, within, row0, row_group, cols, tail_col, live, tail_records, base_ref, base_delta,
-                           tail_raw, out, tail_S, TTC, DB, TSTORE)  # fmt: skip
-        tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
-        # CTG tiles x EC entries per step, flat so that headers and entries share one layout
-        i = tl.arange(0, CTG * EC)
-        for c in range(t_begin, t_end, CTG):
-            ct = c + i // EC
-            _exceptions(rb, within, row0, live, ct, i % EC, ct < t_end, records, class_tiles, cols, 0, row_group,
-                        out, S, TC)  # fmt: skip
-        if TTC > 0:
-            if t_end == class_tiles:
-                k = tl.arange(0, 16)
-                for e0 in tl.static_range(0, 64, 16):  # a header counts at most 63 exceptions
-                    _exceptions(rb, within, row0, live, 0, e0 + k, True, tail_records, 1, cols, tail_col, row_group,
-                                out, tail_S, TTC)  # fmt: skip
-    else:
-        # the tail tile (one per row block) of RBP row blocks; a thread decodes one slot
-        j = tl.program_id(0) * RBP + tl.arange(0, RBP)[:, None]
-        j_ok = j < row_blocks
-        rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
-                                            row_group, rows_per_expert, num_experts)  # fmt: skip
-        _tail_tile(rb, within, row0, row_group, cols, 0, live & j_ok, records, base_ref, base_delta, raw, out, S,
-                   TC, DB, STORE)  # fmt: skip
-        tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
-        i = tl.arange(0, RBP * EC)
-        j = tl.program_id(0) * RBP + i // EC
-        j_ok = j < row_blocks
-        rb, within, row0, live = _row_block(tl.where(j_ok, j, 0), expert_ids, blocks_per_expert, blocks_per_group,
-                                            row_group, rows_per_expert, num_experts)  # fmt: skip
-        _exceptions(rb, within, row0, live, 0, i % EC, j_ok, records, 1, cols, 0, row_group, out, S, TC)
+    rb, within, row0, live = _row_block(expert_ids, blocks_per_expert, blocks_per_group, row_group,
+                                        rows_per_expert, num_experts)  # fmt: skip
+    c0 = tl.program_id(0) * CT
+    bases = _quad_bases(rb, base_ref, base_delta, DB)
+    rows = _quad_rows(within)
+    ok = live & (rows < row_group)
+    # every load first: full-tile words, their exception entries, the tail's words and first entries
+    if S > 0:
+        words = _full_words(rb, c0, class_tiles, bases, records, raw, S, CT, MAXW)
+        i = tl.arange(0, CT * EC)
+        et = c0 + i // EC
+        et_ok = et < class_tiles
+        erec = records + (rb * class_tiles + tl.where(et_ok, et, 0)) * S
+        eh = tl.load(erec.to(tl.pointer_type(tl.int32)) + (S // 4 - 1), mask=et_ok, other=3)  # masked: raw
+        e_off, e_val, e_ok = _exception_entries(erec, eh, i % EC, et_ok & live, within, row0, row_group, cols,
+                                                4 * et, S, 4, MAXW)  # fmt: skip
+    if TTC > 0:
+        t_live = live & (c0 + CT >= class_tiles)  # the program holding the row block's last full tiles
+        trec = tail_records + rb * tail_S
+        th = tl.load(trec.to(tl.pointer_type(tl.int32)) + (tail_S // 4 - 1), mask=t_live, other=3)
+        t_words = _tail_words(th, trec, tail_raw, tail_S, bases, t_live, TTC)
+        te = tl.arange(0, TAIL_ENTRIES)
+        t_off, t_val, t_ok = _exception_entries(trec, th, te, t_live, within, row0, row_group, cols,
+                                                4 * class_tiles, tail_S, TTC, 0)  # fmt: skip
+    # phase one
+    if S > 0:
+        _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT, STORE)
+    if TTC > 0:
+        _store_tail(t_words, out, row0, rows, ok & t_live, 4 * class_tiles, cols, TTC, STORE)
+    tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
+    if S > 0:
+        tl.store(out + e_off, e_val, mask=e_ok)
+    if TTC > 0:
+        tl.store(out + t_off, t_val, mask=t_ok)
+        # records with more tail exceptions than were read ahead (large tail records only)
+        t_count = tl.where((th & 3) == 3, 0, (th >> 2) & 63)
+        for e0 in range(TAIL_ENTRIES, t_count, TAIL_ENTRIES):
+            t_off, t_val, t_ok = _exception_entries(trec, th, e0 + te, t_live, within, row0, row_group, cols,
+                                                    4 * class_tiles, tail_S, TTC, 0)  # fmt: skip
+            tl.store(out + t_off, t_val, mask=t_ok)
