@@ -15,7 +15,14 @@ from csf_codec import InlineScales
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import compact_spec, inline_class_spec, inline_store_bytes, inline_tiles_per_program
+from .families import (
+    compact_spec,
+    inline_class_spec,
+    inline_narrow,
+    inline_row_words,
+    inline_store_bytes,
+    inline_tiles_per_program,
+)
 
 __all__ = [
     "BoundExpansion",
@@ -97,7 +104,11 @@ def inline_expansion_launches(
     # one program per row block and run of full tiles; the run holding a row block's last full tiles also
     # decodes its tail tile, so one launch writes the whole plane
     full = geo.full_col_tiles
-    if full:
+    if store == widest and inline_narrow(geo.cols, out.data_ptr()):  # a program stores whole row blocks
+        tiles = inline_row_words(geo.cols)
+        spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles, narrow=True)
+        runs = 1
+    elif full:
         tiles = inline_tiles_per_program(full, store)
         spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles)
         runs = -(-full // tiles)

@@ -96,6 +96,21 @@ def inline_tiles_per_program(full_tiles: int, store: int) -> int:
     return choices[0] if full_tiles > choices[1] else choices[1]
 
 
+NARROW_COLS = 32  # planes at most this wide, with 2-byte aligned rows, store whole rows (see below)
+
+
+def inline_narrow(cols: int, out_ptr: int = 0) -> bool:
+    """Whether a plane's program holds every full tile of a row block and stores them row by row: narrow
+    planes whose rows are 2- but not 8-byte aligned (wider alignments take vector stores of their tile
+    words), at least one tile wide."""
+    return 4 <= cols <= NARROW_COLS and cols % 2 == 0 and cols % 8 != 0 and out_ptr % 2 == 0
+
+
+def inline_row_words(cols: int) -> int:
+    """Full tiles a narrow plane's program decodes (all of its row block's): a power of two."""
+    return _pow2(max(1, cols // TILE_COLS))
+
+
 def _widest_selectors(record_bytes: int) -> int:
     return max(w for w in (1, 2, 4) if exception_capacity(w, record_bytes) >= 0)
 
@@ -107,12 +122,14 @@ def inline_class_spec(
     store: int = 16,
     tiles_per_program: int | None = None,
     num_warps: int | None = None,
+    narrow: bool = False,
 ) -> ProgramSpec:
     """The expansion program of a plane whose full tiles have records of ``record_bytes`` (0: the plane
     is narrower than one tile) and whose last ``tail_cols`` columns (0..3) form a tail tile.
 
     ``store``: bytes per store (see :func:`inline_store_bytes`); ``tiles_per_program``: see
-    :func:`inline_tiles_per_program` (default: the most the store allows); ``num_warps``: sweeps only."""
+    :func:`inline_tiles_per_program` (default: the most the store allows); ``num_warps``: sweeps only;
+    ``narrow``: see :func:`inline_narrow` (then ``tiles_per_program`` is :func:`inline_row_words`)."""
     if record_bytes:
         tiles = tiles_per_program or TILES_BY_STORE[store][0]
         maxw = _widest_selectors(record_bytes)
@@ -130,7 +147,8 @@ def inline_class_spec(
         TTC=tail_cols,
         DB=DELTA_BITS[fmt.name],
         STORE=store,
-        num_warps=num_warps or _WARPS_BY_TILES[tiles],
+        NARROW=_pow2(2 * tiles + -(-tail_cols // 2)) if narrow else 0,  # halves a row may need
+        num_warps=num_warps or (4 if narrow else _WARPS_BY_TILES[tiles]),
     )
 
 
@@ -139,6 +157,9 @@ def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
     plane, as torch allocates it)."""
     full, tail = divmod(cols, TILE_COLS)
     store = inline_store_bytes(cols)
+    if full and inline_narrow(cols):
+        tiles = inline_row_words(cols)
+        return [inline_class_spec(fmt, s, tail, store, tiles, narrow=True) for s in record_bytes_choices(fmt)]
     if not full:
         return [inline_class_spec(fmt, 0, tail, store)]
     tiles = inline_tiles_per_program(full, store)
@@ -162,7 +183,10 @@ def format_expansion_specs(fmt: ScaleFormat) -> list[ProgramSpec]:
             ]
             if tail:  # planes narrower than one tile
                 specs.append(inline_class_spec(fmt, 0, tail, store))
-    return specs
+    for cols in range(2, NARROW_COLS + 1, 2):  # narrow planes, stored by rows
+        if inline_narrow(cols):
+            specs += inline_expansion_specs(fmt, cols)
+    return list({spec.key: spec for spec in specs}.values())
 
 
 def compact_spec(width: int) -> ProgramSpec:

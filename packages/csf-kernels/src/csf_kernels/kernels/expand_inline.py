@@ -46,6 +46,7 @@ SIGNATURE = {
     "TTC": "constexpr",
     "DB": "constexpr",
     "STORE": "constexpr",
+    "NARROW": "constexpr",
 }
 
 # tail exception entries read before the barrier; more (rare records) in a loop after it
@@ -167,6 +168,26 @@ def _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT: tl.conste
 
 
 @triton.jit
+def _store_narrow_rows(words, t_words, out, row0, rows, ok, class_tiles, cols, CT: tl.constexpr,
+                       TTC: tl.constexpr, HALVES: tl.constexpr):  # fmt: skip
+    """Store a whole row block of a narrow plane (rows 2- but not 8-byte aligned, of at most ``HALVES``
+    16-bit halves; every full tile in this program) from ``words`` [32, 4, CT] and the tail's
+    ``t_words`` [32, 4, 1] as halves, lanes along a row's halves and then along consecutive rows (the quad index), so
+    a store instruction writes consecutive whole rows. Stored a tile word at a time, 18-byte rows put
+    one partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth)."""
+    w = tl.permute(words, (1, 0, 2))  # [k, q, t]: the quad index (consecutive rows) next to the columns
+    halves = tl.reshape(tl.join(w & 0xFFFF, (w >> 16) & 0xFFFF), [4, 32, 2 * CT])
+    u = tl.arange(0, 2 * CT)[None, None, :]
+    if HALVES > 2 * CT:  # room for the tail: the row's halves [2 CT, 4 CT)
+        halves = tl.reshape(tl.permute(tl.join(halves, tl.zeros_like(halves)), (0, 1, 3, 2)), [4, 32, 4 * CT])
+        u = tl.arange(0, 4 * CT)[None, None, :]
+    if TTC > 0:  # the tail's two columns: one half, after the full tiles'
+        halves = tl.where(u == 2 * class_tiles, tl.permute(t_words, (1, 0, 2)) & 0xFFFF, halves)
+    dst = out.to(tl.pointer_type(tl.int16)) + (row0 + tl.permute(rows, (1, 0, 2))) * (cols // 2) + u
+    tl.store(dst, halves.to(tl.int16), mask=tl.permute(ok, (1, 0, 2)) & (2 * u < cols))
+
+
+@triton.jit
 def _tail_words(th, trec, tail_raw, tail_S, bases, live, TTC: tl.constexpr):
     """[32, 4, 1]: the tail tile's words (TTC columns in the low bytes) from its header ``th`` (scalar)."""
     q = tl.arange(0, 32)[:, None, None]
@@ -247,6 +268,7 @@ def expand_inline_tiles(
     TTC: tl.constexpr,  # the plane's tail columns (0: none), decoded by the program holding the last tiles
     DB: tl.constexpr,  # bits per row-base delta: 4 (MXFP4) or 8 (NVFP4)
     STORE: tl.constexpr,  # bytes per store (16, 8, 4, 2, 1): the widest the rows stay aligned for
+    NARROW: tl.constexpr,  # narrow planes: halves per row, a power of two (a program stores whole rows); or 0
 ):
     rb, within, row0, live = _row_block(expert_ids, blocks_per_expert, blocks_per_group, row_group,
                                         rows_per_expert, num_experts)  # fmt: skip
@@ -273,10 +295,14 @@ def expand_inline_tiles(
         t_off, t_val, t_ok = _exception_entries(trec, th, te, t_live, within, row0, row_group, cols,
                                                 4 * class_tiles, tail_S, TTC, 0)  # fmt: skip
     # phase one
-    if S > 0:
-        _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT, STORE)
-    if TTC > 0:
-        _store_tail(t_words, out, row0, rows, ok & t_live, 4 * class_tiles, cols, TTC, STORE)
+    if NARROW:
+        _store_narrow_rows(words, t_words if TTC > 0 else words, out, row0, rows, ok, class_tiles, cols, CT, TTC,
+                           NARROW)  # fmt: skip
+    else:
+        if S > 0:
+            _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT, STORE)
+        if TTC > 0:
+            _store_tail(t_words, out, row0, rows, ok & t_live, 4 * class_tiles, cols, TTC, STORE)
     tl.debug_barrier()  # phase two's stores must land after phase one's on the same bytes
     if S > 0:
         tl.store(out + e_off, e_val, mask=e_ok)
