@@ -84,22 +84,25 @@ def test_the_catalog_determines_the_programs(tiny_catalog):
     from csf_kernels.families import geometry_specs
 
     catalog = load_catalog(tiny_catalog)
-    # W13 [4, 512, 18] and W2 [4, 576, 8]: full tiles in all 8 record sizes, W13's with its 2-column tail
+    # W13 [4, 512, 18]: narrow rows with a 2-column tail; W2 [4, 576, 8]: 8-byte stores, 2 tiles per
+    # program; both in all 8 record sizes
     needed = geometry_specs(catalog.moe[0])
     expand = [s for s in needed if s.kernel == "expand.inline_tiles"]
-    assert sorted({(s.fact["TC"], s.fact["TTC"]) for s in expand}) == [(4, 0), (4, 2)]
+    kinds = sorted({(s.fact["TTC"], s.fact["NARROW"], s.fact["STORE"], s.fact["CT"]) for s in expand})
+    assert kinds == [(0, 0, 8, 2), (2, 16, 2, 4)]
+    assert len({s.fact["S"] for s in expand}) == 8
     specs = catalog_specs(catalog)
     assert {s.key for s in needed} <= set(specs)
     # and the format gets every tail width, with full tiles and alone, so any MXFP4 plane expands
     expand = [s for s, _ in specs.values() if s.kernel == "expand.inline_tiles"]
-    assert sorted({(s.fact["TC"], s.fact["TTC"]) for s in expand}) == [
-        (1, 0),
-        (2, 0),
-        (3, 0),
-        (4, 0),
-        (4, 1),
-        (4, 2),
-        (4, 3),
+    assert sorted({(s.fact["S"] > 0, s.fact["TTC"]) for s in expand}) == [
+        (False, 1),
+        (False, 2),
+        (False, 3),
+        (True, 0),
+        (True, 1),
+        (True, 2),
+        (True, 3),
     ]
     widths = sorted(s.fact["W"] for s, _ in specs.values() if s.kernel == "expand.compact_segments")
     assert widths == [1, 2, 4]
