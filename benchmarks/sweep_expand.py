@@ -43,7 +43,8 @@ def main() -> None:
         (launch,) = inline_expansion_launches(inline, out)
         fact = launch.spec.fact
         full = inline.geometry.full_col_tiles
-        tiles = [t for t in TILES_BY_STORE[fact["STORE"]] if fact["STORE"] < 8 or full % t == 0]
+        # narrow planes: one program holds every full tile; vector stores take any multiple of their words
+        tiles = (fact["CT"],) if fact["NARROW"] else sorted({*TILES_BY_STORE[fact["STORE"]], 16, 32})
         for ct, warps in itertools.product(tiles, (1, 2, 4, 8)):
             spec = ProgramSpec.of(launch.spec.kernel, launch.spec.version, **{**fact, "CT": ct, "num_warps": warps})
             grid = (-(-full // ct), *launch.grid[1:])

@@ -104,7 +104,9 @@ def inline_expansion_launches(
     # one program per row block and run of full tiles; the run holding a row block's last full tiles also
     # decodes its tail tile, so one launch writes the whole plane
     full = geo.full_col_tiles
-    if store == widest and inline_narrow(geo.cols, out.data_ptr()):  # a program stores whole row blocks
+    if store == widest and inline_narrow(
+        geo.cols, out.data_ptr(), geo.rows, geo.row_group
+    ):  # a program stores whole row blocks
         tiles = inline_row_words(geo.cols)
         spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles, narrow=True)
         runs = 1

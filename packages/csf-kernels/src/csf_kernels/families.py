@@ -25,12 +25,13 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline_expansion_specs"]
 
-# full tiles per program by store width (bytes): 16-byte stores need 4 consecutive tiles of a row in one
-# thread, 8-byte stores 2; narrower stores take 8 tiles (32 bytes of each row) or 4 on planes without more
-TILES_BY_STORE = {16: (8, 4), 8: (2,), 4: (8, 4), 2: (8, 4), 1: (8, 4)}
-# warps by full tiles per program (eight 32-bit words per thread; two for tail-only planes); narrow planes
-# take 2 (sweeps, run 44: DS4.1 W2 38.8 us on 2 warps, 54.0 on 4, 80.0 on 8)
-_WARPS_BY_TILES = {8: 4, 4: 2, 2: 1, 1: 2}
+# full tiles per program by store width (bytes), preferred first: 16-byte stores need 4 consecutive tiles of
+# a row in one thread, 8-byte stores 2; 16 tiles give each row 64 bytes per program, so a write request to
+# the L2 carries two sectors (sweep, run 46: DS4.1 W13 34.9 us on 16 tiles, 38.5 on 8, 42.4 on 32)
+TILES_BY_STORE = {16: (16, 8, 4), 8: (2,), 4: (8, 4), 2: (8, 4), 1: (8, 4)}
+# warps by full tiles per program (eight 32-bit words per thread; 16 tiles: sixteen; two for tail-only
+# planes); narrow planes take 2 (sweeps, run 44: DS4.1 W2 38.8 us on 2 warps, 54.0 on 4, 80.0 on 8)
+_WARPS_BY_TILES = {16: 2, 8: 4, 4: 2, 2: 1, 1: 2}
 
 EXPAND_INLINE = TritonFamily(
     kernel="expand.inline_tiles",
@@ -89,22 +90,22 @@ def inline_store_bytes(cols: int, out_ptr: int = 0) -> int:
 
 
 def inline_tiles_per_program(full_tiles: int, store: int) -> int:
-    """Full tiles per program: a multiple of the store's words, dividing the plane's full tiles when the
-    store is wider than a word (those programs have no tile mask), at most 4 when the plane has no more."""
+    """Full tiles per program: the most the store width allows that the plane fills at least once (a
+    program past the plane's last tile is masked)."""
     choices = TILES_BY_STORE[store]
-    if store >= 8:
-        return next(t for t in choices if full_tiles % t == 0)
-    return choices[0] if full_tiles > choices[1] else choices[1]
+    return next((t for t in choices if t <= full_tiles), choices[-1])
 
 
 NARROW_COLS = 32  # planes at most this wide, with 2-byte aligned rows, store whole rows (see below)
 
 
-def inline_narrow(cols: int, out_ptr: int = 0) -> bool:
+def inline_narrow(cols: int, out_ptr: int = 0, rows: int = 2, row_group: int = 2) -> bool:
     """Whether a plane's program holds every full tile of a row block and stores them row by row: narrow
     planes whose rows are 2- but not 8-byte aligned (wider alignments take vector stores of their tile
-    words), at least one tile wide."""
-    return 4 <= cols <= NARROW_COLS and cols % 2 == 0 and cols % 8 != 0 and out_ptr % 2 == 0
+    words), at least one tile wide. Rows per expert and per row group must be even (programs store row
+    pairs)."""
+    even = rows % 2 == 0 and row_group % 2 == 0
+    return even and 4 <= cols <= NARROW_COLS and cols % 2 == 0 and cols % 8 != 0 and out_ptr % 4 == 0
 
 
 def inline_row_words(cols: int) -> int:

@@ -91,9 +91,8 @@ def _row_block(expert_ids, blocks_per_expert, blocks_per_group, row_group, rows_
 
 
 @triton.jit
-def _quad_bases(rb, base_ref, base_delta, DB: tl.constexpr):
-    """[32, 4, 1]: slot 4 q + k's row base replicated into the four bytes of a word."""
-    q = tl.arange(0, 32)[:, None, None]
+def _quad_bases(rb, q, base_ref, base_delta, DB: tl.constexpr):
+    """[Q, 4, 1]: slot 4 q + k's row base replicated into the four bytes of a word (``q``: [Q, 1, 1])."""
     k = tl.arange(0, 4)[None, :, None]
     if DB == 4:  # the quad's four base deltas: one 16-bit word
         deltas = tl.load(base_delta.to(tl.pointer_type(tl.int16)) + rb * 32 + q).to(tl.int32)
@@ -104,17 +103,16 @@ def _quad_bases(rb, base_ref, base_delta, DB: tl.constexpr):
 
 
 @triton.jit
-def _quad_rows(within):
-    """[32, 4, 1]: the row (within its row group) of slot 4 q + k: 64 half + 16 warp + quad + 8 pair."""
-    q = tl.arange(0, 32)[:, None, None]
+def _quad_rows(within, q):
+    """[Q, 4, 1]: the row (within its row group) of slot 4 q + k: 64 half + 16 warp + quad + 8 pair."""
     k = tl.arange(0, 4)[None, :, None]
     return within * 128 + 64 * (k >> 1) + 16 * (q >> 3) + (q & 7) + 8 * (k & 1)
 
 
 @triton.jit
-def _full_words(rb, c0, class_tiles, bases, records, raw, S: tl.constexpr, CT: tl.constexpr, MAXW: tl.constexpr):
-    """[32, 4, CT]: the words (slot 4 q + k, columns of tile c0 + t) of full tiles, before exceptions."""
-    q = tl.arange(0, 32)[:, None, None]
+def _full_words(rb, q, c0, class_tiles, bases, records, raw, S: tl.constexpr, CT: tl.constexpr,
+                MAXW: tl.constexpr):  # fmt: skip
+    """[Q, 4, CT]: the words (slot 4 q + k, columns of tile c0 + t) of full tiles, before exceptions."""
     k = tl.arange(0, 4)[None, :, None]
     ct = c0 + tl.arange(0, CT)[None, None, :]
     tile_ok = ct < class_tiles
@@ -148,10 +146,11 @@ def _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT: tl.conste
     """Store [32, 4, CT] words at their rows (``rows`` [32, 4, 1] within the group from ``row0``)."""
     ct = c0 + tl.arange(0, CT)[None, None, :]
     if STORE >= 8:
-        # the host gives these planes whole programs (class_tiles % CT == 0): no tile mask, so a thread's
-        # contiguous words of a row become one vector store
-        dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows) * ((cols // STORE) * (STORE // 4)) + ct
-        tl.store(dst, words, mask=ok)
+        # rows of STORE-byte multiples hold a multiple of STORE / 4 tiles: written so, the tile mask is
+        # constant over a vector, and a thread's contiguous words of a row become one vector store
+        vw: tl.constexpr = STORE // 4
+        dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows) * ((cols // STORE) * vw) + ct
+        tl.store(dst, words, mask=ok & (ct < (class_tiles // vw) * vw))
     elif STORE == 4:
         dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows) * (cols // 4) + ct
         tl.store(dst, words, mask=ok & (ct < class_tiles))
@@ -188,9 +187,40 @@ def _store_narrow_rows(words, t_words, out, row0, rows, ok, class_tiles, cols, C
 
 
 @triton.jit
-def _tail_words(th, trec, tail_raw, tail_S, bases, live, TTC: tl.constexpr):
-    """[32, 4, 1]: the tail tile's words (TTC columns in the low bytes) from its header ``th`` (scalar)."""
-    q = tl.arange(0, 32)[:, None, None]
+def _store_row_pairs(rb, within, row0, row_group, live, class_tiles, cols, th, trec, tail_S, base_ref, base_delta,
+                     records, raw, tail_raw, out, S: tl.constexpr, CT: tl.constexpr, MAXW: tl.constexpr,
+                     DB: tl.constexpr):  # fmt: skip
+    """Decode and store a whole row block of a narrow plane with a 2-column tail (rows of 4 * class_tiles
+    + 2 bytes, 2-byte aligned, at most 8 * CT + 2) as 32-bit words. Rows 2 m and 2 m + 1 are quads q and
+    q + 1 of the same slot k, and together one aligned run of 2 * class_tiles + 1 words: row A's tile
+    words, A's tail with B's first two columns, then B's tile words shifted by half a word (decoded a
+    second time one tile on, B's tail last). Lanes along a pair's words and then along consecutive pairs
+    write whole consecutive row pairs: stored a tile word at a time, 18-byte rows put one partial L2
+    sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth)."""
+    qa = 2 * tl.arange(0, 16)[:, None, None]  # row A of each pair (even rows)
+    qb = qa + 1
+    ba = _quad_bases(rb, qa, base_ref, base_delta, DB)
+    bb = _quad_bases(rb, qb, base_ref, base_delta, DB)
+    wa = _full_words(rb, qa, 0, class_tiles, ba, records, raw, S, CT, MAXW)
+    wb = _full_words(rb, qb, 0, class_tiles, bb, records, raw, S, CT, MAXW)
+    wb_next = _full_words(rb, qb, 1, class_tiles, bb, records, raw, S, CT, MAXW)
+    wb_first = _full_words(rb, qb, 0, class_tiles, bb, records, raw, S, 1, MAXW)
+    ta = _tail_words(th, trec, tail_raw, tail_S, qa, ba, live, 2)
+    tb = _tail_words(th, trec, tail_raw, tail_S, qb, bb, live, 2)
+    t = tl.arange(0, CT)[None, None, :]
+    wb_next = tl.where(t == class_tiles - 1, tb, wb_next)
+    rows_a = _quad_rows(within, qa)
+    ok = live & (rows_a < row_group) & (t < class_tiles)  # row groups are even: pairs are whole
+    # a pair's first word: row0 and rows_a are even
+    dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows_a) // 2 * (cols // 2)
+    tl.store(dst + t, wa, mask=ok)
+    tl.store(dst + class_tiles, (ta & 0xFFFF) | (wb_first << 16), mask=live & (rows_a < row_group))
+    tl.store(dst + class_tiles + 1 + t, ((wb >> 16) & 0xFFFF) | (wb_next << 16), mask=ok)
+
+
+@triton.jit
+def _tail_words(th, trec, tail_raw, tail_S, q, bases, live, TTC: tl.constexpr):
+    """[Q, 4, 1]: the tail tile's words (TTC columns in the low bytes) from its header ``th`` (scalar)."""
     k = tl.arange(0, 4)[None, :, None]
     t_raw = (th & 3) == 3
     width = tl.where(t_raw, 1, 1 << (th & 3))
@@ -273,12 +303,15 @@ def expand_inline_tiles(
     rb, within, row0, live = _row_block(expert_ids, blocks_per_expert, blocks_per_group, row_group,
                                         rows_per_expert, num_experts)  # fmt: skip
     c0 = tl.program_id(0) * CT
-    bases = _quad_bases(rb, base_ref, base_delta, DB)
-    rows = _quad_rows(within)
+    q = tl.arange(0, 32)[:, None, None]
+    bases = _quad_bases(rb, q, base_ref, base_delta, DB)
+    rows = _quad_rows(within, q)
     ok = live & (rows < row_group)
     # every load first: full-tile words, their exception entries, the tail's words and first entries
+    PAIRS: tl.constexpr = NARROW > 0 and TTC == 2  # narrow rows with a 2-column tail: stored as row pairs
     if S > 0:
-        words = _full_words(rb, c0, class_tiles, bases, records, raw, S, CT, MAXW)
+        if not PAIRS:
+            words = _full_words(rb, q, c0, class_tiles, bases, records, raw, S, CT, MAXW)
         i = tl.arange(0, CT * EC)
         et = c0 + i // EC
         et_ok = et < class_tiles
@@ -290,12 +323,16 @@ def expand_inline_tiles(
         t_live = live & (c0 + CT >= class_tiles)  # the program holding the row block's last full tiles
         trec = tail_records + rb * tail_S
         th = tl.load(trec.to(tl.pointer_type(tl.int32)) + (tail_S // 4 - 1), mask=t_live, other=3)
-        t_words = _tail_words(th, trec, tail_raw, tail_S, bases, t_live, TTC)
+        if not PAIRS:
+            t_words = _tail_words(th, trec, tail_raw, tail_S, q, bases, t_live, TTC)
         te = tl.arange(0, TAIL_ENTRIES)
         t_off, t_val, t_ok = _exception_entries(trec, th, te, t_live, within, row0, row_group, cols,
                                                 4 * class_tiles, tail_S, TTC, 0)  # fmt: skip
     # phase one
-    if NARROW:
+    if PAIRS:
+        _store_row_pairs(rb, within, row0, row_group, live, class_tiles, cols, th, trec, tail_S, base_ref,
+                         base_delta, records, raw, tail_raw, out, S, CT, MAXW, DB)  # fmt: skip
+    elif NARROW:
         _store_narrow_rows(words, t_words if TTC > 0 else words, out, row0, rows, ok, class_tiles, cols, CT, TTC,
                            NARROW)  # fmt: skip
     else:
