@@ -30,8 +30,15 @@ __all__ = ["EXPAND_INLINE", "FAMILIES", "TritonFamily", "catalog_specs", "inline
 # the L2 carries two sectors (sweep, run 46: DS4.1 W13 34.9 us on 16 tiles, 38.5 on 8, 42.4 on 32)
 TILES_BY_STORE = {16: (16, 8, 4), 8: (2,), 4: (8, 4), 2: (8, 4), 1: (8, 4)}
 # warps by full tiles per program (eight 32-bit words per thread; 16 tiles: sixteen; two for tail-only
-# planes); narrow planes take 2 (sweeps, run 44: DS4.1 W2 38.8 us on 2 warps, 54.0 on 4, 80.0 on 8)
+# planes)
 _WARPS_BY_TILES = {16: 2, 8: 4, 4: 2, 2: 1, 1: 2}
+
+
+def _narrow_warps(tail_cols: int) -> int:
+    """Narrow planes: row pairs (2-column tails) on one warp (sweep, run 49: DS4.1 W2 34.1 us on 1, 36.0 on
+    2, 61.5 on 4), rows of halves on two (run 44: 38.8 us on 2, 54.0 on 4)."""
+    return 1 if tail_cols == 2 else 2
+
 
 EXPAND_INLINE = TritonFamily(
     kernel="expand.inline_tiles",
@@ -150,7 +157,7 @@ def inline_class_spec(
         DB=DELTA_BITS[fmt.name],
         STORE=store,
         NARROW=_pow2(2 * tiles + -(-tail_cols // 2)) if narrow else 0,  # halves a row may need
-        num_warps=num_warps or (2 if narrow else _WARPS_BY_TILES[tiles]),
+        num_warps=num_warps or (_narrow_warps(tail_cols) if narrow else _WARPS_BY_TILES[tiles]),
     )
 
 

@@ -115,7 +115,7 @@ def _full_words(rb, q, c0, class_tiles, bases, records, raw, S: tl.constexpr, CT
     """[Q, 4, CT]: the words (slot 4 q + k, columns of tile c0 + t) of full tiles, before exceptions."""
     k = tl.arange(0, 4)[None, :, None]
     ct = c0 + tl.arange(0, CT)[None, None, :]
-    tile_ok = ct < class_tiles
+    tile_ok = (ct >= 0) & (ct < class_tiles)
     # records are 16-byte aligned and S is a multiple of 16: the header is one aligned 32-bit word
     rec32 = records.to(tl.pointer_type(tl.int32)) + (rb * class_tiles + tl.where(tile_ok, ct, 0)) * (S // 4)
     h = tl.load(rec32 + (S // 4 - 1), mask=tile_ok, other=0)
@@ -191,31 +191,33 @@ def _store_row_pairs(rb, within, row0, row_group, live, class_tiles, cols, th, t
                      records, raw, tail_raw, out, S: tl.constexpr, CT: tl.constexpr, MAXW: tl.constexpr,
                      DB: tl.constexpr):  # fmt: skip
     """Decode and store a whole row block of a narrow plane with a 2-column tail (rows of 4 * class_tiles
-    + 2 bytes, 2-byte aligned, at most 8 * CT + 2) as 32-bit words. Rows 2 m and 2 m + 1 are quads q and
+    + 2 bytes, 2-byte aligned, class_tiles <= CT) as 32-bit words. Rows 2 m and 2 m + 1 are quads q and
     q + 1 of the same slot k, and together one aligned run of 2 * class_tiles + 1 words: row A's tile
-    words, A's tail with B's first two columns, then B's tile words shifted by half a word (decoded a
-    second time one tile on, B's tail last). Lanes along a pair's words and then along consecutive pairs
-    write whole consecutive row pairs: stored a tile word at a time, 18-byte rows put one partial L2
-    sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth)."""
+    words, then A's tail with B's first two columns and B's words shifted by half a word (B decoded
+    twice, a tile apart). Two stores per pair, each a contiguous run: stored a tile word at a time,
+    18-byte rows put one partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM
+    bandwidth)."""
     qa = 2 * tl.arange(0, 16)[:, None, None]  # row A of each pair (even rows)
     qb = qa + 1
     ba = _quad_bases(rb, qa, base_ref, base_delta, DB)
     bb = _quad_bases(rb, qb, base_ref, base_delta, DB)
-    wa = _full_words(rb, qa, 0, class_tiles, ba, records, raw, S, CT, MAXW)
-    wb = _full_words(rb, qb, 0, class_tiles, bb, records, raw, S, CT, MAXW)
-    wb_next = _full_words(rb, qb, 1, class_tiles, bb, records, raw, S, CT, MAXW)
-    wb_first = _full_words(rb, qb, 0, class_tiles, bb, records, raw, S, 1, MAXW)
     ta = _tail_words(th, trec, tail_raw, tail_S, qa, ba, live, 2)
     tb = _tail_words(th, trec, tail_raw, tail_S, qb, bb, live, 2)
-    t = tl.arange(0, CT)[None, None, :]
-    wb_next = tl.where(t == class_tiles - 1, tb, wb_next)
+    wa = _full_words(rb, qa, 0, class_tiles, ba, records, raw, S, CT, MAXW)
+    # the pair's words from class_tiles on, t = 0..class_tiles: (A's tail | B's word 0 << 16), then B's
+    # words shifted by half a word, (B[t - 1] >> 16) | (B[t] << 16), B's tail as word class_tiles
+    t = tl.arange(0, 2 * CT)[None, None, :]
+    b_prev = _full_words(rb, qb, -1, class_tiles, bb, records, raw, S, 2 * CT, MAXW)
+    b_this = tl.where(t == class_tiles, tb, _full_words(rb, qb, 0, class_tiles, bb, records, raw, S, 2 * CT, MAXW))
+    b_prev = tl.where(t == 0, ta, b_prev)  # t = 0: A's tail takes the low half
+    joined = (b_prev >> tl.where(t == 0, 0, 16)) & 0xFFFF | (b_this << 16)
     rows_a = _quad_rows(within, qa)
-    ok = live & (rows_a < row_group) & (t < class_tiles)  # row groups are even: pairs are whole
+    ok = live & (rows_a < row_group)  # row groups are even: pairs are whole
     # a pair's first word: row0 and rows_a are even
     dst = out.to(tl.pointer_type(tl.int32)) + (row0 + rows_a) // 2 * (cols // 2)
-    tl.store(dst + t, wa, mask=ok)
-    tl.store(dst + class_tiles, (ta & 0xFFFF) | (wb_first << 16), mask=live & (rows_a < row_group))
-    tl.store(dst + class_tiles + 1 + t, ((wb >> 16) & 0xFFFF) | (wb_next << 16), mask=ok)
+    tw = tl.arange(0, CT)[None, None, :]
+    tl.store(dst + tw, wa, mask=ok & (tw < class_tiles))
+    tl.store(dst + class_tiles + t, joined, mask=ok & (t <= class_tiles))
 
 
 @triton.jit
