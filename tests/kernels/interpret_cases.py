@@ -27,10 +27,18 @@ def cases(seed: int):
     yield clustered_plane((2, 300, 40), seed=seed + 4, exception_rate=0.02), "mxfp4", 150, None, None
     # narrower than one tile: the tail tile alone
     yield clustered_plane((3, 260, 3), seed=seed + 5, exception_rate=0.1), "mxfp4", None, None, None
+    # narrow without a tail: rows stored as 16-bit halves
+    yield clustered_plane((2, 136, 12), seed=seed + 10, exception_rate=0.05), "mxfp4", None, None, None
     # narrow, but an odd number of rows per expert: stored tile by tile, not by row pairs
     yield clustered_plane((2, 131, 10), seed=seed + 9, exception_rate=0.05), "mxfp4", None, None, None
     # 16-byte stores: 8 full tiles per program, and 4 with 2-bit selectors (records of 160 bytes)
     # narrow rows stored whole: 3 full tiles and a tail (its half right after them), NVFP4
-    yield clustered_plane((2, 136, 14), seed=seed + 8, exception_rate=0.05, window=4, spread=1), "nvfp4", 68, None, None
+    yield (
+        clustered_plane((2, 136, 14), seed=seed + 8, exception_rate=0.05, window=4, spread=1),
+        "nvfp4",
+        None,
+        None,
+        None,
+    )
     yield clustered_plane((2, 140, 64), seed=seed + 6, exception_rate=0.02), "mxfp4", None, None, None
     yield clustered_plane((2, 130, 48), seed=seed + 7, exception_rate=0.2, window=4), "mxfp4", 65, None, 160
