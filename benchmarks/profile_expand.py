@@ -7,24 +7,24 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from csf_codec import MXFP4, encode_inline
-from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_expand import layer_planes
+
 from csf_kernels import runtime
 from csf_kernels.expand import expand_inline
-
-PLANES = {"w13": ((384, 1152, 160), 576), "w2": ((384, 5120, 18), None)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--plane", choices=sorted(PLANES), default="w13")
-    shape, group = PLANES[ap.parse_args().plane]
+    ap.add_argument("--plane", choices=("w13", "w2"), default="w13")
+    proj = ap.parse_args().plane
     runtime.freeze()
-    plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
-    inline = encode_inline(plane, MXFP4, row_group=group)
+    plane, inline = layer_planes()[1][proj]  # the planes bench_expand times
     out = torch.empty_like(plane)
     expand_inline(inline, out)
     torch.cuda.synchronize()

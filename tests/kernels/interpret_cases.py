@@ -31,8 +31,7 @@ def cases(seed: int):
     yield clustered_plane((2, 136, 12), seed=seed + 10, exception_rate=0.05), "mxfp4", None, None, None
     # narrow, but an odd number of rows per expert: stored tile by tile, not by row pairs
     yield clustered_plane((2, 131, 10), seed=seed + 9, exception_rate=0.05), "mxfp4", None, None, None
-    # 16-byte stores: 8 full tiles per program, and 4 with 2-bit selectors (records of 160 bytes)
-    # narrow rows stored whole: 3 full tiles and a tail (its half right after them), NVFP4
+    # narrow rows stored as row pairs: 3 full tiles and a tail, NVFP4
     yield (
         clustered_plane((2, 136, 14), seed=seed + 8, exception_rate=0.05, window=4, spread=1),
         "nvfp4",
@@ -40,5 +39,6 @@ def cases(seed: int):
         None,
         None,
     )
+    # 16-byte stores: 16 full tiles per program, and 8 (one program masked) with 2-bit selectors (160 bytes)
     yield clustered_plane((2, 140, 64), seed=seed + 6, exception_rate=0.02), "mxfp4", None, None, None
     yield clustered_plane((2, 130, 48), seed=seed + 7, exception_rate=0.2, window=4), "mxfp4", 65, None, 160

@@ -15,14 +15,7 @@ from csf_codec import InlineScales
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import (
-    compact_spec,
-    inline_class_spec,
-    inline_narrow,
-    inline_row_words,
-    inline_store_bytes,
-    inline_tiles_per_program,
-)
+from .families import compact_spec, inline_narrow, inline_plane_spec, inline_store_bytes
 
 __all__ = [
     "BoundExpansion",
@@ -102,20 +95,11 @@ def inline_expansion_launches(
     if store is None or store > widest or store not in (1, 2, 4, 8, 16):
         store = widest
     # one program per row block and run of full tiles; the run holding a row block's last full tiles also
-    # decodes its tail tile, so one launch writes the whole plane
+    # decodes its tail tile, so one launch writes the whole plane (narrow planes: one run holds them all)
     full = geo.full_col_tiles
-    if store == widest and inline_narrow(
-        geo.cols, out.data_ptr(), geo.rows, geo.row_group
-    ):  # a program stores whole row blocks
-        tiles = inline_row_words(geo.cols)
-        spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles, narrow=True)
-        runs = 1
-    elif full:
-        tiles = inline_tiles_per_program(full, store)
-        spec = inline_class_spec(inline.fmt, inline.record_bytes, geo.tail_cols, store, tiles)
-        runs = -(-full // tiles)
-    else:
-        spec, runs = inline_class_spec(inline.fmt, 0, geo.tail_cols, store), 1
+    narrow = store == widest and inline_narrow(geo.cols, out.data_ptr(), geo.rows, geo.row_group)
+    spec = inline_plane_spec(inline.fmt, inline.record_bytes, geo.cols, store, narrow)
+    runs = max(1, -(-full // spec.fact["CT"]))
     tail_bytes = inline.tail_record_bytes if geo.tail_cols else 0
     if blocks_per_expert > 65535 or experts.numel() > 65535:
         raise ValueError(f"expand_inline: {blocks_per_expert} row blocks x {experts.numel()} experts exceed the grid")

@@ -161,18 +161,25 @@ def inline_class_spec(
     )
 
 
+def inline_plane_spec(fmt: ScaleFormat, record_bytes: int, cols: int, store: int, narrow: bool) -> ProgramSpec:
+    """The expansion program of a plane of ``cols`` scale columns whose full tiles have records of
+    ``record_bytes``, stored ``store`` bytes at a time; ``narrow``: see :func:`inline_narrow` (the caller
+    knows the rows and the output pointer)."""
+    full, tail = divmod(cols, TILE_COLS)
+    if not full:
+        return inline_class_spec(fmt, 0, tail, store)
+    if narrow:
+        return inline_class_spec(fmt, record_bytes, tail, store, inline_row_words(cols), narrow=True)
+    return inline_class_spec(fmt, record_bytes, tail, store, inline_tiles_per_program(full, store))
+
+
 def inline_expansion_specs(fmt: ScaleFormat, cols: int) -> list[ProgramSpec]:
     """Every record size a plane with ``cols`` scale columns may have chosen (assuming an aligned output
     plane, as torch allocates it)."""
-    full, tail = divmod(cols, TILE_COLS)
-    store = inline_store_bytes(cols)
-    if full and inline_narrow(cols):
-        tiles = inline_row_words(cols)
-        return [inline_class_spec(fmt, s, tail, store, tiles, narrow=True) for s in record_bytes_choices(fmt)]
-    if not full:
-        return [inline_class_spec(fmt, 0, tail, store)]
-    tiles = inline_tiles_per_program(full, store)
-    return [inline_class_spec(fmt, s, tail, store, tiles) for s in record_bytes_choices(fmt, TILE_COLS)]
+    store, narrow = inline_store_bytes(cols), inline_narrow(cols)
+    if cols < TILE_COLS:
+        return [inline_plane_spec(fmt, 0, cols, store, narrow)]
+    return [inline_plane_spec(fmt, s, cols, store, narrow) for s in record_bytes_choices(fmt, TILE_COLS)]
 
 
 # the store widths a plane's rows allow, by its tail columns (cols % 4): odd tails leave odd-length rows
