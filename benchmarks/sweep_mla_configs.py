@@ -1,6 +1,6 @@
 """Decode-config sweep of sparse MLA on the GPU (development: unfrozen, JIT-compiles variants).
 
-    python3 benchmarks/sweep_mla_configs.py --out FILE [--reps 20]
+    python3 benchmarks/sweep_mla_configs.py --out FILE [--reps 20] [--configs 64/8/1/1,16/4/1/2 | --catalog]
 
 Times each candidate (heads per program, warps) at FlashMLA's benchmark configurations (CUDA-graph
 replays, L2 flushed) and checks each against the float32 reference on a few rows, so the catalog's
@@ -25,7 +25,7 @@ from timing import L2_FLUSH_BYTES, capture, replay_times
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference
 from csf_kernels import runtime
 from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
-from csf_kernels.mla_specs import DecodeConfig
+from csf_kernels.mla_specs import DecodeConfig, decode_config
 
 # head block, warps, stages, waves (programs per SM the split policy aims at); run 20 also tried
 # 32-candidate steps and a 128-register cap (both slower; see mla_specs.py)
@@ -34,11 +34,20 @@ CANDIDATES = [
     DecodeConfig(16, 8, 2, 1),
     DecodeConfig(16, 4, 1, 2),
     DecodeConfig(16, 4, 2, 2),
+    DecodeConfig(32, 4, 1, 2),
     DecodeConfig(32, 8, 1, 1),
     DecodeConfig(32, 8, 2, 1),
     DecodeConfig(64, 8, 1, 1),
-    DecodeConfig(64, 8, 2, 1),
+    DecodeConfig(64, 8, 1, 1, stage_query=True),
+    DecodeConfig(64, 8, 2, 1, stage_query=True),
 ]
+
+
+def _configs(text: str) -> list[DecodeConfig]:
+    """``64/8/1/1/1,16/4/1/2``: head block / warps / stages / waves [/ stage the query], comma-separated."""
+    return [DecodeConfig(*map(int, item.split("/"))) for item in text.split(",") if item]
+
+
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)
 
 
@@ -57,6 +66,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--configs", type=_configs, default=CANDIDATES, help="head/warps/stages/waves,...")
+    ap.add_argument("--catalog", action="store_true", help="only the catalog's config for each head count")
+    ap.add_argument("--label", default="", help="a name for this arm, kept in the JSON")
     a = ap.parse_args()
     runtime.unfreeze()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -66,10 +78,11 @@ def main() -> None:
         inputs = _inputs(batch, heads, s_q, gen)
         q, kv, indices, lengths = inputs
         want, _ = sparse_mla_reference(q[:4], kv, indices[:4], lengths[:4], 1.0 / HEAD_DIM**0.5)
-        for config in CANDIDATES:
+        for config in [decode_config(heads)] if a.catalog else a.configs:
             if heads % config.head_block:
                 continue
-            row = {"batch": batch, "heads": heads, "query_rows_per_element": s_q, "config": vars(config)}
+            row = {"arm": a.label, "batch": batch, "heads": heads, "query_rows_per_element": s_q}
+            row["config"] = vars(config)
             try:
                 row.update(time_config(config, heads, inputs, want, a.reps, flush))
             except Exception as exc:  # a config that does not compile or launch is a result too

@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from csf_attention import MLACaps, SparseMLADecoder, dequantize_records, pack_query, plan, sparse_mla_reference
-from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err
+from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from tests.interpreter import run_launch
 
 
@@ -81,6 +81,22 @@ def main(seed: int) -> None:
         z = mla_inputs(gen, rows=2, heads=heads, topk=128, pages=4, lengths=[128, 100], spread=spread)
         want = sparse_mla_reference(z.q, z.kv_cache, z.indices, z.lengths, z.sm_scale)
         check(f"spread {spread}", decode(MLACaps(heads=heads, max_rows=2, topk=128, sm_count=4), z), want, 1.5e-2)
+        cases += 1
+    # group scales 27 binades apart within a chunk: every latent group of the output keeps its accuracy
+    z = mla_inputs(gen, rows=2, heads=heads, topk=128, pages=4, lengths=[128, 100], scale_spread=True)
+    want = sparse_mla_reference(z.q, z.kv_cache, z.indices, z.lengths, z.sm_scale)
+    got = decode(MLACaps(heads=heads, max_rows=2, topk=128, sm_count=4), z)
+    check("scale spread", got, want, 1.5e-2)
+    worst = worst_group_err(got[0], want[0])
+    assert worst < 1.5e-2, f"scale spread: worst group rel err {worst:.3g}"
+    cases += 1
+    # 64-head programs (wgmma on the GPU) stage the query through the (poisoned) scratch
+    w = mla_inputs(gen, rows=2, heads=64, topk=128, pages=4, lengths=[128, 70])
+    want = sparse_mla_reference(w.q, w.kv_cache, w.indices, w.lengths, w.sm_scale)
+    for sms in (1, 4):
+        got = decode(MLACaps(heads=64, max_rows=2, topk=128, sm_count=sms), w)
+        assert got[2] == (1 if sms == 1 else 2)
+        check(f"64 heads, {got[2]} splits", got, want, 1.5e-2)
         cases += 1
     # the running maximum rises in the last of ten serial chunks (one split walks all ten)
     y = late_maximum_inputs(gen, heads=heads, chunks=10)

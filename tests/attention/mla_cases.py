@@ -20,13 +20,28 @@ class MLAInputs:
 
 
 def mla_inputs(
-    gen: torch.Generator, *, rows: int, heads: int, topk: int, pages: int, lengths: list[int], device="cpu", spread=1.0
+    gen: torch.Generator,
+    *,
+    rows: int,
+    heads: int,
+    topk: int,
+    pages: int,
+    lengths: list[int],
+    device="cpu",
+    spread=1.0,
+    scale_spread=False,
 ) -> MLAInputs:
     """Random records in every slot, random candidates (with skips: -1 and ids past the cache), and
-    queries whose logits have standard deviation about ``spread``."""
+    queries whose logits have standard deviation about ``spread``. ``scale_spread``: a record's four
+    latent groups 2**-4 apart (2**-12 from first to last) and records 2**0 to 2**-14 apart, so the group
+    scales span 27 binades across a chunk."""
     slots = pages * PAGE_SIZE
     kv = torch.empty(pages, PAGE_SIZE, RECORD_BYTES, dtype=torch.uint8)
     latent = torch.randn(slots, LATENT, generator=gen) * torch.rand(slots, 1, generator=gen) * 4
+    if scale_spread:
+        per_group = torch.tensor([1.0, 2.0**-4, 2.0**-8, 2.0**-12]).repeat_interleave(LATENT // 4)
+        per_record = torch.exp2(-torch.randint(0, 15, (slots, 1), generator=gen).float())
+        latent = latent * per_group[None, :] * per_record
     rope = torch.randn(slots, ROPE, generator=gen)
     write_kv(kv, torch.arange(slots), latent, rope)
     q = (torch.randn(rows, heads, HEAD_DIM, generator=gen) * 0.43 * spread).to(torch.bfloat16)  # logit std ~ spread
@@ -67,3 +82,8 @@ def late_maximum_inputs(gen: torch.Generator, *, heads: int, chunks: int, device
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def worst_group_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest relative error over the output's four 128-column latent groups, each on its own."""
+    return max(rel_err(got[..., g : g + 128], want[..., g : g + 128]) for g in range(0, LATENT, 128))

@@ -11,12 +11,12 @@ import torch
 from csf_attention import MLACaps, bind, dequantize_records, pack_query, plan, sparse_mla_reference, write_kv
 from csf_kernels.catalog import load_catalog
 from csf_kernels.mla_layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
-from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err
+from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from tests.cuda_graphs import replay_allocating_nothing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
-REL_TOL = 1.5e-2  # p rounds to bf16 before the value product, the output to bf16 once
+REL_TOL = 1.5e-2  # the output rounds to bf16 once; p to float16 (11 bits) before the value product
 CATALOG = load_catalog().sparse_mla
 
 
@@ -67,6 +67,18 @@ def test_adversarial_logit_spreads(spread):
                    device="cuda")  # fmt: skip
     want = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale)
     _check(_poisoned(_decoder(MLACaps(heads=64, max_rows=4, topk=2048)), x), want, f"spread {spread}")
+
+
+@pytest.mark.parametrize("heads", [16, 64])
+def test_group_scales_far_apart_keep_every_output_group_accurate(heads):
+    gen = torch.Generator().manual_seed(SEED)
+    x = mla_inputs(gen, rows=4, heads=heads, topk=2048, pages=64, lengths=[2048, 1000, 65, 1], scale_spread=True,
+                   device="cuda")  # fmt: skip
+    want = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale)
+    got = _poisoned(_decoder(MLACaps(heads=heads, max_rows=4, topk=2048)), x)
+    _check(got, want, "scale spread")
+    worst = worst_group_err(got[0], want[0])
+    assert worst < REL_TOL, f"seed {SEED}: scale spread, worst group rel err {worst:.3g}"
 
 
 def test_splits_agree_with_one_split_and_a_late_maximum_is_rescaled():

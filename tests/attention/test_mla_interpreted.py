@@ -13,4 +13,4 @@ pytest.importorskip("triton")
 
 
 def test_interpreted_decode_matches_the_reference_with_splits_sinks_packed_queries_and_a_late_maximum():
-    run_interpreted("tests.attention.interpret_mla", "ok 15", timeout=900)
+    run_interpreted("tests.attention.interpret_mla", "ok 18", timeout=900)

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 MLA_DECODE = TritonFamily(
-    kernel="mla.sparse_decode", version=1, module="csf_kernels.kernels.mla_decode", function="mla_decode", num_warps=8
+    kernel="mla.sparse_decode", version=2, module="csf_kernels.kernels.mla_decode", function="mla_decode", num_warps=8
 )
 MLA_MERGE = TritonFamily(
     kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
@@ -36,13 +36,16 @@ PARTIAL_DTYPES = ("float32", "bfloat16")
 class DecodeConfig:
     """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program,
     software-pipeline stages of the chunk loop (2: the next chunk's records gathered by ``cp.async``
-    while this one is computed), and the programs per SM the split policy aims at (``waves``: how many
-    fit beside each other at the program's register count)."""
+    while this one is computed), the programs per SM the split policy aims at (``waves``: how many
+    fit beside each other at the program's register count), and whether the float16 query goes through
+    a global round trip (``stage_query``: the wgmma programs' operand from shared memory, see
+    kernels/mla_decode.py)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
     num_stages: int = 1
     waves: int = 1
+    stage_query: bool = False
 
     def __post_init__(self):
         if (
@@ -62,7 +65,7 @@ class DecodeConfig:
 # capping registers at 128 for two 8-warp programs per SM (1.1-1.3x, spills), 2 pipeline stages except
 # for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere).
 _BY_HEAD_BLOCK = {
-    64: DecodeConfig(64, 8, 1, 1),
+    64: DecodeConfig(64, 8, 1, 1, stage_query=True),
     32: DecodeConfig(32, 8, 1, 1),
     16: DecodeConfig(16, 4, 1, 2),
 }
@@ -102,6 +105,7 @@ def decode_spec(
         DIRECT=int(direct),
         HAS_SINK=int(direct and sink),
         WRITE_LSE=int(direct and lse),
+        STAGE_Q=int(config.stage_query),
         num_warps=config.num_warps,
         **({"num_stages": config.num_stages} if config.num_stages != 1 else {}),
     )

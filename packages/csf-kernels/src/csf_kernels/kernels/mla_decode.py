@@ -3,12 +3,23 @@
 One program takes one query row, ``BH`` heads and one split of the row's live candidates. Candidates
 come in chunks of 64; the balanced policy gives split ``s`` of ``splits`` the chunks
 ``[s * cps, (s + 1) * cps)`` with ``cps = ceil(live_chunks / splits)``, so a short row still spreads over
-every split. Per chunk: gather the 64 records, dequantize the latent to bf16 (exact: E4M3 times a
-power of two), scores = q_latent . k_latent + q_rope . k_rope (float32), then an online softmax whose
-running maximum rescales both the normaliser and the accumulator whenever it rises. Each split writes its
-normalised output and log-sum-exp; ``mla_merge`` combines the splits. A candidate is skipped when its
-position is past the row's length, its index is negative, or it is not below ``num_slots``: nothing is
-read outside the cache.
+every split. Each split writes its normalised output and log-sum-exp; ``mla_merge`` combines the splits.
+A candidate is skipped when its position is past the row's length, its index is negative, or it is not
+below ``num_slots``: nothing is read outside the cache.
+
+Arithmetic (version 2). The tensor cores take the latent as float16: an E4M3 code converts to float16
+exactly, one instruction per two codes, in the MMA operand layout. A record's four power-of-two group
+scales are split into its largest, ``k_top``, kept out of the operands, and the ratios 2**(e_g - e_top) in
+[0, 1], multiplied into the codes (exact while a record's groups lie within 2**15 of each other). So
+- scores = (q16 . k16) * q_scale * k_top, with the query as float16 times a power of two per head (mode 0:
+  the bf16 values with the absmax brought to [2**14, 2**15), exact; modes 1 and 2: the query's own E4M3
+  codes and group scales, as a record's); every factor a power of two, so the scaling is exact;
+- acc += (p * k_top / chunk_top) as float16 . k16, with the accumulator counted in units of chunk_top,
+  the chunk's largest k_top (rescaled, exactly, when the unit changes), so the float16 probabilities lie
+  in [0, 1] (11 significant bits down to 2**-14) and the MMA accumulates in place. Exact while successive
+  chunks' units lie within 2**100 of each other (the float32 range).
+The rope part (bf16 in the record) is a bf16 product. Online softmax in float32: the running maximum
+rescales the normaliser and the accumulator whenever it rises.
 
 With one split per row (``DIRECT``) the program finishes the output itself with the merge's own helpers
 (``mla_finish``): the same bits as the float32-partial merge, without the partials' round trip.
@@ -16,6 +27,10 @@ With one split per row (``DIRECT``) the program finishes the output itself with 
 The query (``Q_MODE``): 0, bf16 as given; 1, bf16 quantized here the way the cache quantizes a record
 (E4M3 latent per 128 with a power-of-two scale from the absmax's bits); 2, already packed as 656-byte
 records (``csf_attention.pack_query``). Modes 1 and 2 give bit-identical outputs.
+
+``STAGE_Q`` (the 64-head wgmma programs): a query computed in registers becomes wgmma's register operand,
+64 x 512 float16 per warpgroup, and the program spills; written to ``q_stage`` and loaded back it is
+staged in shared memory like any loaded operand (measured: 2x slower without, run 53).
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ SIGNATURE = {
     "attn_sink": "*fp32",  # [heads] (DIRECT and HAS_SINK)
     "out": "*bf16",  # [rows, heads, 512] (DIRECT)
     "lse_out": "*fp32",  # [rows, heads] (DIRECT and WRITE_LSE)
+    "q_stage": "*fp16",  # [rows, heads, 512] (STAGE_Q): the float16 query latent's round trip
     "num_slots": "i64",
     "sm_scale": "fp32",
     "heads": "i32",
@@ -46,6 +62,7 @@ SIGNATURE = {
     "DIRECT": "constexpr",  # one split: finish here as mla_merge would (same instructions), no partials
     "HAS_SINK": "constexpr",
     "WRITE_LSE": "constexpr",
+    "STAGE_Q": "constexpr",
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
@@ -53,6 +70,7 @@ LATENT = tl.constexpr(512)
 ROPE = tl.constexpr(64)
 CHUNK = tl.constexpr(64)
 GROUP = tl.constexpr(128)
+GROUPS = tl.constexpr(4)
 RECORD = tl.constexpr(656)
 SCALE_AT = tl.constexpr(512)
 ROPE_AT = tl.constexpr(528)
@@ -60,34 +78,87 @@ QDIM = tl.constexpr(576)
 
 
 @triton.jit
-def _records(rec, live, N: tl.constexpr):
-    """Latent (bf16 [N, 512], exact) and rope (bf16 [N, 64]) of ``N`` records at ``rec`` (u8 pointers)."""
-    d = tl.arange(0, LATENT)
-    g = tl.arange(0, LATENT // GROUP)
-    r = tl.arange(0, ROPE)
-    lat8 = tl.load(rec[:, None] + d[None, :], mask=live[:, None], other=0)
-    scales = (rec + SCALE_AT).to(tl.pointer_type(tl.float32))
-    scale = tl.load(scales[:, None] + g[None, :], mask=live[:, None], other=0.0)
-    # E4M3 -> bf16 is exact, and so is the product with a power-of-two scale
-    lat = lat8.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-    lat = tl.reshape(lat, [N, LATENT // GROUP, GROUP]) * scale.to(tl.bfloat16)[:, :, None]
-    k = tl.reshape(lat, [N, LATENT])
-    ropes = (rec + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(ropes[:, None] + r[None, :], mask=live[:, None], other=0.0)
-    return k, rope
+def _pow2(e):
+    """2**e as float32 for integer e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _quantized(x, N: tl.constexpr):
-    """bf16 [N, 512] -> the same values quantized as a record's latent (E4M3 per 128, power-of-two
-    scale 2**e: the smallest with absmax / 2**e <= 448, absmax floored at 1e-4), dequantized exactly."""
-    g = tl.reshape(x.to(tl.float32), [N, LATENT // GROUP, GROUP])
-    bits = tl.maximum(tl.max(tl.abs(g), 2), 1e-4).to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    scale = ((127 + e) << 23).to(tl.float32, bitcast=True)
-    codes = (g * inv[:, :, None]).to(tl.float8e4nv)
-    return tl.reshape(codes.to(tl.bfloat16) * scale.to(tl.bfloat16)[:, :, None], [N, LATENT])
+def _exponent(x):
+    """The binary exponent of positive normal float32 ``x``."""
+    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _relative(codes, scales, live, N: tl.constexpr):
+    """E4M3 codes (float16 [N, 512]) with their group scales (float32 [N, 4], powers of two) as float16
+    relative to each row's largest scale, and that scale (float32 [N]; 0 where not ``live``). Times
+    2**(e_g - e_top) the codes stay exact while a row's group scales lie within 2**15 of each other
+    (beyond, the small groups keep fewer bits)."""
+    top = tl.max(scales, 1)
+    rel = tl.where(live[:, None], scales / tl.where(live, top, 1.0)[:, None], 0.0)  # powers of two in [0, 1]
+    lat = tl.reshape(codes, [N, GROUPS, GROUP]) * rel.to(tl.float16)[:, :, None]
+    return tl.reshape(lat, [N, LATENT]), tl.where(live, top, 0.0)
+
+
+@triton.jit
+def _latent(rec, live, N: tl.constexpr):
+    """The latent of ``N`` records at ``rec`` (u8 pointers) as ``_relative`` gives it. E4M3 codes convert
+    to float16 exactly, one instruction per two."""
+    d = tl.arange(0, LATENT)
+    g = tl.arange(0, GROUPS)
+    raw = tl.load(rec[:, None] + d[None, :], mask=live[:, None], other=0)
+    scales = tl.load((rec + SCALE_AT).to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=live[:, None],
+                     other=0.0)  # fmt: skip
+    return _relative(raw.to(tl.float8e4nv, bitcast=True).to(tl.float16), scales, live, N)
+
+
+@triton.jit
+def _rope(rec, live):
+    r = tl.arange(0, ROPE)
+    ropes = (rec + ROPE_AT).to(tl.pointer_type(tl.bfloat16))
+    return tl.load(ropes[:, None] + r[None, :], mask=live[:, None], other=0.0)
+
+
+@triton.jit
+def _query(q_row, q_rec, h, Q_MODE: tl.constexpr, BH: tl.constexpr):
+    """The query latent of heads ``h`` as float16 [BH, 512] and its power-of-two scale per head [BH]."""
+    if Q_MODE == 2:
+        lat, scale = _latent(q_rec, h >= 0, BH)
+    else:
+        d = tl.arange(0, LATENT)
+        x = tl.load(q_row[:, None] + d[None, :]).to(tl.float32)
+        if Q_MODE == 1:
+            # the record's quantization per group: 2**e, the smallest power of two with
+            # max(absmax, 1e-4) / 2**e <= 448; then as a record's latent
+            xg = tl.reshape(x, [BH, GROUPS, GROUP])
+            bits = tl.maximum(tl.max(tl.abs(xg), 2), 1e-4).to(tl.int32, bitcast=True)
+            e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
+            codes = tl.reshape((xg * _pow2(-e)[:, :, None]).to(tl.float8e4nv).to(tl.float16), [BH, LATENT])
+            lat, scale = _relative(codes, _pow2(e), h >= 0, BH)
+        else:
+            # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of
+            # it is a normal float16 (exact); an all-zero query keeps a finite exponent
+            e = _exponent(tl.maximum(tl.max(tl.abs(x), 1), 1e-30)) - 14
+            lat = (x * _pow2(-e)[:, None]).to(tl.float16)
+            scale = _pow2(e)
+    return lat, scale
+
+
+@triton.jit
+def _emit(o, row, h, s, splits, heads, part_out, out, w, total, PARTIAL_BF16: tl.constexpr,
+          DIRECT: tl.constexpr):  # fmt: skip
+    """Store the output (DIRECT: finished as the merge would) or the split's partial."""
+    d = tl.arange(0, LATENT)
+    if DIRECT:
+        res = finished(weighted(w[:, None], o), total[:, None])
+        tl.store(out + (row.to(tl.int64) * heads + h[:, None]) * LATENT + d[None, :], res.to(tl.bfloat16))
+    else:
+        at = ((row.to(tl.int64) * splits + s) * heads + h[:, None]) * LATENT + d[None, :]
+        if PARTIAL_BF16:
+            tl.store(part_out.to(tl.pointer_type(tl.bfloat16)) + at, o.to(tl.bfloat16))
+        else:
+            tl.store(part_out + at, o)
 
 
 @triton.jit
@@ -101,6 +172,7 @@ def mla_decode(
     attn_sink,
     out,
     lse_out,
+    q_stage,
     num_slots,
     sm_scale,
     heads,
@@ -112,6 +184,7 @@ def mla_decode(
     DIRECT: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    STAGE_Q: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -124,39 +197,53 @@ def mla_decode(
     c0 = s * cps
     c1 = tl.minimum(c0 + cps, live_chunks)
 
-    d = tl.arange(0, LATENT)
+    q_heads = row.to(tl.int64) * heads + h
+    q_rec = q.to(tl.pointer_type(tl.uint8)) + q_heads * RECORD  # Q_MODE 2
+    q_row = q + q_heads * QDIM  # Q_MODE 0 and 1
+    q_lat, q_scale = _query(q_row, q_rec, h, Q_MODE, BH)
+    if STAGE_Q:  # loaded from memory, wgmma reads the query from shared memory instead of 128 registers
+        staged = q_stage + q_heads[:, None] * LATENT + tl.arange(0, LATENT)[None, :]
+        tl.store(staged, q_lat)  # every split of the row writes the same bits
+        tl.debug_barrier()
+        q_lat = tl.load(staged)
     if Q_MODE == 2:
-        q_rec = q.to(tl.pointer_type(tl.uint8)) + (row.to(tl.int64) * heads + h) * RECORD
-        q_lat, q_rope = _records(q_rec, h >= 0, BH)
+        q_rope = _rope(q_rec, h >= 0)
     else:
-        q_row = q + (row.to(tl.int64) * heads + h[:, None]) * QDIM
-        q_lat = tl.load(q_row + d[None, :])
-        q_rope = tl.load(q_row + LATENT + tl.arange(0, ROPE)[None, :])
-        if Q_MODE == 1:
-            q_lat = _quantized(q_lat, BH)
+        q_rope = tl.load(q_row[:, None] + LATENT + tl.arange(0, ROPE)[None, :])
+
     m = tl.full([BH], float("-inf"), tl.float32)
     den = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, LATENT], tl.float32)
+    ref = 1.0  # the accumulator's unit: a power of two
     j = tl.arange(0, CHUNK)
     for c in range(c0, c1):
         pos = c * CHUNK + j
         idx = tl.load(indices + row.to(tl.int64) * topk + pos, mask=pos < n, other=-1)
         live = (pos < n) & (idx >= 0) & (idx.to(tl.int64) < num_slots)
         rec = kv + tl.where(live, idx, 0).to(tl.int64) * RECORD
-        k, rope = _records(rec, live, CHUNK)
-        sc = tl.dot(q_lat, tl.trans(k)) + tl.dot(q_rope, tl.trans(rope))
+        k, k_top = _latent(rec, live, CHUNK)
+        sc = tl.dot(q_lat, tl.trans(k)) * (q_scale[:, None] * k_top[None, :])  # powers of two: exact
+        sc += tl.dot(q_rope, tl.trans(_rope(rec, live)))
         sc = tl.where(live[None, :], sc * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
         alpha = tl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = tl.exp(sc - m_ref[:, None])
         den = den * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
+        # values k16 * k_top: the accumulator counts in units of the chunk's largest k_top (``ref``), so the
+        # float16 probabilities p * k_top / ref lie in [0, 1] and the MMA accumulates in place
+        chunk_top = tl.max(k_top, 0)
+        ref_new = tl.where(chunk_top > 0, chunk_top, ref)  # a chunk without live keys keeps the unit
+        p_rel = p * (k_top / ref_new)[None, :]
+        acc = tl.dot(p_rel.to(tl.float16), k, acc * (alpha * (ref / ref_new))[:, None])
+        ref = ref_new
         m = m_new
 
     has = den > 0
     lse = tl.where(has, m + tl.log(tl.where(has, den, 1.0)), float("-inf"))
-    o = acc / tl.where(has, den, 1.0)[:, None]
+    den_safe = tl.where(has, den, 1.0)[:, None]
+    w = lse
+    total = lse
     if DIRECT:  # the merge of this one split, by the merge's own helpers
         m_all = lse
         if HAS_SINK:
@@ -167,15 +254,8 @@ def mla_decode(
         total = w
         if HAS_SINK:
             total = w + tl.exp(sink - m_fin)
-        res = finished(weighted(w[:, None], o), total[:, None])
-        tl.store(out + (row.to(tl.int64) * heads + h[:, None]) * LATENT + d[None, :], res.to(tl.bfloat16))
         if WRITE_LSE:
             tl.store(lse_out + row.to(tl.int64) * heads + h, keys_lse(w, m_fin))
     else:
-        slot = row.to(tl.int64) * splits + s
-        at = (slot * heads + h[:, None]) * LATENT + d[None, :]
-        if PARTIAL_BF16:
-            tl.store(part_out.to(tl.pointer_type(tl.bfloat16)) + at, o.to(tl.bfloat16))
-        else:
-            tl.store(part_out + at, o)
-        tl.store(part_lse + slot * heads + h, lse)
+        tl.store(part_lse + (row.to(tl.int64) * splits + s) * heads + h, lse)
+    _emit(acc * ref / den_safe, row, h, s, splits, heads, part_out, out, w, total, PARTIAL_BF16, DIRECT)
