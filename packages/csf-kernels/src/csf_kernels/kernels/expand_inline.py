@@ -167,21 +167,17 @@ def _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT: tl.conste
 
 
 @triton.jit
-def _store_narrow_rows(words, t_words, out, row0, rows, ok, class_tiles, cols, CT: tl.constexpr,
-                       TTC: tl.constexpr, HALVES: tl.constexpr):  # fmt: skip
-    """Store a whole row block of a narrow plane (rows 2- but not 8-byte aligned, of at most ``HALVES``
-    16-bit halves; every full tile in this program) from ``words`` [32, 4, CT] and the tail's
-    ``t_words`` [32, 4, 1] as halves, lanes along a row's halves and then along consecutive rows (the quad index), so
-    a store instruction writes consecutive whole rows. Stored a tile word at a time, 18-byte rows put
-    one partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth)."""
+def _store_narrow_rows(words, out, row0, rows, ok, cols, CT: tl.constexpr, HALVES: tl.constexpr):
+    """Store a whole row block of a narrow plane without a tail (rows 4- but not 8-byte aligned, of at
+    most ``HALVES`` = 2 * CT 16-bit halves; every full tile in this program) from ``words`` [32, 4, CT]
+    as halves, lanes along a row's halves and then along consecutive rows (the quad index), so a store
+    instruction writes consecutive whole rows. Stored a tile word at a time, 18-byte rows put one
+    partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth). Narrow rows
+    with a tail take ``_store_row_pairs``."""
+    tl.static_assert(HALVES == 2 * CT, "a narrow program's tiles hold its whole rows")
     w = tl.permute(words, (1, 0, 2))  # [k, q, t]: the quad index (consecutive rows) next to the columns
     halves = tl.reshape(tl.join(w & 0xFFFF, (w >> 16) & 0xFFFF), [4, 32, 2 * CT])
     u = tl.arange(0, 2 * CT)[None, None, :]
-    if HALVES > 2 * CT:  # room for the tail: the row's halves [2 CT, 4 CT)
-        halves = tl.reshape(tl.permute(tl.join(halves, tl.zeros_like(halves)), (0, 1, 3, 2)), [4, 32, 4 * CT])
-        u = tl.arange(0, 4 * CT)[None, None, :]
-    if TTC > 0:  # the tail's two columns: one half, after the full tiles'
-        halves = tl.where(u == 2 * class_tiles, tl.permute(t_words, (1, 0, 2)) & 0xFFFF, halves)
     dst = out.to(tl.pointer_type(tl.int16)) + (row0 + tl.permute(rows, (1, 0, 2))) * (cols // 2) + u
     tl.store(dst, halves.to(tl.int16), mask=tl.permute(ok, (1, 0, 2)) & (2 * u < cols))
 
@@ -335,8 +331,8 @@ def expand_inline_tiles(
         _store_row_pairs(rb, within, row0, row_group, live, class_tiles, cols, th, trec, tail_S, base_ref,
                          base_delta, records, raw, tail_raw, out, S, CT, MAXW, DB)  # fmt: skip
     elif NARROW:
-        _store_narrow_rows(words, t_words if TTC > 0 else words, out, row0, rows, ok, class_tiles, cols, CT, TTC,
-                           NARROW)  # fmt: skip
+        tl.static_assert(TTC == 0, "narrow planes with a tail are stored as row pairs")
+        _store_narrow_rows(words, out, row0, rows, ok, cols, CT, NARROW)
     else:
         if S > 0:
             _store_full(words, out, row0, rows, ok, c0, class_tiles, cols, CT, STORE)
