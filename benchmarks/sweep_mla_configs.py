@@ -1,6 +1,6 @@
 """Decode-config sweep of sparse MLA on the GPU (development: unfrozen, JIT-compiles variants).
 
-    python3 benchmarks/sweep_mla_configs.py --out FILE [--reps 20] [--configs 64/8/1/1,16/4/1/2 | --catalog]
+    python3 benchmarks/sweep_mla_configs.py --out FILE [--reps 20] [--configs 64/8/1/1/bf16,16/4/1/2 | --catalog]
 
 Times each candidate (heads per program, warps) at FlashMLA's benchmark configurations (CUDA-graph
 replays, L2 flushed) and checks each against the float32 reference on a few rows, so the catalog's
@@ -27,25 +27,28 @@ from csf_kernels import runtime
 from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
 from csf_kernels.mla_specs import DecodeConfig, decode_config
 
-# head block, warps, stages, waves (programs per SM the split policy aims at); run 20 also tried
-# 32-candidate steps and a 128-register cap (both slower; see mla_specs.py)
+# head block, warps, stages, waves (programs per SM the split policy aims at), operand type; runs 19-20
+# also tried 2 stages, 32-candidate steps and a 128-register cap (all slower; see mla_specs.py)
 CANDIDATES = [
-    DecodeConfig(16, 8, 1, 1),
-    DecodeConfig(16, 8, 2, 1),
     DecodeConfig(16, 4, 1, 2),
-    DecodeConfig(16, 4, 2, 2),
-    DecodeConfig(32, 4, 1, 2),
+    DecodeConfig(16, 4, 1, 2, operand="bfloat16"),
+    DecodeConfig(16, 8, 1, 1),
     DecodeConfig(32, 8, 1, 1),
-    DecodeConfig(32, 8, 2, 1),
-    DecodeConfig(64, 8, 1, 1),
-    DecodeConfig(64, 8, 1, 1, stage_query=True),
-    DecodeConfig(64, 8, 2, 1, stage_query=True),
+    DecodeConfig(32, 8, 1, 1, operand="bfloat16"),
+    DecodeConfig(64, 8, 1, 1, operand="bfloat16"),
+    DecodeConfig(64, 16, 1, 1, operand="bfloat16"),
 ]
+OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
-    """``64/8/1/1/1,16/4/1/2``: head block / warps / stages / waves [/ stage the query], comma-separated."""
-    return [DecodeConfig(*map(int, item.split("/"))) for item in text.split(",") if item]
+    """``64/8/1/1/bf16,16/4/1/2``: head block / warps / stages / waves [/ f16 or bf16], comma-separated."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        fields = item.split("/")
+        operand = {"operand": OPERAND_NAMES[fields[4]]} if len(fields) > 4 else {}
+        configs.append(DecodeConfig(*map(int, fields[:4]), **operand))
+    return configs
 
 
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)

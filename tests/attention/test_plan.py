@@ -43,16 +43,6 @@ def test_scratch_holds_the_partials_of_every_row_count():
         off, size = p.scratch.part_lse
         assert off % 256 == 0 and off >= p.scratch.part_out[1] and size == slots * 32 * 4
         assert p.scratch.nbytes >= off + size
-        assert p.scratch.q_stage[1] == 0  # mma.sync programs keep their query in registers
-
-
-def test_scratch_stages_the_query_of_wgmma_programs_past_the_partials():
-    p = plan(MLACaps(heads=128, max_rows=96, topk=2048))
-    assert p.config.head_block == 64 and p.config.stage_query
-    off, size = p.scratch.q_stage
-    assert size == 96 * 128 * VALUE_DIM * 2  # float16 [max_rows, heads, 512]
-    assert off % 256 == 0 and off >= p.scratch.part_lse[0] + p.scratch.part_lse[1]
-    assert p.scratch.nbytes >= off + size
 
 
 @pytest.mark.parametrize(

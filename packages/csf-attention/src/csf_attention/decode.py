@@ -38,12 +38,6 @@ class SparseMLADecoder:
         lse = self.scratch[off : off + rows * splits * caps.heads * 4].view(torch.float32)
         return out, lse.view(rows * splits, caps.heads)
 
-    def _q_stage(self, rows: int) -> torch.Tensor | None:
-        off, size = self.plan.scratch.q_stage
-        if not size:
-            return None
-        return self.scratch[off : off + rows * self.plan.caps.heads * VALUE_DIM * 2].view(torch.float16)
-
     def launches(self, q, kv_cache, indices, lengths, sm_scale, attn_sink, out, lse) -> list[Launch]:
         """The programs one call runs (unbound: the runtime binds them; tests may interpret them)."""
         caps = self.plan.caps
@@ -56,8 +50,7 @@ class SparseMLADecoder:
             raise ValueError(f"out must be contiguous bf16 [{rows}, {caps.heads}, {VALUE_DIM}]")
         splits = self.plan.splits_for(rows)
         kw = {"sm_scale": sm_scale, "splits": splits, "config": self.plan.config, "partial_dtype": caps.partial_dtype,
-              "quantize_query": caps.quantize_query, "placeholder": placeholder(q.device),
-              "q_stage": self._q_stage(rows)}  # fmt: skip
+              "quantize_query": caps.quantize_query, "placeholder": placeholder(q.device)}  # fmt: skip
         if splits == 1 and caps.direct_single_split:  # the decode finishes the output: no partials, no merge
             unused = kw["placeholder"]  # no partials
             return [decode_launch(q, kv_cache, indices, lengths, unused, unused, out=out, lse=lse, attn_sink=attn_sink,

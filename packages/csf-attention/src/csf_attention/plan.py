@@ -2,8 +2,8 @@
 
 The plan fixes the head block, how many splits a call with ``rows`` query rows gets (the balanced
 policy: enough programs for ``waves`` waves over ``sm_count`` SMs, at most one 64-candidate chunk per
-split at the widest), the scratch layout for the split partials (and the staged query), and every
-program a bound decoder may launch, so ``bind`` can resolve them all up front.
+split at the widest), the scratch layout for the split partials, and every program a bound decoder may
+launch, so ``bind`` can resolve them all up front.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ class MLAScratch:
 
     part_out: tuple[int, int]  # (offset, bytes): [slots, heads, 512] partial outputs
     part_lse: tuple[int, int]  # (offset, bytes): [slots, heads] float32 partial log-sum-exps
-    q_stage: tuple[int, int]  # (offset, bytes): [max_rows, heads, 512] float16 query (configs that stage it)
     slots: int  # rows * splits, at most, over every row count the plan admits
     nbytes: int
 
@@ -92,7 +91,7 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
     if caps.heads % config.head_block:
         raise ValueError(f"{caps.heads} heads do not split into blocks of {config.head_block}")
     max_splits = caps.topk // CHUNK
-    draft = MLAPlan(caps, config, max_splits, MLAScratch((0, 0), (0, 0), (0, 0), 0, 0), ())
+    draft = MLAPlan(caps, config, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
     # partials only for calls that merge: with direct single splits, those with more than one split
     merging = [r for r in range(1, caps.max_rows + 1) if not (caps.direct_single_split and draft.splits_for(r) == 1)]
     slots = max((r * draft.splits_for(r) for r in merging), default=0)
@@ -100,10 +99,7 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
     out_bytes = slots * caps.heads * VALUE_DIM * esize
     lse_at = -(-out_bytes // _ALIGN) * _ALIGN
     lse_bytes = slots * caps.heads * 4
-    q_at = lse_at + -(-lse_bytes // _ALIGN) * _ALIGN
-    q_bytes = caps.max_rows * caps.heads * VALUE_DIM * 2 if config.stage_query else 0
-    end = q_at + -(-q_bytes // _ALIGN) * _ALIGN
-    scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), (q_at, q_bytes), slots, end)
+    scratch = MLAScratch((0, out_bytes), (lse_at, lse_bytes), slots, lse_at + -(-lse_bytes // _ALIGN) * _ALIGN)
     options = [(sink, lse) for sink in (False, True) for lse in (False, True)]
     queries = ("bf16_quantized" if caps.quantize_query else "bf16", "packed")
     programs = [decode_spec(config, caps.partial_dtype, query) for query in queries]

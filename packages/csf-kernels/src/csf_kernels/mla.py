@@ -61,13 +61,11 @@ def decode_launch(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
-    q_stage: torch.Tensor | None = None,
 ) -> Launch:
     """The decode program over ``splits`` splits per row; partials [rows * splits, heads, 512] and lse
     [rows * splits, heads] (views of the caller's scratch). A uint8 ``q`` is a packed query;
     ``quantize_query`` quantizes a bf16 one in-kernel the same way (bit-identical results). With ``out``
-    given (one split only) the program writes the finished output (and ``lse``) itself, as the merge would.
-    ``q_stage``: float16 scratch of at least rows * heads * 512 elements, for configs that stage the query."""
+    given (one split only) the program writes the finished output (and ``lse``) itself, as the merge would."""
     rows, heads = q.shape[0], q.shape[1]
     want = (rows * splits, heads, VALUE_DIM)
     direct = out is not None
@@ -81,17 +79,11 @@ def decode_launch(
     bh = config.head_block
     if heads % bh:
         raise ValueError(f"{heads} heads do not split into blocks of {bh}")
-    if config.stage_query:
-        need = rows * heads * VALUE_DIM
-        if q_stage is None or q_stage.dtype != torch.float16 or q_stage.numel() < need or not q_stage.is_contiguous():
-            got = None if q_stage is None else (q_stage.dtype, q_stage.numel())
-            raise ValueError(f"config {config} needs a contiguous float16 q_stage of {need} elements, got {got}")
     num_slots = kv_cache.numel() // RECORD_BYTES
     spec = decode_spec(config, partial_dtype, query_form(q, quantize_query), direct=direct,
                        sink=attn_sink is not None, lse=lse is not None)  # fmt: skip
     args = (q, kv_cache, indices, lengths, part_out, part_lse, _or(attn_sink, placeholder), _or(out, placeholder),
-            _or(lse, placeholder), _or(q_stage, placeholder), num_slots, float(sm_scale), heads, indices.shape[1],
-            splits)  # fmt: skip
+            _or(lse, placeholder), num_slots, float(sm_scale), heads, indices.shape[1], splits)  # fmt: skip
     return Launch(spec, (rows * (heads // bh), splits), args)
 
 

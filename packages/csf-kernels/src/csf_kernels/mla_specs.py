@@ -14,6 +14,7 @@ from .programs import ProgramSpec, TritonFamily
 __all__ = [
     "MLA_DECODE",
     "MLA_MERGE",
+    "OPERANDS",
     "PARTIAL_DTYPES",
     "QUERY_MODES",
     "DecodeConfig",
@@ -30,6 +31,7 @@ MLA_MERGE = TritonFamily(
     kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
 )
 PARTIAL_DTYPES = ("float32", "bfloat16")
+OPERANDS = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -37,22 +39,22 @@ class DecodeConfig:
     """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program,
     software-pipeline stages of the chunk loop (2: the next chunk's records gathered by ``cp.async``
     while this one is computed), the programs per SM the split policy aims at (``waves``: how many
-    fit beside each other at the program's register count), and whether the float16 query goes through
-    a global round trip (``stage_query``: the wgmma programs' operand from shared memory, see
-    kernels/mla_decode.py)."""
+    fit beside each other at the program's register count), and the MMA operands' type (``operand``:
+    float16 codes with the scales kept apart, or bf16 scaled latents; see kernels/mla_decode.py)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
     num_stages: int = 1
     waves: int = 1
-    stage_query: bool = False
+    operand: str = "float16"
 
     def __post_init__(self):
         if (
             self.head_block not in (16, 32, 64)
-            or self.num_warps not in (4, 8)
+            or self.num_warps not in (4, 8, 16)
             or self.num_stages not in (1, 2)
             or self.waves not in (1, 2, 3, 4)
+            or self.operand not in OPERANDS
         ):
             raise ValueError(f"unsupported decode config {self}")
 
@@ -65,7 +67,7 @@ class DecodeConfig:
 # capping registers at 128 for two 8-warp programs per SM (1.1-1.3x, spills), 2 pipeline stages except
 # for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere).
 _BY_HEAD_BLOCK = {
-    64: DecodeConfig(64, 8, 1, 1, stage_query=True),
+    64: DecodeConfig(64, 8, 1, 1, operand="bfloat16"),
     32: DecodeConfig(32, 8, 1, 1),
     16: DecodeConfig(16, 4, 1, 2),
 }
@@ -105,7 +107,7 @@ def decode_spec(
         DIRECT=int(direct),
         HAS_SINK=int(direct and sink),
         WRITE_LSE=int(direct and lse),
-        STAGE_Q=int(config.stage_query),
+        F16=int(config.operand == "float16"),
         num_warps=config.num_warps,
         **({"num_stages": config.num_stages} if config.num_stages != 1 else {}),
     )

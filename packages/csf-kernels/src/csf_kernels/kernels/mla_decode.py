@@ -7,19 +7,23 @@ every split. Each split writes its normalised output and log-sum-exp; ``mla_merg
 A candidate is skipped when its position is past the row's length, its index is negative, or it is not
 below ``num_slots``: nothing is read outside the cache.
 
-Arithmetic (version 2). The tensor cores take the latent as float16: an E4M3 code converts to float16
-exactly, one instruction per two codes, in the MMA operand layout. A record's four power-of-two group
-scales are split into its largest, ``k_top``, kept out of the operands, and the ratios 2**(e_g - e_top) in
-[0, 1], multiplied into the codes (exact while a record's groups lie within 2**15 of each other). So
-- scores = (q16 . k16) * q_scale * k_top, with the query as float16 times a power of two per head (mode 0:
-  the bf16 values with the absmax brought to [2**14, 2**15), exact; modes 1 and 2: the query's own E4M3
-  codes and group scales, as a record's); every factor a power of two, so the scaling is exact;
-- acc += (p * k_top / chunk_top) as float16 . k16, with the accumulator counted in units of chunk_top,
-  the chunk's largest k_top (rescaled, exactly, when the unit changes), so the float16 probabilities lie
-  in [0, 1] (11 significant bits down to 2**-14) and the MMA accumulates in place. Exact while successive
-  chunks' units lie within 2**100 of each other (the float32 range).
-The rope part (bf16 in the record) is a bf16 product. Online softmax in float32: the running maximum
-rescales the normaliser and the accumulator whenever it rises.
+Operands (``F16``, chosen per head block by measurement, ``mla_specs``). Online softmax in float32
+either way: the running maximum rescales the normaliser and the accumulator whenever it rises; the
+rope part (bf16 in the record) is a bf16 product.
+- bf16 (``F16`` 0; the 64-head wgmma programs): the latent as E4M3 -> bf16 times its group scale, both
+  exact; the query as given (a loaded operand, which wgmma reads from shared memory).
+- float16 (``F16`` 1; the 16- and 32-head mma.sync programs): an E4M3 code converts to float16 exactly,
+  one instruction per two, in the MMA operand layout. A record's four power-of-two group scales split
+  into its largest, ``k_top``, kept out of the operands, and the ratios 2**(e_g - e_top) in [0, 1]
+  multiplied into the codes (exact while a record's groups lie within 2**15 of each other). Scores =
+  (q16 . k16) * q_scale * k_top, the query as float16 times a power of two per head (mode 0: the bf16
+  values with the absmax brought to [2**14, 2**15), exact; modes 1 and 2: the query's own E4M3 codes
+  and group scales); the value product (p * k_top / unit) as float16 . k16 with the accumulator counted
+  in units of the chunk's largest k_top (rescaled exactly when the unit changes, while successive
+  chunks' units lie within 2**100 of each other), so the probabilities lie in [0, 1] (11 significant
+  bits down to 2**-14) and the MMA accumulates in place. A computed (not loaded) query would be wgmma's
+  register operand, 64 x 512 per warpgroup, and spill: the reason the 64-head programs keep bf16
+  (run 54: 1.3-1.4x slower in float16 even with the query staged through memory).
 
 With one split per row (``DIRECT``) the program finishes the output itself with the merge's own helpers
 (``mla_finish``): the same bits as the float32-partial merge, without the partials' round trip.
@@ -27,10 +31,6 @@ With one split per row (``DIRECT``) the program finishes the output itself with 
 The query (``Q_MODE``): 0, bf16 as given; 1, bf16 quantized here the way the cache quantizes a record
 (E4M3 latent per 128 with a power-of-two scale from the absmax's bits); 2, already packed as 656-byte
 records (``csf_attention.pack_query``). Modes 1 and 2 give bit-identical outputs.
-
-``STAGE_Q`` (the 64-head wgmma programs): a query computed in registers becomes wgmma's register operand,
-64 x 512 float16 per warpgroup, and the program spills; written to ``q_stage`` and loaded back it is
-staged in shared memory like any loaded operand (measured: 2x slower without, run 53).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ SIGNATURE = {
     "attn_sink": "*fp32",  # [heads] (DIRECT and HAS_SINK)
     "out": "*bf16",  # [rows, heads, 512] (DIRECT)
     "lse_out": "*fp32",  # [rows, heads] (DIRECT and WRITE_LSE)
-    "q_stage": "*fp16",  # [rows, heads, 512] (STAGE_Q): the float16 query latent's round trip
     "num_slots": "i64",
     "sm_scale": "fp32",
     "heads": "i32",
@@ -62,7 +61,7 @@ SIGNATURE = {
     "DIRECT": "constexpr",  # one split: finish here as mla_merge would (same instructions), no partials
     "HAS_SINK": "constexpr",
     "WRITE_LSE": "constexpr",
-    "STAGE_Q": "constexpr",
+    "F16": "constexpr",  # float16 operands (1) or bf16 (0)
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
@@ -102,15 +101,28 @@ def _relative(codes, scales, live, N: tl.constexpr):
 
 
 @triton.jit
-def _latent(rec, live, N: tl.constexpr):
-    """The latent of ``N`` records at ``rec`` (u8 pointers) as ``_relative`` gives it. E4M3 codes convert
-    to float16 exactly, one instruction per two."""
+def _scaled(codes, scales, N: tl.constexpr):
+    """bf16 [N, 512]: E4M3 codes (bf16) times their group scales (float32 [N, 4]), exact."""
+    lat = tl.reshape(codes, [N, GROUPS, GROUP]) * scales.to(tl.bfloat16)[:, :, None]
+    return tl.reshape(lat, [N, LATENT])
+
+
+@triton.jit
+def _latent(rec, live, N: tl.constexpr, F16: tl.constexpr):
+    """The latent of ``N`` records at ``rec`` (u8 pointers): float16 as ``_relative`` gives it, or bf16
+    scaled (``_scaled``, with a unit scale of 1)."""
     d = tl.arange(0, LATENT)
     g = tl.arange(0, GROUPS)
     raw = tl.load(rec[:, None] + d[None, :], mask=live[:, None], other=0)
     scales = tl.load((rec + SCALE_AT).to(tl.pointer_type(tl.float32))[:, None] + g[None, :], mask=live[:, None],
                      other=0.0)  # fmt: skip
-    return _relative(raw.to(tl.float8e4nv, bitcast=True).to(tl.float16), scales, live, N)
+    codes = raw.to(tl.float8e4nv, bitcast=True)
+    if F16:
+        lat, top = _relative(codes.to(tl.float16), scales, live, N)
+    else:
+        lat = _scaled(codes.to(tl.bfloat16), scales, N)
+        top = tl.full([N], 1.0, tl.float32)
+    return lat, top
 
 
 @triton.jit
@@ -121,27 +133,34 @@ def _rope(rec, live):
 
 
 @triton.jit
-def _query(q_row, q_rec, h, Q_MODE: tl.constexpr, BH: tl.constexpr):
-    """The query latent of heads ``h`` as float16 [BH, 512] and its power-of-two scale per head [BH]."""
+def _query(q_row, q_rec, h, Q_MODE: tl.constexpr, BH: tl.constexpr, F16: tl.constexpr):
+    """The query latent of heads ``h`` as the operand type [BH, 512] and its power-of-two scale per head
+    [BH] (1 for bf16)."""
     if Q_MODE == 2:
-        lat, scale = _latent(q_rec, h >= 0, BH)
+        lat, scale = _latent(q_rec, h >= 0, BH, F16)
     else:
         d = tl.arange(0, LATENT)
-        x = tl.load(q_row[:, None] + d[None, :]).to(tl.float32)
+        x = tl.load(q_row[:, None] + d[None, :])
+        scale = tl.full([BH], 1.0, tl.float32)
         if Q_MODE == 1:
             # the record's quantization per group: 2**e, the smallest power of two with
             # max(absmax, 1e-4) / 2**e <= 448; then as a record's latent
-            xg = tl.reshape(x, [BH, GROUPS, GROUP])
+            xg = tl.reshape(x.to(tl.float32), [BH, GROUPS, GROUP])
             bits = tl.maximum(tl.max(tl.abs(xg), 2), 1e-4).to(tl.int32, bitcast=True)
             e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
-            codes = tl.reshape((xg * _pow2(-e)[:, :, None]).to(tl.float8e4nv).to(tl.float16), [BH, LATENT])
-            lat, scale = _relative(codes, _pow2(e), h >= 0, BH)
-        else:
+            codes = tl.reshape((xg * _pow2(-e)[:, :, None]).to(tl.float8e4nv), [BH, LATENT])
+            if F16:
+                lat, scale = _relative(codes.to(tl.float16), _pow2(e), h >= 0, BH)
+            else:
+                lat = _scaled(codes.to(tl.bfloat16), _pow2(e), BH)
+        elif F16:
             # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of
             # it is a normal float16 (exact); an all-zero query keeps a finite exponent
-            e = _exponent(tl.maximum(tl.max(tl.abs(x), 1), 1e-30)) - 14
-            lat = (x * _pow2(-e)[:, None]).to(tl.float16)
+            e = _exponent(tl.maximum(tl.max(tl.abs(x.to(tl.float32)), 1), 1e-30)) - 14
+            lat = (x.to(tl.float32) * _pow2(-e)[:, None]).to(tl.float16)
             scale = _pow2(e)
+        else:
+            lat = x  # loaded, not computed: wgmma reads it from shared memory
     return lat, scale
 
 
@@ -172,7 +191,6 @@ def mla_decode(
     attn_sink,
     out,
     lse_out,
-    q_stage,
     num_slots,
     sm_scale,
     heads,
@@ -184,7 +202,7 @@ def mla_decode(
     DIRECT: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    STAGE_Q: tl.constexpr,
+    F16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -200,12 +218,7 @@ def mla_decode(
     q_heads = row.to(tl.int64) * heads + h
     q_rec = q.to(tl.pointer_type(tl.uint8)) + q_heads * RECORD  # Q_MODE 2
     q_row = q + q_heads * QDIM  # Q_MODE 0 and 1
-    q_lat, q_scale = _query(q_row, q_rec, h, Q_MODE, BH)
-    if STAGE_Q:  # loaded from memory, wgmma reads the query from shared memory instead of 128 registers
-        staged = q_stage + q_heads[:, None] * LATENT + tl.arange(0, LATENT)[None, :]
-        tl.store(staged, q_lat)  # every split of the row writes the same bits
-        tl.debug_barrier()
-        q_lat = tl.load(staged)
+    q_lat, q_scale = _query(q_row, q_rec, h, Q_MODE, BH, F16)
     if Q_MODE == 2:
         q_rope = _rope(q_rec, h >= 0)
     else:
@@ -214,15 +227,17 @@ def mla_decode(
     m = tl.full([BH], float("-inf"), tl.float32)
     den = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, LATENT], tl.float32)
-    ref = 1.0  # the accumulator's unit: a power of two
+    unit = 1.0  # the accumulator's unit (float16 operands): a power of two
     j = tl.arange(0, CHUNK)
     for c in range(c0, c1):
         pos = c * CHUNK + j
         idx = tl.load(indices + row.to(tl.int64) * topk + pos, mask=pos < n, other=-1)
         live = (pos < n) & (idx >= 0) & (idx.to(tl.int64) < num_slots)
         rec = kv + tl.where(live, idx, 0).to(tl.int64) * RECORD
-        k, k_top = _latent(rec, live, CHUNK)
-        sc = tl.dot(q_lat, tl.trans(k)) * (q_scale[:, None] * k_top[None, :])  # powers of two: exact
+        k, k_top = _latent(rec, live, CHUNK, F16)
+        sc = tl.dot(q_lat, tl.trans(k))
+        if F16:
+            sc = sc * (q_scale[:, None] * k_top[None, :])  # powers of two: exact
         sc += tl.dot(q_rope, tl.trans(_rope(rec, live)))
         sc = tl.where(live[None, :], sc * sm_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, 1))
@@ -230,13 +245,17 @@ def mla_decode(
         alpha = tl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = tl.exp(sc - m_ref[:, None])
         den = den * alpha + tl.sum(p, 1)
-        # values k16 * k_top: the accumulator counts in units of the chunk's largest k_top (``ref``), so the
-        # float16 probabilities p * k_top / ref lie in [0, 1] and the MMA accumulates in place
-        chunk_top = tl.max(k_top, 0)
-        ref_new = tl.where(chunk_top > 0, chunk_top, ref)  # a chunk without live keys keeps the unit
-        p_rel = p * (k_top / ref_new)[None, :]
-        acc = tl.dot(p_rel.to(tl.float16), k, acc * (alpha * (ref / ref_new))[:, None])
-        ref = ref_new
+        if F16:
+            # values k16 * k_top: the accumulator counts in units of the chunk's largest k_top, so the
+            # float16 probabilities p * k_top / unit lie in [0, 1]
+            chunk_top = tl.max(k_top, 0)
+            unit_new = tl.where(chunk_top > 0, chunk_top, unit)  # a chunk without live keys keeps the unit
+            acc = tl.dot(
+                (p * (k_top / unit_new)[None, :]).to(tl.float16), k, acc * (alpha * (unit / unit_new))[:, None]
+            )
+            unit = unit_new
+        else:
+            acc = tl.dot(p.to(tl.bfloat16), k, acc * alpha[:, None])
         m = m_new
 
     has = den > 0
@@ -258,4 +277,4 @@ def mla_decode(
             tl.store(lse_out + row.to(tl.int64) * heads + h, keys_lse(w, m_fin))
     else:
         tl.store(part_lse + (row.to(tl.int64) * splits + s) * heads + h, lse)
-    _emit(acc * ref / den_safe, row, h, s, splits, heads, part_out, out, w, total, PARTIAL_BF16, DIRECT)
+    _emit(acc * unit / den_safe, row, h, s, splits, heads, part_out, out, w, total, PARTIAL_BF16, DIRECT)
