@@ -65,7 +65,9 @@ class DecodeConfig:
 # gain a little from two 4-warp programs per SM. Tried and slower (run 20): walking a chunk 32
 # candidates a step (1.3-2x: the per-step latency chain, not the record registers, bounds a program),
 # capping registers at 128 for two 8-warp programs per SM (1.1-1.3x, spills), 2 pipeline stages except
-# for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere).
+# for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere). Operands (run 55, side by side):
+# float16 0.81-0.92x the bf16 time on the mma.sync blocks (16, 32); on the 64-head wgmma block float16
+# is 1.3-2x slower (runs 53-54: the computed query spills as a register operand), so it keeps bf16.
 _BY_HEAD_BLOCK = {
     64: DecodeConfig(64, 8, 1, 1, operand="bfloat16"),
     32: DecodeConfig(32, 8, 1, 1),
