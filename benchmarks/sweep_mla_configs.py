@@ -31,6 +31,7 @@ from csf_kernels.mla_specs import DecodeConfig, decode_config
 # also tried 2 stages, 32-candidate steps and a 128-register cap (all slower; see mla_specs.py)
 CANDIDATES = [
     DecodeConfig(16, 4, 1, 2),
+    DecodeConfig(16, 4, 1, 2, regroup=True),
     DecodeConfig(16, 4, 1, 2, operand="bfloat16"),
     DecodeConfig(16, 8, 1, 1),
     DecodeConfig(32, 8, 1, 1),
@@ -42,12 +43,15 @@ OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
-    """``64/8/1/1/bf16,16/4/1/2``: head block / warps / stages / waves [/ f16 or bf16], comma-separated."""
+    """``64/8/1/1/bf16,16/4/1/2/f16/r``: head block / warps / stages / waves [/ f16 or bf16 [/ r: regroup]],
+    comma-separated."""
     configs = []
     for item in filter(None, text.split(",")):
         fields = item.split("/")
-        operand = {"operand": OPERAND_NAMES[fields[4]]} if len(fields) > 4 else {}
-        configs.append(DecodeConfig(*map(int, fields[:4]), **operand))
+        extra = {"operand": OPERAND_NAMES[fields[4]]} if len(fields) > 4 else {}
+        if len(fields) > 5:
+            extra["regroup"] = fields[5] == "r"
+        configs.append(DecodeConfig(*map(int, fields[:4]), **extra))
     return configs
 
 
