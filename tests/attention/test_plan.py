@@ -11,7 +11,7 @@ from csf_attention import MLACaps, SparseMLADecoder, plan
 from csf_kernels.catalog import load_catalog
 from csf_kernels.families import catalog_specs
 from csf_kernels.mla_layout import VALUE_DIM
-from csf_kernels.mla_specs import DecodeConfig
+from csf_kernels.mla_specs import DecodeConfig, decode_config
 from tests.attention.mla_cases import mla_inputs
 
 
@@ -59,6 +59,18 @@ def test_scratch_holds_the_partials_of_every_row_count():
 def test_unsupported_capabilities_are_refused(caps, match):
     with pytest.raises(ValueError, match=match):
         plan(caps)
+
+
+@pytest.mark.parametrize("bad", [{"operand": "float8"}, {"head_block": 128}, {"num_warps": 2}])
+def test_unsupported_decode_configs_are_refused(bad):
+    with pytest.raises(ValueError, match="unsupported decode config"):
+        DecodeConfig(**bad)
+
+
+def test_catalog_configs_use_the_measured_operands():
+    assert decode_config(128).operand == decode_config(64).operand == "bfloat16"  # wgmma: a loaded query
+    assert decode_config(32).operand == decode_config(16).operand == "float16"  # mma.sync
+    assert decode_config(16).regroup and not decode_config(32).regroup  # 4-warp programs only
 
 
 def test_every_catalog_plan_uses_only_cataloged_programs():
