@@ -156,8 +156,9 @@ def _query(q_row, q_rec, h, Q_MODE: tl.constexpr, BH: tl.constexpr, F16: tl.cons
             # the record's quantization per group: 2**e, the smallest power of two with
             # max(absmax, 1e-4) / 2**e <= 448; then as a record's latent
             xg = tl.reshape(x.to(tl.float32), [BH, GROUPS, GROUP])
-            bits = tl.maximum(tl.max(tl.abs(xg), 2), 1e-4).to(tl.int32, bitcast=True)
-            e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
+            absmax = tl.maximum(tl.max(tl.abs(xg), 2), 1e-4)
+            mantissa = absmax.to(tl.int32, bitcast=True) & 0x7FFFFF
+            e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(tl.int32)  # 448 = 1.75 * 2**8
             codes = tl.reshape((xg * _pow2(-e)[:, :, None]).to(tl.float8e4nv), [BH, LATENT])
             if F16:
                 lat, scale = _relative(codes.to(tl.float16), _pow2(e), h >= 0, BH)
