@@ -56,14 +56,17 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
     routed = torch.randperm(geo.experts, generator=g)[:48].to(torch.int32).cuda()  # 8 tokens x top-6
     scopes = [("layer", None, tuple(planes)), ("routed_48_experts", routed, tuple(planes))]
     scopes += [(f"{p}_only", None, (p,)) for p in planes]
-    for form in ("inline", "compact"):
+    # the inline form by both engines side by side (CuTe row images, Triton tiles), then the compact form
+    for form, engine in (("inline", "cute"), ("inline", "triton"), ("compact", None)):
         for scope, ids, projs in scopes:
 
-            def run(form=form, ids=ids, projs=projs):
+            def run(form=form, engine=engine, ids=ids, projs=projs):
                 for _proj in projs:
                     _, inline, tables = planes[_proj]
-                    storage = inline if form == "inline" else tables
-                    (expand_inline if form == "inline" else expand_compact)(storage, outs[_proj], experts=ids)
+                    if form == "inline":
+                        expand_inline(inline, outs[_proj], experts=ids, engine=engine)
+                    else:
+                        expand_compact(tables, outs[_proj], experts=ids)
 
             for o in outs.values():
                 o.fill_(0xAB)
@@ -98,6 +101,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
             results.append(
                 {
                     "form": form,
+                    "engine": engine,
                     "scope": scope,
                     "bit_exact": bool(exact),
                     "bytes_read": read * frac,
@@ -109,7 +113,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
                 }
             )
             print(
-                f"expand {form:8s} {scope:18s} {med * 1e6:8.1f} us  {moved / med / 1e9:7.0f} GB/s  "
+                f"expand {form:8s} {engine or '':6s} {scope:18s} {med * 1e6:8.1f} us  {moved / med / 1e9:7.0f} GB/s  "
                 f"{moved / med / 1e9 / copy_gbps:5.1%} of copy  exact={exact}",
                 flush=True,
             )
@@ -161,14 +165,17 @@ def launch_overhead(calls: int) -> dict:
     res["csf_expand_inline_bind_and_launch_us"] = (t1 - t0) / calls * 1e6
     from csf_kernels.expand import bind_expand_inline, inline_expansion_launches
 
-    bound = bind_expand_inline(inline, out, experts=ids)
-    t0 = time.perf_counter()
-    for _ in range(calls):
+    for engine in ("cute", "triton"):
+        bound = bind_expand_inline(inline, out, experts=ids, engine=engine)
         bound()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    res["csf_bound_launch_us"] = (t1 - t0) / calls * 1e6
-    (launch,) = inline_expansion_launches(inline, out, experts=ids)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            bound()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[f"csf_bound_launch_{engine}_us"] = (t1 - t0) / calls * 1e6
+    (launch,) = inline_expansion_launches(inline, out, experts=ids, engine="triton")
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
         from csf_kernels.kernels.expand_inline import SIGNATURE, expand_inline_tiles

@@ -40,7 +40,7 @@ def main() -> None:
     rows = []
     for proj, (plane, inline) in layer_planes()[1].items():
         out = torch.empty_like(plane)
-        (launch,) = inline_expansion_launches(inline, out)
+        (launch,) = inline_expansion_launches(inline, out, engine="triton")
         fact = launch.spec.fact
         full = inline.geometry.full_col_tiles
         # narrow planes: one program holds every full tile; vector stores take any multiple of their words

@@ -22,6 +22,15 @@ def cases(seed: int):
         None,
     )
     yield clustered_plane((300, 33), seed=seed + 3, exception_rate=0.01), "mxfp4", None, None, None
+    # row blocks whose first byte is not 16-byte aligned (100 rows of 18 columns): the CuTe expander's
+    # partial first and last chunks, with padding ids
+    yield (
+        special_rows(clustered_plane((4, 100, 18), seed=seed + 11, exception_rate=0.05), seed=seed),
+        "mxfp4",
+        None,
+        torch.tensor([3, 1, 4, -2, 0], dtype=torch.int32),
+        None,
+    )
     yield torch.randint(0, 256, (2, 64, 9), generator=g).to(torch.uint8), "nvfp4", None, None, None
     # whole 4-column tiles only (K a multiple of 128): 8-byte stores, 2 tiles per program
     yield clustered_plane((2, 300, 40), seed=seed + 4, exception_rate=0.02), "mxfp4", 150, None, None

@@ -26,7 +26,7 @@ from .interpret_cases import cases
 
 def expand_interpreted(inline, out, experts, store=None):
     """The runtime's own launches (programs, grids, arguments), run by the interpreter."""
-    for launch in inline_expansion_launches(inline, out, experts=experts, store=store):
+    for launch in inline_expansion_launches(inline, out, experts=experts, store=store, engine="triton"):
         # the interpreter cannot take empty pointers (planes without raw tiles)
         args = tuple(
             a if not (torch.is_tensor(a) and a.numel() == 0) else torch.zeros(1, dtype=a.dtype) for a in launch.args

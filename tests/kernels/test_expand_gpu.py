@@ -16,7 +16,8 @@ from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import expand_compact, expand_inline, inline_expansion_launches
+from csf_kernels.expand import ENGINES, expand_compact, expand_inline, inline_expansion_launches
+from csf_kernels.families import row_image_layout
 from tests.cuda_graphs import replay_allocating_nothing
 
 from .interpret_cases import cases
@@ -45,11 +46,12 @@ def test_expansion_of_the_shared_cases(seed):
         gpu = plane.cuda()
         num = plane.shape[0] if plane.dim() == 3 else 1
         ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "inline-bytes", "compact"):
+        for form in ("inline", "inline-triton", "inline-bytes", "compact"):
             out = torch.full_like(gpu, POISON)
-            if form == "inline":
+            if form in ("inline", "inline-triton"):  # "inline": the CuTe row expander where it covers the plane
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
-                expand_inline(inline, out, experts=ids.to(torch.int32).cuda())
+                engine = "auto" if form == "inline" else "triton"
+                expand_inline(inline, out, experts=ids.to(torch.int32).cuda(), engine=engine)
             elif form == "inline-bytes":  # byte stores: the masked, unvectorised path
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
                 for launch in inline_expansion_launches(inline, out, experts=ids.cuda(), store=1):
@@ -78,18 +80,24 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
     gpu = plane.cuda()
     inline = encode_inline(gpu, fmt, row_group=group)
     compact = compact_tables(encode_compact(gpu, fmt).payload)
-    for expand, storage in ((expand_inline, inline), (expand_compact, compact)):
+    assert row_image_layout(shape[-1], gpu.numel()) is not None, "every catalog plane has a CuTe row expander"
+    for engine in ENGINES[1:]:
         out = torch.full_like(gpu, POISON)
-        expand(storage, out)
-        assert torch.equal(out, gpu), f"{expand.__name__} {fmt.name} {shape}"
+        expand_inline(inline, out, engine=engine)
+        assert torch.equal(out, gpu), f"expand_inline {engine} {fmt.name} {shape}"
+    out = torch.full_like(gpu, POISON)
+    expand_compact(compact, out)
+    assert torch.equal(out, gpu), f"expand_compact {fmt.name} {shape}"
     # routed experts only, with vLLM's padding ids
     ids = torch.tensor([shape[0] - 1, -1, 0, shape[0], 3 % shape[0]], dtype=torch.int32, device="cuda")
-    out = torch.full_like(gpu, POISON)
-    expand_inline(inline, out, experts=ids)
-    assert torch.equal(out.cpu(), _expected(plane, ids.cpu()))
+    for engine in ENGINES[1:]:
+        out = torch.full_like(gpu, POISON)
+        expand_inline(inline, out, experts=ids, engine=engine)
+        assert torch.equal(out.cpu(), _expected(plane, ids.cpu())), engine
 
 
-def test_graph_capture_and_replay_with_changed_routes():
+@pytest.mark.parametrize("engine", ENGINES[1:])
+def test_graph_capture_and_replay_with_changed_routes(engine):
     plane = synthetic_scale_plane((64, 1152, 160), MXFP4, stats=EXCEPTION_DENSE, seed=5)
     gpu = plane.cuda()
     inline = encode_inline(gpu, MXFP4, row_group=576)
@@ -99,12 +107,12 @@ def test_graph_capture_and_replay_with_changed_routes():
     out_c = torch.empty_like(gpu)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm up (loads the programs) outside capture
-        expand_inline(inline, out_i, experts=ids)
+        expand_inline(inline, out_i, experts=ids, engine=engine)
         expand_compact(tables, out_c, experts=ids)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        expand_inline(inline, out_i, experts=ids)
+        expand_inline(inline, out_i, experts=ids, engine=engine)
         expand_compact(tables, out_c, experts=ids)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
@@ -117,7 +125,7 @@ def test_graph_capture_and_replay_with_changed_routes():
         assert torch.equal(out_i.cpu(), want)
         assert torch.equal(out_c.cpu(), want)
         eager = torch.full_like(gpu, POISON)
-        expand_inline(inline, eager, experts=ids)
+        expand_inline(inline, eager, experts=ids, engine=engine)
         assert torch.equal(eager, out_i)
 
 
@@ -153,3 +161,20 @@ def test_frozen_runtime_refuses_an_uncached_program():
     spec = inline_class_spec(MXFP4, 1008)  # a record size no plane can choose: never built
     with pytest.raises(runtime.UncachedProgramError, match="nox -s aot_build"):
         runtime.program(spec, geometry="nowhere")
+
+
+def test_row_expander_never_writes_outside_its_plane_on_tampered_records():
+    """Random bytes in every record (headers, selectors, exception entries) decode to garbage, but the CuTe
+    expander writes only inside the plane: the guard bytes around it keep their poison."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(3), "little"))
+    for shape, fmt in (((4, 100, 18), MXFP4), ((2, 256, 160), MXFP4), ((2, 200, 37), NVFP4)):
+        plane = synthetic_scale_plane(shape, fmt, seed=11).cuda()
+        inline = encode_inline(plane, fmt)
+        for arr in (inline.records, inline.tail):
+            arr.copy_(torch.randint(0, 256, arr.shape, generator=g, dtype=torch.uint8))
+        n = plane.numel()
+        buf = torch.full((n + 4096,), POISON, dtype=torch.uint8, device="cuda")
+        out = buf[2048 : 2048 + n].view(shape)  # 16-byte aligned, guard bytes either side
+        expand_inline(inline, out, engine="cute")
+        torch.cuda.synchronize()
+        assert torch.all(buf[:2048] == POISON) and torch.all(buf[2048 + n :] == POISON), shape

@@ -11,8 +11,8 @@ What the generated header declares, and how it is called here:
   (C-padded; a member is absent when there is nothing dynamic), holding the extents and strides (in elements)
   of the dims the metadata lists as dynamic;
 * the entry point is ``void _mlir_<prefix>__mlir_ciface_<fn>(void **args, int32_t num_args)`` with
-  ``args = {&tensor_struct_0, ..., &stream, &ret}`` (``stream`` a ``cudaStream_t``, ``ret`` an ``int32_t`` the
-  call sets to a non-zero CUDA error code on failure);
+  ``args = {&tensor_struct_0, ..., &int32_scalar_0, ..., &stream, &ret}`` (``stream`` a ``cudaStream_t``,
+  ``ret`` an ``int32_t`` the call sets to a non-zero CUDA error code on failure);
 * before the first launch the embedded cubin is loaded once: ``_mlir_<prefix>_cuda_init(void **)`` with
   ``{&(cudaLibrary_t *) lib, &ret}``, then ``_mlir_<prefix>_cuda_load_to_device(void **)`` with
   ``{&(cudaLibrary_t *) lib, &(int32_t) device, &ret}`` for each device used.
@@ -26,11 +26,12 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["CuteSOError", "CuteSharedObject", "load_cute_so"]
+__all__ = ["BoundCuteLaunch", "CuteSOError", "CuteSharedObject", "TensorRef", "load_cute_so"]
 
 _DTYPES = {"uint8": torch.uint8, "uint32": torch.uint32, "int32": torch.int32, "uint16": torch.uint16}
 _CTYPES = {"void *": ctypes.c_void_p, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64}
@@ -86,12 +87,17 @@ class CuteSharedObject:
             f.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             f.restype = None
         self.tensor_args = [a for a in metadata["args"] if a["kind"] == "tensor"]
-        if [a["kind"] for a in metadata["args"]] != ["tensor"] * len(self.tensor_args) + ["stream"]:
-            raise CuteSOError(f"{self.path}: only (tensors..., stream) programs are supported")
+        self.scalar_args = [a for a in metadata["args"] if a["kind"] == "int32"]
+        kinds = [a["kind"] for a in metadata["args"]]
+        if kinds != ["tensor"] * len(self.tensor_args) + ["int32"] * len(self.scalar_args) + ["stream"]:
+            raise CuteSOError(f"{self.path}: only (tensors..., int32 scalars..., stream) programs are supported")
         self._structs = [_struct_type(a) for a in self.tensor_args]
         self.num_args = int(metadata["num_args"])
-        if self.num_args != len(self.tensor_args) + 2:
-            raise CuteSOError(f"{self.path}: {self.num_args} packed arguments for {len(self.tensor_args)} tensors")
+        if self.num_args != len(self.tensor_args) + len(self.scalar_args) + 2:
+            raise CuteSOError(
+                f"{self.path}: {self.num_args} packed arguments for {len(self.tensor_args)} tensors and "
+                f"{len(self.scalar_args)} scalars"
+            )
         self._library = ctypes.c_void_p(0)  # cudaLibrary_t, filled by init
         self._devices: set[int] = set()
         self._lock = threading.Lock()
@@ -156,6 +162,9 @@ class CuteSharedObject:
                 if isinstance(want, str):
                     if sizes.setdefault(want, got) != got:
                         raise ValueError(f"{label} dim {d} ({want}) is {got}, elsewhere {want} = {sizes[want]}")
+                    multiple = int(arg.get("divisible", {}).get(want, 1))
+                    if got % multiple:
+                        raise ValueError(f"{label} dim {d} ({want}) is {got}, not a multiple of {multiple}")
                 elif got != want:
                     raise ValueError(f"{label} must have shape {arg['shape']}, got {tuple(t.shape)}")
             if arg.get("contiguous") and not t.is_contiguous():
@@ -173,21 +182,117 @@ class CuteSharedObject:
             structs.append(s)
         return structs, sizes
 
-    def __call__(self, *tensors: torch.Tensor) -> None:
+    def _scalars(self, values: tuple) -> list[ctypes.c_int32]:
+        if len(values) != len(self.scalar_args):
+            names = [a["name"] for a in self.scalar_args]
+            raise TypeError(
+                f"{self.name} takes {len(names)} int32 scalars {names} after its tensors, got {len(values)}"
+            )
+        out = []
+        for v, arg in zip(values, self.scalar_args, strict=True):
+            if isinstance(v, bool) or not isinstance(v, int) or not -(2**31) <= v < 2**31:
+                raise ValueError(f"{self.name} scalar {arg['name']} must be an int32, got {v!r}")
+            out.append(ctypes.c_int32(v))
+        return out
+
+    def grid(self, sizes: dict[str, int], scalars: dict[str, int]) -> list[int]:
+        """The launch grid the metadata describes: ints, extent or scalar names, or lists of names multiplied."""
+        known = {**sizes, **scalars}
+
+        def dim(g) -> int:
+            if isinstance(g, list):
+                n = 1
+                for part in g:
+                    n *= dim(part)
+                return n
+            return known[g] if isinstance(g, str) else int(g)
+
+        return [dim(g) for g in self.meta["launch"]["grid"]]
+
+    def bind(self, grid: tuple[int, ...] | None, *args) -> BoundCuteLaunch:
+        """Check and marshal the tensors (or :class:`TensorRef` snapshots), then the int32 scalars, once;
+        the returned launch costs one call. ``grid``: what the caller expects the program's grid to be
+        (checked against the metadata's formula; None skips the check)."""
+        n = len(self.tensor_args)
+        tensors, values = tuple(args[:n]), tuple(args[n:])
+        if len(tensors) < n or not all(isinstance(t, torch.Tensor | TensorRef) for t in tensors):
+            raise TypeError(f"{self.name} takes {n} tensors first, got {[type(a).__name__ for a in args]}")
         structs, sizes = self._pack(tensors)
-        grid = [sizes[g] if isinstance(g, str) else int(g) for g in self.meta["launch"]["grid"]]
-        if 0 in grid:
-            return  # nothing to decode; a zero-sized grid is a launch error
+        scalars = self._scalars(values)
+        names = {a["name"]: int(v) for a, v in zip(self.scalar_args, values, strict=True)}
+        real = self.grid(sizes, names)
+        if grid is not None and list((*tuple(grid), 1, 1)[:3]) != real:
+            raise ValueError(f"{self.name}: the caller expects grid {tuple(grid)}, the program launches {real}")
         device = tensors[0].device
-        with torch.cuda.device(device):  # torch's primary context is current for the static CUDA runtime
-            self._ensure_loaded(device.index if device.index is not None else torch.cuda.current_device())
-            stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-            ret = ctypes.c_int32(0)
-            ptrs = [ctypes.addressof(s) for s in structs] + [ctypes.addressof(stream), ctypes.addressof(ret)]
-            args = (ctypes.c_void_p * self.num_args)(*ptrs)
-            self._entry(args, self.num_args)
-        if ret.value:
-            raise CuteSOError(f"{self.name} ({self.path}) launch failed with CUDA error {ret.value}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = ctypes.c_void_p(0)
+        ret = ctypes.c_int32(0)
+        ptrs = [ctypes.addressof(s) for s in (*structs, *scalars, stream, ret)]
+        argv = (ctypes.c_void_p * self.num_args)(*ptrs)
+        keep = (structs, scalars, [t for t in tensors if isinstance(t, torch.Tensor)])
+        return BoundCuteLaunch(self, index, 0 in real, argv, stream, ret, keep)
+
+    def __call__(self, *args) -> None:
+        """Launch with the tensors, then the int32 scalars, in the metadata's order."""
+        self.bind(None, *args)()
+
+
+@dataclass(frozen=True, eq=False)
+class TensorRef:
+    """What a launch needs of a tensor (address, shape, strides, dtype, device) without keeping it alive: for
+    bindings replayed on caller-owned buffers (the caller keeps them alive)."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorRef:
+        return cls(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def stride(self, d: int) -> int:
+        return self.strides[d]
+
+    def is_contiguous(self) -> bool:
+        expect = 1
+        for size, stride in reversed(tuple(zip(self.shape, self.strides, strict=True))):
+            if size != 1 and stride != expect:
+                return False
+            expect *= size
+        return True
+
+
+@dataclass(frozen=True, eq=False)
+class BoundCuteLaunch:
+    """A CuTe program with its arguments marshalled; calling it launches on torch's current stream."""
+
+    program: CuteSharedObject
+    device: int
+    empty: bool  # a zero-sized grid: nothing to do (launching it would be an error)
+    argv: object
+    stream: ctypes.c_void_p
+    ret: ctypes.c_int32
+    _keepalive: object
+
+    def __call__(self) -> None:
+        if self.empty:
+            return
+        prog = self.program
+        with torch.cuda.device(self.device):  # torch's primary context is current for the static CUDA runtime
+            prog._ensure_loaded(self.device)
+            self.stream.value = torch.cuda.current_stream(self.device).cuda_stream
+            self.ret.value = 0
+            prog._entry(self.argv, prog.num_args)
+        if self.ret.value:
+            raise CuteSOError(f"{prog.name} ({prog.path}) launch failed with CUDA error {self.ret.value}")
 
 
 _cache: dict[Path, CuteSharedObject] = {}

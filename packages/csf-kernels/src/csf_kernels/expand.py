@@ -1,6 +1,7 @@
 """Scale expansion: CSF -> the native scale plane, on the GPU, for a whole layer or routed experts.
 
-Host-side launchers of the Triton programs in :mod:`csf_kernels.kernels`; they import no compiler and
+Host-side launchers of the CuTe row expander (:mod:`csf_kernels.cute.inline_row_expander`) and the Triton
+programs in :mod:`csf_kernels.kernels`; they import no compiler and
 resolve every program through the AOT runtime. ``bind_*`` resolves programs and marshals arguments
 once (for serving and CUDA graphs); calling the binding launches. ``expand_*`` binds and calls.
 """
@@ -15,7 +16,15 @@ from csf_codec import InlineScales
 
 from . import runtime
 from .compact_tables import CompactTables
-from .families import compact_spec, inline_narrow, inline_plane_spec, inline_store_bytes
+from .families import (
+    RowImageLayout,
+    compact_spec,
+    inline_narrow,
+    inline_plane_spec,
+    inline_store_bytes,
+    row_expander_spec,
+    row_image_layout,
+)
 
 __all__ = [
     "BoundExpansion",
@@ -67,15 +76,24 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
     return experts
 
 
+ENGINES = ("auto", "cute", "triton")
+
+
 def inline_expansion_launches(
     inline: InlineScales,
     out: torch.Tensor,
     *,
     experts: torch.Tensor | None = None,
     store: int | None = None,
+    engine: str = "auto",
 ) -> list[runtime.Launch]:
-    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`); ``store`` (tests)
-    narrows the store width below the widest the plane allows."""
+    """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
+
+    ``engine``: "cute" (the row-image expander, :mod:`csf_kernels.cute.inline_row_expander`), "triton"
+    (:mod:`csf_kernels.kernels.expand_inline`) or "auto" (the CuTe one wherever its layout covers the plane);
+    ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
+    if engine not in ENGINES:
+        raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -84,6 +102,11 @@ def inline_expansion_launches(
     experts = _expert_ids(experts, geo.experts, dev)
     if experts.numel() == 0:
         return []
+    layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
+    if engine == "cute" and layout is None:
+        raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
+    if engine != "triton" and store is None and layout is not None:
+        return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     # programs assume 16-byte aligned inputs: realign views (bind time only)
     arrays = (inline.records, inline.raw, inline.tail, inline.tail_raw, inline.base_delta, inline.base_ref)
@@ -125,20 +148,58 @@ def inline_expansion_launches(
     return [runtime.Launch(spec, grid, args)]
 
 
+def _row_expander_launch(
+    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, layout: RowImageLayout
+) -> runtime.Launch:
+    geo = inline.geometry
+    blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
+    if experts.numel() > 65535:
+        raise ValueError(f"expand_inline: {experts.numel()} experts exceed the grid")
+    # programs assume 16-byte aligned inputs: realign views (bind time only)
+    arrays = (inline.base_ref, inline.base_delta, inline.records, inline.tail, inline.raw, inline.tail_raw)
+    base_ref, deltas, records, tail, raw, tail_raw = (runtime.aligned(a) for a in arrays)
+    words = torch.uint32
+    args = (
+        base_ref,
+        deltas,
+        records.view(-1).view(words),
+        tail.view(-1).view(words),
+        raw.view(-1).view(words).view(-1, 128),
+        tail_raw.view(-1),
+        out.view(-1).view(words),
+        experts,
+        blocks_per_expert,
+        geo.blocks_per_group,
+        geo.row_group,
+        geo.rows,
+        geo.cols,
+        geo.full_col_tiles,
+        inline.record_bytes // 4,
+        (inline.tail_record_bytes if geo.tail_cols else 0) // 4,
+        geo.experts,
+        layout.groups,
+        int(layout.flat),
+    )
+    spec = row_expander_spec(inline.fmt, layout.group_tiles)
+    return runtime.Launch(spec, (blocks_per_expert * layout.groups, experts.numel(), 1), args)
+
+
 def bind_expand_inline(
     inline: InlineScales,
     out: torch.Tensor | None = None,
     *,
     experts: torch.Tensor | None = None,
     geometry: str | None = None,
+    engine: str = "auto",
 ) -> BoundExpansion:
     """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
 
     ``experts`` (int32, on the device) limits the work to those experts' rows; ids outside [0, E) are
     graph padding and write nothing. The ids' values may change between calls; their count may not.
+    ``engine``: see :func:`inline_expansion_launches`.
     """
     out = _check_out(out, inline.shape, inline.records.device, "expand_inline")
-    launches = inline_expansion_launches(inline, out, experts=experts)
+    launches = inline_expansion_launches(inline, out, experts=experts, engine=engine)
     return BoundExpansion(out, tuple(la.bind(geometry) for la in launches))
 
 

@@ -6,6 +6,9 @@ and the unfrozen development runtime when it JIT-compiles.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import prod
+
 from csf_codec import ScaleFormat
 from csf_codec import scale_format as catalog_format
 from csf_codec.inline import DELTA_BITS, exception_capacity, record_bytes_choices
@@ -76,6 +79,50 @@ CUTE_STAGE_DECODER_VERSION = 1
 def stage_decoder_spec(fmt: ScaleFormat, record_bytes: int) -> ProgramSpec:
     """The CuTe stage decoder for full tiles of one record size (row-base deltas in the format's width)."""
     return ProgramSpec.of(CUTE_STAGE_DECODER, CUTE_STAGE_DECODER_VERSION, S=record_bytes, DB=DELTA_BITS[fmt.name])
+
+
+# CuTe DSL: inline expansion through a shared-memory image of whole rows (csf_kernels/cute/inline_row_expander.py)
+CUTE_ROW_EXPANDER = "expand.inline_rows"
+CUTE_ROW_EXPANDER_VERSION = 1
+ROW_EXPANDER_GROUP_TILES = (8, 32)  # full tiles per column group: planes of at most 8 full tiles, and wider
+ROW_EXPANDER_MAX_GROUPS_COLS = 4 * ROW_EXPANDER_GROUP_TILES[-1]
+
+
+def row_expander_spec(fmt: ScaleFormat, group_tiles: int) -> ProgramSpec:
+    """The row expander of a format (its delta width and largest records) for one column-group size."""
+    return ProgramSpec.of(
+        CUTE_ROW_EXPANDER,
+        CUTE_ROW_EXPANDER_VERSION,
+        GT=group_tiles,
+        DB=DELTA_BITS[fmt.name],
+        MAXS=max(record_bytes_choices(fmt, TILE_COLS)),
+        MAXST=max(max(record_bytes_choices(fmt, tc)) for tc in range(1, TILE_COLS)),
+    )
+
+
+@dataclass(frozen=True)
+class RowImageLayout:
+    """How the row expander covers a plane: ``groups`` column groups of ``group_tiles`` full tiles, rows
+    imaged ``flat`` (one group holding whole rows, any column count) or padded (16-byte multiple columns)."""
+
+    group_tiles: int
+    groups: int
+    flat: bool
+
+
+def row_image_layout(cols: int, plane_bytes: int, out_ptr: int = 0) -> RowImageLayout | None:
+    """The row expander's layout for a plane of ``cols`` scale columns, or None where only the Triton
+    expansion applies (its output is not 16-byte chunked, or rows wider than a group without 16-byte rows)."""
+    if plane_bytes % 16 or out_ptr % 16:
+        return None
+    full = cols // TILE_COLS
+    gt = next(g for g in (*ROW_EXPANDER_GROUP_TILES, 1 << 30) if full <= g)
+    if cols % 16 == 0:
+        gt = min(gt, ROW_EXPANDER_GROUP_TILES[-1])
+        return RowImageLayout(gt, -(-full // gt), flat=False)
+    if gt > ROW_EXPANDER_GROUP_TILES[-1]:
+        return None
+    return RowImageLayout(gt, 1, flat=True)
 
 
 COMPACT_COLUMNS_PER_STEP = 64
@@ -216,10 +263,14 @@ def compact_spec(width: int) -> ProgramSpec:
     )
 
 
-def geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
+def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
+    """The programs one geometry needs (``cute``: with its CuTe DSL ones)."""
     specs: list[ProgramSpec] = [compact_spec(w) for w in (1, 2, 4)]
     for shape, _group in geo.scale_planes().values():
         specs += inline_expansion_specs(geo.fmt, shape[-1])
+        layout = row_image_layout(shape[-1], prod(shape))
+        if cute and layout is not None:
+            specs.append(row_expander_spec(geo.fmt, layout.group_tiles))
     return specs + moe_geometry_specs(geo)
 
 
@@ -230,7 +281,7 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
     plane of that format expands, not only the catalog's shapes."""
     out: dict[str, tuple[ProgramSpec, list[str]]] = {}
     for geo in catalog.moe:
-        for spec in geometry_specs(geo):
+        for spec in geometry_specs(geo, cute=cute):
             out.setdefault(spec.key, (spec, []))[1].append(geo.name)
     for fmt in sorted({g.fmt.name for g in catalog.moe}):
         for spec in format_expansion_specs(catalog_format(fmt)):
@@ -242,4 +293,8 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
             for s in record_bytes_choices(geo.fmt, TILE_COLS):
                 spec = stage_decoder_spec(geo.fmt, s)
                 out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+        for fmt in sorted({g.fmt.name for g in catalog.moe}):
+            for gt in ROW_EXPANDER_GROUP_TILES:
+                spec = row_expander_spec(catalog_format(fmt), gt)
+                out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
     return out

@@ -251,9 +251,17 @@ class Launch:
         return program(self.spec, geometry=geometry).bind(self.grid, *self.args)
 
     def with_pointers(self, tensors: tuple[torch.Tensor, ...]) -> Launch:
-        """The same launch with ``tensors`` passed as raw addresses, so a binding does not keep them alive."""
+        """The same launch with ``tensors`` passed as raw addresses (Triton programs) or address-and-shape
+        snapshots (CuTe programs, which check shapes), so a binding does not keep them alive."""
+        from .families import FAMILIES
+
         ids = {id(t) for t in tensors}
-        args = tuple(a.data_ptr() if id(a) in ids else a for a in self.args)
+        if self.spec.kernel in FAMILIES:
+            args = tuple(a.data_ptr() if id(a) in ids else a for a in self.args)
+        else:
+            from .cute_so import TensorRef
+
+            args = tuple(TensorRef.of(a) if id(a) in ids else a for a in self.args)
         return Launch(self.spec, self.grid, args)
 
 

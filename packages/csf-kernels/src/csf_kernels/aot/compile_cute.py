@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..families import CUTE_STAGE_DECODER
+from ..families import CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
 from ..manifest import Artifact
 from ..programs import ProgramSpec
 
@@ -13,12 +13,16 @@ __all__ = ["compile_cute"]
 
 
 def compile_cute(spec: ProgramSpec) -> Artifact:
-    if spec.kernel != CUTE_STAGE_DECODER:
-        raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
-    from ..cute.export import build_stage_decoder
+    from ..cute.export import build_cute_program, row_expander_program, stage_decoder_program
 
     facts = spec.fact
+    if spec.kernel == CUTE_STAGE_DECODER:
+        prog = stage_decoder_program(int(facts["S"]), int(facts["DB"]))
+    elif spec.kernel == CUTE_ROW_EXPANDER:
+        prog = row_expander_program(int(facts["GT"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
+    else:
+        raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:
-        meta = build_stage_decoder(int(facts["S"]), Path(tmp), delta_bits=int(facts["DB"]))
+        meta = build_cute_program(prog, Path(tmp))
         data = Path(meta.pop("paths")["so"]).read_bytes()
     return Artifact(kind="cute_so", data=data, launch=meta)

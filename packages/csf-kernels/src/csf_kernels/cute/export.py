@@ -1,9 +1,11 @@
-"""Ahead-of-time build of the CuTe DSL inline stage decoder into a small shared object (build time: imports cutlass).
+"""Ahead-of-time build of CuTe DSL programs into small shared objects (build time: imports cutlass).
 
-:func:`build_stage_decoder` compiles :class:`~csf_kernels.cute.inline_stage_decoder.InlineStageDecoder` for one
-record size on fake tensors (no GPU, no driver needed), for ``sm_90a`` SASS only (no PTX is embedded, so the
-driver never JIT-compiles), exports it with ``export_to_c`` (a C header plus an x86-64 object holding the cubin
-in a fatbin and the host launch code) and links ``lib<name>.so``::
+:func:`build_cute_program` compiles one :class:`CuteProgram` (the stage decoder of
+:mod:`~csf_kernels.cute.inline_stage_decoder` for one record size, or the row expander of
+:mod:`~csf_kernels.cute.inline_row_expander` for one column-group size) on fake tensors (no GPU, no driver
+needed), for ``sm_90a`` SASS only (no PTX is embedded, so the driver never JIT-compiles), exports it with
+``export_to_c`` (a C header plus an x86-64 object holding the cubin in a fatbin and the host launch code) and
+links ``lib<name>.so``::
 
     gcc -shared -o lib<name>.so <name>.o \\
         <wheel>/nvidia_cutlass_dsl/cu<N>/lib/libcuda_dialect_runtime_static.a \\
@@ -16,7 +18,7 @@ needs only ``libc.so.6`` (glibc >= 2.34, where libdl/libpthread/librt live in li
 static CUDA runtime ``dlopen``s (``libcuda.so.1``); no libcudart.so, no cutlass, no Python. Building twice gives
 byte-identical files: the DSL output carries no paths or timestamps, and the link drops the build id.
 
-Files written to ``out_dir`` (``<name>`` = ``csf_stage_decoder_s<S>``): ``lib<name>.so``, ``<name>.h`` (the
+Files written to ``out_dir`` (``<name>``, e.g. ``csf_stage_decoder_s<S>``): ``lib<name>.so``, ``<name>.h`` (the
 generated header: argument structs and the packed entry point), ``<name>.cubin`` (the SASS, for inspection) and
 ``<name>.json`` (the launch metadata :mod:`csf_kernels.cute_so` reads).
 
@@ -50,18 +52,26 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "ARCH",
     "MXFP4_RECORD_BYTES",
     "NVFP4_RECORD_BYTES",
+    "CuteProgram",
+    "build_cute_program",
+    "build_row_expander",
     "build_stage_decoder",
     "build_stage_decoders",
     "find_cuobjdump",
     "parse_header",
+    "row_expander_name",
+    "row_expander_program",
     "sass_facts",
     "stage_decoder_name",
+    "stage_decoder_program",
 ]
 
 ARCH = "sm_90a"
@@ -69,17 +79,51 @@ MXFP4_RECORD_BYTES = (80, 96, 112, 128, 144, 160, 192, 224)
 NVFP4_RECORD_BYTES = (272, 288, 304, 320, 336, 352)
 METADATA_VERSION = 1
 
-# (name, dtype, shape): the compiled function's tensor arguments, in order, then the stream. Strings are the
-# dynamic extents (one runtime int32 each), except S and D (static); every tensor is compact row-major and
-# 16-byte aligned.
-_TENSOR_ARGS = (
-    ("base_ref", "uint8", ("RB",)),
-    ("base_delta", "uint8", ("RB", "D")),  # D = 16 * delta bits: 64 (4-bit deltas) or 128 (8-bit)
-    ("records", "uint8", ("RB", "CTF", "S")),
-    ("raw", "uint8", ("NRAW", 512)),
-    ("out", "uint32", ("RB", "CTF", 128, 4)),
-)
 _ALIGN = 16
+
+
+@dataclass(frozen=True)
+class CuteProgram:
+    """One CuTe DSL program to build: its jit object's factory and the compiled function's arguments.
+
+    ``tensors``: (name, dtype, shape) in argument order; a string extent is dynamic (one runtime int32), and
+    ``divisible`` says which of those the kernel may assume are multiples of some number (the runtime checks
+    it). Then the int32 ``scalars``, then the stream. Every tensor is compact row-major and 16-byte aligned.
+    ``launch``: the launch shape for the metadata (grid entries: ints, extent or scalar names, or lists of
+    names to multiply); ``facts``: what else the metadata records (record size, delta bits, ...).
+    """
+
+    name: str
+    program: str
+    factory: Callable[[], object]
+    tensors: tuple[tuple[str, str, tuple], ...]
+    scalars: tuple[str, ...] = ()
+    divisible: tuple[tuple[str, int], ...] = ()
+    launch: tuple[tuple[str, object], ...] = ()
+    facts: tuple[tuple[str, object], ...] = ()
+
+    def tensor_specs(self) -> list[dict]:
+        """Per tensor argument: shape (ints, or names of dynamic extents) and which dims carry runtime values."""
+        divisible = dict(self.divisible)
+        specs = []
+        for name, dtype, shape in self.tensors:
+            dynamic = [i for i, d in enumerate(shape) if isinstance(d, str)]
+            # compact row-major: dim i's stride is the product of the later extents, dynamic if one of them is
+            dyn_strides = [i for i in range(len(shape)) if any(isinstance(d, str) for d in shape[i + 1 :])]
+            specs.append(
+                {
+                    "name": name,
+                    "kind": "tensor",
+                    "dtype": dtype,
+                    "shape": list(shape),
+                    "dynamic_shape_dims": dynamic,
+                    "dynamic_stride_dims": dyn_strides,
+                    "divisible": {d: divisible[d] for d in shape if isinstance(d, str) and d in divisible},
+                    "align": _ALIGN,
+                    "contiguous": True,
+                }
+            )
+        return specs
 
 
 def stage_decoder_name(record_bytes: int, delta_bits: int = 4) -> str:
@@ -87,27 +131,80 @@ def stage_decoder_name(record_bytes: int, delta_bits: int = 4) -> str:
     return f"csf_stage_decoder_s{int(record_bytes)}" + ("" if delta_bits == 4 else f"_d{int(delta_bits)}")
 
 
-def _tensor_specs(record_bytes: int, delta_bits: int = 4) -> list[dict]:
-    """Per tensor argument: shape (ints, or names of dynamic extents) and which dims carry runtime values."""
-    specs = []
-    for name, dtype, shape in _TENSOR_ARGS:
-        shape = tuple({"S": record_bytes, "D": 16 * delta_bits}.get(d, d) for d in shape)
-        dynamic = [i for i, d in enumerate(shape) if isinstance(d, str)]
-        # compact row-major: dim i's stride is the product of the later extents, dynamic if one of them is
-        dyn_strides = [i for i in range(len(shape)) if any(isinstance(d, str) for d in shape[i + 1 :])]
-        specs.append(
-            {
-                "name": name,
-                "kind": "tensor",
-                "dtype": dtype,
-                "shape": list(shape),
-                "dynamic_shape_dims": dynamic,
-                "dynamic_stride_dims": dyn_strides,
-                "align": _ALIGN,
-                "contiguous": True,
-            }
-        )
-    return specs
+def stage_decoder_program(record_bytes: int, delta_bits: int = 4) -> CuteProgram:
+    from .inline_stage_decoder import DELTA_BITS, THREADS, InlineStageDecoder, check_record_bytes
+
+    s = check_record_bytes(record_bytes)
+    if delta_bits not in DELTA_BITS:
+        raise ValueError(f"base deltas are {DELTA_BITS} bits wide; got {delta_bits}")
+    return CuteProgram(
+        name=stage_decoder_name(s, delta_bits),
+        program="inline_stage_decoder",
+        factory=lambda: InlineStageDecoder(s, delta_bits),
+        tensors=(
+            ("base_ref", "uint8", ("RB",)),
+            ("base_delta", "uint8", ("RB", 16 * delta_bits)),  # 64 bytes (4-bit deltas) or 128 (8-bit)
+            ("records", "uint8", ("RB", "CTF", s)),
+            ("raw", "uint8", ("NRAW", 512)),
+            ("out", "uint32", ("RB", "CTF", 128, 4)),
+        ),
+        launch=(("grid", ("RB", 1, 1)), ("block", (THREADS, 1, 1)), ("dynamic_shared_bytes", 2 * s)),
+        facts=(("record_bytes", s), ("delta_bits", delta_bits)),
+    )
+
+
+def row_expander_name(group_tiles: int, delta_bits: int) -> str:
+    return f"csf_row_expander_g{int(group_tiles)}_d{int(delta_bits)}"
+
+
+ROW_EXPANDER_SCALARS = (
+    "blocks_per_expert",
+    "blocks_per_group",
+    "row_group",
+    "rows_per_expert",
+    "cols",
+    "full_tiles",
+    "record_words",
+    "tail_words",
+    "num_experts",
+    "groups",
+    "flat",
+)
+
+
+def row_expander_program(group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int) -> CuteProgram:
+    from .inline_row_expander import THREADS, InlineRowExpander, image_bytes, record_stage_bytes
+
+    InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes)  # validates
+    smem = image_bytes(group_tiles) + record_stage_bytes(group_tiles, max_record_bytes, max_tail_bytes)
+    return CuteProgram(
+        name=row_expander_name(group_tiles, delta_bits),
+        program="inline_row_expander",
+        factory=lambda: InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes),
+        tensors=(
+            ("base_ref", "uint8", ("RB",)),
+            ("base_delta", "uint8", ("RB", 16 * delta_bits)),
+            ("records", "uint32", ("NR",)),
+            ("tail", "uint32", ("NT",)),
+            ("raw", "uint32", ("NRAW", 128)),
+            ("tail_raw", "uint8", ("NTR",)),
+            ("out", "uint32", ("NO",)),
+            ("expert_ids", "int32", ("NE",)),
+        ),
+        scalars=ROW_EXPANDER_SCALARS,
+        divisible=(("NR", 4), ("NT", 4), ("NO", 4)),  # 16-byte chunks
+        launch=(
+            ("grid", (["blocks_per_expert", "groups"], "NE", 1)),
+            ("block", (THREADS, 1, 1)),
+            ("dynamic_shared_bytes", smem),
+        ),
+        facts=(
+            ("group_tiles", group_tiles),
+            ("delta_bits", delta_bits),
+            ("max_record_bytes", max_record_bytes),
+            ("max_tail_bytes", max_tail_bytes),
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- header
@@ -161,14 +258,19 @@ def parse_header(text: str) -> dict:
     }
 
 
-def _check_header_against_specs(header: dict, specs: list[dict], prefix: str) -> list[dict]:
+def _check_header_against_specs(
+    header: dict, specs: list[dict], prefix: str, scalars: tuple[str, ...] = ()
+) -> list[dict]:
     """Match the header's wrapper parameters and tensor structs with the argument specs; return the C layout."""
     params = header["wrapper_params"]
     names = [p["name"] for p in params]
-    want = ["module", *[s["name"] for s in specs], "stream"]
+    want = ["module", *[s["name"] for s in specs], *scalars, "stream"]
     if names != want:
         raise ValueError(f"generated wrapper parameters {names} are not the expected {want}")
-    want_items = [*[s["name"] for s in specs], "&stream", "&ret"]
+    types = {p["name"]: p["c_type"] for p in params}
+    if any(types[s] != "int32_t" for s in scalars):
+        raise ValueError(f"generated scalar parameters {[(s, types[s]) for s in scalars]} are not all int32_t")
+    want_items = [*[s["name"] for s in specs], *[f"&{s}" for s in scalars], "&stream", "&ret"]
     if header["args_array"] != want_items or header["num_args"] != len(want_items):
         raise ValueError(f"generated packed argument array {header['args_array']} is not {want_items}")
     layout = []
@@ -264,19 +366,23 @@ def _cudart_static() -> Path:
     raise RuntimeError("libcudart_static.a not found: set CUDA_HOME to a CUDA toolkit (13.0 was used)")
 
 
-def _fake_args(record_bytes: int, delta_bits: int):
+def _fake_args(prog: CuteProgram):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    dtypes = {"uint8": cutlass.Uint8, "uint32": cutlass.Uint32}
+    dtypes = {"uint8": cutlass.Uint8, "uint32": cutlass.Uint32, "int32": cutlass.Int32}
+    divisible = dict(prog.divisible)
     syms = {}
     fakes = []
-    for spec in _tensor_specs(record_bytes, delta_bits):
-        shape = tuple(syms.setdefault(d, cute.sym_int32(symbol=d)) if isinstance(d, str) else d for d in spec["shape"])
+    for spec in prog.tensor_specs():
+        shape = tuple(
+            syms.setdefault(d, cute.sym_int32(divisibility=divisible.get(d, 1), symbol=d)) if isinstance(d, str) else d
+            for d in spec["shape"]
+        )
         order = tuple(range(len(shape) - 1, -1, -1))  # row-major: the last mode is the stride-1 one
         fakes.append(make_fake_compact_tensor(dtypes[spec["dtype"]], shape, stride_order=order, assumed_align=_ALIGN))
-    return [*fakes, make_fake_stream()]
+    return [*fakes, *(cutlass.Int32(0) for _ in prog.scalars), make_fake_stream()]
 
 
 _RUNTIME_LOADED: set[str] = set()
@@ -287,7 +393,27 @@ def _sha256(data: bytes) -> str:
 
 
 def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4, cc: str | None = None) -> dict:
-    """Compile, export and link the stage decoder for one record size into ``out_dir``; return its metadata.
+    """Compile, export and link the stage decoder for one record size into ``out_dir`` (see
+    :func:`build_cute_program`)."""
+    return build_cute_program(stage_decoder_program(record_bytes, delta_bits), out_dir, cc=cc)
+
+
+def build_row_expander(
+    group_tiles: int,
+    delta_bits: int,
+    max_record_bytes: int,
+    max_tail_bytes: int,
+    out_dir: Path,
+    *,
+    cc: str | None = None,
+) -> dict:
+    """Compile, export and link the row expander for one column-group size and delta width into ``out_dir``."""
+    prog = row_expander_program(group_tiles, delta_bits, max_record_bytes, max_tail_bytes)
+    return build_cute_program(prog, out_dir, cc=cc)
+
+
+def build_cute_program(prog: CuteProgram, out_dir: Path, *, cc: str | None = None) -> dict:
+    """Compile, export and link one program into ``out_dir``; return its metadata.
 
     The metadata (also written to ``<name>.json``) names the shared object, the exported C symbols and their
     signatures, the argument order and struct layouts, the launch shape and the sha256 of the cubin and the
@@ -295,12 +421,7 @@ def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4
     """
     import cutlass.cute as cute
 
-    from .inline_stage_decoder import DELTA_BITS, THREADS, InlineStageDecoder, check_record_bytes
-
-    s = check_record_bytes(record_bytes)
-    if delta_bits not in DELTA_BITS:
-        raise ValueError(f"base deltas are {DELTA_BITS} bits wide; got {delta_bits}")
-    name = stage_decoder_name(s, delta_bits)
+    name = prog.name
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runtime_so, runtime_static, flavour = _runtime_paths()
@@ -314,8 +435,8 @@ def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4
         dump = work / "dump"
         dump.mkdir()
         compiled = cute.compile(
-            InlineStageDecoder(s, delta_bits),
-            *_fake_args(s, delta_bits),
+            prog.factory(),
+            *_fake_args(prog),
             options=f"--gpu-arch {ARCH} --keep-cubin --dump-dir {dump}",
         )
         cubin = compiled.artifacts.CUBIN
@@ -324,8 +445,8 @@ def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4
         compiled.export_to_c(str(work), name, name)
         header_text = (work / f"{name}.h").read_text()
         header = parse_header(header_text)
-        specs = _tensor_specs(s, delta_bits)
-        layout = _check_header_against_specs(header, specs, name)
+        specs = prog.tensor_specs()
+        layout = _check_header_against_specs(header, specs, name, prog.scalars)
 
         so_name = f"lib{name}.so"
         link = [
@@ -362,12 +483,13 @@ def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4
     args = [
         {**spec, "c_struct": lay["struct"], "c_fields": lay["fields"]} for spec, lay in zip(specs, layout, strict=True)
     ]
+    args += [{"name": s, "kind": "int32", "c_type": "int32_t"} for s in prog.scalars]
     args.append({"name": "stream", "kind": "stream", "c_type": "cudaStream_t"})
+    launch = {k: list(v) if isinstance(v, tuple) else v for k, v in prog.launch}
     meta = {
         "metadata_version": METADATA_VERSION,
-        "program": "inline_stage_decoder",
-        "record_bytes": s,
-        "delta_bits": delta_bits,
+        "program": prog.program,
+        **dict(prog.facts),
         "arch": ARCH,
         "name": name,
         "files": files,
@@ -387,12 +509,7 @@ def build_stage_decoder(record_bytes: int, out_dir: Path, *, delta_bits: int = 4
         "packed_args": header["args_array"],
         "num_args": header["num_args"],
         "args": args,
-        "launch": {
-            "grid": ["RB", 1, 1],
-            "block": [THREADS, 1, 1],
-            "dynamic_shared_bytes": 2 * s,
-            "stream": "cudaStream_t of the caller (torch.cuda.current_stream().cuda_stream)",
-        },
+        "launch": {**launch, "stream": "cudaStream_t of the caller (torch.cuda.current_stream().cuda_stream)"},
         "sha256": {"cubin": _sha256(bytes(cubin)), "object": _sha256(object_bytes), "so": _sha256(so_bytes)},
         "link": [Path(a).name if os.path.isabs(a) else a for a in link],
         "toolchain": {

@@ -1,0 +1,382 @@
+"""CuTe DSL: expand inline CSF tiles into the native scale plane through a shared-memory image of whole rows
+(build time only: imports cutlass).
+
+Why this shape: the Triton expansion writes each thread's decoded words straight to global memory, so rows of
+18 or 160 bytes leave partial 32-byte sectors that the L2 merges (its write traffic, not DRAM, limited it at
+47% of copy bandwidth; ``docs/perf-notes.md``). Here a CTA decodes every tile of one 128-row block (or of one
+128-column group of it) into shared memory laid out like the plane itself, then copies the image out with
+16-byte stores by consecutive threads: whole sectors, one pass.
+
+One CTA of 128 threads per (column group, row block, routed expert):
+
+1. stage: the group's full-tile records (contiguous in ``records``) and the block's tail record are copied into
+   shared memory with 16-byte ``cp.async`` copies;
+2. decode: warp ``w`` takes the group's tiles ``w, w + 4, ...``; lane ``g`` owns quad ``g`` (slots ``4 g ..
+   4 g + 3``, format section 5) and writes its four words ``base + o + field`` (or its raw tile's 16 bytes)
+   into the image; every thread decodes one slot of the tail tile; rows past the row group are skipped;
+3. exceptions: after a barrier, warps take tiles again and lanes their exception entries, patching bytes;
+4. copy out: after a barrier, 16-byte chunks of the image go to the plane.
+
+Two image layouts (chosen by the host, see :func:`image_layout`):
+
+* ``padded`` (``cols % 16 == 0``): each row's ``L`` bytes of the group at pitch ``L + 4`` (a 4-byte pad keeps
+  a warp's 32 row writes off one bank); every row's chunk in the plane is 16-byte aligned;
+* ``flat`` (one column group holds the whole row, tail tile included): rows at pitch ``cols``, so the block's
+  rows are one contiguous run of the plane; the image starts ``mis = (row0 * cols) % 16`` bytes into shared
+  memory so that image and plane chunks line up; the run's partial first and last chunks are written bytewise.
+
+``GT`` (full tiles per column group: 8 or 32) is compile-time, with the shared memory it needs; the record
+sizes, columns and counts are run-time scalars. Headers are trusted as far as the codec validates them, but no
+field can make the kernel read or write out of bounds: selector modes that do not fit the record decode as
+zero, raw indices past the raw array write zeros, and exception positions past the tile, rows past the row
+group and entry counts past the record's capacity are skipped.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint8, Uint16, Uint32
+from cutlass.cute.nvgpu import cpasync
+
+__all__ = ["GROUP_TILES", "THREADS", "InlineRowExpander", "image_bytes", "record_stage_bytes"]
+
+THREADS = 128
+GROUP_TILES = (8, 32)  # full tiles per column group: narrow planes (up to 35 columns) and wide ones
+_CHUNK = 16
+_HEADER = 4
+_MAX_EXCEPTIONS = 63
+
+
+def image_bytes(group_tiles: int) -> int:
+    """Shared memory for the image: 128 rows at pitch ``4 GT + 4`` (padded; flat rows are at most ``4 GT + 3``
+    bytes) plus the flat layout's up to 15 bytes of misalignment."""
+    return 128 * (4 * group_tiles + 4) + _CHUNK
+
+
+def record_stage_bytes(group_tiles: int, max_record_bytes: int, max_tail_bytes: int) -> int:
+    return group_tiles * max_record_bytes + max_tail_bytes
+
+
+def _spread(grp, width: int):
+    """Four ``width``-bit fields (the columns of one slot) -> one per byte of a word."""
+    field = (1 << width) - 1
+    out = grp & field
+    for c in range(1, 4):
+        out = out | ((grp & (field << (c * width))) << (c * (8 - width)))
+    return out
+
+
+class InlineRowExpander:
+    """The row-image expansion for ``GT`` full tiles per column group and one base-delta width.
+
+    Arguments of the compiled function, in order (tensors compact row-major, 16-byte aligned):
+    ``base_ref`` u8 [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR] (the records' bytes),
+    ``tail`` u32 [NT] (tail records' bytes; any 16 bytes without a tail), ``raw`` u32 [NRAW, 128],
+    ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids`` i32 [NE]; then int32 scalars
+    ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``, ``cols``, ``full_tiles``,
+    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``num_experts``, ``groups``, ``flat``; the stream.
+    Grid: (row blocks per expert x column groups, routed experts).
+    """
+
+    def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
+        if group_tiles not in GROUP_TILES:
+            raise ValueError(f"column groups hold {GROUP_TILES} full tiles; got {group_tiles}")
+        if delta_bits not in (4, 8):
+            raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
+        for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
+            if n % _CHUNK or n <= 0:
+                raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
+        self.group_tiles = group_tiles
+        self.delta_bits = delta_bits
+        self.max_record_bytes = max_record_bytes
+        self.max_tail_bytes = max_tail_bytes
+
+    @cute.jit
+    def __call__(
+        self,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        records: cute.Tensor,
+        tail: cute.Tensor,
+        raw: cute.Tensor,
+        tail_raw: cute.Tensor,
+        out: cute.Tensor,
+        expert_ids: cute.Tensor,
+        blocks_per_expert: Int32,
+        blocks_per_group: Int32,
+        row_group: Int32,
+        rows_per_expert: Int32,
+        cols: Int32,
+        full_tiles: Int32,
+        record_words: Int32,
+        tail_words: Int32,
+        num_experts: Int32,
+        groups: Int32,
+        flat: Int32,
+        stream: cuda.CUstream,
+    ):
+        self.kernel(
+            base_ref,
+            base_delta,
+            records,
+            tail,
+            raw,
+            tail_raw,
+            out,
+            expert_ids,
+            blocks_per_expert,
+            blocks_per_group,
+            row_group,
+            rows_per_expert,
+            cols,
+            full_tiles,
+            record_words,
+            tail_words,
+            num_experts,
+            groups,
+            flat,
+        ).launch(
+            grid=(blocks_per_expert * groups, cute.size(expert_ids, mode=[0]), 1),
+            block=(THREADS, 1, 1),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        records: cute.Tensor,
+        tail: cute.Tensor,
+        raw: cute.Tensor,
+        tail_raw: cute.Tensor,
+        out: cute.Tensor,
+        expert_ids: cute.Tensor,
+        blocks_per_expert: Int32,
+        blocks_per_group: Int32,
+        row_group: Int32,
+        rows_per_expert: Int32,
+        cols: Int32,
+        full_tiles: Int32,
+        record_words: Int32,
+        tail_words: Int32,
+        num_experts: Int32,
+        groups: Int32,
+        flat: Int32,
+    ):
+        gt = self.group_tiles
+        db = self.delta_bits
+        tid, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        warp = tid >> 5
+        lane = tid & 31
+
+        smem = cutlass.memory.SmemAllocator()
+        rec_words = record_stage_bytes(gt, self.max_record_bytes, self.max_tail_bytes) // 4
+        s_rec = smem.allocate_tensor(Uint32, cute.make_layout((rec_words,)), byte_alignment=16)
+        s_rec16 = cute.recast_tensor(s_rec, Uint16)
+        s_rec8 = cute.recast_tensor(s_rec, Uint8)
+        s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((image_bytes(gt) // 4,)), byte_alignment=16)
+        s_img16 = cute.recast_tensor(s_img32, Uint16)
+        s_img8 = cute.recast_tensor(s_img32, Uint8)
+        tail_word0 = gt * self.max_record_bytes // 4  # the tail record's first word in s_rec
+
+        copy_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
+        )
+        rec_chunks = cute.zipped_divide(records, (4,))
+        tail_chunks = cute.zipped_divide(tail, (4,))
+        s_chunks = cute.zipped_divide(s_rec, (4,))
+        out8 = cute.recast_tensor(out, Uint8)
+        out_chunks = cute.zipped_divide(out, (4,))
+        img_chunks = cute.zipped_divide(s_img32, (4,))
+        raw_rows = cute.size(raw, mode=[0])
+        tail_raw_bytes = cute.size(tail_raw, mode=[0])
+
+        e = Int32(expert_ids[by])
+        if e >= 0 and e < num_experts:  # ids outside [0, E) are graph padding: nothing to write
+            blk = bx // groups
+            grp = bx - blk * groups
+            rb = e * blocks_per_expert + blk
+            group_index = blk // blocks_per_group
+            within = blk - group_index * blocks_per_group
+            row0 = e * rows_per_expert + group_index * row_group + within * 128
+            valid = cutlass.min(Int32(128), row_group - within * 128)
+            t0 = grp * gt
+            ntiles = cutlass.max(Int32(0), cutlass.min(Int32(gt), full_tiles - t0))
+            tc = cols - 4 * full_tiles
+            has_tail = Int32(0)
+            if tc > 0 and grp == groups - 1:
+                has_tail = Int32(1)
+            row_bytes = cutlass.min(Int32(4 * gt), cols - 4 * t0)  # this group's bytes of a row (padded)
+            pitch = row_bytes + 4
+            mis = Int32(0)
+            if flat != 0:
+                pitch = cols
+                mis = (row0 * cols) & 15
+
+            # 1. stage the group's records and the tail record (16-byte cp.async copies)
+            first_chunk = (rb * full_tiles + t0) * (record_words >> 2)
+            for i in range(tid, ntiles * (record_words >> 2), THREADS):
+                cute.copy(copy_atom, rec_chunks[None, first_chunk + i], s_chunks[None, i])
+            if has_tail != 0:
+                for i in range(tid, tail_words >> 2, THREADS):
+                    cute.copy(
+                        copy_atom, tail_chunks[None, rb * (tail_words >> 2) + i], s_chunks[None, tail_word0 // 4 + i]
+                    )
+            cute.arch.cp_async_commit_group()
+
+            # the quad's four row bases (lane g owns quad g of every tile)
+            ref = Int32(base_ref[rb])
+            if cutlass.const_expr(db == 4):
+                deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
+            else:
+                deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+
+            # 2. selectors and raw tiles -> image
+            for t in range(warp, ntiles, 4):
+                rec0 = t * record_words
+                h = Uint32(s_rec[rec0 + record_words - 1])
+                mode = Int32(h & 3)
+                w0 = Uint32(0)
+                w1 = Uint32(0)
+                w2 = Uint32(0)
+                w3 = Uint32(0)
+                if mode == 3:
+                    idx = Int32(h >> 2)
+                    if idx < raw_rows:
+                        frag = cute.make_rmem_tensor((4,), Uint32)
+                        cute.autovec_copy(cute.zipped_divide(raw[idx, None], (4,))[None, lane], frag)
+                        w0 = frag[0]
+                        w1 = frag[1]
+                        w2 = frag[2]
+                        w3 = frag[3]
+                for m in cutlass.range_constexpr(3):
+                    width = 1 << m
+                    if mode == m and 4 * record_words >= 64 * width + _HEADER:
+                        origin = Int32((h >> 8) & 0xFF)
+                        origin = origin - ((origin & 0x80) << 1)
+                        if cutlass.const_expr(width == 1):
+                            sel_lo = Uint32(s_rec16[2 * rec0 + lane])
+                            sel_hi = Uint32(0)
+                        elif cutlass.const_expr(width == 2):
+                            sel_lo = Uint32(s_rec[rec0 + lane])
+                            sel_hi = Uint32(0)
+                        else:
+                            sel_lo = Uint32(s_rec[rec0 + 2 * lane])
+                            sel_hi = Uint32(s_rec[rec0 + 2 * lane + 1])
+                        group_bits = 4 * width
+                        words = []
+                        for k in cutlass.range_constexpr(4):
+                            lo_bit = k * group_bits
+                            if cutlass.const_expr(lo_bit < 32):
+                                grp_bits = (sel_lo >> lo_bit) & ((1 << group_bits) - 1)
+                            else:
+                                grp_bits = (sel_hi >> (lo_bit - 32)) & ((1 << group_bits) - 1)
+                            b = Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1)) + origin) & 0xFF)
+                            words.append(b * 0x01010101 + _spread(grp_bits, width))
+                        w0 = words[0]
+                        w1 = words[1]
+                        w2 = words[2]
+                        w3 = words[3]
+                res = [w0, w1, w2, w3]
+                for k in cutlass.range_constexpr(4):
+                    # slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair (format section 5)
+                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
+                    if r < valid:
+                        off = mis + r * pitch + 4 * t
+                        word = res[k]
+                        if (pitch & 3) == 0:
+                            s_img32[off >> 2] = word
+                        elif (pitch & 1) == 0:
+                            s_img16[off >> 1] = Uint16(word & 0xFFFF)
+                            s_img16[(off >> 1) + 1] = Uint16(word >> 16)
+                        else:
+                            for c in cutlass.range_constexpr(4):
+                                s_img8[off + c] = Uint8((word >> (8 * c)) & 0xFF)
+
+            if has_tail != 0:
+                # one slot per thread; position p = slot * tc + col
+                slot = tid
+                r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                if r < valid:
+                    h = Uint32(s_rec[tail_word0 + tail_words - 1])
+                    mode = Int32(h & 3)
+                    origin = Int32((h >> 8) & 0xFF)
+                    origin = origin - ((origin & 0x80) << 1)
+                    if cutlass.const_expr(db == 4):
+                        delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
+                    else:
+                        delta = Int32(base_delta[rb, slot])
+                    base = ref + delta + origin
+                    width = Int32(1) << mode
+                    fits = 4 * tail_words >= 16 * tc * width + _HEADER
+                    for c in cutlass.range_constexpr(3):
+                        if c < tc:
+                            p = slot * tc + c
+                            val = Int32(0)
+                            if mode == 3:
+                                at = Int32(h >> 2) * (128 * tc) + p
+                                if at < tail_raw_bytes:
+                                    val = Int32(tail_raw[at])
+                            elif fits:
+                                bit = p * width
+                                byte = Int32(s_rec8[4 * tail_word0 + (bit >> 3)])
+                                val = (base + ((byte >> (bit & 7)) & ((Int32(1) << width) - 1))) & 0xFF
+                            s_img8[mis + r * pitch + 4 * ntiles + c] = Uint8(val)
+            cute.arch.sync_threads()
+
+            # 3. exceptions: warps take tiles (the tail tile last), lanes take entries
+            for t in range(warp, ntiles + has_tail, 4):
+                rec0 = t * record_words
+                size = 4 * record_words
+                tcols = Int32(4)
+                if t == ntiles:
+                    rec0 = Int32(tail_word0)
+                    size = 4 * tail_words
+                    tcols = tc
+                h = Uint32(s_rec[rec0 + (size >> 2) - 1])
+                mode = Int32(h & 3)
+                if mode != 3:
+                    sel_bytes = 16 * tcols * (Int32(1) << mode)
+                    cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (size - _HEADER - sel_bytes) // 3)
+                    count = cutlass.min(Int32((h >> 2) & 63), cap)
+                    for j in range(lane, count, 32):
+                        pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
+                        if pos < 128 * tcols:
+                            slot = pos // tcols
+                            col = pos - slot * tcols
+                            r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                            if r < valid:
+                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                                s_img8[mis + r * pitch + 4 * t + col] = val
+            cute.arch.sync_threads()
+
+            # 4. copy out, 16 bytes per thread and step
+            if flat != 0:
+                n = valid * cols
+                chunk0 = (row0 * cols - mis) >> 4
+                for i in range(tid, (mis + n + 15) >> 4, THREADS):
+                    lo = i * 16
+                    if lo >= mis and lo + 16 <= mis + n:
+                        frag = cute.make_rmem_tensor((4,), Uint32)
+                        cute.autovec_copy(img_chunks[None, i], frag)
+                        cute.autovec_copy(frag, out_chunks[None, chunk0 + i])
+                    else:
+                        for b in cutlass.range_constexpr(16):
+                            if lo + b >= mis and lo + b < mis + n:
+                                out8[(chunk0 + i) * 16 + b] = s_img8[lo + b]
+            else:
+                per_row = row_bytes >> 4
+                for i in range(tid, valid * per_row, THREADS):
+                    r = i // per_row
+                    j = i - r * per_row
+                    src = (r * pitch + 16 * j) >> 2
+                    frag = cute.make_rmem_tensor((4,), Uint32)
+                    for c in cutlass.range_constexpr(4):
+                        frag[c] = s_img32[src + c]
+                    cute.autovec_copy(frag, out_chunks[None, ((row0 + r) * cols + 4 * t0 + 16 * j) >> 4])
