@@ -25,14 +25,15 @@ TENSORS = ["base_ref", "base_delta", "records", "tail", "raw", "tail_raw", "out"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     _toolchain_or_skip()
-    f = row_expander_spec(MXFP4, 8).fact
+    f = row_expander_spec(MXFP4, 8, 2).fact
     out = tmp_path_factory.mktemp("row_expander")
-    return export.build_row_expander(f["GT"], f["DB"], f["MAXS"], f["MAXST"], out), out
+    return export.build_row_expander(f["GT"], f["DB"], f["MAXS"], f["MAXST"], f["STORE"], out), out
 
 
 def test_scalars_follow_the_tensors_in_the_header_and_metadata(built):
     meta, _ = built
     assert meta["program"] == "inline_row_expander" and meta["group_tiles"] == 8 and meta["delta_bits"] == 4
+    assert meta["store"] == 2
     assert [a["name"] for a in meta["args"]] == [*TENSORS, *SCALARS, "stream"]
     assert [a["kind"] for a in meta["args"]] == ["tensor"] * len(TENSORS) + ["int32"] * len(SCALARS) + ["stream"]
     assert meta["packed_args"] == [*TENSORS, *(f"&{s}" for s in SCALARS), "&stream", "&ret"]
@@ -112,15 +113,16 @@ def test_layouts_cover_every_catalog_plane():
         for proj, (shape, _group) in geo.scale_planes().items():
             lay = row_image_layout(shape[-1], prod(shape))
             assert lay is not None, (geo.name, proj, shape)
-            assert lay.flat == (shape[-1] % 16 != 0)
+            assert lay.flat == (shape[-1] % 16 != 0) and lay.store == (4 if shape[-1] % 4 == 0 else 2)
             assert 4 * lay.group_tiles * lay.groups >= shape[-1] // 4 * 4
     assert row_image_layout(200, 1 << 20) is None  # rows wider than a group and not 16-byte multiples
     assert row_image_layout(18, 1 << 20, out_ptr=8) is None  # unaligned output: Triton
     assert row_image_layout(18, 100) is None  # the plane is not whole 16-byte chunks
+    assert row_image_layout(37, 1 << 20) is None  # odd rows: byte stores, Triton
 
 
 def test_metadata_lists_the_so_and_cubin(built):
     meta, out = built
     for key in ("so", "cubin", "header", "metadata"):
         assert (out / meta["files"][key]).is_file()
-    assert Path(meta["paths"]["so"]).name == f"lib{export.row_expander_name(8, 4)}.so"
+    assert Path(meta["paths"]["so"]).name == f"lib{export.row_expander_name(8, 4, 2)}.so"

@@ -180,7 +180,7 @@ def _row_expander_launch(
         layout.groups,
         int(layout.flat),
     )
-    spec = row_expander_spec(inline.fmt, layout.group_tiles)
+    spec = row_expander_spec(inline.fmt, layout.group_tiles, layout.store)
     return runtime.Launch(spec, (blocks_per_expert * layout.groups, experts.numel(), 1), args)
 
 

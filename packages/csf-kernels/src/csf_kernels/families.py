@@ -88,12 +88,17 @@ ROW_EXPANDER_GROUP_TILES = (8, 32)  # full tiles per column group: planes of at 
 ROW_EXPANDER_MAX_GROUPS_COLS = 4 * ROW_EXPANDER_GROUP_TILES[-1]
 
 
-def row_expander_spec(fmt: ScaleFormat, group_tiles: int) -> ProgramSpec:
-    """The row expander of a format (its delta width and largest records) for one column-group size."""
+ROW_EXPANDER_STORES = (4, 2)
+
+
+def row_expander_spec(fmt: ScaleFormat, group_tiles: int, store: int) -> ProgramSpec:
+    """The row expander of a format (its delta width and largest records) for one column-group size and
+    image store width."""
     return ProgramSpec.of(
         CUTE_ROW_EXPANDER,
         CUTE_ROW_EXPANDER_VERSION,
         GT=group_tiles,
+        STORE=store,
         DB=DELTA_BITS[fmt.name],
         MAXS=max(record_bytes_choices(fmt, TILE_COLS)),
         MAXST=max(max(record_bytes_choices(fmt, tc)) for tc in range(1, TILE_COLS)),
@@ -103,26 +108,30 @@ def row_expander_spec(fmt: ScaleFormat, group_tiles: int) -> ProgramSpec:
 @dataclass(frozen=True)
 class RowImageLayout:
     """How the row expander covers a plane: ``groups`` column groups of ``group_tiles`` full tiles, rows
-    imaged ``flat`` (one group holding whole rows, any column count) or padded (16-byte multiple columns)."""
+    imaged ``flat`` (one group holding whole rows, any even column count) or padded (16-byte multiple
+    columns), words stored ``store`` bytes at a time."""
 
     group_tiles: int
     groups: int
     flat: bool
+    store: int
 
 
 def row_image_layout(cols: int, plane_bytes: int, out_ptr: int = 0) -> RowImageLayout | None:
     """The row expander's layout for a plane of ``cols`` scale columns, or None where only the Triton
-    expansion applies (its output is not 16-byte chunked, or rows wider than a group without 16-byte rows)."""
-    if plane_bytes % 16 or out_ptr % 16:
+    expansion applies (its output is not 16-byte chunked, rows of an odd column count, or rows wider than a
+    group without 16-byte rows)."""
+    if plane_bytes % 16 or out_ptr % 16 or cols % 2:
         return None
+    store = 4 if cols % 4 == 0 else 2
     full = cols // TILE_COLS
     gt = next(g for g in (*ROW_EXPANDER_GROUP_TILES, 1 << 30) if full <= g)
     if cols % 16 == 0:
         gt = min(gt, ROW_EXPANDER_GROUP_TILES[-1])
-        return RowImageLayout(gt, -(-full // gt), flat=False)
+        return RowImageLayout(gt, -(-full // gt), flat=False, store=store)
     if gt > ROW_EXPANDER_GROUP_TILES[-1]:
         return None
-    return RowImageLayout(gt, 1, flat=True)
+    return RowImageLayout(gt, 1, flat=True, store=store)
 
 
 COMPACT_COLUMNS_PER_STEP = 64
@@ -270,7 +279,7 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
         specs += inline_expansion_specs(geo.fmt, shape[-1])
         layout = row_image_layout(shape[-1], prod(shape))
         if cute and layout is not None:
-            specs.append(row_expander_spec(geo.fmt, layout.group_tiles))
+            specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
     return specs + moe_geometry_specs(geo)
 
 
@@ -295,6 +304,7 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
                 out.setdefault(spec.key, (spec, []))[1].append(geo.name)
         for fmt in sorted({g.fmt.name for g in catalog.moe}):
             for gt in ROW_EXPANDER_GROUP_TILES:
-                spec = row_expander_spec(catalog_format(fmt), gt)
-                out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+                for store in ROW_EXPANDER_STORES:
+                    spec = row_expander_spec(catalog_format(fmt), gt, store)
+                    out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
     return out

@@ -19,7 +19,9 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
     if spec.kernel == CUTE_STAGE_DECODER:
         prog = stage_decoder_program(int(facts["S"]), int(facts["DB"]))
     elif spec.kernel == CUTE_ROW_EXPANDER:
-        prog = row_expander_program(int(facts["GT"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
+        prog = row_expander_program(
+            int(facts["GT"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]), int(facts["STORE"])
+        )
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

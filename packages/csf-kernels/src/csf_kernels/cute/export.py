@@ -153,8 +153,8 @@ def stage_decoder_program(record_bytes: int, delta_bits: int = 4) -> CuteProgram
     )
 
 
-def row_expander_name(group_tiles: int, delta_bits: int) -> str:
-    return f"csf_row_expander_g{int(group_tiles)}_d{int(delta_bits)}"
+def row_expander_name(group_tiles: int, delta_bits: int, store: int) -> str:
+    return f"csf_row_expander_g{int(group_tiles)}_d{int(delta_bits)}_w{int(store)}"
 
 
 ROW_EXPANDER_SCALARS = (
@@ -172,15 +172,17 @@ ROW_EXPANDER_SCALARS = (
 )
 
 
-def row_expander_program(group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int) -> CuteProgram:
+def row_expander_program(
+    group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int
+) -> CuteProgram:
     from .inline_row_expander import THREADS, InlineRowExpander, image_bytes, record_stage_bytes
 
-    InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes)  # validates
+    InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store)  # validates
     smem = image_bytes(group_tiles) + record_stage_bytes(group_tiles, max_record_bytes, max_tail_bytes)
     return CuteProgram(
-        name=row_expander_name(group_tiles, delta_bits),
+        name=row_expander_name(group_tiles, delta_bits, store),
         program="inline_row_expander",
-        factory=lambda: InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes),
+        factory=lambda: InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store),
         tensors=(
             ("base_ref", "uint8", ("RB",)),
             ("base_delta", "uint8", ("RB", 16 * delta_bits)),
@@ -203,6 +205,7 @@ def row_expander_program(group_tiles: int, delta_bits: int, max_record_bytes: in
             ("delta_bits", delta_bits),
             ("max_record_bytes", max_record_bytes),
             ("max_tail_bytes", max_tail_bytes),
+            ("store", store),
         ),
     )
 
@@ -403,12 +406,13 @@ def build_row_expander(
     delta_bits: int,
     max_record_bytes: int,
     max_tail_bytes: int,
+    store: int,
     out_dir: Path,
     *,
     cc: str | None = None,
 ) -> dict:
-    """Compile, export and link the row expander for one column-group size and delta width into ``out_dir``."""
-    prog = row_expander_program(group_tiles, delta_bits, max_record_bytes, max_tail_bytes)
+    """Compile, export and link the row expander for one column-group size, delta width and store width."""
+    prog = row_expander_program(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store)
     return build_cute_program(prog, out_dir, cc=cc)
 
 

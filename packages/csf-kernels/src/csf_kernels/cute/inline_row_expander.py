@@ -17,7 +17,7 @@ One CTA of 128 threads per (column group, row block, routed expert):
 3. exceptions: after a barrier, warps take tiles again and lanes their exception entries, patching bytes;
 4. copy out: after a barrier, 16-byte chunks of the image go to the plane.
 
-Two image layouts (chosen by the host, see :func:`image_layout`):
+Two image layouts (chosen by the host, see :func:`csf_kernels.families.row_image_layout`):
 
 * ``padded`` (``cols % 16 == 0``): each row's ``L`` bytes of the group at pitch ``L + 4`` (a 4-byte pad keeps
   a warp's 32 row writes off one bank); every row's chunk in the plane is 16-byte aligned;
@@ -25,11 +25,13 @@ Two image layouts (chosen by the host, see :func:`image_layout`):
   rows are one contiguous run of the plane; the image starts ``mis = (row0 * cols) % 16`` bytes into shared
   memory so that image and plane chunks line up; the run's partial first and last chunks are written bytewise.
 
-``GT`` (full tiles per column group: 8 or 32) is compile-time, with the shared memory it needs; the record
-sizes, columns and counts are run-time scalars. Headers are trusted as far as the codec validates them, but no
-field can make the kernel read or write out of bounds: selector modes that do not fit the record decode as
-zero, raw indices past the raw array write zeros, and exception positions past the tile, rows past the row
-group and entry counts past the record's capacity are skipped.
+``GT`` (full tiles per column group: 8 or 32) and the image store width (4 bytes, or 2 for rows of an even
+column count) are compile-time, with the shared memory they need; the record sizes, columns and counts are
+run-time scalars, and per-thread row offsets and bases are computed once, so a tile costs a header and a
+selector load and a few instructions per word. Headers are trusted as far as the codec validates them, but no
+field can make the kernel read or write out of bounds: selectors a record cannot hold read garbage inside the
+staging buffer, raw indices past the raw array write zeros, and exception positions past the tile, rows past
+the row group and entry counts past the record's capacity are skipped.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint8, Uint16, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-__all__ = ["GROUP_TILES", "THREADS", "InlineRowExpander", "image_bytes", "record_stage_bytes"]
+__all__ = ["GROUP_TILES", "STORES", "THREADS", "InlineRowExpander", "image_bytes", "record_stage_bytes"]
 
 THREADS = 128
 GROUP_TILES = (8, 32)  # full tiles per column group: narrow planes (up to 35 columns) and wide ones
+STORES = (4, 2)  # bytes per image store of a decoded word: rows of 4k columns, or of even columns
 _CHUNK = 16
 _HEADER = 4
 _MAX_EXCEPTIONS = 63
@@ -68,6 +71,11 @@ def _spread(grp, width: int):
     return out
 
 
+def _quad_words(bases, ow, fields):
+    """A quad's four words: row base + origin + spread fields, per byte (real rows never carry)."""
+    return tuple(bases[k] + ow + fields[k] for k in range(4))
+
+
 class InlineRowExpander:
     """The row-image expansion for ``GT`` full tiles per column group and one base-delta width.
 
@@ -80,18 +88,25 @@ class InlineRowExpander:
     Grid: (row blocks per expert x column groups, routed experts).
     """
 
-    def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
+    def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int):
         if group_tiles not in GROUP_TILES:
             raise ValueError(f"column groups hold {GROUP_TILES} full tiles; got {group_tiles}")
         if delta_bits not in (4, 8):
             raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
+        if store not in STORES:
+            raise ValueError(f"image words are stored {STORES} bytes at a time; got {store}")
         for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
             if n % _CHUNK or n <= 0:
                 raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
+        # a lying header may ask for 4-bit selectors (256 bytes) in any record: the reads stay in the staging
+        # buffer (garbage, never out of bounds) when the last tile's record plus 256 bytes fit it
+        if max_record_bytes + max_tail_bytes < 64 * 4:
+            raise ValueError("the record staging buffer cannot hold a tile's widest selectors")
         self.group_tiles = group_tiles
         self.delta_bits = delta_bits
         self.max_record_bytes = max_record_bytes
         self.max_tail_bytes = max_tail_bytes
+        self.store = store
 
     @cute.jit
     def __call__(
@@ -228,20 +243,32 @@ class InlineRowExpander:
                     )
             cute.arch.cp_async_commit_group()
 
-            # the quad's four row bases (lane g owns quad g of every tile)
+            # lane g owns quad g of every tile: its four rows' bases (byte-replicated) and image offsets,
+            # computed once (slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair, format section 5)
             ref = Int32(base_ref[rb])
             if cutlass.const_expr(db == 4):
                 deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
             else:
                 deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
+            bases = []
+            offsets = []
+            live = []
+            for k in cutlass.range_constexpr(4):
+                r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
+                bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
+                offsets.append(mis + r * pitch)
+                live.append(r < valid)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
 
-            # 2. selectors and raw tiles -> image
+            # 2. selectors and raw tiles -> image (rows past the group are not stored)
             for t in range(warp, ntiles, 4):
                 rec0 = t * record_words
                 h = Uint32(s_rec[rec0 + record_words - 1])
                 mode = Int32(h & 3)
+                # the origin (int8, header bits 8-15) replicated into four bytes; real rows never carry
+                # across bytes (the window stays inside the byte range)
+                ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
                 w0 = Uint32(0)
                 w1 = Uint32(0)
                 w2 = Uint32(0)
@@ -255,49 +282,28 @@ class InlineRowExpander:
                         w1 = frag[1]
                         w2 = frag[2]
                         w3 = frag[3]
-                for m in cutlass.range_constexpr(3):
-                    width = 1 << m
-                    if mode == m and 4 * record_words >= 64 * width + _HEADER:
-                        origin = Int32((h >> 8) & 0xFF)
-                        origin = origin - ((origin & 0x80) << 1)
-                        if cutlass.const_expr(width == 1):
-                            sel_lo = Uint32(s_rec16[2 * rec0 + lane])
-                            sel_hi = Uint32(0)
-                        elif cutlass.const_expr(width == 2):
-                            sel_lo = Uint32(s_rec[rec0 + lane])
-                            sel_hi = Uint32(0)
-                        else:
-                            sel_lo = Uint32(s_rec[rec0 + 2 * lane])
-                            sel_hi = Uint32(s_rec[rec0 + 2 * lane + 1])
-                        group_bits = 4 * width
-                        words = []
-                        for k in cutlass.range_constexpr(4):
-                            lo_bit = k * group_bits
-                            if cutlass.const_expr(lo_bit < 32):
-                                grp_bits = (sel_lo >> lo_bit) & ((1 << group_bits) - 1)
-                            else:
-                                grp_bits = (sel_hi >> (lo_bit - 32)) & ((1 << group_bits) - 1)
-                            b = Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1)) + origin) & 0xFF)
-                            words.append(b * 0x01010101 + _spread(grp_bits, width))
-                        w0 = words[0]
-                        w1 = words[1]
-                        w2 = words[2]
-                        w3 = words[3]
+                elif mode == 0:  # 1-bit fields: a quad's 16 in one u16; 4 bits -> 4 bytes by one multiply
+                    sel = Uint32(s_rec16[2 * rec0 + lane])
+                    w0, w1, w2, w3 = _quad_words(
+                        bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
+                    )
+                elif mode == 1:  # 2-bit fields: one u32
+                    sel = Uint32(s_rec[rec0 + lane])
+                    w0, w1, w2, w3 = _quad_words(bases, ow, [_spread((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
+                else:  # 4-bit fields: two u32
+                    lo = Uint32(s_rec[rec0 + 2 * lane])
+                    hi = Uint32(s_rec[rec0 + 2 * lane + 1])
+                    halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
+                    w0, w1, w2, w3 = _quad_words(bases, ow, [_spread(x, 4) for x in halves])
                 res = [w0, w1, w2, w3]
                 for k in cutlass.range_constexpr(4):
-                    # slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair (format section 5)
-                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
-                    if r < valid:
-                        off = mis + r * pitch + 4 * t
-                        word = res[k]
-                        if (pitch & 3) == 0:
-                            s_img32[off >> 2] = word
-                        elif (pitch & 1) == 0:
-                            s_img16[off >> 1] = Uint16(word & 0xFFFF)
-                            s_img16[(off >> 1) + 1] = Uint16(word >> 16)
+                    if live[k]:
+                        off = offsets[k] + 4 * t
+                        if cutlass.const_expr(self.store == 4):
+                            s_img32[off >> 2] = res[k]
                         else:
-                            for c in cutlass.range_constexpr(4):
-                                s_img8[off + c] = Uint8((word >> (8 * c)) & 0xFF)
+                            s_img16[off >> 1] = Uint16(res[k] & 0xFFFF)
+                            s_img16[(off >> 1) + 1] = Uint16(res[k] >> 16)
 
             if has_tail != 0:
                 # one slot per thread; position p = slot * tc + col
@@ -306,8 +312,7 @@ class InlineRowExpander:
                 if r < valid:
                     h = Uint32(s_rec[tail_word0 + tail_words - 1])
                     mode = Int32(h & 3)
-                    origin = Int32((h >> 8) & 0xFF)
-                    origin = origin - ((origin & 0x80) << 1)
+                    origin = Int32(h << 16) >> 24
                     if cutlass.const_expr(db == 4):
                         delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
                     else:
@@ -330,30 +335,37 @@ class InlineRowExpander:
                             s_img8[mis + r * pitch + 4 * ntiles + c] = Uint8(val)
             cute.arch.sync_threads()
 
-            # 3. exceptions: warps take tiles (the tail tile last), lanes take entries
-            for t in range(warp, ntiles + has_tail, 4):
+            # 3. exceptions: warps take tiles, lanes take entries (full tiles: position = 4 slot + col)
+            for t in range(warp, ntiles, 4):
                 rec0 = t * record_words
-                size = 4 * record_words
-                tcols = Int32(4)
-                if t == ntiles:
-                    rec0 = Int32(tail_word0)
-                    size = 4 * tail_words
-                    tcols = tc
-                h = Uint32(s_rec[rec0 + (size >> 2) - 1])
+                h = Uint32(s_rec[rec0 + record_words - 1])
                 mode = Int32(h & 3)
-                if mode != 3:
-                    sel_bytes = 16 * tcols * (Int32(1) << mode)
-                    cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (size - _HEADER - sel_bytes) // 3)
-                    count = cutlass.min(Int32((h >> 2) & 63), cap)
-                    for j in range(lane, count, 32):
+                count = Int32((h >> 2) & 63)
+                if mode != 3 and count > 0:
+                    sel_bytes = 64 << mode
+                    cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
+                    for j in range(lane, cutlass.min(count, cap), 32):
                         pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                        if pos < 128 * tcols:
-                            slot = pos // tcols
-                            col = pos - slot * tcols
-                            r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                            if r < valid:
-                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
-                                s_img8[mis + r * pitch + 4 * t + col] = val
+                        slot = pos >> 2
+                        r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                        if pos < 512 and r < valid:
+                            val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                            s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
+            if has_tail != 0:
+                if warp == 0:
+                    h = Uint32(s_rec[tail_word0 + tail_words - 1])
+                    mode = Int32(h & 3)
+                    if mode != 3:
+                        sel_bytes = 16 * tc * (Int32(1) << mode)
+                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
+                        for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
+                            pos = Int32(s_rec16[2 * tail_word0 + (sel_bytes >> 1) + j])
+                            if pos < 128 * tc:
+                                slot = pos // tc
+                                r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                                if r < valid:
+                                    val = s_rec8[4 * tail_word0 + sel_bytes + 2 * cap + j]
+                                    s_img8[mis + r * pitch + 4 * ntiles + pos - slot * tc] = val
             cute.arch.sync_threads()
 
             # 4. copy out, 16 bytes per thread and step
@@ -371,12 +383,16 @@ class InlineRowExpander:
                             if lo + b >= mis and lo + b < mis + n:
                                 out8[(chunk0 + i) * 16 + b] = s_img8[lo + b]
             else:
+                # thread -> (row r0 + k rstep, chunk j of the row): one division per thread, not per chunk
                 per_row = row_bytes >> 4
-                for i in range(tid, valid * per_row, THREADS):
-                    r = i // per_row
-                    j = i - r * per_row
-                    src = (r * pitch + 16 * j) >> 2
-                    frag = cute.make_rmem_tensor((4,), Uint32)
-                    for c in cutlass.range_constexpr(4):
-                        frag[c] = s_img32[src + c]
-                    cute.autovec_copy(frag, out_chunks[None, ((row0 + r) * cols + 4 * t0 + 16 * j) >> 4])
+                rstep = THREADS // per_row
+                r0 = tid // per_row
+                j = tid - r0 * per_row
+                if r0 < rstep:
+                    first = ((row0 + r0) * cols + 4 * t0 + 16 * j) >> 4
+                    for r in range(r0, valid, rstep):
+                        src = (r * pitch + 16 * j) >> 2
+                        frag = cute.make_rmem_tensor((4,), Uint32)
+                        for c in cutlass.range_constexpr(4):
+                            frag[c] = s_img32[src + c]
+                        cute.autovec_copy(frag, out_chunks[None, first + ((r - r0) * cols >> 4)])
