@@ -325,9 +325,10 @@ class InlineRowExpander:
                             p = slot * tc + c
                             val = Int32(0)
                             if mode == 3:
-                                at = Int32(h >> 2) * (128 * tc) + p
-                                if at < tail_raw_bytes:
-                                    val = Int32(tail_raw[at])
+                                # compare the index, not its byte offset (a lying index times the row
+                                # length would wrap)
+                                if Int32(h >> 2) < tail_raw_bytes // (128 * tc):
+                                    val = Int32(tail_raw[Int32(h >> 2) * (128 * tc) + p])
                             elif fits:
                                 bit = p * width
                                 byte = Int32(s_rec8[4 * tail_word0 + (bit >> 3)])
