@@ -42,7 +42,7 @@ def test_scalars_follow_the_tensors_in_the_header_and_metadata(built):
         ["data", "void *", 1],
         ["dynamic_shapes", "int32_t", 1],
     ]
-    assert meta["launch"]["grid"] == [["blocks_per_expert", "groups"], "NE", 1]
+    assert meta["launch"]["grid"] == ["block_runs", "groups", "NE"]
 
 
 def test_sass_stages_with_cp_async_writes_whole_chunks_and_never_spills(built):
@@ -63,7 +63,7 @@ import torch
 from csf_kernels.cute_so import TensorRef, load_cute_so
 p = load_cute_so(sys.argv[1])
 assert p.num_args == {len(TENSORS) + len(SCALARS) + 2} and len(p.scalar_args) == {len(SCALARS)}
-assert p.grid({{"NE": 3}}, {{"blocks_per_expert": 40, "groups": 2}}) == [80, 3, 1]
+assert p.grid({{"NE": 3}}, {{"block_runs": 10, "groups": 2}}) == [10, 2, 3]
 dev = torch.device("cuda", 0)
 def ref(shape, dtype):
     n = 1

@@ -77,6 +77,7 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 
 ENGINES = ("auto", "cute", "triton")
+ROW_BLOCKS_PER_CTA_MAX = 4
 
 
 def inline_expansion_launches(
@@ -158,6 +159,8 @@ def _row_expander_launch(
     # programs assume 16-byte aligned inputs: realign views (bind time only)
     arrays = (inline.base_ref, inline.base_delta, inline.records, inline.tail, inline.raw, inline.tail_raw)
     base_ref, deltas, records, tail, raw, tail_raw = (runtime.aligned(a) for a in arrays)
+    per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, out.device)
+    runs = -(-blocks_per_expert // per_cta)
     words = torch.uint32
     args = (
         base_ref,
@@ -179,9 +182,18 @@ def _row_expander_launch(
         geo.experts,
         layout.groups,
         int(layout.flat),
+        per_cta,
+        runs,
     )
     spec = row_expander_spec(inline.fmt, layout.group_tiles, layout.store)
-    return runtime.Launch(spec, (blocks_per_expert * layout.groups, experts.numel(), 1), args)
+    return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
+
+
+def _row_blocks_per_cta(items: int, device: torch.device) -> int:
+    """Row blocks one CTA expands in turn (setup amortised, the next block's records fetched while one is
+    copied out), while the grid still fills every SM with ~16 CTAs."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 16)))
 
 
 def bind_expand_inline(

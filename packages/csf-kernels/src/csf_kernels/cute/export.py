@@ -169,6 +169,8 @@ ROW_EXPANDER_SCALARS = (
     "num_experts",
     "groups",
     "flat",
+    "blocks_per_cta",
+    "block_runs",
 )
 
 
@@ -196,7 +198,7 @@ def row_expander_program(
         scalars=ROW_EXPANDER_SCALARS,
         divisible=(("NR", 4), ("NT", 4), ("NO", 4)),  # 16-byte chunks
         launch=(
-            ("grid", (["blocks_per_expert", "groups"], "NE", 1)),
+            ("grid", ("block_runs", "groups", "NE")),
             ("block", (THREADS, 1, 1)),
             ("dynamic_shared_bytes", smem),
         ),

@@ -7,15 +7,16 @@ Why this shape: the Triton expansion writes each thread's decoded words straight
 128-column group of it) into shared memory laid out like the plane itself, then copies the image out with
 16-byte stores by consecutive threads: whole sectors, one pass.
 
-One CTA of 128 threads per (column group, row block, routed expert):
+One CTA of 128 threads per (run of row blocks, column group, routed expert); for each row block of its run:
 
 1. stage: the group's full-tile records (contiguous in ``records``) and the block's tail record are copied into
-   shared memory with 16-byte ``cp.async`` copies;
+   shared memory with 16-byte ``cp.async`` copies (the next block's while this one is copied out);
 2. decode: warp ``w`` takes the group's tiles ``w, w + 4, ...``; lane ``g`` owns quad ``g`` (slots ``4 g ..
    4 g + 3``, format section 5) and writes its four words ``base + o + field`` (or its raw tile's 16 bytes)
-   into the image; every thread decodes one slot of the tail tile; rows past the row group are skipped;
-3. exceptions: after a barrier, warps take tiles again and lanes their exception entries, patching bytes;
-4. copy out: after a barrier, 16-byte chunks of the image go to the plane.
+   into the image, then (after a warp barrier) the warp's lanes take the tile's exception entries and patch
+   their bytes; every thread decodes one slot of the tail tile, whose exceptions follow a CTA barrier; rows
+   past the row group are skipped;
+3. copy out: after a CTA barrier, 16-byte chunks of the image go to the plane.
 
 Two image layouts (chosen by the host, see :func:`csf_kernels.families.row_image_layout`):
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint8, Uint16, Uint32
+from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.nvgpu import cpasync
 
 __all__ = ["GROUP_TILES", "STORES", "THREADS", "InlineRowExpander", "image_bytes", "record_stage_bytes"]
@@ -130,6 +131,8 @@ class InlineRowExpander:
         num_experts: Int32,
         groups: Int32,
         flat: Int32,
+        blocks_per_cta: Int32,
+        block_runs: Int32,
         stream: cuda.CUstream,
     ):
         self.kernel(
@@ -152,8 +155,9 @@ class InlineRowExpander:
             num_experts,
             groups,
             flat,
+            blocks_per_cta,
         ).launch(
-            grid=(blocks_per_expert * groups, cute.size(expert_ids, mode=[0]), 1),
+            grid=(block_runs, groups, cute.size(expert_ids, mode=[0])),
             block=(THREADS, 1, 1),
             stream=stream,
         )
@@ -180,11 +184,12 @@ class InlineRowExpander:
         num_experts: Int32,
         groups: Int32,
         flat: Int32,
+        blocks_per_cta: Int32,
     ):
         gt = self.group_tiles
         db = self.delta_bits
         tid, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
+        bx, grp, bz = cute.arch.block_idx()
         warp = tid >> 5
         lane = tid & 31
 
@@ -210,15 +215,9 @@ class InlineRowExpander:
         raw_rows = cute.size(raw, mode=[0])
         tail_raw_bytes = cute.size(tail_raw, mode=[0])
 
-        e = Int32(expert_ids[by])
+        e = Int32(expert_ids[bz])
         if e >= 0 and e < num_experts:  # ids outside [0, E) are graph padding: nothing to write
-            blk = bx // groups
-            grp = bx - blk * groups
-            rb = e * blocks_per_expert + blk
-            group_index = blk // blocks_per_group
-            within = blk - group_index * blocks_per_group
-            row0 = e * rows_per_expert + group_index * row_group + within * 128
-            valid = cutlass.min(Int32(128), row_group - within * 128)
+            # this CTA: column group grp, row blocks blk0 .. blk_end - 1 of expert e
             t0 = grp * gt
             ntiles = cutlass.max(Int32(0), cutlass.min(Int32(gt), full_tiles - t0))
             tc = cols - 4 * full_tiles
@@ -227,173 +226,203 @@ class InlineRowExpander:
                 has_tail = Int32(1)
             row_bytes = cutlass.min(Int32(4 * gt), cols - 4 * t0)  # this group's bytes of a row (padded)
             pitch = row_bytes + 4
-            mis = Int32(0)
             if flat != 0:
                 pitch = cols
-                mis = (row0 * cols) & 15
+            chunks = ntiles * (record_words >> 2)
+            tail_chunks_n = (tail_words >> 2) * has_tail
+            blk0 = bx * blocks_per_cta
+            blk_end = cutlass.min(blocks_per_expert, blk0 + blocks_per_cta)
+            group_index = blk0 // blocks_per_group
+            within = blk0 - group_index * blocks_per_group
 
-            # 1. stage the group's records and the tail record (16-byte cp.async copies)
-            first_chunk = (rb * full_tiles + t0) * (record_words >> 2)
-            for i in range(tid, ntiles * (record_words >> 2), THREADS):
-                cute.copy(copy_atom, rec_chunks[None, first_chunk + i], s_chunks[None, i])
-            if has_tail != 0:
-                for i in range(tid, tail_words >> 2, THREADS):
-                    cute.copy(
-                        copy_atom, tail_chunks[None, rb * (tail_words >> 2) + i], s_chunks[None, tail_word0 // 4 + i]
-                    )
+            # stage block blk0's records (16-byte cp.async copies); later blocks are staged while the
+            # previous one is copied out
+            rb0 = e * blocks_per_expert + blk0
+            for i in range(tid, chunks, THREADS):
+                cute.copy(
+                    copy_atom, rec_chunks[None, (rb0 * full_tiles + t0) * (record_words >> 2) + i], s_chunks[None, i]
+                )
+            for i in range(tid, tail_chunks_n, THREADS):
+                cute.copy(
+                    copy_atom, tail_chunks[None, rb0 * (tail_words >> 2) + i], s_chunks[None, tail_word0 // 4 + i]
+                )
             cute.arch.cp_async_commit_group()
 
-            # lane g owns quad g of every tile: its four rows' bases (byte-replicated) and image offsets,
-            # computed once (slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair, format section 5)
-            ref = Int32(base_ref[rb])
-            if cutlass.const_expr(db == 4):
-                deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
-            else:
-                deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
-            bases = []
-            offsets = []
-            live = []
-            for k in cutlass.range_constexpr(4):
-                r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
-                bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
-                offsets.append(mis + r * pitch)
-                live.append(r < valid)
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_threads()
+            for blk in range(blk0, blk_end):
+                rb = e * blocks_per_expert + blk
+                row0 = e * rows_per_expert + group_index * row_group + within * 128
+                valid = cutlass.min(Int32(128), row_group - within * 128)
+                mis = Int32(0)
+                if flat != 0:
+                    mis = (row0 * cols) & 15
 
-            # 2. selectors and raw tiles -> image (rows past the group are not stored)
-            for t in range(warp, ntiles, 4):
-                rec0 = t * record_words
-                h = Uint32(s_rec[rec0 + record_words - 1])
-                mode = Int32(h & 3)
-                # the origin (int8, header bits 8-15) replicated into four bytes; real rows never carry
-                # across bytes (the window stays inside the byte range)
-                ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
-                w0 = Uint32(0)
-                w1 = Uint32(0)
-                w2 = Uint32(0)
-                w3 = Uint32(0)
-                if mode == 3:
-                    idx = Int32(h >> 2)
-                    if idx < raw_rows:
-                        frag = cute.make_rmem_tensor((4,), Uint32)
-                        cute.autovec_copy(cute.zipped_divide(raw[idx, None], (4,))[None, lane], frag)
-                        w0 = frag[0]
-                        w1 = frag[1]
-                        w2 = frag[2]
-                        w3 = frag[3]
-                elif mode == 0:  # 1-bit fields: a quad's 16 in one u16; 4 bits -> 4 bytes by one multiply
-                    sel = Uint32(s_rec16[2 * rec0 + lane])
-                    w0, w1, w2, w3 = _quad_words(
-                        bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
-                    )
-                elif mode == 1:  # 2-bit fields: one u32
-                    sel = Uint32(s_rec[rec0 + lane])
-                    w0, w1, w2, w3 = _quad_words(bases, ow, [_spread((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
-                else:  # 4-bit fields: two u32
-                    lo = Uint32(s_rec[rec0 + 2 * lane])
-                    hi = Uint32(s_rec[rec0 + 2 * lane + 1])
-                    halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
-                    w0, w1, w2, w3 = _quad_words(bases, ow, [_spread(x, 4) for x in halves])
-                res = [w0, w1, w2, w3]
+                # lane g owns quad g of every tile: its four rows' bases (byte-replicated) and image
+                # offsets (slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair, format section 5)
+                ref = Int32(base_ref[rb])
+                if cutlass.const_expr(db == 4):
+                    deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
+                else:
+                    deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
+                bases = []
+                offsets = []
+                live = []
                 for k in cutlass.range_constexpr(4):
-                    if live[k]:
-                        off = offsets[k] + 4 * t
-                        if cutlass.const_expr(self.store == 4):
-                            s_img32[off >> 2] = res[k]
+                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
+                    bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
+                    offsets.append(mis + r * pitch)
+                    live.append(r < valid)
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()  # records landed; the previous block's image is copied out
+
+                # 2. selectors and raw tiles -> image, then the tile's exceptions (warp-synchronous)
+                for t in range(warp, ntiles, 4):
+                    rec0 = t * record_words
+                    h = Uint32(s_rec[rec0 + record_words - 1])
+                    mode = Int32(h & 3)
+                    # the origin (int8, header bits 8-15) replicated into four bytes; real rows never
+                    # carry across bytes (the window stays inside the byte range)
+                    ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
+                    w0 = Uint32(0)
+                    w1 = Uint32(0)
+                    w2 = Uint32(0)
+                    w3 = Uint32(0)
+                    if mode == 3:
+                        idx = Int32(h >> 2)
+                        if idx < raw_rows:
+                            frag = cute.make_rmem_tensor((4,), Uint32)
+                            cute.autovec_copy(cute.zipped_divide(raw[idx, None], (4,))[None, lane], frag)
+                            w0 = frag[0]
+                            w1 = frag[1]
+                            w2 = frag[2]
+                            w3 = frag[3]
+                    elif mode == 0:  # 1-bit fields: a quad's 16 in one u16; 4 bits -> 4 bytes by one multiply
+                        sel = Uint32(s_rec16[2 * rec0 + lane])
+                        w0, w1, w2, w3 = _quad_words(
+                            bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
+                        )
+                    elif mode == 1:  # 2-bit fields: one u32
+                        sel = Uint32(s_rec[rec0 + lane])
+                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
+                    else:  # 4-bit fields: two u32
+                        lo = Uint32(s_rec[rec0 + 2 * lane])
+                        hi = Uint32(s_rec[rec0 + 2 * lane + 1])
+                        halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
+                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread(x, 4) for x in halves])
+                    res = [w0, w1, w2, w3]
+                    for k in cutlass.range_constexpr(4):
+                        if live[k]:
+                            off = offsets[k] + 4 * t
+                            if cutlass.const_expr(self.store == 4):
+                                s_img32[off >> 2] = res[k]
+                            else:
+                                s_img16[off >> 1] = Uint16(res[k] & 0xFFFF)
+                                s_img16[(off >> 1) + 1] = Uint16(res[k] >> 16)
+                    count = Int32((h >> 2) & 63)
+                    if mode != 3 and count > 0:
+                        sel_bytes = 64 << mode
+                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
+                        cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
+                        for j in range(lane, cutlass.min(count, cap), 32):
+                            pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
+                            slot = pos >> 2
+                            r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                            if pos < 512 and r < valid:
+                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                                s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
+
+                if has_tail != 0:
+                    # one slot per thread, position p = slot * tc + col: its tc fields are tc * w
+                    # consecutive bits, read through a 64-bit window of two record words
+                    slot = tid
+                    r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                    h = Uint32(s_rec[tail_word0 + tail_words - 1])
+                    mode = Int32(h & 3)
+                    if r < valid:
+                        if cutlass.const_expr(db == 4):
+                            delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
                         else:
-                            s_img16[off >> 1] = Uint16(res[k] & 0xFFFF)
-                            s_img16[(off >> 1) + 1] = Uint16(res[k] >> 16)
+                            delta = Int32(base_delta[rb, slot])
+                        base = ref + delta + (Int32(h << 16) >> 24)
+                        width = Int32(1) << mode
+                        fits = 4 * tail_words >= 16 * tc * width + _HEADER
+                        bit = slot * tc * width
+                        lo = Uint64(s_rec[tail_word0 + (bit >> 5)])
+                        hi = Uint64(s_rec[tail_word0 + (bit >> 5) + 1])
+                        window = ((hi << 32) | lo) >> Uint64(bit & 31)
+                        idx = Int32(h >> 2)
+                        raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset, which may wrap
+                        for c in cutlass.range_constexpr(3):
+                            if c < tc:
+                                val = Int32(0)
+                                if mode == 3:
+                                    if raw_ok:
+                                        val = Int32(tail_raw[idx * (128 * tc) + slot * tc + c])
+                                elif fits:
+                                    field = Int32((window >> Uint64(c * width)) & Uint64((1 << width) - 1))
+                                    val = (base + field) & 0xFF
+                                s_img8[mis + r * pitch + 4 * ntiles + c] = Uint8(val)
+                    cute.arch.sync_threads()
+                    if warp == 0:
+                        if mode != 3:
+                            sel_bytes = 16 * tc * (Int32(1) << mode)
+                            cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
+                            for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
+                                pos = Int32(s_rec16[2 * tail_word0 + (sel_bytes >> 1) + j])
+                                if pos < 128 * tc:
+                                    slot = pos // tc
+                                    r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                                    if r < valid:
+                                        val = s_rec8[4 * tail_word0 + sel_bytes + 2 * cap + j]
+                                        s_img8[mis + r * pitch + 4 * ntiles + pos - slot * tc] = val
+                cute.arch.sync_threads()  # the image is complete; the record buffer is free
 
-            if has_tail != 0:
-                # one slot per thread; position p = slot * tc + col
-                slot = tid
-                r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                if r < valid:
-                    h = Uint32(s_rec[tail_word0 + tail_words - 1])
-                    mode = Int32(h & 3)
-                    origin = Int32(h << 16) >> 24
-                    if cutlass.const_expr(db == 4):
-                        delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
-                    else:
-                        delta = Int32(base_delta[rb, slot])
-                    base = ref + delta + origin
-                    width = Int32(1) << mode
-                    fits = 4 * tail_words >= 16 * tc * width + _HEADER
-                    for c in cutlass.range_constexpr(3):
-                        if c < tc:
-                            p = slot * tc + c
-                            val = Int32(0)
-                            if mode == 3:
-                                # compare the index, not its byte offset (a lying index times the row
-                                # length would wrap)
-                                if Int32(h >> 2) < tail_raw_bytes // (128 * tc):
-                                    val = Int32(tail_raw[Int32(h >> 2) * (128 * tc) + p])
-                            elif fits:
-                                bit = p * width
-                                byte = Int32(s_rec8[4 * tail_word0 + (bit >> 3)])
-                                val = (base + ((byte >> (bit & 7)) & ((Int32(1) << width) - 1))) & 0xFF
-                            s_img8[mis + r * pitch + 4 * ntiles + c] = Uint8(val)
-            cute.arch.sync_threads()
+                # stage the next block's records while this one is copied out
+                if blk + 1 < blk_end:
+                    nrb = rb + 1
+                    for i in range(tid, chunks, THREADS):
+                        cute.copy(
+                            copy_atom,
+                            rec_chunks[None, (nrb * full_tiles + t0) * (record_words >> 2) + i],
+                            s_chunks[None, i],
+                        )
+                    for i in range(tid, tail_chunks_n, THREADS):
+                        cute.copy(
+                            copy_atom,
+                            tail_chunks[None, nrb * (tail_words >> 2) + i],
+                            s_chunks[None, tail_word0 // 4 + i],
+                        )
+                    cute.arch.cp_async_commit_group()
 
-            # 3. exceptions: warps take tiles, lanes take entries (full tiles: position = 4 slot + col)
-            for t in range(warp, ntiles, 4):
-                rec0 = t * record_words
-                h = Uint32(s_rec[rec0 + record_words - 1])
-                mode = Int32(h & 3)
-                count = Int32((h >> 2) & 63)
-                if mode != 3 and count > 0:
-                    sel_bytes = 64 << mode
-                    cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
-                    for j in range(lane, cutlass.min(count, cap), 32):
-                        pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                        slot = pos >> 2
-                        r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                        if pos < 512 and r < valid:
-                            val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
-                            s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
-            if has_tail != 0:
-                if warp == 0:
-                    h = Uint32(s_rec[tail_word0 + tail_words - 1])
-                    mode = Int32(h & 3)
-                    if mode != 3:
-                        sel_bytes = 16 * tc * (Int32(1) << mode)
-                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
-                        for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
-                            pos = Int32(s_rec16[2 * tail_word0 + (sel_bytes >> 1) + j])
-                            if pos < 128 * tc:
-                                slot = pos // tc
-                                r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                                if r < valid:
-                                    val = s_rec8[4 * tail_word0 + sel_bytes + 2 * cap + j]
-                                    s_img8[mis + r * pitch + 4 * ntiles + pos - slot * tc] = val
-            cute.arch.sync_threads()
+                # 4. copy out, 16 bytes per thread and step
+                if flat != 0:
+                    n = valid * cols
+                    chunk0 = (row0 * cols - mis) >> 4
+                    for i in range(tid, (mis + n + 15) >> 4, THREADS):
+                        lo16 = i * 16
+                        if lo16 >= mis and lo16 + 16 <= mis + n:
+                            frag = cute.make_rmem_tensor((4,), Uint32)
+                            cute.autovec_copy(img_chunks[None, i], frag)
+                            cute.autovec_copy(frag, out_chunks[None, chunk0 + i])
+                        else:
+                            for b in cutlass.range_constexpr(16):
+                                if lo16 + b >= mis and lo16 + b < mis + n:
+                                    out8[(chunk0 + i) * 16 + b] = s_img8[lo16 + b]
+                else:
+                    # thread -> (row r0 + k rstep, chunk j of the row)
+                    per_row = row_bytes >> 4
+                    rstep = THREADS // per_row
+                    r0 = tid // per_row
+                    j = tid - r0 * per_row
+                    if r0 < rstep:
+                        first = ((row0 + r0) * cols + 4 * t0 + 16 * j) >> 4
+                        for r in range(r0, valid, rstep):
+                            src = (r * pitch + 16 * j) >> 2
+                            frag = cute.make_rmem_tensor((4,), Uint32)
+                            for c in cutlass.range_constexpr(4):
+                                frag[c] = s_img32[src + c]
+                            cute.autovec_copy(frag, out_chunks[None, first + ((r - r0) * cols >> 4)])
 
-            # 4. copy out, 16 bytes per thread and step
-            if flat != 0:
-                n = valid * cols
-                chunk0 = (row0 * cols - mis) >> 4
-                for i in range(tid, (mis + n + 15) >> 4, THREADS):
-                    lo = i * 16
-                    if lo >= mis and lo + 16 <= mis + n:
-                        frag = cute.make_rmem_tensor((4,), Uint32)
-                        cute.autovec_copy(img_chunks[None, i], frag)
-                        cute.autovec_copy(frag, out_chunks[None, chunk0 + i])
-                    else:
-                        for b in cutlass.range_constexpr(16):
-                            if lo + b >= mis and lo + b < mis + n:
-                                out8[(chunk0 + i) * 16 + b] = s_img8[lo + b]
-            else:
-                # thread -> (row r0 + k rstep, chunk j of the row): one division per thread, not per chunk
-                per_row = row_bytes >> 4
-                rstep = THREADS // per_row
-                r0 = tid // per_row
-                j = tid - r0 * per_row
-                if r0 < rstep:
-                    first = ((row0 + r0) * cols + 4 * t0 + 16 * j) >> 4
-                    for r in range(r0, valid, rstep):
-                        src = (r * pitch + 16 * j) >> 2
-                        frag = cute.make_rmem_tensor((4,), Uint32)
-                        for c in cutlass.range_constexpr(4):
-                            frag[c] = s_img32[src + c]
-                        cute.autovec_copy(frag, out_chunks[None, first + ((r - r0) * cols >> 4)])
+                within = within + 1
+                if within == blocks_per_group:
+                    within = Int32(0)
+                    group_index = group_index + 1
