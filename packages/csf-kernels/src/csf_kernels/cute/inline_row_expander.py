@@ -59,8 +59,12 @@ def image_bytes(group_tiles: int) -> int:
     return 128 * (4 * group_tiles + 4) + _CHUNK
 
 
+_DELTA_ROW = 128  # the largest base-delta row (8-bit deltas), staged after the records
+
+
 def record_stage_bytes(group_tiles: int, max_record_bytes: int, max_tail_bytes: int) -> int:
-    return group_tiles * max_record_bytes + max_tail_bytes
+    """Staging buffer: a group's records, the tail record and the block's base-delta row."""
+    return group_tiles * max_record_bytes + max_tail_bytes + _DELTA_ROW
 
 
 def _spread(grp, width: int):
@@ -202,6 +206,8 @@ class InlineRowExpander:
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
         tail_word0 = gt * self.max_record_bytes // 4  # the tail record's first word in s_rec
+        delta_word0 = tail_word0 + self.max_tail_bytes // 4  # the base-delta row's first word
+        delta_chunks = db  # 16 * db bytes in 16-byte chunks
 
         copy_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
@@ -209,6 +215,10 @@ class InlineRowExpander:
         rec_chunks = cute.zipped_divide(records, (4,))
         tail_chunks = cute.zipped_divide(tail, (4,))
         s_chunks = cute.zipped_divide(s_rec, (4,))
+        delta_words = cute.recast_tensor(base_delta, Uint32)  # [RB, 4 db] words, rows contiguous
+        delta_rows = cute.zipped_divide(
+            cute.make_tensor(delta_words.iterator, cute.make_layout(cute.size(delta_words))), (4,)
+        )
         out8 = cute.recast_tensor(out, Uint8)
         out_chunks = cute.zipped_divide(out, (4,))
         img_chunks = cute.zipped_divide(s_img32, (4,))
@@ -246,7 +256,14 @@ class InlineRowExpander:
                 cute.copy(
                     copy_atom, tail_chunks[None, rb0 * (tail_words >> 2) + i], s_chunks[None, tail_word0 // 4 + i]
                 )
+            if tid < delta_chunks:
+                cute.copy(copy_atom, delta_rows[None, rb0 * delta_chunks + tid], s_chunks[None, delta_word0 // 4 + tid])
             cute.arch.cp_async_commit_group()
+            ref = Int32(base_ref[rb0])
+            # exception capacity of a full tile per selector mode (1, 2, 4 bits)
+            caps = [
+                cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - (64 << m)) // 3) for m in range(3)
+            ]
 
             for blk in range(blk0, blk_end):
                 rb = e * blocks_per_expert + blk
@@ -258,21 +275,20 @@ class InlineRowExpander:
 
                 # lane g owns quad g of every tile: its four rows' bases (byte-replicated) and image
                 # offsets (slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair, format section 5)
-                ref = Int32(base_ref[rb])
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()  # records landed; the previous block's image is copied out
                 if cutlass.const_expr(db == 4):
-                    deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
+                    deltas = Uint32(s_rec16[2 * delta_word0 + lane])
                 else:
-                    deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
+                    deltas = Uint32(s_rec[delta_word0 + lane])
                 bases = []
-                offsets = []
+                slots = []  # image index (words, or halves) of the quad's rows at tile 0
                 live = []
                 for k in cutlass.range_constexpr(4):
                     r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
                     bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
-                    offsets.append(mis + r * pitch)
+                    slots.append((mis + r * pitch) // self.store)
                     live.append(r < valid)
-                cute.arch.cp_async_wait_group(0)
-                cute.arch.sync_threads()  # records landed; the previous block's image is copied out
 
                 # 2. selectors and raw tiles -> image, then the tile's exceptions (warp-synchronous)
                 for t in range(warp, ntiles, 4):
@@ -311,16 +327,19 @@ class InlineRowExpander:
                     res = [w0, w1, w2, w3]
                     for k in cutlass.range_constexpr(4):
                         if live[k]:
-                            off = offsets[k] + 4 * t
                             if cutlass.const_expr(self.store == 4):
-                                s_img32[off >> 2] = res[k]
+                                s_img32[slots[k] + t] = res[k]
                             else:
-                                s_img16[off >> 1] = Uint16(res[k] & 0xFFFF)
-                                s_img16[(off >> 1) + 1] = Uint16(res[k] >> 16)
+                                s_img16[slots[k] + 2 * t] = Uint16(res[k] & 0xFFFF)
+                                s_img16[slots[k] + 2 * t + 1] = Uint16(res[k] >> 16)
                     count = Int32((h >> 2) & 63)
                     if mode != 3 and count > 0:
                         sel_bytes = 64 << mode
-                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
+                        cap = caps[2]
+                        if mode == 0:
+                            cap = caps[0]
+                        elif mode == 1:
+                            cap = caps[1]
                         cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
                         for j in range(lane, cutlass.min(count, cap), 32):
                             pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
@@ -339,9 +358,9 @@ class InlineRowExpander:
                     mode = Int32(h & 3)
                     if r < valid:
                         if cutlass.const_expr(db == 4):
-                            delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
+                            delta = (Int32(s_rec8[4 * delta_word0 + (slot >> 1)]) >> (4 * (slot & 1))) & 15
                         else:
-                            delta = Int32(base_delta[rb, slot])
+                            delta = Int32(s_rec8[4 * delta_word0 + slot])
                         base = ref + delta + (Int32(h << 16) >> 24)
                         width = Int32(1) << mode
                         fits = 4 * tail_words >= 16 * tc * width + _HEADER
@@ -391,7 +410,14 @@ class InlineRowExpander:
                             tail_chunks[None, nrb * (tail_words >> 2) + i],
                             s_chunks[None, tail_word0 // 4 + i],
                         )
+                    if tid < delta_chunks:
+                        cute.copy(
+                            copy_atom,
+                            delta_rows[None, nrb * delta_chunks + tid],
+                            s_chunks[None, delta_word0 // 4 + tid],
+                        )
                     cute.arch.cp_async_commit_group()
+                    ref = Int32(base_ref[nrb])
 
                 # 4. copy out, 16 bytes per thread and step
                 if flat != 0:
