@@ -265,6 +265,15 @@ class InlineRowExpander:
                 cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - (64 << m)) // 3) for m in range(3)
             ]
 
+            # per thread, fixed across blocks: its quad's rows (r_k) and their image offsets at tile 0 without
+            # the block's misalignment, and its copy-out slot (padded images: row r_first + k r_step, chunk j)
+            quad_rows = [64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1) for k in range(4)]
+            quad_offsets = [r * pitch for r in quad_rows]
+            per_row = cutlass.max(Int32(1), row_bytes >> 4)
+            r_step = THREADS // per_row
+            r_first = tid // per_row
+            j_chunk = tid - r_first * per_row
+
             for blk in range(blk0, blk_end):
                 rb = e * blocks_per_expert + blk
                 row0 = e * rows_per_expert + group_index * row_group + within * 128
@@ -285,10 +294,9 @@ class InlineRowExpander:
                 slots = []  # image index (words, or halves) of the quad's rows at tile 0
                 live = []
                 for k in cutlass.range_constexpr(4):
-                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
                     bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
-                    slots.append((mis + r * pitch) // self.store)
-                    live.append(r < valid)
+                    slots.append((mis + quad_offsets[k]) // self.store)
+                    live.append(quad_rows[k] < valid)
 
                 # 2. selectors and raw tiles -> image, then the tile's exceptions (warp-synchronous)
                 for t in range(warp, ntiles, 4):
@@ -341,13 +349,16 @@ class InlineRowExpander:
                         elif mode == 1:
                             cap = caps[1]
                         cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
-                        for j in range(lane, cutlass.min(count, cap), 32):
-                            pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                            slot = pos >> 2
-                            r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                            if pos < 512 and r < valid:
-                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
-                                s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
+                        n = cutlass.min(count, cap)
+                        for half in cutlass.range_constexpr(2):  # at most 63 entries: two rounds of lanes
+                            j = lane + 32 * half
+                            if j < n:
+                                pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
+                                slot = pos >> 2
+                                r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                                if pos < 512 and r < valid:
+                                    val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                                    s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
 
                 if has_tail != 0:
                     # one slot per thread, position p = slot * tc + col: its tc fields are tc * w
@@ -434,19 +445,14 @@ class InlineRowExpander:
                                 if lo16 + b >= mis and lo16 + b < mis + n:
                                     out8[(chunk0 + i) * 16 + b] = s_img8[lo16 + b]
                 else:
-                    # thread -> (row r0 + k rstep, chunk j of the row)
-                    per_row = row_bytes >> 4
-                    rstep = THREADS // per_row
-                    r0 = tid // per_row
-                    j = tid - r0 * per_row
-                    if r0 < rstep:
-                        first = ((row0 + r0) * cols + 4 * t0 + 16 * j) >> 4
-                        for r in range(r0, valid, rstep):
-                            src = (r * pitch + 16 * j) >> 2
+                    if r_first < r_step:
+                        first = ((row0 + r_first) * cols + 4 * t0 + 16 * j_chunk) >> 4
+                        for r in range(r_first, valid, r_step):
+                            src = (r * pitch + 16 * j_chunk) >> 2
                             frag = cute.make_rmem_tensor((4,), Uint32)
                             for c in cutlass.range_constexpr(4):
                                 frag[c] = s_img32[src + c]
-                            cute.autovec_copy(frag, out_chunks[None, first + ((r - r0) * cols >> 4)])
+                            cute.autovec_copy(frag, out_chunks[None, first + ((r - r_first) * cols >> 4)])
 
                 within = within + 1
                 if within == blocks_per_group:
