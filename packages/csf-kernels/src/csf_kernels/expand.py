@@ -76,7 +76,9 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
     return experts
 
 
-ENGINES = ("auto", "cute", "triton")
+# "triton": the tile programs of csf_kernels.kernels.expand_inline (the default: faster on the DS4.1-TP4
+# layer, 67 vs 73 us, docs/perf-notes.md); "cute": the row-image expander of csf_kernels.cute.inline_row_expander
+ENGINES = ("triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
 
 
@@ -86,13 +88,12 @@ def inline_expansion_launches(
     *,
     experts: torch.Tensor | None = None,
     store: int | None = None,
-    engine: str = "auto",
+    engine: str = "triton",
 ) -> list[runtime.Launch]:
     """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
 
-    ``engine``: "cute" (the row-image expander, :mod:`csf_kernels.cute.inline_row_expander`), "triton"
-    (:mod:`csf_kernels.kernels.expand_inline`) or "auto" (the CuTe one wherever its layout covers the plane);
-    ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
+    ``engine``: one of :data:`ENGINES` ("cute" covers planes :func:`~csf_kernels.families.row_image_layout`
+    accepts); ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     geo = inline.geometry
@@ -103,10 +104,10 @@ def inline_expansion_launches(
     experts = _expert_ids(experts, geo.experts, dev)
     if experts.numel() == 0:
         return []
-    layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
-    if engine == "cute" and layout is None:
-        raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
-    if engine != "triton" and store is None and layout is not None:
+    if engine == "cute":
+        layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
+        if layout is None or store is not None:
+            raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
         return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     # programs assume 16-byte aligned inputs: realign views (bind time only)
@@ -202,7 +203,7 @@ def bind_expand_inline(
     *,
     experts: torch.Tensor | None = None,
     geometry: str | None = None,
-    engine: str = "auto",
+    engine: str = "triton",
 ) -> BoundExpansion:
     """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
 

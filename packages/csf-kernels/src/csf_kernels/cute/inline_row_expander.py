@@ -59,12 +59,8 @@ def image_bytes(group_tiles: int) -> int:
     return 128 * (4 * group_tiles + 4) + _CHUNK
 
 
-_DELTA_ROW = 128  # the largest base-delta row (8-bit deltas), staged after the records
-
-
 def record_stage_bytes(group_tiles: int, max_record_bytes: int, max_tail_bytes: int) -> int:
-    """Staging buffer: a group's records, the tail record and the block's base-delta row."""
-    return group_tiles * max_record_bytes + max_tail_bytes + _DELTA_ROW
+    return group_tiles * max_record_bytes + max_tail_bytes
 
 
 def _spread(grp, width: int):
@@ -206,8 +202,6 @@ class InlineRowExpander:
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
         tail_word0 = gt * self.max_record_bytes // 4  # the tail record's first word in s_rec
-        delta_word0 = tail_word0 + self.max_tail_bytes // 4  # the base-delta row's first word
-        delta_chunks = db  # 16 * db bytes in 16-byte chunks
 
         copy_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
@@ -215,10 +209,6 @@ class InlineRowExpander:
         rec_chunks = cute.zipped_divide(records, (4,))
         tail_chunks = cute.zipped_divide(tail, (4,))
         s_chunks = cute.zipped_divide(s_rec, (4,))
-        delta_words = cute.recast_tensor(base_delta, Uint32)  # [RB, 4 db] words, rows contiguous
-        delta_rows = cute.zipped_divide(
-            cute.make_tensor(delta_words.iterator, cute.make_layout(cute.size(delta_words))), (4,)
-        )
         out8 = cute.recast_tensor(out, Uint8)
         out_chunks = cute.zipped_divide(out, (4,))
         img_chunks = cute.zipped_divide(s_img32, (4,))
@@ -256,23 +246,7 @@ class InlineRowExpander:
                 cute.copy(
                     copy_atom, tail_chunks[None, rb0 * (tail_words >> 2) + i], s_chunks[None, tail_word0 // 4 + i]
                 )
-            if tid < delta_chunks:
-                cute.copy(copy_atom, delta_rows[None, rb0 * delta_chunks + tid], s_chunks[None, delta_word0 // 4 + tid])
             cute.arch.cp_async_commit_group()
-            ref = Int32(base_ref[rb0])
-            # exception capacity of a full tile per selector mode (1, 2, 4 bits)
-            caps = [
-                cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - (64 << m)) // 3) for m in range(3)
-            ]
-
-            # per thread, fixed across blocks: its quad's rows (r_k) and their image offsets at tile 0 without
-            # the block's misalignment, and its copy-out slot (padded images: row r_first + k r_step, chunk j)
-            quad_rows = [64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1) for k in range(4)]
-            quad_offsets = [r * pitch for r in quad_rows]
-            per_row = cutlass.max(Int32(1), row_bytes >> 4)
-            r_step = THREADS // per_row
-            r_first = tid // per_row
-            j_chunk = tid - r_first * per_row
 
             for blk in range(blk0, blk_end):
                 rb = e * blocks_per_expert + blk
@@ -284,19 +258,21 @@ class InlineRowExpander:
 
                 # lane g owns quad g of every tile: its four rows' bases (byte-replicated) and image
                 # offsets (slot 4 g + k -> row 64 half + 16 warp + quad + 8 pair, format section 5)
-                cute.arch.cp_async_wait_group(0)
-                cute.arch.sync_threads()  # records landed; the previous block's image is copied out
+                ref = Int32(base_ref[rb])
                 if cutlass.const_expr(db == 4):
-                    deltas = Uint32(s_rec16[2 * delta_word0 + lane])
+                    deltas = Uint32(cute.recast_tensor(base_delta, Uint16)[rb, lane])
                 else:
-                    deltas = Uint32(s_rec[delta_word0 + lane])
+                    deltas = Uint32(cute.recast_tensor(base_delta, Uint32)[rb, lane])
                 bases = []
-                slots = []  # image index (words, or halves) of the quad's rows at tile 0
+                offsets = []
                 live = []
                 for k in cutlass.range_constexpr(4):
+                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
                     bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
-                    slots.append((mis + quad_offsets[k]) // self.store)
-                    live.append(quad_rows[k] < valid)
+                    offsets.append(mis + r * pitch)
+                    live.append(r < valid)
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()  # records landed; the previous block's image is copied out
 
                 # 2. selectors and raw tiles -> image, then the tile's exceptions (warp-synchronous)
                 for t in range(warp, ntiles, 4):
@@ -335,30 +311,24 @@ class InlineRowExpander:
                     res = [w0, w1, w2, w3]
                     for k in cutlass.range_constexpr(4):
                         if live[k]:
+                            off = offsets[k] + 4 * t
                             if cutlass.const_expr(self.store == 4):
-                                s_img32[slots[k] + t] = res[k]
+                                s_img32[off >> 2] = res[k]
                             else:
-                                s_img16[slots[k] + 2 * t] = Uint16(res[k] & 0xFFFF)
-                                s_img16[slots[k] + 2 * t + 1] = Uint16(res[k] >> 16)
+                                s_img16[off >> 1] = Uint16(res[k] & 0xFFFF)
+                                s_img16[(off >> 1) + 1] = Uint16(res[k] >> 16)
                     count = Int32((h >> 2) & 63)
                     if mode != 3 and count > 0:
                         sel_bytes = 64 << mode
-                        cap = caps[2]
-                        if mode == 0:
-                            cap = caps[0]
-                        elif mode == 1:
-                            cap = caps[1]
+                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
                         cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
-                        n = cutlass.min(count, cap)
-                        for half in cutlass.range_constexpr(2):  # at most 63 entries: two rounds of lanes
-                            j = lane + 32 * half
-                            if j < n:
-                                pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                                slot = pos >> 2
-                                r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
-                                if pos < 512 and r < valid:
-                                    val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
-                                    s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
+                        for j in range(lane, cutlass.min(count, cap), 32):
+                            pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
+                            slot = pos >> 2
+                            r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                            if pos < 512 and r < valid:
+                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                                s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
 
                 if has_tail != 0:
                     # one slot per thread, position p = slot * tc + col: its tc fields are tc * w
@@ -369,9 +339,9 @@ class InlineRowExpander:
                     mode = Int32(h & 3)
                     if r < valid:
                         if cutlass.const_expr(db == 4):
-                            delta = (Int32(s_rec8[4 * delta_word0 + (slot >> 1)]) >> (4 * (slot & 1))) & 15
+                            delta = (Int32(base_delta[rb, slot >> 1]) >> (4 * (slot & 1))) & 15
                         else:
-                            delta = Int32(s_rec8[4 * delta_word0 + slot])
+                            delta = Int32(base_delta[rb, slot])
                         base = ref + delta + (Int32(h << 16) >> 24)
                         width = Int32(1) << mode
                         fits = 4 * tail_words >= 16 * tc * width + _HEADER
@@ -421,14 +391,7 @@ class InlineRowExpander:
                             tail_chunks[None, nrb * (tail_words >> 2) + i],
                             s_chunks[None, tail_word0 // 4 + i],
                         )
-                    if tid < delta_chunks:
-                        cute.copy(
-                            copy_atom,
-                            delta_rows[None, nrb * delta_chunks + tid],
-                            s_chunks[None, delta_word0 // 4 + tid],
-                        )
                     cute.arch.cp_async_commit_group()
-                    ref = Int32(base_ref[nrb])
 
                 # 4. copy out, 16 bytes per thread and step
                 if flat != 0:
@@ -445,14 +408,19 @@ class InlineRowExpander:
                                 if lo16 + b >= mis and lo16 + b < mis + n:
                                     out8[(chunk0 + i) * 16 + b] = s_img8[lo16 + b]
                 else:
-                    if r_first < r_step:
-                        first = ((row0 + r_first) * cols + 4 * t0 + 16 * j_chunk) >> 4
-                        for r in range(r_first, valid, r_step):
-                            src = (r * pitch + 16 * j_chunk) >> 2
+                    # thread -> (row r0 + k rstep, chunk j of the row)
+                    per_row = row_bytes >> 4
+                    rstep = THREADS // per_row
+                    r0 = tid // per_row
+                    j = tid - r0 * per_row
+                    if r0 < rstep:
+                        first = ((row0 + r0) * cols + 4 * t0 + 16 * j) >> 4
+                        for r in range(r0, valid, rstep):
+                            src = (r * pitch + 16 * j) >> 2
                             frag = cute.make_rmem_tensor((4,), Uint32)
                             for c in cutlass.range_constexpr(4):
                                 frag[c] = s_img32[src + c]
-                            cute.autovec_copy(frag, out_chunks[None, first + ((r - r_first) * cols >> 4)])
+                            cute.autovec_copy(frag, out_chunks[None, first + ((r - r0) * cols >> 4)])
 
                 within = within + 1
                 if within == blocks_per_group:
