@@ -80,6 +80,7 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 # layer, 67 vs 73 us, docs/perf-notes.md); "cute": the row-image expander of csf_kernels.cute.inline_row_expander
 ENGINES = ("triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
+NARROW_GROUP_TILES = 8  # csf_kernels.cute.narrow_row_expander (not imported here: it needs cutlass)
 
 
 def inline_expansion_launches(
@@ -160,7 +161,7 @@ def _row_expander_launch(
     # programs assume 16-byte aligned inputs: realign views (bind time only)
     arrays = (inline.base_ref, inline.base_delta, inline.records, inline.tail, inline.raw, inline.tail_raw)
     base_ref, deltas, records, tail, raw, tail_raw = (runtime.aligned(a) for a in arrays)
-    per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, out.device)
+    per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, layout.group_tiles, out.device)
     runs = -(-blocks_per_expert // per_cta)
     words = torch.uint32
     args = (
@@ -190,10 +191,13 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-def _row_blocks_per_cta(items: int, device: torch.device) -> int:
+def _row_blocks_per_cta(items: int, group_tiles: int, device: torch.device) -> int:
     """Row blocks one CTA expands in turn (setup amortised, the next block's records fetched while one is
-    copied out), while the grid still fills every SM with ~16 CTAs."""
+    copied out), while the grid still fills every SM with ~16 CTAs; narrow planes (8-tile groups) give each
+    of a CTA's four warps its own blocks, so ~32 warps per SM."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    if group_tiles == NARROW_GROUP_TILES:
+        return 4 * max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 32)))
     return max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 16)))
 
 

@@ -83,7 +83,7 @@ def stage_decoder_spec(fmt: ScaleFormat, record_bytes: int) -> ProgramSpec:
 
 # CuTe DSL: inline expansion through a shared-memory image of whole rows (csf_kernels/cute/inline_row_expander.py)
 CUTE_ROW_EXPANDER = "expand.inline_rows"
-CUTE_ROW_EXPANDER_VERSION = 1
+CUTE_ROW_EXPANDER_VERSION = 2  # 2: narrow planes (GT=8) one warp per row block
 ROW_EXPANDER_GROUP_TILES = (8, 32)  # full tiles per column group: planes of at most 8 full tiles, and wider
 ROW_EXPANDER_MAX_GROUPS_COLS = 4 * ROW_EXPANDER_GROUP_TILES[-1]
 

@@ -177,14 +177,30 @@ ROW_EXPANDER_SCALARS = (
 def row_expander_program(
     group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int
 ) -> CuteProgram:
+    """The row expander for ``group_tiles`` full tiles per column group: CTA-wide (32), or one warp per row
+    block for narrow planes (8, :mod:`~csf_kernels.cute.narrow_row_expander`)."""
     from .inline_row_expander import THREADS, InlineRowExpander, image_bytes, record_stage_bytes
+    from .narrow_row_expander import NARROW_GROUP_TILES, NarrowRowExpander
 
-    InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store)  # validates
-    smem = image_bytes(group_tiles) + record_stage_bytes(group_tiles, max_record_bytes, max_tail_bytes)
+    if group_tiles == NARROW_GROUP_TILES:
+        kernel = NarrowRowExpander(delta_bits, max_record_bytes, max_tail_bytes, store)  # validates
+
+        def factory():
+            return NarrowRowExpander(delta_bits, max_record_bytes, max_tail_bytes, store)
+
+        smem, program = kernel.shared_bytes(), "narrow_row_expander"
+    else:
+        InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store)  # validates
+
+        def factory():
+            return InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store)
+
+        smem = image_bytes(group_tiles) + record_stage_bytes(group_tiles, max_record_bytes, max_tail_bytes)
+        program = "inline_row_expander"
     return CuteProgram(
         name=row_expander_name(group_tiles, delta_bits, store),
-        program="inline_row_expander",
-        factory=lambda: InlineRowExpander(group_tiles, delta_bits, max_record_bytes, max_tail_bytes, store),
+        program=program,
+        factory=factory,
         tensors=(
             ("base_ref", "uint8", ("RB",)),
             ("base_delta", "uint8", ("RB", 16 * delta_bits)),
