@@ -10,8 +10,10 @@ owns slots ``4 g .. 4 g + 3``) into its own image of the rows, patches exception
 in 16-byte chunks, with warp barriers only. A CTA's four warps take the blocks of its run in turn (warp ``w``:
 blocks ``w, w + 4, ...``) and fetch their next block's records during the copy-out.
 
-The image layouts, the arguments and the bounds rules are those of the CTA-wide expander (``GT`` = 8); the
-grid is (runs of ``blocks_per_cta`` row blocks, 1, routed experts).
+The image layouts, the arguments and the bounds rules are those of the CTA-wide expander (``GT`` = 8: column
+groups of 8 full tiles, the tail tile in the last); the grid is (runs of ``blocks_per_cta`` row blocks, column
+groups, routed experts). Planes of 16-byte multiple columns wider than 8 tiles (W13: 160 columns, 5 groups)
+are imaged in groups of 32-byte row segments: whole sectors.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class NarrowRowExpander:
             record_words,
             tail_words,
             num_experts,
+            groups,
             flat,
             blocks_per_cta,
         ).launch(
@@ -147,12 +150,13 @@ class NarrowRowExpander:
         record_words: Int32,
         tail_words: Int32,
         num_experts: Int32,
+        groups: Int32,
         flat: Int32,
         blocks_per_cta: Int32,
     ):
         db = self.delta_bits
         tid, _, _ = cute.arch.thread_idx()
-        bx, _, bz = cute.arch.block_idx()
+        bx, grp, bz = cute.arch.block_idx()
         warp = tid >> 5
         lane = tid & 31
 
@@ -191,14 +195,20 @@ class NarrowRowExpander:
         blk_first = bx * blocks_per_cta + warp
         blk_end = cutlass.min(blocks_per_expert, bx * blocks_per_cta + blocks_per_cta)
         if e >= 0 and e < num_experts and blk_first < blk_end:
-            ntiles = cutlass.min(Int32(NARROW_GROUP_TILES), full_tiles)
-            tc = cols - 4 * full_tiles
-            row_bytes = cutlass.min(Int32(4 * NARROW_GROUP_TILES), cols)
+            # column group grp: full tiles t0 .. t0 + ntiles - 1, and the tail tile in the last group
+            t0 = grp * NARROW_GROUP_TILES
+            ntiles = cutlass.max(Int32(0), cutlass.min(Int32(NARROW_GROUP_TILES), full_tiles - t0))
+            tc = Int32(0)
+            if grp == groups - 1:
+                tc = cols - 4 * full_tiles
+            row_bytes = cutlass.min(Int32(4 * NARROW_GROUP_TILES), cols - 4 * t0)
             pitch = row_bytes + 4
             if flat != 0:
                 pitch = cols
             chunks = ntiles * (record_words >> 2)
-            tail_chunks_n = tail_words >> 2  # 0 without a tail
+            tail_chunks_n = Int32(0)  # tail chunks per block: none outside the last group or without a tail
+            if tc > 0:
+                tail_chunks_n = tail_words >> 2
             group_index = blk_first // blocks_per_group
             within = blk_first - group_index * blocks_per_group
 
@@ -206,7 +216,7 @@ class NarrowRowExpander:
             for i in range(lane, chunks, 32):
                 cute.copy(
                     copy_atom,
-                    rec_chunks[None, rb0 * full_tiles * (record_words >> 2) + i],
+                    rec_chunks[None, (rb0 * full_tiles + t0) * (record_words >> 2) + i],
                     s_chunks[None, rw0 // 4 + i],
                 )
             for i in range(lane, tail_chunks_n, 32):
@@ -354,7 +364,7 @@ class NarrowRowExpander:
                     for i in range(lane, chunks, 32):
                         cute.copy(
                             copy_atom,
-                            rec_chunks[None, nrb * full_tiles * (record_words >> 2) + i],
+                            rec_chunks[None, (nrb * full_tiles + t0) * (record_words >> 2) + i],
                             s_chunks[None, rw0 // 4 + i],
                         )
                     for i in range(lane, tail_chunks_n, 32):
@@ -383,7 +393,7 @@ class NarrowRowExpander:
                                     out8[(chunk0 + i) * 16 + b] = s_img8[4 * iw0 + lo16 + b]
                 else:
                     if r_first < r_step:
-                        first = ((row0 + r_first) * cols + 16 * j_chunk) >> 4
+                        first = ((row0 + r_first) * cols + 4 * t0 + 16 * j_chunk) >> 4
                         for r in range(r_first, valid, r_step):
                             src = iw0 + ((r * pitch + 16 * j_chunk) >> 2)
                             frag = cute.make_rmem_tensor((4,), Uint32)

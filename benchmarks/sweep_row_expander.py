@@ -1,0 +1,88 @@
+"""Column-group sweep of the CuTe row expander against the Triton expansion, from the AOT cache (frozen).
+
+    python3 benchmarks/sweep_row_expander.py --out FILE
+
+Times each plane of the DeepSeek-V4.1-Flash TP4 MXFP4 layer with every row-image layout the cache has a
+program for (8-tile groups, one warp per row block; 32-tile groups, a CTA per block; Triton's tile
+programs beside them), CUDA-graph replays with L2 flushed, each variant checked bit for bit, so
+``families.row_image_layout`` chooses by measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_expand import layer_planes
+from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture, replay_times
+
+from csf_kernels import runtime
+from csf_kernels.expand import _row_expander_launch, all_experts, inline_expansion_launches
+from csf_kernels.families import ROW_EXPANDER_GROUP_TILES, RowImageLayout, row_image_layout
+
+
+def _layouts(cols: int, plane_bytes: int) -> list[RowImageLayout]:
+    """Every layout of a plane: the chosen one, and for 16-byte multiple columns each group size."""
+    chosen = row_image_layout(cols, plane_bytes)
+    if chosen is None:
+        return []
+    if chosen.flat:
+        return [chosen]
+    full = cols // 4
+    return [RowImageLayout(gt, -(-full // gt), flat=False, store=chosen.store) for gt in ROW_EXPANDER_GROUP_TILES]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    runtime.freeze()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    rows = []
+    for proj, (plane, inline) in layer_planes()[1].items():
+        out = torch.empty_like(plane)
+        experts = all_experts(inline.geometry.experts, plane.device)
+        arms = [("triton", None, inline_expansion_launches(inline, out))]
+        arms += [
+            (f"cute-g{lay.group_tiles}", lay, [_row_expander_launch(inline, out, experts, lay)])
+            for lay in _layouts(plane.shape[-1], plane.numel())
+        ]
+        for name, lay, launches in arms:
+            bound = [la.bind("deepseek-v4.1-flash") for la in launches]
+
+            def run(bound=bound):
+                for b in bound:
+                    b()
+
+            out.fill_(0xAB)
+            run()
+            torch.cuda.synchronize()
+            exact = bool(torch.equal(out, plane))
+            t = replay_times(capture(run), a.reps, flush)
+            med = statistics.median(t)
+            rows.append(
+                {
+                    "plane": proj,
+                    "arm": name,
+                    "layout": None if lay is None else lay.__dict__,
+                    "bit_exact": exact,
+                    "median_us": med * 1e6,
+                    "samples_s": t,
+                }
+            )
+            print(f"{proj:4s} {name:9s} {med * 1e6:8.1f} us exact={exact}", flush=True)
+    doc = {"benchmark": "sweep_row_expander", "provenance": provenance(), "results": rows}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
