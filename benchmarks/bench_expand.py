@@ -56,8 +56,9 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
     routed = torch.randperm(geo.experts, generator=g)[:48].to(torch.int32).cuda()  # 8 tokens x top-6
     scopes = [("layer", None, tuple(planes)), ("routed_48_experts", routed, tuple(planes))]
     scopes += [(f"{p}_only", None, (p,)) for p in planes]
-    # the inline form by both engines side by side (CuTe row images, Triton tiles), then the compact form
-    for form, engine in (("inline", "cute"), ("inline", "triton"), ("compact", None)):
+    # the inline form by the default choice and both engines side by side (CuTe row images, Triton tiles),
+    # then the compact form
+    for form, engine in (("inline", "auto"), ("inline", "cute"), ("inline", "triton"), ("compact", None)):
         for scope, ids, projs in scopes:
 
             def run(form=form, engine=engine, ids=ids, projs=projs):

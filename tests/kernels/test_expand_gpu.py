@@ -46,13 +46,13 @@ def test_expansion_of_the_shared_cases(seed):
         gpu = plane.cuda()
         num = plane.shape[0] if plane.dim() == 3 else 1
         ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "inline-cute", "inline-bytes", "compact"):
+        for form in ("inline", "inline-triton", "inline-cute", "inline-bytes", "compact"):
             if form == "inline-cute" and row_image_layout(plane.shape[-1], plane.numel()) is None:
                 continue  # rows the CuTe row expander does not cover (odd column counts, chunkless planes)
             out = torch.full_like(gpu, POISON)
-            if form in ("inline", "inline-cute"):
+            if form in ("inline", "inline-triton", "inline-cute"):  # "inline": the default engine choice
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
-                engine = "cute" if form == "inline-cute" else "triton"
+                engine = {"inline": "auto", "inline-triton": "triton", "inline-cute": "cute"}[form]
                 expand_inline(inline, out, experts=ids.to(torch.int32).cuda(), engine=engine)
             elif form == "inline-bytes":  # byte stores: the masked, unvectorised path
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
@@ -99,10 +99,11 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_graph_capture_and_replay_with_changed_routes(engine):
-    plane = synthetic_scale_plane((64, 1152, 160), MXFP4, stats=EXCEPTION_DENSE, seed=5)
+@pytest.mark.parametrize(("shape", "group"), [((64, 1152, 160), 576), ((64, 1280, 18), None)], ids=["w13", "w2"])
+def test_graph_capture_and_replay_with_changed_routes(engine, shape, group):
+    plane = synthetic_scale_plane(shape, MXFP4, stats=EXCEPTION_DENSE, seed=5)
     gpu = plane.cuda()
-    inline = encode_inline(gpu, MXFP4, row_group=576)
+    inline = encode_inline(gpu, MXFP4, row_group=group)
     tables = compact_tables(encode_compact(gpu, MXFP4).payload)
     ids = torch.zeros(48, dtype=torch.int32, device="cuda")
     out_i = torch.empty_like(gpu)

@@ -76,9 +76,11 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
     return experts
 
 
-# "triton": the tile programs of csf_kernels.kernels.expand_inline (the default: faster on the DS4.1-TP4
-# layer, 67 vs 73 us, docs/perf-notes.md); "cute": the row-image expander of csf_kernels.cute.inline_row_expander
-ENGINES = ("triton", "cute")
+# "triton": the tile programs of csf_kernels.kernels.expand_inline; "cute": the row-image expanders of
+# csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): the CuTe one for narrow
+# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 28.5 vs 34.2 us), Triton for wider ones
+# (W13 35 vs 42 us); runs 69-70, docs/perf-notes.md
+ENGINES = ("auto", "triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
 NARROW_GROUP_TILES = 8  # csf_kernels.cute.narrow_row_expander (not imported here: it needs cutlass)
 
@@ -89,7 +91,7 @@ def inline_expansion_launches(
     *,
     experts: torch.Tensor | None = None,
     store: int | None = None,
-    engine: str = "triton",
+    engine: str = "auto",
 ) -> list[runtime.Launch]:
     """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
 
@@ -105,11 +107,13 @@ def inline_expansion_launches(
     experts = _expert_ids(experts, geo.experts, dev)
     if experts.numel() == 0:
         return []
-    if engine == "cute":
+    if engine != "triton":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
-        if layout is None or store is not None:
+        if engine == "cute" and (layout is None or store is not None):
             raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
-        return [_row_expander_launch(inline, out, experts, layout)]
+        narrow = layout is not None and layout.group_tiles == NARROW_GROUP_TILES and layout.groups == 1
+        if engine == "cute" or (narrow and store is None):
+            return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     # programs assume 16-byte aligned inputs: realign views (bind time only)
     arrays = (inline.records, inline.raw, inline.tail, inline.tail_raw, inline.base_delta, inline.base_ref)
@@ -207,7 +211,7 @@ def bind_expand_inline(
     *,
     experts: torch.Tensor | None = None,
     geometry: str | None = None,
-    engine: str = "triton",
+    engine: str = "auto",
 ) -> BoundExpansion:
     """Bind the expansion of ``inline`` into ``out`` (uint8, the plane's shape, same device).
 

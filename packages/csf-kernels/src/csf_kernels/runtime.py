@@ -261,7 +261,14 @@ class Launch:
         else:
             from .cute_so import TensorRef
 
-            args = tuple(TensorRef.of(a) if id(a) in ids else a for a in self.args)
+            # CuTe launches take views (flattened, retyped) of the caller's buffers: match by storage
+            storages = {t.untyped_storage().data_ptr() for t in tensors}
+            args = tuple(
+                TensorRef.of(a)
+                if isinstance(a, torch.Tensor) and (id(a) in ids or a.untyped_storage().data_ptr() in storages)
+                else a
+                for a in self.args
+            )
         return Launch(self.spec, self.grid, args)
 
 
