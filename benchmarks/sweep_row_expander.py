@@ -50,7 +50,7 @@ def main() -> None:
     for proj, (plane, inline) in layer_planes()[1].items():
         out = torch.empty_like(plane)
         experts = all_experts(inline.geometry.experts, plane.device)
-        arms = [("triton", None, inline_expansion_launches(inline, out))]
+        arms = [("triton", None, inline_expansion_launches(inline, out, engine="triton"))]
         arms += [
             (f"cute-g{lay.group_tiles}", lay, [_row_expander_launch(inline, out, experts, lay)])
             for lay in _layouts(plane.shape[-1], plane.numel())

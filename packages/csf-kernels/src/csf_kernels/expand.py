@@ -112,7 +112,8 @@ def inline_expansion_launches(
         if engine == "cute" and (layout is None or store is not None):
             raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
         narrow = layout is not None and layout.group_tiles == NARROW_GROUP_TILES and layout.groups == 1
-        if engine == "cute" or (narrow and store is None):
+        # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
+        if engine == "cute" or (narrow and store is None and out.is_cuda):
             return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     # programs assume 16-byte aligned inputs: realign views (bind time only)
