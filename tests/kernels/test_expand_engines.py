@@ -1,0 +1,74 @@
+"""Which expansion program a plane gets, and what its CuTe launch carries (CPU: launches are built, not run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csf_codec import MXFP4, NVFP4, encode_inline
+from csf_codec.synthetic import synthetic_scale_plane
+from csf_kernels.cute_so import TensorRef
+from csf_kernels.expand import ENGINES, inline_expansion_launches
+from csf_kernels.families import CUTE_ROW_EXPANDER, EXPAND_INLINE, row_expander_spec
+
+
+def _inline(shape, fmt=MXFP4, group=None):
+    return encode_inline(synthetic_scale_plane(shape, fmt, seed=3), fmt, row_group=group)
+
+
+def test_engines_pick_the_programs_the_measurements_chose():
+    assert ENGINES[0] == "auto"
+    w2 = _inline((4, 512, 18))
+    out = torch.empty(w2.shape, dtype=torch.uint8)
+    # CPU tensors run only in Triton's interpreter: "auto" keeps Triton there
+    (auto,) = inline_expansion_launches(w2, out)
+    assert auto.spec.kernel == EXPAND_INLINE.kernel
+    (cute,) = inline_expansion_launches(w2, out, engine="cute")
+    assert cute.spec == row_expander_spec(MXFP4, 8, 2)  # narrow, even columns: 16-bit image stores
+    assert cute.grid[1:] == (1, 4)  # one column group, four experts
+    w13 = _inline((2, 1152, 160), group=576)
+    (wide,) = inline_expansion_launches(w13, torch.empty(w13.shape, dtype=torch.uint8), engine="cute")
+    assert wide.spec == row_expander_spec(MXFP4, 32, 4) and wide.grid[1] == 2  # 160 columns: two groups
+    with pytest.raises(ValueError, match="engine must be one of"):
+        inline_expansion_launches(w2, out, engine="fast")
+
+
+def test_cute_refuses_planes_it_does_not_cover():
+    odd = _inline((2, 128, 37), NVFP4)
+    with pytest.raises(ValueError, match="does not cover"):
+        inline_expansion_launches(odd, torch.empty(odd.shape, dtype=torch.uint8), engine="cute")
+    (launch,) = inline_expansion_launches(odd, torch.empty(odd.shape, dtype=torch.uint8))
+    assert launch.spec.kernel == EXPAND_INLINE.kernel  # odd rows: byte stores, Triton
+    w2 = _inline((2, 128, 18))
+    with pytest.raises(ValueError, match="does not cover"):  # a store width is a Triton knob
+        inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="cute", store=1)
+
+
+def test_cute_launch_arguments_are_flat_word_views_and_scalars():
+    w2 = _inline((4, 512, 18))
+    out = torch.empty(w2.shape, dtype=torch.uint8)
+    experts = torch.tensor([3, -1, 0], dtype=torch.int32)
+    (launch,) = inline_expansion_launches(w2, out, experts=experts, engine="cute")
+    tensors = [a for a in launch.args if isinstance(a, torch.Tensor)]
+    scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
+    assert len(tensors) == 8 and len(scalars) == 13 and all(isinstance(s, int) for s in scalars)
+    records, out_words = tensors[2], tensors[6]
+    assert records.dtype == torch.uint32 and records.dim() == 1 and records.numel() * 4 == w2.records.numel()
+    assert out_words.dtype == torch.uint32 and out_words.data_ptr() == out.data_ptr()
+    assert tensors[7] is experts
+    geo = w2.geometry
+    bpe = geo.row_blocks // geo.experts
+    assert launch.grid == (-(-bpe // scalars[-2]), 1, 3)  # runs of blocks_per_cta row blocks
+
+
+def test_with_pointers_drops_views_of_the_callers_buffers_for_cute_launches():
+    w2 = _inline((2, 256, 18))
+    out = torch.empty(w2.shape, dtype=torch.uint8)
+    (launch,) = inline_expansion_launches(w2, out, engine="cute")
+    refs = launch.with_pointers((out,))
+    assert refs.spec.kernel == CUTE_ROW_EXPANDER
+    snap = refs.args[6]
+    assert isinstance(snap, TensorRef) and snap.data_ptr() == out.data_ptr() and snap.dtype == torch.uint32
+    assert snap.shape == (out.numel() // 4,) and snap.is_contiguous()
+    # the CSF arrays are not the caller's per-call buffers: they stay tensors
+    assert all(isinstance(a, torch.Tensor) for a in refs.args[:6])
