@@ -8,8 +8,7 @@ a block: it stages the block's records, base deltas and tail record into its own
 (``cp.async``), decodes every tile (lane ``g`` owns quad ``g``, format section 5) and the tail (lane ``g``
 owns slots ``4 g .. 4 g + 3``) into its own image of the rows, patches exceptions, and copies the image out
 in 16-byte chunks, with warp barriers only. A CTA's four warps take the blocks of its run in turn (warp ``w``:
-blocks ``w, w + 4, ...``) and fetch their next block's records into a second staging buffer while the current
-block is decoded and copied out.
+blocks ``w, w + 4, ...``) and fetch their next block's records during the copy-out.
 
 The image layouts, the arguments and the bounds rules are those of the CTA-wide expander (``GT`` = 8: column
 groups of 8 full tiles, the tail tile in the last); the grid is (runs of ``blocks_per_cta`` row blocks, column
@@ -76,7 +75,7 @@ class NarrowRowExpander:
 
     def shared_bytes(self) -> int:
         stage, image = warp_region_words(self.max_record_bytes, self.max_tail_bytes)
-        return 4 * WARPS * (2 * stage + image)
+        return 4 * WARPS * (stage + image)
 
     @cute.jit
     def __call__(
@@ -163,20 +162,17 @@ class NarrowRowExpander:
 
         stage_words, image_words = warp_region_words(self.max_record_bytes, self.max_tail_bytes)
         smem = cutlass.memory.SmemAllocator()
-        s_rec = smem.allocate_tensor(Uint32, cute.make_layout((WARPS * 2 * stage_words,)), byte_alignment=16)
+        s_rec = smem.allocate_tensor(Uint32, cute.make_layout((WARPS * stage_words,)), byte_alignment=16)
         s_rec16 = cute.recast_tensor(s_rec, Uint16)
         s_rec8 = cute.recast_tensor(s_rec, Uint8)
         s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((WARPS * image_words,)), byte_alignment=16)
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
-        # this warp's regions (word offsets): two staging buffers (the next block's records land in one while
-        # the other's block is decoded), each holding the records, then the tail record, then the deltas
-        rw0 = warp * 2 * stage_words
+        # this warp's regions (word offsets), and within its staging region the tail record and the deltas
+        rw0 = warp * stage_words
         iw0 = warp * image_words
-        tail_at = NARROW_GROUP_TILES * self.max_record_bytes // 4
-        delta_at = tail_at + self.max_tail_bytes // 4
-        tail_w0 = rw0 + tail_at
-        delta_w0 = rw0 + delta_at
+        tail_w0 = rw0 + NARROW_GROUP_TILES * self.max_record_bytes // 4
+        delta_w0 = tail_w0 + self.max_tail_bytes // 4
         delta_chunks = db  # 16 * db bytes
 
         copy_atom = cute.make_copy_atom(
@@ -229,8 +225,6 @@ class NarrowRowExpander:
                 cute.copy(copy_atom, delta_rows[None, rb0 * delta_chunks + lane], s_chunks[None, delta_w0 // 4 + lane])
             cute.arch.cp_async_commit_group()
             ref = Int32(base_ref[rb0])
-            ref_next = ref
-            buf = Int32(0)
             caps = [
                 cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - (64 << m)) // 3) for m in range(3)
             ]
@@ -247,41 +241,13 @@ class NarrowRowExpander:
                 mis = Int32(0)
                 if flat != 0:
                     mis = (row0 * cols) & 15
-                cur = rw0 + buf * stage_words  # this block's staging buffer
-                tail_w = cur + tail_at
-                delta_w = cur + delta_at
-                # fetch the warp's next block into the other buffer (last read by the previous block, whose
-                # reads all precede its final warp barrier); one commit group per block, possibly empty
-                if blk + WARPS < blk_end:
-                    nrb = rb + WARPS
-                    nxt = rw0 + (buf ^ 1) * stage_words
-                    for i in range(lane, chunks, 32):
-                        cute.copy(
-                            copy_atom,
-                            rec_chunks[None, (nrb * full_tiles + t0) * (record_words >> 2) + i],
-                            s_chunks[None, nxt // 4 + i],
-                        )
-                    for i in range(lane, tail_chunks_n, 32):
-                        cute.copy(
-                            copy_atom,
-                            tail_chunks[None, nrb * tail_chunks_n + i],
-                            s_chunks[None, (nxt + tail_at) // 4 + i],
-                        )
-                    if lane < delta_chunks:
-                        cute.copy(
-                            copy_atom,
-                            delta_rows[None, nrb * delta_chunks + lane],
-                            s_chunks[None, (nxt + delta_at) // 4 + lane],
-                        )
-                    ref_next = Int32(base_ref[nrb])
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(1)
-                cute.arch.sync_warp()  # this block's records landed; the previous image is copied out
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_warp()  # the block's records landed; the previous image is copied out
 
                 if cutlass.const_expr(db == 4):
-                    deltas = Uint32(s_rec16[2 * delta_w + lane])
+                    deltas = Uint32(s_rec16[2 * delta_w0 + lane])
                 else:
-                    deltas = Uint32(s_rec[delta_w + lane])
+                    deltas = Uint32(s_rec[delta_w0 + lane])
                 bases = []
                 slots = []  # image index (words, or halves) of the quad's rows at tile 0
                 live = []
@@ -291,7 +257,7 @@ class NarrowRowExpander:
                     live.append(quad_rows[k] < valid)
 
                 for t in range(ntiles):
-                    rec0 = cur + t * record_words
+                    rec0 = rw0 + t * record_words
                     h = Uint32(s_rec[rec0 + record_words - 1])
                     mode = Int32(h & 3)
                     ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
@@ -348,7 +314,7 @@ class NarrowRowExpander:
                 if tc > 0:
                     # lane g: slots 4 g .. 4 g + 3, position p = slot * tc + col; a slot's tc fields are tc * w
                     # consecutive bits, read through a 64-bit window of two record words
-                    h = Uint32(s_rec[tail_w + tail_words - 1])
+                    h = Uint32(s_rec[tail_w0 + tail_words - 1])
                     mode = Int32(h & 3)
                     width = Int32(1) << mode
                     fits = 4 * tail_words >= 16 * tc * width + _HEADER
@@ -365,8 +331,8 @@ class NarrowRowExpander:
                                 delta = Int32((deltas >> (8 * s)) & 0xFF)
                             base = ref + delta + origin
                             bit = slot * tc * width
-                            lo = Uint64(s_rec[tail_w + (bit >> 5)])
-                            hi = Uint64(s_rec[tail_w + (bit >> 5) + 1])
+                            lo = Uint64(s_rec[tail_w0 + (bit >> 5)])
+                            hi = Uint64(s_rec[tail_w0 + (bit >> 5) + 1])
                             window = ((hi << 32) | lo) >> Uint64(bit & 31)
                             for c in cutlass.range_constexpr(3):
                                 if c < tc:
@@ -383,14 +349,34 @@ class NarrowRowExpander:
                         sel_bytes = 16 * tc * width
                         cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
                         for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
-                            pos = Int32(s_rec16[2 * tail_w + (sel_bytes >> 1) + j])
+                            pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
                             if pos < 128 * tc:
                                 slot = pos // tc
                                 r = _slot_row(slot)
                                 if r < valid:
-                                    val = s_rec8[4 * tail_w + sel_bytes + 2 * cap + j]
+                                    val = s_rec8[4 * tail_w0 + sel_bytes + 2 * cap + j]
                                     s_img8[4 * iw0 + mis + r * pitch + 4 * ntiles + pos - slot * tc] = val
                 cute.arch.sync_warp()  # the image is complete; the staging region is free
+
+                # fetch the warp's next block while this one is copied out
+                if blk + WARPS < blk_end:
+                    nrb = rb + WARPS
+                    for i in range(lane, chunks, 32):
+                        cute.copy(
+                            copy_atom,
+                            rec_chunks[None, (nrb * full_tiles + t0) * (record_words >> 2) + i],
+                            s_chunks[None, rw0 // 4 + i],
+                        )
+                    for i in range(lane, tail_chunks_n, 32):
+                        cute.copy(
+                            copy_atom, tail_chunks[None, nrb * tail_chunks_n + i], s_chunks[None, tail_w0 // 4 + i]
+                        )
+                    if lane < delta_chunks:
+                        cute.copy(
+                            copy_atom, delta_rows[None, nrb * delta_chunks + lane], s_chunks[None, delta_w0 // 4 + lane]
+                        )
+                    cute.arch.cp_async_commit_group()
+                    ref = Int32(base_ref[nrb])
 
                 if flat != 0:
                     n = valid * cols
@@ -415,8 +401,6 @@ class NarrowRowExpander:
                                 frag[c] = s_img32[src + c]
                             cute.autovec_copy(frag, out_chunks[None, first + ((r - r_first) * cols >> 4)])
 
-                buf = buf ^ 1
-                ref = ref_next
                 for _ in cutlass.range_constexpr(WARPS):  # the warp's next block is WARPS blocks on
                     within = within + 1
                     if within == blocks_per_group:
