@@ -43,27 +43,43 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.nvgpu import cpasync
 
-__all__ = ["GROUP_TILES", "STORES", "THREADS", "InlineRowExpander", "image_bytes", "record_stage_bytes"]
+from csf_codec.tile_layout import slot_to_row
+
+__all__ = [
+    "CHUNK_BYTES",
+    "GROUP_TILES",
+    "HEADER_BYTES",
+    "MAX_EXCEPTIONS",
+    "STORES",
+    "THREADS",
+    "WIDE_GROUP_TILES",
+    "InlineRowExpander",
+    "image_bytes",
+    "quad_words",
+    "record_stage_bytes",
+    "spread_fields",
+]
 
 THREADS = 128
 GROUP_TILES = (8, 32)  # full tiles per column group: narrow planes (up to 35 columns) and wide ones
+WIDE_GROUP_TILES = 32  # this module's CTA-wide expander; 8-tile groups: csf_kernels.cute.narrow_row_expander
 STORES = (4, 2)  # bytes per image store of a decoded word: rows of 4k columns, or of even columns
-_CHUNK = 16
-_HEADER = 4
-_MAX_EXCEPTIONS = 63
+CHUNK_BYTES = 16
+HEADER_BYTES = 4
+MAX_EXCEPTIONS = 63
 
 
 def image_bytes(group_tiles: int) -> int:
     """Shared memory for the image: 128 rows at pitch ``4 GT + 4`` (padded; flat rows are at most ``4 GT + 3``
     bytes) plus the flat layout's up to 15 bytes of misalignment."""
-    return 128 * (4 * group_tiles + 4) + _CHUNK
+    return 128 * (4 * group_tiles + 4) + CHUNK_BYTES
 
 
 def record_stage_bytes(group_tiles: int, max_record_bytes: int, max_tail_bytes: int) -> int:
     return group_tiles * max_record_bytes + max_tail_bytes
 
 
-def _spread(grp, width: int):
+def spread_fields(grp, width: int):
     """Four ``width``-bit fields (the columns of one slot) -> one per byte of a word."""
     field = (1 << width) - 1
     out = grp & field
@@ -72,7 +88,7 @@ def _spread(grp, width: int):
     return out
 
 
-def _quad_words(bases, ow, fields):
+def quad_words(bases, ow, fields):
     """A quad's four words: row base + origin + spread fields, per byte (real rows never carry)."""
     return tuple(bases[k] + ow + fields[k] for k in range(4))
 
@@ -90,14 +106,14 @@ class InlineRowExpander:
     """
 
     def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int):
-        if group_tiles not in GROUP_TILES:
-            raise ValueError(f"column groups hold {GROUP_TILES} full tiles; got {group_tiles}")
+        if group_tiles != WIDE_GROUP_TILES:  # narrow planes: NarrowRowExpander
+            raise ValueError(f"the CTA-wide expander takes groups of {WIDE_GROUP_TILES} full tiles; got {group_tiles}")
         if delta_bits not in (4, 8):
             raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
         if store not in STORES:
             raise ValueError(f"image words are stored {STORES} bytes at a time; got {store}")
         for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
-            if n % _CHUNK or n <= 0:
+            if n % CHUNK_BYTES or n <= 0:
                 raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
         # a lying header may ask for 4-bit selectors (256 bytes) in any record: the reads stay in the staging
         # buffer (garbage, never out of bounds) when the last tile's record plus 256 bytes fit it
@@ -267,7 +283,7 @@ class InlineRowExpander:
                 offsets = []
                 live = []
                 for k in cutlass.range_constexpr(4):
-                    r = 64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1)
+                    r = slot_to_row(4 * lane + k)
                     bases.append(Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101)
                     offsets.append(mis + r * pitch)
                     live.append(r < valid)
@@ -297,17 +313,19 @@ class InlineRowExpander:
                             w3 = frag[3]
                     elif mode == 0:  # 1-bit fields: a quad's 16 in one u16; 4 bits -> 4 bytes by one multiply
                         sel = Uint32(s_rec16[2 * rec0 + lane])
-                        w0, w1, w2, w3 = _quad_words(
+                        w0, w1, w2, w3 = quad_words(
                             bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
                         )
                     elif mode == 1:  # 2-bit fields: one u32
                         sel = Uint32(s_rec[rec0 + lane])
-                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
+                        w0, w1, w2, w3 = quad_words(
+                            bases, ow, [spread_fields((sel >> (8 * k)) & 0xFF, 2) for k in range(4)]
+                        )
                     else:  # 4-bit fields: two u32
                         lo = Uint32(s_rec[rec0 + 2 * lane])
                         hi = Uint32(s_rec[rec0 + 2 * lane + 1])
                         halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
-                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread(x, 4) for x in halves])
+                        w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields(x, 4) for x in halves])
                     res = [w0, w1, w2, w3]
                     for k in cutlass.range_constexpr(4):
                         if live[k]:
@@ -320,12 +338,12 @@ class InlineRowExpander:
                     count = Int32((h >> 2) & 63)
                     if mode != 3 and count > 0:
                         sel_bytes = 64 << mode
-                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - sel_bytes) // 3)
+                        cap = cutlass.min(Int32(MAX_EXCEPTIONS), (4 * record_words - HEADER_BYTES - sel_bytes) // 3)
                         cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
                         for j in range(lane, cutlass.min(count, cap), 32):
                             pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
                             slot = pos >> 2
-                            r = 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                            r = slot_to_row(slot)
                             if pos < 512 and r < valid:
                                 val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
                                 s_img8[mis + r * pitch + 4 * t + (pos & 3)] = val
@@ -334,7 +352,7 @@ class InlineRowExpander:
                     # one slot per thread, position p = slot * tc + col: its tc fields are tc * w
                     # consecutive bits, read through a 64-bit window of two record words
                     slot = tid
-                    r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                    r = slot_to_row(slot)
                     h = Uint32(s_rec[tail_word0 + tail_words - 1])
                     mode = Int32(h & 3)
                     if r < valid:
@@ -344,7 +362,7 @@ class InlineRowExpander:
                             delta = Int32(base_delta[rb, slot])
                         base = ref + delta + (Int32(h << 16) >> 24)
                         width = Int32(1) << mode
-                        fits = 4 * tail_words >= 16 * tc * width + _HEADER
+                        fits = 4 * tail_words >= 16 * tc * width + HEADER_BYTES
                         bit = slot * tc * width
                         lo = Uint64(s_rec[tail_word0 + (bit >> 5)])
                         hi = Uint64(s_rec[tail_word0 + (bit >> 5) + 1])
@@ -365,12 +383,12 @@ class InlineRowExpander:
                     if warp == 0:
                         if mode != 3:
                             sel_bytes = 16 * tc * (Int32(1) << mode)
-                            cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
+                            cap = cutlass.min(Int32(MAX_EXCEPTIONS), (4 * tail_words - HEADER_BYTES - sel_bytes) // 3)
                             for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
                                 pos = Int32(s_rec16[2 * tail_word0 + (sel_bytes >> 1) + j])
                                 if pos < 128 * tc:
                                     slot = pos // tc
-                                    r = 64 * ((slot >> 1) & 1) + 16 * (slot >> 5) + ((slot >> 2) & 7) + 8 * (slot & 1)
+                                    r = slot_to_row(slot)
                                     if r < valid:
                                         val = s_rec8[4 * tail_word0 + sel_bytes + 2 * cap + j]
                                         s_img8[mis + r * pitch + 4 * ntiles + pos - slot * tc] = val

@@ -24,16 +24,18 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.nvgpu import cpasync
 
+from csf_codec.tile_layout import slot_to_row
+
 from .inline_row_expander import (
-    _CHUNK,
-    _HEADER,
-    _MAX_EXCEPTIONS,
+    CHUNK_BYTES,
+    HEADER_BYTES,
+    MAX_EXCEPTIONS,
     STORES,
     THREADS,
-    _quad_words,
-    _spread,
     image_bytes,
+    quad_words,
     record_stage_bytes,
+    spread_fields,
 )
 
 __all__ = ["NARROW_GROUP_TILES", "WARPS", "NarrowRowExpander", "warp_region_words"]
@@ -50,11 +52,6 @@ def warp_region_words(max_record_bytes: int, max_tail_bytes: int) -> tuple[int, 
     return stage // 4, image_bytes(NARROW_GROUP_TILES) // 4
 
 
-def _slot_row(slot):
-    # slot = 32 warp + 4 quad + 2 half + pair -> row = 64 half + 16 warp + quad + 8 pair (format section 5)
-    return 64 * ((slot >> 1) & 1) + 16 * ((slot >> 5) & 3) + ((slot >> 2) & 7) + 8 * (slot & 1)
-
-
 class NarrowRowExpander:
     """One warp per row block; arguments as :class:`~csf_kernels.cute.inline_row_expander.InlineRowExpander`."""
 
@@ -64,7 +61,7 @@ class NarrowRowExpander:
         if store not in STORES:
             raise ValueError(f"image words are stored {STORES} bytes at a time; got {store}")
         for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
-            if n % _CHUNK or n <= 0:
+            if n % CHUNK_BYTES or n <= 0:
                 raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
         if max_record_bytes + max_tail_bytes < 64 * 4:
             raise ValueError("the record staging buffer cannot hold a tile's widest selectors")
@@ -226,9 +223,9 @@ class NarrowRowExpander:
             cute.arch.cp_async_commit_group()
             ref = Int32(base_ref[rb0])
             caps = [
-                cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * record_words - _HEADER - (64 << m)) // 3) for m in range(3)
+                cutlass.min(Int32(MAX_EXCEPTIONS), (4 * record_words - HEADER_BYTES - (64 << m)) // 3) for m in range(3)
             ]
-            quad_rows = [64 * (k >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (k & 1) for k in range(4)]
+            quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
             per_row = cutlass.max(Int32(1), row_bytes >> 4)
             r_step = 32 // per_row
             r_first = lane // per_row
@@ -276,17 +273,19 @@ class NarrowRowExpander:
                             w3 = frag[3]
                     elif mode == 0:
                         sel = Uint32(s_rec16[2 * rec0 + lane])
-                        w0, w1, w2, w3 = _quad_words(
+                        w0, w1, w2, w3 = quad_words(
                             bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
                         )
                     elif mode == 1:
                         sel = Uint32(s_rec[rec0 + lane])
-                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
+                        w0, w1, w2, w3 = quad_words(
+                            bases, ow, [spread_fields((sel >> (8 * k)) & 0xFF, 2) for k in range(4)]
+                        )
                     else:
                         lo = Uint32(s_rec[rec0 + 2 * lane])
                         hi = Uint32(s_rec[rec0 + 2 * lane + 1])
                         halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
-                        w0, w1, w2, w3 = _quad_words(bases, ow, [_spread(x, 4) for x in halves])
+                        w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields(x, 4) for x in halves])
                     res = [w0, w1, w2, w3]
                     for k in cutlass.range_constexpr(4):
                         if live[k]:
@@ -306,7 +305,7 @@ class NarrowRowExpander:
                         cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
                         for j in range(lane, cutlass.min(count, cap), 32):
                             pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                            r = _slot_row(pos >> 2)
+                            r = slot_to_row(pos >> 2)
                             if pos < 512 and r < valid:
                                 val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
                                 s_img8[4 * iw0 + mis + r * pitch + 4 * t + (pos & 3)] = val
@@ -317,13 +316,13 @@ class NarrowRowExpander:
                     h = Uint32(s_rec[tail_w0 + tail_words - 1])
                     mode = Int32(h & 3)
                     width = Int32(1) << mode
-                    fits = 4 * tail_words >= 16 * tc * width + _HEADER
+                    fits = 4 * tail_words >= 16 * tc * width + HEADER_BYTES
                     idx = Int32(h >> 2)
                     raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset (may wrap)
                     origin = Int32(h << 16) >> 24
                     for s in cutlass.range_constexpr(4):
                         slot = 4 * lane + s
-                        r = _slot_row(slot)
+                        r = slot_to_row(slot)
                         if r < valid:
                             if cutlass.const_expr(db == 4):
                                 delta = Int32((deltas >> (4 * s)) & 15)
@@ -347,12 +346,12 @@ class NarrowRowExpander:
                     cute.arch.sync_warp()
                     if mode != 3:
                         sel_bytes = 16 * tc * width
-                        cap = cutlass.min(Int32(_MAX_EXCEPTIONS), (4 * tail_words - _HEADER - sel_bytes) // 3)
+                        cap = cutlass.min(Int32(MAX_EXCEPTIONS), (4 * tail_words - HEADER_BYTES - sel_bytes) // 3)
                         for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
                             pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
                             if pos < 128 * tc:
                                 slot = pos // tc
-                                r = _slot_row(slot)
+                                r = slot_to_row(slot)
                                 if r < valid:
                                     val = s_rec8[4 * tail_w0 + sel_bytes + 2 * cap + j]
                                     s_img8[4 * iw0 + mis + r * pitch + 4 * ntiles + pos - slot * tc] = val
