@@ -78,8 +78,8 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 # "triton": the tile programs of csf_kernels.kernels.expand_inline; "cute": the row-image expanders of
 # csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): the CuTe one for narrow
-# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 28.5 vs 34.2 us), Triton for wider ones
-# (W13 35 vs 42 us); runs 69-70, docs/perf-notes.md
+# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 28.4 vs 34.1 us), Triton for wider ones
+# (W13 34.7 vs 42.6 us); runs 69-71 in validation/README.md, docs/perf-notes.md
 ENGINES = ("auto", "triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
 NARROW_GROUP_TILES = 8  # csf_kernels.cute.narrow_row_expander (not imported here: it needs cutlass)
@@ -111,9 +111,9 @@ def inline_expansion_launches(
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
         if engine == "cute" and (layout is None or store is not None):
             raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
-        narrow = layout is not None and layout.group_tiles == NARROW_GROUP_TILES and layout.groups == 1
+        per_warp = layout is not None and layout.group_tiles == NARROW_GROUP_TILES and layout.groups == 1
         # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
-        if engine == "cute" or (narrow and store is None and out.is_cuda):
+        if engine == "cute" or (per_warp and store is None and out.is_cuda):
             return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     # programs assume 16-byte aligned inputs: realign views (bind time only)
