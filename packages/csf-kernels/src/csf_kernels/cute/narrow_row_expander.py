@@ -294,21 +294,50 @@ class NarrowRowExpander:
                             else:
                                 s_img16[slots[k] + 2 * t] = Uint16(res[k] & 0xFFFF)
                                 s_img16[slots[k] + 2 * t + 1] = Uint16(res[k] >> 16)
-                    count = Int32((h >> 2) & 63)
-                    if mode != 3 and count > 0:
-                        sel_bytes = 64 << mode
-                        cap = caps[2]
-                        if mode == 0:
-                            cap = caps[0]
-                        elif mode == 1:
-                            cap = caps[1]
-                        cute.arch.sync_warp()  # the words above are stored before lanes patch their bytes
-                        for j in range(lane, cutlass.min(count, cap), 32):
-                            pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
-                            r = slot_to_row(pos >> 2)
-                            if pos < 512 and r < valid:
-                                val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
-                                s_img8[4 * iw0 + mis + r * pitch + 4 * t + (pos & 3)] = val
+
+                # exceptions of all the block's full tiles in one pass, so the lanes are busy: lane l < ntiles
+                # describes tile l (header, capped entry count), a prefix sum gives each tile's first entry,
+                # and lane j of a round finds its entry's tile by a 3-step search over those starts
+                cute.arch.sync_warp()  # every tile's words are stored before lanes patch their bytes
+                tile_h = Uint32(0)
+                tile_n = Int32(0)
+                tile_cap = Int32(0)
+                if lane < ntiles:
+                    tile_h = Uint32(s_rec[rw0 + lane * record_words + record_words - 1])
+                    tile_mode = Int32(tile_h & 3)
+                    if tile_mode != 3:
+                        tile_cap = caps[2]
+                        if tile_mode == 0:
+                            tile_cap = caps[0]
+                        elif tile_mode == 1:
+                            tile_cap = caps[1]
+                        tile_n = cutlass.max(Int32(0), cutlass.min(Int32((tile_h >> 2) & 63), tile_cap))
+                incl = tile_n
+                for d in cutlass.range_constexpr(3):
+                    up = cute.arch.shuffle_sync_up(incl, 1 << d)
+                    if lane >= (1 << d):
+                        incl = incl + up
+                total = cute.arch.shuffle_sync(incl, NARROW_GROUP_TILES - 1)
+                first = incl - tile_n  # lanes past the tiles: total
+                for base in range(0, total, 32):
+                    j = base + lane
+                    t = Int32(0)
+                    for s in cutlass.range_constexpr(3):
+                        cand = t + (4 >> s)
+                        if cute.arch.shuffle_sync(first, cand) <= j:
+                            t = cand
+                    start = cute.arch.shuffle_sync(first, t)
+                    h = cute.arch.shuffle_sync(tile_h, t)
+                    cap = cute.arch.shuffle_sync(tile_cap, t)
+                    if j < total:
+                        k = j - start
+                        sel_bytes = 64 << Int32(h & 3)
+                        rec0 = rw0 + t * record_words
+                        pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + k])
+                        r = slot_to_row(pos >> 2)
+                        if pos < 512 and r < valid:
+                            val = s_rec8[4 * rec0 + sel_bytes + 2 * cap + k]
+                            s_img8[4 * iw0 + mis + r * pitch + 4 * t + (pos & 3)] = val
 
                 if tc > 0:
                     # lane g: slots 4 g .. 4 g + 3, position p = slot * tc + col; a slot's tc fields are tc * w
