@@ -78,8 +78,8 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 # "triton": the tile programs of csf_kernels.kernels.expand_inline; "cute": the row-image expanders of
 # csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): the CuTe one for narrow
-# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 28.4 vs 34.1 us), Triton for wider ones
-# (W13 34.7 vs 42.6 us); runs 69-71 in validation/README.md, docs/perf-notes.md
+# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 26.7 vs 34.0 us), Triton for wider ones
+# (W13 34.3 vs 36.9 us in per-warp groups); runs 69-75 in validation/README.md, docs/perf-notes.md
 ENGINES = ("auto", "triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
 NARROW_GROUP_TILES = 8  # csf_kernels.cute.narrow_row_expander (not imported here: it needs cutlass)
