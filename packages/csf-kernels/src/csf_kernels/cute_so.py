@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from .runtime import current_raw_stream
+
 __all__ = ["BoundCuteLaunch", "CuteSOError", "CuteSharedObject", "TensorRef", "load_cute_so"]
 
 _DTYPES = {"uint8": torch.uint8, "uint32": torch.uint32, "int32": torch.int32, "uint16": torch.uint16}
@@ -182,32 +184,22 @@ class CuteSharedObject:
             structs.append(s)
         return structs, sizes
 
-    def _scalars(self, values: tuple) -> list[ctypes.c_int32]:
-        if len(values) != len(self.scalar_args):
-            names = [a["name"] for a in self.scalar_args]
+    def _scalars(self, values: tuple) -> dict[str, int]:
+        """The int32 scalars by name, checked."""
+        names = [a["name"] for a in self.scalar_args]
+        if len(values) != len(names):
             raise TypeError(
                 f"{self.name} takes {len(names)} int32 scalars {names} after its tensors, got {len(values)}"
             )
-        out = []
-        for v, arg in zip(values, self.scalar_args, strict=True):
+        for v, name in zip(values, names, strict=True):
             if isinstance(v, bool) or not isinstance(v, int) or not -(2**31) <= v < 2**31:
-                raise ValueError(f"{self.name} scalar {arg['name']} must be an int32, got {v!r}")
-            out.append(ctypes.c_int32(v))
-        return out
+                raise ValueError(f"{self.name} scalar {name} must be an int32, got {v!r}")
+        return dict(zip(names, values, strict=True))
 
     def grid(self, sizes: dict[str, int], scalars: dict[str, int]) -> list[int]:
-        """The launch grid the metadata describes: ints, extent or scalar names, or lists of names multiplied."""
+        """The launch grid the metadata describes: ints, or names of extents or scalars."""
         known = {**sizes, **scalars}
-
-        def dim(g) -> int:
-            if isinstance(g, list):
-                n = 1
-                for part in g:
-                    n *= dim(part)
-                return n
-            return known[g] if isinstance(g, str) else int(g)
-
-        return [dim(g) for g in self.meta["launch"]["grid"]]
+        return [known[g] if isinstance(g, str) else int(g) for g in self.meta["launch"]["grid"]]
 
     def bind(self, grid: tuple[int, ...] | None, *args) -> BoundCuteLaunch:
         """Check and marshal the tensors (or :class:`TensorRef` snapshots), then the int32 scalars, once;
@@ -218,13 +210,14 @@ class CuteSharedObject:
         if len(tensors) < n or not all(isinstance(t, torch.Tensor | TensorRef) for t in tensors):
             raise TypeError(f"{self.name} takes {n} tensors first, got {[type(a).__name__ for a in args]}")
         structs, sizes = self._pack(tensors)
-        scalars = self._scalars(values)
-        names = {a["name"]: int(v) for a, v in zip(self.scalar_args, values, strict=True)}
-        real = self.grid(sizes, names)
+        named = self._scalars(values)
+        scalars = [ctypes.c_int32(v) for v in named.values()]
+        real = self.grid(sizes, named)
         if grid is not None and list((*tuple(grid), 1, 1)[:3]) != real:
             raise ValueError(f"{self.name}: the caller expects grid {tuple(grid)}, the program launches {real}")
         device = tensors[0].device
         index = device.index if device.index is not None else torch.cuda.current_device()
+        self.load(index)  # at bind time, not per launch (loading a module is not a stream operation)
         stream = ctypes.c_void_p(0)
         ret = ctypes.c_int32(0)
         ptrs = [ctypes.addressof(s) for s in (*structs, *scalars, stream, ret)]
@@ -287,8 +280,7 @@ class BoundCuteLaunch:
             return
         prog = self.program
         with torch.cuda.device(self.device):  # torch's primary context is current for the static CUDA runtime
-            prog._ensure_loaded(self.device)
-            self.stream.value = torch.cuda.current_stream(self.device).cuda_stream
+            self.stream.value = current_raw_stream(self.device)
             self.ret.value = 0
             prog._entry(self.argv, prog.num_args)
         if self.ret.value:

@@ -82,7 +82,6 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 # (W13 34.3 vs 36.9 us in per-warp groups); runs 69-75 in validation/README.md, docs/perf-notes.md
 ENGINES = ("auto", "triton", "cute")
 ROW_BLOCKS_PER_CTA_MAX = 4
-NARROW_GROUP_TILES = 8  # csf_kernels.cute.narrow_row_expander (not imported here: it needs cutlass)
 
 
 def inline_expansion_launches(
@@ -111,14 +110,12 @@ def inline_expansion_launches(
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
         if engine == "cute" and (layout is None or store is not None):
             raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
-        per_warp = layout is not None and layout.group_tiles == NARROW_GROUP_TILES and layout.groups == 1
+        per_warp = layout is not None and layout.per_warp and layout.groups == 1
         # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
         if engine == "cute" or (per_warp and store is None and out.is_cuda):
             return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
-    # programs assume 16-byte aligned inputs: realign views (bind time only)
-    arrays = (inline.records, inline.raw, inline.tail, inline.tail_raw, inline.base_delta, inline.base_ref)
-    records, raw, tail, tail_raw, deltas, base_ref = (runtime.aligned(a) for a in arrays)
+    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
     for what in (records, tail):
         if what.numel() >= 1 << 31:
             raise ValueError(f"expand_inline: {what.numel()} record bytes exceed the kernel's 32-bit tile offsets")
@@ -163,10 +160,8 @@ def _row_expander_launch(
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     if experts.numel() > 65535:
         raise ValueError(f"expand_inline: {experts.numel()} experts exceed the grid")
-    # programs assume 16-byte aligned inputs: realign views (bind time only)
-    arrays = (inline.base_ref, inline.base_delta, inline.records, inline.tail, inline.raw, inline.tail_raw)
-    base_ref, deltas, records, tail, raw, tail_raw = (runtime.aligned(a) for a in arrays)
-    per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, layout.group_tiles, out.device)
+    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
+    per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, layout.per_warp, out.device)
     runs = -(-blocks_per_expert // per_cta)
     words = torch.uint32
     args = (
@@ -196,12 +191,19 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-def _row_blocks_per_cta(items: int, group_tiles: int, device: torch.device) -> int:
+def _aligned_arrays(inline: InlineScales) -> tuple[torch.Tensor, ...]:
+    """base_ref, base_delta, records, tail, raw, tail_raw at 16-byte aligned addresses, as programs assume
+    (views are realigned by a copy: bind time only)."""
+    arrays = (inline.base_ref, inline.base_delta, inline.records, inline.tail, inline.raw, inline.tail_raw)
+    return tuple(runtime.aligned(a) for a in arrays)
+
+
+def _row_blocks_per_cta(items: int, per_warp: bool, device: torch.device) -> int:
     """Row blocks one CTA expands in turn (setup amortised, the next block's records fetched while one is
     copied out), while the grid still fills every SM with ~16 CTAs; narrow planes (8-tile groups) give each
     of a CTA's four warps its own blocks, so ~32 warps per SM."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    if group_tiles == NARROW_GROUP_TILES:
+    if per_warp:
         return 4 * max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 32)))
     return max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 16)))
 

@@ -84,11 +84,9 @@ def stage_decoder_spec(fmt: ScaleFormat, record_bytes: int) -> ProgramSpec:
 # CuTe DSL: inline expansion through a shared-memory image of whole rows (csf_kernels/cute/inline_row_expander.py)
 CUTE_ROW_EXPANDER = "expand.inline_rows"
 CUTE_ROW_EXPANDER_VERSION = 2  # 2: narrow planes (GT=8) one warp per row block
-ROW_EXPANDER_GROUP_TILES = (8, 32)  # full tiles per column group: planes of at most 8 full tiles, and wider
-ROW_EXPANDER_MAX_GROUPS_COLS = 4 * ROW_EXPANDER_GROUP_TILES[-1]
-
-
-ROW_EXPANDER_STORES = (4, 2)
+# full tiles per column group: planes of at most 8 full tiles (one warp per row block), and wider (a CTA)
+ROW_EXPANDER_GROUP_TILES = PER_WARP_GROUP_TILES, CTA_GROUP_TILES = (8, 32)
+ROW_EXPANDER_STORES = (4, 2)  # bytes per image store: rows of 4k columns, or of even columns
 
 
 def row_expander_spec(fmt: ScaleFormat, group_tiles: int, store: int) -> ProgramSpec:
@@ -116,6 +114,11 @@ class RowImageLayout:
     flat: bool
     store: int
 
+    @property
+    def per_warp(self) -> bool:
+        """Expanded one warp per row block (csf_kernels/cute/narrow_row_expander.py)."""
+        return self.group_tiles == PER_WARP_GROUP_TILES
+
 
 def row_image_layout(cols: int, plane_bytes: int, out_ptr: int = 0) -> RowImageLayout | None:
     """The row expander's layout for a plane of ``cols`` scale columns, or None where only the Triton
@@ -125,11 +128,10 @@ def row_image_layout(cols: int, plane_bytes: int, out_ptr: int = 0) -> RowImageL
         return None
     store = 4 if cols % 4 == 0 else 2
     full = cols // TILE_COLS
-    gt = next(g for g in (*ROW_EXPANDER_GROUP_TILES, 1 << 30) if full <= g)
+    gt = PER_WARP_GROUP_TILES if full <= PER_WARP_GROUP_TILES else CTA_GROUP_TILES
     if cols % 16 == 0:
-        gt = min(gt, ROW_EXPANDER_GROUP_TILES[-1])
         return RowImageLayout(gt, -(-full // gt), flat=False, store=store)
-    if gt > ROW_EXPANDER_GROUP_TILES[-1]:
+    if full > CTA_GROUP_TILES:
         return None
     return RowImageLayout(gt, 1, flat=True, store=store)
 

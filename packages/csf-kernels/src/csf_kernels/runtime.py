@@ -191,7 +191,7 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _current_stream(device: int) -> int:
+def current_raw_stream(device: int) -> int:
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher uses: ~10x cheaper
     return get(device) if get is not None else torch.cuda.current_stream(device).cuda_stream
 
@@ -211,7 +211,7 @@ class BoundLaunch:
             return
         p = self.program
         err = _DRIVER_LIB[0].cuLaunchKernel(
-            p.function, gx, gy, gz, *p.block, p.shared, _current_stream(p.device), self.argv, None
+            p.function, gx, gy, gz, *p.block, p.shared, current_raw_stream(p.device), self.argv, None
         )
         if err != 0:
             _drv().check(err, f"cuLaunchKernel({p.entry}, grid={self.grid})")
@@ -264,9 +264,7 @@ class Launch:
             # CuTe launches take views (flattened, retyped) of the caller's buffers: match by storage
             storages = {t.untyped_storage().data_ptr() for t in tensors}
             args = tuple(
-                TensorRef.of(a)
-                if isinstance(a, torch.Tensor) and (id(a) in ids or a.untyped_storage().data_ptr() in storages)
-                else a
+                TensorRef.of(a) if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in storages else a
                 for a in self.args
             )
         return Launch(self.spec, self.grid, args)
