@@ -22,21 +22,17 @@ from timing import L2_FLUSH_BYTES, capture, replay_times
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe_specs import DECODE, PREFILL, GemmConfig
+from csf_kernels.moe_specs import DECODE, DECODE_TRITON, PREFILL, GemmConfig
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer
 
 
 def _configs(kind: str):
     if kind == "decode":
-        # run 19: 2-3 pipeline stages lost to 1 while weights were read back from shared memory a byte at a
-        # time; run 23: loading the next K step's weights before converting this one's lost too
-        # (1.07-1.35x), and so did 8 warps and 32-row tiles. Weights are now 32-bit words (run 31 re-sweeps)
-        # (run 31: 2-4 stages with word-wide weights lose too; run 38 re-sweeps tile widths and warps)
-        candidates = ((64, 4, 1, 0), (32, 4, 1, 0), (64, 8, 1, 0), (128, 4, 1, 0), (128, 8, 1, 0))
-        for bn, warps, stages, pf in candidates:
-            yield GemmConfig(name="decode", bm=16, bn=bn, num_warps=warps, num_stages=stages, split_k=True,
-                             prefetch=bool(pf))  # fmt: skip
+        # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
+        # stage won); now the two engines of that tile side by side
+        yield DECODE
+        yield DECODE_TRITON
     else:
         for bm, bn, warps, pf in ((64, 64, 4, 1), (64, 64, 4, 0), (64, 128, 8, 0), (128, 128, 8, 0)):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
@@ -82,7 +78,7 @@ def main() -> None:
                     med = statistics.median(replay_times(g, a.reps, flush))
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
                                  "tokens": t, "median_s": med})  # fmt: skip
-                    print(f"{kind} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} pf{int(cfg.prefetch)} "
+                    print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} "
                           f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,

@@ -13,6 +13,7 @@ import torch
 
 from csf_codec import scale_format
 from csf_kernels.catalog import MoEGeometry
+from csf_kernels.moe_specs import DECODE_TRITON
 from csf_moe import plan, prepare_weights
 from csf_moe.layer import MoELayer
 from csf_moe.reference import moe_reference
@@ -59,7 +60,9 @@ def main(seed: int) -> None:
             ("native", "prefill", torch.int32),
         ]
         for source, config, ids_dtype in runs:
-            p = plan(geo, 8, scale_source=source, buckets=(8,), decode_routes_per_expert=8 if config == "decode" else 0)
+            # the interpreter runs Triton programs: the decode tiles' Triton engine (GPU tests cover Gluon's)
+            p = plan(geo, 8, scale_source=source, buckets=(8,), decode_routes_per_expert=8 if config == "decode" else 0,
+                     decode_config=DECODE_TRITON)  # fmt: skip
             assert p.buckets[0].config.name == config
             weights = prepare_weights(p, **layer_data.weight_kwargs())
             scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)

@@ -22,6 +22,7 @@ from .moe_specs import (
     MOE_COMBINE,
     MOE_FC1_FINISH,
     MOE_GEMM,
+    MOE_GEMM_DECODE,
     moe_geometry_specs,
 )
 from .programs import ProgramSpec, TritonFamily
@@ -65,6 +66,7 @@ FAMILIES = {
         MOE_ALIGN_PLAN,
         MOE_ALIGN_SCATTER,
         MOE_GEMM,
+        MOE_GEMM_DECODE,
         MOE_COMBINE,
         MOE_FC1_FINISH,
         MLA_DECODE,

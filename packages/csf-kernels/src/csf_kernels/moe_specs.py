@@ -17,11 +17,13 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "DECODE",
+    "DECODE_TRITON",
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_SCATTER",
     "MOE_COMBINE",
     "MOE_FC1_FINISH",
     "MOE_GEMM",
+    "MOE_GEMM_DECODE",
     "PREFILL",
     "SCALE_SOURCES",
     "GemmConfig",
@@ -54,6 +56,15 @@ MOE_ALIGN_SCATTER = TritonFamily(
 MOE_GEMM = TritonFamily(
     kernel="moe.gemm", version=1, module="csf_kernels.kernels.moe_gemm", function="moe_gemm", num_warps=4
 )
+# the split-K decode tiles with explicit register layouts (Gluon): the DECODE config's engine on GPUs
+MOE_GEMM_DECODE = TritonFamily(
+    kernel="moe.gemm_decode",
+    version=1,
+    module="csf_kernels.kernels.moe_gemm_decode",
+    function="moe_gemm_decode",
+    num_warps=4,
+    gluon=True,
+)
 MOE_COMBINE = TritonFamily(
     kernel="moe.combine", version=1, module="csf_kernels.kernels.moe_combine", function="moe_combine", num_warps=4
 )
@@ -83,6 +94,15 @@ class GemmConfig:
     num_stages: int
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
     prefetch: bool = False  # load the next K step's weights before converting this one's
+    # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
+    # (split-K 16 x 64 tiles on 4 warps, operands in registers; GPUs only)
+    engine: str = "triton"
+
+    def __post_init__(self):
+        if self.engine not in ("triton", "gluon"):
+            raise ValueError(f"unknown GEMM engine {self.engine!r}: expected 'triton' or 'gluon'")
+        if self.engine == "gluon" and (self.bm, self.bn, self.num_warps, self.split_k) != (16, 64, 4, True):
+            raise ValueError("the gluon decode GEMM runs split-K 16 x 64 tiles on 4 warps only")
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
@@ -93,7 +113,10 @@ class GemmConfig:
 # Since weights are loaded as 32-bit words (run 31), 3 stages pipeline them through shared memory with
 # wide loads: prefill no longer gains from a register prefetch (1-4% slower), decode still loses with
 # 2-4 stages (1.0-1.1x slower than 1).
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
+# The Gluon decode program (operands in registers, no shared memory or barriers) replaces the Triton
+# one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
+DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
 
@@ -170,6 +193,18 @@ def gemm_spec(
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
         raise ValueError(f"unknown MoE activation {activation!r}: expected 'silu' or 'swiglu_oai'")
+    if config.engine == "gluon":  # split-K partials only: activation, bias and global scale come after
+        return ProgramSpec.of(
+            MOE_GEMM_DECODE.kernel,
+            MOE_GEMM_DECODE.version,
+            FMT=0 if fmt.name == "mxfp4" else 1,
+            SRC=SCALE_SOURCES[source],
+            FC1=int(fc1),
+            DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+            BM=config.bm,
+            BN=config.bn,
+            num_warps=config.num_warps,
+        )
     return ProgramSpec.of(
         MOE_GEMM.kernel,
         MOE_GEMM.version,

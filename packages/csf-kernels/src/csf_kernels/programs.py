@@ -56,6 +56,7 @@ class TritonFamily:
     function: str
     num_warps: int
     signature: str = "SIGNATURE"  # the module attribute holding the kernel's parameter types
+    gluon: bool = False  # written in Gluon (explicit layouts), compiled by the same Triton toolchain
 
     def source(self):
         """(jit function, signature dict, module) -- imports triton."""

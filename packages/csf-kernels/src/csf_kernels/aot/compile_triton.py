@@ -14,6 +14,9 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if FAMILIES[spec.kernel].gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+
     family = FAMILIES[spec.kernel]
     fn, signature, module = family.source()
     facts = spec.fact

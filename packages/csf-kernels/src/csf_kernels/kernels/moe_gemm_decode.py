@@ -1,0 +1,324 @@
+"""Gluon: the split-K decode GEMM of the fused MoE layer, operands in registers, no shared memory.
+
+Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
+``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes 64 weight rows
+(FC1: 64 gate rows and the matching 64 up rows) for one block of 16 routes of one expert, over its K
+split. What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
+order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
+barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
+
+* ``mma.sync`` m16n8k16 with both operands in registers, each warp 16 weight rows: warps never wait on
+  each other (no barrier, no shared memory);
+* the K order inside a step is relabelled identically for both operands (a dot product does not care),
+  so that each thread's operand fragments hold K positions that are contiguous in memory: thread ``t`` of
+  a quad holds the step's K range ``[32t, 32t + 32)`` (NVFP4: ``[16t, 16t + 16)``), that is 16 (8) bytes
+  of FP4 per row and one scale byte per row, and 64 (32) bytes of each route's activations;
+* the relabelling is a permute + reshape of each thread's registers, which ``convert_layout(...,
+  assert_trivial=True)`` proves moves no data (the build fails otherwise).
+
+The FP4 weights, the scale planes and the inline records are read in their stored order (no re-packing).
+Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1), decoded by the
+same code as ``moe_gemm`` (``moe_gemm_scales``), and the product path is shared, so outputs are
+bit-identical across sources. The next K step's weight words are loaded before this step's are converted.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .moe_gemm import E2M1_WORD_ASM
+from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
+
+# the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
+SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
+    "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
+    "SRC": "constexpr",  # 0 native plane, 1 inline records
+    "FC1": "constexpr",
+    "DB": "constexpr",  # inline: bits per row-base delta
+    "BM": "constexpr",  # routes per block: 16 (two n8 MMA tiles)
+    "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
+}
+MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
+NUM_WARPS = 4
+EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
+
+
+# ------------------------------------------------------------------------------------------- layouts
+# Q: 32-bit weight words per thread, row and K step (MXFP4: 4 = 32 weights = one scale block; NVFP4: 2).
+# Weight words are [64 rows, 4 quad lanes t, Q]; rows 16w + g (+ 8 in a second register), as the MMA's
+# A fragment wants them; activations [16 routes, 32 Q] with the thread's 8Q contiguous K values in registers.
+
+
+@gluon.constexpr_function
+def _mma_layout():
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def _word_layout(Q):
+    q_bits = [[0, 0, 1 << i] for i in range(Q.bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[*q_bits, [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[64, 4, Q],
+    )
+
+
+@gluon.constexpr_function
+def _act_layout(Q):
+    k_bits = [[0, 1 << i] for i in range((8 * Q).bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[*k_bits, [8, 0]],
+        lane_bases=[[0, 8 * Q], [0, 16 * Q], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[0, 0], [0, 0]],  # every warp multiplies the same routes
+        block_bases=[],
+        shape=[16, 32 * Q],
+    )
+
+
+@gluon.jit
+def _scale_bf16(s, FMT: gl.constexpr):
+    """Scale bytes (int32) -> bf16, exactly (E8M0 2**(s - 127), 0xFF NaN; or E4M3)."""
+    if FMT == 0:
+        bits = gl.where(s == 0, 0x0040, gl.where(s == 255, 0x7FC0, s << 7))
+        return bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+    else:
+        return s.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32).to(gl.bfloat16)
+
+
+@gluon.jit
+def _operand(words, scale, FMT: gl.constexpr):
+    """bf16 A operand [64, 32Q] from weight words [64, 4, Q] and their scale bytes [64, 4] (one per thread
+    and row), in the relabelled K order (see the module docstring)."""
+    Q: gl.constexpr = 4 if FMT == 0 else 2
+    sw = gl.broadcast(gl.expand_dims(_scale_bf16(scale, FMT), 2), words)[0]
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, sw], [gl.bfloat16] * 8, True, 1
+    )
+    # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) -> logical K (q, i2, i1, t, i0)
+    v = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    v = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [64, 32 * Q])
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=0, parent=_mma_layout(), k_width=2),
+                             assert_trivial=True)  # fmt: skip
+
+
+@gluon.jit
+def _activations(xt, FMT: gl.constexpr):
+    """bf16 B operand [32Q, 16] from activations [16 routes, 32Q] (actual K order), relabelled as the weights."""
+    Q: gl.constexpr = 4 if FMT == 0 else 2
+    v = gl.permute(gl.reshape(xt, [16, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
+    v = gl.reshape(v, [32 * Q, 16])
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(), k_width=2),
+                             assert_trivial=True)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- scale sources
+
+
+@gluon.jit
+def _slot_of(local):
+    # the inverse of csf_codec.tile_layout.slot_to_row: row = 64 half + 16 warp + quad + 8 pair
+    return 32 * ((local >> 4) & 3) + 4 * (local & 7) + 2 * (local >> 6) + ((local >> 3) & 1)
+
+
+@gluon.jit
+def _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB: gl.constexpr):
+    """Per weight row: its inline row block, slot, and row base (reference + delta)."""
+    within = rows % row_group
+    rb = (e * (R // row_group) + rows // row_group) * blocks_per_group + within // 128
+    rb = gl.where(valid, rb, 0)
+    slot = _slot_of(within % 128)
+    ref = gl.load(base_ref + rb, mask=valid, other=0).to(gl.int32)
+    if DB == 4:
+        d = gl.load(base_delta + rb * 64 + slot // 2, mask=valid, other=0).to(gl.int32)
+        d = (d >> ((slot & 1) * 4)) & 15
+    else:
+        d = gl.load(base_delta + rb * 128 + slot, mask=valid, other=0).to(gl.int32)
+    return slot, ref + d
+
+
+@gluon.jit
+def _block_of(e, row, R, row_group, blocks_per_group):
+    """The inline row block holding weight row ``row`` of expert ``e``."""
+    return (e * (R // row_group) + row // row_group) * blocks_per_group + (row % row_group) // 128
+
+
+@gluon.jit
+def _record(records, tail, rb, t, full_tiles, S, S_TAIL):
+    """Column tile ``t``'s record of row block ``rb`` and its size (the tail tile's past the full ones)."""
+    is_tail = t >= full_tiles
+    return gl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S), gl.where(is_tail, S_TAIL, S)
+
+
+@gluon.jit
+def _inline_header(records, tail, rb, t, steps, full_tiles, S, S_TAIL):
+    """Tile ``t``'s record header (one per tile, uniform over the program); 0 past the last step."""
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    return gl.load(rec.to(gl.pointer_type(gl.int32)) + (sbytes // 4 - 1), mask=t < steps, other=0)
+
+
+@gluon.jit
+def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC):
+    """The 32-bit words holding each row's selector fields in tile ``t`` (header ``h``): (lo, hi)."""
+    tcx = gl.where(t >= full_tiles, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    rec32 = rec.to(gl.pointer_type(gl.int32))
+    mode = h & 3
+    is_raw = mode == 3
+    wi = (slot * tcx * gl.where(is_raw, 1, 1 << mode)) >> 5
+    lo = gl.load(rec32 + wi, mask=valid & ~is_raw, other=0)
+    hi = gl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
+    return lo, hi
+
+
+@gluon.jit
+def _inline_scales(
+    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
+    NEUTRAL: gl.constexpr,
+):  # fmt: skip
+    """Scale bytes [64, 4] (columns ``c`` [1, 4]) of column tile ``t`` for rows (slot, base) of row block
+    ``rb``, decoded from the tile's record: header ``h`` and the rows' selector words ``lo``, ``hi``."""
+    is_tail = t >= full_tiles
+    tcx = gl.where(is_tail, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    mode = h & 3
+    is_raw = mode == 3
+    w = gl.where(is_raw, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = gl.where(origin >= 128, origin - 256, origin)
+    bit = slot * tcx * w  # the slot's tcx fields: tcx * w contiguous bits from here
+    x = ((hi.to(gl.uint32).to(gl.int64) << 32) | lo.to(gl.uint32).to(gl.int64)) >> (bit & 31).to(gl.int64)
+    field = ((gl.expand_dims(x, 1) >> (c * w).to(gl.int64)) & ((1 << w) - 1)).to(gl.int32)
+    val = gl.expand_dims(base, 1) + origin + field
+    live = gl.expand_dims(valid, 1) & (c < tcx) & (t * 4 + c < C)
+    pos_here = gl.expand_dims(slot, 1) * tcx + c
+    if is_raw:
+        raw_base = gl.where(is_tail, tail_raw, raw)
+        rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + pos_here, mask=live, other=0)
+        val = rv.to(gl.int32)
+    else:  # exceptions: ascending (position, value) pairs after the selectors
+        count = (h >> 2) & 63
+        sb = 16 * tcx * w
+        cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
+        positions = (rec + sb).to(gl.pointer_type(gl.int16))  # u16 at an even offset of an aligned record
+        for i0 in range(0, count, EXC_UNROLL):
+            for u in gl.static_range(EXC_UNROLL):
+                ok = i0 + u < count
+                p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
+                v = gl.load(rec + sb + 2 * cap + i0 + u, mask=ok, other=0).to(gl.int32)
+                val = gl.where((pos_here == p) & ok, v, val)
+    return gl.where(live, val, NEUTRAL)
+
+
+@gluon.jit
+def _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL: gl.constexpr):
+    col = t * 4 + c
+    live = gl.expand_dims(valid, 1) & (col < C)
+    return gl.load(scales_e + gl.expand_dims(rows, 1) * C + col, mask=live, other=NEUTRAL).to(gl.int32)
+
+
+@gluon.jit
+def _weight_words(w_e, rows, tq, valid, t, K, Q: gl.constexpr):
+    """Weight words [64, 4, Q] of rows ``rows`` for K step ``t`` (zeros past K or past the last step)."""
+    kw = t * (4 * Q) + tq
+    m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & (kw < K // 8)
+    row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
+    off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * row_words, 1), 2) + kw
+    return gl.load(w_e.to(gl.pointer_type(gl.int32)) + off, mask=m, other=0)
+
+
+@gluon.jit
+def moe_gemm_decode(
+    x, w, scales, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
+    block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
+    steps_per_split,
+    FMT: gl.constexpr, SRC: gl.constexpr, FC1: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(BM == 16 and BN == 64, "the register layouts are built for 16 routes x 64 rows on 4 warps")
+    Q: gl.constexpr = 4 if FMT == 0 else 2
+    BK: gl.constexpr = 32 * Q
+    NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
+    MMA: gl.constexpr = _mma_layout()
+    WL: gl.constexpr = _word_layout(Q)
+    SL: gl.constexpr = gl.SliceLayout(2, WL)  # [64, 4]: scale bytes, one per thread and row
+    XL: gl.constexpr = _act_layout(Q)
+    pid_b = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    if pid_b >= gl.load(meta):
+        return
+    e = gl.load(block_expert + pid_b)
+    R = 2 * n_out if FC1 else n_out
+    w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
+    scales_e = scales + e.to(gl.int64) * R * C
+
+    # rows of this program (weights, scales)
+    n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    valid = n < n_out
+    rows_a = gl.where(valid, n, 0)
+    rows_b = rows_a + n_out
+    c = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SL)), 0)
+    tq = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL))), 1), 0) * Q
+    tq = tq + gl.expand_dims(gl.expand_dims(gl.arange(0, Q, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL))), 0), 0)
+    # routes of the block (activations)
+    route_x = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
+    live_x = route_x < pairs
+    a_row = gl.where(live_x, route_x // x_row_div, 0).to(gl.int64)
+    kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
+
+    if SRC == 1:
+        slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        rb_a = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
+        slot_b, base_b = _row_setup(rows_b, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        rb_b = _block_of(e, n_out + pid_n * BN, R, row_group, blocks_per_group)
+
+    acc_a = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    acc_b = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    steps = (K + BK - 1) // BK
+    t0 = gl.program_id(2) * steps_per_split
+    steps = gl.minimum(steps, t0 + steps_per_split)
+    b_a = _weight_words(w_e, rows_a, tq, valid, t0, K, Q)
+    if FC1:
+        b_b = _weight_words(w_e, rows_b, tq, valid, t0, K, Q)
+    for t in range(t0, steps):
+        # the next step's weight words are in flight while this step's are converted and multiplied
+        more = valid & (t + 1 < steps)
+        nb_a = _weight_words(w_e, rows_a, tq, more, t + 1, K, Q)
+        if FC1:
+            nb_b = _weight_words(w_e, rows_b, tq, more, t + 1, K, Q)
+        k = t * BK + kx
+        xt = gl.load(x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0),
+                     mask=gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0), other=0.0)  # fmt: skip
+        xb = _activations(xt, FMT)
+        if SRC == 0:
+            s_a = _native_scales(scales_e, rows_a, valid, c, t, C, NEUTRAL)
+        else:
+            h_a = _inline_header(records, tail, rb_a, t, steps, full_tiles, S, S_TAIL)
+            lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, valid, t, h_a, full_tiles, S, S_TAIL, TC)
+            s_a = _inline_scales(records, raw, tail, tail_raw, rb_a, slot_a, base_a, valid, c, t, h_a, lo_a, hi_a,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        acc_a = mma_v2(_operand(b_a, s_a, FMT), xb, acc_a)
+        if FC1:
+            if SRC == 0:
+                s_b = _native_scales(scales_e, rows_b, valid, c, t, C, NEUTRAL)
+            else:
+                h_b = _inline_header(records, tail, rb_b, t, steps, full_tiles, S, S_TAIL)
+                lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, valid, t, h_b, full_tiles, S, S_TAIL, TC)
+                s_b = _inline_scales(records, raw, tail, tail_raw, rb_b, slot_b, base_b, valid, c, t, h_b, lo_b,
+                                     hi_b, full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            acc_b = mma_v2(_operand(b_b, s_b, FMT), xb, acc_b)
+            b_b = nb_b
+        b_a = nb_a
+
+    # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
+    route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
+    live = route < pairs
+    on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
+    p_row = (gl.program_id(2) * pairs + gl.where(live, route, 0)).to(gl.int64) * R
+    pm = gl.expand_dims(on < n_out, 1) & gl.expand_dims(live, 0)
+    gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on, 1), acc_a, mask=pm)
+    if FC1:
+        gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on + n_out, 1), acc_b, mask=pm)
