@@ -9,6 +9,7 @@ inline scales; CUDA-graph replays, L2 flushed), so the catalog's configs are cho
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -32,6 +33,7 @@ def _configs(kind: str):
         # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
         # stage won); now the two engines of that tile side by side
         yield DECODE
+        yield dataclasses.replace(DECODE, prefetch=not DECODE.prefetch)
         yield DECODE_TRITON
     else:
         for bm, bn, warps, pf in ((64, 64, 4, 1), (64, 64, 4, 0), (64, 128, 8, 0), (128, 128, 8, 0)):
@@ -78,7 +80,7 @@ def main() -> None:
                     med = statistics.median(replay_times(g, a.reps, flush))
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
                                  "tokens": t, "median_s": med})  # fmt: skip
-                    print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} s{cfg.num_stages} "
+                    print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
                           f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,

@@ -115,7 +115,7 @@ class GemmConfig:
 # 2-4 stages (1.0-1.1x slower than 1).
 # The Gluon decode program (operands in registers, no shared memory or barriers) replaces the Triton
 # one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, prefetch=True, engine="gluon")
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
@@ -201,6 +201,7 @@ def gemm_spec(
             SRC=SCALE_SOURCES[source],
             FC1=int(fc1),
             DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+            PREFETCH=int(config.prefetch),
             BM=config.bm,
             BN=config.bn,
             num_warps=config.num_warps,

@@ -19,7 +19,8 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 The FP4 weights, the scale planes and the inline records are read in their stored order (no re-packing).
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1), decoded by the
 same code as ``moe_gemm`` (``moe_gemm_scales``), and the product path is shared, so outputs are
-bit-identical across sources. The next K step's weight words are loaded before this step's are converted.
+bit-identical across sources. ``PREFETCH``: the next K step's weight words are loaded before this step's
+are converted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "FC1": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
+    "PREFETCH": "constexpr",  # load step t + 1's weight words before converting step t's
     "BM": "constexpr",  # routes per block: 16 (two n8 MMA tiles)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
 }
@@ -99,8 +101,9 @@ def _operand(words, scale, FMT: gl.constexpr):
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
         E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, sw], [gl.bfloat16] * 8, True, 1
     )
-    # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) -> logical K (q, i2, i1, t, i0)
-    v = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) (join adds the minor dimension:
+    # the innermost joins pair weights 4 apart) -> logical K (q, i2, i1, t, i0)
+    v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
     v = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [64, 32 * Q])
     return gl.convert_layout(v, gl.DotOperandLayout(operand_index=0, parent=_mma_layout(), k_width=2),
                              assert_trivial=True)  # fmt: skip
@@ -176,6 +179,14 @@ def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAI
 
 
 @gluon.jit
+def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_TAIL, TC):
+    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode: the rows' selector words,
+    and step ``t + 1``'s header. Masked past the last step."""
+    lo, hi = _inline_selectors(records, tail, rb, slot, valid & (t < steps), t, h, full_tiles, S, S_TAIL, TC)
+    return lo, hi, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
+
+
+@gluon.jit
 def _inline_scales(
     records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
     NEUTRAL: gl.constexpr,
@@ -236,7 +247,8 @@ def moe_gemm_decode(
     x, w, scales, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
-    FMT: gl.constexpr, SRC: gl.constexpr, FC1: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+    FMT: gl.constexpr, SRC: gl.constexpr, FC1: gl.constexpr, DB: gl.constexpr, PREFETCH: gl.constexpr,
+    BM: gl.constexpr, BN: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(BM == 16 and BN == 64, "the register layouts are built for 16 routes x 64 rows on 4 warps")
     Q: gl.constexpr = 4 if FMT == 0 else 2
@@ -280,38 +292,59 @@ def moe_gemm_decode(
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
-    b_a = _weight_words(w_e, rows_a, tq, valid, t0, K, Q)
-    if FC1:
-        b_b = _weight_words(w_e, rows_b, tq, valid, t0, K, Q)
-    for t in range(t0, steps):
-        # the next step's weight words are in flight while this step's are converted and multiplied
-        more = valid & (t + 1 < steps)
-        nb_a = _weight_words(w_e, rows_a, tq, more, t + 1, K, Q)
+    if PREFETCH:
+        b_a = _weight_words(w_e, rows_a, tq, valid, t0, K, Q)
         if FC1:
-            nb_b = _weight_words(w_e, rows_b, tq, more, t + 1, K, Q)
+            b_b = _weight_words(w_e, rows_b, tq, valid, t0, K, Q)
+    # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
+    # neither waits on a load when the step's scales are decoded (native: unused placeholders)
+    h_a, lo_a, hi_a, h_a_next = 0, rows_a, rows_a, 0
+    h_b, lo_b, hi_b, h_b_next = 0, rows_b, rows_b, 0
+    if SRC == 1:
+        h_a = _inline_header(records, tail, rb_a, t0, steps, full_tiles, S, S_TAIL)
+        lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t0, h_a, steps, full_tiles, S,
+                                             S_TAIL, TC)  # fmt: skip
+        if FC1:
+            h_b = _inline_header(records, tail, rb_b, t0, steps, full_tiles, S, S_TAIL)
+            lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t0, h_b, steps, full_tiles, S,
+                                                 S_TAIL, TC)  # fmt: skip
+    for t in range(t0, steps):
+        if PREFETCH:  # the next step's weight words are in flight while this step's are converted
+            more = valid & (t + 1 < steps)
+            nb_a = _weight_words(w_e, rows_a, tq, more, t + 1, K, Q)
+            if FC1:
+                nb_b = _weight_words(w_e, rows_b, tq, more, t + 1, K, Q)
+        else:
+            b_a = _weight_words(w_e, rows_a, tq, valid, t, K, Q)
+            if FC1:
+                b_b = _weight_words(w_e, rows_b, tq, valid, t, K, Q)
         k = t * BK + kx
         xt = gl.load(x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0),
                      mask=gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0), other=0.0)  # fmt: skip
         xb = _activations(xt, FMT)
         if SRC == 0:
             s_a = _native_scales(scales_e, rows_a, valid, c, t, C, NEUTRAL)
+            if FC1:
+                s_b = _native_scales(scales_e, rows_b, valid, c, t, C, NEUTRAL)
         else:
-            h_a = _inline_header(records, tail, rb_a, t, steps, full_tiles, S, S_TAIL)
-            lo_a, hi_a = _inline_selectors(records, tail, rb_a, slot_a, valid, t, h_a, full_tiles, S, S_TAIL, TC)
             s_a = _inline_scales(records, raw, tail, tail_raw, rb_a, slot_a, base_a, valid, c, t, h_a, lo_a, hi_a,
                                  full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-        acc_a = mma_v2(_operand(b_a, s_a, FMT), xb, acc_a)
-        if FC1:
-            if SRC == 0:
-                s_b = _native_scales(scales_e, rows_b, valid, c, t, C, NEUTRAL)
-            else:
-                h_b = _inline_header(records, tail, rb_b, t, steps, full_tiles, S, S_TAIL)
-                lo_b, hi_b = _inline_selectors(records, tail, rb_b, slot_b, valid, t, h_b, full_tiles, S, S_TAIL, TC)
+            h_a = h_a_next  # the next step's selectors (its header is here) and the header after it
+            lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t + 1, h_a, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
+            if FC1:
                 s_b = _inline_scales(records, raw, tail, tail_raw, rb_b, slot_b, base_b, valid, c, t, h_b, lo_b,
                                      hi_b, full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+                h_b = h_b_next
+                lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t + 1, h_b, steps,
+                                                     full_tiles, S, S_TAIL, TC)  # fmt: skip
+        acc_a = mma_v2(_operand(b_a, s_a, FMT), xb, acc_a)
+        if FC1:
             acc_b = mma_v2(_operand(b_b, s_b, FMT), xb, acc_b)
-            b_b = nb_b
-        b_a = nb_a
+        if PREFETCH:
+            b_a = nb_a
+            if FC1:
+                b_b = nb_b
 
     # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
     route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
