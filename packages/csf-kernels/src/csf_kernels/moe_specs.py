@@ -115,7 +115,9 @@ class GemmConfig:
 # 2-4 stages (1.0-1.1x slower than 1).
 # The Gluon decode program (operands in registers, no shared memory or barriers) replaces the Triton
 # one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, prefetch=True, engine="gluon")
+# Run 78 (DS4.1-TP4, native, T = 1..512): Gluon 0.70-0.80x the Triton engine's time; loading the next
+# K step's weights first costs it 2-14% (more registers, fewer programs per SM): off.
+DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE, PREFILL)
