@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from csf_codec import CompactScales, InlineScales, decode_compact, encode_inline
+from csf_kernels.fp4_words import pair_signs
 from csf_kernels.moe import GemmOperand
 
 from .plan import MoEPlan
@@ -143,6 +144,8 @@ def prepare_weights(
     b13 = _bias(w13_bias, (e, 2 * n), "w13_bias", device)
     if w13_layout == "interleaved":
         v13, b13 = _deinterleave(v13), _deinterleave(b13)
+    # the GEMMs read FP4 words with their sign bits paired for the conversion (csf_kernels.fp4_words)
+    v13, v2 = pair_signs(v13), pair_signs(w2.to(device))
     pool = _PrivatePool(device)
     with pool:
         s13 = _native_plane(w13_scale, geo.w13_scale_shape, "w13_scale", device)
@@ -170,7 +173,7 @@ def prepare_weights(
             bias=b13,
         ),
         w2=GemmOperand(
-            values=w2.to(device),
+            values=v2,
             scales=planes[1] if native else None,
             inline=None if native else planes[1],
             global_scale=_global(w2_global_scale, e, "w2_global_scale", device) if nv else None,
