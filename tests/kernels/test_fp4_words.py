@@ -30,3 +30,14 @@ def test_each_pair_has_its_signs_16_bits_apart():
 def test_refuses_what_is_not_packed_words(bad):
     with pytest.raises(ValueError, match="packed FP4"):
         pair_signs(bad)
+
+
+def test_pairs_in_place_and_into_a_given_tensor():
+    values = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+    want = pair_signs(values)
+    out = torch.empty_like(values)
+    assert pair_signs(values, out=out) is out and torch.equal(out, want)
+    copy = values.clone()
+    assert torch.equal(pair_signs(copy, out=copy), want)
+    with pytest.raises(ValueError, match="out must be"):
+        pair_signs(values, out=torch.empty(4, 16, dtype=torch.uint8))

@@ -29,26 +29,31 @@ def _move_signs(words: torch.Tensor, source_of: tuple[int, ...]) -> torch.Tensor
     return out
 
 
-def _apply(values: torch.Tensor, source_of: tuple[int, ...]) -> torch.Tensor:
+def _apply(values: torch.Tensor, source_of: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
     if values.dtype != torch.uint8 or values.shape[-1] % 4 or not values.is_contiguous():
         raise ValueError(
             f"packed FP4 values must be contiguous uint8 [..., 4n], got {values.dtype} {tuple(values.shape)}"
         )
-    words = values.view(torch.int32).reshape(-1)
-    out = torch.empty_like(words)
+    if out is None:
+        out = torch.empty_like(values)
+    elif (out.dtype, out.shape, out.device) != (torch.uint8, values.shape, values.device) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous uint8 {tuple(values.shape)} tensor on {values.device}")
+    words, out_words = values.view(torch.int32).reshape(-1), out.view(torch.int32).reshape(-1)
     for start in range(0, words.numel(), _CHUNK_WORDS):
-        out[start : start + _CHUNK_WORDS] = _move_signs(words[start : start + _CHUNK_WORDS], source_of)
-    return out.view(torch.uint8).view(values.shape)
+        out_words[start : start + _CHUNK_WORDS] = _move_signs(words[start : start + _CHUNK_WORDS], source_of)
+    return out
 
 
-def pair_signs(values: torch.Tensor) -> torch.Tensor:
-    """Checkpoint FP4 bytes [..., 4n] -> the GEMMs' word layout (a new tensor on the same device)."""
-    return _apply(values, SIGN_OF_NIBBLE)
+def pair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Checkpoint FP4 bytes [..., 4n] -> the GEMMs' word layout, into ``out`` (default: a new tensor). The
+    temporaries are allocated while this runs, so a caller may run it inside a private memory pool with
+    ``out`` allocated outside."""
+    return _apply(values, SIGN_OF_NIBBLE, out)
 
 
-def unpair_signs(values: torch.Tensor) -> torch.Tensor:
+def unpair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of :func:`pair_signs`."""
     inverse = [0] * 8
     for j, src in enumerate(SIGN_OF_NIBBLE):
         inverse[src] = j
-    return _apply(values, tuple(inverse))
+    return _apply(values, tuple(inverse), out)

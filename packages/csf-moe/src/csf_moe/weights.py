@@ -144,10 +144,14 @@ def prepare_weights(
     b13 = _bias(w13_bias, (e, 2 * n), "w13_bias", device)
     if w13_layout == "interleaved":
         v13, b13 = _deinterleave(v13), _deinterleave(b13)
-    # the GEMMs read FP4 words with their sign bits paired for the conversion (csf_kernels.fp4_words)
-    v13, v2 = pair_signs(v13), pair_signs(w2.to(device))
+    v2 = w2.to(device)
+    # the GEMMs read FP4 words with their sign bits paired for the conversion (csf_kernels.fp4_words): in
+    # place on copies made above, else into new tensors allocated here; the temporaries in the private pool
+    paired13 = v13 if v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
+    paired2 = v2 if v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)
     pool = _PrivatePool(device)
     with pool:
+        v13, v2 = pair_signs(v13, out=paired13), pair_signs(v2, out=paired2)
         s13 = _native_plane(w13_scale, geo.w13_scale_shape, "w13_scale", device)
         if w13_layout == "interleaved":
             s13 = _deinterleave(s13)
