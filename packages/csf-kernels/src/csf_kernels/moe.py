@@ -168,6 +168,9 @@ def gemm_launch(
     e, r, k2 = values.shape
     k = 2 * k2
     n_out = r // 2 if fc1 else r
+    # rows per program tile: the Gluon decode GEMM writes partials only, so it tiles FC1's gate and up rows
+    # alike (n_out = R); the Triton GEMM pairs each gate row with its up row for the fused activation
+    rows = r if config.engine == "gluon" else n_out
     cols = fmt.scale_columns(k)
     if x.dtype != torch.bfloat16 or x.shape[-1] != k or not x.is_contiguous():
         raise ValueError(f"GEMM input must be contiguous bf16 [*, {k}], got {x.dtype} {tuple(x.shape)}")
@@ -185,8 +188,8 @@ def gemm_launch(
         if il is None or tuple(il.shape) != (e, r, cols) or il.fmt.name != fmt.name:
             raise ValueError(f"inline scales must describe a {fmt.name} [{e}, {r}, {cols}] plane")
         geo = il.geometry
-        for offset in (0, n_out) if fc1 else (0,):
-            if not _programs_stay_in_blocks(n_out, offset, geo.row_group, config.bn):
+        for offset in (0, n_out) if fc1 and config.engine == "triton" else (0,):
+            if not _programs_stay_in_blocks(rows, offset, geo.row_group, config.bn):
                 raise ValueError(
                     f"inline scales with row group {geo.row_group}: {config.bn}-row programs at rows {offset}.. "
                     f"would straddle 128-row blocks (tile W13 as gate/up groups: row_group={n_out})"
@@ -221,12 +224,12 @@ def gemm_launch(
         raise ValueError(f"config {config.name} does not split K")
     if -(-steps // per_split) != splits:
         raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_specs.split_count)")
-    grid = (block_expert.numel(), -(-n_out // config.bn), splits)
+    grid = (block_expert.numel(), -(-rows // config.bn), splits)
     base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
     args = (
         x, values, scales, base, delta, records, raw, tail, tail_raw,
         weights.global_scale if has_g else ph, bias if bias is not None else ph, out,
-        part if part is not None else ph, sorted_ids, block_expert, meta, pairs, x_row_div, n_out, k, cols,
+        part if part is not None else ph, sorted_ids, block_expert, meta, pairs, x_row_div, rows, k, cols,
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
     return Launch(spec, grid, args)

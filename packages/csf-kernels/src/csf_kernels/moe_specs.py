@@ -101,8 +101,14 @@ class GemmConfig:
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
             raise ValueError(f"unknown GEMM engine {self.engine!r}: expected 'triton' or 'gluon'")
-        if self.engine == "gluon" and (self.bm, self.bn, self.num_warps, self.split_k) != (16, 64, 4, True):
-            raise ValueError("the gluon decode GEMM runs split-K 16 x 64 tiles on 4 warps only")
+        if self.engine == "gluon" and (
+            self.bm not in (8, 16) or (self.bn, self.num_warps, self.split_k) != (64, 4, True)
+        ):
+            raise ValueError("the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps only")
+
+    def row_tiles(self, rows: int, fc1: bool) -> int:
+        """Programs along the rows of an operand with ``rows`` output rows (FC1: N gate/up row pairs)."""
+        return -(-(2 * rows if fc1 and self.engine == "gluon" else rows) // self.bn)
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
@@ -195,13 +201,12 @@ def gemm_spec(
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
         raise ValueError(f"unknown MoE activation {activation!r}: expected 'silu' or 'swiglu_oai'")
-    if config.engine == "gluon":  # split-K partials only: activation, bias and global scale come after
+    if config.engine == "gluon":  # split-K partials of every row (FC1: gate and up alike): one program for both
         return ProgramSpec.of(
             MOE_GEMM_DECODE.kernel,
             MOE_GEMM_DECODE.version,
             FMT=0 if fmt.name == "mxfp4" else 1,
             SRC=SCALE_SOURCES[source],
-            FC1=int(fc1),
             DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
             PREFETCH=int(config.prefetch),
             BM=config.bm,

@@ -198,8 +198,8 @@ def plan(
         s1 = s2 = 1
         if config.split_k:
             steps = {k: -(-k // (4 * geometry.fmt.block_size)) for k in (geometry.hidden, geometry.intermediate)}
-            s1 = split_count(blocks * -(-geometry.intermediate // config.bn), steps[geometry.hidden])
-            s2 = split_count(blocks * -(-geometry.hidden // config.bn), steps[geometry.intermediate])
+            s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
+            s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
         plans.append(
             BucketPlan(
                 tokens=t,

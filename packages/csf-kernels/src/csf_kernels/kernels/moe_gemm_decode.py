@@ -2,8 +2,9 @@
 
 Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
 ``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes 64 weight rows
-(FC1: 64 gate rows and the matching 64 up rows) for one block of 16 routes of one expert, over its K
-split. What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
+for one block of ``BM`` (8 or 16) routes of one expert, over its K split. Partials need no gate/up pairing,
+so FC1 runs as a GEMM over all its 2N rows (``n_out`` = R): twice the programs of half the registers.
+What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
 order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
 barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 
@@ -16,11 +17,12 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 * the relabelling is a permute + reshape of each thread's registers, which ``convert_layout(...,
   assert_trivial=True)`` proves moves no data (the build fails otherwise).
 
-The FP4 weights, the scale planes and the inline records are read in their stored order (no re-packing).
-Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1), decoded by the
-same code as ``moe_gemm`` (``moe_gemm_scales``), and the product path is shared, so outputs are
-bit-identical across sources. ``PREFETCH``: the next K step's weight words are loaded before this step's
-are converted.
+The FP4 words (signs paired at preparation: csf_kernels.fp4_words), scale planes and inline records are
+read in their stored order, no tile re-packing.
+Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
+``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
+the product path is shared, so outputs are bit-identical across sources. ``PREFETCH``: the next K step's
+weight words are loaded before this step's are converted.
 """
 
 from __future__ import annotations
@@ -36,10 +38,9 @@ from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
 SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
-    "FC1": "constexpr",
     "DB": "constexpr",  # inline: bits per row-base delta
     "PREFETCH": "constexpr",  # load step t + 1's weight words before converting step t's
-    "BM": "constexpr",  # routes per block: 16 (two n8 MMA tiles)
+    "BM": "constexpr",  # routes per block: 8 or 16 (one or two n8 MMA tiles)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
@@ -71,14 +72,14 @@ def _word_layout(Q):
 
 
 @gluon.constexpr_function
-def _act_layout(Q):
+def _act_layout(Q, BM):
     k_bits = [[0, 1 << i] for i in range((8 * Q).bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=[*k_bits, [8, 0]],
+        reg_bases=k_bits + [[8, 0]] * (BM == 16),
         lane_bases=[[0, 8 * Q], [0, 16 * Q], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[0, 0], [0, 0]],  # every warp multiplies the same routes
         block_bases=[],
-        shape=[16, 32 * Q],
+        shape=[BM, 32 * Q],
     )
 
 
@@ -110,11 +111,11 @@ def _operand(words, scale, FMT: gl.constexpr):
 
 
 @gluon.jit
-def _activations(xt, FMT: gl.constexpr):
-    """bf16 B operand [32Q, 16] from activations [16 routes, 32Q] (actual K order), relabelled as the weights."""
+def _activations(xt, FMT: gl.constexpr, BM: gl.constexpr):
+    """bf16 B operand [32Q, BM] from activations [BM routes, 32Q] (actual K order), relabelled as the weights."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
-    v = gl.permute(gl.reshape(xt, [16, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
-    v = gl.reshape(v, [32 * Q, 16])
+    v = gl.permute(gl.reshape(xt, [BM, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
+    v = gl.reshape(v, [32 * Q, BM])
     return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(), k_width=2),
                              assert_trivial=True)  # fmt: skip
 
@@ -247,31 +248,30 @@ def moe_gemm_decode(
     x, w, scales, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
-    FMT: gl.constexpr, SRC: gl.constexpr, FC1: gl.constexpr, DB: gl.constexpr, PREFETCH: gl.constexpr,
-    BM: gl.constexpr, BN: gl.constexpr,
+    FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, PREFETCH: gl.constexpr, BM: gl.constexpr,
+    BN: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(BM == 16 and BN == 64, "the register layouts are built for 16 routes x 64 rows on 4 warps")
+    gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
     MMA: gl.constexpr = _mma_layout()
     WL: gl.constexpr = _word_layout(Q)
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [64, 4]: scale bytes, one per thread and row
-    XL: gl.constexpr = _act_layout(Q)
+    XL: gl.constexpr = _act_layout(Q, BM)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
     if pid_b >= gl.load(meta):
         return
     e = gl.load(block_expert + pid_b)
-    R = 2 * n_out if FC1 else n_out
+    R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
     w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
     scales_e = scales + e.to(gl.int64) * R * C
 
     # rows of this program (weights, scales)
     n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
     valid = n < n_out
-    rows_a = gl.where(valid, n, 0)
-    rows_b = rows_a + n_out
+    rows = gl.where(valid, n, 0)
     c = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SL)), 0)
     tq = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL))), 1), 0) * Q
     tq = tq + gl.expand_dims(gl.expand_dims(gl.arange(0, Q, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL))), 0), 0)
@@ -282,69 +282,43 @@ def moe_gemm_decode(
     kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
 
     if SRC == 1:
-        slot_a, base_a = _row_setup(rows_a, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
-        rb_a = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
-        slot_b, base_b = _row_setup(rows_b, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
-        rb_b = _block_of(e, n_out + pid_n * BN, R, row_group, blocks_per_group)
+        slot, base = _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
 
-    acc_a = gl.zeros([BN, BM], gl.float32, layout=MMA)
-    acc_b = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
     if PREFETCH:
-        b_a = _weight_words(w_e, rows_a, tq, valid, t0, K, Q)
-        if FC1:
-            b_b = _weight_words(w_e, rows_b, tq, valid, t0, K, Q)
+        b = _weight_words(w_e, rows, tq, valid, t0, K, Q)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
     # neither waits on a load when the step's scales are decoded (native: unused placeholders)
-    h_a, lo_a, hi_a, h_a_next = 0, rows_a, rows_a, 0
-    h_b, lo_b, hi_b, h_b_next = 0, rows_b, rows_b, 0
+    h, lo, hi, h_next = 0, rows, rows, 0
     if SRC == 1:
-        h_a = _inline_header(records, tail, rb_a, t0, steps, full_tiles, S, S_TAIL)
-        lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t0, h_a, steps, full_tiles, S,
+        h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
+        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
-        if FC1:
-            h_b = _inline_header(records, tail, rb_b, t0, steps, full_tiles, S, S_TAIL)
-            lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t0, h_b, steps, full_tiles, S,
-                                                 S_TAIL, TC)  # fmt: skip
     for t in range(t0, steps):
         if PREFETCH:  # the next step's weight words are in flight while this step's are converted
             more = valid & (t + 1 < steps)
-            nb_a = _weight_words(w_e, rows_a, tq, more, t + 1, K, Q)
-            if FC1:
-                nb_b = _weight_words(w_e, rows_b, tq, more, t + 1, K, Q)
+            nb = _weight_words(w_e, rows, tq, more, t + 1, K, Q)
         else:
-            b_a = _weight_words(w_e, rows_a, tq, valid, t, K, Q)
-            if FC1:
-                b_b = _weight_words(w_e, rows_b, tq, valid, t, K, Q)
+            b = _weight_words(w_e, rows, tq, valid, t, K, Q)
         k = t * BK + kx
         xt = gl.load(x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0),
                      mask=gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0), other=0.0)  # fmt: skip
-        xb = _activations(xt, FMT)
+        xb = _activations(xt, FMT, BM)
         if SRC == 0:
-            s_a = _native_scales(scales_e, rows_a, valid, c, t, C, NEUTRAL)
-            if FC1:
-                s_b = _native_scales(scales_e, rows_b, valid, c, t, C, NEUTRAL)
+            s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
         else:
-            s_a = _inline_scales(records, raw, tail, tail_raw, rb_a, slot_a, base_a, valid, c, t, h_a, lo_a, hi_a,
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
                                  full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h_a = h_a_next  # the next step's selectors (its header is here) and the header after it
-            lo_a, hi_a, h_a_next = _inline_ahead(records, tail, rb_a, slot_a, valid, t + 1, h_a, steps, full_tiles,
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
-            if FC1:
-                s_b = _inline_scales(records, raw, tail, tail_raw, rb_b, slot_b, base_b, valid, c, t, h_b, lo_b,
-                                     hi_b, full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-                h_b = h_b_next
-                lo_b, hi_b, h_b_next = _inline_ahead(records, tail, rb_b, slot_b, valid, t + 1, h_b, steps,
-                                                     full_tiles, S, S_TAIL, TC)  # fmt: skip
-        acc_a = mma_v2(_operand(b_a, s_a, FMT), xb, acc_a)
-        if FC1:
-            acc_b = mma_v2(_operand(b_b, s_b, FMT), xb, acc_b)
+        acc = mma_v2(_operand(b, s, FMT), xb, acc)
         if PREFETCH:
-            b_a = nb_a
-            if FC1:
-                b_b = nb_b
+            b = nb
 
     # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
     route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
@@ -352,6 +326,4 @@ def moe_gemm_decode(
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
     p_row = (gl.program_id(2) * pairs + gl.where(live, route, 0)).to(gl.int64) * R
     pm = gl.expand_dims(on < n_out, 1) & gl.expand_dims(live, 0)
-    gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on, 1), acc_a, mask=pm)
-    if FC1:
-        gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on + n_out, 1), acc_b, mask=pm)
+    gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on, 1), acc, mask=pm)
