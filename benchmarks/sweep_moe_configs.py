@@ -9,7 +9,6 @@ inline scales; CUDA-graph replays, L2 flushed), so the catalog's configs are cho
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -23,7 +22,7 @@ from timing import L2_FLUSH_BYTES, capture, replay_times
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe_specs import DECODE, DECODE_TRITON, PREFILL, GemmConfig
+from csf_kernels.moe_specs import DECODE, DECODE_NARROW, DECODE_TRITON, PREFILL, GemmConfig
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer
 
@@ -33,8 +32,9 @@ def _configs(kind: str):
         # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
         # stage won); now the two engines of that tile side by side
         # (run 78: the Gluon engine's weight prefetch loses 2-14%)
+        # (run 80: 8-route blocks win up to 2 routes per expert: csf_kernels.moe_specs.decode_config_for)
+        yield DECODE_NARROW
         yield DECODE
-        yield dataclasses.replace(DECODE, bm=8 if DECODE.bm == 16 else 16)
         yield DECODE_TRITON
     else:
         for bm, bn, warps, pf in ((64, 64, 4, 1), (64, 64, 4, 0), (64, 128, 8, 0), (128, 128, 8, 0)):

@@ -17,6 +17,7 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "DECODE",
+    "DECODE_NARROW",
     "DECODE_TRITON",
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_SCATTER",
@@ -30,6 +31,7 @@ __all__ = [
     "align_plan_spec",
     "align_scatter_spec",
     "combine_spec",
+    "decode_config_for",
     "experts_bins",
     "fc1_finish_spec",
     "gemm_spec",
@@ -95,7 +97,7 @@ class GemmConfig:
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
     prefetch: bool = False  # load the next K step's weights before converting this one's
     # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
-    # (split-K 16 x 64 tiles on 4 warps, operands in registers; GPUs only)
+    # (split-K tiles of 8 or 16 routes x 64 rows on 4 warps, operands in registers; GPUs only)
     engine: str = "triton"
 
     def __post_init__(self):
@@ -123,10 +125,20 @@ class GemmConfig:
 # one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
 # Run 78 (DS4.1-TP4, native, T = 1..512): Gluon 0.70-0.80x the Triton engine's time; loading the next
 # K step's weights first costs it 2-14% (more registers, fewer programs per SM): off.
+# Run 80 (same layer): with FC1 tiled over all its rows, 8-route blocks (56 registers, 9 programs per SM)
+# beat 16-route ones up to 2 routes per expert (T = 1 / 8 / 32 / 128: 39.6 / 130 / 348 / 694 us against
+# 42.6 / 145 / 375 / 775) and lose at 8 (T = 512: 1043 against 954).
 DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
+DECODE_NARROW = GemmConfig(name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
-CONFIGS = (DECODE, PREFILL)
+CONFIGS = (DECODE_NARROW, DECODE, PREFILL)
+NARROW_ROUTES_PER_EXPERT = 2  # routes per expert (T * k / E) up to which DECODE_NARROW runs
+
+
+def decode_config_for(routes: int, experts: int) -> GemmConfig:
+    """The decode tile configuration for ``routes`` (tokens x top-k) over ``experts`` experts."""
+    return DECODE_NARROW if routes <= NARROW_ROUTES_PER_EXPERT * experts else DECODE
 
 
 def experts_bins(num_experts: int) -> int:

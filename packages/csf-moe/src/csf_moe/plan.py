@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_kernels.moe import max_blocks_for
 from csf_kernels.moe_specs import (
-    DECODE,
     PREFILL,
     GemmConfig,
     align_plan_spec,
     align_scatter_spec,
     combine_spec,
+    decode_config_for,
     experts_bins,
     fc1_finish_spec,
     gemm_spec,
@@ -166,12 +166,14 @@ def plan(
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
     decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
     buckets: tuple[int, ...] | None = None,
-    decode_config: GemmConfig = DECODE,
+    decode_config: GemmConfig | None = None,
     prefill_config: GemmConfig = PREFILL,
 ) -> MoEPlan:
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
-    geometry when given. ``buckets`` defaults to the catalog's token buckets (plus ``max_tokens``)."""
+    geometry when given. ``buckets`` defaults to the catalog's token buckets (plus ``max_tokens``).
+    ``decode_config`` fixes the decode buckets' tiles (default: by routes per expert, see
+    ``csf_kernels.moe_specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
     if quant_mode is not None and quant_mode != geometry.fmt.name:
         raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")
@@ -189,7 +191,10 @@ def plan(
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
     plans = []
     for t in sizes:
-        config = decode_config if t * top_k <= decode_routes_per_expert * geometry.experts else prefill_config
+        if t * top_k <= decode_routes_per_expert * geometry.experts:
+            config = decode_config or decode_config_for(t * top_k, geometry.experts)
+        else:
+            config = prefill_config
         expand = scale_source == "expanded" or (
             scale_source == "inline" and (t > inline_token_limit or not config.split_k)
         )
@@ -223,5 +228,5 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         buckets=tuple(plans),
-        scratch=_layout(geometry, max_tokens * top_k, expands, partials, (decode_config, prefill_config)),
+        scratch=_layout(geometry, max_tokens * top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )
