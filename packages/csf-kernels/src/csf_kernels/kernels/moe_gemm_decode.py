@@ -236,7 +236,6 @@ def _inline_scales(
     first exception entries ``ahead`` come loaded a step ahead."""
     is_tail = t >= full_tiles
     tcx = gl.where(is_tail, TC, 4)
-    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
     mode = h & 3
     is_raw = mode == 3
     w = gl.where(is_raw, 1, 1 << mode)
