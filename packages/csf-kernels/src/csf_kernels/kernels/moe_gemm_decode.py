@@ -46,7 +46,6 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
-EXC_AHEAD = gl.constexpr(8)  # inline exception entries of the next tile loaded a step ahead
 
 
 # ------------------------------------------------------------------------------------------- layouts
@@ -189,53 +188,15 @@ def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_
 
 
 @gluon.jit
-def _exception_table(records, tail, rb, t, h, full_tiles, S, S_TAIL, TC):
-    """Where tile ``t``'s (header ``h``) exception entries lie: u16 positions, u8 values, and their count
-    (0 for raw tiles)."""
-    tcx = gl.where(t >= full_tiles, TC, 4)
-    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
-    mode = h & 3
-    sb = 16 * tcx * (1 << mode)
-    cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
-    count = gl.where(mode == 3, 0, (h >> 2) & 63)
-    return (rec + sb).to(gl.pointer_type(gl.int16)), rec + sb + 2 * cap, count
-
-
-@gluon.jit
-def _exception_entry(positions, values, count, i):
-    ok = i < count
-    p = gl.load(positions + i, mask=ok, other=-1).to(gl.int32) & 0xFFFF
-    return gl.where(ok, p, -1), gl.load(values + i, mask=ok, other=0).to(gl.int32)
-
-
-@gluon.jit
-def _exceptions_ahead(records, tail, rb, t, h, steps, full_tiles, S, S_TAIL, TC):
-    """Tile ``t``'s first ``EXC_AHEAD`` exception entries (position -1 where none), loaded a step before
-    its decode: most tiles have no more, so their patch waits on no load."""
-    positions, values, count = _exception_table(records, tail, rb, t, h, full_tiles, S, S_TAIL, TC)
-    count = gl.where(t < steps, count, 0)
-    return (
-        _exception_entry(positions, values, count, 0),
-        _exception_entry(positions, values, count, 1),
-        _exception_entry(positions, values, count, 2),
-        _exception_entry(positions, values, count, 3),
-        _exception_entry(positions, values, count, 4),
-        _exception_entry(positions, values, count, 5),
-        _exception_entry(positions, values, count, 6),
-        _exception_entry(positions, values, count, 7),
-    )
-
-
-@gluon.jit
 def _inline_scales(
-    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, ahead, full_tiles, C, S, S_TAIL, TC,
+    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
     NEUTRAL: gl.constexpr,
 ):  # fmt: skip
     """Scale bytes [64, 4] (columns ``c`` [1, 4]) of column tile ``t`` for rows (slot, base) of row block
-    ``rb``, decoded from the tile's record: header ``h``, the rows' selector words ``lo``, ``hi`` and the
-    first exception entries ``ahead`` come loaded a step ahead."""
+    ``rb``, decoded from the tile's record: header ``h`` and the rows' selector words ``lo``, ``hi``."""
     is_tail = t >= full_tiles
     tcx = gl.where(is_tail, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
     mode = h & 3
     is_raw = mode == 3
     w = gl.where(is_raw, 1, 1 << mode)
@@ -252,15 +213,15 @@ def _inline_scales(
         rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + pos_here, mask=live, other=0)
         val = rv.to(gl.int32)
     else:  # exceptions: ascending (position, value) pairs after the selectors
-        for u in gl.static_range(EXC_AHEAD):
-            p, v = ahead[u]
-            val = gl.where(pos_here == p, v, val)
-        positions, values, count = _exception_table(records, tail, rb, t, h, full_tiles, S, S_TAIL, TC)
-        for i0 in range(EXC_AHEAD, count, EXC_UNROLL):
+        count = (h >> 2) & 63
+        sb = 16 * tcx * w
+        cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
+        positions = (rec + sb).to(gl.pointer_type(gl.int16))  # u16 at an even offset of an aligned record
+        for i0 in range(0, count, EXC_UNROLL):
             for u in gl.static_range(EXC_UNROLL):
                 ok = i0 + u < count
                 p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
-                v = gl.load(values + i0 + u, mask=ok, other=0).to(gl.int32)
+                v = gl.load(rec + sb + 2 * cap + i0 + u, mask=ok, other=0).to(gl.int32)
                 val = gl.where((pos_here == p) & ok, v, val)
     return gl.where(live, val, NEUTRAL)
 
@@ -332,11 +293,11 @@ def moe_gemm_decode(
         b = _weight_words(w_e, rows, tq, valid, t0, K, Q)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
     # neither waits on a load when the step's scales are decoded (native: unused placeholders)
-    h, lo, hi, h_next, ahead = 0, rows, rows, 0, 0
+    h, lo, hi, h_next = 0, rows, rows, 0
     if SRC == 1:
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
-        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S, S_TAIL, TC)
-        ahead = _exceptions_ahead(records, tail, rb, t0, h, steps, full_tiles, S, S_TAIL, TC)
+        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
+                                             S_TAIL, TC)  # fmt: skip
     for t in range(t0, steps):
         if PREFETCH:  # the next step's weight words are in flight while this step's are converted
             more = valid & (t + 1 < steps)
@@ -350,12 +311,11 @@ def moe_gemm_decode(
         if SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
         else:
-            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, ahead,
-                               full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h = h_next  # the next step's selectors and exceptions (its header is here), the header after it
-            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles, S, S_TAIL,
-                                           TC)  # fmt: skip
-            ahead = _exceptions_ahead(records, tail, rb, t + 1, h, steps, full_tiles, S, S_TAIL, TC)
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
         acc = mma_v2(_operand(b, s, FMT), xb, acc)
         if PREFETCH:
             b = nb
