@@ -9,6 +9,7 @@ inline scales; CUDA-graph replays, L2 flushed), so the catalog's configs are cho
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--kinds", default="decode,prefill", help="which tile kinds to sweep")
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
+    ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
+                    "BM:PREFETCH:SPLIT_TARGET, comma-separated (e.g. 8:0:528,8:1:1056)")  # fmt: skip
+    ap.add_argument("--sources", default="native,inline")
     a = ap.parse_args()
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
@@ -64,9 +68,14 @@ def main() -> None:
             continue
         targets = [int(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
         variants = [(DECODE, t) for t in targets] or [(cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind)]
+        if kind == "decode" and a.decode_variants:
+            variants = []
+            for v in a.decode_variants.split(","):
+                bm, pf, target = (int(f) for f in v.split(":"))
+                variants.append((dataclasses.replace(DECODE, bm=bm, prefetch=bool(pf)), target))
         for cfg, target in variants:
             moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
-            for source in ("native", "inline"):
+            for source in a.sources.split(","):
                 kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
                 p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
                          decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
