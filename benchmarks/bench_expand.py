@@ -33,10 +33,10 @@ from csf_kernels.compact_tables import compact_tables
 from csf_kernels.expand import expand_compact, expand_inline
 
 
-def layer_planes():
-    """The DeepSeek-V4.1-Flash TP4 MXFP4 layer's scale planes (seed-regime statistics) on the GPU, with
-    their inline forms: (geometry, {projection: (plane, inline)})."""
-    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
+def layer_planes(model: str = "deepseek-v4.1-flash", tp: int = 4):
+    """A catalog MXFP4 layer's scale planes (seed-regime statistics; default DeepSeek-V4.1-Flash TP4) on the
+    GPU, with their inline forms: (geometry, {projection: (plane, inline)})."""
+    geo = load_catalog().moe_geometry(model, tp, "mxfp4")
     planes = {}
     for proj, (shape, group) in geo.scale_planes().items():
         plane = synthetic_scale_plane(shape, MXFP4, stats=SEED_REGIME, seed=7).cuda()
@@ -44,8 +44,8 @@ def layer_planes():
     return geo, planes
 
 
-def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
-    geo, inline_planes = layer_planes()
+def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: int) -> list[dict]:
+    geo, inline_planes = layer_planes(model, tp)
     planes = {
         proj: (plane, inline, compact_tables(encode_compact(plane, MXFP4).payload))
         for proj, (plane, inline) in inline_planes.items()
@@ -53,8 +53,9 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float) -> list[dict]:
     outs = {p: torch.empty_like(v[0]) for p, v in planes.items()}
     results = []
     g = torch.Generator().manual_seed(0)
-    routed = torch.randperm(geo.experts, generator=g)[:48].to(torch.int32).cuda()  # 8 tokens x top-6
-    scopes = [("layer", None, tuple(planes)), ("routed_48_experts", routed, tuple(planes))]
+    n_routed = min(8 * geo.top_k, geo.experts)  # the experts 8 tokens route to, at most
+    routed = torch.randperm(geo.experts, generator=g)[:n_routed].to(torch.int32).cuda()
+    scopes = [("layer", None, tuple(planes)), (f"routed_{n_routed}_experts", routed, tuple(planes))]
     scopes += [(f"{p}_only", None, (p,)) for p in planes]
     # the inline form by the default choice and both engines side by side (CuTe row images, Triton tiles),
     # then the compact form
@@ -208,6 +209,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--model", default="deepseek-v4.1-flash", help="a catalog MXFP4 geometry")
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--expansion-only", action="store_true", help="skip program-load and launch timings")
     a = ap.parse_args()
     runtime.freeze()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -217,12 +221,14 @@ def main() -> None:
         "benchmark": "bench_expand",
         "provenance": provenance(),
         "copy_bandwidth": copy,
-        "expansion": expansion(a.reps, flush, copy["median_GBps"]),
-        "program_load": load_time(),
-        "launch_overhead": launch_overhead(2000),
-        "compilations_while_frozen": runtime.compilations(),
+        "geometry": {"model": a.model, "tp": a.tp, "fmt": "mxfp4"},
+        "expansion": expansion(a.reps, flush, copy["median_GBps"], a.model, a.tp),
     }
-    print(json.dumps({k: doc[k] for k in ("program_load", "launch_overhead")}, indent=1))
+    if not a.expansion_only:
+        doc["program_load"] = load_time()
+        doc["launch_overhead"] = launch_overhead(2000)
+        print(json.dumps({k: doc[k] for k in ("program_load", "launch_overhead")}, indent=1))
+    doc["compilations_while_frozen"] = runtime.compilations()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
 
