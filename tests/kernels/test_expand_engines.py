@@ -8,7 +8,7 @@ import torch
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels.cute_so import TensorRef
-from csf_kernels.expand import ENGINES, inline_expansion_launches
+from csf_kernels.expand import ENGINES, auto_engine, inline_expansion_launches
 from csf_kernels.families import CUTE_ROW_EXPANDER, EXPAND_INLINE, row_expander_spec
 
 
@@ -31,6 +31,13 @@ def test_engines_pick_the_programs_the_measurements_chose():
     assert wide.spec == row_expander_spec(MXFP4, 32, 4) and wide.grid[1] == 2  # 160 columns: two groups
     with pytest.raises(ValueError, match="engine must be one of"):
         inline_expansion_launches(w2, out, engine="fast")
+
+
+def test_auto_takes_cute_for_narrow_rows_and_rows_triton_stores_in_small_pieces():
+    assert auto_engine(18, 384 * 5120 * 18, 0) == "cute"  # DS4.1-TP4 W2: one warp per row block
+    assert auto_engine(160, 384 * 1152 * 160, 0) == "triton"  # DS4.1-TP4 W13: 16-byte stores
+    assert auto_engine(90, 128 * 5760 * 90, 0) == "cute"  # gpt-oss W13: 2-byte stores
+    assert auto_engine(37, 2 * 128 * 37, 0) == "triton"  # odd rows: CuTe does not cover them
 
 
 def test_cute_refuses_planes_it_does_not_cover():

@@ -77,10 +77,27 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 
 # "triton": the tile programs of csf_kernels.kernels.expand_inline; "cute": the row-image expanders of
-# csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): the CuTe one for narrow
-# planes (one column group of at most 8 full tiles: DS4.1-TP4's W2 26.7 vs 34.0 us), Triton for wider ones
-# (W13 34.3 vs 36.9 us in per-warp groups); runs 69-75 in validation/README.md, docs/perf-notes.md
+# csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): see auto_engine
 ENGINES = ("auto", "triton", "cute")
+# Triton's tile programs store rows in pieces of this many bytes or more to stay ahead of the CuTe row images
+_TRITON_MIN_STORE = 8
+
+
+def auto_engine(cols: int, nbytes: int, out_ptr: int) -> str:
+    """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
+
+    CuTe where it covers the plane and either the rows are narrow (one column group of at most 8 full tiles,
+    one warp per row block: DS4.1-TP4's W2 26.7 vs 34.0 us, runs 69-75) or Triton could only store them in
+    pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83); Triton
+    for rows it stores 8 or 16 bytes at a time (DS4.1-TP4's W13 34.3 vs 36.9 us)."""
+    layout = row_image_layout(cols, nbytes, out_ptr)
+    if layout is None:
+        return "triton"
+    if layout.per_warp and layout.groups == 1:
+        return "cute"
+    return "cute" if inline_store_bytes(cols, out_ptr) < _TRITON_MIN_STORE else "triton"
+
+
 ROW_BLOCKS_PER_CTA_MAX = 4
 
 
@@ -106,14 +123,14 @@ def inline_expansion_launches(
     experts = _expert_ids(experts, geo.experts, dev)
     if experts.numel() == 0:
         return []
-    if engine != "triton":
+    if engine == "auto":  # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
+        cuda = out.is_cuda and store is None
+        engine = auto_engine(geo.cols, out.numel(), out.data_ptr()) if cuda else "triton"
+    if engine == "cute":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
-        if engine == "cute" and (layout is None or store is not None):
+        if layout is None or store is not None:
             raise ValueError(f"expand_inline: the CuTe row expander does not cover a {tuple(out.shape)} plane")
-        per_warp = layout is not None and layout.per_warp and layout.groups == 1
-        # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
-        if engine == "cute" or (per_warp and store is None and out.is_cuda):
-            return [_row_expander_launch(inline, out, experts, layout)]
+        return [_row_expander_launch(inline, out, experts, layout)]
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
     for what in (records, tail):
