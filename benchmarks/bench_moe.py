@@ -3,11 +3,12 @@
     python3 benchmarks/bench_moe.py --out FILE [--geometries all] [--tokens 1,8,32,...]
 
 Per geometry and token count, arms side by side in one process: csf with native scales, with CSF
-expanded into scratch before each call, with CSF read inline; a torch dequantize-then-matmul arm; and
+expanded into scratch before each call, with CSF stored inline as planned (read inline at one token, its
+routed experts expanded above) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
 OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
 inputs rotated over several routings. Effective bandwidth counts the FP4 values and the scale bytes
 (as the arm stores them) of the experts actually routed to; TFLOP/s counts 2 * routes * (3 N H).
-Correctness: the three csf arms' outputs are compared bit for bit on every input, and against the
+Correctness: the csf arms' outputs are compared bit for bit on every input, and against the
 float32 reference where it is affordable.
 """
 
@@ -44,7 +45,14 @@ ALL_GEOMETRIES = [
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
-ARMS = ("native", "expanded", "inline")
+# arm -> plan arguments: the three scale sources as planned, and the inline GEMM reading the records in
+# every decode bucket (the default inline plan expands above 1 token: csf_moe.plan.INLINE_TOKEN_LIMIT)
+ARMS = {
+    "native": dict(scale_source="native"),
+    "expanded": dict(scale_source="expanded"),
+    "inline": dict(scale_source="inline"),
+    "inline_records": dict(scale_source="inline", inline_token_limit=512),
+}
 
 
 def _bytes_per_expert(weights) -> dict[str, float]:
@@ -97,7 +105,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops) 
     data = synthetic_layer(geo, seed=1234, device="cuda")
     layers, weights = {}, {}
     for arm in ARMS:
-        p = plan(geo, max(tokens), scale_source=arm)
+        p = plan(geo, max(tokens), **ARMS[arm])
         weights[arm] = prepare_weights(p, **data.weight_kwargs())
         layers[arm] = bind(p, weights[arm], torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
     per_expert = {arm: _bytes_per_expert(weights[arm]) for arm in ARMS}
@@ -124,7 +132,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops) 
             outs[arm] = [o.clone() for o in arm_outs]
             med = statistics.median(samples)
             # the GEMM reads the inline records, or a native plane (the model's, or one expanded into scratch)
-            reads_inline = arm == "inline" and not layer.plan.bucket_for(t).expand
+            reads_inline = layer.plan.scale_source == "inline" and not layer.plan.bucket_for(t).expand
             pe = per_expert[arm]
             native_scales = per_expert["native"]["native_scales"]
             scales = pe["inline_scales"] if reads_inline else native_scales
@@ -162,7 +170,8 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops) 
         print(
             f"  T={t:5d} native {a['native']['median_s'] * 1e6:8.1f} us"
             f"  expanded {a['expanded']['median_s'] * 1e6:8.1f}"
-            f"  inline {a['inline']['median_s'] * 1e6:8.1f}  torch {a['torch_dequant_matmul']['median_s'] * 1e6:9.1f}"
+            f"  inline {a['inline']['median_s'] * 1e6:8.1f}  records {a['inline_records']['median_s'] * 1e6:8.1f}"
+            f"  torch {a['torch_dequant_matmul']['median_s'] * 1e6:9.1f}"
             f"  | inline {a['inline']['effective_GBps']:6.0f} GB/s {a['inline']['TFLOPs']:6.1f} TF  exact={exact}",
             flush=True,
         )

@@ -29,8 +29,15 @@ GEOMETRIES = [
     ("kimi-k2", 16, "nvfp4"),
 ]
 MAX_TOKENS = 1024
-# above the inline limit (512) the inline plan expands its scales; 700 runs the prefill tiles
+# above its inline limit an inline plan expands its scales (the default limit is 1 token; "inline_records"
+# reads the records up to 512); 700 runs the prefill tiles
 TOKENS = (1, 7, 64, 700)
+ARMS = {
+    "native": dict(scale_source="native"),
+    "expanded": dict(scale_source="expanded"),
+    "inline": dict(scale_source="inline"),
+    "inline_records": dict(scale_source="inline", inline_token_limit=512),
+}
 # relative Frobenius error against float32: the intermediate and the output each round to bf16 once
 REL_TOL = 2e-2
 
@@ -41,10 +48,10 @@ def _geometry(model, tp, fmt):
 
 def _layers(geo, data):
     layers = {}
-    for source in ("native", "expanded", "inline"):
-        p = plan(geo, MAX_TOKENS, scale_source=source)
+    for arm, kwargs in ARMS.items():
+        p = plan(geo, MAX_TOKENS, **kwargs)
         weights = prepare_weights(p, **data.weight_kwargs())
-        layers[source] = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+        layers[arm] = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
     return layers
 
 
@@ -64,7 +71,7 @@ def test_sources_are_bit_identical_and_match_the_reference(model, tp, fmt):
     for t in TOKENS:
         x, ids, w = synthetic_routing(geo, t, gen)
         outs = {s: _poisoned_run(layer, x, ids, w) for s, layer in layers.items()}
-        for s in ("expanded", "inline"):
+        for s in ARMS:
             assert torch.equal(outs[s], outs["native"]), f"seed {SEED} {geo.name} T={t}: {s} != native"
         want = moe_reference(x, ref, w, ids, kind=geo.activation)
         err = float((outs["native"].float() - want).norm() / want.norm())

@@ -32,9 +32,12 @@ __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 SCALE_SOURCES = ("native", "expanded", "inline")
 # routes per expert (T * k / E) up to which the decode tile configuration runs
 DECODE_ROUTES_PER_EXPERT = 8
-# tokens above which an inline plan expands its scales once per call. Also measured (H200, run 12):
-# with the prefill tiles, reading records inline costs up to 1.3x, so prefill buckets expand too.
-INLINE_TOKEN_LIMIT = 512
+# tokens above which an inline plan expands its routed experts' scales once per call and runs the
+# native-scale GEMM. Run 84 (H200, bench_moe, T = 1 / 8 / 32 / 128 / 512, expanded vs inline): DS4.1-TP4
+# 47.3 / 146 / 399 / 797 / 1028 vs 47.8 / 192 / 515 / 1089 / 1411 us, Qwen3-30B 41.7 / 105 / 171 / 209 /
+# 373 vs 39.4 / 121 / 218 / 270 / 372, gpt-oss 64.1 / 235 / 564 / 878 / 1826 vs 68.0 / 284 / 751 / 1203 /
+# 1809: reading records inline pays at one token at most. Prefill buckets always expand (run 12: up to 1.3x).
+INLINE_TOKEN_LIMIT = 1
 _ALIGN = 256
 
 
