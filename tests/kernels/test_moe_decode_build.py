@@ -1,0 +1,29 @@
+"""The Gluon decode GEMM builds ahead of time for sm_90a on a GPU-less machine, as its design needs it.
+
+Its register layouts are checked while it compiles (``convert_layout(..., assert_trivial=True)`` refuses any
+relabelling that would move data between threads); here: every catalog variant builds, and without shared
+memory (both MMA operands stay in registers, so no program waits on a CTA barrier)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from csf_codec import MXFP4, NVFP4
+from csf_kernels.aot.compile_triton import compile_triton
+from csf_kernels.moe_specs import DECODE, DECODE_NARROW, MOE_GEMM_DECODE, gemm_spec
+
+
+@pytest.mark.parametrize("config", [DECODE, DECODE_NARROW], ids=["16-routes", "8-routes"])
+@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
+def test_builds_with_operands_in_registers(fmt, source, config):
+    spec = gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config)
+    assert spec.kernel == MOE_GEMM_DECODE.kernel
+    # FC1 and FC2 run one program: split-K partials tile gate and up rows like any other rows
+    assert gemm_spec(fmt, source, fc1=False, activation="swiglu_oai", bias=True, config=config) == spec
+    art = compile_triton(spec)
+    assert art.kind == "triton_cubin" and art.launch["entry"] == "moe_gemm_decode"
+    assert art.launch["block"] == [128, 1, 1]
+    assert art.launch["shared"] == 0
