@@ -7,6 +7,7 @@ import torch
 
 from csf_codec import decode_inline, encode_compact, scale_format
 from csf_kernels.catalog import MoEGeometry
+from csf_kernels.fp4_words import pair_signs
 from csf_moe import plan, prepare_weights
 from csf_moe.synthetic import _interleave, synthetic_layer
 
@@ -46,6 +47,30 @@ def test_interleaved_gate_up_rows_are_converted():
     want = prepare_weights(p, **data.weight_kwargs())
     for name in ("values", "scales", "bias"):
         assert torch.equal(getattr(got.w13, name), getattr(want.w13, name)), name
+
+
+def test_fp4_words_get_their_signs_paired_and_the_inputs_stay_untouched():
+    data = synthetic_layer(GEO, seed=8)
+    p = plan(GEO, 8, scale_source="native")
+    kwargs = data.weight_kwargs()
+    w13, w2 = kwargs["w13"].clone(), kwargs["w2"].clone()
+    # a strided view of W2 (a slice of a wider tensor) is taken as its values
+    wide = torch.zeros(*w2.shape[:-1], w2.shape[-1] + 16, dtype=torch.uint8)
+    wide[..., : w2.shape[-1]] = w2
+    kwargs["w2"] = wide[..., : w2.shape[-1]]
+    got = prepare_weights(p, **kwargs)
+    assert torch.equal(got.w13.values, pair_signs(w13)) and torch.equal(got.w2.values, pair_signs(w2))
+    assert torch.equal(kwargs["w13"], w13) and torch.equal(kwargs["w2"], w2)  # the caller's tensors unchanged
+    assert got.w13.values.data_ptr() != kwargs["w13"].data_ptr()
+    # handed over: a refused input leaves them as they were; else they are paired where they are
+    handed = data.weight_kwargs()
+    bad = dict(handed, w2_scale=handed["w2_scale"][:, :-1])
+    with pytest.raises(ValueError, match="w2_scale"):
+        prepare_weights(p, values_in_place=True, **bad)
+    assert torch.equal(handed["w13"], w13) and torch.equal(handed["w2"], w2)
+    owned = prepare_weights(p, values_in_place=True, **handed)
+    assert owned.w13.values.data_ptr() == handed["w13"].data_ptr()
+    assert torch.equal(owned.w13.values, pair_signs(w13)) and torch.equal(owned.w2.values, pair_signs(w2))
 
 
 def test_bad_weights_are_refused_clearly():

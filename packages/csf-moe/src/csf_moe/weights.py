@@ -121,12 +121,17 @@ def prepare_weights(
     w2_bias: torch.Tensor | None = None,
     w13_layout: str = "gate_up",
     device: torch.device | str | None = None,
+    values_in_place: bool = False,
 ) -> MoEWeights:
     """Build the layer's weights for ``plan``.
 
     ``w13`` uint8 [E, 2N, H/2] and ``w2`` uint8 [E, H, N/2] are packed E2M1 values; ``*_scale`` are
     uint8 (or float8_e4m3fn) planes [E, 2N, H/bs] and [E, H, N/bs], or CSF compact payloads of them.
     NVFP4 needs per-expert global scales; biases (gpt-oss) are [E, 2N] and [E, H].
+
+    The GEMMs read the values with each word's sign bits paired (``csf_kernels.fp4_words``): by default
+    into new tensors; ``values_in_place`` hands ``w13`` / ``w2`` over (a serving engine's own parameters,
+    replaced by the results) and pairs them where they are, so loading needs no second copy of the weights.
     """
     geo = plan.geometry
     device = torch.device(device) if device is not None else w13.device
@@ -140,18 +145,20 @@ def prepare_weights(
         if geo.bias != (b is not None):
             raise ValueError(f"{geo.name} {'needs' if geo.bias else 'takes no'} {name}")
     nv = geo.fmt.name == "nvfp4"
-    v13 = w13.to(device)
+    v13 = w13.to(device).contiguous()
     b13 = _bias(w13_bias, (e, 2 * n), "w13_bias", device)
     if w13_layout == "interleaved":
         v13, b13 = _deinterleave(v13), _deinterleave(b13)
-    v2 = w2.to(device)
+    v2 = w2.to(device).contiguous()
+    b2 = _bias(w2_bias, (e, h), "w2_bias", device)
+    g13 = _global(w13_global_scale, e, "w13_global_scale", device) if nv else None
+    g2 = _global(w2_global_scale, e, "w2_global_scale", device) if nv else None
     # the GEMMs read FP4 words with their sign bits paired for the conversion (csf_kernels.fp4_words): in
-    # place on copies made above, else into new tensors allocated here; the temporaries in the private pool
-    paired13 = v13 if v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
-    paired2 = v2 if v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)
+    # place on copies made above (or on handed-over tensors), else into new tensors allocated here
+    paired13 = v13 if values_in_place or v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
+    paired2 = v2 if values_in_place or v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)
     pool = _PrivatePool(device)
     with pool:
-        v13, v2 = pair_signs(v13, out=paired13), pair_signs(v2, out=paired2)
         s13 = _native_plane(w13_scale, geo.w13_scale_shape, "w13_scale", device)
         if w13_layout == "interleaved":
             s13 = _deinterleave(s13)
@@ -164,6 +171,8 @@ def prepare_weights(
                 encode_inline(s2, geo.fmt, name="w2_scale"),
             )
         del s13, s2
+        # last, once every input has been checked: a refused input leaves handed-over values untouched
+        v13, v2 = pair_signs(v13, out=paired13), pair_signs(v2, out=paired2)
     # copy the results out of the pool, drop every pool tensor, then release the pool
     planes = _own_all(planes)
     pool.release()
@@ -173,15 +182,15 @@ def prepare_weights(
             values=v13,
             scales=planes[0] if native else None,
             inline=None if native else planes[0],
-            global_scale=_global(w13_global_scale, e, "w13_global_scale", device) if nv else None,
+            global_scale=g13,
             bias=b13,
         ),
         w2=GemmOperand(
             values=v2,
             scales=planes[1] if native else None,
             inline=None if native else planes[1],
-            global_scale=_global(w2_global_scale, e, "w2_global_scale", device) if nv else None,
-            bias=_bias(w2_bias, (e, h), "w2_bias", device),
+            global_scale=g2,
+            bias=b2,
         ),
     )
 

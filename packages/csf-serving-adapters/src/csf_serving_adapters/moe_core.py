@@ -169,6 +169,7 @@ class CsfMoECore:
             w13_bias=getattr(layer, f"w13_{self.bias_name}", None),
             w2_bias=getattr(layer, f"w2_{self.bias_name}", None),
             w13_layout=self.w13_layout,
+            values_in_place=True,  # the layer's FP4 parameters are replaced by the results (release_native)
         )
         return p, w
 
