@@ -17,6 +17,7 @@ __all__ = ["SIGN_OF_NIBBLE", "pair_signs", "unpair_signs"]
 # pair k = (2k, 2k + 1): its signs sit in nibbles k and k + 4, so shifting the word left by 12 - 4k puts
 # them at bits 15 and 31 of a bf16 pair
 SIGN_OF_NIBBLE = (0, 2, 4, 6, 1, 3, 5, 7)
+_NIBBLE_OF_SIGN = tuple(SIGN_OF_NIBBLE.index(i) for i in range(8))  # its inverse
 _MAGNITUDES = 0x77777777
 _CHUNK_WORDS = 1 << 24  # words per pass (64 MiB): bounds the temporaries on large expert stacks
 
@@ -53,7 +54,4 @@ def pair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
 
 def unpair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of :func:`pair_signs`."""
-    inverse = [0] * 8
-    for j, src in enumerate(SIGN_OF_NIBBLE):
-        inverse[src] = j
-    return _apply(values, tuple(inverse), out)
+    return _apply(values, _NIBBLE_OF_SIGN, out)

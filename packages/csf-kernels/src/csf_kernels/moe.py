@@ -168,9 +168,7 @@ def gemm_launch(
     e, r, k2 = values.shape
     k = 2 * k2
     n_out = r // 2 if fc1 else r
-    # rows per program tile: the Gluon decode GEMM writes partials only, so it tiles FC1's gate and up rows
-    # alike (n_out = R); the Triton GEMM pairs each gate row with its up row for the fused activation
-    rows = r if config.engine == "gluon" else n_out
+    rows = config.tiled_rows(n_out, fc1)  # the programs' n_out
     cols = fmt.scale_columns(k)
     if x.dtype != torch.bfloat16 or x.shape[-1] != k or not x.is_contiguous():
         raise ValueError(f"GEMM input must be contiguous bf16 [*, {k}], got {x.dtype} {tuple(x.shape)}")
@@ -224,7 +222,7 @@ def gemm_launch(
         raise ValueError(f"config {config.name} does not split K")
     if -(-steps // per_split) != splits:
         raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_specs.split_count)")
-    grid = (block_expert.numel(), -(-rows // config.bn), splits)
+    grid = (block_expert.numel(), config.row_tiles(n_out, fc1), splits)
     base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
     args = (
         x, values, scales, base, delta, records, raw, tail, tail_raw,

@@ -108,9 +108,15 @@ class GemmConfig:
         ):
             raise ValueError("the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps only")
 
-    def row_tiles(self, rows: int, fc1: bool) -> int:
-        """Programs along the rows of an operand with ``rows`` output rows (FC1: N gate/up row pairs)."""
-        return -(-(2 * rows if fc1 and self.engine == "gluon" else rows) // self.bn)
+    def tiled_rows(self, n_out: int, fc1: bool) -> int:
+        """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
+        program writes split-K partials only, so it tiles FC1's gate and up rows alike (2N); the Triton one
+        pairs each gate row with its up row in one program for the fused activation (N)."""
+        return 2 * n_out if fc1 and self.engine == "gluon" else n_out
+
+    def row_tiles(self, n_out: int, fc1: bool) -> int:
+        """Programs along the rows of an operand of ``n_out`` outputs."""
+        return -(-self.tiled_rows(n_out, fc1) // self.bn)
 
 
 # decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
