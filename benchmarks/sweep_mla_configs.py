@@ -43,16 +43,21 @@ OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
-    """``64/8/1/1/bf16,16/4/1/2/f16/r``: head block / warps / stages / waves [/ f16 or bf16 [/ r: regroup]],
-    comma-separated."""
+    """``64/8/1/1/bf16,16/4/1/2/f16/r,16/4/1/2/f16/g``: head block / warps / stages / waves [/ f16 or bf16
+    [/ r: regroup, g: the gluon engine]], comma-separated."""
     configs = []
     for item in filter(None, text.split(",")):
         fields = item.split("/")
         extra = {"operand": OPERAND_NAMES[fields[4]]} if len(fields) > 4 else {}
         if len(fields) > 5:
             extra["regroup"] = fields[5] == "r"
+            extra["engine"] = "gluon" if fields[5] == "g" else "triton"
         configs.append(DecodeConfig(*map(int, fields[:4]), **extra))
     return configs
+
+
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, item.split("x"))) for item in filter(None, text.split(","))]
 
 
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)
@@ -76,11 +81,12 @@ def main() -> None:
     ap.add_argument("--configs", type=_configs, default=CANDIDATES, help="head/warps/stages/waves,...")
     ap.add_argument("--catalog", action="store_true", help="only the catalog's config for each head count")
     ap.add_argument("--label", default="", help="a name for this arm, kept in the JSON")
+    ap.add_argument("--shapes", type=_shapes, default=SHAPES, help="batch x heads x rows,... e.g. 32x16x1")
     a = ap.parse_args()
     runtime.unfreeze()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     results = []
-    for batch, heads, s_q in SHAPES:
+    for batch, heads, s_q in a.shapes:
         gen = torch.Generator(device="cuda").manual_seed(batch + heads + s_q)
         inputs = _inputs(batch, heads, s_q, gen)
         q, kv, indices, lengths = inputs

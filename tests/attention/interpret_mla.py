@@ -12,11 +12,14 @@ import torch
 
 from csf_attention import MLACaps, SparseMLADecoder, dequantize_records, pack_query, plan, sparse_mla_reference
 from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
+from csf_kernels.mla_specs import triton_decode_config
 from tests.interpreter import run_launch
 
 
 def decode(caps: MLACaps, x, attn_sink=None):
-    p = plan(replace(caps, waves=1))  # the cases set their split counts through sm_count alone
+    # the Triton programs (the Gluon ones do not run in the interpreter); the cases set their split counts
+    # through sm_count alone
+    p = plan(replace(caps, waves=1), triton_decode_config(caps.heads))
     decoder = SparseMLADecoder(p, torch.full((p.scratch.nbytes,), 0xFF, dtype=torch.uint8))  # poisoned
     rows = x.q.shape[0]
     out = torch.full((rows, caps.heads, 512), float("nan"), dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ from csf_attention import MLACaps, SparseMLADecoder, plan
 from csf_kernels.catalog import load_catalog
 from csf_kernels.families import catalog_specs
 from csf_kernels.mla_layout import VALUE_DIM
-from csf_kernels.mla_specs import DecodeConfig, decode_config
+from csf_kernels.mla_specs import DecodeConfig, decode_config, triton_decode_config
 from tests.attention.mla_cases import mla_inputs
 
 
@@ -70,7 +70,8 @@ def test_unsupported_decode_configs_are_refused(bad):
 def test_catalog_configs_use_the_measured_operands():
     assert decode_config(128).operand == decode_config(64).operand == "bfloat16"  # wgmma: a loaded query
     assert decode_config(32).operand == decode_config(16).operand == "float16"  # mma.sync
-    assert decode_config(16).regroup and not decode_config(32).regroup  # 4-warp programs only
+    assert decode_config(32).engine == decode_config(16).engine == "gluon"
+    assert triton_decode_config(16).regroup and not triton_decode_config(32).regroup  # 4-warp programs only
 
 
 def test_every_catalog_plan_uses_only_cataloged_programs():

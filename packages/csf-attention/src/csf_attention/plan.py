@@ -64,6 +64,12 @@ class MLAPlan:
         return self.caps.waves or self.config.waves
 
     @property
+    def direct(self) -> bool:
+        """Whether a call with one split per row has its decode finish the output (no partials, no merge):
+        asked for by the caps and offered by the decode program."""
+        return self.caps.direct_single_split and self.config.finishes_directly
+
+    @property
     def head_blocks(self) -> int:
         return self.caps.heads // self.head_block
 
@@ -93,7 +99,7 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
     max_splits = caps.topk // CHUNK
     draft = MLAPlan(caps, config, max_splits, MLAScratch((0, 0), (0, 0), 0, 0), ())
     # partials only for calls that merge: with direct single splits, those with more than one split
-    merging = [r for r in range(1, caps.max_rows + 1) if not (caps.direct_single_split and draft.splits_for(r) == 1)]
+    merging = [r for r in range(1, caps.max_rows + 1) if not (draft.direct and draft.splits_for(r) == 1)]
     slots = max((r * draft.splits_for(r) for r in merging), default=0)
     esize = 4 if caps.partial_dtype == "float32" else 2
     out_bytes = slots * caps.heads * VALUE_DIM * esize
@@ -104,7 +110,7 @@ def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
     queries = ("bf16_quantized" if caps.quantize_query else "bf16", "packed")
     programs = [decode_spec(config, caps.partial_dtype, query) for query in queries]
     programs += [merge_spec(caps.partial_dtype, sink=sink, lse=lse) for sink, lse in options]
-    if caps.direct_single_split:
+    if draft.direct:
         programs += [
             decode_spec(config, caps.partial_dtype, query, direct=True, sink=sink, lse=lse)
             for query in queries

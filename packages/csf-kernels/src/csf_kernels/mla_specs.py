@@ -13,12 +13,14 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "MLA_DECODE",
+    "MLA_DECODE_MMA",
     "MLA_MERGE",
     "OPERANDS",
     "PARTIAL_DTYPES",
     "QUERY_MODES",
     "DecodeConfig",
     "decode_config",
+    "triton_decode_config",
     "decode_spec",
     "merge_spec",
     "sparse_mla_specs",
@@ -27,11 +29,20 @@ __all__ = [
 MLA_DECODE = TritonFamily(
     kernel="mla.sparse_decode", version=2, module="csf_kernels.kernels.mla_decode", function="mla_decode", num_warps=8
 )
+MLA_DECODE_MMA = TritonFamily(
+    kernel="mla.sparse_decode_mma",
+    version=1,
+    module="csf_kernels.kernels.mla_decode_mma",
+    function="mla_decode_mma",
+    num_warps=4,
+    gluon=True,
+)
 MLA_MERGE = TritonFamily(
     kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
 )
 PARTIAL_DTYPES = ("float32", "bfloat16")
 OPERANDS = ("float16", "bfloat16")
+ENGINES = ("triton", "gluon")
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,9 @@ class DecodeConfig:
     while this one is computed), the programs per SM the split policy aims at (``waves``: how many
     fit beside each other at the program's register count), the MMA operands' type (``operand``:
     float16 codes with the scales kept apart, or bf16 scaled latents) and whether the latent is
-    converted once before its operand layouts (``regroup``); see kernels/mla_decode.py."""
+    converted once before its operand layouts (``regroup``); see kernels/mla_decode.py. ``engine``
+    "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 warps, records staged by cp.async in two
+    stages of its own; split programs only, the merge finishes them)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -49,6 +62,7 @@ class DecodeConfig:
     waves: int = 1
     operand: str = "float16"
     regroup: bool = False
+    engine: str = "triton"
 
     def __post_init__(self):
         if (
@@ -59,6 +73,21 @@ class DecodeConfig:
             or self.operand not in OPERANDS
         ):
             raise ValueError(f"unsupported decode config {self}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown decode engine {self.engine!r}: expected one of {ENGINES}")
+        if self.engine == "gluon" and (
+            self.head_block not in (16, 32)
+            or self.num_warps != MLA_DECODE_MMA.num_warps
+            or self.num_stages != 1
+            or self.operand != "float16"
+            or self.regroup
+        ):
+            raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 warps with float16 operands, got {self}")
+
+    @property
+    def finishes_directly(self) -> bool:
+        """Whether a single-split call's decode program can write the finished output (no merge)."""
+        return self.engine == "triton"
 
 
 # Chosen on the H200 by benchmarks/sweep_mla_configs.py (run 19, validation/README.md): the time per
@@ -71,18 +100,34 @@ class DecodeConfig:
 # float16 0.81-0.92x the bf16 time on the mma.sync blocks (16, 32); on the 64-head wgmma block float16
 # is 1.3-2x slower (runs 53-54: the computed query spills as a register operand), so it keeps bf16.
 # Regrouping the converted latent: 5% faster on 4-warp programs, 5-16% slower on 8-warp ones (run 56).
-_BY_HEAD_BLOCK = {
+_TRITON_BY_HEAD_BLOCK = {
     64: DecodeConfig(64, 8, 1, 1, operand="bfloat16"),
     32: DecodeConfig(32, 8, 1, 1),
     16: DecodeConfig(16, 4, 1, 2, regroup=True),
 }
+# The Gluon program (kernels/mla_decode_mma.py) for 16 and 32 heads: see docs/perf-notes.md
+_BY_HEAD_BLOCK = {
+    64: _TRITON_BY_HEAD_BLOCK[64],
+    32: DecodeConfig(32, 4, 1, 1, engine="gluon"),
+    16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
+}
+
+
+def _widest(table: dict[int, DecodeConfig], heads: int) -> DecodeConfig:
+    if heads <= 0 or heads % 16:
+        raise ValueError(f"sparse MLA decode needs a positive multiple of 16 heads per rank, got {heads}")
+    return next(c for block, c in table.items() if heads % block == 0)
 
 
 def decode_config(heads: int) -> DecodeConfig:
     """The decode config for ``heads`` heads per rank: the widest measured head block dividing them."""
-    if heads <= 0 or heads % 16:
-        raise ValueError(f"sparse MLA decode needs a positive multiple of 16 heads per rank, got {heads}")
-    return next(c for block, c in _BY_HEAD_BLOCK.items() if heads % block == 0)
+    return _widest(_BY_HEAD_BLOCK, heads)
+
+
+def triton_decode_config(heads: int) -> DecodeConfig:
+    """The best measured Triton-engine config for ``heads`` (runs in Triton's CPU interpreter; the
+    side-by-side arm of the Gluon program in sweeps)."""
+    return _widest(_TRITON_BY_HEAD_BLOCK, heads)
 
 
 QUERY_MODES = {"bf16": 0, "bf16_quantized": 1, "packed": 2}  # see kernels/mla_decode.py
@@ -103,6 +148,17 @@ def decode_spec(
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
     if query not in QUERY_MODES:
         raise ValueError(f"query must be one of {tuple(QUERY_MODES)}, got {query!r}")
+    if config.engine == "gluon":
+        if direct:
+            raise ValueError(f"{config} does not finish outputs directly: its splits are merged")
+        return ProgramSpec.of(
+            MLA_DECODE_MMA.kernel,
+            MLA_DECODE_MMA.version,
+            BH=config.head_block,
+            PARTIAL_BF16=int(partial_dtype == "bfloat16"),
+            Q_MODE=QUERY_MODES[query],
+            num_warps=config.num_warps,
+        )
     return ProgramSpec.of(
         MLA_DECODE.kernel,
         MLA_DECODE.version,
@@ -144,8 +200,9 @@ def sparse_mla_specs(sparse_mla: dict) -> list[ProgramSpec]:
                 specs[s.key] = s
             for sink in (False, True):
                 for lse in (False, True):
-                    s = decode_spec(config, "float32", query, direct=True, sink=sink, lse=lse)
-                    specs[s.key] = s
+                    if config.finishes_directly:
+                        s = decode_spec(config, "float32", query, direct=True, sink=sink, lse=lse)
+                        specs[s.key] = s
     if configs:
         for dtype in PARTIAL_DTYPES:
             for sink in (False, True):

@@ -1,0 +1,359 @@
+"""Gluon: sparse MLA decode for 16 or 32 heads per program on ``mma.sync``, records staged by ``cp.async``.
+
+Same job, arguments and partials as ``mla_decode`` (split programs only: ``mla_merge`` finishes them). One
+program (4 warps) takes one query row, ``BH`` heads and one split's 64-candidate chunks (the balanced
+policy of ``mla_decode``). What differs is how records reach the tensor cores:
+
+* a chunk's 64 records (latent, scales, rope) are copied by ``cp.async`` into shared memory, two stages,
+  so the next chunk is in flight while this one is computed (the Triton program gathers into registers
+  and waits on every chunk);
+* scores: each warp takes 16 of the 64 candidates (two n8 tiles), the latent per 128-byte group (one
+  scale each) as E4M3 codes converted to float16 (exact), the K order inside a group relabelled for
+  query and keys alike so that each thread reads 32 contiguous bytes of a record (two 16-byte shared
+  loads, no bank conflicts); a group's product is scaled by its query and key scales in float32
+  (powers of two: exact), so no scale enters an operand;
+* values: each warp takes 32 of a group's 128 output columns; the candidate (K) and column orders are
+  relabelled so that each thread reads 4 x 4 byte blocks (four 32-bit shared loads) and the columns are
+  put back in order when the partial is stored; the probabilities times the candidate's group scale,
+  counted in units of the chunk's largest scale of that group, are float16 in [0, 1] (as ``mla_decode``
+  counts them: rescaled exactly when the unit changes);
+* every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)``
+  proves moves no data.
+
+Online softmax in float32 as ``mla_decode``; candidates past the row's length, negative or not below
+``num_slots`` are skipped and never read (their copies are predicated off and zero-filled).
+Query modes as ``mla_decode`` (0 bf16; 1 bf16 quantized here as a record; 2 packed records): modes 1 and
+2 give the same bits.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+SIGNATURE = {
+    "q": "*bf16",  # [rows, heads, 576] bf16, or [rows, heads, 656] packed records (Q_MODE 2)
+    "kv": "*u8",  # [num_slots, 656] records
+    "indices": "*i32",  # [rows, topk]
+    "lengths": "*i32",  # [rows]
+    "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
+    "part_lse": "*fp32",  # [rows * splits, heads]
+    "attn_sink": "*fp32",  # unused (finishing is the merge's)
+    "out": "*bf16",  # unused
+    "lse_out": "*fp32",  # unused
+    "num_slots": "i64",
+    "sm_scale": "fp32",
+    "heads": "i32",
+    "topk": "i32",
+    "splits": "i32",  # = grid dimension 1
+    "BH": "constexpr",  # heads per program: 16 or 32
+    "PARTIAL_BF16": "constexpr",
+    "Q_MODE": "constexpr",  # 0 bf16, 1 bf16 quantized here, 2 packed records
+}
+MULTIPLE_OF = {"heads": 16, "topk": 64}
+NUM_WARPS = 4
+
+LATENT = gl.constexpr(512)
+ROPE = gl.constexpr(64)
+CHUNK = gl.constexpr(64)
+GROUP = gl.constexpr(128)
+RECORD = gl.constexpr(656)
+SCALE_AT = gl.constexpr(512)
+ROPE_AT = gl.constexpr(528)
+QDIM = gl.constexpr(576)
+STAGES = gl.constexpr(2)
+
+
+# ------------------------------------------------------------------------------------------- layouts
+
+
+@gluon.constexpr_function
+def _mma():
+    # warps side by side along N: scores [BH, 64] give each warp 16 candidates, outputs [BH, 128] 32 columns
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def _key_layout():
+    """A group's latent bytes [64 candidates, 128] as the score MMA's B fragments want them: thread
+    (warp w, lane 4r + q) holds candidates 8w + r (+ 32) and bytes [32q, 32q + 32)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [32, 0]],
+        lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[8, 0], [16, 0]],
+        block_bases=[],
+        shape=[64, 128],
+    )
+
+
+@gluon.constexpr_function
+def _value_layout():
+    """A group's latent bytes [64 candidates, 128 columns] as the value MMA's B fragments want them
+    (relabelled): thread (warp w, lane 4r + q) holds candidates 16s + 4q + [0, 4) for s < 4 and columns
+    32w + 4r + [0, 4): four 32-bit words per 16 candidates."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [16, 0], [32, 0]],
+        lane_bases=[[4, 0], [8, 0], [0, 4], [0, 8], [0, 16]],
+        warp_bases=[[0, 32], [0, 64]],
+        block_bases=[],
+        shape=[64, 128],
+    )
+
+
+@gluon.constexpr_function
+def _copy_layout(vec, cols):
+    """cp.async of [64, cols] elements, ``vec`` per copy (16 bytes or 8), 4 warps."""
+    lanes_c = min(32, cols // vec)
+    return gl.BlockedLayout([1, vec], [32 // lanes_c, lanes_c], [4, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _operand(index):
+    return gl.DotOperandLayout(operand_index=index, parent=_mma(), k_width=2)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+@gluon.jit
+def _pow2(e):
+    """2**e as float32 for integer e in [-126, 127]."""
+    return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _exponent(x):
+    """The binary exponent of positive normal float32 ``x``."""
+    return ((x.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@gluon.jit
+def _key_order(x):
+    """[rows, 128] in stored order -> the relabelled K order of the score MMA: stored byte 32q + 4s + 2h + e
+    is K position 16s + 8h + 2q + e (what thread q of a quad holds in step s)."""
+    rows: gl.constexpr = x.shape[0]
+    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 8, 2, 2]), [0, 2, 3, 1, 4]), [rows, GROUP])
+
+
+@gluon.jit
+def _candidate_order(x):
+    """[rows, 64] in candidate order -> the relabelled K order of the value MMA: candidate 16s + 4q + 2h + e
+    is K position 16s + 8h + 2q + e."""
+    rows: gl.constexpr = x.shape[0]
+    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, CHUNK])
+
+
+@gluon.jit
+def _candidates(indices, row, topk, n, num_slots, c, active, layout: gl.constexpr):
+    """Chunk ``c``'s record byte offsets and liveness (past the length, negative, past the cache: dead)."""
+    pos = c * CHUNK + gl.arange(0, CHUNK, layout=layout)
+    idx = gl.load(indices + row.to(gl.int64) * topk + pos, mask=(pos < n) & active, other=-1)
+    live = (pos < n) & (idx >= 0) & (idx.to(gl.int64) < num_slots) & active
+    return gl.where(live, idx, 0).to(gl.int64) * RECORD, live
+
+
+@gluon.jit
+def _issue(kv, indices, row, topk, n, num_slots, c, active, lat, rope, sc):
+    """cp.async chunk ``c``'s records into one stage (dead candidates: zero-filled, nothing read)."""
+    LAT: gl.constexpr = _copy_layout(16, LATENT)
+    ROP: gl.constexpr = _copy_layout(8, ROPE)
+    SCL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4 groups, 64]: 4-byte copies
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(1, LAT))
+    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
+    async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
+                                           mask=gl.expand_dims(live, 1))  # fmt: skip
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(1, ROP))
+    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
+    ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
+                                           mask=gl.expand_dims(live, 1))  # fmt: skip
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(0, SCL))
+    g = gl.arange(0, 4, layout=gl.SliceLayout(1, SCL))
+    scales = (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32))
+    async_copy.async_copy_global_to_shared(sc, gl.expand_dims(scales, 0) + gl.expand_dims(g, 1),
+                                           mask=gl.expand_dims(live, 0))  # fmt: skip
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
+    """The query of heads [h0, h0 + BH) into shared memory: float16 latent in the score MMA's relabelled K
+    order, bf16 rope, and the float32 factor of each (group, head) its scores are multiplied by."""
+    QL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0])  # factors [BH, 4]
+    RL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # rope [BH, 64]
+    h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
+    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL))
+    hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
+    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
+    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
+    zeros = gl.zeros([BH, 4], gl.float32, FL)
+    if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
+        recs = q.to(gl.pointer_type(gl.uint8))
+        raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
+        lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, FL))
+        at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
+        factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
+        ropes = (recs + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    else:
+        x = gl.load(gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1) + gl.expand_dims(d, 0))
+        x = x.to(gl.float32)
+        if Q_MODE == 1:
+            # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
+            xg = gl.reshape(x, [BH, 4, GROUP])
+            absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
+            mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
+            e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
+            codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
+            lat = gl.reshape(codes.to(gl.float16), [BH, LATENT])
+            factor = gl.convert_layout(_pow2(e), FL) + zeros
+        else:
+            # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of it
+            # is a normal float16 (exact); an all-zero query keeps a finite exponent
+            e = _exponent(gl.maximum(gl.max(gl.abs(x), 1), 1e-30)) - 14
+            lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
+            factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
+        ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
+    # per group, the score MMA's K order (see _key_order)
+    relabelled = gl.reshape(gl.permute(gl.reshape(lat, [BH, 4, 4, 8, 2, 2]), [0, 1, 3, 4, 2, 5]), [BH, LATENT])
+    q_s.store(relabelled)
+    qr_s.store(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0)))
+    qf_s.store(factor)
+
+
+@gluon.jit
+def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
+    """Scores [BH, 64] of one staged chunk, before ``sm_scale``: per latent group, float16 codes times
+    float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product."""
+    MMA: gl.constexpr = _mma()
+    s = gl.zeros([BH, CHUNK], gl.float32, MMA)
+    for g in gl.static_range(4):
+        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout())
+        codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        keys = gl.convert_layout(gl.permute(_key_order(codes), [1, 0]), _operand(1), assert_trivial=True)
+        part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0)), keys, gl.zeros_like(s))
+        q_factor = qf_s.slice(g, 1, dim=1).load(MMA)  # [BH, 1]
+        k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
+        s += part * (q_factor * k_scale)
+    return mma_v2(qr_s.load(_operand(0)), rope.permute([1, 0]).load(_operand(1)), s)
+
+
+@gluon.jit
+def _values(acc, unit, p, lat, sc, alpha, g: gl.constexpr):
+    """Group ``g``'s output columns [BH, 128] (relabelled order) after one more chunk: the accumulator
+    counts in units of the largest key scale of the group seen in its chunk, so the float16
+    probabilities p * scale / unit lie in [0, 1]."""
+    MMA: gl.constexpr = _mma()
+    k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
+    top = gl.max(gl.max(k_scale, 1), 0)
+    unit_new = gl.where(top > 0, top, unit)  # a chunk without live keys keeps the unit
+    pw = (p * (k_scale / unit_new)).to(gl.float16)
+    pa = gl.convert_layout(_candidate_order(pw), _operand(0))
+    raw = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout())
+    # [16s + 4q + 2h + e, 32w + 4r + j] -> K (candidates) 16s + 8h + 2q + e, N (columns) 32j + 8w + r
+    v = gl.reshape(gl.permute(gl.reshape(raw, [4, 4, 2, 2, 4, 8, 4]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
+    v = gl.convert_layout(v, _operand(1), assert_trivial=True).to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    acc = mma_v2(pa, v, acc * gl.expand_dims(alpha * (unit / unit_new), 1))
+    return acc, unit_new
+
+
+@gluon.jit
+def _store_group(acc, unit, den_safe, part_out, at_row, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
+    """Group ``g``'s normalised partial [BH, 128], columns back in stored order (logical 32j + 8w + r is
+    column 32w + 4r + j)."""
+    BH: gl.constexpr = acc.shape[0]
+    OL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    o = acc * gl.expand_dims(unit / den_safe, 1)
+    o = gl.reshape(gl.permute(gl.reshape(o, [BH, 4, 4, 8]), [0, 2, 3, 1]), [BH, GROUP])
+    o = gl.convert_layout(o, OL)
+    col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
+    at = gl.expand_dims(gl.convert_layout(at_row, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
+    if PARTIAL_BF16:
+        gl.store(part_out.to(gl.pointer_type(gl.bfloat16)) + at, o.to(gl.bfloat16))
+    else:
+        gl.store(part_out + at, o)
+
+
+@gluon.jit
+def mla_decode_mma(
+    q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads on 4 warps")
+    MMA: gl.constexpr = _mma()
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    pid = gl.program_id(0)
+    s = gl.program_id(1)
+    head_blocks = heads // BH
+    row = pid // head_blocks
+    h0 = (pid % head_blocks) * BH
+    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
+    live_chunks = (n + CHUNK - 1) // CHUNK
+    cps = (live_chunks + splits - 1) // splits
+    c0 = s * cps
+    c1 = gl.minimum(c0 + cps, live_chunks)
+
+    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
+    sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, CHUNK], flat)  # [stage, group, candidate]
+    q_s = gl.allocate_shared_memory(gl.float16, [BH, LATENT],
+                                    gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+    qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, ROPE],
+                                     gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+    qf_s = gl.allocate_shared_memory(gl.float32, [BH, 4],
+                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+
+    _issue(kv, indices, row, topk, n, num_slots, c0, c0 < c1, lat_s.index(0), rope_s.index(0), sc_s.index(0))
+    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
+
+    m = gl.full([BH], float("-inf"), gl.float32, ROWS)
+    den = gl.zeros([BH], gl.float32, ROWS)
+    acc0 = gl.zeros([BH, GROUP], gl.float32, MMA)
+    acc1 = gl.zeros([BH, GROUP], gl.float32, MMA)
+    acc2 = gl.zeros([BH, GROUP], gl.float32, MMA)
+    acc3 = gl.zeros([BH, GROUP], gl.float32, MMA)
+    unit0 = 1.0
+    unit1 = 1.0
+    unit2 = 1.0
+    unit3 = 1.0
+    for c in range(c0, c1):
+        st = (c - c0) % STAGES
+        nx = (c - c0 + 1) % STAGES
+        gl.thread_barrier()  # every warp is done with the stage the next chunk goes to
+        _issue(kv, indices, row, topk, n, num_slots, c + 1, c + 1 < c1, lat_s.index(nx), rope_s.index(nx),
+               sc_s.index(nx))  # fmt: skip
+        _, live = _candidates(indices, row, topk, n, num_slots, c, True, gl.SliceLayout(0, MMA))
+        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
+        gl.thread_barrier()  # everyone's
+        lat = lat_s.index(st)
+        sc = sc_s.index(st)
+        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
+        sco = gl.where(gl.expand_dims(live, 0), sco * sm_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(sco, 1))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
+        alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
+        p = gl.exp(sco - gl.expand_dims(m_ref, 1))
+        den = den * alpha + gl.sum(p, 1)
+        acc0, unit0 = _values(acc0, unit0, p, lat, sc, alpha, 0)
+        acc1, unit1 = _values(acc1, unit1, p, lat, sc, alpha, 1)
+        acc2, unit2 = _values(acc2, unit2, p, lat, sc, alpha, 2)
+        acc3, unit3 = _values(acc3, unit3, p, lat, sc, alpha, 3)
+        m = m_new
+    async_copy.wait_group(0)
+
+    has = den > 0
+    lse = gl.where(has, m + gl.log(gl.where(has, den, 1.0)), float("-inf"))
+    den_safe = gl.where(has, den, 1.0)
+    h = h0 + gl.arange(0, BH, layout=ROWS)
+    slot = (row.to(gl.int64) * splits + s) * heads + h
+    gl.store(part_lse + slot, lse)
+    at_row = slot * LATENT
+    _store_group(acc0, unit0, den_safe, part_out, at_row, 0, PARTIAL_BF16)
+    _store_group(acc1, unit1, den_safe, part_out, at_row, 1, PARTIAL_BF16)
+    _store_group(acc2, unit2, den_safe, part_out, at_row, 2, PARTIAL_BF16)
+    _store_group(acc3, unit3, den_safe, part_out, at_row, 3, PARTIAL_BF16)
