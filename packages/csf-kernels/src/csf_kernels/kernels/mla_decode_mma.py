@@ -76,12 +76,13 @@ def _mma():
 
 @gluon.constexpr_function
 def _key_layout():
-    """A group's latent bytes [64 candidates, 128] as the score MMA's B fragments want them: thread
-    (warp w, lane 4r + q) holds candidates 8w + r (+ 32) and bytes [32q, 32q + 32)."""
+    """A group's latent bytes [64 staged rows, 128] as the score MMA's B fragments want them: thread
+    (warp w, lane 4r + q) holds the candidates of score columns 8w + r (+ 32), that is staged rows
+    ``_staged_row`` of them, and bytes [32q, 32q + 32)."""
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [32, 0]],
-        lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[8, 0], [16, 0]],
+        lane_bases=[[0, 32], [0, 64], [1, 0], [4, 0], [8, 0]],
+        warp_bases=[[2, 0], [16, 0]],
         block_bases=[],
         shape=[64, 128],
     )
@@ -102,10 +103,10 @@ def _value_layout():
 
 
 @gluon.constexpr_function
-def _copy_layout(vec, cols):
-    """cp.async of [64, cols] elements, ``vec`` per copy (16 bytes or 8), 4 warps."""
-    lanes_c = min(32, cols // vec)
-    return gl.BlockedLayout([1, vec], [32 // lanes_c, lanes_c], [4, 1], [1, 0])
+def _copy_layout(vec):
+    """cp.async of [64, cols] elements, ``vec`` (16 bytes) per copy, 128 bytes of a row per 8 lanes: the
+    latent's and the rope's copies give each thread the same 4 rows (their offsets computed once)."""
+    return gl.BlockedLayout([1, vec], [4, 8], [4, 1], [1, 0])
 
 
 @gluon.constexpr_function
@@ -137,17 +138,25 @@ def _key_order(x):
 
 
 @gluon.jit
+def _staged_row(j):
+    """The staged row (candidate of the chunk) behind score column j: the value MMA's K order, in which
+    K position 16s + 8h + 2q + e is candidate 16s + 4q + 2h + e (so that thread q of a quad reads 4 x 4 byte
+    blocks of values). Scores, probabilities and the staged scales are kept in this column order."""
+    return 16 * (j >> 4) + 4 * ((j >> 1) & 3) + 2 * ((j >> 3) & 1) + (j & 1)
+
+
+@gluon.jit
 def _candidate_order(x):
-    """[rows, 64] in candidate order -> the relabelled K order of the value MMA: candidate 16s + 4q + 2h + e
-    is K position 16s + 8h + 2q + e."""
+    """[rows, 64] in staged-row order -> score-column order (``_staged_row``)."""
     rows: gl.constexpr = x.shape[0]
     return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, CHUNK])
 
 
 @gluon.jit
-def _candidates(indices, row, topk, n, num_slots, c, active, layout: gl.constexpr):
-    """Chunk ``c``'s record byte offsets and liveness (past the length, negative, past the cache: dead)."""
-    pos = c * CHUNK + gl.arange(0, CHUNK, layout=layout)
+def _candidates(indices, row, topk, n, num_slots, c, active, j):
+    """Record byte offsets and liveness of chunk ``c``'s candidates ``j`` (past the length, negative, past
+    the cache: dead)."""
+    pos = c * CHUNK + j
     idx = gl.load(indices + row.to(gl.int64) * topk + pos, mask=(pos < n) & active, other=-1)
     live = (pos < n) & (idx >= 0) & (idx.to(gl.int64) < num_slots) & active
     return gl.where(live, idx, 0).to(gl.int64) * RECORD, live
@@ -155,20 +164,24 @@ def _candidates(indices, row, topk, n, num_slots, c, active, layout: gl.constexp
 
 @gluon.jit
 def _issue(kv, indices, row, topk, n, num_slots, c, active, lat, rope, sc):
-    """cp.async chunk ``c``'s records into one stage (dead candidates: zero-filled, nothing read)."""
-    LAT: gl.constexpr = _copy_layout(16, LATENT)
-    ROP: gl.constexpr = _copy_layout(8, ROPE)
+    """cp.async chunk ``c``'s records into one stage: the latent by candidate, the rope and the group
+    scales ([4, 64]) in score-column order (dead candidates: zero-filled, nothing read)."""
+    LAT: gl.constexpr = _copy_layout(16)
+    ROP: gl.constexpr = _copy_layout(8)
     SCL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4 groups, 64]: 4-byte copies
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(1, LAT))
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active,
+                            gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAT)))  # fmt: skip
     d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(1, ROP))
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active,
+                            _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ROP))))  # fmt: skip
     r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, gl.SliceLayout(0, SCL))
+    j = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, SCL))
+    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, _staged_row(j))
     g = gl.arange(0, 4, layout=gl.SliceLayout(1, SCL))
     scales = (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32))
     async_copy.async_copy_global_to_shared(sc, gl.expand_dims(scales, 0) + gl.expand_dims(g, 1),
@@ -232,31 +245,52 @@ def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
     for g in gl.static_range(4):
         raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout())
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        keys = gl.convert_layout(gl.permute(_key_order(codes), [1, 0]), _operand(1), assert_trivial=True)
+        keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
+        keys = gl.convert_layout(keys, _operand(1), assert_trivial=True)
         part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0)), keys, gl.zeros_like(s))
         q_factor = qf_s.slice(g, 1, dim=1).load(MMA)  # [BH, 1]
         k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
         s += part * (q_factor * k_scale)
-    return mma_v2(qr_s.load(_operand(0)), rope.permute([1, 0]).load(_operand(1)), s)
+    return mma_v2(qr_s.load(_operand(0)), rope.permute([1, 0]).load(_operand(1)), s)  # staged in column order
 
 
 @gluon.jit
-def _values(acc, unit, p, lat, sc, alpha, g: gl.constexpr):
-    """Group ``g``'s output columns [BH, 128] (relabelled order) after one more chunk: the accumulator
-    counts in units of the largest key scale of the group seen in its chunk, so the float16
-    probabilities p * scale / unit lie in [0, 1]."""
-    MMA: gl.constexpr = _mma()
-    k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
-    top = gl.max(gl.max(k_scale, 1), 0)
+def _values(acc, unit, top, pa, lat, sc, rescale, g: gl.constexpr):
+    """Group ``g``'s output columns [BH, 128] (relabelled order) after one more chunk. ``pa``: the
+    probabilities as the value MMA's A operand (float16); the accumulator counts in units of the largest
+    key scale of the group seen in its chunk (``top``), so the float16 probabilities p * scale / unit lie
+    in [0, 1]."""
     unit_new = gl.where(top > 0, top, unit)  # a chunk without live keys keeps the unit
-    pw = (p * (k_scale / unit_new)).to(gl.float16)
-    pa = gl.convert_layout(_candidate_order(pw), _operand(0))
-    raw = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout())
+    k_scale = sc.slice(g, 1, dim=0).load(_operand(0))  # [1, 64], score-column order
+    pw = pa * (k_scale * (1.0 / unit_new)).to(gl.float16)  # powers of two: as exact as rounding p * scale
+    codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
+    v = codes.to(gl.float16)  # converted in load order (a word's bytes pairwise), then regrouped by halves
     # [16s + 4q + 2h + e, 32w + 4r + j] -> K (candidates) 16s + 8h + 2q + e, N (columns) 32j + 8w + r
-    v = gl.reshape(gl.permute(gl.reshape(raw, [4, 4, 2, 2, 4, 8, 4]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
-    v = gl.convert_layout(v, _operand(1), assert_trivial=True).to(gl.float8e4nv, bitcast=True).to(gl.float16)
-    acc = mma_v2(pa, v, acc * gl.expand_dims(alpha * (unit / unit_new), 1))
+    v = gl.reshape(gl.permute(gl.reshape(v, [4, 4, 2, 2, 4, 8, 4]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
+    v = gl.convert_layout(v, _operand(1), assert_trivial=True)
+    acc = mma_v2(pw, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
     return acc, unit_new
+
+
+@gluon.jit
+def _group_tops(sc):
+    """The largest key scale of each latent group in a staged chunk [4], read whole by every warp (no
+    cross-warp reduction)."""
+    every_warp: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [1, 0], [2, 0]],
+        lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 0], [0, 0]],
+        block_bases=[],
+        shape=[4, CHUNK],
+    )
+    return gl.max(sc.load(every_warp), 1)
+
+
+@gluon.jit
+def _pick(x, i: gl.constexpr):
+    """Element ``i`` of a small vector held whole by every thread."""
+    at = gl.arange(0, x.shape[0], layout=x.type.layout)
+    return gl.max(gl.where(at == i, x, float("-inf")), 0)
 
 
 @gluon.jit
@@ -312,7 +346,7 @@ def mla_decode_mma(
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
 
     m = gl.full([BH], float("-inf"), gl.float32, ROWS)
-    den = gl.zeros([BH], gl.float32, ROWS)
+    den = gl.zeros([BH, CHUNK], gl.float32, MMA)
     acc0 = gl.zeros([BH, GROUP], gl.float32, MMA)
     acc1 = gl.zeros([BH, GROUP], gl.float32, MMA)
     acc2 = gl.zeros([BH, GROUP], gl.float32, MMA)
@@ -327,7 +361,8 @@ def mla_decode_mma(
         gl.thread_barrier()  # every warp is done with the stage the next chunk goes to
         _issue(kv, indices, row, topk, n, num_slots, c + 1, c + 1 < c1, lat_s.index(nx), rope_s.index(nx),
                sc_s.index(nx))  # fmt: skip
-        _, live = _candidates(indices, row, topk, n, num_slots, c, True, gl.SliceLayout(0, MMA))
+        j = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, MMA))
+        _, live = _candidates(indices, row, topk, n, num_slots, c, True, _staged_row(j))
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(st)
@@ -338,14 +373,18 @@ def mla_decode_mma(
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
         alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = gl.exp(sco - gl.expand_dims(m_ref, 1))
-        den = den * alpha + gl.sum(p, 1)
-        acc0, unit0 = _values(acc0, unit0, p, lat, sc, alpha, 0)
-        acc1, unit1 = _values(acc1, unit1, p, lat, sc, alpha, 1)
-        acc2, unit2 = _values(acc2, unit2, p, lat, sc, alpha, 2)
-        acc3, unit3 = _values(acc3, unit3, p, lat, sc, alpha, 3)
+        den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
+        pa = gl.convert_layout(p.to(gl.float16), _operand(0))  # the one exchange between warps
+        rescale = gl.convert_layout(alpha, gl.SliceLayout(1, MMA))
+        tops = _group_tops(sc)
+        acc0, unit0 = _values(acc0, unit0, _pick(tops, 0), pa, lat, sc, rescale, 0)
+        acc1, unit1 = _values(acc1, unit1, _pick(tops, 1), pa, lat, sc, rescale, 1)
+        acc2, unit2 = _values(acc2, unit2, _pick(tops, 2), pa, lat, sc, rescale, 2)
+        acc3, unit3 = _values(acc3, unit3, _pick(tops, 3), pa, lat, sc, rescale, 3)
         m = m_new
     async_copy.wait_group(0)
 
+    den = gl.sum(den, 1)
     has = den > 0
     lse = gl.where(has, m + gl.log(gl.where(has, den, 1.0)), float("-inf"))
     den_safe = gl.where(has, den, 1.0)
