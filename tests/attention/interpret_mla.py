@@ -11,8 +11,8 @@ from dataclasses import replace
 import torch
 
 from csf_attention import MLACaps, SparseMLADecoder, dequantize_records, pack_query, plan, sparse_mla_reference
-from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from csf_kernels.mla_specs import triton_decode_config
+from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from tests.interpreter import run_launch
 
 

@@ -20,10 +20,10 @@ __all__ = [
     "QUERY_MODES",
     "DecodeConfig",
     "decode_config",
-    "triton_decode_config",
     "decode_spec",
     "merge_spec",
     "sparse_mla_specs",
+    "triton_decode_config",
 ]
 
 MLA_DECODE = TritonFamily(

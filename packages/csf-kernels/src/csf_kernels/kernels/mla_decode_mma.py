@@ -335,12 +335,15 @@ def mla_decode_mma(
     lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
     sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, CHUNK], flat)  # [stage, group, candidate]
-    q_s = gl.allocate_shared_memory(gl.float16, [BH, LATENT],
-                                    gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-    qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, ROPE],
-                                     gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-    qf_s = gl.allocate_shared_memory(gl.float32, [BH, 4],
-                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    q_s = gl.allocate_shared_memory(
+        gl.float16, [BH, LATENT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    )
+    qr_s = gl.allocate_shared_memory(
+        gl.bfloat16, [BH, ROPE], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    )
+    qf_s = gl.allocate_shared_memory(
+        gl.float32, [BH, 4], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    )
 
     _issue(kv, indices, row, topk, n, num_slots, c0, c0 < c1, lat_s.index(0), rope_s.index(0), sc_s.index(0))
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
