@@ -152,36 +152,59 @@ def _candidate_order(x):
     return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, CHUNK])
 
 
+@gluon.constexpr_function
+def _scale_copy_layout():
+    return gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4 groups, 64]: 4-byte copies
+
+
 @gluon.jit
-def _candidates(indices, row, topk, n, num_slots, c, active, j):
-    """Record byte offsets and liveness of chunk ``c``'s candidates ``j`` (past the length, negative, past
-    the cache: dead)."""
+def _ids(indices, row, topk, n, c, active, j):
+    """Chunk ``c``'s candidate ids at chunk positions ``j`` (-1: past the row's length, or not ``active``)."""
     pos = c * CHUNK + j
-    idx = gl.load(indices + row.to(gl.int64) * topk + pos, mask=(pos < n) & active, other=-1)
-    live = (pos < n) & (idx >= 0) & (idx.to(gl.int64) < num_slots) & active
-    return gl.where(live, idx, 0).to(gl.int64) * RECORD, live
+    return gl.load(indices + row.to(gl.int64) * topk + pos, mask=(pos < n) & active, other=-1)
 
 
 @gluon.jit
-def _issue(kv, indices, row, topk, n, num_slots, c, active, lat, rope, sc):
-    """cp.async chunk ``c``'s records into one stage: the latent by candidate, the rope and the group
+def _chunk_ids(indices, row, topk, n, c, active):
+    """Chunk ``c``'s ids in every layout they are used in: the latent's copies (by candidate), the rope's
+    and the scales' copies and the scores (in score-column order). Loaded a chunk ahead of their use, so
+    no copy waits on them."""
+    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16)))
+    rope_rows = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8))))
+    scale_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _scale_copy_layout())))
+    score_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _mma())))
+    return (
+        _ids(indices, row, topk, n, c, active, lat_rows),
+        _ids(indices, row, topk, n, c, active, rope_rows),
+        _ids(indices, row, topk, n, c, active, scale_cols),
+        _ids(indices, row, topk, n, c, active, score_cols),
+    )
+
+
+@gluon.jit
+def _records(ids, num_slots):
+    """Record byte offsets and liveness (negative or past the cache: dead, never read)."""
+    live = (ids >= 0) & (ids.to(gl.int64) < num_slots)
+    return gl.where(live, ids, 0).to(gl.int64) * RECORD, live
+
+
+@gluon.jit
+def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
+    """cp.async one chunk's records into one stage: the latent by candidate, the rope and the group
     scales ([4, 64]) in score-column order (dead candidates: zero-filled, nothing read)."""
     LAT: gl.constexpr = _copy_layout(16)
     ROP: gl.constexpr = _copy_layout(8)
-    SCL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4 groups, 64]: 4-byte copies
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active,
-                            gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAT)))  # fmt: skip
+    SCL: gl.constexpr = _scale_copy_layout()
+    rec, live = _records(lat_ids, num_slots)
     d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active,
-                            _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ROP))))  # fmt: skip
+    rec, live = _records(rope_ids, num_slots)
     r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    j = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, SCL))
-    rec, live = _candidates(indices, row, topk, n, num_slots, c, active, _staged_row(j))
+    rec, live = _records(scale_ids, num_slots)
     g = gl.arange(0, 4, layout=gl.SliceLayout(1, SCL))
     scales = (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32))
     async_copy.async_copy_global_to_shared(sc, gl.expand_dims(scales, 0) + gl.expand_dims(g, 1),
@@ -345,7 +368,9 @@ def mla_decode_mma(
         gl.float32, [BH, 4], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     )
 
-    _issue(kv, indices, row, topk, n, num_slots, c0, c0 < c1, lat_s.index(0), rope_s.index(0), sc_s.index(0))
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(0), rope_s.index(0), sc_s.index(0))
+    la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
 
     m = gl.full([BH], float("-inf"), gl.float32, ROWS)
@@ -362,10 +387,10 @@ def mla_decode_mma(
         st = (c - c0) % STAGES
         nx = (c - c0 + 1) % STAGES
         gl.thread_barrier()  # every warp is done with the stage the next chunk goes to
-        _issue(kv, indices, row, topk, n, num_slots, c + 1, c + 1 < c1, lat_s.index(nx), rope_s.index(nx),
-               sc_s.index(nx))  # fmt: skip
-        j = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, MMA))
-        _, live = _candidates(indices, row, topk, n, num_slots, c, True, _staged_row(j))
+        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx))
+        live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
+        score_ids = next_score_ids
+        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(st)
