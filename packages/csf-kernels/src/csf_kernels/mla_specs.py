@@ -53,7 +53,7 @@ class DecodeConfig:
     fit beside each other at the program's register count), the MMA operands' type (``operand``:
     float16 codes with the scales kept apart, or bf16 scaled latents) and whether the latent is
     converted once before its operand layouts (``regroup``); see kernels/mla_decode.py. ``engine``
-    "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 warps, records staged by cp.async in two
+    "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
     stages of its own; split programs only, the merge finishes them)."""
 
     head_block: int = 16
@@ -77,12 +77,12 @@ class DecodeConfig:
             raise ValueError(f"unknown decode engine {self.engine!r}: expected one of {ENGINES}")
         if self.engine == "gluon" and (
             self.head_block not in (16, 32)
-            or self.num_warps != MLA_DECODE_MMA.num_warps
+            or self.num_warps not in (4, 8)
             or self.num_stages != 1
             or self.operand != "float16"
             or self.regroup
         ):
-            raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 warps with float16 operands, got {self}")
+            raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 or 8 warps with float16 operands, got {self}")
 
     @property
     def finishes_directly(self) -> bool:

@@ -69,49 +69,91 @@ STAGES = gl.constexpr(2)
 
 
 @gluon.constexpr_function
-def _mma():
-    # warps side by side along N: scores [BH, 64] give each warp 16 candidates, outputs [BH, 128] 32 columns
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+def _log2(x):
+    return x.bit_length() - 1
 
 
 @gluon.constexpr_function
-def _key_layout():
+def _staged_row_of(j):
+    """``_staged_row`` on the host (layout bases are built from it)."""
+    return 16 * (j >> 4) + 4 * ((j >> 1) & 3) + 2 * ((j >> 3) & 1) + (j & 1)
+
+
+@gluon.constexpr_function
+def _mma(W):
+    # warps side by side along N: scores [BH, 64] give each warp 64 / W candidates, outputs [BH, 128]
+    # 128 / W columns of each latent group
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, W], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def _key_layout(W):
     """A group's latent bytes [64 staged rows, 128] as the score MMA's B fragments want them: thread
-    (warp w, lane 4r + q) holds the candidates of score columns 8w + r (+ 32), that is staged rows
-    ``_staged_row`` of them, and bytes [32q, 32q + 32)."""
+    (warp w, lane 4r + q) holds the candidates of score columns 8w + r (+ 8W ...), that is their staged
+    rows (``_staged_row``), and bytes [32q, 32q + 32)."""
+    column_bit = [[_staged_row_of(1 << b), 0] for b in range(6)]  # score column bit b -> staged row
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [32, 0]],
-        lane_bases=[[0, 32], [0, 64], [1, 0], [4, 0], [8, 0]],
-        warp_bases=[[2, 0], [16, 0]],
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16]] + column_bit[3 + _log2(W) :],
+        lane_bases=[[0, 32], [0, 64]] + column_bit[:3],
+        warp_bases=column_bit[3 : 3 + _log2(W)],
         block_bases=[],
         shape=[64, 128],
     )
 
 
 @gluon.constexpr_function
-def _value_layout():
+def _value_columns(W):
+    """Output columns per thread and MMA N tile of a latent group (4 on 4 warps, 2 on 8)."""
+    return 128 // (8 * W)
+
+
+@gluon.constexpr_function
+def _value_layout(W):
     """A group's latent bytes [64 candidates, 128 columns] as the value MMA's B fragments want them
     (relabelled): thread (warp w, lane 4r + q) holds candidates 16s + 4q + [0, 4) for s < 4 and columns
-    32w + 4r + [0, 4): four 32-bit words per 16 candidates."""
+    (128 / W) w + J r + [0, J), J = ``_value_columns(W)``: J contiguous bytes per candidate."""
+    J = _value_columns(W)
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [16, 0], [32, 0]],
-        lane_bases=[[4, 0], [8, 0], [0, 4], [0, 8], [0, 16]],
-        warp_bases=[[0, 32], [0, 64]],
+        reg_bases=[[0, 1 << b] for b in range(_log2(J))] + [[1, 0], [2, 0], [16, 0], [32, 0]],
+        lane_bases=[[4, 0], [8, 0], [0, J], [0, 2 * J], [0, 4 * J]],
+        warp_bases=[[0, 8 * J << b] for b in range(_log2(W))],
         block_bases=[],
         shape=[64, 128],
     )
 
 
 @gluon.constexpr_function
-def _copy_layout(vec):
-    """cp.async of [64, cols] elements, ``vec`` (16 bytes) per copy, 128 bytes of a row per 8 lanes: the
-    latent's and the rope's copies give each thread the same 4 rows (their offsets computed once)."""
-    return gl.BlockedLayout([1, vec], [4, 8], [4, 1], [1, 0])
+def _copy_layout(vec, W):
+    """cp.async of [64, cols] elements, ``vec`` (16 bytes) per copy, 128 bytes of a row per 8 lanes."""
+    return gl.BlockedLayout([1, vec], [4, 8], [W, 1], [1, 0])
 
 
 @gluon.constexpr_function
-def _operand(index):
-    return gl.DotOperandLayout(operand_index=index, parent=_mma(), k_width=2)
+def _scale_copy_layout(W):
+    return gl.BlockedLayout([1, 1], [1, 32], [4, W // 4], [1, 0])  # [4 groups, 64]: 4-byte copies
+
+
+@gluon.constexpr_function
+def _rows_layout(cols_per_thread, W):
+    """A plain layout for [rows, cols] tensors of the query and the stores."""
+    return gl.BlockedLayout([1, cols_per_thread], [1, 32], [W, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _every_warp(W):
+    """[4, 64] read whole by every warp (group maxima without a cross-warp reduction)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [1, 0], [2, 0]],
+        lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 0]] * _log2(W),
+        block_bases=[],
+        shape=[4, 64],
+    )
+
+
+@gluon.constexpr_function
+def _operand(index, W):
+    return gl.DotOperandLayout(operand_index=index, parent=_mma(W), k_width=2)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -152,11 +194,6 @@ def _candidate_order(x):
     return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, CHUNK])
 
 
-@gluon.constexpr_function
-def _scale_copy_layout():
-    return gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4 groups, 64]: 4-byte copies
-
-
 @gluon.jit
 def _ids(indices, row, topk, n, c, active, j):
     """Chunk ``c``'s candidate ids at chunk positions ``j`` (-1: past the row's length, or not ``active``)."""
@@ -169,10 +206,11 @@ def _chunk_ids(indices, row, topk, n, c, active):
     """Chunk ``c``'s ids in every layout they are used in: the latent's copies (by candidate), the rope's
     and the scales' copies and the scores (in score-column order). Loaded a chunk ahead of their use, so
     no copy waits on them."""
-    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16)))
-    rope_rows = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8))))
-    scale_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _scale_copy_layout())))
-    score_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _mma())))
+    W: gl.constexpr = gl.num_warps()
+    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, W)))
+    rope_rows = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, W))))
+    scale_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _scale_copy_layout(W))))
+    score_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _mma(W))))
     return (
         _ids(indices, row, topk, n, c, active, lat_rows),
         _ids(indices, row, topk, n, c, active, rope_rows),
@@ -192,9 +230,10 @@ def _records(ids, num_slots):
 def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
     """cp.async one chunk's records into one stage: the latent by candidate, the rope and the group
     scales ([4, 64]) in score-column order (dead candidates: zero-filled, nothing read)."""
-    LAT: gl.constexpr = _copy_layout(16)
-    ROP: gl.constexpr = _copy_layout(8)
-    SCL: gl.constexpr = _scale_copy_layout()
+    W: gl.constexpr = gl.num_warps()
+    LAT: gl.constexpr = _copy_layout(16, W)
+    ROP: gl.constexpr = _copy_layout(8, W)
+    SCL: gl.constexpr = _scale_copy_layout(W)
     rec, live = _records(lat_ids, num_slots)
     d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
@@ -216,9 +255,10 @@ def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
 def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
     """The query of heads [h0, h0 + BH) into shared memory: float16 latent in the score MMA's relabelled K
     order, bf16 rope, and the float32 factor of each (group, head) its scores are multiplied by."""
-    QL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    FL: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0])  # factors [BH, 4]
-    RL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # rope [BH, 64]
+    W: gl.constexpr = gl.num_warps()
+    QL: gl.constexpr = _rows_layout(8, W)
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [W, 1], [1, 0])  # factors [BH, 4]
+    RL: gl.constexpr = _copy_layout(8, W)  # rope [BH, 64]
     h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
     d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL))
     hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
@@ -263,18 +303,19 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
 def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
     """Scores [BH, 64] of one staged chunk, before ``sm_scale``: per latent group, float16 codes times
     float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product."""
-    MMA: gl.constexpr = _mma()
+    W: gl.constexpr = gl.num_warps()
+    MMA: gl.constexpr = _mma(W)
     s = gl.zeros([BH, CHUNK], gl.float32, MMA)
     for g in gl.static_range(4):
-        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout())
+        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(W))
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
         keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
-        keys = gl.convert_layout(keys, _operand(1), assert_trivial=True)
-        part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0)), keys, gl.zeros_like(s))
+        keys = gl.convert_layout(keys, _operand(1, W), assert_trivial=True)
+        part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0, W)), keys, gl.zeros_like(s))
         q_factor = qf_s.slice(g, 1, dim=1).load(MMA)  # [BH, 1]
         k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
         s += part * (q_factor * k_scale)
-    return mma_v2(qr_s.load(_operand(0)), rope.permute([1, 0]).load(_operand(1)), s)  # staged in column order
+    return mma_v2(qr_s.load(_operand(0, W)), rope.permute([1, 0]).load(_operand(1, W)), s)  # staged in column order
 
 
 @gluon.jit
@@ -283,14 +324,16 @@ def _values(acc, unit, top, pa, lat, sc, rescale, g: gl.constexpr):
     probabilities as the value MMA's A operand (float16); the accumulator counts in units of the largest
     key scale of the group seen in its chunk (``top``), so the float16 probabilities p * scale / unit lie
     in [0, 1]."""
+    W: gl.constexpr = gl.num_warps()
+    J: gl.constexpr = _value_columns(W)
     unit_new = gl.where(top > 0, top, unit)  # a chunk without live keys keeps the unit
-    k_scale = sc.slice(g, 1, dim=0).load(_operand(0))  # [1, 64], score-column order
+    k_scale = sc.slice(g, 1, dim=0).load(_operand(0, W))  # [1, 64], score-column order
     pw = pa * (k_scale * (1.0 / unit_new)).to(gl.float16)  # powers of two: as exact as rounding p * scale
-    codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
+    codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout(W)).to(gl.float8e4nv, bitcast=True)
     v = codes.to(gl.float16)  # converted in load order (a word's bytes pairwise), then regrouped by halves
-    # [16s + 4q + 2h + e, 32w + 4r + j] -> K (candidates) 16s + 8h + 2q + e, N (columns) 32j + 8w + r
-    v = gl.reshape(gl.permute(gl.reshape(v, [4, 4, 2, 2, 4, 8, 4]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
-    v = gl.convert_layout(v, _operand(1), assert_trivial=True)
+    # [16s + 4q + 2h + e, 8J w + J r + j] -> K (candidates) 16s + 8h + 2q + e, N (columns) 8W j + 8w + r
+    v = gl.reshape(gl.permute(gl.reshape(v, [4, 4, 2, 2, W, 8, J]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
+    v = gl.convert_layout(v, _operand(1, W), assert_trivial=True)
     acc = mma_v2(pw, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
     return acc, unit_new
 
@@ -299,14 +342,7 @@ def _values(acc, unit, top, pa, lat, sc, rescale, g: gl.constexpr):
 def _group_tops(sc):
     """The largest key scale of each latent group in a staged chunk [4], read whole by every warp (no
     cross-warp reduction)."""
-    every_warp: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [1, 0], [2, 0]],
-        lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
-        warp_bases=[[0, 0], [0, 0]],
-        block_bases=[],
-        shape=[4, CHUNK],
-    )
-    return gl.max(sc.load(every_warp), 1)
+    return gl.max(sc.load(_every_warp(gl.num_warps())), 1)
 
 
 @gluon.jit
@@ -318,12 +354,13 @@ def _pick(x, i: gl.constexpr):
 
 @gluon.jit
 def _store_group(acc, unit, den_safe, part_out, at_row, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
-    """Group ``g``'s normalised partial [BH, 128], columns back in stored order (logical 32j + 8w + r is
-    column 32w + 4r + j)."""
+    """Group ``g``'s normalised partial [BH, 128], columns back in stored order (logical 8W j + 8w + r is
+    column 8J w + J r + j)."""
     BH: gl.constexpr = acc.shape[0]
-    OL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    W: gl.constexpr = gl.num_warps()
+    OL: gl.constexpr = _rows_layout(4, W)
     o = acc * gl.expand_dims(unit / den_safe, 1)
-    o = gl.reshape(gl.permute(gl.reshape(o, [BH, 4, 4, 8]), [0, 2, 3, 1]), [BH, GROUP])
+    o = gl.reshape(gl.permute(gl.reshape(o, [BH, _value_columns(W), W, 8]), [0, 2, 3, 1]), [BH, GROUP])
     o = gl.convert_layout(o, OL)
     col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
     at = gl.expand_dims(gl.convert_layout(at_row, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
@@ -338,8 +375,10 @@ def mla_decode_mma(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
     BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads on 4 warps")
-    MMA: gl.constexpr = _mma()
+    W: gl.constexpr = gl.num_warps()
+    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
+    gl.static_assert(W == 4 or W == 8, "the register layouts are built for 4 or 8 warps")
+    MMA: gl.constexpr = _mma(W)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
     pid = gl.program_id(0)
     s = gl.program_id(1)
@@ -402,7 +441,7 @@ def mla_decode_mma(
         alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = gl.exp(sco - gl.expand_dims(m_ref, 1))
         den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
-        pa = gl.convert_layout(p.to(gl.float16), _operand(0))  # the one exchange between warps
+        pa = gl.convert_layout(p.to(gl.float16), _operand(0, W))  # the one exchange between warps
         rescale = gl.convert_layout(alpha, gl.SliceLayout(1, MMA))
         tops = _group_tops(sc)
         acc0, unit0 = _values(acc0, unit0, _pick(tops, 0), pa, lat, sc, rescale, 0)
