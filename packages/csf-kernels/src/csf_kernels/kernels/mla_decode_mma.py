@@ -1,7 +1,7 @@
 """Gluon: sparse MLA decode for 16 or 32 heads per program on ``mma.sync``, records staged by ``cp.async``.
 
 Same job, arguments and partials as ``mla_decode`` (split programs only: ``mla_merge`` finishes them). One
-program (4 warps) takes one query row, ``BH`` heads and one split's 64-candidate chunks (the balanced
+program (4 or 8 warps) takes one query row, ``BH`` heads and one split's 64-candidate chunks (the balanced
 policy of ``mla_decode``). What differs is how records reach the tensor cores:
 
 * a chunk's 64 records (latent, scales, rope) are copied by ``cp.async`` into shared memory, two stages,
@@ -93,8 +93,8 @@ def _key_layout(W):
     rows (``_staged_row``), and bytes [32q, 32q + 32)."""
     column_bit = [[_staged_row_of(1 << b), 0] for b in range(6)]  # score column bit b -> staged row
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16]] + column_bit[3 + _log2(W) :],
-        lane_bases=[[0, 32], [0, 64]] + column_bit[:3],
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], *column_bit[3 + _log2(W) :]],
+        lane_bases=[[0, 32], [0, 64], *column_bit[:3]],
         warp_bases=column_bit[3 : 3 + _log2(W)],
         block_bases=[],
         shape=[64, 128],
