@@ -43,15 +43,21 @@ OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
-    """``64/8/1/1/bf16,16/4/1/2/f16/r,16/4/1/2/f16/g``: head block / warps / stages / waves [/ f16 or bf16
-    [/ r: regroup, g: the gluon engine]], comma-separated."""
+    """``64/8/1/1/bf16,16/4/1/2/f16/r,16/8/1/2/f16/g/m128``: head block / warps / stages / waves [/ f16 or
+    bf16 [/ r: regroup, g: the gluon engine, mN: at most N registers per thread ...]], comma-separated."""
     configs = []
     for item in filter(None, text.split(",")):
         fields = item.split("/")
         extra = {"operand": OPERAND_NAMES[fields[4]]} if len(fields) > 4 else {}
-        if len(fields) > 5:
-            extra["regroup"] = fields[5] == "r"
-            extra["engine"] = "gluon" if fields[5] == "g" else "triton"
+        for token in fields[5:]:
+            if token == "r":
+                extra["regroup"] = True
+            elif token == "g":
+                extra["engine"] = "gluon"
+            elif token.startswith("m"):
+                extra["max_registers"] = int(token[1:])
+            else:
+                raise ValueError(f"unknown config token {token!r} in {item!r}")
         configs.append(DecodeConfig(*map(int, fields[:4]), **extra))
     return configs
 
