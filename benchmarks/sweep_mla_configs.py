@@ -43,8 +43,8 @@ OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
-    """``64/8/1/1/bf16,16/4/1/2/f16/r,16/8/1/2/f16/g/m128``: head block / warps / stages / waves [/ f16 or
-    bf16 [/ r: regroup, g: the gluon engine, mN: at most N registers per thread ...]], comma-separated."""
+    """``64/8/1/1/bf16,16/4/1/2/f16/r,32/8/1/1/f16/g``: head block / warps / stages / waves [/ f16 or bf16
+    [/ r: regroup, g: the gluon engine]], comma-separated."""
     configs = []
     for item in filter(None, text.split(",")):
         fields = item.split("/")
@@ -54,8 +54,6 @@ def _configs(text: str) -> list[DecodeConfig]:
                 extra["regroup"] = True
             elif token == "g":
                 extra["engine"] = "gluon"
-            elif token.startswith("m"):
-                extra["max_registers"] = int(token[1:])
             else:
                 raise ValueError(f"unknown config token {token!r} in {item!r}")
         configs.append(DecodeConfig(*map(int, fields[:4]), **extra))

@@ -45,6 +45,17 @@ def test_scratch_holds_the_partials_of_every_row_count():
         assert p.scratch.nbytes >= off + size
 
 
+def test_a_program_that_cannot_finish_outputs_has_every_split_merged():
+    caps = MLACaps(heads=32, max_rows=200, topk=2048)  # 1 split from 132 rows on (one head block, waves 1)
+    p = plan(caps)
+    assert p.config.engine == "gluon" and p.splits_for(200) == 1
+    assert not p.direct and caps.direct_single_split  # asked for, not offered: merged instead
+    assert p.scratch.slots == max(r * p.splits_for(r) for r in range(1, 201)) == 200  # the 200-row call
+    assert not any(spec.fact.get("DIRECT") for spec in p.programs)
+    triton = plan(caps, triton_decode_config(32))
+    assert triton.direct and triton.scratch.slots < p.scratch.slots
+
+
 @pytest.mark.parametrize(
     ("caps", "match"),
     [

@@ -63,7 +63,6 @@ class DecodeConfig:
     operand: str = "float16"
     regroup: bool = False
     engine: str = "triton"
-    max_registers: int | None = None  # a cap per thread (gluon engine), for more programs per SM
 
     def __post_init__(self):
         if (
@@ -74,8 +73,6 @@ class DecodeConfig:
             or self.operand not in OPERANDS
         ):
             raise ValueError(f"unsupported decode config {self}")
-        if self.max_registers is not None and (self.engine != "gluon" or not 64 <= self.max_registers <= 255):
-            raise ValueError(f"a register cap (64 to 255) applies to the gluon engine only, got {self}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown decode engine {self.engine!r}: expected one of {ENGINES}")
         if self.engine == "gluon" and (
@@ -161,7 +158,6 @@ def decode_spec(
             PARTIAL_BF16=int(partial_dtype == "bfloat16"),
             Q_MODE=QUERY_MODES[query],
             num_warps=config.num_warps,
-            **({"maxnreg": config.max_registers} if config.max_registers else {}),
         )
     return ProgramSpec.of(
         MLA_DECODE.kernel,
