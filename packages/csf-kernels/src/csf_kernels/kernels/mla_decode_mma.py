@@ -130,7 +130,7 @@ def _copy_layout(vec, W):
 
 @gluon.constexpr_function
 def _scale_copy_layout(W):
-    return gl.BlockedLayout([1, 1], [1, 32], [4, W // 4], [1, 0])  # [4 groups, 64]: 4-byte copies
+    return gl.BlockedLayout([1], [32], [W], [0])  # [4 groups x 64]: 4-byte copies
 
 
 @gluon.constexpr_function
@@ -141,13 +141,13 @@ def _rows_layout(cols_per_thread, W):
 
 @gluon.constexpr_function
 def _every_warp(W):
-    """[4, 64] read whole by every warp (group maxima without a cross-warp reduction)."""
+    """[64] read whole by every warp (a group's maximum without a cross-warp reduction)."""
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [1, 0], [2, 0]],
-        lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
-        warp_bases=[[0, 0]] * _log2(W),
+        reg_bases=[[1]],
+        lane_bases=[[2], [4], [8], [16], [32]],
+        warp_bases=[[0]] * _log2(W),
         block_bases=[],
-        shape=[4, 64],
+        shape=[64],
     )
 
 
@@ -209,7 +209,7 @@ def _chunk_ids(indices, row, topk, n, c, active):
     W: gl.constexpr = gl.num_warps()
     lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, W)))
     rope_rows = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, W))))
-    scale_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _scale_copy_layout(W))))
+    scale_cols = _staged_row(gl.arange(0, 4 * CHUNK, layout=_scale_copy_layout(W)) % CHUNK)
     score_cols = _staged_row(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, _mma(W))))
     return (
         _ids(indices, row, topk, n, c, active, lat_rows),
@@ -229,7 +229,7 @@ def _records(ids, num_slots):
 @gluon.jit
 def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
     """cp.async one chunk's records into one stage: the latent by candidate, the rope and the group
-    scales ([4, 64]) in score-column order (dead candidates: zero-filled, nothing read)."""
+    scales ([4 x 64], group-major) in score-column order (dead candidates: zero-filled, nothing read)."""
     W: gl.constexpr = gl.num_warps()
     LAT: gl.constexpr = _copy_layout(16, W)
     ROP: gl.constexpr = _copy_layout(8, W)
@@ -244,10 +244,8 @@ def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
     async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
     rec, live = _records(scale_ids, num_slots)
-    g = gl.arange(0, 4, layout=gl.SliceLayout(1, SCL))
-    scales = (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32))
-    async_copy.async_copy_global_to_shared(sc, gl.expand_dims(scales, 0) + gl.expand_dims(g, 1),
-                                           mask=gl.expand_dims(live, 0))  # fmt: skip
+    g = gl.arange(0, 4 * CHUNK, layout=SCL) // CHUNK
+    async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
     async_copy.commit_group()
 
 
@@ -300,56 +298,71 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
 
 
 @gluon.jit
-def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
+def _scores(q_s, qr_s, qf_s, lat, rope, sc, image, u0, u1, u2, u3, BH: gl.constexpr, IMAGE: gl.constexpr):
     """Scores [BH, 64] of one staged chunk, before ``sm_scale``: per latent group, float16 codes times
-    float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product."""
+    float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product.
+    ``IMAGE``: the converted codes times their scale relative to the group's unit (``u0`` ... ``u3``) are
+    also written to the value image [64 score columns, 512] (float16), the value MMA's B operand."""
     W: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = _mma(W)
     s = gl.zeros([BH, CHUNK], gl.float32, MMA)
     for g in gl.static_range(4):
         raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(W))
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        if IMAGE:
+            unit = u0
+            if g == 1:
+                unit = u1
+            if g == 2:
+                unit = u2
+            if g == 3:
+                unit = u3
+            rows = gl.permute(_candidate_order(gl.permute(codes, [1, 0])), [1, 0])  # [score columns, bytes]
+            k_scale = sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, rows.type.layout))
+            weight = (k_scale * (1.0 / unit)).to(gl.float16)  # powers of two in [0, 1]
+            image.slice(g * GROUP, GROUP, dim=1).store(rows * gl.expand_dims(weight, 1))
         keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
         keys = gl.convert_layout(keys, _operand(1, W), assert_trivial=True)
         part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0, W)), keys, gl.zeros_like(s))
         q_factor = qf_s.slice(g, 1, dim=1).load(MMA)  # [BH, 1]
-        k_scale = sc.slice(g, 1, dim=0).load(MMA)  # [1, 64]
+        k_scale = gl.expand_dims(sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(0, MMA)), 0)
         s += part * (q_factor * k_scale)
     return mma_v2(qr_s.load(_operand(0, W)), rope.permute([1, 0]).load(_operand(1, W)), s)  # staged in column order
 
 
 @gluon.jit
-def _values(acc, unit, top, pa, lat, sc, rescale, g: gl.constexpr):
+def _image_values(acc, unit, unit_new, pa, image, rescale, g: gl.constexpr):
+    """Group ``g``'s output columns [BH, 128] after one more chunk, from the value image (codes already
+    times scale / unit)."""
+    W: gl.constexpr = gl.num_warps()
+    v = image.slice(g * GROUP, GROUP, dim=1).load(_operand(1, W))
+    return mma_v2(pa, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
+
+
+@gluon.jit
+def _values(acc, unit, unit_new, pa, lat, sc, rescale, g: gl.constexpr):
     """Group ``g``'s output columns [BH, 128] (relabelled order) after one more chunk. ``pa``: the
     probabilities as the value MMA's A operand (float16); the accumulator counts in units of the largest
     key scale of the group seen in its chunk (``top``), so the float16 probabilities p * scale / unit lie
     in [0, 1]."""
     W: gl.constexpr = gl.num_warps()
     J: gl.constexpr = _value_columns(W)
-    unit_new = gl.where(top > 0, top, unit)  # a chunk without live keys keeps the unit
-    k_scale = sc.slice(g, 1, dim=0).load(_operand(0, W))  # [1, 64], score-column order
+    k_scale = gl.expand_dims(sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(0, _operand(0, W))), 0)
     pw = pa * (k_scale * (1.0 / unit_new)).to(gl.float16)  # powers of two: as exact as rounding p * scale
     codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout(W)).to(gl.float8e4nv, bitcast=True)
     v = codes.to(gl.float16)  # converted in load order (a word's bytes pairwise), then regrouped by halves
     # [16s + 4q + 2h + e, 8J w + J r + j] -> K (candidates) 16s + 8h + 2q + e, N (columns) 8W j + 8w + r
     v = gl.reshape(gl.permute(gl.reshape(v, [4, 4, 2, 2, W, 8, J]), [0, 2, 1, 3, 6, 4, 5]), [CHUNK, GROUP])
     v = gl.convert_layout(v, _operand(1, W), assert_trivial=True)
-    acc = mma_v2(pw, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
-    return acc, unit_new
+    return mma_v2(pw, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
 
 
 @gluon.jit
-def _group_tops(sc):
-    """The largest key scale of each latent group in a staged chunk [4], read whole by every warp (no
-    cross-warp reduction)."""
-    return gl.max(sc.load(_every_warp(gl.num_warps())), 1)
-
-
-@gluon.jit
-def _pick(x, i: gl.constexpr):
-    """Element ``i`` of a small vector held whole by every thread."""
-    at = gl.arange(0, x.shape[0], layout=x.type.layout)
-    return gl.max(gl.where(at == i, x, float("-inf")), 0)
+def _unit(sc, unit, g: gl.constexpr):
+    """Group ``g``'s unit for this chunk: its largest key scale, read whole by every warp (no cross-warp
+    reduction); a chunk without live keys keeps the unit."""
+    top = gl.max(sc.slice(g * CHUNK, CHUNK).load(_every_warp(gl.num_warps())), 0)
+    return gl.where(top > 0, top, unit)
 
 
 @gluon.jit
@@ -393,16 +406,24 @@ def mla_decode_mma(
 
     sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
-    sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, CHUNK], flat)  # [stage, group, candidate]
+    # [stage, 4 groups x 64 candidates]; a one-dimensional layout, so a stage's group is a 1-D slice
+    sc_s = gl.allocate_shared_memory(
+        gl.float32, [STAGES, 4 * CHUNK], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    )
     q_s = gl.allocate_shared_memory(
         gl.float16, [BH, LATENT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     )
     qr_s = gl.allocate_shared_memory(
         gl.bfloat16, [BH, ROPE], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     )
+    IMAGE: gl.constexpr = W == 8  # 8 warps: one program per SM anyway, room for the value image
+    image = q_s  # a placeholder descriptor without the image
+    if IMAGE:
+        image = gl.allocate_shared_memory(
+            gl.float16, [CHUNK, LATENT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        )
     qf_s = gl.allocate_shared_memory(
         gl.float32, [BH, 4], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     )
@@ -434,7 +455,11 @@ def mla_decode_mma(
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(st)
         sc = sc_s.index(st)
-        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
+        new0 = _unit(sc, unit0, 0)
+        new1 = _unit(sc, unit1, 1)
+        new2 = _unit(sc, unit2, 2)
+        new3 = _unit(sc, unit3, 3)
+        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, image, new0, new1, new2, new3, BH, IMAGE)
         sco = gl.where(gl.expand_dims(live, 0), sco * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sco, 1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
@@ -443,11 +468,18 @@ def mla_decode_mma(
         den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
         pa = gl.convert_layout(p.to(gl.float16), _operand(0, W))  # the one exchange between warps
         rescale = gl.convert_layout(alpha, gl.SliceLayout(1, MMA))
-        tops = _group_tops(sc)
-        acc0, unit0 = _values(acc0, unit0, _pick(tops, 0), pa, lat, sc, rescale, 0)
-        acc1, unit1 = _values(acc1, unit1, _pick(tops, 1), pa, lat, sc, rescale, 1)
-        acc2, unit2 = _values(acc2, unit2, _pick(tops, 2), pa, lat, sc, rescale, 2)
-        acc3, unit3 = _values(acc3, unit3, _pick(tops, 3), pa, lat, sc, rescale, 3)
+        if IMAGE:
+            gl.thread_barrier()  # every warp's part of the value image is written
+            acc0 = _image_values(acc0, unit0, new0, pa, image, rescale, 0)
+            acc1 = _image_values(acc1, unit1, new1, pa, image, rescale, 1)
+            acc2 = _image_values(acc2, unit2, new2, pa, image, rescale, 2)
+            acc3 = _image_values(acc3, unit3, new3, pa, image, rescale, 3)
+        else:
+            acc0 = _values(acc0, unit0, new0, pa, lat, sc, rescale, 0)
+            acc1 = _values(acc1, unit1, new1, pa, lat, sc, rescale, 1)
+            acc2 = _values(acc2, unit2, new2, pa, lat, sc, rescale, 2)
+            acc3 = _values(acc3, unit3, new3, pa, lat, sc, rescale, 3)
+        unit0, unit1, unit2, unit3 = new0, new1, new2, new3
         m = m_new
     async_copy.wait_group(0)
 
