@@ -298,29 +298,15 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
 
 
 @gluon.jit
-def _scores(q_s, qr_s, qf_s, lat, rope, sc, image, u0, u1, u2, u3, BH: gl.constexpr, IMAGE: gl.constexpr):
+def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
     """Scores [BH, 64] of one staged chunk, before ``sm_scale``: per latent group, float16 codes times
-    float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product.
-    ``IMAGE``: the converted codes times their scale relative to the group's unit (``u0`` ... ``u3``) are
-    also written to the value image [64 score columns, 512] (float16), the value MMA's B operand."""
+    float16 query, scaled by the group's query and key scales in float32; plus the bf16 rope product."""
     W: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = _mma(W)
     s = gl.zeros([BH, CHUNK], gl.float32, MMA)
     for g in gl.static_range(4):
         raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(W))
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        if IMAGE:
-            unit = u0
-            if g == 1:
-                unit = u1
-            if g == 2:
-                unit = u2
-            if g == 3:
-                unit = u3
-            rows = gl.permute(_candidate_order(gl.permute(codes, [1, 0])), [1, 0])  # [score columns, bytes]
-            k_scale = sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, rows.type.layout))
-            weight = (k_scale * (1.0 / unit)).to(gl.float16)  # powers of two in [0, 1]
-            image.slice(g * GROUP, GROUP, dim=1).store(rows * gl.expand_dims(weight, 1))
         keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
         keys = gl.convert_layout(keys, _operand(1, W), assert_trivial=True)
         part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0, W)), keys, gl.zeros_like(s))
@@ -331,19 +317,10 @@ def _scores(q_s, qr_s, qf_s, lat, rope, sc, image, u0, u1, u2, u3, BH: gl.conste
 
 
 @gluon.jit
-def _image_values(acc, unit, unit_new, pa, image, rescale, g: gl.constexpr):
-    """Group ``g``'s output columns [BH, 128] after one more chunk, from the value image (codes already
-    times scale / unit)."""
-    W: gl.constexpr = gl.num_warps()
-    v = image.slice(g * GROUP, GROUP, dim=1).load(_operand(1, W))
-    return mma_v2(pa, v, acc * gl.expand_dims(rescale * (unit / unit_new), 1))
-
-
-@gluon.jit
 def _values(acc, unit, unit_new, pa, lat, sc, rescale, g: gl.constexpr):
     """Group ``g``'s output columns [BH, 128] (relabelled order) after one more chunk. ``pa``: the
     probabilities as the value MMA's A operand (float16); the accumulator counts in units of the largest
-    key scale of the group seen in its chunk (``top``), so the float16 probabilities p * scale / unit lie
+    key scale of the group seen in its chunk (``unit_new``), so the float16 probabilities p * scale / unit lie
     in [0, 1]."""
     W: gl.constexpr = gl.num_warps()
     J: gl.constexpr = _value_columns(W)
@@ -418,12 +395,6 @@ def mla_decode_mma(
     qr_s = gl.allocate_shared_memory(
         gl.bfloat16, [BH, ROPE], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     )
-    IMAGE: gl.constexpr = W == 8  # 8 warps: one program per SM anyway, room for the value image
-    image = q_s  # a placeholder descriptor without the image
-    if IMAGE:
-        image = gl.allocate_shared_memory(
-            gl.float16, [CHUNK, LATENT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        )
     qf_s = gl.allocate_shared_memory(
         gl.float32, [BH, 4], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     )
@@ -455,11 +426,7 @@ def mla_decode_mma(
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(st)
         sc = sc_s.index(st)
-        new0 = _unit(sc, unit0, 0)
-        new1 = _unit(sc, unit1, 1)
-        new2 = _unit(sc, unit2, 2)
-        new3 = _unit(sc, unit3, 3)
-        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, image, new0, new1, new2, new3, BH, IMAGE)
+        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
         sco = gl.where(gl.expand_dims(live, 0), sco * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sco, 1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
@@ -468,17 +435,14 @@ def mla_decode_mma(
         den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
         pa = gl.convert_layout(p.to(gl.float16), _operand(0, W))  # the one exchange between warps
         rescale = gl.convert_layout(alpha, gl.SliceLayout(1, MMA))
-        if IMAGE:
-            gl.thread_barrier()  # every warp's part of the value image is written
-            acc0 = _image_values(acc0, unit0, new0, pa, image, rescale, 0)
-            acc1 = _image_values(acc1, unit1, new1, pa, image, rescale, 1)
-            acc2 = _image_values(acc2, unit2, new2, pa, image, rescale, 2)
-            acc3 = _image_values(acc3, unit3, new3, pa, image, rescale, 3)
-        else:
-            acc0 = _values(acc0, unit0, new0, pa, lat, sc, rescale, 0)
-            acc1 = _values(acc1, unit1, new1, pa, lat, sc, rescale, 1)
-            acc2 = _values(acc2, unit2, new2, pa, lat, sc, rescale, 2)
-            acc3 = _values(acc3, unit3, new3, pa, lat, sc, rescale, 3)
+        new0 = _unit(sc, unit0, 0)
+        new1 = _unit(sc, unit1, 1)
+        new2 = _unit(sc, unit2, 2)
+        new3 = _unit(sc, unit3, 3)
+        acc0 = _values(acc0, unit0, new0, pa, lat, sc, rescale, 0)
+        acc1 = _values(acc1, unit1, new1, pa, lat, sc, rescale, 1)
+        acc2 = _values(acc2, unit2, new2, pa, lat, sc, rescale, 2)
+        acc3 = _values(acc3, unit3, new3, pa, lat, sc, rescale, 3)
         unit0, unit1, unit2, unit3 = new0, new1, new2, new3
         m = m_new
     async_copy.wait_group(0)
