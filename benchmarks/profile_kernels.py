@@ -4,7 +4,8 @@
         python3 benchmarks/profile_kernels.py mla --batch 128 --heads 16
     ncu --clock-control none -k regex:moe_gemm -c 2 ... python3 benchmarks/profile_kernels.py moe --tokens 8
 
-Programs come from the AOT cache (frozen), as in serving; inputs as in bench_mla.py / bench_moe.py.
+Programs come from the AOT cache (frozen), as in serving, or with ``--unfrozen`` (before the subcommand) from
+Triton's JIT where the cache lacks them; inputs as in bench_mla.py / bench_moe.py.
 """
 
 from __future__ import annotations
@@ -59,8 +60,12 @@ def main() -> None:
     moe.add_argument("--model", default="deepseek-v4.1-flash")
     moe.add_argument("--tp", type=int, default=4)
     moe.add_argument("--fmt", default="mxfp4")
+    ap.add_argument("--unfrozen", action="store_true", help="JIT-compile what the cache lacks (sweeping kernels)")
     a = ap.parse_args()
-    runtime.freeze()
+    if a.unfrozen:
+        runtime.unfreeze()
+    else:
+        runtime.freeze()
     if a.kernel == "mla":
         profile_mla(a.batch, a.heads)
     else:
