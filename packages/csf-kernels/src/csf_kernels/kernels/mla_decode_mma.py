@@ -304,11 +304,8 @@ def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
     W: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = _mma(W)
     s = gl.zeros([BH, CHUNK], gl.float32, MMA)
-    ahead = lat.slice(0, GROUP, dim=1).load(_key_layout(W))
     for g in gl.static_range(4):
-        raw = ahead
-        if g < 3:  # the next group's bytes in flight while this group is converted and multiplied
-            ahead = lat.slice((g + 1) * GROUP, GROUP, dim=1).load(_key_layout(W))
+        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(W))
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
         keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
         keys = gl.convert_layout(keys, _operand(1, W), assert_trivial=True)
