@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
                     "BM:PREFETCH:SPLIT_TARGET, comma-separated (e.g. 8:0:528,8:1:1056)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline")
+    ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
@@ -66,6 +67,7 @@ def main() -> None:
     for kind, tokens in (("decode", (1, 8, 32, 128, 512)), ("prefill", (128, 512, 2048))):
         if kind not in kinds:
             continue
+        tokens = tuple(int(t) for t in a.tokens.split(",") if t) or tokens
         targets = [int(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
         variants = [(DECODE, t) for t in targets] or [(cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind)]
         if kind == "decode" and a.decode_variants:
