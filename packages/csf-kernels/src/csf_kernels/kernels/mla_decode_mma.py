@@ -7,18 +7,24 @@ policy of ``mla_decode``). What differs is how records reach the tensor cores:
 * a chunk's 64 records (latent, scales, rope) are copied by ``cp.async`` into shared memory, two stages,
   so the next chunk is in flight while this one is computed (the Triton program gathers into registers
   and waits on every chunk);
-* scores: each warp takes 16 of the 64 candidates (two n8 tiles), the latent per 128-byte group (one
+* scores: each of the W warps takes 64 / W of the 64 candidates, the latent per 128-byte group (one
   scale each) as E4M3 codes converted to float16 (exact), the K order inside a group relabelled for
   query and keys alike so that each thread reads 32 contiguous bytes of a record (two 16-byte shared
   loads, no bank conflicts); a group's product is scaled by its query and key scales in float32
   (powers of two: exact), so no scale enters an operand;
-* values: each warp takes 32 of a group's 128 output columns; the candidate (K) and column orders are
-  relabelled so that each thread reads 4 x 4 byte blocks (four 32-bit shared loads) and the columns are
-  put back in order when the partial is stored; the probabilities times the candidate's group scale,
+* values: each warp takes 128 / W of a group's 128 output columns; the candidate (K) and column orders
+  are relabelled so that each thread reads 4 x J byte blocks (J = 4 on 4 warps, 2 on 8) and the columns
+  are put back in order when the partial is stored; the probabilities times the candidate's group scale,
   counted in units of the chunk's largest scale of that group, are float16 in [0, 1] (as ``mla_decode``
   counts them: rescaled exactly when the unit changes);
-* every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)``
-  proves moves no data.
+* scores, probabilities and the staged rope and scales are kept in the value MMA's candidate order
+  (``_staged_row``), so the probabilities cross between warps once per chunk and every relabelling is a
+  register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves moves no data;
+* a chunk's candidate ids are loaded a chunk ahead of its copies.
+
+The query quantization (mode 1) and the float16 query scaling (mode 0) restate ``mla_decode``'s
+``_query`` with explicit layouts (Gluon cannot call Triton functions); the tests hold both to the float32
+reference and modes 1 and 2 to the same bits.
 
 Online softmax in float32 as ``mla_decode``; candidates past the row's length, negative or not below
 ``num_slots`` are skipped and never read (their copies are predicated off and zero-filled).
@@ -52,7 +58,6 @@ SIGNATURE = {
     "Q_MODE": "constexpr",  # 0 bf16, 1 bf16 quantized here, 2 packed records
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}
-NUM_WARPS = 4
 
 LATENT = gl.constexpr(512)
 ROPE = gl.constexpr(64)
@@ -290,9 +295,8 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
             lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
             factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
         ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
-    # per group, the score MMA's K order (see _key_order)
-    relabelled = gl.reshape(gl.permute(gl.reshape(lat, [BH, 4, 4, 8, 2, 2]), [0, 1, 3, 4, 2, 5]), [BH, LATENT])
-    q_s.store(relabelled)
+    # per group, the score MMA's K order
+    q_s.store(gl.reshape(_key_order(gl.reshape(lat, [BH * 4, GROUP])), [BH, LATENT]))
     qr_s.store(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0)))
     qf_s.store(factor)
 
