@@ -30,8 +30,12 @@ from csf_kernels.programs import ProgramSpec
 __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 
 SCALE_SOURCES = ("native", "expanded", "inline")
-# routes per expert (T * k / E) up to which the decode tile configuration runs
-DECODE_ROUTES_PER_EXPERT = 8
+# routes per expert (T * k / E) up to which the decode tile configuration runs. Runs 97-98 (H200, native,
+# the Gluon decode GEMM vs the best prefill tiles; us): at 16 routes per expert the decode GEMM wins on
+# every geometry measured (Qwen3-30B T=256 292 vs 351, gpt-oss-120b T=512 1327 vs 1755, DS4.1-TP4 T=1024
+# 1481 vs 1969, Qwen3-Next T=819 769 vs 962), at 32 the prefill tiles (Qwen3-30B T=512 511 vs 360,
+# DS4.1-TP4 T=2048 2725 vs 2039, Qwen3-Next T=1638 1413 vs 1036).
+DECODE_ROUTES_PER_EXPERT = 16
 # tokens above which an inline plan expands its routed experts' scales once per call and runs the
 # native-scale GEMM. Run 84 (H200, bench_moe, T = 1 / 8 / 32 / 128 / 512, expanded vs inline): DS4.1-TP4
 # 47.3 / 146 / 399 / 797 / 1028 vs 47.8 / 192 / 515 / 1089 / 1411 us, Qwen3-30B 41.7 / 105 / 171 / 209 /
