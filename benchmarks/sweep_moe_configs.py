@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
-                    "BM:PREFETCH:SPLIT_TARGET, comma-separated (e.g. 8:0:528,8:1:1056)")  # fmt: skip
+                    "BM:SPLIT_TARGET, comma-separated (e.g. 8:528,16:1056)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline")
     ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
@@ -73,8 +73,8 @@ def main() -> None:
         if kind == "decode" and a.decode_variants:
             variants = []
             for v in a.decode_variants.split(","):
-                bm, pf, target = (int(f) for f in v.split(":"))
-                variants.append((dataclasses.replace(DECODE, bm=bm, prefetch=bool(pf)), target))
+                bm, target = (int(f) for f in v.split(":"))
+                variants.append((dataclasses.replace(DECODE, bm=bm), target))
         for cfg, target in variants:
             moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
             for source in a.sources.split(","):

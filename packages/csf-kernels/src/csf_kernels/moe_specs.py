@@ -95,7 +95,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
-    prefetch: bool = False  # load the next K step's weights before converting this one's
+    prefetch: bool = False  # load the next K step's weights before converting this one's (Triton engine)
     # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
     # (split-K tiles of 8 or 16 routes x 64 rows on 4 warps, operands in registers; GPUs only)
     engine: str = "triton"
@@ -104,9 +104,11 @@ class GemmConfig:
         if self.engine not in ("triton", "gluon"):
             raise ValueError(f"unknown GEMM engine {self.engine!r}: expected 'triton' or 'gluon'")
         if self.engine == "gluon" and (
-            self.bm not in (8, 16) or (self.bn, self.num_warps, self.split_k) != (64, 4, True)
+            self.bm not in (8, 16) or (self.bn, self.num_warps, self.split_k, self.prefetch) != (64, 4, True, False)
         ):
-            raise ValueError("the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps only")
+            raise ValueError(
+                "the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps, without prefetch"
+            )
 
     def tiled_rows(self, n_out: int, fc1: bool) -> int:
         """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
@@ -226,7 +228,6 @@ def gemm_spec(
             FMT=0 if fmt.name == "mxfp4" else 1,
             SRC=SCALE_SOURCES[source],
             DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
-            PREFETCH=int(config.prefetch),
             BM=config.bm,
             BN=config.bn,
             num_warps=config.num_warps,

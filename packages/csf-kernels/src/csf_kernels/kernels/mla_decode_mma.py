@@ -438,15 +438,14 @@ def mla_decode_mma(
         p = gl.exp(sco - gl.expand_dims(m_ref, 1))
         den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
         pa = gl.convert_layout(p.to(gl.float16), _operand(0, W))  # the one exchange between warps
-        rescale = gl.convert_layout(alpha, gl.SliceLayout(1, MMA))
         new0 = _unit(sc, unit0, 0)
         new1 = _unit(sc, unit1, 1)
         new2 = _unit(sc, unit2, 2)
         new3 = _unit(sc, unit3, 3)
-        acc0 = _values(acc0, unit0, new0, pa, lat, sc, rescale, 0)
-        acc1 = _values(acc1, unit1, new1, pa, lat, sc, rescale, 1)
-        acc2 = _values(acc2, unit2, new2, pa, lat, sc, rescale, 2)
-        acc3 = _values(acc3, unit3, new3, pa, lat, sc, rescale, 3)
+        acc0 = _values(acc0, unit0, new0, pa, lat, sc, alpha, 0)
+        acc1 = _values(acc1, unit1, new1, pa, lat, sc, alpha, 1)
+        acc2 = _values(acc2, unit2, new2, pa, lat, sc, alpha, 2)
+        acc3 = _values(acc3, unit3, new3, pa, lat, sc, alpha, 3)
         unit0, unit1, unit2, unit3 = new0, new1, new2, new3
         m = m_new
     async_copy.wait_group(0)

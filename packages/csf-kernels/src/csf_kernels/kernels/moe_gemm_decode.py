@@ -21,8 +21,8 @@ The FP4 words (signs paired at preparation: csf_kernels.fp4_words), scale planes
 read in their stored order, no tile re-packing.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
 ``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
-the product path is shared, so outputs are bit-identical across sources. ``PREFETCH``: the next K step's
-weight words are loaded before this step's are converted.
+the product path is shared, so outputs are bit-identical across sources. (Loading the next K step's weight
+words before this step's are converted measured no gain, runs 78 and 82b.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
-    "PREFETCH": "constexpr",  # load step t + 1's weight words before converting step t's
     "BM": "constexpr",  # routes per block: 8 or 16 (one or two n8 MMA tiles)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
 }
@@ -248,7 +247,7 @@ def moe_gemm_decode(
     x, w, scales, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
-    FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, PREFETCH: gl.constexpr, BM: gl.constexpr,
+    FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
@@ -289,8 +288,6 @@ def moe_gemm_decode(
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
-    if PREFETCH:
-        b = _weight_words(w_e, rows, tq, valid, t0, K, Q)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
     # neither waits on a load when the step's scales are decoded (native: unused placeholders)
     h, lo, hi, h_next = 0, rows, rows, 0
@@ -299,11 +296,7 @@ def moe_gemm_decode(
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
     for t in range(t0, steps):
-        if PREFETCH:  # the next step's weight words are in flight while this step's are converted
-            more = valid & (t + 1 < steps)
-            nb = _weight_words(w_e, rows, tq, more, t + 1, K, Q)
-        else:
-            b = _weight_words(w_e, rows, tq, valid, t, K, Q)
+        b = _weight_words(w_e, rows, tq, valid, t, K, Q)
         k = t * BK + kx
         xt = gl.load(x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0),
                      mask=gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0), other=0.0)  # fmt: skip
@@ -317,8 +310,6 @@ def moe_gemm_decode(
             lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
         acc = mma_v2(_operand(b, s, FMT), xb, acc)
-        if PREFETCH:
-            b = nb
 
     # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
     route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
