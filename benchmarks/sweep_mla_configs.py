@@ -28,8 +28,13 @@ from csf_kernels.mla_layout import HEAD_DIM, VALUE_DIM
 from csf_kernels.mla_specs import DecodeConfig, decode_config
 
 # head block, warps, stages, waves (programs per SM the split policy aims at), operand type; runs 19-20
-# also tried 2 stages, 32-candidate steps and a 128-register cap (all slower; see mla_specs.py)
+# also tried 2 stages, 32-candidate steps and a 128-register cap (all slower; see mla_specs.py). The Gluon
+# programs (16 and 32 heads) first, then the Triton ones
 CANDIDATES = [
+    DecodeConfig(16, 4, 1, 2, engine="gluon"),
+    DecodeConfig(16, 8, 1, 1, engine="gluon"),
+    DecodeConfig(32, 8, 1, 1, engine="gluon"),
+    DecodeConfig(32, 4, 1, 1, engine="gluon"),
     DecodeConfig(16, 4, 1, 2),
     DecodeConfig(16, 4, 1, 2, regroup=True),
     DecodeConfig(16, 4, 1, 2, operand="bfloat16"),
