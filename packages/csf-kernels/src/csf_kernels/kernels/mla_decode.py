@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import mla_layout
 from .mla_finish import finished, keys_lse, reference_max, split_weight, weighted
 
 SIGNATURE = {
@@ -66,15 +67,15 @@ SIGNATURE = {
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}  # compiled in as divisible (checked at bind)
 
-LATENT = tl.constexpr(512)
-ROPE = tl.constexpr(64)
-CHUNK = tl.constexpr(64)
-GROUP = tl.constexpr(128)
-GROUPS = tl.constexpr(4)
-RECORD = tl.constexpr(656)
-SCALE_AT = tl.constexpr(512)
-ROPE_AT = tl.constexpr(528)
-QDIM = tl.constexpr(576)
+LATENT = tl.constexpr(mla_layout.LATENT)
+ROPE = tl.constexpr(mla_layout.ROPE)
+CHUNK = tl.constexpr(mla_layout.CHUNK)
+GROUP = tl.constexpr(mla_layout.GROUP)
+GROUPS = tl.constexpr(mla_layout.GROUPS)
+RECORD = tl.constexpr(mla_layout.RECORD_BYTES)
+SCALE_AT = tl.constexpr(mla_layout.SCALE_OFFSET)
+ROPE_AT = tl.constexpr(mla_layout.ROPE_OFFSET)
+QDIM = tl.constexpr(mla_layout.HEAD_DIM)
 
 
 @triton.jit

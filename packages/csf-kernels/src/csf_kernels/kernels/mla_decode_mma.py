@@ -22,8 +22,8 @@ policy of ``mla_decode``). What differs is how records reach the tensor cores:
   register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves moves no data;
 * a chunk's candidate ids are loaded a chunk ahead of its copies.
 
-The query quantization (mode 1) and the float16 query scaling (mode 0) restate ``mla_decode``'s
-``_query`` with explicit layouts (Gluon cannot call Triton functions); the tests hold both to the float32
+The query quantization (mode 1), the float16 query scaling (mode 0) and their ``_pow2`` / ``_exponent``
+restate ``mla_decode``'s with explicit layouts (Gluon cannot call Triton functions); the tests hold both to the float32
 reference and modes 1 and 2 to the same bits.
 
 Online softmax in float32 as ``mla_decode``; candidates past the row's length, negative or not below
@@ -38,35 +38,26 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-SIGNATURE = {
-    "q": "*bf16",  # [rows, heads, 576] bf16, or [rows, heads, 656] packed records (Q_MODE 2)
-    "kv": "*u8",  # [num_slots, 656] records
-    "indices": "*i32",  # [rows, topk]
-    "lengths": "*i32",  # [rows]
-    "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
-    "part_lse": "*fp32",  # [rows * splits, heads]
-    "attn_sink": "*fp32",  # unused (finishing is the merge's)
-    "out": "*bf16",  # unused
-    "lse_out": "*fp32",  # unused
-    "num_slots": "i64",
-    "sm_scale": "fp32",
-    "heads": "i32",
-    "topk": "i32",
-    "splits": "i32",  # = grid dimension 1
+from .. import mla_layout
+from .mla_decode import SIGNATURE as _DECODE_SIGNATURE
+
+# mla_decode's runtime arguments, in its order (one launch builder serves both; attn_sink, out and lse_out
+# go unused: finishing is the merge's), and fewer constants
+SIGNATURE = {n: t for n, t in _DECODE_SIGNATURE.items() if t != "constexpr"} | {
     "BH": "constexpr",  # heads per program: 16 or 32
     "PARTIAL_BF16": "constexpr",
     "Q_MODE": "constexpr",  # 0 bf16, 1 bf16 quantized here, 2 packed records
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}
 
-LATENT = gl.constexpr(512)
-ROPE = gl.constexpr(64)
-CHUNK = gl.constexpr(64)
-GROUP = gl.constexpr(128)
-RECORD = gl.constexpr(656)
-SCALE_AT = gl.constexpr(512)
-ROPE_AT = gl.constexpr(528)
-QDIM = gl.constexpr(576)
+LATENT = gl.constexpr(mla_layout.LATENT)
+ROPE = gl.constexpr(mla_layout.ROPE)
+CHUNK = gl.constexpr(mla_layout.CHUNK)
+GROUP = gl.constexpr(mla_layout.GROUP)
+RECORD = gl.constexpr(mla_layout.RECORD_BYTES)
+SCALE_AT = gl.constexpr(mla_layout.SCALE_OFFSET)
+ROPE_AT = gl.constexpr(mla_layout.ROPE_OFFSET)
+QDIM = gl.constexpr(mla_layout.HEAD_DIM)
 STAGES = gl.constexpr(2)
 
 
