@@ -14,6 +14,7 @@ from .programs import ProgramSpec, TritonFamily
 __all__ = [
     "MLA_DECODE",
     "MLA_DECODE_MMA",
+    "MLA_DECODE_WGMMA",
     "MLA_MERGE",
     "OPERANDS",
     "PARTIAL_DTYPES",
@@ -37,12 +38,21 @@ MLA_DECODE_MMA = TritonFamily(
     num_warps=4,
     gluon=True,
 )
+MLA_DECODE_WGMMA = TritonFamily(
+    kernel="mla.sparse_decode_wgmma",
+    version=1,
+    module="csf_kernels.kernels.mla_decode_wgmma",
+    function="mla_decode_wgmma",
+    num_warps=4,
+    gluon=True,
+)
 MLA_MERGE = TritonFamily(
     kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
 )
 PARTIAL_DTYPES = ("float32", "bfloat16")
 OPERANDS = ("float16", "bfloat16")
-ENGINES = ("triton", "gluon")
+ENGINES = ("triton", "gluon", "wgmma")
+_GLUON_FAMILIES = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA}
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,8 @@ class DecodeConfig:
     float16 codes with the scales kept apart, or bf16 scaled latents) and whether the latent is
     converted once before its operand layouts (``regroup``); see kernels/mla_decode.py. ``engine``
     "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
-    stages of its own; split programs only, the merge finishes them)."""
+    stages of its own; split programs only, the merge finishes them); "wgmma": kernels/mla_decode_wgmma.py
+    (the same for one warpgroup, products transposed on wgmma)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -83,6 +94,14 @@ class DecodeConfig:
             or self.regroup
         ):
             raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 or 8 warps with float16 operands, got {self}")
+        if self.engine == "wgmma" and (
+            self.head_block not in (16, 32)
+            or self.num_warps != 4
+            or self.num_stages != 1
+            or self.operand != "float16"
+            or self.regroup
+        ):
+            raise ValueError(f"the wgmma decode runs 16 or 32 heads on one warpgroup with float16 operands, got {self}")
 
     @property
     def finishes_directly(self) -> bool:
@@ -108,8 +127,8 @@ _TRITON_BY_HEAD_BLOCK = {
 # The Gluon program (kernels/mla_decode_mma.py) for 16 and 32 heads: see docs/perf-notes.md
 _BY_HEAD_BLOCK = {
     64: _TRITON_BY_HEAD_BLOCK[64],
-    32: DecodeConfig(32, 8, 1, 1, engine="gluon"),
-    16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
+    32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
+    16: DecodeConfig(16, 4, 1, 2, engine="wgmma"),
 }
 
 
@@ -148,12 +167,13 @@ def decode_spec(
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
     if query not in QUERY_MODES:
         raise ValueError(f"query must be one of {tuple(QUERY_MODES)}, got {query!r}")
-    if config.engine == "gluon":
+    if config.engine in _GLUON_FAMILIES:
         if direct:
             raise ValueError(f"{config} does not finish outputs directly: its splits are merged")
+        family = _GLUON_FAMILIES[config.engine]
         return ProgramSpec.of(
-            MLA_DECODE_MMA.kernel,
-            MLA_DECODE_MMA.version,
+            family.kernel,
+            family.version,
             BH=config.head_block,
             PARTIAL_BF16=int(partial_dtype == "bfloat16"),
             Q_MODE=QUERY_MODES[query],

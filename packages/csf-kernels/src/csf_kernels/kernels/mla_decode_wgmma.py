@@ -1,0 +1,368 @@
+"""Gluon: sparse MLA decode on ``wgmma``, keys and values as register operands, the query in shared memory.
+
+Same job, arguments and partials as ``mla_decode`` (split programs only: ``mla_merge`` finishes them). One
+program (one warpgroup, 4 warps) takes one query row, ``BH`` heads (16 or 32) and one split's 64-candidate
+chunks (the balanced policy of ``mla_decode``). The products are computed transposed, candidates and output
+columns along the MMA's M (64 rows per warpgroup instruction, so 16 or 32 heads need no padding) and heads
+along N:
+
+* a chunk's 64 records (latent, scales, rope) are copied by ``cp.async`` into shared memory, two stages
+  (as ``mla_decode_mma``);
+* scores S^T [64 candidates, BH] per latent group: A = the group's key codes (E4M3 converted to float16,
+  exact) read from the staged records into registers, K relabelled so each thread reads 32 contiguous bytes
+  of each of its two candidates; B = the float16 query of that group in the same K order, staged once in
+  shared memory and read there by the tensor cores (no per-warp reloads); the group's product is scaled by
+  its key and query scales in float32 (powers of two: exact); plus the bf16 rope product;
+* values O^T [128 columns, BH] per group: A = the group's value codes (float16), M relabelled so each thread
+  reads 4 contiguous bytes per candidate; B = the probabilities times the candidate's group scale, counted in
+  units of the chunk's largest scale of the group (float16 in [0, 1], as ``mla_decode`` counts them: rescaled
+  exactly when the unit changes), written to shared memory once per chunk and group;
+* every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves
+  moves no data; the columns are put back in order when the partial is stored.
+
+Query modes, online softmax, skipped candidates and the query quantization as ``mla_decode_mma`` (whose
+helpers this program shares).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from .mla_decode_mma import (
+    CHUNK,
+    GROUP,
+    LATENT,
+    QDIM,
+    RECORD,
+    ROPE,
+    ROPE_AT,
+    SCALE_AT,
+    SIGNATURE,
+    STAGES,
+    _copy_layout,
+    _exponent,
+    _ids,
+    _pow2,
+    _records,
+    _scale_copy_layout,
+    _unit,
+)
+
+__all__ = ["SIGNATURE", "mla_decode_wgmma"]
+
+MULTIPLE_OF = {"heads": 16, "topk": 64}
+
+
+# ------------------------------------------------------------------------------------------- layouts
+
+
+@gluon.constexpr_function
+def _acc(BH):
+    """[M, BH] accumulators: M (candidates, output columns) over the warpgroup's 4 warps, heads along N."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BH, 16])
+
+
+@gluon.constexpr_function
+def _a_operand(BH):
+    return gl.DotOperandLayout(operand_index=0, parent=_acc(BH), k_width=2)
+
+
+@gluon.constexpr_function
+def _key_layout(width):
+    """A group's key bytes (or the rope's bf16 elements) [64 candidates, width] as loaded for the A operand:
+    thread (warp w, lane 4r + q) holds candidates 16w + r and 16w + r + 8, elements [q, q + 1) * width / 4."""
+    run = width // 4
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << b] for b in range(run.bit_length() - 1)] + [[8, 0]],
+        lane_bases=[[0, run], [0, 2 * run], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]],
+        block_bases=[],
+        shape=[64, width],
+    )
+
+
+@gluon.constexpr_function
+def _value_layout():
+    """A group's value bytes [64 candidates, 128 columns] as loaded for the A operand of O^T: thread (warp w,
+    lane 4r + q) holds candidates 16s + 8a + 2q + e and columns 32w + 4r + [0, 4): 4 contiguous bytes each."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [1, 0], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 4], [0, 8], [0, 16]],
+        warp_bases=[[0, 32], [0, 64]],
+        block_bases=[],
+        shape=[64, GROUP],
+    )
+
+
+@gluon.constexpr_function
+def _rows_layout(cols_per_thread):
+    return gl.BlockedLayout([1, cols_per_thread], [1, 32], [4, 1], [1, 0])
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+@gluon.jit
+def _k_order(x):
+    """[rows, n] in stored order -> the relabelled K order of an A operand: stored element
+    (n / 4) q + 4s + 2h + e is K position 16s + 8h + 2q + e (what thread q of a quad holds in step s)."""
+    rows: gl.constexpr = x.shape[0]
+    n: gl.constexpr = x.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, n // 16, 2, 2]), [0, 2, 3, 1, 4]), [rows, n])
+
+
+@gluon.jit
+def _column_order(v):
+    """[128 stored columns, K] -> the value A operand's M order: stored column 32w + 4r + 2i + h is M row
+    64i + 16w + 8h + r (thread (w, r) holds 4 contiguous bytes of each candidate)."""
+    k: gl.constexpr = v.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(v, [4, 8, 2, 2, k]), [2, 0, 3, 1, 4]), [GROUP, k])
+
+
+@gluon.jit
+def _stored_order(o):
+    """The inverse of ``_column_order`` on [128 M rows, BH]."""
+    n: gl.constexpr = o.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(o, [2, 4, 2, 8, n]), [1, 3, 0, 2, 4]), [GROUP, n])
+
+
+@gluon.jit
+def _chunk_ids(indices, row, topk, n, c, active):
+    """Chunk ``c``'s ids in the layouts they are used in: the latent's, the rope's and the scales' copies and
+    the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
+    W: gl.constexpr = gl.num_warps()
+    BH: gl.constexpr = 16  # the rows' layout does not depend on N
+    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, W)))
+    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, W)))
+    scale_cols = gl.arange(0, 4 * CHUNK, layout=_scale_copy_layout(W)) % CHUNK
+    score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(BH)))
+    return (
+        _ids(indices, row, topk, n, c, active, lat_rows),
+        _ids(indices, row, topk, n, c, active, rope_rows),
+        _ids(indices, row, topk, n, c, active, scale_cols),
+        _ids(indices, row, topk, n, c, active, score_rows),
+    )
+
+
+@gluon.jit
+def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
+    """cp.async one chunk's records into one stage: latent, rope and the group scales ([4 x 64],
+    group-major), candidates in chunk order (dead candidates: zero-filled, nothing read)."""
+    W: gl.constexpr = gl.num_warps()
+    LAT: gl.constexpr = _copy_layout(16, W)
+    ROP: gl.constexpr = _copy_layout(8, W)
+    SCL: gl.constexpr = _scale_copy_layout(W)
+    rec, live = _records(lat_ids, num_slots)
+    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
+    async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
+                                           mask=gl.expand_dims(live, 1))  # fmt: skip
+    rec, live = _records(rope_ids, num_slots)
+    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
+    ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
+                                           mask=gl.expand_dims(live, 1))  # fmt: skip
+    rec, live = _records(scale_ids, num_slots)
+    g = gl.arange(0, 4 * CHUNK, layout=SCL) // CHUNK
+    async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
+    """The query of heads [h0, h0 + BH) into shared memory as the scores' B operands: per latent group the
+    float16 latent [BH, 128] and the bf16 rope [BH, 64] in the A operands' relabelled K order, and the float32
+    factor of each (group, head) its scores are multiplied by ([4, BH])."""
+    QL: gl.constexpr = _rows_layout(8)
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0])  # factors [BH, 4]
+    RL: gl.constexpr = _copy_layout(8, 4)  # rope [BH, 64]
+    h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
+    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL))
+    hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
+    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
+    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
+    zeros = gl.zeros([BH, 4], gl.float32, FL)
+    if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
+        recs = q.to(gl.pointer_type(gl.uint8))
+        raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
+        lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, FL))
+        at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
+        factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
+        ropes = (recs + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    else:
+        x = gl.load(gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1) + gl.expand_dims(d, 0))
+        x = x.to(gl.float32)
+        if Q_MODE == 1:
+            # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
+            xg = gl.reshape(x, [BH, 4, GROUP])
+            absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
+            mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
+            e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
+            codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
+            lat = gl.reshape(codes.to(gl.float16), [BH, LATENT])
+            factor = gl.convert_layout(_pow2(e), FL) + zeros
+        else:
+            # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of it
+            # is a normal float16 (exact); an all-zero query keeps a finite exponent
+            e = _exponent(gl.maximum(gl.max(gl.abs(x), 1), 1e-30)) - 14
+            lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
+            factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
+        ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
+    groups = gl.permute(gl.reshape(lat, [BH, 4, GROUP]), [1, 0, 2])  # [4, BH, 128]
+    q_s.store(_k_order(gl.reshape(groups, [4 * BH, GROUP])))  # group g: rows [g BH, g BH + BH)
+    qr_s.store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
+    qf_s.store(gl.permute(factor, [1, 0]))
+
+
+@gluon.jit
+def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
+    """S^T [64, BH] of one staged chunk, before ``sm_scale``: per latent group, float16 key codes times the
+    float16 query, scaled by the group's key and query scales in float32; plus the bf16 rope product."""
+    ACC: gl.constexpr = _acc(BH)
+    A: gl.constexpr = _a_operand(BH)
+    keys = _k_order(rope.load(_key_layout(ROPE)))
+    s = warpgroup_mma(gl.convert_layout(keys, A, assert_trivial=True), qr_s.permute([1, 0]),
+                      gl.zeros([CHUNK, BH], gl.float32, ACC))  # fmt: skip
+    for g in gl.static_range(4):
+        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(GROUP))
+        codes = _k_order(raw.to(gl.float8e4nv, bitcast=True).to(gl.float16))
+        part = warpgroup_mma(gl.convert_layout(codes, A, assert_trivial=True), q_s.slice(g * BH, BH).permute([1, 0]),
+                             gl.zeros([CHUNK, BH], gl.float32, ACC), use_acc=False)  # fmt: skip
+        k_scale = gl.expand_dims(sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
+        q_factor = qf_s.slice(g, 1, dim=0).load(ACC)  # [1, BH]
+        s += part * (k_scale * q_factor)
+    return s
+
+
+@gluon.jit
+def _weights(p, p_s, sc, unit_new, g: gl.constexpr):
+    """Group ``g``'s B operand of the values into shared memory: the probabilities ``p`` [64, BH] times the
+    candidates' key scale in units of the chunk's largest (``unit_new``), float16 in [0, 1], as [BH, 64]."""
+    BH: gl.constexpr = p.shape[1]
+    k_scale = sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, p.type.layout))
+    p_s.slice(g * BH, BH).store(gl.permute((p * gl.expand_dims(k_scale * (1.0 / unit_new), 1)).to(gl.float16), [1, 0]))
+
+
+@gluon.jit
+def _values(acc, unit, unit_new, p_s, lat, rescale, g: gl.constexpr):
+    """Group ``g``'s O^T [128 relabelled columns, BH] after one more chunk (``_weights`` staged its B)."""
+    BH: gl.constexpr = acc.shape[1]
+    codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
+    v = _column_order(gl.permute(codes.to(gl.float16), [1, 0]))
+    v = gl.convert_layout(v, _a_operand(BH), assert_trivial=True)
+    return warpgroup_mma(v, p_s.slice(g * BH, BH).permute([1, 0]), acc * gl.expand_dims(rescale * (unit / unit_new), 0))
+
+
+@gluon.jit
+def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
+    """Group ``g``'s normalised partial [BH, 128], columns back in stored order."""
+    OL: gl.constexpr = _rows_layout(4)
+    o = _stored_order(acc * gl.expand_dims(unit / den_safe, 0))
+    o = gl.convert_layout(gl.permute(o, [1, 0]), OL)
+    col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
+    at = gl.expand_dims(gl.convert_layout(at_head, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
+    if PARTIAL_BF16:
+        gl.store(part_out.to(gl.pointer_type(gl.bfloat16)) + at, o.to(gl.bfloat16))
+    else:
+        gl.store(part_out + at, o)
+
+
+@gluon.jit
+def mla_decode_wgmma(
+    q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    ACC: gl.constexpr = _acc(BH)
+    HEADS: gl.constexpr = gl.SliceLayout(0, ACC)
+    pid = gl.program_id(0)
+    s = gl.program_id(1)
+    head_blocks = heads // BH
+    row = pid // head_blocks
+    h0 = (pid % head_blocks) * BH
+    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
+    live_chunks = (n + CHUNK - 1) // CHUNK
+    cps = (live_chunks + splits - 1) // splits
+    c0 = s * cps
+    c1 = gl.minimum(c0 + cps, live_chunks)
+
+    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
+    sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4 * CHUNK], flat)  # [stage, 4 groups x 64]
+    q_s = gl.allocate_shared_memory(gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16))
+    qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, ROPE], gl.NVMMASharedLayout.get_default_for([BH, ROPE], gl.bfloat16))
+    qf_s = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    p_s = gl.allocate_shared_memory(gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16))
+
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(0), rope_s.index(0), sc_s.index(0))
+    la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
+    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
+    fence_async_shared()  # the query's stores before the tensor cores read them
+
+    m = gl.full([BH], float("-inf"), gl.float32, HEADS)
+    den = gl.zeros([CHUNK, BH], gl.float32, ACC)
+    acc0 = gl.zeros([GROUP, BH], gl.float32, ACC)
+    acc1 = gl.zeros([GROUP, BH], gl.float32, ACC)
+    acc2 = gl.zeros([GROUP, BH], gl.float32, ACC)
+    acc3 = gl.zeros([GROUP, BH], gl.float32, ACC)
+    unit0 = 1.0
+    unit1 = 1.0
+    unit2 = 1.0
+    unit3 = 1.0
+    for c in range(c0, c1):
+        st = (c - c0) % STAGES
+        nx = (c - c0 + 1) % STAGES
+        gl.thread_barrier()  # every warp is done with the stage the next chunk goes to (and with p_s)
+        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx))
+        live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
+        score_ids = next_score_ids
+        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
+        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
+        gl.thread_barrier()  # everyone's
+        lat = lat_s.index(st)
+        sc = sc_s.index(st)
+        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
+        sco = gl.where(gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1), sco * sm_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(sco, 0))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
+        alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
+        p = gl.exp(sco - gl.expand_dims(m_ref, 0))
+        den = den * gl.expand_dims(alpha, 0) + p  # per row; summed once, after the loop
+        new0 = _unit(sc, unit0, 0)
+        new1 = _unit(sc, unit1, 1)
+        new2 = _unit(sc, unit2, 2)
+        new3 = _unit(sc, unit3, 3)
+        _weights(p, p_s, sc, new0, 0)
+        _weights(p, p_s, sc, new1, 1)
+        _weights(p, p_s, sc, new2, 2)
+        _weights(p, p_s, sc, new3, 3)
+        fence_async_shared()  # the weights' stores before the tensor cores read them
+        gl.thread_barrier()
+        acc0 = _values(acc0, unit0, new0, p_s, lat, alpha, 0)
+        acc1 = _values(acc1, unit1, new1, p_s, lat, alpha, 1)
+        acc2 = _values(acc2, unit2, new2, p_s, lat, alpha, 2)
+        acc3 = _values(acc3, unit3, new3, p_s, lat, alpha, 3)
+        unit0, unit1, unit2, unit3 = new0, new1, new2, new3
+        m = m_new
+    async_copy.wait_group(0)
+
+    den = gl.sum(den, 0)
+    has = den > 0
+    lse = gl.where(has, m + gl.log(gl.where(has, den, 1.0)), float("-inf"))
+    den_safe = gl.where(has, den, 1.0)
+    h = h0 + gl.arange(0, BH, layout=HEADS)
+    slot = (row.to(gl.int64) * splits + s) * heads + h
+    gl.store(part_lse + slot, lse)
+    at_head = slot * LATENT
+    _store_group(acc0, unit0, den_safe, part_out, at_head, 0, PARTIAL_BF16)
+    _store_group(acc1, unit1, den_safe, part_out, at_head, 1, PARTIAL_BF16)
+    _store_group(acc2, unit2, den_safe, part_out, at_head, 2, PARTIAL_BF16)
+    _store_group(acc3, unit3, den_safe, part_out, at_head, 3, PARTIAL_BF16)
