@@ -29,7 +29,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .mla_decode_mma import (
     CHUNK,
@@ -48,7 +48,6 @@ from .mla_decode_mma import (
     _pow2,
     _records,
     _scale_copy_layout,
-    _unit,
 )
 
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
@@ -129,16 +128,17 @@ def _stored_order(o):
     return gl.reshape(gl.permute(gl.reshape(o, [2, 4, 2, 8, n]), [1, 3, 0, 2, 4]), [GROUP, n])
 
 
+HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
+
+
 @gluon.jit
 def _chunk_ids(indices, row, topk, n, c, active):
-    """Chunk ``c``'s ids in the layouts they are used in: the latent's, the rope's and the scales' copies and
-    the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
-    W: gl.constexpr = gl.num_warps()
-    BH: gl.constexpr = 16  # the rows' layout does not depend on N
-    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, W)))
-    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, W)))
-    scale_cols = gl.arange(0, 4 * CHUNK, layout=_scale_copy_layout(W)) % CHUNK
-    score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(BH)))
+    """Chunk ``c``'s ids in the layouts one warpgroup uses them in: its latent half's, the rope's and its
+    scales' copies and the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
+    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, 4)))
+    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, 4)))
+    scale_cols = gl.arange(0, 2 * CHUNK, layout=_scale_copy_layout(4)) % CHUNK
+    score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(16)))
     return (
         _ids(indices, row, topk, n, c, active, lat_rows),
         _ids(indices, row, topk, n, c, active, rope_rows),
@@ -148,112 +148,132 @@ def _chunk_ids(indices, row, topk, n, c, active):
 
 
 @gluon.jit
-def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
-    """cp.async one chunk's records into one stage: latent, rope and the group scales ([4 x 64],
-    group-major), candidates in chunk order (dead candidates: zero-filled, nothing read)."""
-    W: gl.constexpr = gl.num_warps()
-    LAT: gl.constexpr = _copy_layout(16, W)
-    ROP: gl.constexpr = _copy_layout(8, W)
-    SCL: gl.constexpr = _scale_copy_layout(W)
+def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.constexpr):
+    """cp.async one warpgroup's share of a chunk into one stage: latent bytes [256 H, 256 H + 256) and the
+    scales of groups 2H, 2H + 1 ([2 x 64], group-major) of every record, and (H = 0) the rope; candidates in
+    chunk order (dead candidates: zero-filled, nothing read)."""
+    LAT: gl.constexpr = _copy_layout(16, 4)
+    SCL: gl.constexpr = _scale_copy_layout(4)
     rec, live = _records(lat_ids, num_slots)
-    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, LAT))
+    d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rec, live = _records(rope_ids, num_slots)
-    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
-    ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
-    async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
-                                           mask=gl.expand_dims(live, 1))  # fmt: skip
+    if H == 0:
+        ROP: gl.constexpr = _copy_layout(8, 4)
+        rec, live = _records(rope_ids, num_slots)
+        r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
+        ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+        async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
+                                               mask=gl.expand_dims(live, 1))  # fmt: skip
     rec, live = _records(scale_ids, num_slots)
-    g = gl.arange(0, 4 * CHUNK, layout=SCL) // CHUNK
+    g = 2 * H + gl.arange(0, 2 * CHUNK, layout=SCL) // CHUNK
     async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
-    """The query of heads [h0, h0 + BH) into shared memory as the scores' B operands: per latent group the
-    float16 latent [BH, 128] and the bf16 rope [BH, 64] in the A operands' relabelled K order, and the float32
-    factor of each (group, head) its scores are multiplied by ([4, BH])."""
+def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr, H: gl.constexpr):
+    """One warpgroup's share of the query of heads [h0, h0 + BH) as the scores' B operands, in shared memory:
+    the float16 latent of groups 2H, 2H + 1 ([BH, 128] each, rows [g BH, g BH + BH) of ``q_s``) and (H = 0) the
+    bf16 rope [BH, 64], in the A operands' relabelled K order; and the float32 factor of each of its (group,
+    head) its scores are multiplied by (rows 2H, 2H + 1 of ``qf_s`` [4, BH])."""
     QL: gl.constexpr = _rows_layout(8)
-    FL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0])  # factors [BH, 4]
-    RL: gl.constexpr = _copy_layout(8, 4)  # rope [BH, 64]
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [4, 1], [1, 0])  # factors [BH, 2]
     h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
-    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL))
+    d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL))
     hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
-    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
-    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
-    zeros = gl.zeros([BH, 4], gl.float32, FL)
+    zeros = gl.zeros([BH, 2], gl.float32, FL)
     if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
         recs = q.to(gl.pointer_type(gl.uint8))
         raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
         lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, FL))
+        g = 2 * H + gl.arange(0, 2, layout=gl.SliceLayout(0, FL))
         at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
         factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
-        ropes = (recs + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     else:
-        x = gl.load(gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1) + gl.expand_dims(d, 0))
-        x = x.to(gl.float32)
+        rows = gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1)
+        x = gl.load(rows + gl.expand_dims(d, 0)).to(gl.float32)
         if Q_MODE == 1:
             # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
-            xg = gl.reshape(x, [BH, 4, GROUP])
+            xg = gl.reshape(x, [BH, 2, GROUP])
             absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
             mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
             e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
             codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
-            lat = gl.reshape(codes.to(gl.float16), [BH, LATENT])
+            lat = gl.reshape(codes.to(gl.float16), [BH, HALF])
             factor = gl.convert_layout(_pow2(e), FL) + zeros
         else:
-            # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of it
-            # is a normal float16 (exact); an all-zero query keeps a finite exponent
-            e = _exponent(gl.maximum(gl.max(gl.abs(x), 1), 1e-30)) - 14
+            # bf16 times 2**-e with the row's absmax (both halves) brought to [2**14, 2**15): every bf16 value
+            # within 2**29 of it is a normal float16 (exact); an all-zero query keeps a finite exponent
+            other = gl.load(rows + gl.expand_dims((1 - H) * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL)), 0))
+            absmax = gl.maximum(gl.max(gl.abs(x), 1), gl.max(gl.abs(other.to(gl.float32)), 1))
+            e = _exponent(gl.maximum(absmax, 1e-30)) - 14
             lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
             factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
-        ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
-    groups = gl.permute(gl.reshape(lat, [BH, 4, GROUP]), [1, 0, 2])  # [4, BH, 128]
-    q_s.store(_k_order(gl.reshape(groups, [4 * BH, GROUP])))  # group g: rows [g BH, g BH + BH)
-    qr_s.store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
-    qf_s.store(gl.permute(factor, [1, 0]))
+    groups = gl.permute(gl.reshape(lat, [BH, 2, GROUP]), [1, 0, 2])  # [2, BH, 128]
+    q_s.slice(2 * H * BH, 2 * BH).store(_k_order(gl.reshape(groups, [2 * BH, GROUP])))
+    qf_s.slice(2 * H, 2, dim=0).store(gl.permute(factor, [1, 0]))
+    if H == 0:
+        RL: gl.constexpr = _copy_layout(8, 4)  # rope [BH, 64]
+        hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
+        r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
+        if Q_MODE == 2:
+            ropes = (q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(
+                gl.pointer_type(gl.bfloat16)
+            )
+        else:
+            ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
+        qr_s.store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
 
 
 @gluon.jit
-def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
-    """S^T [64, BH] of one staged chunk, before ``sm_scale``: per latent group, float16 key codes times the
-    float16 query, scaled by the group's key and query scales in float32; plus the bf16 rope product."""
+def _group_scores(s, q_s, qf_s, lat, sc, g: gl.constexpr, k: gl.constexpr):
+    """``s`` plus latent group ``g``'s scores (the warpgroup's group ``k`` of two): float16 key codes times
+    the float16 query, scaled by the group's key and query scales in float32."""
+    BH: gl.constexpr = s.shape[1]
     ACC: gl.constexpr = _acc(BH)
-    A: gl.constexpr = _a_operand(BH)
-    keys = _k_order(rope.load(_key_layout(ROPE)))
-    s = warpgroup_mma(gl.convert_layout(keys, A, assert_trivial=True), qr_s.permute([1, 0]),
-                      gl.zeros([CHUNK, BH], gl.float32, ACC))  # fmt: skip
-    for g in gl.static_range(4):
-        raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(GROUP))
-        codes = _k_order(raw.to(gl.float8e4nv, bitcast=True).to(gl.float16))
-        part = warpgroup_mma(gl.convert_layout(codes, A, assert_trivial=True), q_s.slice(g * BH, BH).permute([1, 0]),
-                             gl.zeros([CHUNK, BH], gl.float32, ACC), use_acc=False)  # fmt: skip
-        k_scale = gl.expand_dims(sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
-        q_factor = qf_s.slice(g, 1, dim=0).load(ACC)  # [1, BH]
-        s += part * (k_scale * q_factor)
-    return s
+    raw = lat.slice(k * GROUP, GROUP, dim=1).load(_key_layout(GROUP))
+    codes = _k_order(raw.to(gl.float8e4nv, bitcast=True).to(gl.float16))
+    part = warpgroup_mma(gl.convert_layout(codes, _a_operand(BH), assert_trivial=True),
+                         q_s.slice(g * BH, BH).permute([1, 0]), gl.zeros_like(s), use_acc=False)  # fmt: skip
+    k_scale = gl.expand_dims(sc.slice(k * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
+    q_factor = qf_s.slice(g, 1, dim=0).load(ACC)  # [1, BH]
+    return s + part * (k_scale * q_factor)
 
 
 @gluon.jit
-def _weights(p, p_s, sc, unit_new, g: gl.constexpr):
+def _weights(p, p_s, sc, unit_new, g: gl.constexpr, k: gl.constexpr):
     """Group ``g``'s B operand of the values into shared memory: the probabilities ``p`` [64, BH] times the
     candidates' key scale in units of the chunk's largest (``unit_new``), float16 in [0, 1], as [BH, 64]."""
     BH: gl.constexpr = p.shape[1]
-    k_scale = sc.slice(g * CHUNK, CHUNK).load(gl.SliceLayout(1, p.type.layout))
-    p_s.slice(g * BH, BH).store(gl.permute((p * gl.expand_dims(k_scale * (1.0 / unit_new), 1)).to(gl.float16), [1, 0]))
+    k_scale = sc.slice(k * CHUNK, CHUNK).load(gl.SliceLayout(1, p.type.layout))
+    pw = (p * gl.expand_dims(k_scale * (1.0 / unit_new), 1)).to(gl.float16)
+    p_s.slice(g * BH, BH).store(gl.permute(pw, [1, 0]))
 
 
 @gluon.jit
-def _values(acc, unit, unit_new, p_s, lat, rescale, g: gl.constexpr):
+def _values(acc, unit, unit_new, p_s, lat, rescale, g: gl.constexpr, k: gl.constexpr):
     """Group ``g``'s O^T [128 relabelled columns, BH] after one more chunk (``_weights`` staged its B)."""
     BH: gl.constexpr = acc.shape[1]
-    codes = lat.slice(g * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
+    codes = lat.slice(k * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
     v = _column_order(gl.permute(codes.to(gl.float16), [1, 0]))
     v = gl.convert_layout(v, _a_operand(BH), assert_trivial=True)
     return warpgroup_mma(v, p_s.slice(g * BH, BH).permute([1, 0]), acc * gl.expand_dims(rescale * (unit / unit_new), 0))
+
+
+@gluon.jit
+def _unit(sc, unit, k: gl.constexpr):
+    """The warpgroup's group ``k``'s unit for this chunk: its largest key scale, read whole by every warp (no
+    cross-warp reduction); a chunk without live keys keeps the unit."""
+    top = gl.max(sc.slice(k * CHUNK, CHUNK).load(_every_warp()), 0)
+    return gl.where(top > 0, top, unit)
+
+
+@gluon.constexpr_function
+def _every_warp():
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1]], lane_bases=[[2], [4], [8], [16], [32]], warp_bases=[[0], [0]], block_bases=[], shape=[64]
+    )
 
 
 @gluon.jit
@@ -271,14 +291,17 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 
 
 @gluon.jit
-def mla_decode_wgmma(
-    q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
-):  # fmt: skip
-    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
-    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
+               lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
+               BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr):  # fmt: skip
+    """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 (and, H = 0, the rope) of every
+    chunk. The two partial scores meet through shared memory once per chunk (``x_s``, two buffers by chunk
+    parity, an mbarrier per warpgroup and buffer); both add them in the same commuted order, so both see the
+    same scores, maxima and probabilities bit for bit and need nothing else from each other."""
     ACC: gl.constexpr = _acc(BH)
     HEADS: gl.constexpr = gl.SliceLayout(0, ACC)
+    G0: gl.constexpr = 2 * H
+    G1: gl.constexpr = 2 * H + 1
     pid = gl.program_id(0)
     s = gl.program_id(1)
     head_blocks = heads // BH
@@ -290,47 +313,48 @@ def mla_decode_wgmma(
     c0 = s * cps
     c1 = gl.minimum(c0 + cps, live_chunks)
 
-    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-    sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
-    sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4 * CHUNK], flat)  # [stage, 4 groups x 64]
-    q_s = gl.allocate_shared_memory(gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16))
-    qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, ROPE], gl.NVMMASharedLayout.get_default_for([BH, ROPE], gl.bfloat16))
-    qf_s = gl.allocate_shared_memory(gl.float32, [4, BH], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-    p_s = gl.allocate_shared_memory(gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16))
-
     la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(0), rope_s.index(0), sc_s.index(0))
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(0), sc_s.index(H * STAGES), H)
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
-    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)
+    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
 
     m = gl.full([BH], float("-inf"), gl.float32, HEADS)
     den = gl.zeros([CHUNK, BH], gl.float32, ACC)
     acc0 = gl.zeros([GROUP, BH], gl.float32, ACC)
     acc1 = gl.zeros([GROUP, BH], gl.float32, ACC)
-    acc2 = gl.zeros([GROUP, BH], gl.float32, ACC)
-    acc3 = gl.zeros([GROUP, BH], gl.float32, ACC)
     unit0 = 1.0
     unit1 = 1.0
-    unit2 = 1.0
-    unit3 = 1.0
     for c in range(c0, c1):
-        st = (c - c0) % STAGES
-        nx = (c - c0 + 1) % STAGES
-        gl.thread_barrier()  # every warp is done with the stage the next chunk goes to (and with p_s)
-        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx))
+        i = c - c0
+        st = i % STAGES
+        nx = (i + 1) % STAGES
+        gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
+        _issue(
+            kv, la, ro, sx, num_slots, lat_s.index(H * STAGES + nx), rope_s.index(nx), sc_s.index(H * STAGES + nx), H
+        )
         live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
         score_ids = next_score_ids
         la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
         gl.thread_barrier()  # everyone's
-        lat = lat_s.index(st)
-        sc = sc_s.index(st)
-        sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
-        sco = gl.where(gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1), sco * sm_scale, float("-inf"))
+        lat = lat_s.index(H * STAGES + st)
+        sc = sc_s.index(H * STAGES + st)
+        if H == 0:
+            keys = _k_order(rope_s.index(st).load(_key_layout(ROPE)))
+            part = warpgroup_mma(gl.convert_layout(keys, _a_operand(BH), assert_trivial=True), qr_s.permute([1, 0]),
+                                 gl.zeros([CHUNK, BH], gl.float32, ACC))  # fmt: skip
+        else:
+            part = gl.zeros([CHUNK, BH], gl.float32, ACC)
+        part = _group_scores(part, q_s, qf_s, lat, sc, G0, 0)
+        part = _group_scores(part, q_s, qf_s, lat, sc, G1, 1)
+        # exchange the partial scores (arrive: the warpgroup's stores are ordered before it)
+        x_s.index(2 * H + i % 2).store(part)
+        mbarrier.arrive(bars.index(2 * H + i % 2))
+        mbarrier.wait(bars.index(2 * (1 - H) + i % 2), (i // 2) & 1)
+        sco = part + x_s.index(2 * (1 - H) + i % 2).load(ACC)  # commuted in the other warpgroup: same bits
+        live_rows = gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1)
+        sco = gl.where(live_rows, sco * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sco, 0))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
         alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
@@ -338,31 +362,60 @@ def mla_decode_wgmma(
         den = den * gl.expand_dims(alpha, 0) + p  # per row; summed once, after the loop
         new0 = _unit(sc, unit0, 0)
         new1 = _unit(sc, unit1, 1)
-        new2 = _unit(sc, unit2, 2)
-        new3 = _unit(sc, unit3, 3)
-        _weights(p, p_s, sc, new0, 0)
-        _weights(p, p_s, sc, new1, 1)
-        _weights(p, p_s, sc, new2, 2)
-        _weights(p, p_s, sc, new3, 3)
+        _weights(p, p_s, sc, new0, G0, 0)
+        _weights(p, p_s, sc, new1, G1, 1)
         fence_async_shared()  # the weights' stores before the tensor cores read them
         gl.thread_barrier()
-        acc0 = _values(acc0, unit0, new0, p_s, lat, alpha, 0)
-        acc1 = _values(acc1, unit1, new1, p_s, lat, alpha, 1)
-        acc2 = _values(acc2, unit2, new2, p_s, lat, alpha, 2)
-        acc3 = _values(acc3, unit3, new3, p_s, lat, alpha, 3)
-        unit0, unit1, unit2, unit3 = new0, new1, new2, new3
+        acc0 = _values(acc0, unit0, new0, p_s, lat, alpha, G0, 0)
+        acc1 = _values(acc1, unit1, new1, p_s, lat, alpha, G1, 1)
+        unit0, unit1 = new0, new1
         m = m_new
     async_copy.wait_group(0)
 
     den = gl.sum(den, 0)
     has = den > 0
-    lse = gl.where(has, m + gl.log(gl.where(has, den, 1.0)), float("-inf"))
     den_safe = gl.where(has, den, 1.0)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
-    gl.store(part_lse + slot, lse)
+    if H == 0:
+        gl.store(part_lse + slot, gl.where(has, m + gl.log(den_safe), float("-inf")))
     at_head = slot * LATENT
-    _store_group(acc0, unit0, den_safe, part_out, at_head, 0, PARTIAL_BF16)
-    _store_group(acc1, unit1, den_safe, part_out, at_head, 1, PARTIAL_BF16)
-    _store_group(acc2, unit2, den_safe, part_out, at_head, 2, PARTIAL_BF16)
-    _store_group(acc3, unit3, den_safe, part_out, at_head, 3, PARTIAL_BF16)
+    _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
+    _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
+
+
+@gluon.jit
+def mla_decode_wgmma(
+    q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
+    gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
+    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
+    sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
+    q_s = gl.allocate_shared_memory(
+        gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16)
+    )
+    qr_s = gl.allocate_shared_memory(
+        gl.bfloat16, [BH, ROPE], gl.NVMMASharedLayout.get_default_for([BH, ROPE], gl.bfloat16)
+    )
+    qf_s = gl.allocate_shared_memory(gl.float32, [4, BH], plain)
+    p_s = gl.allocate_shared_memory(
+        gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16)
+    )
+    x_s = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BH], plain)  # [warpgroup, chunk parity]
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(4):
+        mbarrier.init(bars.index(b), count=1)
+    # (each partition's arguments written out: a concatenated tuple would lose the constexprs)
+    gl.warp_specialize([
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
+    ], [4], [232])  # fmt: skip
