@@ -29,7 +29,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .mla_decode_mma import (
     CHUNK,
@@ -129,6 +134,13 @@ def _stored_order(o):
 
 
 HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
+ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
+
+
+@gluon.constexpr_function
+def _rope_copy_layout():
+    """cp.async of a warpgroup's rope half [64, 32] bf16, 16 bytes per copy."""
+    return gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
 
 
 @gluon.jit
@@ -136,7 +148,7 @@ def _chunk_ids(indices, row, topk, n, c, active):
     """Chunk ``c``'s ids in the layouts one warpgroup uses them in: its latent half's, the rope's and its
     scales' copies and the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
     lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, 4)))
-    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(8, 4)))
+    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _rope_copy_layout()))
     scale_cols = gl.arange(0, 2 * CHUNK, layout=_scale_copy_layout(4)) % CHUNK
     score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(16)))
     return (
@@ -150,21 +162,20 @@ def _chunk_ids(indices, row, topk, n, c, active):
 @gluon.jit
 def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.constexpr):
     """cp.async one warpgroup's share of a chunk into one stage: latent bytes [256 H, 256 H + 256) and the
-    scales of groups 2H, 2H + 1 ([2 x 64], group-major) of every record, and (H = 0) the rope; candidates in
-    chunk order (dead candidates: zero-filled, nothing read)."""
+    scales of groups 2H, 2H + 1 ([2 x 64], group-major) and rope elements [32 H, 32 H + 32) of every record;
+    candidates in chunk order (dead candidates: zero-filled, nothing read)."""
     LAT: gl.constexpr = _copy_layout(16, 4)
     SCL: gl.constexpr = _scale_copy_layout(4)
     rec, live = _records(lat_ids, num_slots)
     d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    if H == 0:
-        ROP: gl.constexpr = _copy_layout(8, 4)
-        rec, live = _records(rope_ids, num_slots)
-        r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROP))
-        ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
-        async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
-                                               mask=gl.expand_dims(live, 1))  # fmt: skip
+    ROP: gl.constexpr = _rope_copy_layout()
+    rec, live = _records(rope_ids, num_slots)
+    r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, ROP))
+    ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
+                                           mask=gl.expand_dims(live, 1))  # fmt: skip
     rec, live = _records(scale_ids, num_slots)
     g = 2 * H + gl.arange(0, 2 * CHUNK, layout=SCL) // CHUNK
     async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
@@ -174,9 +185,10 @@ def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.con
 @gluon.jit
 def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr, H: gl.constexpr):
     """One warpgroup's share of the query of heads [h0, h0 + BH) as the scores' B operands, in shared memory:
-    the float16 latent of groups 2H, 2H + 1 ([BH, 128] each, rows [g BH, g BH + BH) of ``q_s``) and (H = 0) the
-    bf16 rope [BH, 64], in the A operands' relabelled K order; and the float32 factor of each of its (group,
-    head) its scores are multiplied by (rows 2H, 2H + 1 of ``qf_s`` [4, BH])."""
+    the float16 latent of groups 2H, 2H + 1 ([BH, 128] each, rows [g BH, g BH + BH) of ``q_s``) and the bf16
+    rope elements [32 H, 32 H + 32) (rows [H BH, H BH + BH) of ``qr_s``), in the A operands' relabelled K
+    order; and the float32 factor of each of its (group, head) its scores are multiplied by (rows 2H, 2H + 1
+    of ``qf_s`` [4, BH])."""
     QL: gl.constexpr = _rows_layout(8)
     FL: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [4, 1], [1, 0])  # factors [BH, 2]
     h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
@@ -213,32 +225,33 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
     groups = gl.permute(gl.reshape(lat, [BH, 2, GROUP]), [1, 0, 2])  # [2, BH, 128]
     q_s.slice(2 * H * BH, 2 * BH).store(_k_order(gl.reshape(groups, [2 * BH, GROUP])))
     qf_s.slice(2 * H, 2, dim=0).store(gl.permute(factor, [1, 0]))
-    if H == 0:
-        RL: gl.constexpr = _copy_layout(8, 4)  # rope [BH, 64]
-        hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
-        r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
-        if Q_MODE == 2:
-            ropes = (q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(
-                gl.pointer_type(gl.bfloat16)
-            )
-        else:
-            ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
-        qr_s.store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
+    RL: gl.constexpr = _rope_copy_layout()  # rope half [BH, 32]
+    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
+    r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, RL))
+    if Q_MODE == 2:
+        recs = q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD
+        ropes = (recs + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
+    else:
+        ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
+    qr_s.slice(H * BH, BH).store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
 
 
 @gluon.jit
-def _group_scores(s, q_s, qf_s, lat, sc, g: gl.constexpr, k: gl.constexpr):
-    """``s`` plus latent group ``g``'s scores (the warpgroup's group ``k`` of two): float16 key codes times
-    the float16 query, scaled by the group's key and query scales in float32."""
-    BH: gl.constexpr = s.shape[1]
-    ACC: gl.constexpr = _acc(BH)
+def _key_operand(lat, k: gl.constexpr, BH: gl.constexpr):
+    """The warpgroup's latent group ``k`` (of two) of a staged chunk as the scores' A operand [64, 128]:
+    E4M3 codes as float16 (exact), K relabelled."""
     raw = lat.slice(k * GROUP, GROUP, dim=1).load(_key_layout(GROUP))
     codes = _k_order(raw.to(gl.float8e4nv, bitcast=True).to(gl.float16))
-    part = warpgroup_mma(gl.convert_layout(codes, _a_operand(BH), assert_trivial=True),
-                         q_s.slice(g * BH, BH).permute([1, 0]), gl.zeros_like(s), use_acc=False)  # fmt: skip
+    return gl.convert_layout(codes, _a_operand(BH), assert_trivial=True)
+
+
+@gluon.jit
+def _scaled(part, qf_s, sc, g: gl.constexpr, k: gl.constexpr):
+    """Group ``g``'s product (the warpgroup's ``k``-th) times its key and query scales, in float32."""
+    ACC: gl.constexpr = part.type.layout
     k_scale = gl.expand_dims(sc.slice(k * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
     q_factor = qf_s.slice(g, 1, dim=0).load(ACC)  # [1, BH]
-    return s + part * (k_scale * q_factor)
+    return part * (k_scale * q_factor)
 
 
 @gluon.jit
@@ -252,13 +265,12 @@ def _weights(p, p_s, sc, unit_new, g: gl.constexpr, k: gl.constexpr):
 
 
 @gluon.jit
-def _values(acc, unit, unit_new, p_s, lat, rescale, g: gl.constexpr, k: gl.constexpr):
-    """Group ``g``'s O^T [128 relabelled columns, BH] after one more chunk (``_weights`` staged its B)."""
-    BH: gl.constexpr = acc.shape[1]
+def _value_operand(lat, k: gl.constexpr, BH: gl.constexpr):
+    """The warpgroup's latent group ``k`` (of two) of a staged chunk as the values' A operand [128 relabelled
+    columns, 64 candidates]: E4M3 codes as float16."""
     codes = lat.slice(k * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
     v = _column_order(gl.permute(codes.to(gl.float16), [1, 0]))
-    v = gl.convert_layout(v, _a_operand(BH), assert_trivial=True)
-    return warpgroup_mma(v, p_s.slice(g * BH, BH).permute([1, 0]), acc * gl.expand_dims(rescale * (unit / unit_new), 0))
+    return gl.convert_layout(v, _a_operand(BH), assert_trivial=True)
 
 
 @gluon.jit
@@ -294,7 +306,7 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
                lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
                BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr):  # fmt: skip
-    """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 (and, H = 0, the rope) of every
+    """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 and half the rope of every
     chunk. The two partial scores meet through shared memory once per chunk (``x_s``, two buffers by chunk
     parity, an mbarrier per warpgroup and buffer); both add them in the same commuted order, so both see the
     same scores, maxima and probabilities bit for bit and need nothing else from each other."""
@@ -314,7 +326,7 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     c1 = gl.minimum(c0 + cps, live_chunks)
 
     la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(0), sc_s.index(H * STAGES), H)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
@@ -331,7 +343,15 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         nx = (i + 1) % STAGES
         gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
         _issue(
-            kv, la, ro, sx, num_slots, lat_s.index(H * STAGES + nx), rope_s.index(nx), sc_s.index(H * STAGES + nx), H
+            kv,
+            la,
+            ro,
+            sx,
+            num_slots,
+            lat_s.index(H * STAGES + nx),
+            rope_s.index(H * STAGES + nx),
+            sc_s.index(H * STAGES + nx),
+            H,
         )
         live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
         score_ids = next_score_ids
@@ -340,14 +360,18 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(H * STAGES + st)
         sc = sc_s.index(H * STAGES + st)
-        if H == 0:
-            keys = _k_order(rope_s.index(st).load(_key_layout(ROPE)))
-            part = warpgroup_mma(gl.convert_layout(keys, _a_operand(BH), assert_trivial=True), qr_s.permute([1, 0]),
-                                 gl.zeros([CHUNK, BH], gl.float32, ACC))  # fmt: skip
-        else:
-            part = gl.zeros([CHUNK, BH], gl.float32, ACC)
-        part = _group_scores(part, q_s, qf_s, lat, sc, G0, 0)
-        part = _group_scores(part, q_s, qf_s, lat, sc, G1, 1)
+        # the scores' MMAs in flight together, each group's operand converted while the previous one runs
+        ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
+        k0 = _key_operand(lat, 0, BH)
+        t0 = warpgroup_mma(k0, q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
+        k1 = _key_operand(lat, 1, BH)
+        t1 = warpgroup_mma(k1, q_s.slice(G1 * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
+        kr = _k_order(rope_s.index(H * STAGES + st).load(_key_layout(ROPE_HALF)))
+        kr = gl.convert_layout(kr, _a_operand(BH), assert_trivial=True)
+        tr = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
+        p0, p1, rope_part, _, _, _ = warpgroup_mma_wait(0, deps=[t0, t1, tr, k0, k1, kr])
+        part = rope_part + _scaled(p0, qf_s, sc, G0, 0)
+        part = part + _scaled(p1, qf_s, sc, G1, 1)
         # exchange the partial scores (arrive: the warpgroup's stores are ordered before it)
         x_s.index(2 * H + i % 2).store(part)
         mbarrier.arrive(bars.index(2 * H + i % 2))
@@ -366,8 +390,13 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         _weights(p, p_s, sc, new1, G1, 1)
         fence_async_shared()  # the weights' stores before the tensor cores read them
         gl.thread_barrier()
-        acc0 = _values(acc0, unit0, new0, p_s, lat, alpha, G0, 0)
-        acc1 = _values(acc1, unit1, new1, p_s, lat, alpha, G1, 1)
+        v0 = _value_operand(lat, 0, BH)
+        t0 = warpgroup_mma(v0, p_s.slice(G0 * BH, BH).permute([1, 0]),
+                           acc0 * gl.expand_dims(alpha * (unit0 / new0), 0), is_async=True)  # fmt: skip
+        v1 = _value_operand(lat, 1, BH)
+        t1 = warpgroup_mma(v1, p_s.slice(G1 * BH, BH).permute([1, 0]),
+                           acc1 * gl.expand_dims(alpha * (unit1 / new1), 0), is_async=True)  # fmt: skip
+        acc0, acc1, _, _ = warpgroup_mma_wait(0, deps=[t0, t1, v0, v1])
         unit0, unit1 = new0, new1
         m = m_new
     async_copy.wait_group(0)
@@ -392,17 +421,17 @@ def mla_decode_wgmma(
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
     gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
     sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-    sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
     sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16)
     )
-    qr_s = gl.allocate_shared_memory(
-        gl.bfloat16, [BH, ROPE], gl.NVMMASharedLayout.get_default_for([BH, ROPE], gl.bfloat16)
+    qr_s = gl.allocate_shared_memory(  # [warpgroup x BH, 32]
+        gl.bfloat16, [2 * BH, ROPE_HALF], gl.NVMMASharedLayout.get_default_for([BH, ROPE_HALF], gl.bfloat16)
     )
     qf_s = gl.allocate_shared_memory(gl.float32, [4, BH], plain)
     p_s = gl.allocate_shared_memory(
@@ -418,4 +447,4 @@ def mla_decode_wgmma(
                       lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
         (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
                       lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
-    ], [4], [232])  # fmt: skip
+    ], [4], [248])  # fmt: skip
