@@ -128,7 +128,7 @@ _TRITON_BY_HEAD_BLOCK = {
 _BY_HEAD_BLOCK = {
     64: _TRITON_BY_HEAD_BLOCK[64],
     32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
-    16: DecodeConfig(16, 4, 1, 2, engine="wgmma"),
+    16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
 }
 
 

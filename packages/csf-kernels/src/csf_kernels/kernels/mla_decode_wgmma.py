@@ -29,12 +29,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .mla_decode_mma import (
     CHUNK,
@@ -360,16 +355,12 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         gl.thread_barrier()  # everyone's
         lat = lat_s.index(H * STAGES + st)
         sc = sc_s.index(H * STAGES + st)
-        # the scores' MMAs in flight together, each group's operand converted while the previous one runs
         ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
-        k0 = _key_operand(lat, 0, BH)
-        t0 = warpgroup_mma(k0, q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
-        k1 = _key_operand(lat, 1, BH)
-        t1 = warpgroup_mma(k1, q_s.slice(G1 * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
         kr = _k_order(rope_s.index(H * STAGES + st).load(_key_layout(ROPE_HALF)))
         kr = gl.convert_layout(kr, _a_operand(BH), assert_trivial=True)
-        tr = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False, is_async=True)
-        p0, p1, rope_part, _, _, _ = warpgroup_mma_wait(0, deps=[t0, t1, tr, k0, k1, kr])
+        rope_part = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False)
+        p0 = warpgroup_mma(_key_operand(lat, 0, BH), q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
+        p1 = warpgroup_mma(_key_operand(lat, 1, BH), q_s.slice(G1 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
         part = rope_part + _scaled(p0, qf_s, sc, G0, 0)
         part = part + _scaled(p1, qf_s, sc, G1, 1)
         # exchange the partial scores (arrive: the warpgroup's stores are ordered before it)
@@ -391,12 +382,13 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         fence_async_shared()  # the weights' stores before the tensor cores read them
         gl.thread_barrier()
         v0 = _value_operand(lat, 0, BH)
-        t0 = warpgroup_mma(v0, p_s.slice(G0 * BH, BH).permute([1, 0]),
-                           acc0 * gl.expand_dims(alpha * (unit0 / new0), 0), is_async=True)  # fmt: skip
+        acc0 = warpgroup_mma(
+            v0, p_s.slice(G0 * BH, BH).permute([1, 0]), acc0 * gl.expand_dims(alpha * (unit0 / new0), 0)
+        )
         v1 = _value_operand(lat, 1, BH)
-        t1 = warpgroup_mma(v1, p_s.slice(G1 * BH, BH).permute([1, 0]),
-                           acc1 * gl.expand_dims(alpha * (unit1 / new1), 0), is_async=True)  # fmt: skip
-        acc0, acc1, _, _ = warpgroup_mma_wait(0, deps=[t0, t1, v0, v1])
+        acc1 = warpgroup_mma(
+            v1, p_s.slice(G1 * BH, BH).permute([1, 0]), acc1 * gl.expand_dims(alpha * (unit1 / new1), 0)
+        )
         unit0, unit1 = new0, new1
         m = m_new
     async_copy.wait_group(0)
