@@ -41,7 +41,6 @@ from .mla_decode_mma import (
     ROPE_AT,
     SCALE_AT,
     SIGNATURE,
-    STAGES,
     _copy_layout,
     _exponent,
     _ids,
@@ -130,6 +129,7 @@ def _stored_order(o):
 
 HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
 ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
+DEPTH: gl.constexpr = gl.constexpr(3)  # chunk stages per warpgroup
 
 
 @gluon.constexpr_function
@@ -320,9 +320,13 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     c0 = s * cps
     c1 = gl.minimum(c0 + cps, live_chunks)
 
+    # three stages: chunks i + 1 and i + 2 in flight while chunk i is computed
     la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * DEPTH), rope_s.index(H * DEPTH), sc_s.index(H * DEPTH), H)
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * DEPTH + 1), rope_s.index(H * DEPTH + 1),
+           sc_s.index(H * DEPTH + 1), H)  # fmt: skip
+    la, ro, sx, later_score_ids = _chunk_ids(indices, row, topk, n, c0 + 2, c0 + 2 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
 
@@ -334,29 +338,19 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     unit1 = 1.0
     for c in range(c0, c1):
         i = c - c0
-        st = i % STAGES
-        nx = (i + 1) % STAGES
-        gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
-        _issue(
-            kv,
-            la,
-            ro,
-            sx,
-            num_slots,
-            lat_s.index(H * STAGES + nx),
-            rope_s.index(H * STAGES + nx),
-            sc_s.index(H * STAGES + nx),
-            H,
-        )
+        st = H * DEPTH + i % DEPTH
+        nx = H * DEPTH + (i + 2) % DEPTH
+        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
+        gl.thread_barrier()  # everyone's; and every warp is done with chunk i - 1, whose stage chunk i + 2 takes
+        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx), H)
         live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
         score_ids = next_score_ids
-        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
-        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
-        gl.thread_barrier()  # everyone's
-        lat = lat_s.index(H * STAGES + st)
-        sc = sc_s.index(H * STAGES + st)
+        next_score_ids = later_score_ids
+        la, ro, sx, later_score_ids = _chunk_ids(indices, row, topk, n, c + 3, c + 3 < c1)
+        lat = lat_s.index(st)
+        sc = sc_s.index(st)
         ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
-        kr = _k_order(rope_s.index(H * STAGES + st).load(_key_layout(ROPE_HALF)))
+        kr = _k_order(rope_s.index(st).load(_key_layout(ROPE_HALF)))
         kr = gl.convert_layout(kr, _a_operand(BH), assert_trivial=True)
         rope_part = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False)
         p0 = warpgroup_mma(_key_operand(lat, 0, BH), q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
@@ -416,9 +410,9 @@ def mla_decode_wgmma(
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
-    sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * DEPTH, CHUNK, HALF], sw16)  # [warpgroup, stage]
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * DEPTH, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
+    sc_s = gl.allocate_shared_memory(gl.float32, [2 * DEPTH, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16)
     )
