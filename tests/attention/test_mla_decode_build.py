@@ -1,8 +1,11 @@
-"""The Gluon sparse-MLA decode builds ahead of time for sm_90a on a GPU-less machine, as its design needs it.
+"""The Gluon sparse-MLA decode programs build ahead of time for sm_90a on a GPU-less machine, as their design
+needs it.
 
-Its register relabellings are checked while it compiles (``convert_layout(..., assert_trivial=True)``
+Their register relabellings are checked while they compile (``convert_layout(..., assert_trivial=True)``
 refuses any that would move data between threads); here: every catalog program builds, for every query
-form, and the 16-head programs leave room for two per SM (their shared memory: two chunk stages)."""
+form; the 16-head programs leave room for two per SM (their shared memory: two chunk stages); the 32-head
+program runs two warpgroups (a warp-specialized worker beside the program's 4 warps) in one SM's shared
+memory."""
 
 from __future__ import annotations
 
@@ -11,28 +14,46 @@ import pytest
 pytest.importorskip("triton")
 
 from csf_kernels.aot.compile_triton import compile_triton
-from csf_kernels.mla_specs import MLA_DECODE_MMA, PARTIAL_DTYPES, QUERY_MODES, decode_config, decode_spec
+from csf_kernels.mla_specs import (
+    MLA_DECODE_MMA,
+    MLA_DECODE_WGMMA,
+    PARTIAL_DTYPES,
+    QUERY_MODES,
+    DecodeConfig,
+    decode_config,
+    decode_spec,
+)
 
 H200_SHARED_PER_SM = 228 * 1024  # sm_90: shared memory per SM, 1 KiB of it reserved per resident block
+FAMILY = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA}
 
 
 @pytest.mark.parametrize("heads", [16, 32])
 @pytest.mark.parametrize("query", list(QUERY_MODES))
 def test_catalog_programs_build(heads, query):
     config = decode_config(heads)
-    assert config.engine == "gluon"
+    family = FAMILY[config.engine]
     for dtype in PARTIAL_DTYPES:
         spec = decode_spec(config, dtype, query)
-        assert spec.kernel == MLA_DECODE_MMA.kernel
+        assert spec.kernel == family.kernel
         art = compile_triton(spec)
-        assert art.kind == "triton_cubin" and art.launch["entry"] == "mla_decode_mma"
-        assert art.launch["block"] == [32 * config.num_warps, 1, 1]
+        assert art.kind == "triton_cubin" and art.launch["entry"] == family.function
+        warps = 2 * config.num_warps if config.engine == "wgmma" else config.num_warps  # + the worker
+        assert art.launch["block"] == [32 * warps, 1, 1]
+        assert config.waves * (art.launch["shared"] + 1024) <= H200_SHARED_PER_SM
         if heads == 16:  # two programs per SM, as the split policy plans (waves = 2)
-            assert config.waves == 2 and 2 * (art.launch["shared"] + 1024) <= H200_SHARED_PER_SM
+            assert config.waves == 2
 
 
-def test_gluon_programs_do_not_finish_outputs_directly():
-    config = decode_config(16)
+def test_the_wgmma_program_builds_for_16_heads():
+    """Not in the catalog (the mma.sync program wins at 16 heads and batch 128), but swept on the GPU."""
+    art = compile_triton(decode_spec(DecodeConfig(16, 4, 1, 1, engine="wgmma"), "float32", "bf16"))
+    assert art.launch["block"] == [256, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
+
+
+@pytest.mark.parametrize("heads", [16, 32])
+def test_gluon_programs_do_not_finish_outputs_directly(heads):
+    config = decode_config(heads)
     assert not config.finishes_directly
     with pytest.raises(ValueError, match="does not finish outputs directly"):
         decode_spec(config, "float32", "bf16", direct=True)

@@ -48,7 +48,7 @@ def test_scratch_holds_the_partials_of_every_row_count():
 def test_a_program_that_cannot_finish_outputs_has_every_split_merged():
     caps = MLACaps(heads=32, max_rows=200, topk=2048)  # 1 split from 132 rows on (one head block, waves 1)
     p = plan(caps)
-    assert p.config.engine == "gluon" and p.splits_for(200) == 1
+    assert p.config.engine == "wgmma" and p.splits_for(200) == 1
     assert not p.direct and caps.direct_single_split  # asked for, not offered: merged instead
     assert p.scratch.slots == max(r * p.splits_for(r) for r in range(1, 201)) == 200  # the 200-row call
     assert not any(spec.fact.get("DIRECT") for spec in p.programs)
@@ -78,10 +78,18 @@ def test_unsupported_decode_configs_are_refused(bad):
         DecodeConfig(**bad)
 
 
+@pytest.mark.parametrize(
+    "bad", [{"head_block": 64}, {"num_warps": 8}, {"operand": "bfloat16"}, {"regroup": True}, {"num_stages": 2}]
+)
+def test_the_wgmma_engine_refuses_what_it_was_not_built_for(bad):
+    with pytest.raises(ValueError, match="wgmma decode runs 16 or 32 heads"):
+        DecodeConfig(**{"head_block": 32, "num_warps": 4, "engine": "wgmma", **bad})
+
+
 def test_catalog_configs_use_the_measured_operands():
     assert decode_config(128).operand == decode_config(64).operand == "bfloat16"  # wgmma: a loaded query
     assert decode_config(32).operand == decode_config(16).operand == "float16"  # mma.sync
-    assert decode_config(32).engine == decode_config(16).engine == "gluon"
+    assert (decode_config(32).engine, decode_config(16).engine) == ("wgmma", "gluon")
     assert triton_decode_config(16).regroup and not triton_decode_config(32).regroup  # 4-warp programs only
 
 

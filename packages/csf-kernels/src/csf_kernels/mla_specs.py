@@ -65,7 +65,8 @@ class DecodeConfig:
     converted once before its operand layouts (``regroup``); see kernels/mla_decode.py. ``engine``
     "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
     stages of its own; split programs only, the merge finishes them); "wgmma": kernels/mla_decode_wgmma.py
-    (the same for one warpgroup, products transposed on wgmma)."""
+    (16 or 32 heads; ``num_warps`` 4 is one of its two warpgroups, the other a warp-specialized worker;
+    products transposed on wgmma; split programs only)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -124,7 +125,10 @@ _TRITON_BY_HEAD_BLOCK = {
     32: DecodeConfig(32, 8, 1, 1),
     16: DecodeConfig(16, 4, 1, 2, regroup=True),
 }
-# The Gluon program (kernels/mla_decode_mma.py) for 16 and 32 heads: see docs/perf-notes.md
+# The Gluon programs for 16 and 32 heads (side by side, runs 104-106): at 32 heads the two-warpgroup wgmma
+# program (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one; at 16 heads the
+# 4-warp mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and
+# loses at batch 32 (37.6 vs 33-34). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
     64: _TRITON_BY_HEAD_BLOCK[64],
     32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),

@@ -1,18 +1,25 @@
-"""Gluon: sparse MLA decode on ``wgmma``, keys and values as register operands, the query in shared memory.
+"""Gluon: sparse MLA decode on ``wgmma`` in two warpgroups, keys and values as register operands, the query
+in shared memory.
 
 Same job, arguments and partials as ``mla_decode`` (split programs only: ``mla_merge`` finishes them). One
-program (one warpgroup, 4 warps) takes one query row, ``BH`` heads (16 or 32) and one split's 64-candidate
-chunks (the balanced policy of ``mla_decode``). The products are computed transposed, candidates and output
-columns along the MMA's M (64 rows per warpgroup instruction, so 16 or 32 heads need no padding) and heads
-along N:
+program takes one query row, ``BH`` heads (16 or 32) and one split's 64-candidate chunks (the balanced policy
+of ``mla_decode``). The products are computed transposed, candidates and output columns along the MMA's M (64
+rows per warpgroup instruction, so 16 or 32 heads need no padding) and heads along N. Two warpgroups
+(``gl.warp_specialize``: the program's 4 warps and one 4-warp worker) split the latent: warpgroup H takes
+groups 2H and 2H + 1 and rope elements [32 H, 32 H + 32) of every record, so each key and value byte is
+converted once per program and each warpgroup holds only its half of the output:
 
-* a chunk's 64 records (latent, scales, rope) are copied by ``cp.async`` into shared memory, two stages
-  (as ``mla_decode_mma``);
-* scores S^T [64 candidates, BH] per latent group: A = the group's key codes (E4M3 converted to float16,
-  exact) read from the staged records into registers, K relabelled so each thread reads 32 contiguous bytes
-  of each of its two candidates; B = the float16 query of that group in the same K order, staged once in
-  shared memory and read there by the tensor cores (no per-warp reloads); the group's product is scaled by
-  its key and query scales in float32 (powers of two: exact); plus the bf16 rope product;
+* a warpgroup's share of a chunk's 64 records is copied by ``cp.async`` into its own shared memory, two
+  stages, so the next chunk is in flight while this one is computed;
+* partial scores S^T [64 candidates, BH] per latent group: A = the group's key codes (E4M3 converted to
+  float16, exact) read from the staged records into registers, K relabelled so each thread reads 32
+  contiguous bytes of each of its two candidates; B = the float16 query of that group in the same K order,
+  staged once in shared memory and read there by the tensor cores (no per-warp reloads); the group's product
+  is scaled by its key and query scales in float32 (powers of two: exact); plus the warpgroup's bf16 rope
+  product;
+* the two partial scores meet once per chunk through shared memory (two buffers by chunk parity, an mbarrier
+  per warpgroup and buffer); each warpgroup adds the other's to its own, and addition commutes, so both hold
+  the same scores, maxima and probabilities bit for bit and need nothing else from each other;
 * values O^T [128 columns, BH] per group: A = the group's value codes (float16), M relabelled so each thread
   reads 4 contiguous bytes per candidate; B = the probabilities times the candidate's group scale, counted in
   units of the chunk's largest scale of the group (float16 in [0, 1], as ``mla_decode`` counts them: rescaled
@@ -20,8 +27,9 @@ along N:
 * every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves
   moves no data; the columns are put back in order when the partial is stored.
 
-Query modes, online softmax, skipped candidates and the query quantization as ``mla_decode_mma`` (whose
-helpers this program shares).
+Query modes, online softmax and skipped candidates as ``mla_decode_mma`` (whose helpers this program
+shares); the query quantization is restated for a warpgroup's half (mode 0 takes the exponent from the
+whole row's absmax, so both halves scale alike).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .mla_decode_mma import (
     ROPE_AT,
     SCALE_AT,
     SIGNATURE,
+    STAGES,
     _copy_layout,
     _exponent,
     _ids,
@@ -129,7 +138,6 @@ def _stored_order(o):
 
 HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
 ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
-DEPTH: gl.constexpr = gl.constexpr(3)  # chunk stages per warpgroup
 
 
 @gluon.constexpr_function
@@ -320,13 +328,9 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     c0 = s * cps
     c1 = gl.minimum(c0 + cps, live_chunks)
 
-    # three stages: chunks i + 1 and i + 2 in flight while chunk i is computed
     la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * DEPTH), rope_s.index(H * DEPTH), sc_s.index(H * DEPTH), H)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * DEPTH + 1), rope_s.index(H * DEPTH + 1),
-           sc_s.index(H * DEPTH + 1), H)  # fmt: skip
-    la, ro, sx, later_score_ids = _chunk_ids(indices, row, topk, n, c0 + 2, c0 + 2 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
 
@@ -338,19 +342,29 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     unit1 = 1.0
     for c in range(c0, c1):
         i = c - c0
-        st = H * DEPTH + i % DEPTH
-        nx = H * DEPTH + (i + 2) % DEPTH
-        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
-        gl.thread_barrier()  # everyone's; and every warp is done with chunk i - 1, whose stage chunk i + 2 takes
-        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx), H)
+        st = i % STAGES
+        nx = (i + 1) % STAGES
+        gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
+        _issue(
+            kv,
+            la,
+            ro,
+            sx,
+            num_slots,
+            lat_s.index(H * STAGES + nx),
+            rope_s.index(H * STAGES + nx),
+            sc_s.index(H * STAGES + nx),
+            H,
+        )
         live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
         score_ids = next_score_ids
-        next_score_ids = later_score_ids
-        la, ro, sx, later_score_ids = _chunk_ids(indices, row, topk, n, c + 3, c + 3 < c1)
-        lat = lat_s.index(st)
-        sc = sc_s.index(st)
+        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
+        async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
+        gl.thread_barrier()  # everyone's
+        lat = lat_s.index(H * STAGES + st)
+        sc = sc_s.index(H * STAGES + st)
         ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
-        kr = _k_order(rope_s.index(st).load(_key_layout(ROPE_HALF)))
+        kr = _k_order(rope_s.index(H * STAGES + st).load(_key_layout(ROPE_HALF)))
         kr = gl.convert_layout(kr, _a_operand(BH), assert_trivial=True)
         rope_part = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False)
         p0 = warpgroup_mma(_key_operand(lat, 0, BH), q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
@@ -410,9 +424,9 @@ def mla_decode_wgmma(
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * DEPTH, CHUNK, HALF], sw16)  # [warpgroup, stage]
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * DEPTH, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
-    sc_s = gl.allocate_shared_memory(gl.float32, [2 * DEPTH, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
+    sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16)
     )
