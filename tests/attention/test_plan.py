@@ -87,9 +87,10 @@ def test_the_wgmma_engine_refuses_what_it_was_not_built_for(bad):
 
 
 def test_catalog_configs_use_the_measured_operands():
-    assert decode_config(128).operand == decode_config(64).operand == "bfloat16"  # wgmma: a loaded query
-    assert decode_config(32).operand == decode_config(16).operand == "float16"  # mma.sync
+    assert decode_config(128) == decode_config(64) == decode_config(32)  # 32-head blocks on wgmma
     assert (decode_config(32).engine, decode_config(16).engine) == ("wgmma", "gluon")
+    assert decode_config(32).operand == decode_config(16).operand == "float16"
+    assert triton_decode_config(128).operand == "bfloat16"  # the Triton wgmma block: a loaded query
     assert triton_decode_config(16).regroup and not triton_decode_config(32).regroup  # 4-warp programs only
 
 

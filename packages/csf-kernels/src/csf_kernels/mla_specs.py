@@ -125,12 +125,13 @@ _TRITON_BY_HEAD_BLOCK = {
     32: DecodeConfig(32, 8, 1, 1),
     16: DecodeConfig(16, 4, 1, 2, regroup=True),
 }
-# The Gluon programs for 16 and 32 heads (side by side, runs 104-106): at 32 heads the two-warpgroup wgmma
-# program (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one; at 16 heads the
-# 4-warp mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and
-# loses at batch 32 (37.6 vs 33-34). See docs/perf-notes.md
+# The Gluon programs (side by side, runs 104-110): the two-warpgroup wgmma program for 32-head blocks
+# (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one at 32 heads, and as two or
+# four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
+# though its splits are always merged (partials for every row in the scratch); at 16 heads the 4-warp
+# mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
+# batch 32 (37.6 vs 33-34). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
-    64: _TRITON_BY_HEAD_BLOCK[64],
     32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
     16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
 }
