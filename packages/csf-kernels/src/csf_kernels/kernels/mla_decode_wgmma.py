@@ -374,6 +374,10 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         # exchange the partial scores (arrive: the warpgroup's stores are ordered before it)
         x_s.index(2 * H + i % 2).store(part)
         mbarrier.arrive(bars.index(2 * H + i % 2))
+        # work that needs no scores, done while the other warpgroup catches up
+        new0 = _unit(sc, unit0, 0)
+        new1 = _unit(sc, unit1, 1)
+        v0 = _value_operand(lat, 0, BH)
         mbarrier.wait(bars.index(2 * (1 - H) + i % 2), (i // 2) & 1)
         sco = part + x_s.index(2 * (1 - H) + i % 2).load(ACC)  # commuted in the other warpgroup: same bits
         live_rows = gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1)
@@ -383,13 +387,10 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = gl.exp(sco - gl.expand_dims(m_ref, 0))
         den = den * gl.expand_dims(alpha, 0) + p  # per row; summed once, after the loop
-        new0 = _unit(sc, unit0, 0)
-        new1 = _unit(sc, unit1, 1)
         _weights(p, p_s, sc, new0, G0, 0)
         _weights(p, p_s, sc, new1, G1, 1)
         fence_async_shared()  # the weights' stores before the tensor cores read them
         gl.thread_barrier()
-        v0 = _value_operand(lat, 0, BH)
         acc0 = warpgroup_mma(
             v0, p_s.slice(G0 * BH, BH).permute([1, 0]), acc0 * gl.expand_dims(alpha * (unit0 / new0), 0)
         )
