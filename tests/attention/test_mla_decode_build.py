@@ -38,18 +38,17 @@ def test_catalog_programs_build(heads, query):
         assert spec.kernel == family.kernel
         art = compile_triton(spec)
         assert art.kind == "triton_cubin" and art.launch["entry"] == family.function
-        assert art.launch["block"] == [32 * config.num_warps, 1, 1]  # wgmma: every warpgroup
+        warps = 2 * config.num_warps if config.engine == "wgmma" else config.num_warps  # + the worker
+        assert art.launch["block"] == [32 * warps, 1, 1]
         assert config.waves * (art.launch["shared"] + 1024) <= H200_SHARED_PER_SM
         if heads == 16:  # two programs per SM, as the split policy plans (waves = 2)
             assert config.waves == 2
 
 
-@pytest.mark.parametrize("heads", [16, 32])
-@pytest.mark.parametrize("warps", [8, 16])
-def test_every_wgmma_program_builds(heads, warps):
-    """Two or four warpgroups, 16 or 32 heads (swept on the GPU), within one SM's shared memory."""
-    art = compile_triton(decode_spec(DecodeConfig(heads, warps, 1, 1, engine="wgmma"), "float32", "bf16"))
-    assert art.launch["block"] == [32 * warps, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
+def test_the_wgmma_program_builds_for_16_heads():
+    """Not in the catalog (the mma.sync program wins at 16 heads and batch 128), but swept on the GPU."""
+    art = compile_triton(decode_spec(DecodeConfig(16, 4, 1, 1, engine="wgmma"), "float32", "bf16"))
+    assert art.launch["block"] == [256, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
 
 
 @pytest.mark.parametrize("heads", [16, 32])

@@ -65,8 +65,8 @@ class DecodeConfig:
     converted once before its operand layouts (``regroup``); see kernels/mla_decode.py. ``engine``
     "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
     stages of its own; split programs only, the merge finishes them); "wgmma": kernels/mla_decode_wgmma.py
-    (16 or 32 heads; ``num_warps`` 8 or 16: two or four warpgroups, each a share of the latent, all but
-    one warp-specialized workers; products transposed on wgmma; split programs only)."""
+    (16 or 32 heads; ``num_warps`` 4 is one of its two warpgroups, the other a warp-specialized worker;
+    products transposed on wgmma; split programs only)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -97,15 +97,12 @@ class DecodeConfig:
             raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 or 8 warps with float16 operands, got {self}")
         if self.engine == "wgmma" and (
             self.head_block not in (16, 32)
-            or self.num_warps not in (8, 16)
+            or self.num_warps != 4
             or self.num_stages != 1
             or self.operand != "float16"
             or self.regroup
         ):
-            raise ValueError(
-                f"the wgmma decode runs 16 or 32 heads on 2 or 4 warpgroups (8 or 16 warps) with float16 operands, "
-                f"got {self}"
-            )
+            raise ValueError(f"the wgmma decode runs 16 or 32 heads on one warpgroup with float16 operands, got {self}")
 
     @property
     def finishes_directly(self) -> bool:
@@ -135,7 +132,7 @@ _TRITON_BY_HEAD_BLOCK = {
 # mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
 # batch 32 (37.6 vs 33-34). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
-    32: DecodeConfig(32, 8, 1, 1, engine="wgmma"),
+    32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
     16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
 }
 
@@ -179,15 +176,13 @@ def decode_spec(
         if direct:
             raise ValueError(f"{config} does not finish outputs directly: its splits are merged")
         family = _GLUON_FAMILIES[config.engine]
-        split = {"WARPGROUPS": config.num_warps // 4} if config.engine == "wgmma" else {}
         return ProgramSpec.of(
             family.kernel,
             family.version,
             BH=config.head_block,
             PARTIAL_BF16=int(partial_dtype == "bfloat16"),
             Q_MODE=QUERY_MODES[query],
-            **split,
-            num_warps=family.num_warps if split else config.num_warps,  # wgmma: its first warpgroup
+            num_warps=config.num_warps,
         )
     return ProgramSpec.of(
         MLA_DECODE.kernel,

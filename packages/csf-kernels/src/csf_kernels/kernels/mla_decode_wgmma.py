@@ -48,6 +48,7 @@ from .mla_decode_mma import (
     ROPE,
     ROPE_AT,
     SCALE_AT,
+    SIGNATURE,
     STAGES,
     _copy_layout,
     _exponent,
@@ -56,13 +57,8 @@ from .mla_decode_mma import (
     _records,
     _scale_copy_layout,
 )
-from .mla_decode_mma import SIGNATURE as _MMA_SIGNATURE
 
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
-
-# mla_decode_mma's arguments, plus the warpgroups splitting the latent (2 or 4: the program's own 4 warps
-# and 1 or 3 warp-specialized workers of 4)
-SIGNATURE = _MMA_SIGNATURE | {"WARPGROUPS": "constexpr"}
 
 MULTIPLE_OF = {"heads": 16, "topk": 64}
 
@@ -140,28 +136,22 @@ def _stored_order(o):
     return gl.reshape(gl.permute(gl.reshape(o, [2, 4, 2, 8, n]), [1, 3, 0, 2, 4]), [GROUP, n])
 
 
-@gluon.constexpr_function
-def _rope_copy_layout(width):
-    """cp.async of a warpgroup's rope share [64, width] bf16, 16 bytes per copy, one copy per thread and
-    repetition (no two threads copy the same bytes)."""
-    per_row = width // 8
-    return gl.BlockedLayout([1, 8], [32 // per_row, per_row], [4, 1], [1, 0])
+HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
+ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
 
 
 @gluon.constexpr_function
-def _rope_shared_layout(width):
-    """Swizzled rows of ``width`` bf16 (32 or 64 bytes)."""
-    per_phase = 64 // width
-    return gl.SwizzledSharedLayout(vec=8, per_phase=per_phase, max_phase=8 // per_phase, order=[1, 0])
+def _rope_copy_layout():
+    """cp.async of a warpgroup's rope half [64, 32] bf16, 16 bytes per copy."""
+    return gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
 
 
 @gluon.jit
-def _chunk_ids(indices, row, topk, n, c, active, ROPE_W: gl.constexpr):
-    """Chunk ``c``'s ids in the layouts one warpgroup uses them in: its latent share's, its rope share's and
-    its scale pair's copies and the scores' rows. Loaded a chunk ahead of their use, so no copy waits on
-    them."""
+def _chunk_ids(indices, row, topk, n, c, active):
+    """Chunk ``c``'s ids in the layouts one warpgroup uses them in: its latent half's, the rope's and its
+    scales' copies and the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
     lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, 4)))
-    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _rope_copy_layout(ROPE_W)))
+    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _rope_copy_layout()))
     scale_cols = gl.arange(0, 2 * CHUNK, layout=_scale_copy_layout(4)) % CHUNK
     score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(16)))
     return (
@@ -173,58 +163,46 @@ def _chunk_ids(indices, row, topk, n, c, active, ROPE_W: gl.constexpr):
 
 
 @gluon.jit
-def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.constexpr, NWG: gl.constexpr):
-    """cp.async warpgroup ``H``'s share of a chunk into one stage: latent bytes [W H, W H + W) (W = 512 / NWG),
-    rope elements [R H, R H + R) (R = 64 / NWG) and the scale pair of its groups ([2 x 64], group-major) of
-    every record; candidates in chunk order (dead candidates: zero-filled, nothing read)."""
-    LAT_W: gl.constexpr = LATENT // NWG
-    ROPE_W: gl.constexpr = ROPE // NWG
+def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.constexpr):
+    """cp.async one warpgroup's share of a chunk into one stage: latent bytes [256 H, 256 H + 256) and the
+    scales of groups 2H, 2H + 1 ([2 x 64], group-major) and rope elements [32 H, 32 H + 32) of every record;
+    candidates in chunk order (dead candidates: zero-filled, nothing read)."""
     LAT: gl.constexpr = _copy_layout(16, 4)
-    ROP: gl.constexpr = _rope_copy_layout(ROPE_W)
     SCL: gl.constexpr = _scale_copy_layout(4)
     rec, live = _records(lat_ids, num_slots)
-    d = H * LAT_W + gl.arange(0, LAT_W, layout=gl.SliceLayout(0, LAT))
+    d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
+    ROP: gl.constexpr = _rope_copy_layout()
     rec, live = _records(rope_ids, num_slots)
-    r = H * ROPE_W + gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, ROP))
+    r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, ROP))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
     rec, live = _records(scale_ids, num_slots)
-    g = _scale_pair(H, NWG) + gl.arange(0, 2 * CHUNK, layout=SCL) // CHUNK
+    g = 2 * H + gl.arange(0, 2 * CHUNK, layout=SCL) // CHUNK
     async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
     async_copy.commit_group()
 
 
-@gluon.constexpr_function
-def _scale_pair(H, NWG):
-    """The first of the two latent groups whose scales warpgroup ``H`` stages (its own group or groups: a
-    pair, so that 128 threads copy 128 scales)."""
-    return (4 // NWG) * H // 2 * 2
-
-
 @gluon.jit
-def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr, H: gl.constexpr,
-                 NWG: gl.constexpr):  # fmt: skip
-    """Warpgroup ``H``'s share of the query of heads [h0, h0 + BH) as the scores' B operands, in shared memory:
-    the float16 latent of its groups g ([BH, 128] each, rows [g BH, g BH + BH) of ``q_s``) and its rope
-    elements (rows [H BH, H BH + BH) of ``qr_s``), in the A operands' relabelled K order; and the float32
-    factor of each of its (group, head) its scores are multiplied by (row g of ``qf_s`` [4, BH])."""
-    GPW: gl.constexpr = 4 // NWG
-    LAT_W: gl.constexpr = LATENT // NWG
-    ROPE_W: gl.constexpr = ROPE // NWG
+def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr, H: gl.constexpr):
+    """One warpgroup's share of the query of heads [h0, h0 + BH) as the scores' B operands, in shared memory:
+    the float16 latent of groups 2H, 2H + 1 ([BH, 128] each, rows [g BH, g BH + BH) of ``q_s``) and the bf16
+    rope elements [32 H, 32 H + 32) (rows [H BH, H BH + BH) of ``qr_s``), in the A operands' relabelled K
+    order; and the float32 factor of each of its (group, head) its scores are multiplied by (rows 2H, 2H + 1
+    of ``qf_s`` [4, BH])."""
     QL: gl.constexpr = _rows_layout(8)
-    FL: gl.constexpr = gl.BlockedLayout([1, 1], [32 // GPW, GPW], [4, 1], [1, 0])  # factors [BH, GPW]
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [4, 1], [1, 0])  # factors [BH, 2]
     h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
-    d = H * LAT_W + gl.arange(0, LAT_W, layout=gl.SliceLayout(0, QL))
+    d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL))
     hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
-    zeros = gl.zeros([BH, GPW], gl.float32, FL)
+    zeros = gl.zeros([BH, 2], gl.float32, FL)
     if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
         recs = q.to(gl.pointer_type(gl.uint8))
         raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
         lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        g = GPW * H + gl.arange(0, GPW, layout=gl.SliceLayout(0, FL))
+        g = 2 * H + gl.arange(0, 2, layout=gl.SliceLayout(0, FL))
         at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
         factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
     else:
@@ -232,27 +210,27 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
         x = gl.load(rows + gl.expand_dims(d, 0)).to(gl.float32)
         if Q_MODE == 1:
             # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
-            xg = gl.reshape(x, [BH, GPW, GROUP])
+            xg = gl.reshape(x, [BH, 2, GROUP])
             absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
             mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
             e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
             codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
-            lat = gl.reshape(codes.to(gl.float16), [BH, LAT_W])
+            lat = gl.reshape(codes.to(gl.float16), [BH, HALF])
             factor = gl.convert_layout(_pow2(e), FL) + zeros
         else:
-            # bf16 times 2**-e with the whole row's absmax brought to [2**14, 2**15): every bf16 value within
-            # 2**29 of it is a normal float16 (exact); an all-zero query keeps a finite exponent
-            whole = gl.load(rows + gl.expand_dims(gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL)), 0))
-            absmax = gl.max(gl.abs(whole.to(gl.float32)), 1)
+            # bf16 times 2**-e with the row's absmax (both halves) brought to [2**14, 2**15): every bf16 value
+            # within 2**29 of it is a normal float16 (exact); an all-zero query keeps a finite exponent
+            other = gl.load(rows + gl.expand_dims((1 - H) * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL)), 0))
+            absmax = gl.maximum(gl.max(gl.abs(x), 1), gl.max(gl.abs(other.to(gl.float32)), 1))
             e = _exponent(gl.maximum(absmax, 1e-30)) - 14
             lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
             factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
-    groups = gl.permute(gl.reshape(lat, [BH, GPW, GROUP]), [1, 0, 2])  # [GPW, BH, 128]
-    q_s.slice(GPW * H * BH, GPW * BH).store(_k_order(gl.reshape(groups, [GPW * BH, GROUP])))
-    qf_s.slice(GPW * H, GPW, dim=0).store(gl.permute(factor, [1, 0]))
-    RL: gl.constexpr = _rope_copy_layout(ROPE_W)  # the rope share [BH, ROPE_W]
+    groups = gl.permute(gl.reshape(lat, [BH, 2, GROUP]), [1, 0, 2])  # [2, BH, 128]
+    q_s.slice(2 * H * BH, 2 * BH).store(_k_order(gl.reshape(groups, [2 * BH, GROUP])))
+    qf_s.slice(2 * H, 2, dim=0).store(gl.permute(factor, [1, 0]))
+    RL: gl.constexpr = _rope_copy_layout()  # rope half [BH, 32]
     hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
-    r = H * ROPE_W + gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, RL))
+    r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, RL))
     if Q_MODE == 2:
         recs = q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD
         ropes = (recs + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
@@ -263,40 +241,35 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
 
 @gluon.jit
 def _key_operand(lat, k: gl.constexpr, BH: gl.constexpr):
-    """The warpgroup's ``k``-th latent group of a staged chunk as the scores' A operand [64, 128]: E4M3 codes
-    as float16 (exact), K relabelled."""
+    """The warpgroup's latent group ``k`` (of two) of a staged chunk as the scores' A operand [64, 128]:
+    E4M3 codes as float16 (exact), K relabelled."""
     raw = lat.slice(k * GROUP, GROUP, dim=1).load(_key_layout(GROUP))
     codes = _k_order(raw.to(gl.float8e4nv, bitcast=True).to(gl.float16))
     return gl.convert_layout(codes, _a_operand(BH), assert_trivial=True)
 
 
 @gluon.jit
-def _group_scores(lat, q_s, qf_s, sc, k: gl.constexpr, H: gl.constexpr, NWG: gl.constexpr, BH: gl.constexpr):
-    """The warpgroup's ``k``-th latent group's scores [64, BH]: its product times its key and query scales,
-    in float32."""
-    ACC: gl.constexpr = _acc(BH)
-    g: gl.constexpr = (4 // NWG) * H + k
-    part = warpgroup_mma(_key_operand(lat, k, BH), q_s.slice(g * BH, BH).permute([1, 0]),
-                         gl.zeros([CHUNK, BH], gl.float32, ACC), use_acc=False)  # fmt: skip
-    pair: gl.constexpr = g - _scale_pair(H, NWG)
-    k_scale = gl.expand_dims(sc.slice(pair * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
+def _scaled(part, qf_s, sc, g: gl.constexpr, k: gl.constexpr):
+    """Group ``g``'s product (the warpgroup's ``k``-th) times its key and query scales, in float32."""
+    ACC: gl.constexpr = part.type.layout
+    k_scale = gl.expand_dims(sc.slice(k * CHUNK, CHUNK).load(gl.SliceLayout(1, ACC)), 1)
     q_factor = qf_s.slice(g, 1, dim=0).load(ACC)  # [1, BH]
     return part * (k_scale * q_factor)
 
 
 @gluon.jit
-def _weights(p, p_s, sc, unit_new, g: gl.constexpr, pair: gl.constexpr):
+def _weights(p, p_s, sc, unit_new, g: gl.constexpr, k: gl.constexpr):
     """Group ``g``'s B operand of the values into shared memory: the probabilities ``p`` [64, BH] times the
     candidates' key scale in units of the chunk's largest (``unit_new``), float16 in [0, 1], as [BH, 64]."""
     BH: gl.constexpr = p.shape[1]
-    k_scale = sc.slice(pair * CHUNK, CHUNK).load(gl.SliceLayout(1, p.type.layout))
+    k_scale = sc.slice(k * CHUNK, CHUNK).load(gl.SliceLayout(1, p.type.layout))
     pw = (p * gl.expand_dims(k_scale * (1.0 / unit_new), 1)).to(gl.float16)
     p_s.slice(g * BH, BH).store(gl.permute(pw, [1, 0]))
 
 
 @gluon.jit
 def _value_operand(lat, k: gl.constexpr, BH: gl.constexpr):
-    """The warpgroup's ``k``-th latent group of a staged chunk as the values' A operand [128 relabelled
+    """The warpgroup's latent group ``k`` (of two) of a staged chunk as the values' A operand [128 relabelled
     columns, 64 candidates]: E4M3 codes as float16."""
     codes = lat.slice(k * GROUP, GROUP, dim=1).load(_value_layout()).to(gl.float8e4nv, bitcast=True)
     v = _column_order(gl.permute(codes.to(gl.float16), [1, 0]))
@@ -304,10 +277,10 @@ def _value_operand(lat, k: gl.constexpr, BH: gl.constexpr):
 
 
 @gluon.jit
-def _unit(sc, unit, pair: gl.constexpr):
-    """A group's unit for this chunk: its largest key scale, read whole by every warp (no cross-warp
-    reduction); a chunk without live keys keeps the unit."""
-    top = gl.max(sc.slice(pair * CHUNK, CHUNK).load(_every_warp()), 0)
+def _unit(sc, unit, k: gl.constexpr):
+    """The warpgroup's group ``k``'s unit for this chunk: its largest key scale, read whole by every warp (no
+    cross-warp reduction); a chunk without live keys keeps the unit."""
+    top = gl.max(sc.slice(k * CHUNK, CHUNK).load(_every_warp()), 0)
     return gl.where(top > 0, top, unit)
 
 
@@ -335,18 +308,15 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 @gluon.jit
 def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
                lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
-               BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr,
-               NWG: gl.constexpr):  # fmt: skip
-    """Warpgroup ``H``'s share of a program: latent groups [G H, G H + G) (G = 4 / NWG) and its share of the
-    rope of every chunk. The partial scores meet through shared memory once per chunk (``x_s``, two buffers
-    per warpgroup by chunk parity, an mbarrier per buffer); every warpgroup sums them in the same order, so
-    all see the same scores, maxima and probabilities bit for bit and need nothing else from each other."""
-    GPW: gl.constexpr = 4 // NWG
-    ROPE_W: gl.constexpr = ROPE // NWG
-    G0: gl.constexpr = GPW * H
-    PAIR: gl.constexpr = _scale_pair(H, NWG)
+               BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr):  # fmt: skip
+    """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 and half the rope of every
+    chunk. The two partial scores meet through shared memory once per chunk (``x_s``, two buffers by chunk
+    parity, an mbarrier per warpgroup and buffer); both add them in the same commuted order, so both see the
+    same scores, maxima and probabilities bit for bit and need nothing else from each other."""
     ACC: gl.constexpr = _acc(BH)
     HEADS: gl.constexpr = gl.SliceLayout(0, ACC)
+    G0: gl.constexpr = 2 * H
+    G1: gl.constexpr = 2 * H + 1
     pid = gl.program_id(0)
     s = gl.program_id(1)
     head_blocks = heads // BH
@@ -358,54 +328,54 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     c0 = s * cps
     c1 = gl.minimum(c0 + cps, live_chunks)
 
-    mine = H * STAGES
-    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1, ROPE_W)
-    _issue(kv, la, ro, sx, num_slots, lat_s.index(mine), rope_s.index(mine), sc_s.index(mine), H, NWG)
-    la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1, ROPE_W)
-    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H, NWG)
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
+    la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
+    _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
 
     m = gl.full([BH], float("-inf"), gl.float32, HEADS)
     den = gl.zeros([CHUNK, BH], gl.float32, ACC)
     acc0 = gl.zeros([GROUP, BH], gl.float32, ACC)
-    acc1 = gl.zeros([GROUP, BH], gl.float32, ACC)  # (two groups per warpgroup only)
+    acc1 = gl.zeros([GROUP, BH], gl.float32, ACC)
     unit0 = 1.0
     unit1 = 1.0
     for c in range(c0, c1):
         i = c - c0
-        st = mine + i % STAGES
-        nx = mine + (i + 1) % STAGES
+        st = i % STAGES
+        nx = (i + 1) % STAGES
         gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
-        _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx), H, NWG)
+        _issue(
+            kv,
+            la,
+            ro,
+            sx,
+            num_slots,
+            lat_s.index(H * STAGES + nx),
+            rope_s.index(H * STAGES + nx),
+            sc_s.index(H * STAGES + nx),
+            H,
+        )
         live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
         score_ids = next_score_ids
-        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1, ROPE_W)
+        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
         gl.thread_barrier()  # everyone's
-        lat = lat_s.index(st)
-        sc = sc_s.index(st)
-        kr = _k_order(rope_s.index(st).load(_key_layout(ROPE_W)))
+        lat = lat_s.index(H * STAGES + st)
+        sc = sc_s.index(H * STAGES + st)
+        ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
+        kr = _k_order(rope_s.index(H * STAGES + st).load(_key_layout(ROPE_HALF)))
         kr = gl.convert_layout(kr, _a_operand(BH), assert_trivial=True)
-        part = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), gl.zeros([CHUNK, BH], gl.float32, ACC),
-                             use_acc=False)  # fmt: skip
-        part = part + _group_scores(lat, q_s, qf_s, sc, 0, H, NWG, BH)
-        if GPW == 2:
-            part = part + _group_scores(lat, q_s, qf_s, sc, 1, H, NWG, BH)
+        rope_part = warpgroup_mma(kr, qr_s.slice(H * BH, BH).permute([1, 0]), ZERO, use_acc=False)
+        p0 = warpgroup_mma(_key_operand(lat, 0, BH), q_s.slice(G0 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
+        p1 = warpgroup_mma(_key_operand(lat, 1, BH), q_s.slice(G1 * BH, BH).permute([1, 0]), ZERO, use_acc=False)
+        part = rope_part + _scaled(p0, qf_s, sc, G0, 0)
+        part = part + _scaled(p1, qf_s, sc, G1, 1)
         # exchange the partial scores (arrive: the warpgroup's stores are ordered before it)
         x_s.index(2 * H + i % 2).store(part)
         mbarrier.arrive(bars.index(2 * H + i % 2))
-        # (the unit needs no scores: worked out while the other warpgroups catch up)
-        new0 = _unit(sc, unit0, G0 - PAIR)
-        for j in gl.static_range(NWG):  # the same order in every warpgroup: the same bits
-            if j == H:
-                term = part
-            else:
-                mbarrier.wait(bars.index(2 * j + i % 2), (i // 2) & 1)
-                term = x_s.index(2 * j + i % 2).load(ACC)
-            if j == 0:
-                sco = term
-            else:
-                sco = sco + term
+        mbarrier.wait(bars.index(2 * (1 - H) + i % 2), (i // 2) & 1)
+        sco = part + x_s.index(2 * (1 - H) + i % 2).load(ACC)  # commuted in the other warpgroup: same bits
         live_rows = gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1)
         sco = gl.where(live_rows, sco * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sco, 0))
@@ -413,24 +383,21 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
         p = gl.exp(sco - gl.expand_dims(m_ref, 0))
         den = den * gl.expand_dims(alpha, 0) + p  # per row; summed once, after the loop
-        _weights(p, p_s, sc, new0, G0, G0 - PAIR)
-        if GPW == 2:
-            new1 = _unit(sc, unit1, G0 + 1 - PAIR)
-            _weights(p, p_s, sc, new1, G0 + 1, G0 + 1 - PAIR)
+        new0 = _unit(sc, unit0, 0)
+        new1 = _unit(sc, unit1, 1)
+        _weights(p, p_s, sc, new0, G0, 0)
+        _weights(p, p_s, sc, new1, G1, 1)
         fence_async_shared()  # the weights' stores before the tensor cores read them
         gl.thread_barrier()
+        v0 = _value_operand(lat, 0, BH)
         acc0 = warpgroup_mma(
-            _value_operand(lat, 0, BH),
-            p_s.slice(G0 * BH, BH).permute([1, 0]),
-            acc0 * gl.expand_dims(alpha * (unit0 / new0), 0),
+            v0, p_s.slice(G0 * BH, BH).permute([1, 0]), acc0 * gl.expand_dims(alpha * (unit0 / new0), 0)
         )
-        unit0 = new0
-        if GPW == 2:
-            v1 = _value_operand(lat, 1, BH)
-            acc1 = warpgroup_mma(
-                v1, p_s.slice((G0 + 1) * BH, BH).permute([1, 0]), acc1 * gl.expand_dims(alpha * (unit1 / new1), 0)
-            )
-            unit1 = new1
+        v1 = _value_operand(lat, 1, BH)
+        acc1 = warpgroup_mma(
+            v1, p_s.slice(G1 * BH, BH).permute([1, 0]), acc1 * gl.expand_dims(alpha * (unit1 / new1), 0)
+        )
+        unit0, unit1 = new0, new1
         m = m_new
     async_copy.wait_group(0)
 
@@ -443,57 +410,41 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         gl.store(part_lse + slot, gl.where(has, m + gl.log(den_safe), float("-inf")))
     at_head = slot * LATENT
     _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
-    if GPW == 2:
-        _store_group(acc1, unit1, den_safe, part_out, at_head, G0 + 1, PARTIAL_BF16)
+    _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
 
 
 @gluon.jit
 def mla_decode_wgmma(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, WARPGROUPS: gl.constexpr,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
-    gl.static_assert(WARPGROUPS == 2 or WARPGROUPS == 4, "the latent splits into 2 or 4 warpgroup shares")
-    gl.static_assert(gl.num_warps() == 4, "this warpgroup and WARPGROUPS - 1 workers")
-    NWG: gl.constexpr = WARPGROUPS
-    ROPE_W: gl.constexpr = ROPE // NWG
+    gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
     sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    # per [warpgroup, stage]: its latent share, rope share and scale pair
-    lat_s = gl.allocate_shared_memory(gl.uint8, [NWG * STAGES, CHUNK, LATENT // NWG], sw16)
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [NWG * STAGES, CHUNK, ROPE_W], _rope_shared_layout(ROPE_W))
-    sc_s = gl.allocate_shared_memory(gl.float32, [NWG * STAGES, 2 * CHUNK], flat)
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
+    sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, GROUP], gl.NVMMASharedLayout.get_default_for([BH, GROUP], gl.float16)
     )
-    qr_s = gl.allocate_shared_memory(  # [warpgroup x BH, ROPE_W]
-        gl.bfloat16, [NWG * BH, ROPE_W], gl.NVMMASharedLayout.get_default_for([BH, ROPE_W], gl.bfloat16)
+    qr_s = gl.allocate_shared_memory(  # [warpgroup x BH, 32]
+        gl.bfloat16, [2 * BH, ROPE_HALF], gl.NVMMASharedLayout.get_default_for([BH, ROPE_HALF], gl.bfloat16)
     )
     qf_s = gl.allocate_shared_memory(gl.float32, [4, BH], plain)
     p_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16)
     )
-    x_s = gl.allocate_shared_memory(gl.float32, [2 * NWG, CHUNK, BH], plain)  # [warpgroup, chunk parity]
-    bars = gl.allocate_shared_memory(gl.int64, [2 * NWG, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2 * NWG):
+    x_s = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BH], plain)  # [warpgroup, chunk parity]
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(4):
         mbarrier.init(bars.index(b), count=1)
     # (each partition's arguments written out: a concatenated tuple would lose the constexprs)
-    if NWG == 2:
-        gl.warp_specialize([
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0, 2)),
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1, 2)),
-        ], [4], [248])  # fmt: skip
-    else:
-        gl.warp_specialize([
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0, 4)),
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1, 4)),
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 2, 4)),
-            (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                          lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 3, 4)),
-        ], [4, 4, 4], [128, 128, 128])  # fmt: skip
+    gl.warp_specialize([
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
+    ], [4], [248])  # fmt: skip
