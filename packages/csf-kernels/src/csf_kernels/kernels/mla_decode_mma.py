@@ -23,8 +23,9 @@ policy of ``mla_decode``). What differs is how records reach the tensor cores:
 * a chunk's candidate ids are loaded a chunk ahead of its copies.
 
 The query quantization (mode 1), the float16 query scaling (mode 0) and their ``_pow2`` / ``_exponent``
-restate ``mla_decode``'s with explicit layouts (Gluon cannot call Triton functions); the tests hold both to the float32
-reference and modes 1 and 2 to the same bits.
+(``_query_latent``, shared with ``mla_decode_wgmma``) restate ``mla_decode``'s with explicit layouts (Gluon
+cannot call Triton functions); the tests hold both to the float32 reference and modes 1 and 2 to the same
+bits.
 
 Online softmax in float32 as ``mla_decode``; candidates past the row's length, negative or not below
 ``num_slots`` are skipped and never read (their copies are predicated off and zero-filled).
@@ -168,11 +169,13 @@ def _exponent(x):
 
 
 @gluon.jit
-def _key_order(x):
-    """[rows, 128] in stored order -> the relabelled K order of the score MMA: stored byte 32q + 4s + 2h + e
-    is K position 16s + 8h + 2q + e (what thread q of a quad holds in step s)."""
+def _k_order(x):
+    """[rows, n] in stored order -> the relabelled K order of an MMA operand (both programs): stored element
+    (n / 4) q + 4s + 2h + e is K position 16s + 8h + 2q + e (what thread q of a quad holds in step s), so each
+    thread reads n / 4 contiguous elements of a row."""
     rows: gl.constexpr = x.shape[0]
-    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 8, 2, 2]), [0, 2, 3, 1, 4]), [rows, GROUP])
+    n: gl.constexpr = x.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, n // 16, 2, 2]), [0, 2, 3, 1, 4]), [rows, n])
 
 
 @gluon.jit
@@ -246,49 +249,71 @@ def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc):
 
 
 @gluon.jit
-def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
-    """The query of heads [h0, h0 + BH) into shared memory: float16 latent in the score MMA's relabelled K
-    order, bf16 rope, and the float32 factor of each (group, head) its scores are multiplied by."""
+def _query_latent(q, row, h0, heads, G0: gl.constexpr, NG: gl.constexpr, Q_MODE: gl.constexpr, BH: gl.constexpr):
+    """Latent groups [G0, G0 + NG) of the query of heads [h0, h0 + BH) as the score MMAs take them (both
+    programs): float16 values [BH, 128 NG] in stored order, exact, and the float32 factor [BH, NG] each
+    (head, group)'s scores are multiplied by. Mode 2 reads packed records (E4M3 codes and their group scales);
+    mode 1 quantizes the bf16 query as a cache record; mode 0 scales it exactly (one power of two per head,
+    from the whole row's absmax)."""
     W: gl.constexpr = gl.num_warps()
     QL: gl.constexpr = _rows_layout(8, W)
-    FL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [W, 1], [1, 0])  # factors [BH, 4]
-    RL: gl.constexpr = _copy_layout(8, W)  # rope [BH, 64]
+    FL: gl.constexpr = gl.BlockedLayout([1, 1], [32 // NG, NG], [W, 1], [1, 0])  # factors [BH, NG]
     h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
-    d = gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL))
+    d = G0 * GROUP + gl.arange(0, NG * GROUP, layout=gl.SliceLayout(0, QL))
     hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
-    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
-    r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
-    zeros = gl.zeros([BH, 4], gl.float32, FL)
-    if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
+    zeros = gl.zeros([BH, NG], gl.float32, FL)
+    if Q_MODE == 2:  # packed records: E4M3 codes, their group scales
         recs = q.to(gl.pointer_type(gl.uint8))
         raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
         lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, FL))
+        g = G0 + gl.arange(0, NG, layout=gl.SliceLayout(0, FL))
         at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
         factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
-        ropes = (recs + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     else:
-        x = gl.load(gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1) + gl.expand_dims(d, 0))
-        x = x.to(gl.float32)
+        rows = gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1)
+        x = gl.load(rows + gl.expand_dims(d, 0)).to(gl.float32)
         if Q_MODE == 1:
             # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
-            xg = gl.reshape(x, [BH, 4, GROUP])
+            xg = gl.reshape(x, [BH, NG, GROUP])
             absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
             mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
             e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
             codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
-            lat = gl.reshape(codes.to(gl.float16), [BH, LATENT])
+            lat = gl.reshape(codes.to(gl.float16), [BH, NG * GROUP])
             factor = gl.convert_layout(_pow2(e), FL) + zeros
         else:
-            # bf16 times 2**-e with the absmax brought to [2**14, 2**15): every bf16 value within 2**29 of it
-            # is a normal float16 (exact); an all-zero query keeps a finite exponent
-            e = _exponent(gl.maximum(gl.max(gl.abs(x), 1), 1e-30)) - 14
+            # bf16 times 2**-e with the row's absmax brought to [2**14, 2**15): every bf16 value within 2**29 of
+            # it is a normal float16 (exact); an all-zero query keeps a finite exponent
+            absmax = gl.max(gl.abs(x), 1)
+            if NG != 4:  # the rest of the row too, so that every share of it is scaled alike
+                whole = gl.load(rows + gl.expand_dims(gl.arange(0, LATENT, layout=gl.SliceLayout(0, QL)), 0))
+                absmax = gl.maximum(absmax, gl.max(gl.abs(whole.to(gl.float32)), 1))
+            e = _exponent(gl.maximum(absmax, 1e-30)) - 14
             lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
             factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
+    return lat, factor
+
+
+@gluon.jit
+def _query_rope(q, row, h0, heads, r, layout: gl.constexpr, Q_MODE: gl.constexpr, BH: gl.constexpr):
+    """Rope elements ``r`` of the query of heads [h0, h0 + BH) (bf16 [BH, len(r)], ``layout``)."""
+    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, layout))
+    if Q_MODE == 2:
+        at = q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD + ROPE_AT
+        ropes = at.to(gl.pointer_type(gl.bfloat16))
+    else:
         ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
-    # per group, the score MMA's K order
-    q_s.store(gl.reshape(_key_order(gl.reshape(lat, [BH * 4, GROUP])), [BH, LATENT]))
-    qr_s.store(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0)))
+    return gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))
+
+
+@gluon.jit
+def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: gl.constexpr):
+    """The query of heads [h0, h0 + BH) into shared memory: float16 latent in the score MMA's relabelled K
+    order, bf16 rope, and the float32 factor of each (group, head) its scores are multiplied by."""
+    lat, factor = _query_latent(q, row, h0, heads, 0, 4, Q_MODE, BH)
+    q_s.store(gl.reshape(_k_order(gl.reshape(lat, [BH * 4, GROUP])), [BH, LATENT]))  # per group
+    RL: gl.constexpr = _copy_layout(8, gl.num_warps())  # rope [BH, 64]
+    qr_s.store(_query_rope(q, row, h0, heads, gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL)), RL, Q_MODE, BH))
     qf_s.store(factor)
 
 
@@ -302,7 +327,7 @@ def _scores(q_s, qr_s, qf_s, lat, rope, sc, BH: gl.constexpr):
     for g in gl.static_range(4):
         raw = lat.slice(g * GROUP, GROUP, dim=1).load(_key_layout(W))
         codes = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        keys = _candidate_order(gl.permute(_key_order(codes), [1, 0]))  # [K, score columns]
+        keys = _candidate_order(gl.permute(_k_order(codes), [1, 0]))  # [K, score columns]
         keys = gl.convert_layout(keys, _operand(1, W), assert_trivial=True)
         part = mma_v2(q_s.slice(g * GROUP, GROUP, dim=1).load(_operand(0, W)), keys, gl.zeros_like(s))
         q_factor = qf_s.slice(g, 1, dim=1).load(MMA)  # [BH, 1]

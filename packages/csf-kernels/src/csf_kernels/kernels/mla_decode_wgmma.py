@@ -27,8 +27,8 @@ converted once per program and each warpgroup holds only its half of the output:
 * every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves
   moves no data; the columns are put back in order when the partial is stored.
 
-Query modes, online softmax and skipped candidates as ``mla_decode_mma`` (whose helpers this program
-shares); the query quantization is restated for a warpgroup's half (mode 0 takes the exponent from the
+Query modes (and their quantization), online softmax and skipped candidates as ``mla_decode_mma``, whose
+helpers this program shares (a warpgroup stages its half of the query; mode 0 takes its exponent from the
 whole row's absmax, so both halves scale alike).
 """
 
@@ -43,19 +43,20 @@ from .mla_decode_mma import (
     CHUNK,
     GROUP,
     LATENT,
-    QDIM,
-    RECORD,
     ROPE,
     ROPE_AT,
     SCALE_AT,
     SIGNATURE,
     STAGES,
     _copy_layout,
-    _exponent,
     _ids,
-    _pow2,
+    _k_order,
+    _query_latent,
+    _query_rope,
     _records,
+    _rows_layout,
     _scale_copy_layout,
+    _unit,
 )
 
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
@@ -104,21 +105,7 @@ def _value_layout():
     )
 
 
-@gluon.constexpr_function
-def _rows_layout(cols_per_thread):
-    return gl.BlockedLayout([1, cols_per_thread], [1, 32], [4, 1], [1, 0])
-
-
 # ------------------------------------------------------------------------------------------- helpers
-
-
-@gluon.jit
-def _k_order(x):
-    """[rows, n] in stored order -> the relabelled K order of an A operand: stored element
-    (n / 4) q + 4s + 2h + e is K position 16s + 8h + 2q + e (what thread q of a quad holds in step s)."""
-    rows: gl.constexpr = x.shape[0]
-    n: gl.constexpr = x.shape[1]
-    return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, n // 16, 2, 2]), [0, 2, 3, 1, 4]), [rows, n])
 
 
 @gluon.jit
@@ -192,51 +179,13 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE: gl.constexpr, BH: g
     rope elements [32 H, 32 H + 32) (rows [H BH, H BH + BH) of ``qr_s``), in the A operands' relabelled K
     order; and the float32 factor of each of its (group, head) its scores are multiplied by (rows 2H, 2H + 1
     of ``qf_s`` [4, BH])."""
-    QL: gl.constexpr = _rows_layout(8)
-    FL: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [4, 1], [1, 0])  # factors [BH, 2]
-    h = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
-    d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL))
-    hf = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, FL))
-    zeros = gl.zeros([BH, 2], gl.float32, FL)
-    if Q_MODE == 2:  # packed records: E4M3 codes, their group scales, the bf16 rope
-        recs = q.to(gl.pointer_type(gl.uint8))
-        raw = gl.load(gl.expand_dims(recs + (row.to(gl.int64) * heads + h) * RECORD, 1) + gl.expand_dims(d, 0))
-        lat = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        g = 2 * H + gl.arange(0, 2, layout=gl.SliceLayout(0, FL))
-        at = recs + (row.to(gl.int64) * heads + hf) * RECORD + SCALE_AT
-        factor = gl.load(gl.expand_dims(at.to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(g, 0))
-    else:
-        rows = gl.expand_dims(q + (row.to(gl.int64) * heads + h) * QDIM, 1)
-        x = gl.load(rows + gl.expand_dims(d, 0)).to(gl.float32)
-        if Q_MODE == 1:
-            # as a cache record: per group 2**e, the smallest power of two with max(absmax, 1e-4) / 2**e <= 448
-            xg = gl.reshape(x, [BH, 2, GROUP])
-            absmax = gl.maximum(gl.max(gl.abs(xg), 2), 1e-4)
-            mantissa = absmax.to(gl.int32, bitcast=True) & 0x7FFFFF
-            e = _exponent(absmax) - 8 + (mantissa > 0x600000).to(gl.int32)  # 448 = 1.75 * 2**8
-            codes = (xg * gl.expand_dims(_pow2(-e), 2)).to(gl.float8e4nv)
-            lat = gl.reshape(codes.to(gl.float16), [BH, HALF])
-            factor = gl.convert_layout(_pow2(e), FL) + zeros
-        else:
-            # bf16 times 2**-e with the row's absmax (both halves) brought to [2**14, 2**15): every bf16 value
-            # within 2**29 of it is a normal float16 (exact); an all-zero query keeps a finite exponent
-            other = gl.load(rows + gl.expand_dims((1 - H) * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, QL)), 0))
-            absmax = gl.maximum(gl.max(gl.abs(x), 1), gl.max(gl.abs(other.to(gl.float32)), 1))
-            e = _exponent(gl.maximum(absmax, 1e-30)) - 14
-            lat = (x * gl.expand_dims(_pow2(-e), 1)).to(gl.float16)
-            factor = gl.expand_dims(gl.convert_layout(_pow2(e), gl.SliceLayout(1, FL)), 1) + zeros
+    lat, factor = _query_latent(q, row, h0, heads, 2 * H, 2, Q_MODE, BH)
     groups = gl.permute(gl.reshape(lat, [BH, 2, GROUP]), [1, 0, 2])  # [2, BH, 128]
     q_s.slice(2 * H * BH, 2 * BH).store(_k_order(gl.reshape(groups, [2 * BH, GROUP])))
     qf_s.slice(2 * H, 2, dim=0).store(gl.permute(factor, [1, 0]))
     RL: gl.constexpr = _rope_copy_layout()  # rope half [BH, 32]
-    hr = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, RL))
     r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, RL))
-    if Q_MODE == 2:
-        recs = q.to(gl.pointer_type(gl.uint8)) + (row.to(gl.int64) * heads + hr) * RECORD
-        ropes = (recs + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
-    else:
-        ropes = q + (row.to(gl.int64) * heads + hr) * QDIM + LATENT
-    qr_s.slice(H * BH, BH).store(_k_order(gl.load(gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0))))
+    qr_s.slice(H * BH, BH).store(_k_order(_query_rope(q, row, h0, heads, r, RL, Q_MODE, BH)))
 
 
 @gluon.jit
@@ -277,24 +226,9 @@ def _value_operand(lat, k: gl.constexpr, BH: gl.constexpr):
 
 
 @gluon.jit
-def _unit(sc, unit, k: gl.constexpr):
-    """The warpgroup's group ``k``'s unit for this chunk: its largest key scale, read whole by every warp (no
-    cross-warp reduction); a chunk without live keys keeps the unit."""
-    top = gl.max(sc.slice(k * CHUNK, CHUNK).load(_every_warp()), 0)
-    return gl.where(top > 0, top, unit)
-
-
-@gluon.constexpr_function
-def _every_warp():
-    return gl.DistributedLinearLayout(
-        reg_bases=[[1]], lane_bases=[[2], [4], [8], [16], [32]], warp_bases=[[0], [0]], block_bases=[], shape=[64]
-    )
-
-
-@gluon.jit
 def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
     """Group ``g``'s normalised partial [BH, 128], columns back in stored order."""
-    OL: gl.constexpr = _rows_layout(4)
+    OL: gl.constexpr = _rows_layout(4, 4)
     o = _stored_order(acc * gl.expand_dims(unit / den_safe, 0))
     o = gl.convert_layout(gl.permute(o, [1, 0]), OL)
     col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
