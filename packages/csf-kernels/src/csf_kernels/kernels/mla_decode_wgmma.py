@@ -62,6 +62,8 @@ from .mla_decode_mma import (
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
 
 MULTIPLE_OF = {"heads": 16, "topk": 64}
+HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2H and 2H + 1
+ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
 
 
 # ------------------------------------------------------------------------------------------- layouts
@@ -105,6 +107,12 @@ def _value_layout():
     )
 
 
+@gluon.constexpr_function
+def _rope_copy_layout():
+    """cp.async of a warpgroup's rope half [64, 32] bf16, 16 bytes per copy."""
+    return gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+
+
 # ------------------------------------------------------------------------------------------- helpers
 
 
@@ -121,16 +129,6 @@ def _stored_order(o):
     """The inverse of ``_column_order`` on [128 M rows, BH]."""
     n: gl.constexpr = o.shape[1]
     return gl.reshape(gl.permute(gl.reshape(o, [2, 4, 2, 8, n]), [1, 3, 0, 2, 4]), [GROUP, n])
-
-
-HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2h and 2h + 1
-ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
-
-
-@gluon.constexpr_function
-def _rope_copy_layout():
-    """cp.async of a warpgroup's rope half [64, 32] bf16, 16 bytes per copy."""
-    return gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
 
 
 @gluon.jit
