@@ -43,17 +43,19 @@ from .mla_decode_mma import (
     CHUNK,
     GROUP,
     LATENT,
-    RECORD,
     ROPE,
     ROPE_AT,
     SCALE_AT,
     SIGNATURE,
     STAGES,
     _copy_layout,
+    _ids,
     _k_order,
     _query_latent,
     _query_rope,
+    _records,
     _rows_layout,
+    _scale_copy_layout,
     _unit,
 )
 
@@ -130,52 +132,42 @@ def _stored_order(o):
 
 
 @gluon.jit
-def _fetch_ids(indices, row, topk, n, c, active, slot):
-    """cp.async chunk ``c``'s 64 candidate ids into ``slot`` (positions past the row's length, or a chunk
-    that is not ``active``: zero-filled, nothing read; ``_live`` tells them apart). Not committed: it joins
-    the caller's group."""
-    j = gl.arange(0, CHUNK, layout=_ids_layout())
-    pos = c * CHUNK + j
-    async_copy.async_copy_global_to_shared(slot, indices + row.to(gl.int64) * topk + pos, mask=(pos < n) & active)
-
-
-@gluon.constexpr_function
-def _ids_layout():
-    return gl.BlockedLayout([1], [32], [4], [0])  # [64] on 128 threads: the copy is issued once per id
-
-
-@gluon.jit
-def _live_ids(slot, c, n, num_slots, layout: gl.constexpr):
-    """Chunk ``c``'s staged ids in ``layout`` and whether each is live (within the row's length and a record
-    of the cache)."""
-    ids = slot.load(layout)
-    pos = c * CHUNK + gl.arange(0, CHUNK, layout=layout)
-    return ids, (pos < n) & (ids >= 0) & (ids.to(gl.int64) < num_slots)
+def _chunk_ids(indices, row, topk, n, c, active):
+    """Chunk ``c``'s ids in the layouts one warpgroup uses them in: its latent half's, the rope's and its
+    scales' copies and the scores' rows. Loaded a chunk ahead of their use, so no copy waits on them."""
+    lat_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _copy_layout(16, 4)))
+    rope_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _rope_copy_layout()))
+    scale_cols = gl.arange(0, 2 * CHUNK, layout=_scale_copy_layout(4)) % CHUNK
+    score_rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _acc(16)))
+    return (
+        _ids(indices, row, topk, n, c, active, lat_rows),
+        _ids(indices, row, topk, n, c, active, rope_rows),
+        _ids(indices, row, topk, n, c, active, scale_cols),
+        _ids(indices, row, topk, n, c, active, score_rows),
+    )
 
 
 @gluon.jit
-def _issue(kv, ids, c, n, num_slots, lat, rope, sc, H: gl.constexpr):
-    """cp.async one warpgroup's share of chunk ``c`` into one stage, from its ids staged in ``ids``: latent
-    bytes [256 H, 256 H + 256) and the scales of groups 2H, 2H + 1 ([2 x 64], group-major) and rope elements
-    [32 H, 32 H + 32) of every record; candidates in chunk order (dead candidates: zero-filled, nothing read).
-    Not committed."""
+def _issue(kv, lat_ids, rope_ids, scale_ids, num_slots, lat, rope, sc, H: gl.constexpr):
+    """cp.async one warpgroup's share of a chunk into one stage: latent bytes [256 H, 256 H + 256) and the
+    scales of groups 2H, 2H + 1 ([2 x 64], group-major) and rope elements [32 H, 32 H + 32) of every record;
+    candidates in chunk order (dead candidates: zero-filled, nothing read)."""
     LAT: gl.constexpr = _copy_layout(16, 4)
-    ROP: gl.constexpr = _rope_copy_layout()
-    rid, live = _live_ids(ids, c, n, num_slots, gl.SliceLayout(1, LAT))
-    rec = gl.where(live, rid, 0).to(gl.int64) * RECORD
+    SCL: gl.constexpr = _scale_copy_layout(4)
+    rec, live = _records(lat_ids, num_slots)
     d = H * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, LAT))
     async_copy.async_copy_global_to_shared(lat, kv + gl.expand_dims(rec, 1) + gl.expand_dims(d, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rid, live = _live_ids(ids, c, n, num_slots, gl.SliceLayout(1, ROP))
-    rec = gl.where(live, rid, 0).to(gl.int64) * RECORD
+    ROP: gl.constexpr = _rope_copy_layout()
+    rec, live = _records(rope_ids, num_slots)
     r = H * ROPE_HALF + gl.arange(0, ROPE_HALF, layout=gl.SliceLayout(0, ROP))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
     async_copy.async_copy_global_to_shared(rope, gl.expand_dims(ropes, 1) + gl.expand_dims(r, 0),
                                            mask=gl.expand_dims(live, 1))  # fmt: skip
-    rid, live = _live_ids(ids, c, n, num_slots, _ids_layout())
-    scales = (kv + gl.where(live, rid, 0).to(gl.int64) * RECORD + SCALE_AT).to(gl.pointer_type(gl.float32))
-    for k in gl.static_range(2):  # group 2H + k's scales: [64] each, group-major
-        async_copy.async_copy_global_to_shared(sc.slice(k * CHUNK, CHUNK), scales + 2 * H + k, mask=live)
+    rec, live = _records(scale_ids, num_slots)
+    g = 2 * H + gl.arange(0, 2 * CHUNK, layout=SCL) // CHUNK
+    async_copy.async_copy_global_to_shared(sc, (kv + rec + SCALE_AT).to(gl.pointer_type(gl.float32)) + g, mask=live)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -247,7 +239,7 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 
 @gluon.jit
 def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-               lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, ids_s, bars,
+               lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
                BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr):  # fmt: skip
     """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 and half the rope of every
     chunk. The two partial scores meet through shared memory once per chunk (``x_s``, two buffers by chunk
@@ -268,18 +260,9 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     c0 = s * cps
     c1 = gl.minimum(c0 + cps, live_chunks)
 
-    # ids staged in shared memory by cp.async three chunks ahead of their records (slot c % 4): no id or
-    # record address register waits on global memory
-    _fetch_ids(indices, row, topk, n, c0, c0 < c1, ids_s.index(H * 4 + c0 % 4))
-    _fetch_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1, ids_s.index(H * 4 + (c0 + 1) % 4))
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    first = H * STAGES
-    _issue(kv, ids_s.index(H * 4 + c0 % 4), c0, gl.where(c0 < c1, n, 0), num_slots, lat_s.index(first),
-           rope_s.index(first), sc_s.index(first), H)  # fmt: skip
-    _fetch_ids(indices, row, topk, n, c0 + 2, c0 + 2 < c1, ids_s.index(H * 4 + (c0 + 2) % 4))
-    async_copy.commit_group()
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
+    _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
+    la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)
     fence_async_shared()  # the query's stores before the tensor cores read them
 
@@ -293,16 +276,23 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         i = c - c0
         st = i % STAGES
         nx = (i + 1) % STAGES
-        # every warp of this warpgroup is done with the stage the next chunk goes to, and with the ids slot
-        # chunk c + 3 goes to; chunk c + 1's ids (two groups back) are in
-        gl.thread_barrier()
-        _issue(kv, ids_s.index(H * 4 + (c + 1) % 4), c + 1, gl.where(c + 1 < c1, n, 0), num_slots,
-               lat_s.index(H * STAGES + nx), rope_s.index(H * STAGES + nx), sc_s.index(H * STAGES + nx), H)  # fmt: skip
-        _fetch_ids(indices, row, topk, n, c + 3, c + 3 < c1, ids_s.index(H * 4 + (c + 3) % 4))
-        async_copy.commit_group()
+        gl.thread_barrier()  # every warp of this warpgroup is done with the stage the next chunk goes to
+        _issue(
+            kv,
+            la,
+            ro,
+            sx,
+            num_slots,
+            lat_s.index(H * STAGES + nx),
+            rope_s.index(H * STAGES + nx),
+            sc_s.index(H * STAGES + nx),
+            H,
+        )
+        live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
+        score_ids = next_score_ids
+        la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
         gl.thread_barrier()  # everyone's
-        _, live = _live_ids(ids_s.index(H * 4 + c % 4), c, n, num_slots, gl.SliceLayout(1, ACC))
         lat = lat_s.index(H * STAGES + st)
         sc = sc_s.index(H * STAGES + st)
         ZERO = gl.zeros([CHUNK, BH], gl.float32, ACC)
@@ -318,7 +308,7 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         mbarrier.arrive(bars.index(2 * H + i % 2))
         mbarrier.wait(bars.index(2 * (1 - H) + i % 2), (i // 2) & 1)
         sco = part + x_s.index(2 * (1 - H) + i % 2).load(ACC)  # commuted in the other warpgroup: same bits
-        live_rows = gl.expand_dims(live, 1)
+        live_rows = gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1)
         sco = gl.where(live_rows, sco * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sco, 0))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
@@ -380,14 +370,13 @@ def mla_decode_wgmma(
         gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16)
     )
     x_s = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BH], plain)  # [warpgroup, chunk parity]
-    ids_s = gl.allocate_shared_memory(gl.int32, [2 * 4, CHUNK], flat)  # [warpgroup, chunk % 4]
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(4):
         mbarrier.init(bars.index(b), count=1)
     # (each partition's arguments written out: a concatenated tuple would lose the constexprs)
     gl.warp_specialize([
         (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, ids_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
         (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, ids_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
+                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
     ], [4], [248])  # fmt: skip
