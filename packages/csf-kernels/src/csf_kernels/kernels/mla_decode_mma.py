@@ -194,6 +194,43 @@ def _candidate_order(x):
 
 
 @gluon.jit
+def _program_chunks(lengths, heads, topk, splits, BH: gl.constexpr):
+    """This program's work (both Gluon programs): its query row, first head, split, the row's live length
+    ``n`` and its chunks [c0, c1) under the balanced split policy of ``mla_decode``."""
+    pid = gl.program_id(0)
+    s = gl.program_id(1)
+    head_blocks = heads // BH
+    row = pid // head_blocks
+    h0 = (pid % head_blocks) * BH
+    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
+    live_chunks = (n + CHUNK - 1) // CHUNK
+    cps = (live_chunks + splits - 1) // splits
+    c0 = s * cps
+    return row, h0, s, n, c0, gl.minimum(c0 + cps, live_chunks)
+
+
+@gluon.jit
+def _softmax_step(sco, m, den, AXIS: gl.constexpr):
+    """One chunk of the online softmax over the candidates (along ``AXIS`` of ``sco``, masked scores -inf):
+    the new running maximum, the factor that rescales what earlier chunks accumulated (0 before the first live
+    key), the probabilities, and the normaliser kept per candidate column (summed once, by ``_finish``)."""
+    m_new = gl.maximum(m, gl.max(sco, AXIS))
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
+    alpha = gl.exp(m - m_ref)
+    p = gl.exp(sco - gl.expand_dims(m_ref, AXIS))
+    return m_new, alpha, p, den * gl.expand_dims(alpha, AXIS) + p
+
+
+@gluon.jit
+def _finish(m, den, AXIS: gl.constexpr):
+    """The log-sum-exp of each head and its normaliser (1 where no key was live)."""
+    den = gl.sum(den, AXIS)
+    has = den > 0
+    den_safe = gl.where(has, den, 1.0)
+    return gl.where(has, m + gl.log(den_safe), float("-inf")), den_safe
+
+
+@gluon.jit
 def _ids(indices, row, topk, n, c, active, j):
     """Chunk ``c``'s candidate ids at chunk positions ``j`` (-1: past the row's length, or not ``active``)."""
     pos = c * CHUNK + j
@@ -221,8 +258,14 @@ def _chunk_ids(indices, row, topk, n, c, active):
 @gluon.jit
 def _records(ids, num_slots):
     """Record byte offsets and liveness (negative or past the cache: dead, never read)."""
-    live = (ids >= 0) & (ids.to(gl.int64) < num_slots)
+    live = _live(ids, num_slots)
     return gl.where(live, ids, 0).to(gl.int64) * RECORD, live
+
+
+@gluon.jit
+def _live(ids, num_slots):
+    """Whether each candidate id names a record of the cache (negative: skipped; past the cache: never read)."""
+    return (ids >= 0) & (ids.to(gl.int64) < num_slots)
 
 
 @gluon.jit
@@ -390,16 +433,7 @@ def mla_decode_mma(
     gl.static_assert(W == 4 or W == 8, "the register layouts are built for 4 or 8 warps")
     MMA: gl.constexpr = _mma(W)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    pid = gl.program_id(0)
-    s = gl.program_id(1)
-    head_blocks = heads // BH
-    row = pid // head_blocks
-    h0 = (pid % head_blocks) * BH
-    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
-    live_chunks = (n + CHUNK - 1) // CHUNK
-    cps = (live_chunks + splits - 1) // splits
-    c0 = s * cps
-    c1 = gl.minimum(c0 + cps, live_chunks)
+    row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
     sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
@@ -439,7 +473,7 @@ def mla_decode_mma(
         nx = (c - c0 + 1) % STAGES
         gl.thread_barrier()  # every warp is done with the stage the next chunk goes to
         _issue(kv, la, ro, sx, num_slots, lat_s.index(nx), rope_s.index(nx), sc_s.index(nx))
-        live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
+        live = _live(score_ids, num_slots)
         score_ids = next_score_ids
         la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
@@ -448,11 +482,7 @@ def mla_decode_mma(
         sc = sc_s.index(st)
         sco = _scores(q_s, qr_s, qf_s, lat, rope_s.index(st), sc, BH)
         sco = gl.where(gl.expand_dims(live, 0), sco * sm_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sco, 1))
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
-        alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
-        p = gl.exp(sco - gl.expand_dims(m_ref, 1))
-        den = den * gl.expand_dims(alpha, 1) + p  # per column; summed once, after the loop
+        m_new, alpha, p, den = _softmax_step(sco, m, den, 1)
         pa = gl.convert_layout(p.to(gl.float16), _operand(0, W))  # the one exchange between warps
         new0 = _unit(sc, unit0, 0)
         new1 = _unit(sc, unit1, 1)
@@ -466,10 +496,7 @@ def mla_decode_mma(
         m = m_new
     async_copy.wait_group(0)
 
-    den = gl.sum(den, 1)
-    has = den > 0
-    lse = gl.where(has, m + gl.log(gl.where(has, den, 1.0)), float("-inf"))
-    den_safe = gl.where(has, den, 1.0)
+    lse, den_safe = _finish(m, den, 1)
     h = h0 + gl.arange(0, BH, layout=ROWS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
     gl.store(part_lse + slot, lse)

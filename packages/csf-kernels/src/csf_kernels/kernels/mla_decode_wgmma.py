@@ -49,13 +49,17 @@ from .mla_decode_mma import (
     SIGNATURE,
     STAGES,
     _copy_layout,
+    _finish,
     _ids,
     _k_order,
+    _live,
+    _program_chunks,
     _query_latent,
     _query_rope,
     _records,
     _rows_layout,
     _scale_copy_layout,
+    _softmax_step,
     _unit,
 )
 
@@ -249,16 +253,7 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     HEADS: gl.constexpr = gl.SliceLayout(0, ACC)
     G0: gl.constexpr = 2 * H
     G1: gl.constexpr = 2 * H + 1
-    pid = gl.program_id(0)
-    s = gl.program_id(1)
-    head_blocks = heads // BH
-    row = pid // head_blocks
-    h0 = (pid % head_blocks) * BH
-    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
-    live_chunks = (n + CHUNK - 1) // CHUNK
-    cps = (live_chunks + splits - 1) // splits
-    c0 = s * cps
-    c1 = gl.minimum(c0 + cps, live_chunks)
+    row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
     la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
     _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
@@ -288,7 +283,7 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
             sc_s.index(H * STAGES + nx),
             H,
         )
-        live = (score_ids >= 0) & (score_ids.to(gl.int64) < num_slots)
+        live = _live(score_ids, num_slots)
         score_ids = next_score_ids
         la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c + 2, c + 2 < c1)
         async_copy.wait_group(1)  # this chunk's copies (the next chunk's may be in flight)
@@ -310,11 +305,7 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         sco = part + x_s.index(2 * (1 - H) + i % 2).load(ACC)  # commuted in the other warpgroup: same bits
         live_rows = gl.expand_dims(gl.convert_layout(live, gl.SliceLayout(1, ACC)), 1)
         sco = gl.where(live_rows, sco * sm_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sco, 0))
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
-        alpha = gl.exp(m - m_ref)  # rescales what earlier chunks accumulated (0 before the first key)
-        p = gl.exp(sco - gl.expand_dims(m_ref, 0))
-        den = den * gl.expand_dims(alpha, 0) + p  # per row; summed once, after the loop
+        m_new, alpha, p, den = _softmax_step(sco, m, den, 0)
         new0 = _unit(sc, unit0, 0)
         new1 = _unit(sc, unit1, 1)
         _weights(p, p_s, sc, new0, G0, 0)
@@ -333,13 +324,11 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
         m = m_new
     async_copy.wait_group(0)
 
-    den = gl.sum(den, 0)
-    has = den > 0
-    den_safe = gl.where(has, den, 1.0)
+    lse, den_safe = _finish(m, den, 0)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
     if H == 0:
-        gl.store(part_lse + slot, gl.where(has, m + gl.log(den_safe), float("-inf")))
+        gl.store(part_lse + slot, lse)
     at_head = slot * LATENT
     _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
     _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
