@@ -57,9 +57,10 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: 
     routed = torch.randperm(geo.experts, generator=g)[:n_routed].to(torch.int32).cuda()
     scopes = [("layer", None, tuple(planes)), (f"routed_{n_routed}_experts", routed, tuple(planes))]
     scopes += [(f"{p}_only", None, (p,)) for p in planes]
-    # the inline form by the default choice and both engines side by side (CuTe row images, Triton tiles),
-    # then the compact form
-    for form, engine in (("inline", "auto"), ("inline", "cute"), ("inline", "triton"), ("compact", None)):
+    # the inline form by the default choice and every engine side by side (the per-shape row-block expander,
+    # the CuTe row images, Triton tiles), then the compact form
+    arms = (("inline", "auto"), ("inline", "row_block"), ("inline", "cute"), ("inline", "triton"), ("compact", None))
+    for form, engine in arms:
         for scope, ids, projs in scopes:
 
             def run(form=form, engine=engine, ids=ids, projs=projs):
@@ -115,7 +116,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: 
                 }
             )
             print(
-                f"expand {form:8s} {engine or '':6s} {scope:18s} {med * 1e6:8.1f} us  {moved / med / 1e9:7.0f} GB/s  "
+                f"expand {form:8s} {engine or '':9s} {scope:18s} {med * 1e6:8.1f} us  {moved / med / 1e9:7.0f} GB/s  "
                 f"{moved / med / 1e9 / copy_gbps:5.1%} of copy  exact={exact}",
                 flush=True,
             )

@@ -24,7 +24,7 @@ from provenance import provenance
 from timing import L2_FLUSH_BYTES, capture, replay_times
 
 from csf_kernels import runtime
-from csf_kernels.expand import _row_expander_launch, all_experts, inline_expansion_launches
+from csf_kernels.expand import _row_block_launch, _row_expander_launch, all_experts, inline_expansion_launches
 from csf_kernels.families import ROW_EXPANDER_GROUP_TILES, RowImageLayout, row_image_layout
 
 
@@ -55,6 +55,9 @@ def main() -> None:
             (f"cute-g{lay.group_tiles}", lay, [_row_expander_launch(inline, out, experts, lay)])
             for lay in _layouts(plane.shape[-1], plane.numel())
         ]
+        sms = torch.cuda.get_device_properties(plane.device).multi_processor_count
+        for per_sm in (2, 4, 8, 64):  # the row-block expander's grid: CTAs per SM (64: one block per warp)
+            arms.append((f"rows-{per_sm}", None, [_row_block_launch(inline, out, experts, ctas=sms * per_sm)]))
         for name, lay, launches in arms:
             bound = [la.bind("deepseek-v4.1-flash") for la in launches]
 

@@ -17,7 +17,7 @@ from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
 from csf_kernels.expand import ENGINES, expand_compact, expand_inline, inline_expansion_launches
-from csf_kernels.families import row_image_layout
+from csf_kernels.families import row_block_covers, row_block_expander_spec, row_image_layout
 from tests.cuda_graphs import replay_allocating_nothing
 
 from .interpret_cases import cases
@@ -46,14 +46,16 @@ def test_expansion_of_the_shared_cases(seed):
         gpu = plane.cuda()
         num = plane.shape[0] if plane.dim() == 3 else 1
         ids = torch.arange(num, dtype=torch.int32) if experts is None else experts
-        for form in ("inline", "inline-triton", "inline-cute", "inline-bytes", "compact"):
+        for form in ("inline", "inline-triton", "inline-cute", "inline-row-block", "inline-bytes", "compact"):
             if form == "inline-cute" and row_image_layout(plane.shape[-1], plane.numel()) is None:
                 continue  # rows the CuTe row expander does not cover (odd column counts, chunkless planes)
+            if form == "inline-row-block" and not _row_block_built(fmt, plane):
+                continue  # shapes outside the catalog have no row-block program
             out = torch.full_like(gpu, POISON)
-            if form in ("inline", "inline-triton", "inline-cute"):  # "inline": the default engine choice
+            engines = {"inline": "auto", "inline-triton": "triton", "inline-cute": "cute", "inline-row-block": "row_block"}
+            if form in engines:  # "inline": the default engine choice
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
-                engine = {"inline": "auto", "inline-triton": "triton", "inline-cute": "cute"}[form]
-                expand_inline(inline, out, experts=ids.to(torch.int32).cuda(), engine=engine)
+                expand_inline(inline, out, experts=ids.to(torch.int32).cuda(), engine=engines[form])
             elif form == "inline-bytes":  # byte stores: the masked, unvectorised path
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
                 for launch in inline_expansion_launches(inline, out, experts=ids.cuda(), store=1):
@@ -62,6 +64,12 @@ def test_expansion_of_the_shared_cases(seed):
                 tables = compact_tables(encode_compact(gpu, fmt).payload)
                 expand_compact(tables, out, experts=ids.to(torch.int32).cuda())
             assert torch.equal(out.cpu(), _expected(plane, ids)), f"seed {seed} {form} {fmt.name} {tuple(plane.shape)}"
+
+
+def _row_block_built(fmt, plane: torch.Tensor) -> bool:
+    """Whether the cache holds the row-block expander for this plane's shape (catalog shapes only)."""
+    cols = plane.shape[-1]
+    return row_block_covers(cols, plane.numel()) and runtime.is_cached(row_block_expander_spec(fmt, cols))
 
 
 def _catalog_planes():
@@ -83,7 +91,10 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
     inline = encode_inline(gpu, fmt, row_group=group)
     compact = compact_tables(encode_compact(gpu, fmt).payload)
     assert row_image_layout(shape[-1], gpu.numel()) is not None, "every catalog plane has a CuTe row expander"
-    for engine in ENGINES:
+    covered = row_block_covers(shape[-1], gpu.numel())
+    assert _row_block_built(fmt, gpu) == covered, "the catalog builds the row-block expander of every plane it covers"
+    engines = [e for e in ENGINES if e != "row_block" or covered]
+    for engine in engines:
         out = torch.full_like(gpu, POISON)
         expand_inline(inline, out, engine=engine)
         assert torch.equal(out, gpu), f"expand_inline {engine} {fmt.name} {shape}"
@@ -92,7 +103,7 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
     assert torch.equal(out, gpu), f"expand_compact {fmt.name} {shape}"
     # routed experts only, with vLLM's padding ids
     ids = torch.tensor([shape[0] - 1, -1, 0, shape[0], 3 % shape[0]], dtype=torch.int32, device="cuda")
-    for engine in ENGINES:
+    for engine in engines:
         out = torch.full_like(gpu, POISON)
         expand_inline(inline, out, experts=ids, engine=engine)
         assert torch.equal(out.cpu(), _expected(plane, ids.cpu())), engine
@@ -168,7 +179,7 @@ def test_frozen_runtime_refuses_an_uncached_program():
 
 def test_row_expander_never_writes_outside_its_plane_on_tampered_records():
     """Random bytes in every record (headers, selectors, exception entries) decode to garbage, but the CuTe
-    expander writes only inside the plane: the guard bytes around it keep their poison."""
+    expanders write only inside the plane: the guard bytes around it keep their poison."""
     g = torch.Generator().manual_seed(int.from_bytes(os.urandom(3), "little"))
     for shape, fmt in (((4, 100, 18), MXFP4), ((2, 256, 160), MXFP4), ((2, 100, 38), NVFP4)):
         plane = synthetic_scale_plane(shape, fmt, seed=11).cuda()
@@ -178,6 +189,10 @@ def test_row_expander_never_writes_outside_its_plane_on_tampered_records():
         n = plane.numel()
         buf = torch.full((n + 4096,), POISON, dtype=torch.uint8, device="cuda")
         out = buf[2048 : 2048 + n].view(shape)  # 16-byte aligned, guard bytes either side
-        expand_inline(inline, out, engine="cute")
-        torch.cuda.synchronize()
-        assert torch.all(buf[:2048] == POISON) and torch.all(buf[2048 + n :] == POISON), shape
+        for engine in ("cute", "row_block"):
+            if engine == "row_block" and not _row_block_built(fmt, plane):
+                continue
+            buf.fill_(POISON)
+            expand_inline(inline, out, engine=engine)
+            torch.cuda.synchronize()
+            assert torch.all(buf[:2048] == POISON) and torch.all(buf[2048 + n :] == POISON), (engine, shape)

@@ -22,6 +22,9 @@ from .families import (
     inline_narrow,
     inline_plane_spec,
     inline_store_bytes,
+    row_block_covers,
+    row_block_expander_spec,
+    row_block_warps,
     row_expander_spec,
     row_image_layout,
 )
@@ -77,19 +80,25 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 
 
 # "triton": the tile programs of csf_kernels.kernels.expand_inline; "cute": the row-image expanders of
-# csf_kernels.cute (inline_row_expander, narrow_row_expander); "auto" (the default): see auto_engine
-ENGINES = ("auto", "triton", "cute")
+# csf_kernels.cute (inline_row_expander, narrow_row_expander); "row_block": the per-shape row-block expander
+# (csf_kernels.cute.row_block_expander); "auto" (the default): see auto_engine
+ENGINES = ("auto", "triton", "cute", "row_block")
 # Triton's tile programs store rows in pieces of this many bytes or more to stay ahead of the CuTe row images
 _TRITON_MIN_STORE = 8
 
 
-def auto_engine(cols: int, nbytes: int, out_ptr: int) -> str:
+def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt=None) -> str:
     """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
 
+    The row-block expander wherever it covers the plane and the AOT cache holds its program for this shape
+    (the catalog's planes); otherwise:
     CuTe where it covers the plane and either the rows are narrow (one column group of at most 8 full tiles,
     one warp per row block: DS4.1-TP4's W2 26.7 vs 34.0 us, runs 69-75) or Triton could only store them in
     pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83); Triton
     for rows it stores 8 or 16 bytes at a time (DS4.1-TP4's W13 34.3 vs 36.9 us)."""
+    if fmt is not None and row_block_covers(cols, nbytes, out_ptr):
+        if runtime.is_cached(row_block_expander_spec(fmt, cols)):
+            return "row_block"
     layout = row_image_layout(cols, nbytes, out_ptr)
     if layout is None:
         return "triton"
@@ -125,7 +134,11 @@ def inline_expansion_launches(
         return []
     if engine == "auto":  # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
         cuda = out.is_cuda and store is None
-        engine = auto_engine(geo.cols, out.numel(), out.data_ptr()) if cuda else "triton"
+        engine = auto_engine(geo.cols, out.numel(), out.data_ptr(), inline.fmt) if cuda else "triton"
+    if engine == "row_block":
+        if not row_block_covers(geo.cols, out.numel(), out.data_ptr()) or store is not None:
+            raise ValueError(f"expand_inline: the row-block expander does not cover a {tuple(out.shape)} plane")
+        return [_row_block_launch(inline, out, experts)]
     if engine == "cute":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
         if layout is None or store is not None:
@@ -206,6 +219,46 @@ def _row_expander_launch(
     )
     spec = row_expander_spec(inline.fmt, layout.group_tiles, layout.store)
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
+
+
+# resident CTAs per SM the row-block grid is sized for: each warp walks its share of the row blocks, fetching
+# its next block's records while it copies one out
+ROW_BLOCK_CTAS_PER_SM = 4
+
+
+def _row_block_launch(
+    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
+) -> runtime.Launch:
+    """The row-block expander's launch (``ctas``: a sweep's grid size; default: every SM filled)."""
+    geo = inline.geometry
+    blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
+    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
+    if experts.numel() * blocks_per_expert >= 1 << 31:
+        raise ValueError(f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed int32")
+    if ctas is None:
+        sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
+        ctas = sms * ROW_BLOCK_CTAS_PER_SM
+    ctas = max(1, min(ctas, -(-experts.numel() * blocks_per_expert // row_block_warps(geo.cols))))
+    words = torch.uint32
+    args = (
+        base_ref,
+        deltas,
+        records.view(-1).view(words),
+        tail.view(-1).view(words),
+        raw.view(-1).view(words).view(-1, 128),
+        tail_raw.view(-1),
+        out.view(-1).view(words),
+        experts,
+        blocks_per_expert,
+        geo.blocks_per_group,
+        geo.row_group,
+        geo.rows,
+        inline.record_bytes // 4,
+        (inline.tail_record_bytes if geo.tail_cols else 0) // 4,
+        geo.experts,
+        ctas,
+    )
+    return runtime.Launch(row_block_expander_spec(inline.fmt, geo.cols), (ctas, 1, 1), args)
 
 
 def _aligned_arrays(inline: InlineScales) -> tuple[torch.Tensor, ...]:

@@ -124,6 +124,35 @@ class RowImageLayout:
         return self.group_tiles == PER_WARP_GROUP_TILES
 
 
+# CuTe DSL: one program per plane shape, one warp per 128-row block (csf_kernels/cute/row_block_expander.py)
+CUTE_ROW_BLOCK_EXPANDER = "expand.row_blocks"
+CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
+ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
+
+
+def row_block_warps(cols: int) -> int:
+    """Warps per CTA of the row-block expander: four for small images, two for large ones (four CTAs per SM)."""
+    return 4 if cols <= 64 else 2
+
+
+def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
+    """Whether the row-block expander takes a plane: even columns, at most ``ROW_BLOCK_MAX_COLS``, output in
+    16-byte chunks."""
+    return cols % 2 == 0 and 0 < cols <= ROW_BLOCK_MAX_COLS and plane_bytes % 16 == 0 and out_ptr % 16 == 0
+
+
+def row_block_expander_spec(fmt: ScaleFormat, cols: int) -> ProgramSpec:
+    """The row-block expander of a format's planes of ``cols`` columns (any record size of the format)."""
+    return ProgramSpec.of(
+        CUTE_ROW_BLOCK_EXPANDER,
+        CUTE_ROW_BLOCK_EXPANDER_VERSION,
+        COLS=cols,
+        DB=DELTA_BITS[fmt.name],
+        MAXS=max(record_bytes_choices(fmt, TILE_COLS)),
+        MAXST=max(max(record_bytes_choices(fmt, tc)) for tc in range(1, TILE_COLS)),
+    )
+
+
 def row_image_layout(cols: int, plane_bytes: int, out_ptr: int = 0) -> RowImageLayout | None:
     """The row expander's layout for a plane of ``cols`` scale columns, or None where only the Triton
     expansion applies (its output is not 16-byte chunked, rows of an odd column count, or rows wider than a
@@ -286,6 +315,8 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
         layout = row_image_layout(shape[-1], prod(shape))
         if cute and layout is not None:
             specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
+        if cute and row_block_covers(shape[-1], prod(shape)):
+            specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
     return specs + moe_geometry_specs(geo)
 
 

@@ -360,6 +360,13 @@ def open_cache(root: Path | None = None) -> ProgramCache:
         return _caches[root]
 
 
+def is_cached(spec: ProgramSpec) -> bool:
+    """Whether the AOT cache holds ``spec`` (so choosing it never compiles, frozen or not)."""
+    cache = open_cache()
+    with _lock:
+        return cache.entry(spec) is not None
+
+
 def program(spec: ProgramSpec, *, geometry: str | None = None, device: int | None = None) -> LoadedProgram:
     """The loaded program for ``spec`` on ``device`` (default: torch's current device)."""
     cache = open_cache()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..families import CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
+from ..families import CUTE_ROW_BLOCK_EXPANDER, CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
 from ..manifest import Artifact
 from ..programs import ProgramSpec
 
@@ -13,7 +13,12 @@ __all__ = ["compile_cute"]
 
 
 def compile_cute(spec: ProgramSpec) -> Artifact:
-    from ..cute.export import build_cute_program, row_expander_program, stage_decoder_program
+    from ..cute.export import (
+        build_cute_program,
+        row_block_expander_program,
+        row_expander_program,
+        stage_decoder_program,
+    )
 
     facts = spec.fact
     if spec.kernel == CUTE_STAGE_DECODER:
@@ -22,6 +27,8 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         prog = row_expander_program(
             int(facts["GT"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]), int(facts["STORE"])
         )
+    elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
+        prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

@@ -11,7 +11,7 @@ links ``lib<name>.so``::
         <wheel>/nvidia_cutlass_dsl/cu<N>/lib/libcuda_dialect_runtime_static.a \\
         $CUDA_HOME/lib64/libcudart_static.a -ldl -lrt -lpthread \\
         -Wl,--build-id=none -Wl,--exclude-libs,ALL -Wl,-soname,lib<name>.so -Wl,--no-undefined \\
-        -Wl,-z,noexecstack
+        -Wl,-z,noexecstack -Wl,--gc-sections -s
 
 run in the build directory with relative object names, ``LC_ALL=C`` and ``SOURCE_DATE_EPOCH=0``. The result
 needs only ``libc.so.6`` (glibc >= 2.34, where libdl/libpthread/librt live in libc) and the CUDA driver, which the
@@ -67,6 +67,8 @@ __all__ = [
     "build_stage_decoders",
     "find_cuobjdump",
     "parse_header",
+    "row_block_expander_name",
+    "row_block_expander_program",
     "row_expander_name",
     "row_expander_program",
     "sass_facts",
@@ -224,6 +226,62 @@ def row_expander_program(
             ("max_record_bytes", max_record_bytes),
             ("max_tail_bytes", max_tail_bytes),
             ("store", store),
+        ),
+    )
+
+
+def row_block_expander_name(cols: int, delta_bits: int) -> str:
+    return f"csf_row_block_expander_c{int(cols)}_d{int(delta_bits)}"
+
+
+ROW_BLOCK_EXPANDER_SCALARS = (
+    "blocks_per_expert",
+    "blocks_per_group",
+    "row_group",
+    "rows_per_expert",
+    "record_words",
+    "tail_words",
+    "num_experts",
+    "ctas",
+)
+
+
+def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int) -> CuteProgram:
+    """The row-block expander of planes of ``cols`` columns (:mod:`~csf_kernels.cute.row_block_expander`)."""
+    from .row_block_expander import RowBlockExpander
+
+    kernel = RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)  # validates
+
+    def factory():
+        return RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)
+
+    return CuteProgram(
+        name=row_block_expander_name(cols, delta_bits),
+        program="row_block_expander",
+        factory=factory,
+        tensors=(
+            ("base_ref", "uint8", ("RB",)),
+            ("base_delta", "uint8", ("RB", 16 * delta_bits)),
+            ("records", "uint32", ("NR",)),
+            ("tail", "uint32", ("NT",)),
+            ("raw", "uint32", ("NRAW", 128)),
+            ("tail_raw", "uint8", ("NTR",)),
+            ("out", "uint32", ("NO",)),
+            ("expert_ids", "int32", ("NE",)),
+        ),
+        scalars=ROW_BLOCK_EXPANDER_SCALARS,
+        divisible=(("NR", 4), ("NT", 4), ("NO", 4)),  # 16-byte chunks
+        launch=(
+            ("grid", ("ctas", 1, 1)),
+            ("block", (32 * kernel.warps, 1, 1)),
+            ("dynamic_shared_bytes", kernel.shared_bytes()),
+        ),
+        facts=(
+            ("cols", cols),
+            ("delta_bits", delta_bits),
+            ("max_record_bytes", max_record_bytes),
+            ("max_tail_bytes", max_tail_bytes),
+            ("warps", kernel.warps),
         ),
     )
 
@@ -487,6 +545,8 @@ def build_cute_program(prog: CuteProgram, out_dir: Path, *, cc: str | None = Non
             f"-Wl,-soname,{so_name}",
             "-Wl,--no-undefined",
             "-Wl,-z,noexecstack",
+            "-Wl,--gc-sections",  # drop the static runtimes' unused sections and every symbol table:
+            "-s",  # a third of each object's size (the cache travels to the GPU machine with every test run)
         ]
         env = {**os.environ, "LC_ALL": "C", "SOURCE_DATE_EPOCH": "0"}
         done = subprocess.run(link, cwd=work, env=env, capture_output=True, text=True)

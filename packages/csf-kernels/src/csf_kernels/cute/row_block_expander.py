@@ -1,0 +1,511 @@
+"""CuTe DSL: the row-block expansion of one plane shape, one warp per 128-row block (build time only: imports
+cutlass).
+
+The row-image expanders (:mod:`~csf_kernels.cute.inline_row_expander`, :mod:`~csf_kernels.cute.narrow_row_expander`)
+take the column count, tile count and image pitch at run time, and ran issue-bound at ~190 warp instructions
+per tile (ncu, runs 61-72): loops of run-time length, live-row predicates, 16-bit image stores and per-block
+address arithmetic. Here the plane's column count is compile-time (the catalog builds one program per plane
+shape), so a warp's walk over its block's full tiles is unrolled four tiles at a time, every image offset is a
+constant plus the lane's row offset, rows of 16-byte multiple width are imaged with one 16-byte store per row
+and four tiles, and rows past the row group are imaged like any other (never copied out) instead of being
+predicated away.
+
+Each warp owns whole row blocks (blocks ``w, w + W, ...`` of the flattened (routed expert, block) list, ``W`` the
+grid's warps): it stages the block's records, tail record and base deltas into its own shared-memory region
+(``cp.async``), decodes every full tile (lane ``g`` owns quad ``g``, format section 5) into its own image of the
+block's rows at pitch ``cols`` (the plane's own byte order), patches each tile's exceptions, decodes the tail tile
+(lane ``g`` owns slots ``4 g .. 4 g + 3``), fetches its next block's records, and copies the image's
+``valid * cols`` bytes out in 16-byte chunks: whole sectors, no CTA barrier.
+
+Headers are trusted only as far as the codec validates them: no field makes the kernel read or write outside
+its buffers (selectors a record cannot hold read garbage inside the staging region, raw indices past the raw
+array decode as zeros, exception positions past the tile and entry counts past the record's capacity are
+skipped); garbage in, garbage bytes out, never an out-of-bounds access.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
+from cutlass.cute.nvgpu import cpasync
+
+from csf_codec.tile_layout import slot_to_row
+
+from ..families import ROW_BLOCK_MAX_COLS as MAX_COLS
+from ..families import row_block_warps
+from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, quad_words, spread_fields
+
+__all__ = ["MAX_COLS", "RowBlockExpander", "row_block_shared_bytes"]
+_DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * delta bits <= 128)
+_COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image out
+
+
+def _region_bytes(cols: int, max_record_bytes: int, max_tail_bytes: int) -> tuple[int, int]:
+    """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
+    stage = (cols // 4) * max_record_bytes + (max_tail_bytes if cols % 4 else 0) + _DELTA_ROW
+    image = -(-(128 * cols + CHUNK_BYTES) // CHUNK_BYTES) * CHUNK_BYTES  # + the flat image's misalignment
+    return stage, image
+
+
+def row_block_shared_bytes(cols: int, max_record_bytes: int, max_tail_bytes: int) -> int:
+    stage, image = _region_bytes(cols, max_record_bytes, max_tail_bytes)
+    return row_block_warps(cols) * (stage + image)
+
+
+class RowBlockExpander:
+    """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`), one warp per row block.
+
+    Arguments of the compiled function, in order (tensors compact row-major, 16-byte aligned): ``base_ref`` u8
+    [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR], ``tail`` u32 [NT] (any 16 bytes without
+    a tail), ``raw`` u32 [NRAW, 128], ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids``
+    i32 [NE]; then int32 scalars ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``,
+    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
+    """
+
+    def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
+        if cols % 2 or not 0 < cols <= MAX_COLS:
+            raise ValueError(f"the row-block expander takes an even column count up to {MAX_COLS}; got {cols}")
+        if delta_bits not in (4, 8):
+            raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
+        for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
+            if n % CHUNK_BYTES or n <= 0:
+                raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
+        # a lying header may ask for 4-bit selectors (256 bytes) in the last tile's record: the reads stay in
+        # the staging region (garbage, never out of bounds) when the region holds 256 bytes past that record
+        if max_record_bytes + _DELTA_ROW < 64 * 4:
+            raise ValueError("the record staging region cannot hold a tile's widest selectors")
+        self.cols = cols
+        self.delta_bits = delta_bits
+        self.max_record_bytes = max_record_bytes
+        self.max_tail_bytes = max_tail_bytes
+        self.warps = row_block_warps(cols)
+
+    def shared_bytes(self) -> int:
+        return row_block_shared_bytes(self.cols, self.max_record_bytes, self.max_tail_bytes)
+
+    @cute.jit
+    def __call__(
+        self,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        records: cute.Tensor,
+        tail: cute.Tensor,
+        raw: cute.Tensor,
+        tail_raw: cute.Tensor,
+        out: cute.Tensor,
+        expert_ids: cute.Tensor,
+        blocks_per_expert: Int32,
+        blocks_per_group: Int32,
+        row_group: Int32,
+        rows_per_expert: Int32,
+        record_words: Int32,
+        tail_words: Int32,
+        num_experts: Int32,
+        ctas: Int32,
+        stream: cuda.CUstream,
+    ):
+        self.kernel(
+            base_ref,
+            base_delta,
+            records,
+            tail,
+            raw,
+            tail_raw,
+            out,
+            expert_ids,
+            blocks_per_expert,
+            blocks_per_group,
+            row_group,
+            rows_per_expert,
+            record_words,
+            tail_words,
+            num_experts,
+            ctas,
+        ).launch(grid=(ctas, 1, 1), block=(32 * self.warps, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        records: cute.Tensor,
+        tail: cute.Tensor,
+        raw: cute.Tensor,
+        tail_raw: cute.Tensor,
+        out: cute.Tensor,
+        expert_ids: cute.Tensor,
+        blocks_per_expert: Int32,
+        blocks_per_group: Int32,
+        row_group: Int32,
+        rows_per_expert: Int32,
+        record_words: Int32,
+        tail_words: Int32,
+        num_experts: Int32,
+        ctas: Int32,
+    ):
+        cols = self.cols
+        full = cols // 4
+        tc = cols % 4
+        db = self.delta_bits
+        vec = cols % 16 == 0  # rows imaged 16 bytes (four tiles) per store, the image 16-byte aligned
+        tid, _, _ = cute.arch.thread_idx()
+        bx, _, _ = cute.arch.block_idx()
+        warp = tid >> 5
+        lane = tid & 31
+
+        stage_bytes, image_bytes = _region_bytes(cols, self.max_record_bytes, self.max_tail_bytes)
+        smem = cutlass.memory.SmemAllocator()
+        s_rec = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * stage_bytes // 4,)), byte_alignment=16)
+        s_rec16 = cute.recast_tensor(s_rec, Uint16)
+        s_rec8 = cute.recast_tensor(s_rec, Uint8)
+        s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * image_bytes // 4,)), byte_alignment=16)
+        s_img16 = cute.recast_tensor(s_img32, Uint16)
+        s_img8 = cute.recast_tensor(s_img32, Uint8)
+        rw0 = warp * (stage_bytes // 4)  # this warp's staging region (words): records, tail record, deltas
+        tail_w0 = rw0 + full * self.max_record_bytes // 4
+        delta_w0 = rw0 + (stage_bytes - _DELTA_ROW) // 4
+        ib0 = warp * image_bytes  # this warp's image (bytes)
+
+        copy_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
+        )
+        rec_chunks = cute.zipped_divide(records, (4,))
+        tail_chunks = cute.zipped_divide(tail, (4,))
+        s_chunks = cute.zipped_divide(s_rec, (4,))
+        delta_words = cute.recast_tensor(base_delta, Uint32)
+        delta_rows = cute.zipped_divide(
+            cute.make_tensor(delta_words.iterator, cute.make_layout(cute.size(delta_words))), (4,)
+        )
+        out8 = cute.recast_tensor(out, Uint8)
+        out_chunks = cute.zipped_divide(out, (4,))
+        img_chunks = cute.zipped_divide(s_img32, (4,))
+        raw_rows = cute.size(raw, mode=[0])
+        tail_raw_bytes = cute.size(tail_raw, mode=[0])
+        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert
+        step = ctas * self.warps
+        rec_chunks_n = full * (record_words >> 2)  # 16-byte chunks of a block's full-tile records
+        tail_chunks_n = Int32(0)
+        if cutlass.const_expr(tc > 0):
+            tail_chunks_n = tail_words >> 2
+        caps = [
+            cutlass.min(Int32(MAX_EXCEPTIONS), (4 * record_words - HEADER_BYTES - (64 << m)) // 3) for m in range(3)
+        ]
+        quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
+
+        first = bx * self.warps + warp
+        # stage the first block (an id outside [0, E) is graph padding: nothing read, nothing written)
+        if first < items:
+            z = first // blocks_per_expert
+            e = Int32(expert_ids[z])
+            if e >= 0 and e < num_experts:
+                self.stage(
+                    copy_atom,
+                    rec_chunks,
+                    tail_chunks,
+                    delta_rows,
+                    s_chunks,
+                    e * blocks_per_expert + first - z * blocks_per_expert,
+                    rec_chunks_n,
+                    tail_chunks_n,
+                    rw0,
+                    tail_w0,
+                    delta_w0,
+                    lane,
+                )
+        for item in range(first, items, step):
+            z = item // blocks_per_expert
+            blk = item - z * blocks_per_expert
+            e = Int32(expert_ids[z])
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_warp()  # the block's records landed; the previous image is copied out
+            if e >= 0 and e < num_experts:
+                rb = e * blocks_per_expert + blk
+                group_index = blk // blocks_per_group
+                within = blk - group_index * blocks_per_group
+                row0 = e * rows_per_expert + group_index * row_group + within * 128
+                valid = cutlass.min(Int32(128), row_group - within * 128)
+                mis = Int32(0)
+                if cutlass.const_expr(not vec):
+                    mis = (row0 * cols) & 15
+                img0 = ib0 + mis  # image byte of the block's first row
+                ref = Int32(base_ref[rb])
+                if cutlass.const_expr(db == 4):
+                    deltas = Uint32(s_rec16[2 * delta_w0 + lane])
+                else:
+                    deltas = Uint32(s_rec[delta_w0 + lane])
+                bases = [
+                    Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101 for k in range(4)
+                ]
+                row_at = [img0 + quad_rows[k] * cols for k in range(4)]  # image byte of the quad's rows
+
+                # full tiles, four at a time: decode, image, then (after a warp barrier) their exceptions
+                for s in range(full // 4):
+                    rec0 = rw0 + 4 * s * record_words
+                    heads = []
+                    words = []
+                    for u in cutlass.range_constexpr(4):
+                        h, w = self.decode_tile(
+                            rec0 + u * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                        )
+                        heads.append(h)
+                        words.append(w)
+                    for k in cutlass.range_constexpr(4):
+                        if cutlass.const_expr(vec):
+                            frag = cute.make_rmem_tensor((4,), Uint32)
+                            for u in cutlass.range_constexpr(4):
+                                frag[u] = words[u][k]
+                            cute.autovec_copy(frag, img_chunks[None, (row_at[k] >> 4) + s])
+                        else:
+                            for u in cutlass.range_constexpr(4):
+                                self.image_word(s_img32, s_img16, row_at[k] + 16 * s + 4 * u, words[u][k])
+                    cute.arch.sync_warp()  # every word is imaged before lanes patch their bytes
+                    self.patch_tiles(heads, rec0, record_words, 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane)
+                for u in cutlass.range_constexpr(full % 4):
+                    t = full - full % 4 + u
+                    h, w = self.decode_tile(
+                        rw0 + t * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                    )
+                    for k in cutlass.range_constexpr(4):
+                        self.image_word(s_img32, s_img16, row_at[k] + 4 * t, w[k])
+                    cute.arch.sync_warp()
+                    self.patch_tiles(
+                        [h], rw0 + t * record_words, record_words, 4 * t, caps, s_rec16, s_rec8, s_img8, img0, lane
+                    )
+
+                if cutlass.const_expr(tc > 0):
+                    self.tail_tile(
+                        tail_w0,
+                        tail_words,
+                        deltas,
+                        ref,
+                        tail_raw,
+                        tail_raw_bytes,
+                        s_rec,
+                        s_rec16,
+                        s_rec8,
+                        s_img8,
+                        img0,
+                        lane,
+                    )
+                cute.arch.sync_warp()  # the image is complete; the staging region is free
+
+                nxt = item + step  # fetch the warp's next block while this one is copied out
+                if nxt < items:
+                    nz = nxt // blocks_per_expert
+                    ne = Int32(expert_ids[nz])
+                    if ne >= 0 and ne < num_experts:
+                        self.stage(
+                            copy_atom,
+                            rec_chunks,
+                            tail_chunks,
+                            delta_rows,
+                            s_chunks,
+                            ne * blocks_per_expert + nxt - nz * blocks_per_expert,
+                            rec_chunks_n,
+                            tail_chunks_n,
+                            rw0,
+                            tail_w0,
+                            delta_w0,
+                            lane,
+                        )
+
+                # copy out: the block's rows are one contiguous run of the plane, chunk-aligned with the image
+                n = valid * cols
+                chunk0 = (row0 * cols - mis) >> 4
+                nchunks = (mis + n + 15) >> 4
+                for i0 in range(lane, nchunks, 32 * _COPY_UNROLL):
+                    for v in cutlass.range_constexpr(_COPY_UNROLL):
+                        i = i0 + 32 * v
+                        lo16 = i * 16
+                        if cutlass.const_expr(vec):  # mis = 0 and n a multiple of 16: whole chunks only
+                            if i < nchunks:
+                                self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
+                        elif lo16 >= mis and lo16 + 16 <= mis + n:
+                            self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
+                        elif i < nchunks:  # the run's partial first and last chunks, bytewise
+                            for b in cutlass.range_constexpr(16):
+                                if lo16 + b >= mis and lo16 + b < mis + n:
+                                    out8[(chunk0 + i) * 16 + b] = s_img8[ib0 + lo16 + b]
+            else:  # a padding id: fetch the warp's next block
+                nxt = item + step
+                if nxt < items:
+                    nz = nxt // blocks_per_expert
+                    ne = Int32(expert_ids[nz])
+                    if ne >= 0 and ne < num_experts:
+                        self.stage(
+                            copy_atom,
+                            rec_chunks,
+                            tail_chunks,
+                            delta_rows,
+                            s_chunks,
+                            ne * blocks_per_expert + nxt - nz * blocks_per_expert,
+                            rec_chunks_n,
+                            tail_chunks_n,
+                            rw0,
+                            tail_w0,
+                            delta_w0,
+                            lane,
+                        )
+
+    @cute.jit
+    def stage(
+        self,
+        copy_atom,
+        rec_chunks,
+        tail_chunks,
+        delta_rows,
+        s_chunks,
+        rb,
+        rec_chunks_n,
+        tail_chunks_n,
+        rw0,
+        tail_w0,
+        delta_w0,
+        lane,
+    ):
+        """Queue the 16-byte copies of row block ``rb``'s full-tile records, tail record and base deltas."""
+        for i in range(lane, rec_chunks_n, 32):
+            cute.copy(copy_atom, rec_chunks[None, rb * rec_chunks_n + i], s_chunks[None, rw0 // 4 + i])
+        if cutlass.const_expr(self.cols % 4 > 0):
+            for i in range(lane, tail_chunks_n, 32):
+                cute.copy(copy_atom, tail_chunks[None, rb * tail_chunks_n + i], s_chunks[None, tail_w0 // 4 + i])
+        if lane < self.delta_bits:  # 16 * delta bits bytes
+            cute.copy(copy_atom, delta_rows[None, rb * self.delta_bits + lane], s_chunks[None, delta_w0 // 4 + lane])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def copy_chunk(self, img_chunks, out_chunks, src, dst):
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        cute.autovec_copy(img_chunks[None, src], frag)
+        cute.autovec_copy(frag, out_chunks[None, dst])
+
+    @cute.jit
+    def decode_tile(self, rec0, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane):
+        """(header, the quad's four words) of the full tile whose record starts at staging word ``rec0``."""
+        h = Uint32(s_rec[rec0 + record_words - 1])
+        mode = Int32(h & 3)
+        ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
+        w0 = Uint32(0)
+        w1 = Uint32(0)
+        w2 = Uint32(0)
+        w3 = Uint32(0)
+        if mode == 0:
+            sel = Uint32(s_rec16[2 * rec0 + lane])
+            w0, w1, w2, w3 = quad_words(
+                bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
+            )
+        elif mode == 1:
+            sel = Uint32(s_rec[rec0 + lane])
+            w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
+        elif mode == 2:
+            lo = Uint32(s_rec[rec0 + 2 * lane])
+            hi = Uint32(s_rec[rec0 + 2 * lane + 1])
+            halves = (lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)
+            w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields(x, 4) for x in halves])
+        else:
+            idx = Int32(h >> 2)
+            if idx < raw_rows:
+                frag = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(cute.zipped_divide(raw[idx, None], (4,))[None, lane], frag)
+                w0 = frag[0]
+                w1 = frag[1]
+                w2 = frag[2]
+                w3 = frag[3]
+        return h, [w0, w1, w2, w3]
+
+    @cute.jit
+    def image_word(self, s_img32, s_img16, at, word):
+        """One decoded word at image byte ``at`` (4-byte aligned for rows of 4k columns, else 2-byte)."""
+        if cutlass.const_expr(self.cols % 4 == 0):
+            s_img32[at >> 2] = word
+        else:
+            s_img16[at >> 1] = Uint16(word & 0xFFFF)
+            s_img16[(at >> 1) + 1] = Uint16(word >> 16)
+
+    @cute.jit
+    def patch_tiles(self, heads, rec0, record_words, col0, caps, s_rec16, s_rec8, s_img8, img0, lane):
+        """Overwrite the exception bytes of consecutive full tiles (headers ``heads``, records from staging word
+        ``rec0``, columns from ``col0``) in one pass over all their entries, so the lanes are busy: entry ``j``
+        belongs to the tile whose running entry count passes ``j``."""
+        counts = []
+        for u in cutlass.range_constexpr(len(heads)):
+            h = heads[u]
+            mode = Int32(h & 3)
+            cap = caps[2]
+            if mode == 0:
+                cap = caps[0]
+            elif mode == 1:
+                cap = caps[1]
+            n = cutlass.max(Int32(0), cutlass.min(Int32((h >> 2) & 63), cap))
+            if mode == 3:
+                n = Int32(0)
+            counts.append((n, cap))
+        ends = [counts[0][0]]
+        for u in cutlass.range_constexpr(1, len(heads)):
+            ends.append(ends[u - 1] + counts[u][0])
+        for j in range(lane, ends[-1], 32):
+            start = Int32(0)
+            h = heads[0]
+            cap = counts[0][1]
+            tile = Int32(0)
+            for u in cutlass.range_constexpr(1, len(heads)):
+                if j >= ends[u - 1]:
+                    start = ends[u - 1]
+                    h = heads[u]
+                    cap = counts[u][1]
+                    tile = Int32(u)
+            k = j - start
+            sel_bytes = Int32(64) << Int32(h & 3)
+            rec = rec0 + tile * record_words
+            pos = Int32(s_rec16[2 * rec + (sel_bytes >> 1) + k])
+            if pos < 512:
+                val = s_rec8[4 * rec + sel_bytes + 2 * cap + k]
+                s_img8[img0 + slot_to_row(pos >> 2) * self.cols + col0 + 4 * tile + (pos & 3)] = val
+
+    @cute.jit
+    def tail_tile(
+        self, tail_w0, tail_words, deltas, ref, tail_raw, tail_raw_bytes, s_rec, s_rec16, s_rec8, s_img8, img0, lane
+    ):
+        """The tail tile's ``cols % 4`` columns: lane g decodes slots 4 g .. 4 g + 3 (a slot's tc fields are
+        tc * w consecutive bits, read through a 64-bit window of two record words), then its exceptions."""
+        cols = self.cols
+        tc = cols % 4
+        col0 = cols - tc
+        db = self.delta_bits
+        h = Uint32(s_rec[tail_w0 + tail_words - 1])
+        mode = Int32(h & 3)
+        width = Int32(1) << mode
+        fits = 4 * tail_words >= 16 * tc * width + HEADER_BYTES
+        idx = Int32(h >> 2)
+        raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset (which may wrap)
+        origin = Int32(h << 16) >> 24
+        for s in cutlass.range_constexpr(4):
+            slot = 4 * lane + s
+            base = ref + Int32((deltas >> (db * s)) & ((1 << db) - 1)) + origin
+            bit = slot * tc * width
+            lo = Uint64(s_rec[tail_w0 + (bit >> 5)])
+            hi = Uint64(s_rec[tail_w0 + (bit >> 5) + 1])
+            window = ((hi << 32) | lo) >> Uint64(bit & 31)
+            at = img0 + slot_to_row(slot) * cols + col0
+            for c in cutlass.range_constexpr(tc):
+                val = Int32(0)
+                if mode == 3:
+                    if raw_ok:
+                        val = Int32(tail_raw[idx * (128 * tc) + slot * tc + c])
+                elif fits:
+                    field = Int32((window >> Uint64(c * width)) & Uint64((1 << width) - 1))
+                    val = (base + field) & 0xFF
+                s_img8[at + c] = Uint8(val)
+        cute.arch.sync_warp()
+        if mode != 3:
+            sel_bytes = 16 * tc * width
+            cap = cutlass.min(Int32(MAX_EXCEPTIONS), (4 * tail_words - HEADER_BYTES - sel_bytes) // 3)
+            for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
+                pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
+                if pos < 128 * tc:
+                    slot = pos // tc
+                    s_img8[img0 + slot_to_row(slot) * cols + col0 + pos - slot * tc] = s_rec8[
+                        4 * tail_w0 + sel_bytes + 2 * cap + j
+                    ]
