@@ -16,17 +16,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_expand import layer_planes
 
 from csf_kernels import runtime
-from csf_kernels.expand import expand_inline
+from csf_kernels.expand import ENGINES, expand_inline
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plane", choices=("w13", "w2"), default="w13")
-    proj = ap.parse_args().plane
+    ap.add_argument("--engine", choices=ENGINES, default="auto")
+    a = ap.parse_args()
+    proj = a.plane
     runtime.freeze()
     plane, inline = layer_planes()[1][proj]  # the planes bench_expand times
     out = torch.empty_like(plane)
-    expand_inline(inline, out)
+    expand_inline(inline, out, engine=a.engine)
     torch.cuda.synchronize()
     assert torch.equal(out, plane)
 

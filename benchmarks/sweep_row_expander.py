@@ -56,7 +56,7 @@ def main() -> None:
             for lay in _layouts(plane.shape[-1], plane.numel())
         ]
         sms = torch.cuda.get_device_properties(plane.device).multi_processor_count
-        for per_sm in (2, 4, 8, 64):  # the row-block expander's grid: CTAs per SM (64: one block per warp)
+        for per_sm in (4, 8, 16, 64):  # the row-block expander's grid: CTAs per SM (64: one block per warp)
             arms.append((f"rows-{per_sm}", None, [_row_block_launch(inline, out, experts, ctas=sms * per_sm)]))
         for name, lay, launches in arms:
             bound = [la.bind("deepseek-v4.1-flash") for la in launches]

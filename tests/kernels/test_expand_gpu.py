@@ -52,7 +52,12 @@ def test_expansion_of_the_shared_cases(seed):
             if form == "inline-row-block" and not _row_block_built(fmt, plane):
                 continue  # shapes outside the catalog have no row-block program
             out = torch.full_like(gpu, POISON)
-            engines = {"inline": "auto", "inline-triton": "triton", "inline-cute": "cute", "inline-row-block": "row_block"}
+            engines = {
+                "inline": "auto",
+                "inline-triton": "triton",
+                "inline-cute": "cute",
+                "inline-row-block": "row_block",
+            }
             if form in engines:  # "inline": the default engine choice
                 inline = encode_inline(gpu, fmt, row_group=group, record_bytes=record_bytes)
                 expand_inline(inline, out, experts=ids.to(torch.int32).cuda(), engine=engines[form])

@@ -24,6 +24,7 @@ from .families import (
     inline_store_bytes,
     row_block_covers,
     row_block_expander_spec,
+    row_block_group_tiles,
     row_block_warps,
     row_expander_spec,
     row_image_layout,
@@ -221,9 +222,9 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-# resident CTAs per SM the row-block grid is sized for: each warp walks its share of the row blocks, fetching
-# its next block's records while it copies one out
-ROW_BLOCK_CTAS_PER_SM = 4
+# CTAs per SM the row-block grid is sized for (about what stays resident): each warp walks its share of the
+# items, fetching its next item's records while it copies one out
+ROW_BLOCK_CTAS_PER_SM = 8
 
 
 def _row_block_launch(
@@ -233,12 +234,13 @@ def _row_block_launch(
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
-    if experts.numel() * blocks_per_expert >= 1 << 31:
+    if experts.numel() * blocks_per_expert * geo.full_col_tiles >= 1 << 31:
         raise ValueError(f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed int32")
     if ctas is None:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
         ctas = sms * ROW_BLOCK_CTAS_PER_SM
-    ctas = max(1, min(ctas, -(-experts.numel() * blocks_per_expert // row_block_warps(geo.cols))))
+    groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
+    ctas = max(1, min(ctas, -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))))
     words = torch.uint32
     args = (
         base_ref,

@@ -130,9 +130,24 @@ CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
 
 
+ROW_BLOCK_MAX_GROUP_TILES = 20  # a warp's image of 80-byte row segments (10 KiB): ~14 warps per SM
+
+
+def row_block_group_tiles(cols: int) -> int:
+    """Full tiles per item of the row-block expander: whole rows (tail included) unless the rows are 16-byte
+    multiples wider than ``ROW_BLOCK_MAX_GROUP_TILES`` tiles, which split into equal column groups of a
+    multiple of four tiles (whole 16-byte image stores; DS4.1-TP4 W13: two groups of 20)."""
+    full = cols // TILE_COLS
+    if cols % 16 or full <= ROW_BLOCK_MAX_GROUP_TILES:
+        return full
+    return max(gt for gt in range(4, ROW_BLOCK_MAX_GROUP_TILES + 1, 4) if full % gt == 0)
+
+
 def row_block_warps(cols: int) -> int:
-    """Warps per CTA of the row-block expander: four for small images, two for large ones (four CTAs per SM)."""
-    return 4 if cols <= 64 else 2
+    """Warps per CTA of the row-block expander: four for images of rows up to 32 bytes, two above."""
+    gt = row_block_group_tiles(cols)
+    pitch = cols if gt == cols // TILE_COLS else TILE_COLS * gt
+    return 4 if pitch <= 32 else 2
 
 
 def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
@@ -147,6 +162,7 @@ def row_block_expander_spec(fmt: ScaleFormat, cols: int) -> ProgramSpec:
         CUTE_ROW_BLOCK_EXPANDER,
         CUTE_ROW_BLOCK_EXPANDER_VERSION,
         COLS=cols,
+        GT=row_block_group_tiles(cols),
         DB=DELTA_BITS[fmt.name],
         MAXS=max(record_bytes_choices(fmt, TILE_COLS)),
         MAXST=max(max(record_bytes_choices(fmt, tc)) for tc in range(1, TILE_COLS)),

@@ -34,28 +34,18 @@ from cutlass.cute.nvgpu import cpasync
 from csf_codec.tile_layout import slot_to_row
 
 from ..families import ROW_BLOCK_MAX_COLS as MAX_COLS
-from ..families import row_block_warps
+from ..families import row_block_group_tiles, row_block_warps
 from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, quad_words, spread_fields
 
-__all__ = ["MAX_COLS", "RowBlockExpander", "row_block_shared_bytes"]
+__all__ = ["MAX_COLS", "RowBlockExpander"]
 _DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * delta bits <= 128)
 _COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image out
 
 
-def _region_bytes(cols: int, max_record_bytes: int, max_tail_bytes: int) -> tuple[int, int]:
-    """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
-    stage = (cols // 4) * max_record_bytes + (max_tail_bytes if cols % 4 else 0) + _DELTA_ROW
-    image = -(-(128 * cols + CHUNK_BYTES) // CHUNK_BYTES) * CHUNK_BYTES  # + the flat image's misalignment
-    return stage, image
-
-
-def row_block_shared_bytes(cols: int, max_record_bytes: int, max_tail_bytes: int) -> int:
-    stage, image = _region_bytes(cols, max_record_bytes, max_tail_bytes)
-    return row_block_warps(cols) * (stage + image)
-
-
 class RowBlockExpander:
-    """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`), one warp per row block.
+    """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`), one warp per item: a
+    128-row block's column group of ``group_tiles`` full tiles (whole rows, tail included, unless
+    :func:`~csf_kernels.families.row_block_group_tiles` splits them).
 
     Arguments of the compiled function, in order (tensors compact row-major, 16-byte aligned): ``base_ref`` u8
     [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR], ``tail`` u32 [NT] (any 16 bytes without
@@ -77,13 +67,28 @@ class RowBlockExpander:
         if max_record_bytes + _DELTA_ROW < 64 * 4:
             raise ValueError("the record staging region cannot hold a tile's widest selectors")
         self.cols = cols
+        self.full = cols // 4
         self.delta_bits = delta_bits
         self.max_record_bytes = max_record_bytes
         self.max_tail_bytes = max_tail_bytes
+        self.group_tiles = row_block_group_tiles(cols)
+        self.groups = self.full // self.group_tiles
+        self.pitch = cols if self.groups == 1 else 4 * self.group_tiles  # image bytes per row
         self.warps = row_block_warps(cols)
 
+    def region_bytes(self) -> tuple[int, int]:
+        """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
+        tail = self.max_tail_bytes if self.cols % 4 else 0
+        stage = self.group_tiles * self.max_record_bytes + tail + _DELTA_ROW
+        image = -(-(128 * self.pitch + CHUNK_BYTES) // CHUNK_BYTES) * CHUNK_BYTES  # + a flat image's misalignment
+        return stage, image
+
+    def delta_chunk(self, rw0):
+        """The staging chunk of the base-delta row in the warp region at word ``rw0``."""
+        return (rw0 + (self.region_bytes()[0] - _DELTA_ROW) // 4) // 4
+
     def shared_bytes(self) -> int:
-        return row_block_shared_bytes(self.cols, self.max_record_bytes, self.max_tail_bytes)
+        return self.warps * sum(self.region_bytes())
 
     @cute.jit
     def __call__(
@@ -146,16 +151,18 @@ class RowBlockExpander:
         ctas: Int32,
     ):
         cols = self.cols
-        full = cols // 4
         tc = cols % 4
         db = self.delta_bits
+        gt = self.group_tiles
+        groups = self.groups
+        pitch = self.pitch
         vec = cols % 16 == 0  # rows imaged 16 bytes (four tiles) per store, the image 16-byte aligned
         tid, _, _ = cute.arch.thread_idx()
         bx, _, _ = cute.arch.block_idx()
         warp = tid >> 5
         lane = tid & 31
 
-        stage_bytes, image_bytes = _region_bytes(cols, self.max_record_bytes, self.max_tail_bytes)
+        stage_bytes, image_bytes = self.region_bytes()
         smem = cutlass.memory.SmemAllocator()
         s_rec = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * stage_bytes // 4,)), byte_alignment=16)
         s_rec16 = cute.recast_tensor(s_rec, Uint16)
@@ -164,62 +171,53 @@ class RowBlockExpander:
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
         rw0 = warp * (stage_bytes // 4)  # this warp's staging region (words): records, tail record, deltas
-        tail_w0 = rw0 + full * self.max_record_bytes // 4
+        tail_w0 = rw0 + gt * self.max_record_bytes // 4
         delta_w0 = rw0 + (stage_bytes - _DELTA_ROW) // 4
         ib0 = warp * image_bytes  # this warp's image (bytes)
 
         copy_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
         )
-        rec_chunks = cute.zipped_divide(records, (4,))
-        tail_chunks = cute.zipped_divide(tail, (4,))
-        s_chunks = cute.zipped_divide(s_rec, (4,))
-        delta_words = cute.recast_tensor(base_delta, Uint32)
-        delta_rows = cute.zipped_divide(
-            cute.make_tensor(delta_words.iterator, cute.make_layout(cute.size(delta_words))), (4,)
+        sources = (
+            cute.zipped_divide(records, (4,)),
+            cute.zipped_divide(tail, (4,)),
+            cute.zipped_divide(
+                cute.make_tensor(
+                    cute.recast_tensor(base_delta, Uint32).iterator,
+                    cute.make_layout(cute.size(base_delta) // 4),
+                ),
+                (4,),
+            ),
         )
+        s_chunks = cute.zipped_divide(s_rec, (4,))
         out8 = cute.recast_tensor(out, Uint8)
         out_chunks = cute.zipped_divide(out, (4,))
         img_chunks = cute.zipped_divide(s_img32, (4,))
         raw_rows = cute.size(raw, mode=[0])
         tail_raw_bytes = cute.size(tail_raw, mode=[0])
-        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert
+        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert * groups
         step = ctas * self.warps
-        rec_chunks_n = full * (record_words >> 2)  # 16-byte chunks of a block's full-tile records
-        tail_chunks_n = Int32(0)
+        rec_n = gt * (record_words >> 2)  # 16-byte chunks of a group's full-tile records
+        tail_n = Int32(0)
         if cutlass.const_expr(tc > 0):
-            tail_chunks_n = tail_words >> 2
+            tail_n = tail_words >> 2
+        counts = (rec_n, tail_n)
         caps = [
             cutlass.min(Int32(MAX_EXCEPTIONS), (4 * record_words - HEADER_BYTES - (64 << m)) // 3) for m in range(3)
         ]
         quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
 
-        first = bx * self.warps + warp
-        # stage the first block (an id outside [0, E) is graph padding: nothing read, nothing written)
-        if first < items:
-            z = first // blocks_per_expert
-            e = Int32(expert_ids[z])
-            if e >= 0 and e < num_experts:
-                self.stage(
-                    copy_atom,
-                    rec_chunks,
-                    tail_chunks,
-                    delta_rows,
-                    s_chunks,
-                    e * blocks_per_expert + first - z * blocks_per_expert,
-                    rec_chunks_n,
-                    tail_chunks_n,
-                    rw0,
-                    tail_w0,
-                    delta_w0,
-                    lane,
-                )
-        for item in range(first, items, step):
-            z = item // blocks_per_expert
-            blk = item - z * blocks_per_expert
-            e = Int32(expert_ids[z])
+        # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
+        # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
+        item = bx * self.warps + warp
+        e, blk, g = self.locate(item, items, expert_ids, blocks_per_expert)
+        if e >= 0 and e < num_experts:
+            self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
+        while item < items:
+            nxt = item + step
+            ne, nblk, ng = self.locate(nxt, items, expert_ids, blocks_per_expert)
             cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_warp()  # the block's records landed; the previous image is copied out
+            cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
                 rb = e * blocks_per_expert + blk
                 group_index = blk // blocks_per_group
@@ -238,10 +236,10 @@ class RowBlockExpander:
                 bases = [
                     Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101 for k in range(4)
                 ]
-                row_at = [img0 + quad_rows[k] * cols for k in range(4)]  # image byte of the quad's rows
+                row_at = [img0 + quad_rows[k] * pitch for k in range(4)]  # image byte of the quad's rows
 
                 # full tiles, four at a time: decode, image, then (after a warp barrier) their exceptions
-                for s in range(full // 4):
+                for s in range(gt // 4):
                     rec0 = rw0 + 4 * s * record_words
                     heads = []
                     words = []
@@ -262,8 +260,8 @@ class RowBlockExpander:
                                 self.image_word(s_img32, s_img16, row_at[k] + 16 * s + 4 * u, words[u][k])
                     cute.arch.sync_warp()  # every word is imaged before lanes patch their bytes
                     self.patch_tiles(heads, rec0, record_words, 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane)
-                for u in cutlass.range_constexpr(full % 4):
-                    t = full - full % 4 + u
+                for u in cutlass.range_constexpr(gt % 4):
+                    t = gt - gt % 4 + u
                     h, w = self.decode_tile(
                         rw0 + t * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
                     )
@@ -273,7 +271,6 @@ class RowBlockExpander:
                     self.patch_tiles(
                         [h], rw0 + t * record_words, record_words, 4 * t, caps, s_rec16, s_rec8, s_img8, img0, lane
                     )
-
                 if cutlass.const_expr(tc > 0):
                     self.tail_tile(
                         tail_w0,
@@ -291,88 +288,82 @@ class RowBlockExpander:
                     )
                 cute.arch.sync_warp()  # the image is complete; the staging region is free
 
-                nxt = item + step  # fetch the warp's next block while this one is copied out
-                if nxt < items:
-                    nz = nxt // blocks_per_expert
-                    ne = Int32(expert_ids[nz])
-                    if ne >= 0 and ne < num_experts:
-                        self.stage(
-                            copy_atom,
-                            rec_chunks,
-                            tail_chunks,
-                            delta_rows,
-                            s_chunks,
-                            ne * blocks_per_expert + nxt - nz * blocks_per_expert,
-                            rec_chunks_n,
-                            tail_chunks_n,
-                            rw0,
-                            tail_w0,
-                            delta_w0,
-                            lane,
-                        )
-
-                # copy out: the block's rows are one contiguous run of the plane, chunk-aligned with the image
-                n = valid * cols
-                chunk0 = (row0 * cols - mis) >> 4
-                nchunks = (mis + n + 15) >> 4
-                for i0 in range(lane, nchunks, 32 * _COPY_UNROLL):
-                    for v in cutlass.range_constexpr(_COPY_UNROLL):
-                        i = i0 + 32 * v
-                        lo16 = i * 16
-                        if cutlass.const_expr(vec):  # mis = 0 and n a multiple of 16: whole chunks only
-                            if i < nchunks:
-                                self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
-                        elif lo16 >= mis and lo16 + 16 <= mis + n:
-                            self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
-                        elif i < nchunks:  # the run's partial first and last chunks, bytewise
-                            for b in cutlass.range_constexpr(16):
-                                if lo16 + b >= mis and lo16 + b < mis + n:
-                                    out8[(chunk0 + i) * 16 + b] = s_img8[ib0 + lo16 + b]
-            else:  # a padding id: fetch the warp's next block
-                nxt = item + step
-                if nxt < items:
-                    nz = nxt // blocks_per_expert
-                    ne = Int32(expert_ids[nz])
-                    if ne >= 0 and ne < num_experts:
-                        self.stage(
-                            copy_atom,
-                            rec_chunks,
-                            tail_chunks,
-                            delta_rows,
-                            s_chunks,
-                            ne * blocks_per_expert + nxt - nz * blocks_per_expert,
-                            rec_chunks_n,
-                            tail_chunks_n,
-                            rw0,
-                            tail_w0,
-                            delta_w0,
-                            lane,
-                        )
+                if ne >= 0 and ne < num_experts:  # fetch the next item while this one is copied out
+                    self.stage(
+                        copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane
+                    )
+                self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane)
+            elif ne >= 0 and ne < num_experts:
+                self.stage(copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane)
+            item = nxt
+            e = ne
+            blk = nblk
+            g = ng
 
     @cute.jit
-    def stage(
-        self,
-        copy_atom,
-        rec_chunks,
-        tail_chunks,
-        delta_rows,
-        s_chunks,
-        rb,
-        rec_chunks_n,
-        tail_chunks_n,
-        rw0,
-        tail_w0,
-        delta_w0,
-        lane,
-    ):
-        """Queue the 16-byte copies of row block ``rb``'s full-tile records, tail record and base deltas."""
-        for i in range(lane, rec_chunks_n, 32):
-            cute.copy(copy_atom, rec_chunks[None, rb * rec_chunks_n + i], s_chunks[None, rw0 // 4 + i])
-        if cutlass.const_expr(self.cols % 4 > 0):
-            for i in range(lane, tail_chunks_n, 32):
-                cute.copy(copy_atom, tail_chunks[None, rb * tail_chunks_n + i], s_chunks[None, tail_w0 // 4 + i])
-        if lane < self.delta_bits:  # 16 * delta bits bytes
-            cute.copy(copy_atom, delta_rows[None, rb * self.delta_bits + lane], s_chunks[None, delta_w0 // 4 + lane])
+    def locate(self, item, items, expert_ids, blocks_per_expert):
+        """(expert id, row block, column group) of a warp's item; id -1 past the last item."""
+        e = Int32(-1)
+        blk = Int32(0)
+        g = Int32(0)
+        if item < items:
+            zb = item // self.groups
+            g = item - zb * self.groups
+            z = zb // blocks_per_expert
+            blk = zb - z * blocks_per_expert
+            e = Int32(expert_ids[z])
+        return e, blk, g
+
+    @cute.jit
+    def copy_out(self, img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane):
+        """The image's rows to the plane in 16-byte chunks (whole sectors): a flat image is one contiguous run of
+        the plane (its partial first and last chunks written bytewise); a column group's rows are ``pitch``-byte
+        segments of the plane's rows."""
+        cols = self.cols
+        if cutlass.const_expr(self.groups > 1):
+            seg = self.pitch // 16  # chunks per row segment
+            for i0 in range(lane, valid * seg, 32 * _COPY_UNROLL):
+                for v in cutlass.range_constexpr(_COPY_UNROLL):
+                    i = i0 + 32 * v
+                    if i < valid * seg:
+                        r = i // seg
+                        dst = (row0 + r) * (cols // 16) + g * seg + i - r * seg
+                        self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, dst)
+        else:
+            n = valid * cols
+            chunk0 = (row0 * cols - mis) >> 4
+            lo = (mis + 15) >> 4  # whole chunks lo .. hi - 1
+            hi = (mis + n) >> 4
+            for i0 in range(lo + lane, hi, 32 * _COPY_UNROLL):
+                for v in cutlass.range_constexpr(_COPY_UNROLL):
+                    i = i0 + 32 * v
+                    if i < hi:
+                        self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
+            if cutlass.const_expr(cols % 16 != 0):
+                # partial chunks: lanes 0-15 the first chunk's bytes, lanes 16-31 the last's
+                i = Int32(0)
+                if lane >= 16:
+                    i = hi
+                b = 16 * i + (lane & 15)
+                if b >= mis and b < mis + n:
+                    out8[chunk0 * 16 + b] = s_img8[ib0 + b]
+
+    @cute.jit
+    def stage(self, copy_atom, sources, s_chunks, rb, g, counts, rw0, tail_w0, lane):
+        """Queue the 16-byte copies of row block ``rb``'s column group ``g``: its full-tile records, the tail
+        record (planes with a tail: one group) and the base deltas, as one pass over the lanes."""
+        records, tail, deltas = sources
+        rec_n, tail_n = counts
+        src = (rb * self.full + g * self.group_tiles) * (rec_n // self.group_tiles)
+        for i in range(lane, rec_n + tail_n + self.delta_bits, 32):
+            if i < rec_n:
+                cute.copy(copy_atom, records[None, src + i], s_chunks[None, rw0 // 4 + i])
+            elif i < rec_n + tail_n:
+                j = i - rec_n
+                cute.copy(copy_atom, tail[None, rb * tail_n + j], s_chunks[None, tail_w0 // 4 + j])
+            else:
+                j = i - rec_n - tail_n
+                cute.copy(copy_atom, deltas[None, rb * self.delta_bits + j], s_chunks[None, self.delta_chunk(rw0) + j])
         cute.arch.cp_async_commit_group()
 
     @cute.jit
