@@ -453,7 +453,7 @@ class RowBlockExpander:
             pos = Int32(s_rec16[2 * rec + (sel_bytes >> 1) + k])
             if pos < 512:
                 val = s_rec8[4 * rec + sel_bytes + 2 * cap + k]
-                s_img8[img0 + slot_to_row(pos >> 2) * self.cols + col0 + 4 * tile + (pos & 3)] = val
+                s_img8[img0 + slot_to_row(pos >> 2) * self.pitch + col0 + 4 * tile + (pos & 3)] = val
 
     @cute.jit
     def tail_tile(
