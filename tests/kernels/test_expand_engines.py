@@ -9,7 +9,15 @@ from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels.cute_so import TensorRef
 from csf_kernels.expand import ENGINES, auto_engine, inline_expansion_launches
-from csf_kernels.families import CUTE_ROW_EXPANDER, EXPAND_INLINE, row_expander_spec
+from csf_kernels.families import (
+    CUTE_ROW_BLOCK_EXPANDER,
+    CUTE_ROW_EXPANDER,
+    EXPAND_INLINE,
+    row_block_expander_spec,
+    row_block_group_tiles,
+    row_block_warps,
+    row_expander_spec,
+)
 
 
 def _inline(shape, fmt=MXFP4, group=None):
@@ -79,3 +87,45 @@ def test_with_pointers_drops_views_of_the_callers_buffers_for_cute_launches():
     assert snap.shape == (out.numel() // 4,) and snap.is_contiguous()
     # the CSF arrays are not the caller's per-call buffers: they stay tensors
     assert all(isinstance(a, torch.Tensor) for a in refs.args[:6])
+
+
+def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
+    w13 = _inline((3, 1152, 160), group=576)
+    out = torch.empty(w13.shape, dtype=torch.uint8)
+    (launch,) = inline_expansion_launches(w13, out, engine="row_block")
+    spec = row_block_expander_spec(MXFP4, 160)
+    assert launch.spec == spec and spec.kernel == CUTE_ROW_BLOCK_EXPANDER and spec.fact["GT"] == 20
+    # items: 3 experts x 10 row blocks (two row groups of 576 rows) x 2 column groups, two warps per CTA
+    assert row_block_warps(160) == 2 and launch.grid == (30, 1, 1)
+    scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
+    assert len(scalars) == 8 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
+    w2 = _inline((4, 512, 18))
+    (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
+    assert row_block_group_tiles(18) == 4 and row_block_warps(18) == 4 and launch.grid == (4, 1, 1)
+    assert launch.args[-2] == 4  # num_experts, then ctas
+
+
+def test_row_block_group_tiles_split_only_wide_sixteen_byte_rows():
+    assert row_block_group_tiles(160) == 20 and row_block_group_tiles(128) == 16  # 2 groups each
+    assert row_block_group_tiles(64) == 16 and row_block_group_tiles(90) == 22  # whole rows (90: tail too)
+    assert row_block_warps(64) == 2 and row_block_warps(24) == 4
+
+
+def test_row_block_refuses_planes_it_does_not_cover():
+    odd = _inline((2, 128, 37), NVFP4)
+    with pytest.raises(ValueError, match="row-block expander does not cover"):
+        inline_expansion_launches(odd, torch.empty(odd.shape, dtype=torch.uint8), engine="row_block")
+    wide = _inline((1, 128, 320), NVFP4)
+    with pytest.raises(ValueError, match="row-block expander does not cover"):
+        inline_expansion_launches(wide, torch.empty(wide.shape, dtype=torch.uint8), engine="row_block")
+
+
+def test_auto_takes_the_row_block_expander_only_for_cached_programs_of_rows_triton_cannot_store_whole(monkeypatch):
+    from csf_kernels import runtime
+
+    cached = {row_block_expander_spec(MXFP4, 18).key, row_block_expander_spec(MXFP4, 160).key}
+    monkeypatch.setattr(runtime, "is_cached", lambda spec: spec.key in cached)
+    assert auto_engine(18, 384 * 5120 * 18, 0, MXFP4) == "row_block"  # DS4.1-TP4 W2
+    assert auto_engine(160, 384 * 1152 * 160, 0, MXFP4) == "triton"  # 16-byte row pieces: Triton
+    assert auto_engine(18, 384 * 5120 * 18, 0, NVFP4) == "cute"  # no program for this shape: as before
+    assert auto_engine(18, 384 * 5120 * 18, 0) == "cute"  # no format named: as before

@@ -1,7 +1,8 @@
 """Scale expansion: CSF -> the native scale plane, on the GPU, for a whole layer or routed experts.
 
-Host-side launchers of the CuTe row expander (:mod:`csf_kernels.cute.inline_row_expander`) and the Triton
-programs in :mod:`csf_kernels.kernels`; they import no compiler and
+Host-side launchers of the CuTe DSL expanders (:mod:`csf_kernels.cute.row_block_expander`,
+:mod:`csf_kernels.cute.inline_row_expander`) and the Triton programs in :mod:`csf_kernels.kernels`; they import
+no compiler and
 resolve every program through the AOT runtime. ``bind_*`` resolves programs and marshals arguments
 once (for serving and CUDA graphs); calling the binding launches. ``expand_*`` binds and calls.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from csf_codec import InlineScales
+from csf_codec import InlineScales, ScaleFormat
 
 from . import runtime
 from .compact_tables import CompactTables
@@ -88,16 +89,18 @@ ENGINES = ("auto", "triton", "cute", "row_block")
 _TRITON_MIN_STORE = 8
 
 
-def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt=None) -> str:
+def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = None) -> str:
     """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
 
-    The row-block expander wherever it covers the plane and the AOT cache holds its program for this shape
-    (the catalog's planes); otherwise:
-    CuTe where it covers the plane and either the rows are narrow (one column group of at most 8 full tiles,
-    one warp per row block: DS4.1-TP4's W2 26.7 vs 34.0 us, runs 69-75) or Triton could only store them in
-    pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83); Triton
-    for rows it stores 8 or 16 bytes at a time (DS4.1-TP4's W13 34.3 vs 36.9 us)."""
-    if fmt is not None and row_block_covers(cols, nbytes, out_ptr):
+    The row-block expander where it covers the plane, the AOT cache holds its program for this shape (the
+    catalog's planes; ``fmt`` names the format) and Triton could not store whole 16-byte row pieces
+    (DS4.1-TP4's W2: 20.5 us, CuTe row images 26.8, Triton 33.9; run 120). Otherwise CuTe where it covers the
+    plane and either the rows are narrow (one column group of at most 8 full tiles, one warp per row block) or
+    Triton could only store them in pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us
+    per layer, run 83); Triton for rows it stores 8 or 16 bytes at a time (DS4.1-TP4's W13: 34.6 us, the
+    row-block expander 37.2, CuTe 37.2; run 120)."""
+    store = inline_store_bytes(cols, out_ptr)
+    if fmt is not None and store < 16 and row_block_covers(cols, nbytes, out_ptr):
         if runtime.is_cached(row_block_expander_spec(fmt, cols)):
             return "row_block"
     layout = row_image_layout(cols, nbytes, out_ptr)
@@ -105,7 +108,7 @@ def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt=None) -> str:
         return "triton"
     if layout.per_warp and layout.groups == 1:
         return "cute"
-    return "cute" if inline_store_bytes(cols, out_ptr) < _TRITON_MIN_STORE else "triton"
+    return "cute" if store < _TRITON_MIN_STORE else "triton"
 
 
 ROW_BLOCKS_PER_CTA_MAX = 4
@@ -222,9 +225,10 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-# CTAs per SM the row-block grid is sized for (about what stays resident): each warp walks its share of the
+# CTAs per SM the row-block grid is sized for (twice what stays resident, so early finishers take more; sweep,
+# run 120: DS4.1-TP4 W2 21.2 us at 8, 20.5 at 16, 21.7 at one item per warp): each warp walks its share of the
 # items, fetching its next item's records while it copies one out
-ROW_BLOCK_CTAS_PER_SM = 8
+ROW_BLOCK_CTAS_PER_SM = 16
 
 
 def _row_block_launch(

@@ -1,0 +1,48 @@
+"""The CuTe DSL row-block expander builds ahead of time on a GPU-less machine: no spills, no CTA barrier, int32
+scalars after the tensors, shared memory for four or more CTAs per SM.
+
+Needs nvidia-cutlass-dsl, gcc and a CUDA toolkit's libcudart_static.a; skipped (with the reason) without them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the row-block expander cannot be compiled")
+
+from csf_codec import MXFP4
+from csf_kernels.cute import export
+from csf_kernels.families import row_block_expander_spec, row_block_warps
+
+from .test_stage_decoder_build import _toolchain_or_skip
+
+TENSORS = ["base_ref", "base_delta", "records", "tail", "raw", "tail_raw", "out", "expert_ids"]
+
+
+@pytest.fixture(scope="module", params=[160, 18], ids=["w13-160-columns", "w2-18-columns"])
+def built(request, tmp_path_factory):
+    _toolchain_or_skip()
+    f = row_block_expander_spec(MXFP4, request.param).fact
+    prog = export.row_block_expander_program(f["COLS"], f["DB"], f["MAXS"], f["MAXST"])
+    return request.param, export.build_cute_program(prog, tmp_path_factory.mktemp("row_block"))
+
+
+def test_arguments_and_launch_in_the_metadata(built):
+    cols, meta = built
+    scalars = list(export.ROW_BLOCK_EXPANDER_SCALARS)
+    assert meta["program"] == "row_block_expander" and meta["cols"] == cols and meta["warps"] == row_block_warps(cols)
+    assert [a["name"] for a in meta["args"]] == [*TENSORS, *scalars, "stream"]
+    assert meta["launch"]["grid"] == ["ctas", 1, 1] and meta["launch"]["block"] == [32 * row_block_warps(cols), 1, 1]
+    # four CTAs or more fit an SM's 227 KiB of shared memory
+    assert 4 * (meta["launch"]["dynamic_shared_bytes"] + 1024) <= 227 * 1024
+
+
+def test_sass_stages_with_cp_async_never_spills_and_has_no_cta_barrier(built):
+    _, meta = built
+    sass = meta["sass"]
+    if sass is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's bundled tools) to disassemble the cubin")
+    assert sass["ldgsts"] >= 1 and all(f.endswith(".128") for f in sass["ldgsts_forms"]), sass["ldgsts_forms"]
+    assert sass["local_memory_ops"] == 0 and sass["local_bytes"] == 0 and sass["stack_bytes"] == 0, sass
+    assert sass["opcodes"].get("BAR", 0) == 0  # one warp per item: warp barriers only
+    assert sass["registers"] <= 72  # seven or more CTAs of 128 threads by registers
