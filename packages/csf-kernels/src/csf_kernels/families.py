@@ -130,13 +130,13 @@ CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
 
 
-ROW_BLOCK_MAX_GROUP_TILES = 20  # a warp's image of 80-byte row segments (10 KiB): ~14 warps per SM
+ROW_BLOCK_MAX_GROUP_TILES = 8  # a warp's image of 32-byte row segments (4 KiB, whole sectors): 32 warps per SM
 
 
 def row_block_group_tiles(cols: int) -> int:
     """Full tiles per item of the row-block expander: whole rows (tail included) unless the rows are 16-byte
     multiples wider than ``ROW_BLOCK_MAX_GROUP_TILES`` tiles, which split into equal column groups of a
-    multiple of four tiles (whole 16-byte image stores; DS4.1-TP4 W13: two groups of 20)."""
+    multiple of four tiles (whole 16-byte image stores; DS4.1-TP4 W13: five groups of 8)."""
     full = cols // TILE_COLS
     if cols % 16 or full <= ROW_BLOCK_MAX_GROUP_TILES:
         return full

@@ -210,16 +210,15 @@ class RowBlockExpander:
         # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
         # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
         item = bx * self.warps + warp
-        e, blk, g = self.locate(item, items, expert_ids, blocks_per_expert)
+        e, blk, g, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, num_experts)
         if e >= 0 and e < num_experts:
             self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
         while item < items:
             nxt = item + step
-            ne, nblk, ng = self.locate(nxt, items, expert_ids, blocks_per_expert)
+            ne, nblk, ng, nref = self.locate(nxt, items, expert_ids, base_ref, blocks_per_expert, num_experts)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
-                rb = e * blocks_per_expert + blk
                 group_index = blk // blocks_per_group
                 within = blk - group_index * blocks_per_group
                 row0 = e * rows_per_expert + group_index * row_group + within * 128
@@ -228,7 +227,6 @@ class RowBlockExpander:
                 if cutlass.const_expr(not vec):
                     mis = (row0 * cols) & 15
                 img0 = ib0 + mis  # image byte of the block's first row
-                ref = Int32(base_ref[rb])
                 if cutlass.const_expr(db == 4):
                     deltas = Uint32(s_rec16[2 * delta_w0 + lane])
                 else:
@@ -299,20 +297,25 @@ class RowBlockExpander:
             e = ne
             blk = nblk
             g = ng
+            ref = nref
 
     @cute.jit
-    def locate(self, item, items, expert_ids, blocks_per_expert):
-        """(expert id, row block, column group) of a warp's item; id -1 past the last item."""
+    def locate(self, item, items, expert_ids, base_ref, blocks_per_expert, num_experts):
+        """(expert id, row block, column group, the block's reference byte) of a warp's item; id -1 past the
+        last item."""
         e = Int32(-1)
         blk = Int32(0)
         g = Int32(0)
+        ref = Int32(0)
         if item < items:
             zb = item // self.groups
             g = item - zb * self.groups
             z = zb // blocks_per_expert
             blk = zb - z * blocks_per_expert
             e = Int32(expert_ids[z])
-        return e, blk, g
+            if e >= 0 and e < num_experts:
+                ref = Int32(base_ref[e * blocks_per_expert + blk])
+        return e, blk, g, ref
 
     @cute.jit
     def copy_out(self, img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane):
@@ -382,13 +385,15 @@ class RowBlockExpander:
         w1 = Uint32(0)
         w2 = Uint32(0)
         w3 = Uint32(0)
+        # the common modes' selector words are loaded with the header, not after it: no dependent load latency
+        sel1 = Uint32(s_rec16[2 * rec0 + lane])
+        sel2 = Uint32(s_rec[rec0 + lane])
         if mode == 0:
-            sel = Uint32(s_rec16[2 * rec0 + lane])
             w0, w1, w2, w3 = quad_words(
-                bases, ow, [((sel >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
+                bases, ow, [((sel1 >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
             )
         elif mode == 1:
-            sel = Uint32(s_rec[rec0 + lane])
+            sel = sel2
             w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
         elif mode == 2:
             lo = Uint32(s_rec[rec0 + 2 * lane])
