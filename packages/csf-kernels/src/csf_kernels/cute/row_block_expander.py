@@ -74,6 +74,8 @@ class RowBlockExpander:
         self.group_tiles = row_block_group_tiles(cols)
         self.groups = self.full // self.group_tiles
         self.pitch = cols if self.groups == 1 else 4 * self.group_tiles  # image bytes per row
+        if self.groups > 1 and 32 % (self.pitch // 16):
+            raise ValueError(f"column groups of {self.group_tiles} tiles do not split a warp into whole rows")
         self.warps = row_block_warps(cols)
 
     def region_bytes(self) -> tuple[int, int]:
@@ -128,7 +130,14 @@ class RowBlockExpander:
             tail_words,
             num_experts,
             ctas,
-        ).launch(grid=(ctas, 1, 1), block=(32 * self.warps, 1, 1), stream=stream)
+        ).launch(
+            grid=(ctas, 1, 1),
+            block=(32 * self.warps, 1, 1),
+            stream=stream,
+            # 32 warps per SM: at most 64 registers per thread (the kernel is issue-bound; ncu, runs 121-122)
+            min_blocks_per_mp=32 // self.warps,
+            preferred_smem_carveout=100,
+        )
 
     @cute.kernel
     def kernel(
@@ -323,26 +332,31 @@ class RowBlockExpander:
         the plane (its partial first and last chunks written bytewise); a column group's rows are ``pitch``-byte
         segments of the plane's rows."""
         cols = self.cols
+        src0 = (ib0 >> 4) + lane
         if cutlass.const_expr(self.groups > 1):
-            seg = self.pitch // 16  # chunks per row segment
-            for i0 in range(lane, valid * seg, 32 * _COPY_UNROLL):
-                for v in cutlass.range_constexpr(_COPY_UNROLL):
-                    i = i0 + 32 * v
-                    if i < valid * seg:
-                        r = i // seg
-                        dst = (row0 + r) * (cols // 16) + g * seg + i - r * seg
-                        self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, dst)
+            # lane l copies chunk l % seg of row segment l // seg, then the same 32 // seg rows on
+            seg = self.pitch // 16  # chunks per row segment: 1 or 2, so 32 lanes cover whole segments
+            rows = 32 // seg
+            first = lane // seg
+            dst0 = (row0 + first) * (cols // 16) + g * seg + lane - first * seg
+            for v in cutlass.range_constexpr(128 // rows):
+                if first + rows * v < valid:
+                    self.copy_chunk(img_chunks, out_chunks, src0 + 32 * v, dst0 + rows * v * (cols // 16))
         else:
             n = valid * cols
             chunk0 = (row0 * cols - mis) >> 4
-            lo = (mis + 15) >> 4  # whole chunks lo .. hi - 1
-            hi = (mis + n) >> 4
-            for i0 in range(lo + lane, hi, 32 * _COPY_UNROLL):
-                for v in cutlass.range_constexpr(_COPY_UNROLL):
-                    i = i0 + 32 * v
-                    if i < hi:
-                        self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
-            if cutlass.const_expr(cols % 16 != 0):
+            if mis == 0 and (n & 15) == 0:  # a run of whole chunks (every catalog plane)
+                for v in cutlass.range_constexpr(-(-128 * cols // 512)):
+                    if lane + 32 * v < n >> 4:
+                        self.copy_chunk(img_chunks, out_chunks, src0 + 32 * v, chunk0 + lane + 32 * v)
+            else:
+                lo = (mis + 15) >> 4  # whole chunks lo .. hi - 1
+                hi = (mis + n) >> 4
+                for i0 in range(lo + lane, hi, 32 * _COPY_UNROLL):
+                    for v in cutlass.range_constexpr(_COPY_UNROLL):
+                        i = i0 + 32 * v
+                        if i < hi:
+                            self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
                 # partial chunks: lanes 0-15 the first chunk's bytes, lanes 16-31 the last's
                 i = Int32(0)
                 if lane >= 16:
@@ -461,6 +475,33 @@ class RowBlockExpander:
                 s_img8[img0 + slot_to_row(pos >> 2) * self.pitch + col0 + 4 * tile + (pos & 3)] = val
 
     @cute.jit
+    def tail_pairs(self, tail_w0, h, deltas, ref, tail_raw, fits, raw_ok, s_rec, s_img8, img0, lane):
+        """The two tail columns of lane g's slots 4 g .. 4 g + 3, a 16-bit image store per row: the four slots'
+        fields are 8 w bits at byte w g of the record, one aligned word shifted."""
+        db = self.delta_bits
+        mode = Int32(h & 3)
+        width = Int32(1) << mode
+        fmask = (Int32(1) << width) - 1
+        byte = lane << mode
+        x = Int32(Uint32(s_rec[tail_w0 + (byte >> 2)]) >> Uint32((byte & 3) * 8))
+        origin = Int32(h << 16) >> 24
+        idx = Int32(h >> 2)
+        s_img16 = cute.recast_tensor(s_img8, Uint16)
+        for s in cutlass.range_constexpr(4):
+            slot = 4 * lane + s
+            pair = Int32(0)
+            if mode == 3:
+                if raw_ok:
+                    at = idx * 256 + 2 * slot
+                    pair = Int32(tail_raw[at]) | (Int32(tail_raw[at + 1]) << 8)
+            elif fits:
+                fs = x >> (2 * width * s)
+                base = (ref + Int32((deltas >> (db * s)) & ((1 << db) - 1)) + origin) & 0xFF
+                # both bytes of a real row stay in range (no carry between them), as in quad_words
+                pair = (base * 0x0101 + ((fs & fmask) | ((fs >> width) & fmask) << 8)) & 0xFFFF
+            s_img16[(img0 + slot_to_row(slot) * self.cols + self.cols - 2) >> 1] = Uint16(pair)
+
+    @cute.jit
     def tail_tile(
         self, tail_w0, tail_words, deltas, ref, tail_raw, tail_raw_bytes, s_rec, s_rec16, s_rec8, s_img8, img0, lane
     ):
@@ -477,7 +518,9 @@ class RowBlockExpander:
         idx = Int32(h >> 2)
         raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset (which may wrap)
         origin = Int32(h << 16) >> 24
-        for s in cutlass.range_constexpr(4):
+        if cutlass.const_expr(tc == 2):
+            self.tail_pairs(tail_w0, h, deltas, ref, tail_raw, fits, raw_ok, s_rec, s_img8, img0, lane)
+        for s in cutlass.range_constexpr(4 if tc != 2 else 0):
             slot = 4 * lane + s
             base = ref + Int32((deltas >> (db * s)) & ((1 << db) - 1)) + origin
             bit = slot * tc * width
@@ -501,7 +544,7 @@ class RowBlockExpander:
             for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
                 pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
                 if pos < 128 * tc:
-                    slot = pos // tc
-                    s_img8[img0 + slot_to_row(slot) * cols + col0 + pos - slot * tc] = s_rec8[
+                    eslot = pos // tc
+                    s_img8[img0 + slot_to_row(eslot) * cols + col0 + pos - eslot * tc] = s_rec8[
                         4 * tail_w0 + sel_bytes + 2 * cap + j
                     ]
