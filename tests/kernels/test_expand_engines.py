@@ -94,11 +94,11 @@ def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
     out = torch.empty(w13.shape, dtype=torch.uint8)
     (launch,) = inline_expansion_launches(w13, out, engine="row_block")
     spec = row_block_expander_spec(MXFP4, 160)
-    assert launch.spec == spec and spec.kernel == CUTE_ROW_BLOCK_EXPANDER and spec.fact["GT"] == 20
-    # items: 3 experts x 10 row blocks (two row groups of 576 rows) x 2 column groups, two warps per CTA
-    assert row_block_warps(160) == 2 and launch.grid == (30, 1, 1)
+    assert launch.spec == spec and spec.kernel == CUTE_ROW_BLOCK_EXPANDER and spec.fact["GT"] == 8
+    # items: 3 experts x 10 row blocks (two row groups of 576 rows) x 5 column groups, one per warp
+    assert row_block_warps(160) == 4 and launch.grid == (38, 1, 1)
     scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
-    assert len(scalars) == 8 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
+    assert len(scalars) == 8 and scalars[-1] == 38 and scalars[4] == w13.record_bytes // 4
     w2 = _inline((4, 512, 18))
     (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
     assert row_block_group_tiles(18) == 4 and row_block_warps(18) == 4 and launch.grid == (4, 1, 1)
@@ -106,9 +106,9 @@ def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
 
 
 def test_row_block_group_tiles_split_only_wide_sixteen_byte_rows():
-    assert row_block_group_tiles(160) == 20 and row_block_group_tiles(128) == 16  # 2 groups each
-    assert row_block_group_tiles(64) == 16 and row_block_group_tiles(90) == 22  # whole rows (90: tail too)
-    assert row_block_warps(64) == 2 and row_block_warps(24) == 4
+    assert row_block_group_tiles(160) == 8 and row_block_group_tiles(48) == 4  # 5 and 3 groups
+    assert row_block_group_tiles(32) == 8 and row_block_group_tiles(90) == 22  # whole rows (90: tail too)
+    assert row_block_warps(160) == 4 and row_block_warps(90) == 2 and row_block_warps(24) == 4
 
 
 def test_row_block_refuses_planes_it_does_not_cover():
@@ -120,12 +120,13 @@ def test_row_block_refuses_planes_it_does_not_cover():
         inline_expansion_launches(wide, torch.empty(wide.shape, dtype=torch.uint8), engine="row_block")
 
 
-def test_auto_takes_the_row_block_expander_only_for_cached_programs_of_rows_triton_cannot_store_whole(monkeypatch):
+def test_auto_takes_the_row_block_expander_for_every_cached_shape(monkeypatch):
     from csf_kernels import runtime
 
     cached = {row_block_expander_spec(MXFP4, 18).key, row_block_expander_spec(MXFP4, 160).key}
     monkeypatch.setattr(runtime, "is_cached", lambda spec: spec.key in cached)
     assert auto_engine(18, 384 * 5120 * 18, 0, MXFP4) == "row_block"  # DS4.1-TP4 W2
-    assert auto_engine(160, 384 * 1152 * 160, 0, MXFP4) == "triton"  # 16-byte row pieces: Triton
+    assert auto_engine(160, 384 * 1152 * 160, 0, MXFP4) == "row_block"  # DS4.1-TP4 W13
     assert auto_engine(18, 384 * 5120 * 18, 0, NVFP4) == "cute"  # no program for this shape: as before
-    assert auto_engine(18, 384 * 5120 * 18, 0) == "cute"  # no format named: as before
+    assert auto_engine(160, 384 * 1152 * 160, 0) == "triton"  # no format named: as before
+    assert auto_engine(18, 384 * 5120 * 18, 8, MXFP4) == "triton"  # unaligned output: not covered

@@ -1,4 +1,4 @@
-"""The CuTe DSL row-block expander builds ahead of time on a GPU-less machine: no spills, one CTA barrier, int32
+"""The CuTe DSL row-block expander builds ahead of time on a GPU-less machine: no spills, no CTA barrier, int32
 scalars after the tensors, shared memory for four or more CTAs per SM.
 
 Needs nvidia-cutlass-dsl, gcc and a CUDA toolkit's libcudart_static.a; skipped (with the reason) without them.
@@ -37,13 +37,12 @@ def test_arguments_and_launch_in_the_metadata(built):
     assert 4 * (meta["launch"]["dynamic_shared_bytes"] + 1024) <= 227 * 1024
 
 
-def test_sass_stages_with_cp_async_never_spills_and_has_one_cta_barrier(built):
+def test_sass_stages_with_cp_async_never_spills_and_has_no_cta_barrier(built):
     _, meta = built
     sass = meta["sass"]
     if sass is None:
         pytest.skip("no cuobjdump (CUDA toolkit or Triton's bundled tools) to disassemble the cubin")
     assert sass["ldgsts"] >= 1 and all(f.endswith(".128") for f in sass["ldgsts_forms"]), sass["ldgsts_forms"]
     assert sass["local_memory_ops"] == 0 and sass["local_bytes"] == 0 and sass["stack_bytes"] == 0, sass
-    # one CTA barrier, after the shared tables are filled; one warp per item after that: warp barriers only
-    assert sass["opcodes"].get("BAR", 0) == 1
+    assert sass["opcodes"].get("BAR", 0) == 0  # one warp per item: warp barriers only
     assert sass["registers"] <= 72  # seven or more CTAs of 128 threads by registers

@@ -92,15 +92,13 @@ _TRITON_MIN_STORE = 8
 def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = None) -> str:
     """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
 
-    The row-block expander where it covers the plane, the AOT cache holds its program for this shape (the
-    catalog's planes; ``fmt`` names the format) and Triton could not store whole 16-byte row pieces
-    (DS4.1-TP4's W2: 20.5 us, CuTe row images 26.8, Triton 33.9; run 120). Otherwise CuTe where it covers the
-    plane and either the rows are narrow (one column group of at most 8 full tiles, one warp per row block) or
-    Triton could only store them in pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us
-    per layer, run 83); Triton for rows it stores 8 or 16 bytes at a time (DS4.1-TP4's W13: 34.6 us, the
-    row-block expander 37.2, CuTe 37.2; run 120)."""
-    store = inline_store_bytes(cols, out_ptr)
-    if fmt is not None and store < 16 and row_block_covers(cols, nbytes, out_ptr):
+    The row-block expander where it covers the plane and the AOT cache holds its program for this shape (the
+    catalog's planes; ``fmt`` names the format): DS4.1-TP4's W13 31.8 us (Triton 34.5, CuTe row images 37.2)
+    and W2 19.1 us (CuTe 26.8, Triton 34.1), runs 124-128. Otherwise CuTe where it covers the plane and either
+    the rows are narrow (one column group of at most 8 full tiles, one warp per row block) or Triton could only
+    store them in pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83);
+    Triton for rows it stores 8 or 16 bytes at a time."""
+    if fmt is not None and row_block_covers(cols, nbytes, out_ptr):
         if runtime.is_cached(row_block_expander_spec(fmt, cols)):
             return "row_block"
     layout = row_image_layout(cols, nbytes, out_ptr)
@@ -108,7 +106,7 @@ def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = 
         return "triton"
     if layout.per_warp and layout.groups == 1:
         return "cute"
-    return "cute" if store < _TRITON_MIN_STORE else "triton"
+    return "cute" if inline_store_bytes(cols, out_ptr) < _TRITON_MIN_STORE else "triton"
 
 
 ROW_BLOCKS_PER_CTA_MAX = 4
@@ -225,9 +223,9 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-# CTAs per SM the row-block grid is sized for (twice what stays resident, so early finishers take more; sweep,
-# run 120: DS4.1-TP4 W2 21.2 us at 8, 20.5 at 16, 21.7 at one item per warp): each warp walks its share of the
-# items, fetching its next item's records while it copies one out
+# CTAs per SM of the row-block grid for whole-row items (twice what stays resident, so early finishers take
+# more: DS4.1-TP4 W2 19.1 us at 16, 19.5 at 8, 20.0 at one item per warp; run 128); column-group items (8
+# tiles) run one per warp (W13 31.8 us, 33.3 at 16 CTAs per SM)
 ROW_BLOCK_CTAS_PER_SM = 16
 
 
@@ -240,11 +238,12 @@ def _row_block_launch(
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
     if experts.numel() * blocks_per_expert * geo.full_col_tiles >= 1 << 31:
         raise ValueError(f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed int32")
-    if ctas is None:
+    groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
+    one_per_warp = -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))
+    if ctas is None and groups == 1:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
         ctas = sms * ROW_BLOCK_CTAS_PER_SM
-    groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
-    ctas = max(1, min(ctas, -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))))
+    ctas = max(1, one_per_warp if ctas is None else min(ctas, one_per_warp))
     words = torch.uint32
     args = (
         base_ref,

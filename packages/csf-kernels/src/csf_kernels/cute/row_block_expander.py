@@ -40,8 +40,6 @@ from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, quad
 __all__ = ["MAX_COLS", "RowBlockExpander"]
 _DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * delta bits <= 128)
 _COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image out
-_LUT_WORDS = 768  # 256 word pairs (1-bit fields of two rows) and 256 words (2-bit fields of one row)
-_LUT_BYTES = 4 * _LUT_WORDS + 2 * 512  # and 512 exception offsets
 
 
 class RowBlockExpander:
@@ -92,7 +90,7 @@ class RowBlockExpander:
         return (rw0 + (self.region_bytes()[0] - _DELTA_ROW) // 4) // 4
 
     def shared_bytes(self) -> int:
-        return self.warps * sum(self.region_bytes()) + _LUT_BYTES
+        return self.warps * sum(self.region_bytes())
 
     @cute.jit
     def __call__(
@@ -181,18 +179,6 @@ class RowBlockExpander:
         s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * image_bytes // 4,)), byte_alignment=16)
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
-        # per-CTA tables, filled once: 1-bit fields of two rows (a byte) -> their two words; 2-bit fields of
-        # a row (a byte) -> its word; an exception position -> its byte in a row image
-        s_lut = smem.allocate_tensor(Uint32, cute.make_layout((_LUT_WORDS,)), byte_alignment=16)
-        s_xoff = smem.allocate_tensor(Uint16, cute.make_layout((512,)), byte_alignment=16)
-        for i in range(tid, 256, 32 * self.warps):
-            s_lut[2 * i] = Uint32(i & 15) * 0x00204081 & 0x01010101
-            s_lut[2 * i + 1] = Uint32(i >> 4) * 0x00204081 & 0x01010101
-            s_lut[512 + i] = spread_fields(Uint32(i), 2)
-        for i in range(tid, 512, 32 * self.warps):
-            s_xoff[i] = Uint16(slot_to_row(i >> 2) * pitch + (i & 3))
-        cute.arch.barrier()
-        luts = (cute.zipped_divide(s_lut, (2,)), s_lut, s_xoff)
         rw0 = warp * (stage_bytes // 4)  # this warp's staging region (words): records, tail record, deltas
         tail_w0 = rw0 + gt * self.max_record_bytes // 4
         delta_w0 = rw0 + (stage_bytes - _DELTA_ROW) // 4
@@ -266,7 +252,7 @@ class RowBlockExpander:
                     words = []
                     for u in cutlass.range_constexpr(4):
                         h, w = self.decode_tile(
-                            rec0 + u * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, luts, lane
+                            rec0 + u * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
                         )
                         heads.append(h)
                         words.append(w)
@@ -280,28 +266,18 @@ class RowBlockExpander:
                             for u in cutlass.range_constexpr(4):
                                 self.image_word(s_img32, s_img16, row_at[k] + 16 * s + 4 * u, words[u][k])
                     cute.arch.sync_warp()  # every word is imaged before lanes patch their bytes
-                    for u in cutlass.range_constexpr(4):
-                        self.patch_tile(
-                            heads[u],
-                            rec0 + u * record_words,
-                            16 * s + 4 * u,
-                            caps,
-                            s_rec16,
-                            s_rec8,
-                            s_img8,
-                            luts,
-                            img0,
-                            lane,
-                        )
+                    self.patch_tiles(heads, rec0, record_words, 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane)
                 for u in cutlass.range_constexpr(gt % 4):
                     t = gt - gt % 4 + u
                     h, w = self.decode_tile(
-                        rw0 + t * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, luts, lane
+                        rw0 + t * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
                     )
                     for k in cutlass.range_constexpr(4):
                         self.image_word(s_img32, s_img16, row_at[k] + 4 * t, w[k])
                     cute.arch.sync_warp()
-                    self.patch_tile(h, rw0 + t * record_words, 4 * t, caps, s_rec16, s_rec8, s_img8, luts, img0, lane)
+                    self.patch_tiles(
+                        [h], rw0 + t * record_words, record_words, 4 * t, caps, s_rec16, s_rec8, s_img8, img0, lane
+                    )
                 if cutlass.const_expr(tc > 0):
                     self.tail_tile(
                         tail_w0,
@@ -414,7 +390,7 @@ class RowBlockExpander:
         cute.autovec_copy(frag, out_chunks[None, dst])
 
     @cute.jit
-    def decode_tile(self, rec0, record_words, bases, raw, raw_rows, s_rec, s_rec16, luts, lane):
+    def decode_tile(self, rec0, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane):
         """(header, the quad's four words) of the full tile whose record starts at staging word ``rec0``."""
         h = Uint32(s_rec[rec0 + record_words - 1])
         mode = Int32(h & 3)
@@ -423,17 +399,16 @@ class RowBlockExpander:
         w1 = Uint32(0)
         w2 = Uint32(0)
         w3 = Uint32(0)
-        pairs, words, _ = luts
-        if mode == 0:  # a quad's 16 one-bit fields: rows 0-1 and 2-3 spread by two table lookups
-            sel = Uint32(s_rec16[2 * rec0 + lane])
-            lo = cute.make_rmem_tensor((2,), Uint32)
-            hi = cute.make_rmem_tensor((2,), Uint32)
-            cute.autovec_copy(pairs[None, sel & 0xFF], lo)
-            cute.autovec_copy(pairs[None, sel >> 8], hi)
-            w0, w1, w2, w3 = quad_words(bases, ow, [lo[0], lo[1], hi[0], hi[1]])
-        elif mode == 1:  # a row's four 2-bit fields: one table lookup
-            sel = Uint32(s_rec[rec0 + lane])
-            w0, w1, w2, w3 = quad_words(bases, ow, [Uint32(words[512 + ((sel >> (8 * k)) & 0xFF)]) for k in range(4)])
+        # the common modes' selector words are loaded with the header, not after it: no dependent load latency
+        sel1 = Uint32(s_rec16[2 * rec0 + lane])
+        sel2 = Uint32(s_rec[rec0 + lane])
+        if mode == 0:
+            w0, w1, w2, w3 = quad_words(
+                bases, ow, [((sel1 >> (4 * k)) & 0xF) * 0x00204081 & 0x01010101 for k in range(4)]
+            )
+        elif mode == 1:
+            sel = sel2
+            w0, w1, w2, w3 = quad_words(bases, ow, [spread_fields((sel >> (8 * k)) & 0xFF, 2) for k in range(4)])
         elif mode == 2:
             lo = Uint32(s_rec[rec0 + 2 * lane])
             hi = Uint32(s_rec[rec0 + 2 * lane + 1])
@@ -460,24 +435,44 @@ class RowBlockExpander:
             s_img16[(at >> 1) + 1] = Uint16(word >> 16)
 
     @cute.jit
-    def patch_tile(self, h, rec0, col0, caps, s_rec16, s_rec8, s_img8, luts, img0, lane):
-        """Overwrite the exception bytes of the full tile at image columns ``col0 ..`` (its record at staging
-        word ``rec0``): lane j takes entry j (then j + 32, ...), its image byte from the position table."""
-        xoff = luts[2]
-        mode = Int32(h & 3)
-        cap = caps[2]
-        if mode == 0:
-            cap = caps[0]
-        elif mode == 1:
-            cap = caps[1]
-        n = cutlass.min(Int32((h >> 2) & 63), cap)
-        if mode == 3:
-            n = Int32(0)
-        sel_bytes = Int32(64) << mode
-        for j in range(lane, n, 32):
-            pos = Int32(s_rec16[2 * rec0 + (sel_bytes >> 1) + j])
+    def patch_tiles(self, heads, rec0, record_words, col0, caps, s_rec16, s_rec8, s_img8, img0, lane):
+        """Overwrite the exception bytes of consecutive full tiles (headers ``heads``, records from staging word
+        ``rec0``, columns from ``col0``) in one pass over all their entries, so the lanes are busy: entry ``j``
+        belongs to the tile whose running entry count passes ``j``."""
+        counts = []
+        for u in cutlass.range_constexpr(len(heads)):
+            h = heads[u]
+            mode = Int32(h & 3)
+            cap = caps[2]
+            if mode == 0:
+                cap = caps[0]
+            elif mode == 1:
+                cap = caps[1]
+            n = cutlass.max(Int32(0), cutlass.min(Int32((h >> 2) & 63), cap))
+            if mode == 3:
+                n = Int32(0)
+            counts.append((n, cap))
+        ends = [counts[0][0]]
+        for u in cutlass.range_constexpr(1, len(heads)):
+            ends.append(ends[u - 1] + counts[u][0])
+        for j in range(lane, ends[-1], 32):
+            start = Int32(0)
+            h = heads[0]
+            cap = counts[0][1]
+            tile = Int32(0)
+            for u in cutlass.range_constexpr(1, len(heads)):
+                if j >= ends[u - 1]:
+                    start = ends[u - 1]
+                    h = heads[u]
+                    cap = counts[u][1]
+                    tile = Int32(u)
+            k = j - start
+            sel_bytes = Int32(64) << Int32(h & 3)
+            rec = rec0 + tile * record_words
+            pos = Int32(s_rec16[2 * rec + (sel_bytes >> 1) + k])
             if pos < 512:
-                s_img8[img0 + col0 + Int32(xoff[pos])] = s_rec8[4 * rec0 + sel_bytes + 2 * cap + j]
+                val = s_rec8[4 * rec + sel_bytes + 2 * cap + k]
+                s_img8[img0 + slot_to_row(pos >> 2) * self.pitch + col0 + 4 * tile + (pos & 3)] = val
 
     @cute.jit
     def tail_pairs(self, tail_w0, h, deltas, ref, tail_raw, fits, raw_ok, s_rec, s_img8, img0, lane):
