@@ -8,7 +8,7 @@ import torch
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels.cute_so import TensorRef
-from csf_kernels.expand import ENGINES, auto_engine, inline_expansion_launches
+from csf_kernels.expand import DIVIDEND_LIMIT, ENGINES, auto_engine, division_magic, inline_expansion_launches
 from csf_kernels.families import (
     CUTE_ROW_BLOCK_EXPANDER,
     CUTE_ROW_EXPANDER,
@@ -98,7 +98,8 @@ def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
     # items: 3 experts x 10 row blocks (two row groups of 576 rows) x 5 column groups, one per warp
     assert row_block_warps(160) == 4 and launch.grid == (38, 1, 1)
     scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
-    assert len(scalars) == 8 and scalars[-1] == 38 and scalars[4] == w13.record_bytes // 4
+    assert len(scalars) == 10 and scalars[-1] == 38 and scalars[4] == w13.record_bytes // 4
+    assert scalars[6:8] == [division_magic(10), division_magic(5)]  # blocks per expert, per group
     w2 = _inline((4, 512, 18))
     (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
     assert row_block_group_tiles(18) == 4 and row_block_warps(18) == 4 and launch.grid == (4, 1, 1)
@@ -130,3 +131,14 @@ def test_auto_takes_the_row_block_expander_for_every_cached_shape(monkeypatch):
     assert auto_engine(18, 384 * 5120 * 18, 0, NVFP4) == "cute"  # no program for this shape: as before
     assert auto_engine(160, 384 * 1152 * 160, 0) == "triton"  # no format named: as before
     assert auto_engine(18, 384 * 5120 * 18, 8, MXFP4) == "triton"  # unaligned output: not covered
+
+
+def test_division_magic_divides_every_dividend_the_row_block_expander_takes():
+    for d in (1, 2, 3, 5, 7, 10, 40, 45, 127, 1000, DIVIDEND_LIMIT - 1):
+        m = division_magic(d)
+        assert 0 <= m < 1 << 31
+        for x in (0, 1, d - 1, d, d + 1, 7 * d + 3, DIVIDEND_LIMIT - 1):
+            if 0 <= x < DIVIDEND_LIMIT:
+                assert (x if m == 0 else (x * m) >> 31) == x // d, (x, d)
+    with pytest.raises(ValueError, match="divisor"):
+        division_magic(DIVIDEND_LIMIT)

@@ -229,6 +229,17 @@ def _row_expander_launch(
 ROW_BLOCK_CTAS_PER_SM = 16
 
 
+DIVIDEND_LIMIT = 1 << 15  # what the row-block expander divides by multiplication: experts x blocks, blocks
+
+
+def division_magic(d: int) -> int:
+    """The multiplier that makes ``(x * m) >> 31`` equal ``x // d`` for 0 <= x < 2**15 (0 for d = 1): exact,
+    as x * (m - 2**31 / d) / 2**31 < 2**-16 stays below the 1 / d a quotient's fraction is away from 1."""
+    if not 1 <= d < DIVIDEND_LIMIT:
+        raise ValueError(f"divisor {d} outside [1, {DIVIDEND_LIMIT})")
+    return 0 if d == 1 else -(-(1 << 31) // d)
+
+
 def _row_block_launch(
     inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
 ) -> runtime.Launch:
@@ -236,8 +247,11 @@ def _row_block_launch(
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
-    if experts.numel() * blocks_per_expert * geo.full_col_tiles >= 1 << 31:
-        raise ValueError(f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed int32")
+    if experts.numel() * blocks_per_expert >= DIVIDEND_LIMIT:
+        raise ValueError(
+            f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed the row-block "
+            f"expander's {DIVIDEND_LIMIT} items"
+        )
     groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
     one_per_warp = -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))
     if ctas is None and groups == 1:
@@ -260,6 +274,8 @@ def _row_block_launch(
         geo.rows,
         inline.record_bytes // 4,
         (inline.tail_record_bytes if geo.tail_cols else 0) // 4,
+        division_magic(blocks_per_expert),
+        division_magic(geo.blocks_per_group),
         geo.experts,
         ctas,
     )

@@ -241,6 +241,8 @@ ROW_BLOCK_EXPANDER_SCALARS = (
     "rows_per_expert",
     "record_words",
     "tail_words",
+    "bpe_magic",
+    "bpg_magic",
     "num_experts",
     "ctas",
 )

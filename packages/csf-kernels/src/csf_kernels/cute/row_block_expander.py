@@ -28,7 +28,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
+from cutlass import Int32, Int64, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.nvgpu import cpasync
 
 from csf_codec.tile_layout import slot_to_row
@@ -42,6 +42,16 @@ _DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * de
 _COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image out
 
 
+@cute.jit
+def _divide(x, d, magic):
+    """``x // d`` for 0 <= x < 2**15 without a division: ``magic`` = ceil(2**31 / d), 0 for d = 1 (the host's
+    :func:`csf_kernels.expand.division_magic`)."""
+    q = Int32((Int64(x) * Int64(magic)) >> 31)
+    if magic == 0:
+        q = x
+    return q
+
+
 class RowBlockExpander:
     """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`), one warp per item: a
     128-row block's column group of ``group_tiles`` full tiles (whole rows, tail included, unless
@@ -51,7 +61,8 @@ class RowBlockExpander:
     [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR], ``tail`` u32 [NT] (any 16 bytes without
     a tail), ``raw`` u32 [NRAW, 128], ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids``
     i32 [NE]; then int32 scalars ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``,
-    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
+    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``bpe_magic`` and ``bpg_magic`` (the multipliers that
+    divide by blocks per expert and per group), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
     """
 
     def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
@@ -109,6 +120,8 @@ class RowBlockExpander:
         rows_per_expert: Int32,
         record_words: Int32,
         tail_words: Int32,
+        bpe_magic: Int32,
+        bpg_magic: Int32,
         num_experts: Int32,
         ctas: Int32,
         stream: cuda.CUstream,
@@ -128,6 +141,8 @@ class RowBlockExpander:
             rows_per_expert,
             record_words,
             tail_words,
+            bpe_magic,
+            bpg_magic,
             num_experts,
             ctas,
         ).launch(
@@ -156,6 +171,8 @@ class RowBlockExpander:
         rows_per_expert: Int32,
         record_words: Int32,
         tail_words: Int32,
+        bpe_magic: Int32,
+        bpg_magic: Int32,
         num_experts: Int32,
         ctas: Int32,
     ):
@@ -219,16 +236,18 @@ class RowBlockExpander:
         # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
         # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
         item = bx * self.warps + warp
-        e, blk, g, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, num_experts)
+        e, blk, g, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
         if e >= 0 and e < num_experts:
             self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
         while item < items:
             nxt = item + step
-            ne, nblk, ng, nref = self.locate(nxt, items, expert_ids, base_ref, blocks_per_expert, num_experts)
+            ne, nblk, ng, nref = self.locate(
+                nxt, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts
+            )
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
-                group_index = blk // blocks_per_group
+                group_index = _divide(blk, blocks_per_group, bpg_magic)
                 within = blk - group_index * blocks_per_group
                 row0 = e * rows_per_expert + group_index * row_group + within * 128
                 valid = cutlass.min(Int32(128), row_group - within * 128)
@@ -309,7 +328,7 @@ class RowBlockExpander:
             ref = nref
 
     @cute.jit
-    def locate(self, item, items, expert_ids, base_ref, blocks_per_expert, num_experts):
+    def locate(self, item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts):
         """(expert id, row block, column group, the block's reference byte) of a warp's item; id -1 past the
         last item."""
         e = Int32(-1)
@@ -317,9 +336,9 @@ class RowBlockExpander:
         g = Int32(0)
         ref = Int32(0)
         if item < items:
-            zb = item // self.groups
+            zb = Int32(Uint32(item) // self.groups)
             g = item - zb * self.groups
-            z = zb // blocks_per_expert
+            z = _divide(zb, blocks_per_expert, bpe_magic)
             blk = zb - z * blocks_per_expert
             e = Int32(expert_ids[z])
             if e >= 0 and e < num_experts:
