@@ -10,12 +10,15 @@ constant plus the lane's row offset, rows of 16-byte multiple width are imaged w
 and four tiles, and rows past the row group are imaged like any other (never copied out) instead of being
 predicated away.
 
-Each warp owns whole row blocks (blocks ``w, w + W, ...`` of the flattened (routed expert, block) list, ``W`` the
-grid's warps): it stages the block's records, tail record and base deltas into its own shared-memory region
-(``cp.async``), decodes every full tile (lane ``g`` owns quad ``g``, format section 5) into its own image of the
-block's rows at pitch ``cols`` (the plane's own byte order), patches each tile's exceptions, decodes the tail tile
-(lane ``g`` owns slots ``4 g .. 4 g + 3``), fetches its next block's records, and copies the image's
-``valid * cols`` bytes out in 16-byte chunks: whole sectors, no CTA barrier.
+Each warp owns items: a 128-row block of one routed expert, whole rows (the tail tile included), or for rows of
+16-byte multiple width wider than 8 tiles one 8-tile column group of it (32-byte row segments: whole sectors, and
+4 KiB images, so 32 warps fit an SM). Items ``w, w + W, ...`` of the flattened (routed expert, block, group)
+list go to warp ``w`` of ``W``; for each, the warp stages the records, tail record and base deltas into its own
+shared-memory region (``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format
+section 5) into its own image of the rows (the plane's byte order), patches the four tiles' exceptions in one
+pass over their entries, decodes the tail tile (lane ``g`` owns slots ``4 g .. 4 g + 3``), fetches its next
+item's records while it copies the image out in 16-byte chunks, and locates that item (expert id, reference
+byte; divisions by multiplication) while it decodes this one. No CTA barrier.
 
 Headers are trusted only as far as the codec validates them: no field makes the kernel read or write outside
 its buffers (selectors a record cannot hold read garbage inside the staging region, raw indices past the raw
@@ -43,9 +46,9 @@ _COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image 
 
 
 @cute.jit
-def _divide(x, d, magic):
-    """``x // d`` for 0 <= x < 2**15 without a division: ``magic`` = ceil(2**31 / d), 0 for d = 1 (the host's
-    :func:`csf_kernels.expand.division_magic`)."""
+def _divide(x, magic):
+    """``x // d`` for 0 <= x < 2**15 without a division, given ``magic`` = ceil(2**31 / d), or 0 for d = 1 (the
+    host's :func:`csf_kernels.expand.division_magic`)."""
     q = Int32((Int64(x) * Int64(magic)) >> 31)
     if magic == 0:
         q = x
@@ -247,7 +250,7 @@ class RowBlockExpander:
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
-                group_index = _divide(blk, blocks_per_group, bpg_magic)
+                group_index = _divide(blk, bpg_magic)
                 within = blk - group_index * blocks_per_group
                 row0 = e * rows_per_expert + group_index * row_group + within * 128
                 valid = cutlass.min(Int32(128), row_group - within * 128)
@@ -338,7 +341,7 @@ class RowBlockExpander:
         if item < items:
             zb = Int32(Uint32(item) // self.groups)
             g = item - zb * self.groups
-            z = _divide(zb, blocks_per_expert, bpe_magic)
+            z = _divide(zb, bpe_magic)
             blk = zb - z * blocks_per_expert
             e = Int32(expert_ids[z])
             if e >= 0 and e < num_experts:
