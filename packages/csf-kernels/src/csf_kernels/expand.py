@@ -241,9 +241,14 @@ def division_magic(d: int) -> int:
 
 
 def _row_block_launch(
-    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
+    inline: InlineScales,
+    out: torch.Tensor,
+    experts: torch.Tensor,
+    *,
+    ctas: int | None = None,
+    shared: int | None = None,
 ) -> runtime.Launch:
-    """The row-block expander's launch (``ctas``: a sweep's grid size; default: every SM filled)."""
+    """The row-block expander's launch (``ctas``, ``shared``: a sweep's grid size and image form)."""
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
@@ -252,8 +257,12 @@ def _row_block_launch(
             f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed the row-block "
             f"expander's {DIVIDEND_LIMIT} items"
         )
+    spec = row_block_expander_spec(inline.fmt, geo.cols, *(() if shared is None else (shared,)))
     groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
-    one_per_warp = -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))
+    if spec.fact["SHARED"]:  # a CTA per row block (one warp per column group)
+        one_per_warp = experts.numel() * blocks_per_expert
+    else:
+        one_per_warp = -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))
     if ctas is None and groups == 1:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
         ctas = sms * ROW_BLOCK_CTAS_PER_SM
@@ -279,7 +288,7 @@ def _row_block_launch(
         geo.experts,
         ctas,
     )
-    return runtime.Launch(row_block_expander_spec(inline.fmt, geo.cols), (ctas, 1, 1), args)
+    return runtime.Launch(spec, (ctas, 1, 1), args)
 
 
 def _aligned_arrays(inline: InlineScales) -> tuple[torch.Tensor, ...]:

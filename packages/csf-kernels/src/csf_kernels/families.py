@@ -156,11 +156,15 @@ def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
     return cols % 2 == 0 and 0 < cols <= ROW_BLOCK_MAX_COLS and plane_bytes % 16 == 0 and out_ptr % 16 == 0
 
 
-def row_block_expander_spec(fmt: ScaleFormat, cols: int) -> ProgramSpec:
+ROW_BLOCK_SHARED_IMAGE = 1
+
+
+def row_block_expander_spec(fmt: ScaleFormat, cols: int, shared: int = ROW_BLOCK_SHARED_IMAGE) -> ProgramSpec:
     """The row-block expander of a format's planes of ``cols`` columns (any record size of the format)."""
     return ProgramSpec.of(
         CUTE_ROW_BLOCK_EXPANDER,
         CUTE_ROW_BLOCK_EXPANDER_VERSION,
+        SHARED=int(shared and cols % 16 == 0 and cols // TILE_COLS > row_block_group_tiles(cols)),
         COLS=cols,
         GT=row_block_group_tiles(cols),
         DB=DELTA_BITS[fmt.name],
@@ -333,6 +337,8 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
             specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
         if cute and row_block_covers(shape[-1], prod(shape)):
             specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
+            if geo.name == "deepseek-v4.1-flash/tp4/mxfp4":  # EXPERIMENT (not for main): both forms
+                specs.append(row_block_expander_spec(geo.fmt, shape[-1], 0))
     return specs + moe_geometry_specs(geo)
 
 

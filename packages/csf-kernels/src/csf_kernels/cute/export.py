@@ -230,8 +230,8 @@ def row_expander_program(
     )
 
 
-def row_block_expander_name(cols: int, delta_bits: int) -> str:
-    return f"csf_row_block_expander_c{int(cols)}_d{int(delta_bits)}"
+def row_block_expander_name(cols: int, delta_bits: int, shared: bool = False) -> str:
+    return f"csf_row_block_expander_c{int(cols)}_d{int(delta_bits)}" + ("_shared" if shared else "")
 
 
 ROW_BLOCK_EXPANDER_SCALARS = (
@@ -248,17 +248,19 @@ ROW_BLOCK_EXPANDER_SCALARS = (
 )
 
 
-def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int) -> CuteProgram:
+def row_block_expander_program(
+    cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, shared: bool = False
+) -> CuteProgram:
     """The row-block expander of planes of ``cols`` columns (:mod:`~csf_kernels.cute.row_block_expander`)."""
     from .row_block_expander import RowBlockExpander
 
-    kernel = RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)  # validates
+    kernel = RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes, shared)  # validates
 
     def factory():
-        return RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)
+        return RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes, shared)
 
     return CuteProgram(
-        name=row_block_expander_name(cols, delta_bits),
+        name=row_block_expander_name(cols, delta_bits, kernel.shared),
         program="row_block_expander",
         factory=factory,
         tensors=(
@@ -284,6 +286,7 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
             ("max_record_bytes", max_record_bytes),
             ("max_tail_bytes", max_tail_bytes),
             ("warps", kernel.warps),
+            ("shared", kernel.shared),
         ),
     )
 

@@ -68,7 +68,7 @@ class RowBlockExpander:
     divide by blocks per expert and per group), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
     """
 
-    def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
+    def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, shared: bool = False):
         if cols % 2 or not 0 < cols <= MAX_COLS:
             raise ValueError(f"the row-block expander takes an even column count up to {MAX_COLS}; got {cols}")
         if delta_bits not in (4, 8):
@@ -87,10 +87,12 @@ class RowBlockExpander:
         self.max_tail_bytes = max_tail_bytes
         self.group_tiles = row_block_group_tiles(cols)
         self.groups = self.full // self.group_tiles
-        self.pitch = cols if self.groups == 1 else 4 * self.group_tiles  # image bytes per row
-        if self.groups > 1 and 32 % (self.pitch // 16):
+        # shared: a CTA of one warp per column group images whole rows together (whole-line stores)
+        self.shared = shared and self.groups > 1
+        self.pitch = cols if self.groups == 1 or self.shared else 4 * self.group_tiles  # image bytes per row
+        if self.groups > 1 and not self.shared and 32 % (self.pitch // 16):
             raise ValueError(f"column groups of {self.group_tiles} tiles do not split a warp into whole rows")
-        self.warps = row_block_warps(cols)
+        self.warps = self.groups if self.shared else row_block_warps(cols)
 
     def region_bytes(self) -> tuple[int, int]:
         """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
@@ -104,7 +106,8 @@ class RowBlockExpander:
         return (rw0 + (self.region_bytes()[0] - _DELTA_ROW) // 4) // 4
 
     def shared_bytes(self) -> int:
-        return self.warps * sum(self.region_bytes())
+        stage, image = self.region_bytes()
+        return self.warps * stage + (image if self.shared else self.warps * image)
 
     @cute.jit
     def __call__(
@@ -196,13 +199,18 @@ class RowBlockExpander:
         s_rec = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * stage_bytes // 4,)), byte_alignment=16)
         s_rec16 = cute.recast_tensor(s_rec, Uint16)
         s_rec8 = cute.recast_tensor(s_rec, Uint8)
-        s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((self.warps * image_bytes // 4,)), byte_alignment=16)
+        images = 1 if self.shared else self.warps
+        s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((images * image_bytes // 4,)), byte_alignment=16)
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
         rw0 = warp * (stage_bytes // 4)  # this warp's staging region (words): records, tail record, deltas
         tail_w0 = rw0 + gt * self.max_record_bytes // 4
         delta_w0 = rw0 + (stage_bytes - _DELTA_ROW) // 4
         ib0 = warp * image_bytes  # this warp's image (bytes)
+        colb = 0  # the image column of the warp's group (shared images)
+        if cutlass.const_expr(self.shared):
+            ib0 = 0
+            colb = 4 * gt * warp
 
         copy_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32, num_bits_per_copy=128
@@ -224,8 +232,8 @@ class RowBlockExpander:
         img_chunks = cute.zipped_divide(s_img32, (4,))
         raw_rows = cute.size(raw, mode=[0])
         tail_raw_bytes = cute.size(tail_raw, mode=[0])
-        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert * groups
-        step = ctas * self.warps
+        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert * (1 if self.shared else groups)
+        step = ctas * (1 if self.shared else self.warps)
         rec_n = gt * (record_words >> 2)  # 16-byte chunks of a group's full-tile records
         tail_n = Int32(0)
         if cutlass.const_expr(tc > 0):
@@ -239,7 +247,11 @@ class RowBlockExpander:
         # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
         # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
         item = bx * self.warps + warp
+        if cutlass.const_expr(self.shared):
+            item = bx
         e, blk, g, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
+        if cutlass.const_expr(self.shared):
+            g = warp
         if e >= 0 and e < num_experts:
             self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
         while item < items:
@@ -247,9 +259,13 @@ class RowBlockExpander:
             ne, nblk, ng, nref = self.locate(
                 nxt, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts
             )
+            if cutlass.const_expr(self.shared):
+                ng = warp
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
+                if cutlass.const_expr(self.shared):
+                    cute.arch.barrier()  # every warp has copied the previous image out
                 group_index = _divide(blk, bpg_magic)
                 within = blk - group_index * blocks_per_group
                 row0 = e * rows_per_expert + group_index * row_group + within * 128
@@ -265,7 +281,7 @@ class RowBlockExpander:
                 bases = [
                     Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101 for k in range(4)
                 ]
-                row_at = [img0 + quad_rows[k] * pitch for k in range(4)]  # image byte of the quad's rows
+                row_at = [img0 + colb + quad_rows[k] * pitch for k in range(4)]  # image byte of the quad's rows
 
                 # full tiles, four at a time: decode, image, then (after a warp barrier) their exceptions
                 for s in range(gt // 4):
@@ -288,7 +304,9 @@ class RowBlockExpander:
                             for u in cutlass.range_constexpr(4):
                                 self.image_word(s_img32, s_img16, row_at[k] + 16 * s + 4 * u, words[u][k])
                     cute.arch.sync_warp()  # every word is imaged before lanes patch their bytes
-                    self.patch_tiles(heads, rec0, record_words, 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane)
+                    self.patch_tiles(
+                        heads, rec0, record_words, colb + 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane
+                    )
                 for u in cutlass.range_constexpr(gt % 4):
                     t = gt - gt % 4 + u
                     h, w = self.decode_tile(
@@ -316,12 +334,21 @@ class RowBlockExpander:
                         lane,
                     )
                 cute.arch.sync_warp()  # the image is complete; the staging region is free
+                if cutlass.const_expr(self.shared):
+                    cute.arch.barrier()  # every group's columns are imaged
 
                 if ne >= 0 and ne < num_experts:  # fetch the next item while this one is copied out
                     self.stage(
                         copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane
                     )
-                self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane)
+                if cutlass.const_expr(self.shared):
+                    chunk0 = row0 * (cols // 16)
+                    for v in cutlass.range_constexpr(-(-128 * cols // (512 * self.warps))):
+                        i = tid + 32 * self.warps * v
+                        if i < valid * (cols // 16):
+                            self.copy_chunk(img_chunks, out_chunks, i, chunk0 + i)
+                else:
+                    self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane)
             elif ne >= 0 and ne < num_experts:
                 self.stage(copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane)
             item = nxt
@@ -339,8 +366,10 @@ class RowBlockExpander:
         g = Int32(0)
         ref = Int32(0)
         if item < items:
-            zb = Int32(Uint32(item) // self.groups)
-            g = item - zb * self.groups
+            zb = item
+            if cutlass.const_expr(not self.shared):
+                zb = Int32(Uint32(item) // self.groups)
+                g = item - zb * self.groups
             z = _divide(zb, bpe_magic)
             blk = zb - z * blocks_per_expert
             e = Int32(expert_ids[z])
