@@ -89,16 +89,16 @@ def test_with_pointers_drops_views_of_the_callers_buffers_for_cute_launches():
     assert all(isinstance(a, torch.Tensor) for a in refs.args[:6])
 
 
-def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
+def test_row_block_launch_covers_row_blocks_by_warps_or_by_ctas():
     w13 = _inline((3, 1152, 160), group=576)
     out = torch.empty(w13.shape, dtype=torch.uint8)
     (launch,) = inline_expansion_launches(w13, out, engine="row_block")
     spec = row_block_expander_spec(MXFP4, 160)
     assert launch.spec == spec and spec.kernel == CUTE_ROW_BLOCK_EXPANDER and spec.fact["GT"] == 8
-    # items: 3 experts x 10 row blocks (two row groups of 576 rows) x 5 column groups, one per warp
-    assert row_block_warps(160) == 4 and launch.grid == (38, 1, 1)
+    # 3 experts x 10 row blocks (two row groups of 576 rows), a CTA per block: one warp per 8-tile group
+    assert row_block_warps(160) == 5 and launch.grid == (30, 1, 1)
     scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
-    assert len(scalars) == 10 and scalars[-1] == 38 and scalars[4] == w13.record_bytes // 4
+    assert len(scalars) == 10 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
     assert scalars[6:8] == [division_magic(10), division_magic(5)]  # blocks per expert, per group
     w2 = _inline((4, 512, 18))
     (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
@@ -109,7 +109,8 @@ def test_row_block_launch_covers_items_of_whole_rows_or_column_groups():
 def test_row_block_group_tiles_split_only_wide_sixteen_byte_rows():
     assert row_block_group_tiles(160) == 8 and row_block_group_tiles(48) == 4  # 5 and 3 groups
     assert row_block_group_tiles(32) == 8 and row_block_group_tiles(90) == 22  # whole rows (90: tail too)
-    assert row_block_warps(160) == 4 and row_block_warps(90) == 2 and row_block_warps(24) == 4
+    assert row_block_warps(160) == 5 and row_block_warps(48) == 3  # a warp per column group
+    assert row_block_warps(90) == 2 and row_block_warps(24) == 4  # a warp per row block
 
 
 def test_row_block_refuses_planes_it_does_not_cover():

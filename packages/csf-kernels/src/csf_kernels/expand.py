@@ -93,8 +93,8 @@ def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = 
     """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
 
     The row-block expander where it covers the plane and the AOT cache holds its program for this shape (the
-    catalog's planes; ``fmt`` names the format): DS4.1-TP4's W13 31.8 us (Triton 34.5, CuTe row images 37.2)
-    and W2 19.1 us (CuTe 26.8, Triton 34.1), runs 124-128. Otherwise CuTe where it covers the plane and either
+    catalog's planes; ``fmt`` names the format): DS4.1-TP4's W13 28.3 us (Triton 34.8, CuTe row images 37.2)
+    and W2 18.7 us (CuTe 26.8, Triton 34.1), runs 124-131. Otherwise CuTe where it covers the plane and either
     the rows are narrow (one column group of at most 8 full tiles, one warp per row block) or Triton could only
     store them in pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83);
     Triton for rows it stores 8 or 16 bytes at a time."""
@@ -223,9 +223,8 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-# CTAs per SM of the row-block grid for whole-row items (twice what stays resident, so early finishers take
-# more: DS4.1-TP4 W2 19.1 us at 16, 19.5 at 8, 20.0 at one item per warp; run 128); column-group items (8
-# tiles) run one per warp (W13 31.8 us, 33.3 at 16 CTAs per SM)
+# CTAs per SM of the row-block grid (twice what stays resident, so early finishers take more blocks): DS4.1-TP4
+# W13 28.3 us at 16, 30.7 at 8, 29.2 at one block per CTA; W2 18.7 at 16 and 8, 19.5 at one per warp (run 131)
 ROW_BLOCK_CTAS_PER_SM = 16
 
 
@@ -241,14 +240,9 @@ def division_magic(d: int) -> int:
 
 
 def _row_block_launch(
-    inline: InlineScales,
-    out: torch.Tensor,
-    experts: torch.Tensor,
-    *,
-    ctas: int | None = None,
-    shared: int | None = None,
+    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
 ) -> runtime.Launch:
-    """The row-block expander's launch (``ctas``, ``shared``: a sweep's grid size and image form)."""
+    """The row-block expander's launch (``ctas``: a sweep's grid size; default: 16 CTAs per SM)."""
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
@@ -257,16 +251,14 @@ def _row_block_launch(
             f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed the row-block "
             f"expander's {DIVIDEND_LIMIT} items"
         )
-    spec = row_block_expander_spec(inline.fmt, geo.cols, *(() if shared is None else (shared,)))
-    groups = geo.full_col_tiles // row_block_group_tiles(geo.cols)
-    if spec.fact["SHARED"]:  # a CTA per row block (one warp per column group)
-        one_per_warp = experts.numel() * blocks_per_expert
-    else:
-        one_per_warp = -(-experts.numel() * blocks_per_expert * groups // row_block_warps(geo.cols))
-    if ctas is None and groups == 1:
+    spec = row_block_expander_spec(inline.fmt, geo.cols)
+    blocks = experts.numel() * blocks_per_expert
+    grouped = geo.full_col_tiles > row_block_group_tiles(geo.cols)  # a CTA per block, else a warp per block
+    most = blocks if grouped else -(-blocks // row_block_warps(geo.cols))
+    if ctas is None:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
         ctas = sms * ROW_BLOCK_CTAS_PER_SM
-    ctas = max(1, one_per_warp if ctas is None else min(ctas, one_per_warp))
+    ctas = max(1, min(ctas, most))
     words = torch.uint32
     args = (
         base_ref,

@@ -130,7 +130,7 @@ CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
 
 
-ROW_BLOCK_MAX_GROUP_TILES = 8  # a warp's image of 32-byte row segments (4 KiB, whole sectors): 32 warps per SM
+ROW_BLOCK_MAX_GROUP_TILES = 8  # a warp decodes 32-byte row segments: 32 warps per SM
 
 
 def row_block_group_tiles(cols: int) -> int:
@@ -144,10 +144,12 @@ def row_block_group_tiles(cols: int) -> int:
 
 
 def row_block_warps(cols: int) -> int:
-    """Warps per CTA of the row-block expander: four for images of rows up to 32 bytes, two above."""
-    gt = row_block_group_tiles(cols)
-    pitch = cols if gt == cols // TILE_COLS else TILE_COLS * gt
-    return 4 if pitch <= 32 else 2
+    """Warps per CTA of the row-block expander: one per column group where rows split (the CTA images whole
+    rows together), else four for rows up to 32 bytes and two above (each warp its own rows)."""
+    groups = (cols // TILE_COLS) // row_block_group_tiles(cols)
+    if groups > 1:
+        return groups
+    return 4 if cols <= 32 else 2
 
 
 def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
@@ -156,15 +158,11 @@ def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
     return cols % 2 == 0 and 0 < cols <= ROW_BLOCK_MAX_COLS and plane_bytes % 16 == 0 and out_ptr % 16 == 0
 
 
-ROW_BLOCK_SHARED_IMAGE = 1
-
-
-def row_block_expander_spec(fmt: ScaleFormat, cols: int, shared: int = ROW_BLOCK_SHARED_IMAGE) -> ProgramSpec:
+def row_block_expander_spec(fmt: ScaleFormat, cols: int) -> ProgramSpec:
     """The row-block expander of a format's planes of ``cols`` columns (any record size of the format)."""
     return ProgramSpec.of(
         CUTE_ROW_BLOCK_EXPANDER,
         CUTE_ROW_BLOCK_EXPANDER_VERSION,
-        SHARED=int(shared and cols % 16 == 0 and cols // TILE_COLS > row_block_group_tiles(cols)),
         COLS=cols,
         GT=row_block_group_tiles(cols),
         DB=DELTA_BITS[fmt.name],
@@ -337,8 +335,6 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
             specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
         if cute and row_block_covers(shape[-1], prod(shape)):
             specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
-            if geo.name == "deepseek-v4.1-flash/tp4/mxfp4":  # EXPERIMENT (not for main): both forms
-                specs.append(row_block_expander_spec(geo.fmt, shape[-1], 0))
     return specs + moe_geometry_specs(geo)
 
 

@@ -28,9 +28,7 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
             int(facts["GT"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]), int(facts["STORE"])
         )
     elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
-        prog = row_block_expander_program(
-            int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]), bool(facts["SHARED"])
-        )
+        prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

@@ -230,8 +230,8 @@ def row_expander_program(
     )
 
 
-def row_block_expander_name(cols: int, delta_bits: int, shared: bool = False) -> str:
-    return f"csf_row_block_expander_c{int(cols)}_d{int(delta_bits)}" + ("_shared" if shared else "")
+def row_block_expander_name(cols: int, delta_bits: int) -> str:
+    return f"csf_row_block_expander_c{int(cols)}_d{int(delta_bits)}"
 
 
 ROW_BLOCK_EXPANDER_SCALARS = (
@@ -248,19 +248,17 @@ ROW_BLOCK_EXPANDER_SCALARS = (
 )
 
 
-def row_block_expander_program(
-    cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, shared: bool = False
-) -> CuteProgram:
+def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int) -> CuteProgram:
     """The row-block expander of planes of ``cols`` columns (:mod:`~csf_kernels.cute.row_block_expander`)."""
     from .row_block_expander import RowBlockExpander
 
-    kernel = RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes, shared)  # validates
+    kernel = RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)  # validates
 
     def factory():
-        return RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes, shared)
+        return RowBlockExpander(cols, delta_bits, max_record_bytes, max_tail_bytes)
 
     return CuteProgram(
-        name=row_block_expander_name(cols, delta_bits, kernel.shared),
+        name=row_block_expander_name(cols, delta_bits),
         program="row_block_expander",
         factory=factory,
         tensors=(

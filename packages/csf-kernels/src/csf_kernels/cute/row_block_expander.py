@@ -1,24 +1,28 @@
-"""CuTe DSL: the row-block expansion of one plane shape, one warp per 128-row block (build time only: imports
-cutlass).
+"""CuTe DSL: the row-block expansion of one plane shape, 128-row blocks imaged in shared memory (build time only:
+imports cutlass).
 
 The row-image expanders (:mod:`~csf_kernels.cute.inline_row_expander`, :mod:`~csf_kernels.cute.narrow_row_expander`)
 take the column count, tile count and image pitch at run time, and ran issue-bound at ~190 warp instructions
 per tile (ncu, runs 61-72): loops of run-time length, live-row predicates, 16-bit image stores and per-block
 address arithmetic. Here the plane's column count is compile-time (the catalog builds one program per plane
-shape), so a warp's walk over its block's full tiles is unrolled four tiles at a time, every image offset is a
-constant plus the lane's row offset, rows of 16-byte multiple width are imaged with one 16-byte store per row
-and four tiles, and rows past the row group are imaged like any other (never copied out) instead of being
-predicated away.
+shape), so a warp's walk over its tiles is unrolled four tiles at a time, every image offset is a constant plus
+the lane's row offset, rows of 16-byte multiple width are imaged with one 16-byte store per row and four tiles,
+and rows past the row group are imaged like any other (never copied out) instead of being predicated away.
 
-Each warp owns items: a 128-row block of one routed expert, whole rows (the tail tile included), or for rows of
-16-byte multiple width wider than 8 tiles one 8-tile column group of it (32-byte row segments: whole sectors, and
-4 KiB images, so 32 warps fit an SM). Items ``w, w + W, ...`` of the flattened (routed expert, block, group)
-list go to warp ``w`` of ``W``; for each, the warp stages the records, tail record and base deltas into its own
-shared-memory region (``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format
-section 5) into its own image of the rows (the plane's byte order), patches the four tiles' exceptions in one
-pass over their entries, decodes the tail tile (lane ``g`` owns slots ``4 g .. 4 g + 3``), fetches its next
-item's records while it copies the image out in 16-byte chunks, and locates that item (expert id, reference
-byte; divisions by multiplication) while it decodes this one. No CTA barrier.
+Two forms, by the plane's shape (:func:`~csf_kernels.families.row_block_group_tiles`):
+
+* whole rows (at most 8 full tiles and a tail, or rows that are not 16-byte multiples; DS4.1-TP4's W2): one warp
+  per row block, with its own image; no CTA barrier;
+* column groups (16-byte multiple rows wider than 8 tiles; W13's 160 columns: five groups of 8 tiles): one warp
+  per group, the CTA's warps imaging the block's whole rows together so the copy-out stores whole 128-byte lines
+  (ncu run 123: the per-warp 32-byte row segments kept the L2 78% busy at 30 us), with a CTA barrier before and
+  after each image.
+
+For each block a warp stages its records, tail record and base deltas into its own shared-memory region
+(``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format section 5), patches
+the four tiles' exceptions in one pass over their entries, decodes the tail tile (lane ``g`` owns slots
+``4 g .. 4 g + 3``), fetches its next block's records while the image is copied out in 16-byte chunks, and
+locates that block (expert id, reference byte; divisions by multiplication) while it decodes this one.
 
 Headers are trusted only as far as the codec validates them: no field makes the kernel read or write outside
 its buffers (selectors a record cannot hold read garbage inside the staging region, raw indices past the raw
@@ -68,7 +72,7 @@ class RowBlockExpander:
     divide by blocks per expert and per group), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
     """
 
-    def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, shared: bool = False):
+    def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
         if cols % 2 or not 0 < cols <= MAX_COLS:
             raise ValueError(f"the row-block expander takes an even column count up to {MAX_COLS}; got {cols}")
         if delta_bits not in (4, 8):
@@ -87,12 +91,10 @@ class RowBlockExpander:
         self.max_tail_bytes = max_tail_bytes
         self.group_tiles = row_block_group_tiles(cols)
         self.groups = self.full // self.group_tiles
-        # shared: a CTA of one warp per column group images whole rows together (whole-line stores)
-        self.shared = shared and self.groups > 1
-        self.pitch = cols if self.groups == 1 or self.shared else 4 * self.group_tiles  # image bytes per row
-        if self.groups > 1 and not self.shared and 32 % (self.pitch // 16):
-            raise ValueError(f"column groups of {self.group_tiles} tiles do not split a warp into whole rows")
-        self.warps = self.groups if self.shared else row_block_warps(cols)
+        # column groups: a CTA of one warp per group images whole rows together (whole-line stores)
+        self.shared = self.groups > 1
+        self.pitch = cols  # image bytes per row
+        self.warps = row_block_warps(cols)
 
     def region_bytes(self) -> tuple[int, int]:
         """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
@@ -186,7 +188,6 @@ class RowBlockExpander:
         tc = cols % 4
         db = self.delta_bits
         gt = self.group_tiles
-        groups = self.groups
         pitch = self.pitch
         vec = cols % 16 == 0  # rows imaged 16 bytes (four tiles) per store, the image 16-byte aligned
         tid, _, _ = cute.arch.thread_idx()
@@ -232,7 +233,7 @@ class RowBlockExpander:
         img_chunks = cute.zipped_divide(s_img32, (4,))
         raw_rows = cute.size(raw, mode=[0])
         tail_raw_bytes = cute.size(tail_raw, mode=[0])
-        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert * (1 if self.shared else groups)
+        items = cute.size(expert_ids, mode=[0]) * blocks_per_expert  # row blocks of the routed experts
         step = ctas * (1 if self.shared else self.warps)
         rec_n = gt * (record_words >> 2)  # 16-byte chunks of a group's full-tile records
         tail_n = Int32(0)
@@ -247,20 +248,16 @@ class RowBlockExpander:
         # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
         # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
         item = bx * self.warps + warp
+        g = Int32(0)  # the warp's column group
         if cutlass.const_expr(self.shared):
             item = bx
-        e, blk, g, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
-        if cutlass.const_expr(self.shared):
             g = warp
+        e, blk, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
         if e >= 0 and e < num_experts:
             self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
         while item < items:
             nxt = item + step
-            ne, nblk, ng, nref = self.locate(
-                nxt, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts
-            )
-            if cutlass.const_expr(self.shared):
-                ng = warp
+            ne, nblk, nref = self.locate(nxt, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
@@ -339,80 +336,60 @@ class RowBlockExpander:
 
                 if ne >= 0 and ne < num_experts:  # fetch the next item while this one is copied out
                     self.stage(
-                        copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane
+                        copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, rw0, tail_w0, lane
                     )
                 if cutlass.const_expr(self.shared):
-                    chunk0 = row0 * (cols // 16)
-                    for v in cutlass.range_constexpr(-(-128 * cols // (512 * self.warps))):
-                        i = tid + 32 * self.warps * v
-                        if i < valid * (cols // 16):
-                            self.copy_chunk(img_chunks, out_chunks, i, chunk0 + i)
+                    self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, tid, 32 * self.warps)
                 else:
-                    self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane)
+                    self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, lane, 32)
             elif ne >= 0 and ne < num_experts:
-                self.stage(copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, ng, counts, rw0, tail_w0, lane)
+                self.stage(copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, rw0, tail_w0, lane)
             item = nxt
             e = ne
             blk = nblk
-            g = ng
             ref = nref
 
     @cute.jit
     def locate(self, item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts):
-        """(expert id, row block, column group, the block's reference byte) of a warp's item; id -1 past the
-        last item."""
+        """(expert id, row block, the block's reference byte) of an item; id -1 past the last item."""
         e = Int32(-1)
         blk = Int32(0)
-        g = Int32(0)
         ref = Int32(0)
         if item < items:
-            zb = item
-            if cutlass.const_expr(not self.shared):
-                zb = Int32(Uint32(item) // self.groups)
-                g = item - zb * self.groups
-            z = _divide(zb, bpe_magic)
-            blk = zb - z * blocks_per_expert
+            z = _divide(item, bpe_magic)
+            blk = item - z * blocks_per_expert
             e = Int32(expert_ids[z])
             if e >= 0 and e < num_experts:
                 ref = Int32(base_ref[e * blocks_per_expert + blk])
-        return e, blk, g, ref
+        return e, blk, ref
 
     @cute.jit
-    def copy_out(self, img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, g, lane):
-        """The image's rows to the plane in 16-byte chunks (whole sectors): a flat image is one contiguous run of
-        the plane (its partial first and last chunks written bytewise); a column group's rows are ``pitch``-byte
-        segments of the plane's rows."""
+    def copy_out(self, img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, thread, threads: int):
+        """The image's rows to the plane in 16-byte chunks by ``threads`` threads (a warp, or a CTA sharing the
+        image): the rows are one contiguous run of the plane, whole sectors; a run that does not start or end on
+        a 16-byte boundary (``mis``, planes outside the catalog) has its partial chunks written bytewise."""
         cols = self.cols
-        src0 = (ib0 >> 4) + lane
-        if cutlass.const_expr(self.groups > 1):
-            # lane l copies chunk l % seg of row segment l // seg, then the same 32 // seg rows on
-            seg = self.pitch // 16  # chunks per row segment: 1 or 2, so 32 lanes cover whole segments
-            rows = 32 // seg
-            first = lane // seg
-            dst0 = (row0 + first) * (cols // 16) + g * seg + lane - first * seg
-            for v in cutlass.range_constexpr(128 // rows):
-                if first + rows * v < valid:
-                    self.copy_chunk(img_chunks, out_chunks, src0 + 32 * v, dst0 + rows * v * (cols // 16))
+        n = valid * cols
+        chunk0 = (row0 * cols - mis) >> 4
+        if mis == 0 and (n & 15) == 0:  # a run of whole chunks (every catalog plane)
+            for v in cutlass.range_constexpr(-(-128 * cols // (16 * threads))):
+                i = thread + threads * v
+                if i < n >> 4:
+                    self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
         else:
-            n = valid * cols
-            chunk0 = (row0 * cols - mis) >> 4
-            if mis == 0 and (n & 15) == 0:  # a run of whole chunks (every catalog plane)
-                for v in cutlass.range_constexpr(-(-128 * cols // 512)):
-                    if lane + 32 * v < n >> 4:
-                        self.copy_chunk(img_chunks, out_chunks, src0 + 32 * v, chunk0 + lane + 32 * v)
-            else:
-                lo = (mis + 15) >> 4  # whole chunks lo .. hi - 1
-                hi = (mis + n) >> 4
-                for i0 in range(lo + lane, hi, 32 * _COPY_UNROLL):
-                    for v in cutlass.range_constexpr(_COPY_UNROLL):
-                        i = i0 + 32 * v
-                        if i < hi:
-                            self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
-                # partial chunks: lanes 0-15 the first chunk's bytes, lanes 16-31 the last's
+            lo = (mis + 15) >> 4  # whole chunks lo .. hi - 1
+            hi = (mis + n) >> 4
+            for i0 in range(lo + thread, hi, threads * _COPY_UNROLL):
+                for v in cutlass.range_constexpr(_COPY_UNROLL):
+                    i = i0 + threads * v
+                    if i < hi:
+                        self.copy_chunk(img_chunks, out_chunks, (ib0 >> 4) + i, chunk0 + i)
+            # partial chunks: threads 0-15 the first chunk's bytes, 16-31 the last's
+            if thread < 32:
                 i = Int32(0)
-                if lane >= 16:
+                if thread >= 16:
                     i = hi
-                b = 16 * i + (lane & 15)
+                b = 16 * i + (thread & 15)
                 if b >= mis and b < mis + n:
                     out8[chunk0 * 16 + b] = s_img8[ib0 + b]
 
