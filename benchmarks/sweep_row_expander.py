@@ -1,11 +1,12 @@
-"""Column-group sweep of the CuTe row expander against the Triton expansion, from the AOT cache (frozen).
+"""Sweep of the CuTe expanders against the Triton expansion, from the AOT cache (frozen).
 
     python3 benchmarks/sweep_row_expander.py --out FILE
 
-Times each plane of the DeepSeek-V4.1-Flash TP4 MXFP4 layer with every row-image layout the cache has a
-program for (8-tile groups, one warp per row block; 32-tile groups, a CTA per block; Triton's tile
-programs beside them), CUDA-graph replays with L2 flushed, each variant checked bit for bit, so
-``families.row_image_layout`` chooses by measurement.
+Times each plane of the DeepSeek-V4.1-Flash TP4 MXFP4 layer with every row-image layout the cache has a program
+for (8-tile groups, one warp per row block; 32-tile groups, a CTA per block), the row-block expander at several
+grid sizes (CTAs per SM) and Triton's tile programs beside them, CUDA-graph replays with L2 flushed, each
+variant checked bit for bit, so ``expand.auto_engine`` and ``expand.ROW_BLOCK_CTAS_PER_SM`` choose by
+measurement.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def inline_expansion_launches(
     """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
 
     ``engine``: one of :data:`ENGINES` ("cute" covers planes :func:`~csf_kernels.families.row_image_layout`
-    accepts); ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
+    accepts, "row_block" those :func:`~csf_kernels.families.row_block_covers` accepts and the cache holds a
+    program for); ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     geo = inline.geometry
