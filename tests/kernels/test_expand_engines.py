@@ -143,3 +143,14 @@ def test_division_magic_divides_every_dividend_the_row_block_expander_takes():
                 assert (x if m == 0 else (x * m) >> 31) == x // d, (x, d)
     with pytest.raises(ValueError, match="divisor"):
         division_magic(DIVIDEND_LIMIT)
+
+
+def test_row_block_launch_refuses_more_blocks_than_its_multipliers_divide():
+    w2 = _inline((4, 100, 18))  # one row block per expert
+    ids = torch.zeros(DIVIDEND_LIMIT, dtype=torch.int32)  # 2**15 routed blocks
+    with pytest.raises(ValueError, match="row blocks exceed the row-block expander"):
+        inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), experts=ids, engine="row_block")
+    (launch,) = inline_expansion_launches(
+        w2, torch.empty(w2.shape, dtype=torch.uint8), experts=ids[:-1], engine="row_block"
+    )
+    assert launch.args[-4:-2] == (0, 0)  # one block per expert and per group: the multiplier of 1
