@@ -25,7 +25,7 @@ from .families import (
     inline_store_bytes,
     row_block_covers,
     row_block_expander_spec,
-    row_block_group_tiles,
+    row_block_groups,
     row_block_warps,
     row_expander_spec,
     row_image_layout,
@@ -193,19 +193,10 @@ def _row_expander_launch(
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     if experts.numel() > 65535:
         raise ValueError(f"expand_inline: {experts.numel()} experts exceed the grid")
-    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
     per_cta = _row_blocks_per_cta(experts.numel() * blocks_per_expert * layout.groups, layout.per_warp, out.device)
     runs = -(-blocks_per_expert // per_cta)
-    words = torch.uint32
     args = (
-        base_ref,
-        deltas,
-        records.view(-1).view(words),
-        tail.view(-1).view(words),
-        raw.view(-1).view(words).view(-1, 128),
-        tail_raw.view(-1),
-        out.view(-1).view(words),
-        experts,
+        *_expander_tensors(inline, out, experts),
         blocks_per_expert,
         geo.blocks_per_group,
         geo.row_group,
@@ -246,7 +237,6 @@ def _row_block_launch(
     """The row-block expander's launch (``ctas``: a sweep's grid size; default: 16 CTAs per SM)."""
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
-    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
     if experts.numel() * blocks_per_expert >= DIVIDEND_LIMIT:
         raise ValueError(
             f"expand_inline: {experts.numel()} experts x {blocks_per_expert} row blocks exceed the row-block "
@@ -254,22 +244,14 @@ def _row_block_launch(
         )
     spec = row_block_expander_spec(inline.fmt, geo.cols)
     blocks = experts.numel() * blocks_per_expert
-    grouped = geo.full_col_tiles > row_block_group_tiles(geo.cols)  # a CTA per block, else a warp per block
+    grouped = row_block_groups(geo.cols) > 1  # a CTA per block, else a warp per block
     most = blocks if grouped else -(-blocks // row_block_warps(geo.cols))
     if ctas is None:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
         ctas = sms * ROW_BLOCK_CTAS_PER_SM
     ctas = max(1, min(ctas, most))
-    words = torch.uint32
     args = (
-        base_ref,
-        deltas,
-        records.view(-1).view(words),
-        tail.view(-1).view(words),
-        raw.view(-1).view(words).view(-1, 128),
-        tail_raw.view(-1),
-        out.view(-1).view(words),
-        experts,
+        *_expander_tensors(inline, out, experts),
         blocks_per_expert,
         geo.blocks_per_group,
         geo.row_group,
@@ -282,6 +264,23 @@ def _row_block_launch(
         ctas,
     )
     return runtime.Launch(spec, (ctas, 1, 1), args)
+
+
+def _expander_tensors(inline: InlineScales, out: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The CuTe expanders' tensor arguments (``cute.export._expander_tensors``): the inline arrays, realigned,
+    as flat 32-bit words (raw tiles as rows of 128), the plane's bytes as words, the routed expert ids."""
+    base_ref, deltas, records, tail, raw, tail_raw = _aligned_arrays(inline)
+    words = torch.uint32
+    return (
+        base_ref,
+        deltas,
+        records.view(-1).view(words),
+        tail.view(-1).view(words),
+        raw.view(-1).view(words).view(-1, 128),
+        tail_raw.view(-1),
+        out.view(-1).view(words),
+        experts,
+    )
 
 
 def _aligned_arrays(inline: InlineScales) -> tuple[torch.Tensor, ...]:

@@ -143,10 +143,15 @@ def row_block_group_tiles(cols: int) -> int:
     return max(gt for gt in range(4, ROW_BLOCK_MAX_GROUP_TILES + 1, 4) if full % gt == 0)
 
 
+def row_block_groups(cols: int) -> int:
+    """Column groups a row of ``cols`` columns splits into for the row-block expander (1: whole rows)."""
+    return (cols // TILE_COLS) // row_block_group_tiles(cols)
+
+
 def row_block_warps(cols: int) -> int:
     """Warps per CTA of the row-block expander: one per column group where rows split (the CTA images whole
     rows together), else four for rows up to 32 bytes and two above (each warp its own rows)."""
-    groups = (cols // TILE_COLS) // row_block_group_tiles(cols)
+    groups = row_block_groups(cols)
     if groups > 1:
         return groups
     return 4 if cols <= 32 else 2

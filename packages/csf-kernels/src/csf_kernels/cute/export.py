@@ -155,6 +155,21 @@ def stage_decoder_program(record_bytes: int, delta_bits: int = 4) -> CuteProgram
     )
 
 
+def _expander_tensors(delta_bits: int) -> tuple[tuple[str, str, tuple], ...]:
+    """The tensor arguments both expanders of whole planes take (row images and row blocks): the inline CSF
+    arrays as flat words, the plane's bytes as words, the routed expert ids."""
+    return (
+        ("base_ref", "uint8", ("RB",)),
+        ("base_delta", "uint8", ("RB", 16 * delta_bits)),
+        ("records", "uint32", ("NR",)),
+        ("tail", "uint32", ("NT",)),
+        ("raw", "uint32", ("NRAW", 128)),
+        ("tail_raw", "uint8", ("NTR",)),
+        ("out", "uint32", ("NO",)),
+        ("expert_ids", "int32", ("NE",)),
+    )
+
+
 def row_expander_name(group_tiles: int, delta_bits: int, store: int) -> str:
     return f"csf_row_expander_g{int(group_tiles)}_d{int(delta_bits)}_w{int(store)}"
 
@@ -203,16 +218,7 @@ def row_expander_program(
         name=row_expander_name(group_tiles, delta_bits, store),
         program=program,
         factory=factory,
-        tensors=(
-            ("base_ref", "uint8", ("RB",)),
-            ("base_delta", "uint8", ("RB", 16 * delta_bits)),
-            ("records", "uint32", ("NR",)),
-            ("tail", "uint32", ("NT",)),
-            ("raw", "uint32", ("NRAW", 128)),
-            ("tail_raw", "uint8", ("NTR",)),
-            ("out", "uint32", ("NO",)),
-            ("expert_ids", "int32", ("NE",)),
-        ),
+        tensors=_expander_tensors(delta_bits),
         scalars=ROW_EXPANDER_SCALARS,
         divisible=(("NR", 4), ("NT", 4), ("NO", 4)),  # 16-byte chunks
         launch=(
@@ -261,16 +267,7 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
         name=row_block_expander_name(cols, delta_bits),
         program="row_block_expander",
         factory=factory,
-        tensors=(
-            ("base_ref", "uint8", ("RB",)),
-            ("base_delta", "uint8", ("RB", 16 * delta_bits)),
-            ("records", "uint32", ("NR",)),
-            ("tail", "uint32", ("NT",)),
-            ("raw", "uint32", ("NRAW", 128)),
-            ("tail_raw", "uint8", ("NTR",)),
-            ("out", "uint32", ("NO",)),
-            ("expert_ids", "int32", ("NE",)),
-        ),
+        tensors=_expander_tensors(delta_bits),
         scalars=ROW_BLOCK_EXPANDER_SCALARS,
         divisible=(("NR", 4), ("NT", 4), ("NO", 4)),  # 16-byte chunks
         launch=(

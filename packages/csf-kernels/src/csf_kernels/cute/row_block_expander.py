@@ -41,7 +41,7 @@ from cutlass.cute.nvgpu import cpasync
 from csf_codec.tile_layout import slot_to_row
 
 from ..families import ROW_BLOCK_MAX_COLS as MAX_COLS
-from ..families import row_block_group_tiles, row_block_warps
+from ..families import row_block_group_tiles, row_block_groups, row_block_warps
 from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, quad_words, spread_fields
 
 __all__ = ["MAX_COLS", "RowBlockExpander"]
@@ -90,7 +90,7 @@ class RowBlockExpander:
         self.max_record_bytes = max_record_bytes
         self.max_tail_bytes = max_tail_bytes
         self.group_tiles = row_block_group_tiles(cols)
-        self.groups = self.full // self.group_tiles
+        self.groups = row_block_groups(cols)
         # column groups: a CTA of one warp per group images whole rows together (whole-line stores)
         self.shared = self.groups > 1
         self.pitch = cols  # image bytes per row
