@@ -8,7 +8,14 @@ import torch
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels.cute_so import TensorRef
-from csf_kernels.expand import DIVIDEND_LIMIT, ENGINES, auto_engine, division_magic, inline_expansion_launches
+from csf_kernels.expand import (
+    DIVIDEND_LIMIT,
+    ENGINES,
+    auto_engine,
+    division_magic,
+    exception_caps,
+    inline_expansion_launches,
+)
 from csf_kernels.families import (
     CUTE_ROW_BLOCK_EXPANDER,
     CUTE_ROW_EXPANDER,
@@ -98,12 +105,27 @@ def test_row_block_launch_covers_row_blocks_by_warps_or_by_ctas():
     # 3 experts x 10 row blocks (two row groups of 576 rows), a CTA per block: one warp per 8-tile group
     assert row_block_warps(160) == 5 and launch.grid == (30, 1, 1)
     scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
-    assert len(scalars) == 10 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
+    assert len(scalars) == 12 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
     assert scalars[6:8] == [division_magic(10), division_magic(5)]  # blocks per expert, per group
+    assert scalars[8:10] == [exception_caps(w13.record_bytes, 4), 0]  # capacities per mode; no tail tile
     w2 = _inline((4, 512, 18))
     (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
     assert row_block_group_tiles(18) == 4 and row_block_warps(18) == 4 and launch.grid == (4, 1, 1)
     assert launch.args[-2] == 4  # num_experts, then ctas
+    assert launch.args[-4:-2] == (exception_caps(w2.record_bytes, 4), exception_caps(w2.tail_record_bytes, 2))
+
+
+def test_exception_caps_pack_each_modes_capacity_as_the_codec_counts_it():
+    from csf_codec.inline import exception_capacity, record_bytes_choices
+
+    for cols in (1, 2, 3, 4):
+        for s in record_bytes_choices(MXFP4, cols) + record_bytes_choices(NVFP4, cols):
+            packed = exception_caps(s, cols)
+            for m in range(3):
+                assert (packed >> (8 * m)) & 0xFF == max(0, exception_capacity(1 << m, s, cols))
+            assert packed >> 24 == 0  # raw tiles (mode 3) have no exceptions
+    # DS4.1's 96-byte records of 4 columns: 9 exceptions beside 1-bit selectors; 2- and 4-bit ones do not fit
+    assert exception_caps(96, 4) == 9
 
 
 def test_row_block_group_tiles_split_only_wide_sixteen_byte_rows():
@@ -153,4 +175,4 @@ def test_row_block_launch_refuses_more_blocks_than_its_multipliers_divide():
     (launch,) = inline_expansion_launches(
         w2, torch.empty(w2.shape, dtype=torch.uint8), experts=ids[:-1], engine="row_block"
     )
-    assert launch.args[-4:-2] == (0, 0)  # one block per expert and per group: the multiplier of 1
+    assert launch.args[-6:-4] == (0, 0)  # one block per expert and per group: the multiplier of 1

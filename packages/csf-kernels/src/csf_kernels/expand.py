@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from csf_codec import InlineScales, ScaleFormat
+from csf_codec.inline import exception_capacity
+from csf_codec.tile_layout import TILE_COLS
 
 from . import runtime
 from .compact_tables import CompactTables
@@ -231,6 +233,14 @@ def division_magic(d: int) -> int:
     return 0 if d == 1 else -(-(1 << 31) // d)
 
 
+def exception_caps(record_bytes: int, cols: int) -> int:
+    """Each selector mode's exception capacity in records of ``record_bytes`` for tiles of ``cols`` columns,
+    packed a byte per mode (0 where the mode does not fit; byte 3, raw tiles, 0), as the row-block expander
+    takes them: a capacity bounds the entries read and places the values after the positions."""
+    caps = (max(0, exception_capacity(1 << m, record_bytes, cols)) for m in range(3))
+    return sum(c << (8 * m) for m, c in enumerate(caps))
+
+
 def _row_block_launch(
     inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
 ) -> runtime.Launch:
@@ -260,6 +270,8 @@ def _row_block_launch(
         (inline.tail_record_bytes if geo.tail_cols else 0) // 4,
         division_magic(blocks_per_expert),
         division_magic(geo.blocks_per_group),
+        exception_caps(inline.record_bytes, TILE_COLS),
+        exception_caps(inline.tail_record_bytes, geo.tail_cols) if geo.tail_cols else 0,
         geo.experts,
         ctas,
     )

@@ -249,6 +249,8 @@ ROW_BLOCK_EXPANDER_SCALARS = (
     "tail_words",
     "bpe_magic",
     "bpg_magic",
+    "exception_caps",
+    "tail_exception_caps",
     "num_experts",
     "ctas",
 )

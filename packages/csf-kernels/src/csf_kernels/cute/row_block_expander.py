@@ -42,7 +42,7 @@ from csf_codec.tile_layout import slot_to_row
 
 from ..families import ROW_BLOCK_MAX_COLS as MAX_COLS
 from ..families import row_block_group_tiles, row_block_groups, row_block_warps
-from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, quad_words, spread_fields
+from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, quad_words, spread_fields
 
 __all__ = ["MAX_COLS", "RowBlockExpander"]
 _DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * delta bits <= 128)
@@ -130,6 +130,8 @@ class RowBlockExpander:
         tail_words: Int32,
         bpe_magic: Int32,
         bpg_magic: Int32,
+        exception_caps: Int32,
+        tail_exception_caps: Int32,
         num_experts: Int32,
         ctas: Int32,
         stream: cuda.CUstream,
@@ -151,6 +153,8 @@ class RowBlockExpander:
             tail_words,
             bpe_magic,
             bpg_magic,
+            exception_caps,
+            tail_exception_caps,
             num_experts,
             ctas,
         ).launch(
@@ -181,6 +185,8 @@ class RowBlockExpander:
         tail_words: Int32,
         bpe_magic: Int32,
         bpg_magic: Int32,
+        exception_caps: Int32,
+        tail_exception_caps: Int32,
         num_experts: Int32,
         ctas: Int32,
     ):
@@ -240,9 +246,6 @@ class RowBlockExpander:
         if cutlass.const_expr(tc > 0):
             tail_n = tail_words >> 2
         counts = (rec_n, tail_n)
-        caps = [
-            cutlass.min(Int32(MAX_EXCEPTIONS), (4 * record_words - HEADER_BYTES - (64 << m)) // 3) for m in range(3)
-        ]
         quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
 
         # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
@@ -283,14 +286,13 @@ class RowBlockExpander:
                 # full tiles, four at a time: decode, image, then (after a warp barrier) their exceptions
                 for s in range(gt // 4):
                     rec0 = rw0 + 4 * s * record_words
-                    heads = []
                     words = []
                     for u in cutlass.range_constexpr(4):
-                        h, w = self.decode_tile(
-                            rec0 + u * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                        words.append(
+                            self.decode_tile(
+                                rec0 + u * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                            )
                         )
-                        heads.append(h)
-                        words.append(w)
                     for k in cutlass.range_constexpr(4):
                         if cutlass.const_expr(vec):
                             frag = cute.make_rmem_tensor((4,), Uint32)
@@ -302,25 +304,36 @@ class RowBlockExpander:
                                 self.image_word(s_img32, s_img16, row_at[k] + 16 * s + 4 * u, words[u][k])
                     cute.arch.sync_warp()  # every word is imaged before lanes patch their bytes
                     self.patch_tiles(
-                        heads, rec0, record_words, colb + 16 * s, caps, s_rec16, s_rec8, s_img8, img0, lane
+                        4, rec0, record_words, colb + 16 * s, exception_caps, s_rec, s_rec16, s_rec8, s_img8, img0, lane
                     )
-                for u in cutlass.range_constexpr(gt % 4):
-                    t = gt - gt % 4 + u
-                    h, w = self.decode_tile(
-                        rw0 + t * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
-                    )
-                    for k in cutlass.range_constexpr(4):
-                        self.image_word(s_img32, s_img16, row_at[k] + 4 * t, w[k])
+                if cutlass.const_expr(gt % 4 > 0):
+                    t0 = gt - gt % 4
+                    for u in cutlass.range_constexpr(gt % 4):
+                        w = self.decode_tile(
+                            rw0 + (t0 + u) * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                        )
+                        for k in cutlass.range_constexpr(4):
+                            self.image_word(s_img32, s_img16, row_at[k] + 4 * (t0 + u), w[k])
                     cute.arch.sync_warp()
                     self.patch_tiles(
-                        [h], rw0 + t * record_words, record_words, 4 * t, caps, s_rec16, s_rec8, s_img8, img0, lane
+                        gt % 4,
+                        rw0 + t0 * record_words,
+                        record_words,
+                        colb + 4 * t0,
+                        exception_caps,
+                        s_rec,
+                        s_rec16,
+                        s_rec8,
+                        s_img8,
+                        img0,
+                        lane,
                     )
                 if cutlass.const_expr(tc > 0):
                     self.tail_tile(
                         tail_w0,
                         tail_words,
-                        deltas,
-                        ref,
+                        tail_exception_caps,
+                        bases,
                         tail_raw,
                         tail_raw_bytes,
                         s_rec,
@@ -419,7 +432,8 @@ class RowBlockExpander:
 
     @cute.jit
     def decode_tile(self, rec0, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane):
-        """(header, the quad's four words) of the full tile whose record starts at staging word ``rec0``."""
+        """The quad's four words of the full tile whose record starts at staging word ``rec0`` (its exceptions
+        are :meth:`patch_tiles`'s)."""
         h = Uint32(s_rec[rec0 + record_words - 1])
         mode = Int32(h & 3)
         ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
@@ -451,7 +465,7 @@ class RowBlockExpander:
                 w1 = frag[1]
                 w2 = frag[2]
                 w3 = frag[3]
-        return h, [w0, w1, w2, w3]
+        return [w0, w1, w2, w3]
 
     @cute.jit
     def image_word(self, s_img32, s_img16, at, word):
@@ -463,112 +477,107 @@ class RowBlockExpander:
             s_img16[(at >> 1) + 1] = Uint16(word >> 16)
 
     @cute.jit
-    def patch_tiles(self, heads, rec0, record_words, col0, caps, s_rec16, s_rec8, s_img8, img0, lane):
-        """Overwrite the exception bytes of consecutive full tiles (headers ``heads``, records from staging word
-        ``rec0``, columns from ``col0``) in one pass over all their entries, so the lanes are busy: entry ``j``
-        belongs to the tile whose running entry count passes ``j``."""
-        counts = []
-        for u in cutlass.range_constexpr(len(heads)):
-            h = heads[u]
+    def patch_tiles(self, tiles: int, rec0, record_words, col0, caps, s_rec, s_rec16, s_rec8, s_img8, img0, lane):
+        """Overwrite the exception bytes of ``tiles`` (at most 4) consecutive full tiles, records from staging word
+        ``rec0``, columns from ``col0``: lanes 8 u .. 8 u + 7 take tile u's entries, eight at a time, each lane
+        reading the tile's header itself. ``caps`` packs each mode's exception capacity in a byte (host's
+        :func:`csf_kernels.expand.exception_caps`; raw tiles' byte 0), which also places the values after the
+        positions. Every position and value read lies inside the record whatever the header says."""
+        u = lane >> 3
+        active = u < tiles
+        if cutlass.const_expr(tiles == 4):
+            active = True
+        if active:
+            rec = rec0 + u * record_words
+            h = Uint32(s_rec[rec + record_words - 1])
             mode = Int32(h & 3)
-            cap = caps[2]
-            if mode == 0:
-                cap = caps[0]
-            elif mode == 1:
-                cap = caps[1]
-            n = cutlass.max(Int32(0), cutlass.min(Int32((h >> 2) & 63), cap))
-            if mode == 3:
-                n = Int32(0)
-            counts.append((n, cap))
-        ends = [counts[0][0]]
-        for u in cutlass.range_constexpr(1, len(heads)):
-            ends.append(ends[u - 1] + counts[u][0])
-        for j in range(lane, ends[-1], 32):
-            start = Int32(0)
-            h = heads[0]
-            cap = counts[0][1]
-            tile = Int32(0)
-            for u in cutlass.range_constexpr(1, len(heads)):
-                if j >= ends[u - 1]:
-                    start = ends[u - 1]
-                    h = heads[u]
-                    cap = counts[u][1]
-                    tile = Int32(u)
-            k = j - start
-            sel_bytes = Int32(64) << Int32(h & 3)
-            rec = rec0 + tile * record_words
-            pos = Int32(s_rec16[2 * rec + (sel_bytes >> 1) + k])
-            if pos < 512:
-                val = s_rec8[4 * rec + sel_bytes + 2 * cap + k]
-                s_img8[img0 + slot_to_row(pos >> 2) * self.pitch + col0 + 4 * tile + (pos & 3)] = val
+            cap = Int32(Uint32(caps) >> Uint32(mode << 3)) & 0xFF
+            sel_bytes = Int32(64) << mode
+            pos0 = 2 * rec + (sel_bytes >> 1)
+            val0 = 4 * rec + sel_bytes + 2 * cap
+            for j in range(lane & 7, cutlass.min(Int32((h >> 2) & 63), cap), 8):
+                pos = Int32(s_rec16[pos0 + j])
+                if pos < 512:
+                    s_img8[img0 + slot_to_row(pos >> 2) * self.pitch + col0 + 4 * u + (pos & 3)] = s_rec8[val0 + j]
 
     @cute.jit
-    def tail_pairs(self, tail_w0, h, deltas, ref, tail_raw, fits, raw_ok, s_rec, s_img8, img0, lane):
-        """The two tail columns of lane g's slots 4 g .. 4 g + 3, a 16-bit image store per row: the four slots'
-        fields are 8 w bits at byte w g of the record, one aligned word shifted."""
-        db = self.delta_bits
+    def tail_pairs(self, tail_w0, h, quad_bases, fits, s_rec, s_img8, img0, lane):
+        """The two tail columns of lane g's slots 4 g .. 4 g + 3 (selector modes), a 16-bit image store per row:
+        the four slots' fields are 8 w bits at byte w g of the record, one aligned word shifted; a slot's pair
+        is its row's base word plus the origin (as the full tiles' words) plus the two fields, low half."""
         mode = Int32(h & 3)
         width = Int32(1) << mode
         fmask = (Int32(1) << width) - 1
         byte = lane << mode
-        x = Int32(Uint32(s_rec[tail_w0 + (byte >> 2)]) >> Uint32((byte & 3) * 8))
-        origin = Int32(h << 16) >> 24
-        idx = Int32(h >> 2)
+        x = Uint32(s_rec[tail_w0 + (byte >> 2)]) >> Uint32((byte & 3) * 8)
+        ow = Uint32((Int32(h << 16) >> 24) * 0x01010101)
         s_img16 = cute.recast_tensor(s_img8, Uint16)
         for s in cutlass.range_constexpr(4):
-            slot = 4 * lane + s
-            pair = Int32(0)
-            if mode == 3:
-                if raw_ok:
-                    at = idx * 256 + 2 * slot
-                    pair = Int32(tail_raw[at]) | (Int32(tail_raw[at + 1]) << 8)
-            elif fits:
-                fs = x >> (2 * width * s)
-                base = (ref + Int32((deltas >> (db * s)) & ((1 << db) - 1)) + origin) & 0xFF
-                # both bytes of a real row stay in range (no carry between them), as in quad_words
-                pair = (base * 0x0101 + ((fs & fmask) | ((fs >> width) & fmask) << 8)) & 0xFFFF
-            s_img16[(img0 + slot_to_row(slot) * self.cols + self.cols - 2) >> 1] = Uint16(pair)
+            fs = Int32(x >> Uint32(width * (2 * s)))
+            pair = Uint32(0)
+            if fits:
+                pair = quad_bases[s] + ow + Uint32((fs & fmask) | ((fs >> width) & fmask) << 8)
+            s_img16[(img0 + slot_to_row(4 * lane + s) * self.cols + self.cols - 2) >> 1] = Uint16(pair & 0xFFFF)
 
     @cute.jit
     def tail_tile(
-        self, tail_w0, tail_words, deltas, ref, tail_raw, tail_raw_bytes, s_rec, s_rec16, s_rec8, s_img8, img0, lane
+        self,
+        tail_w0,
+        tail_words,
+        caps,
+        quad_bases,
+        tail_raw,
+        tail_raw_bytes,
+        s_rec,
+        s_rec16,
+        s_rec8,
+        s_img8,
+        img0,
+        lane,
     ):
         """The tail tile's ``cols % 4`` columns: lane g decodes slots 4 g .. 4 g + 3 (a slot's tc fields are
-        tc * w consecutive bits, read through a 64-bit window of two record words), then its exceptions."""
+        tc * w consecutive bits, read through a 64-bit window of two record words; two columns:
+        :meth:`tail_pairs`), raw tail tiles are copied, then the exceptions (``caps``: the tail record's
+        capacities per mode, packed as :meth:`patch_tiles` takes them)."""
         cols = self.cols
         tc = cols % 4
         col0 = cols - tc
-        db = self.delta_bits
         h = Uint32(s_rec[tail_w0 + tail_words - 1])
         mode = Int32(h & 3)
         width = Int32(1) << mode
-        fits = 4 * tail_words >= 16 * tc * width + HEADER_BYTES
-        idx = Int32(h >> 2)
-        raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset (which may wrap)
-        origin = Int32(h << 16) >> 24
-        if cutlass.const_expr(tc == 2):
-            self.tail_pairs(tail_w0, h, deltas, ref, tail_raw, fits, raw_ok, s_rec, s_img8, img0, lane)
-        for s in cutlass.range_constexpr(4 if tc != 2 else 0):
-            slot = 4 * lane + s
-            base = ref + Int32((deltas >> (db * s)) & ((1 << db) - 1)) + origin
-            bit = slot * tc * width
-            lo = Uint64(s_rec[tail_w0 + (bit >> 5)])
-            hi = Uint64(s_rec[tail_w0 + (bit >> 5) + 1])
-            window = ((hi << 32) | lo) >> Uint64(bit & 31)
-            at = img0 + slot_to_row(slot) * cols + col0
-            for c in cutlass.range_constexpr(tc):
-                val = Int32(0)
-                if mode == 3:
+        if mode == 3:
+            idx = Int32(h >> 2)
+            raw_ok = idx < tail_raw_bytes // (128 * tc)  # the index, not its byte offset (which may wrap)
+            for s in cutlass.range_constexpr(4):
+                slot = 4 * lane + s
+                for c in cutlass.range_constexpr(tc):
+                    val = Uint8(0)
                     if raw_ok:
-                        val = Int32(tail_raw[idx * (128 * tc) + slot * tc + c])
-                elif fits:
-                    field = Int32((window >> Uint64(c * width)) & Uint64((1 << width) - 1))
-                    val = (base + field) & 0xFF
-                s_img8[at + c] = Uint8(val)
-        cute.arch.sync_warp()
-        if mode != 3:
+                        val = tail_raw[idx * (128 * tc) + slot * tc + c]
+                    s_img8[img0 + slot_to_row(slot) * cols + col0 + c] = val
+        else:
+            fits = 4 * tail_words >= 16 * tc * width + HEADER_BYTES
+            if cutlass.const_expr(tc == 2):
+                self.tail_pairs(tail_w0, h, quad_bases, fits, s_rec, s_img8, img0, lane)
+            else:
+                origin = Int32(h << 16) >> 24
+                for s in cutlass.range_constexpr(4):
+                    slot = 4 * lane + s
+                    base = Int32(quad_bases[s] & 0xFF) + origin
+                    bit = slot * tc * width
+                    lo = Uint64(s_rec[tail_w0 + (bit >> 5)])
+                    hi = Uint64(s_rec[tail_w0 + (bit >> 5) + 1])
+                    window = ((hi << 32) | lo) >> Uint64(bit & 31)
+                    at = img0 + slot_to_row(slot) * cols + col0
+                    for c in cutlass.range_constexpr(tc):
+                        val = Int32(0)
+                        if fits:
+                            field = Int32((window >> Uint64(c * width)) & Uint64((1 << width) - 1))
+                            val = (base + field) & 0xFF
+                        s_img8[at + c] = Uint8(val)
+            cute.arch.sync_warp()
             sel_bytes = 16 * tc * width
-            cap = cutlass.min(Int32(MAX_EXCEPTIONS), (4 * tail_words - HEADER_BYTES - sel_bytes) // 3)
+            cap = Int32(Uint32(caps) >> Uint32(mode << 3)) & 0xFF
             for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
                 pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
                 if pos < 128 * tc:
