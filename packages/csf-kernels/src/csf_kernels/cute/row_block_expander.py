@@ -103,6 +103,14 @@ class RowBlockExpander:
         image = -(-(128 * self.pitch + CHUNK_BYTES) // CHUNK_BYTES) * CHUNK_BYTES  # + a flat image's misalignment
         return stage, image
 
+    def resident_ctas(self) -> int:
+        """CTAs per SM the registers are budgeted for: 32 warps (at most 64 registers a thread; ncu, runs
+        121-122) for a warp per block; for a CTA per block, as many as its shared memory allows up to 35 warps
+        (the CTA's warps wait on each other at its barriers: more of them hide the latency; run 134)."""
+        if not self.shared:
+            return 32 // self.warps
+        return min(35 // self.warps, (227 * 1024) // (self.shared_bytes() + 1024))
+
     def delta_chunk(self, rw0):
         """The staging chunk of the base-delta row in the warp region at word ``rw0``."""
         return (rw0 + (self.region_bytes()[0] - _DELTA_ROW) // 4) // 4
@@ -161,8 +169,7 @@ class RowBlockExpander:
             grid=(ctas, 1, 1),
             block=(32 * self.warps, 1, 1),
             stream=stream,
-            # 32 warps per SM: at most 64 registers per thread (the kernel is issue-bound; ncu, runs 121-122)
-            min_blocks_per_mp=32 // self.warps,
+            min_blocks_per_mp=self.resident_ctas(),
             preferred_smem_carveout=100,
         )
 
@@ -248,19 +255,25 @@ class RowBlockExpander:
         counts = (rec_n, tail_n)
         quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
 
-        # a warp's items: (routed expert slot, row block, column group), the next one located (its expert id
-        # loaded) while this one is decoded; an id outside [0, E) is graph padding: nothing read or written
+        # a warp's items: (routed expert slot, row block, column group). Each global round trip is issued a
+        # stage before its first use (ncu, run 134: the dependent expert id -> reference byte loads of the next
+        # item stalled the warps 15% of the time): the expert id of the item after next is loaded while this
+        # item is decoded, the next item's reference byte and records while this one is copied out. An id
+        # outside [0, E) is graph padding: nothing read or written.
         item = bx * self.warps + warp
         g = Int32(0)  # the warp's column group
         if cutlass.const_expr(self.shared):
             item = bx
             g = warp
-        e, blk, ref = self.locate(item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
+        e, blk = self.locate(item, items, expert_ids, blocks_per_expert, bpe_magic)
+        ne, nblk = self.locate(item + step, items, expert_ids, blocks_per_expert, bpe_magic)
+        ref = self.reference(e, blk, base_ref, blocks_per_expert, num_experts)
         if e >= 0 and e < num_experts:
             self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
         while item < items:
             nxt = item + step
-            ne, nblk, nref = self.locate(nxt, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts)
+            nne, nnblk = self.locate(nxt + step, items, expert_ids, blocks_per_expert, bpe_magic)
+            nref = self.reference(ne, nblk, base_ref, blocks_per_expert, num_experts)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
             if e >= 0 and e < num_experts:
@@ -361,20 +374,27 @@ class RowBlockExpander:
             e = ne
             blk = nblk
             ref = nref
+            ne = nne
+            nblk = nnblk
 
     @cute.jit
-    def locate(self, item, items, expert_ids, base_ref, blocks_per_expert, bpe_magic, num_experts):
-        """(expert id, row block, the block's reference byte) of an item; id -1 past the last item."""
+    def locate(self, item, items, expert_ids, blocks_per_expert, bpe_magic):
+        """(expert id, row block) of an item; id -1 past the last item."""
         e = Int32(-1)
         blk = Int32(0)
-        ref = Int32(0)
         if item < items:
             z = _divide(item, bpe_magic)
             blk = item - z * blocks_per_expert
             e = Int32(expert_ids[z])
-            if e >= 0 and e < num_experts:
-                ref = Int32(base_ref[e * blocks_per_expert + blk])
-        return e, blk, ref
+        return e, blk
+
+    @cute.jit
+    def reference(self, e, blk, base_ref, blocks_per_expert, num_experts):
+        """The reference byte of expert ``e``'s row block ``blk`` (0 for padding ids)."""
+        ref = Int32(0)
+        if e >= 0 and e < num_experts:
+            ref = Int32(base_ref[e * blocks_per_expert + blk])
+        return ref
 
     @cute.jit
     def copy_out(self, img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, thread, threads: int):
