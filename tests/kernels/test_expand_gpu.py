@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
-from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
+from csf_codec.synthetic import EXCEPTION_DENSE, SEED_REGIME, synthetic_scale_plane
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
@@ -114,12 +114,17 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
         assert torch.equal(out.cpu(), _expected(plane, ids.cpu())), engine
 
 
+@pytest.mark.parametrize("stats", [EXCEPTION_DENSE, SEED_REGIME], ids=["dense", "seed"])
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(("shape", "group"), [((64, 1152, 160), 576), ((64, 1280, 18), None)], ids=["w13", "w2"])
-def test_graph_capture_and_replay_with_changed_routes(engine, shape, group):
-    plane = synthetic_scale_plane(shape, MXFP4, stats=EXCEPTION_DENSE, seed=5)
+def test_graph_capture_and_replay_with_changed_routes(engine, shape, group, stats):
+    plane = synthetic_scale_plane(shape, MXFP4, stats=stats, seed=5)
     gpu = plane.cuda()
     inline = encode_inline(gpu, MXFP4, row_group=group)
+    # the row-block expander stages two items' records when they fit half its staging (the seed regime's
+    # 96-byte records), else one (the dense regime's 128): both forms are replayed
+    half = row_block_expander_spec(MXFP4, shape[-1]).fact["MAXS"] // 2
+    assert (inline.record_bytes <= half) == (stats is SEED_REGIME)
     tables = compact_tables(encode_compact(gpu, MXFP4).payload)
     ids = torch.zeros(48, dtype=torch.int32, device="cuda")
     out_i = torch.empty_like(gpu)

@@ -45,7 +45,7 @@ from ..families import row_block_group_tiles, row_block_groups, row_block_warps
 from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, quad_words, spread_fields
 
 __all__ = ["MAX_COLS", "RowBlockExpander"]
-_DELTA_ROW = 128  # staging bytes reserved for a block's base-delta row (16 * delta bits <= 128)
+_DELTA_ROW = 128  # staging bytes of a block's base-delta row (16 * delta bits <= 128); a region holds two
 _COPY_UNROLL = 4  # 16-byte chunks a lane has in flight while copying the image out
 
 
@@ -99,7 +99,7 @@ class RowBlockExpander:
     def region_bytes(self) -> tuple[int, int]:
         """(staging bytes, image bytes) of one warp's shared-memory region; both multiples of 16."""
         tail = self.max_tail_bytes if self.cols % 4 else 0
-        stage = self.group_tiles * self.max_record_bytes + tail + _DELTA_ROW
+        stage = self.group_tiles * self.max_record_bytes + tail + 2 * _DELTA_ROW
         image = -(-(128 * self.pitch + CHUNK_BYTES) // CHUNK_BYTES) * CHUNK_BYTES  # + a flat image's misalignment
         return stage, image
 
@@ -110,10 +110,6 @@ class RowBlockExpander:
         if not self.shared:
             return 32 // self.warps
         return min(35 // self.warps, (227 * 1024) // (self.shared_bytes() + 1024))
-
-    def delta_chunk(self, rw0):
-        """The staging chunk of the base-delta row in the warp region at word ``rw0``."""
-        return (rw0 + (self.region_bytes()[0] - _DELTA_ROW) // 4) // 4
 
     def shared_bytes(self) -> int:
         stage, image = self.region_bytes()
@@ -217,9 +213,21 @@ class RowBlockExpander:
         s_img32 = smem.allocate_tensor(Uint32, cute.make_layout((images * image_bytes // 4,)), byte_alignment=16)
         s_img16 = cute.recast_tensor(s_img32, Uint16)
         s_img8 = cute.recast_tensor(s_img32, Uint8)
-        rw0 = warp * (stage_bytes // 4)  # this warp's staging region (words): records, tail record, deltas
+        # this warp's staging region (words): records, tail record, two base-delta rows. Records and tail
+        # records of at most half the largest size (DS4.1's: 96 and 48 of 192 and 176 bytes) leave room for a
+        # second item's, which is then fetched a whole item ahead (ncu, run 135: the wait for records fetched
+        # during the copy-out stalled the warps 11% of the time); larger ones are fetched during the copy-out.
+        rw0 = warp * (stage_bytes // 4)
         tail_w0 = rw0 + gt * self.max_record_bytes // 4
-        delta_w0 = rw0 + (stage_bytes - _DELTA_ROW) // 4
+        delta_w0 = rw0 + (stage_bytes - 2 * _DELTA_ROW) // 4
+        fits_two = 8 * record_words <= self.max_record_bytes
+        if cutlass.const_expr(tc > 0):
+            fits_two = fits_two & (8 * tail_words <= self.max_tail_bytes)
+        second = Int32(0)  # words from the first item's staging to the second's: records (tail, delta: scaled)
+        if fits_two:
+            second = gt * record_words
+        double = second > 0
+        par = Int32(0)  # the staging the item's records are in (0, 1)
         ib0 = warp * image_bytes  # this warp's image (bytes)
         colb = 0  # the image column of the warp's group (shared images)
         if cutlass.const_expr(self.shared):
@@ -269,13 +277,39 @@ class RowBlockExpander:
         ne, nblk = self.locate(item + step, items, expert_ids, blocks_per_expert, bpe_magic)
         ref = self.reference(e, blk, base_ref, blocks_per_expert, num_experts)
         if e >= 0 and e < num_experts:
-            self.stage(copy_atom, sources, s_chunks, e * blocks_per_expert + blk, g, counts, rw0, tail_w0, lane)
+            self.stage(
+                copy_atom,
+                sources,
+                s_chunks,
+                e * blocks_per_expert + blk,
+                g,
+                counts,
+                self.staging(rw0, tail_w0, delta_w0, 0, second, tail_words),
+                lane,
+            )
         while item < items:
             nxt = item + step
             nne, nnblk = self.locate(nxt + step, items, expert_ids, blocks_per_expert, bpe_magic)
             nref = self.reference(ne, nblk, base_ref, blocks_per_expert, num_experts)
-            cute.arch.cp_async_wait_group(0)
+            if double:
+                if ne >= 0 and ne < num_experts:
+                    self.stage(
+                        copy_atom,
+                        sources,
+                        s_chunks,
+                        ne * blocks_per_expert + nblk,
+                        g,
+                        counts,
+                        self.staging(rw0, tail_w0, delta_w0, 1 - par, second, tail_words),
+                        lane,
+                    )
+                else:
+                    cute.arch.cp_async_commit_group()  # an empty group: the wait below still leaves one pending
+                cute.arch.cp_async_wait_group(1)
+            else:
+                cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # the item's records landed; the previous image is copied out
+            rb0, tb0, db0 = self.staging(rw0, tail_w0, delta_w0, par, second, tail_words)
             if e >= 0 and e < num_experts:
                 if cutlass.const_expr(self.shared):
                     cute.arch.barrier()  # every warp has copied the previous image out
@@ -288,9 +322,9 @@ class RowBlockExpander:
                     mis = (row0 * cols) & 15
                 img0 = ib0 + mis  # image byte of the block's first row
                 if cutlass.const_expr(db == 4):
-                    deltas = Uint32(s_rec16[2 * delta_w0 + lane])
+                    deltas = Uint32(s_rec16[2 * db0 + lane])
                 else:
-                    deltas = Uint32(s_rec[delta_w0 + lane])
+                    deltas = Uint32(s_rec[db0 + lane])
                 bases = [
                     Uint32((ref + Int32((deltas >> (db * k)) & ((1 << db) - 1))) & 0xFF) * 0x01010101 for k in range(4)
                 ]
@@ -298,7 +332,7 @@ class RowBlockExpander:
 
                 # full tiles, four at a time: decode, image, then (after a warp barrier) their exceptions
                 for s in range(gt // 4):
-                    rec0 = rw0 + 4 * s * record_words
+                    rec0 = rb0 + 4 * s * record_words
                     words = []
                     for u in cutlass.range_constexpr(4):
                         words.append(
@@ -323,14 +357,14 @@ class RowBlockExpander:
                     t0 = gt - gt % 4
                     for u in cutlass.range_constexpr(gt % 4):
                         w = self.decode_tile(
-                            rw0 + (t0 + u) * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
+                            rb0 + (t0 + u) * record_words, record_words, bases, raw, raw_rows, s_rec, s_rec16, lane
                         )
                         for k in cutlass.range_constexpr(4):
                             self.image_word(s_img32, s_img16, row_at[k] + 4 * (t0 + u), w[k])
                     cute.arch.sync_warp()
                     self.patch_tiles(
                         gt % 4,
-                        rw0 + t0 * record_words,
+                        rb0 + t0 * record_words,
                         record_words,
                         colb + 4 * t0,
                         exception_caps,
@@ -343,7 +377,7 @@ class RowBlockExpander:
                     )
                 if cutlass.const_expr(tc > 0):
                     self.tail_tile(
-                        tail_w0,
+                        tb0,
                         tail_words,
                         tail_exception_caps,
                         bases,
@@ -360,22 +394,35 @@ class RowBlockExpander:
                 if cutlass.const_expr(self.shared):
                     cute.arch.barrier()  # every group's columns are imaged
 
-                if ne >= 0 and ne < num_experts:  # fetch the next item while this one is copied out
+                if not double and ne >= 0 and ne < num_experts:  # fetch the next item during the copy-out
                     self.stage(
-                        copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, rw0, tail_w0, lane
+                        copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, (rb0, tb0, db0), lane
                     )
                 if cutlass.const_expr(self.shared):
                     self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, tid, 32 * self.warps)
                 else:
                     self.copy_out(img_chunks, out_chunks, s_img8, out8, ib0, row0, valid, mis, lane, 32)
-            elif ne >= 0 and ne < num_experts:
-                self.stage(copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, rw0, tail_w0, lane)
+            elif not double and ne >= 0 and ne < num_experts:
+                self.stage(
+                    copy_atom, sources, s_chunks, ne * blocks_per_expert + nblk, g, counts, (rb0, tb0, db0), lane
+                )
+            if double:
+                par = 1 - par
             item = nxt
             e = ne
             blk = nblk
             ref = nref
             ne = nne
             nblk = nnblk
+
+    @cute.jit
+    def staging(self, rw0, tail_w0, delta_w0, par, second, tail_words):
+        """(records, tail record, delta row) staging words of staging ``par`` (0, 1; ``second``: 0 when the
+        region holds one item's)."""
+        on = Int32(0)
+        if second > 0:
+            on = par
+        return rw0 + on * second, tail_w0 + on * tail_words, delta_w0 + on * (_DELTA_ROW // 4)
 
     @cute.jit
     def locate(self, item, items, expert_ids, blocks_per_expert, bpe_magic):
@@ -427,11 +474,12 @@ class RowBlockExpander:
                     out8[chunk0 * 16 + b] = s_img8[ib0 + b]
 
     @cute.jit
-    def stage(self, copy_atom, sources, s_chunks, rb, g, counts, rw0, tail_w0, lane):
+    def stage(self, copy_atom, sources, s_chunks, rb, g, counts, buffer, lane):
         """Queue the 16-byte copies of row block ``rb``'s column group ``g``: its full-tile records, the tail
         record (planes with a tail: one group) and the base deltas, as one pass over the lanes."""
         records, tail, deltas = sources
         rec_n, tail_n = counts
+        rw0, tail_w0, delta_w0 = buffer
         src = (rb * self.full + g * self.group_tiles) * (rec_n // self.group_tiles)
         for i in range(lane, rec_n + tail_n + self.delta_bits, 32):
             if i < rec_n:
@@ -441,7 +489,7 @@ class RowBlockExpander:
                 cute.copy(copy_atom, tail[None, rb * tail_n + j], s_chunks[None, tail_w0 // 4 + j])
             else:
                 j = i - rec_n - tail_n
-                cute.copy(copy_atom, deltas[None, rb * self.delta_bits + j], s_chunks[None, self.delta_chunk(rw0) + j])
+                cute.copy(copy_atom, deltas[None, rb * self.delta_bits + j], s_chunks[None, delta_w0 // 4 + j])
         cute.arch.cp_async_commit_group()
 
     @cute.jit
