@@ -31,6 +31,7 @@ from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.compact_tables import compact_tables
 from csf_kernels.expand import expand_compact, expand_inline
+from csf_kernels.expand_layer import expand_inline_layer
 
 
 def layer_planes(model: str = "deepseek-v4.1-flash", tp: int = 4):
@@ -55,15 +56,27 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: 
     g = torch.Generator().manual_seed(0)
     n_routed = min(8 * geo.top_k, geo.experts)  # the experts 8 tokens route to, at most
     routed = torch.randperm(geo.experts, generator=g)[:n_routed].to(torch.int32).cuda()
-    scopes = [("layer", None, tuple(planes)), (f"routed_{n_routed}_experts", routed, tuple(planes))]
-    scopes += [(f"{p}_only", None, (p,)) for p in planes]
+    # a layer's planes expand concurrently (csf_kernels.expand_layer: two streams, one plane's tail filled by
+    # the other's work); "layer_sequential": one after the other, as two plain expand_inline calls
+    both = tuple(planes)
+    scopes = [("layer", None, both, True), ("layer_sequential", None, both, False)]
+    scopes += [
+        (f"routed_{n_routed}_experts", routed, both, True),
+        (f"routed_{n_routed}_sequential", routed, both, False),
+    ]
+    scopes += [(f"{p}_only", None, (p,), False) for p in planes]
     # the inline form by the default choice and every engine side by side (the per-shape row-block expander,
     # the CuTe row images, Triton tiles), then the compact form
     arms = (("inline", "auto"), ("inline", "row_block"), ("inline", "cute"), ("inline", "triton"), ("compact", None))
     for form, engine in arms:
-        for scope, ids, projs in scopes:
+        for scope, ids, projs, concurrent in scopes:
+            if concurrent and form != "inline":
+                continue  # the compact form has no concurrent layer expansion
 
-            def run(form=form, engine=engine, ids=ids, projs=projs):
+            def run(form=form, engine=engine, ids=ids, projs=projs, concurrent=concurrent):
+                if concurrent:
+                    expand_inline_layer([(planes[p][1], outs[p]) for p in projs], experts=ids, engine=engine)
+                    return
                 for _proj in projs:
                     _, inline, tables = planes[_proj]
                     if form == "inline":
@@ -106,6 +119,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: 
                     "form": form,
                     "engine": engine,
                     "scope": scope,
+                    "planes_concurrent": concurrent,
                     "bit_exact": bool(exact),
                     "bytes_read": read * frac,
                     "bytes_written": written * frac,
