@@ -11,16 +11,16 @@ capture the fork and the join become the graph's edges.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from csf_codec import InlineScales
 
-from .expand import BoundExpansion, bind_expand_inline
+from .expand import bind_expand_inline
 
-__all__ = ["BoundLayerExpansion", "bind_expand_inline_layer", "expand_inline_layer", "side_stream"]
+__all__ = ["BoundLayerExpansion", "ForkJoin", "bind_expand_inline_layer", "expand_inline_layer", "side_stream"]
 
 _SIDE: dict[int, torch.cuda.Stream] = {}
 
@@ -38,27 +38,39 @@ def side_stream(device: torch.device | str | int) -> torch.cuda.Stream:
 
 
 @dataclass(frozen=True, eq=False)
-class BoundLayerExpansion:
-    """Plane expansions bound to run concurrently; call it to launch. ``order``: the expansions, largest
-    first (the first runs on the current stream); ``outs``: the planes in the caller's order."""
+class ForkJoin:
+    """Launches run concurrently: ``main`` on the current stream, ``side`` on ``stream``, which first waits for
+    everything queued on the current stream so far; the current stream then waits for ``side``, so work queued
+    after the call starts after both (under CUDA-graph capture: the fork and the join are the graph's edges).
+    The device's side stream is shared by every fork on it: forks from several streams at once are ordered
+    through it (correct, but they wait on each other)."""
 
-    order: tuple[BoundExpansion, ...]
+    main: tuple[Callable[[], object], ...]
+    side: tuple[Callable[[], object], ...]
+    stream: torch.cuda.Stream
+
+    def __call__(self) -> None:
+        current = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(current)
+        for launch in self.main:
+            launch()
+        with torch.cuda.stream(self.stream):
+            for launch in self.side:
+                launch()
+        current.wait_stream(self.stream)
+
+
+@dataclass(frozen=True, eq=False)
+class BoundLayerExpansion:
+    """Plane expansions bound to run concurrently; call it to launch. ``run``: the largest plane's expansion
+    on the current stream, the others' on the side stream (a :class:`ForkJoin`; one plane: just its
+    expansion); ``outs``: the planes in the caller's order."""
+
+    run: Callable[[], object]
     outs: tuple[torch.Tensor, ...]
-    side: torch.cuda.Stream | None
 
     def __call__(self) -> tuple[torch.Tensor, ...]:
-        first, *rest = self.order
-        if not rest or self.side is None:
-            for expansion in self.order:
-                expansion()
-            return self.outs
-        current = torch.cuda.current_stream(first.out.device)
-        self.side.wait_stream(current)  # the side stream starts after everything queued so far
-        first()
-        with torch.cuda.stream(self.side):
-            for expansion in rest:
-                expansion()
-        current.wait_stream(self.side)  # and everything queued later starts after both
+        self.run()
         return self.outs
 
 
@@ -80,11 +92,12 @@ def bind_expand_inline_layer(
     if len(devices) != 1:
         raise ValueError(f"expand_inline_layer: the planes are on several devices: {sorted(map(str, devices))}")
     (dev,) = devices
-    side = None
-    if dev.type == "cuda" and len(bound) > 1:
-        side = stream if stream is not None else side_stream(dev)
-    order = tuple(sorted(bound, key=lambda b: -b.out.numel()))
-    return BoundLayerExpansion(order, tuple(b.out for b in bound), side)
+    outs = tuple(b.out for b in bound)
+    if len(bound) == 1:
+        return BoundLayerExpansion(bound[0], outs)
+    first, *rest = sorted(bound, key=lambda b: -b.out.numel())
+    side = stream if stream is not None else side_stream(dev)  # created at bind, not under a capture
+    return BoundLayerExpansion(ForkJoin((first,), tuple(rest), side), outs)
 
 
 def expand_inline_layer(

@@ -4,11 +4,15 @@ A call with T tokens runs the programs of the plan's bucket for T:
 
     align (2 launches) -> [expand routed experts' scales into scratch] -> FC1 + activation -> FC2 -> combine
 
+The expansion's two planes run concurrently: W13's on the current stream, W2's on the device's side stream
+(``csf_kernels.expand_layer``), forked after the align launches and joined before FC1.
+
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
-Every launch goes on torch's current stream with arguments marshalled once per (T, input addresses),
-so a call allocates nothing but its output (or nothing, given ``out``), and CUDA graphs capture it.
+Every launch goes on torch's current stream (W2's expansion on the side stream forked from it and joined
+back) with arguments marshalled once per (T, input addresses), so a call allocates nothing but its output (or
+nothing, given ``out``), and CUDA graphs capture it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
+from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import GemmOperand, align_launches, combine_launch, fc1_finish_launch, gemm_launch
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.runtime import Launch, aligned
@@ -54,6 +59,8 @@ class MoELayer:
         self.fc2_out = _view(s, lay.fc2_out, torch.bfloat16)
         self.partials = _view(s, lay.partials, torch.float32)
         geo = self.plan.geometry
+        if s.is_cuda:
+            side_stream(s.device)  # created at bind, never under a graph capture
         self.w13_plane = self.w2_plane = None
         if lay.w13_scales[1]:
             self.w13_plane = _view(s, lay.w13_scales, torch.uint8).view(geo.w13_scale_shape)
@@ -114,8 +121,13 @@ class MoELayer:
         per_call = (hidden_states, topk_ids, topk_weights, out)
 
         def bind_call():
-            calls = self.launches(*per_call, scale_planes=scale_planes)
-            return tuple(la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls)
+            calls, fork = self._launches(*per_call, scale_planes=scale_planes)
+            bound = [la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls]
+            if fork is None:
+                return tuple(bound)
+            start, split, end = fork
+            concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side_stream(out.device))
+            return (*bound[:start], concurrent, *bound[end:])
 
         for launch in self._bound.get(key, bind_call):
             launch()
@@ -126,6 +138,11 @@ class MoELayer:
     # ------------------------------------------------------------------------------------------------
     def launches(self, hidden, topk_ids, topk_weights, out, scale_planes=None) -> list[Launch]:
         """The programs one call runs, in order (unbound: the runtime binds them; tests may interpret them)."""
+        return self._launches(hidden, topk_ids, topk_weights, out, scale_planes)[0]
+
+    def _launches(self, hidden, topk_ids, topk_weights, out, scale_planes=None):
+        """(:meth:`launches`, the span ``(start, split, end)`` of them that :meth:`run` forks: ``[start, split)``
+        on the current stream, ``[split, end)`` on the side stream, or None)."""
         plan, geo = self.plan, self.plan.geometry
         t = hidden.shape[0]
         bucket = plan.bucket_for(t)
@@ -148,11 +165,15 @@ class MoELayer:
             )
         )
         w13, w2 = self.weights.w13, self.weights.w2
+        fork = None
         if bucket.expand:
             if scale_planes is None:
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
+                start = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
+                split = len(launches)
                 launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+                fork = (start, split, len(launches))
             else:
                 w13_plane, w2_plane = scale_planes
             w13 = GemmOperand(values=w13.values, scales=w13_plane, global_scale=w13.global_scale, bias=w13.bias)
@@ -173,7 +194,7 @@ class MoELayer:
             launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))
             launches.append(gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, **common))
             launches.append(combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts))
-            return launches
+            return launches, fork
         s1, s2 = bucket.splits_fc1, bucket.splits_fc2
         part = self.partials
         launches += [
@@ -184,7 +205,7 @@ class MoELayer:
             gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),
             combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part, splits=s2, fc2=w2),
         ]  # fmt: skip
-        return launches
+        return launches, fork
 
 
 def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor) -> MoELayer:
