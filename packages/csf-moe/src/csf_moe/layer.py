@@ -4,8 +4,8 @@ A call with T tokens runs the programs of the plan's bucket for T:
 
     align (2 launches) -> [expand routed experts' scales into scratch] -> FC1 + activation -> FC2 -> combine
 
-W2's expansion runs on the device's side stream (``csf_kernels.expand_layer``), forked after the align
-launches and joined before FC2: it overlaps W13's expansion and FC1, which do not read its plane.
+The expansion's two planes run concurrently: W13's on the current stream, W2's on the device's side stream
+(``csf_kernels.expand_layer``), forked after the align launches and joined before FC1.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -125,9 +125,9 @@ class MoELayer:
             bound = [la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls]
             if fork is None:
                 return tuple(bound)
-            start, side_end, join = fork
-            concurrent = ForkJoin(tuple(bound[side_end:join]), tuple(bound[start:side_end]), side_stream(out.device))
-            return (*bound[:start], concurrent, *bound[join:])
+            start, split, end = fork
+            concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side_stream(out.device))
+            return (*bound[:start], concurrent, *bound[end:])
 
         for launch in self._bound.get(key, bind_call):
             launch()
@@ -141,9 +141,8 @@ class MoELayer:
         return self._launches(hidden, topk_ids, topk_weights, out, scale_planes)[0]
 
     def _launches(self, hidden, topk_ids, topk_weights, out, scale_planes=None):
-        """(:meth:`launches`, the span ``(start, side_end, join)`` of them that :meth:`run` forks: ``[start,
-        side_end)`` on the side stream (W2's expansion), ``[side_end, join)`` on the current stream (W13's
-        expansion and FC1), both before launch ``join``; or None)."""
+        """(:meth:`launches`, the span ``(start, split, end)`` of them that :meth:`run` forks: ``[start, split)``
+        on the current stream, ``[split, end)`` on the side stream, or None)."""
         plan, geo = self.plan, self.plan.geometry
         t = hidden.shape[0]
         bucket = plan.bucket_for(t)
@@ -171,10 +170,10 @@ class MoELayer:
             if scale_planes is None:
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
                 start = len(launches)
-                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
-                side_end = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
-                fork = (start, side_end)
+                split = len(launches)
+                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+                fork = (start, split, len(launches))
             else:
                 w13_plane, w2_plane = scale_planes
             w13 = GemmOperand(values=w13.values, scales=w13_plane, global_scale=w13.global_scale, bias=w13.bias)
@@ -193,8 +192,6 @@ class MoELayer:
         )
         if not bucket.config.split_k:
             launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))
-            if fork:
-                fork = (*fork, len(launches))  # joined before FC2
             launches.append(gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, **common))
             launches.append(combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts))
             return launches, fork
@@ -205,10 +202,6 @@ class MoELayer:
                         **common),
             fc1_finish_launch(part, topk_ids, inter, fc1=w13, activation=geo.activation, splits=s1,
                               num_experts=geo.experts),
-        ]  # fmt: skip
-        if fork:
-            fork = (*fork, len(launches))  # joined before FC2
-        launches += [
             gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),
             combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part, splits=s2, fc2=w2),
         ]  # fmt: skip
