@@ -20,9 +20,11 @@ Two forms, by the plane's shape (:func:`~csf_kernels.families.row_block_group_ti
 
 For each block a warp stages its records, tail record and base deltas into its own shared-memory region
 (``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format section 5), patches
-the four tiles' exceptions in one pass over their entries, decodes the tail tile (lane ``g`` owns slots
-``4 g .. 4 g + 3``), fetches its next block's records while the image is copied out in 16-byte chunks, and
-locates that block (expert id, reference byte; divisions by multiplication) while it decodes this one.
+the four tiles' exceptions with eight lanes per tile, decodes the tail tile (lane ``g`` owns slots
+``4 g .. 4 g + 3``) and copies the image out in 16-byte chunks. Every global round trip of the next block is
+issued ahead of its use: its expert id an item earlier, its reference byte during this block's decode, its
+records a whole item ahead where two items' fit the staging region (else during the copy-out); divisions are
+multiplications by host-computed multipliers.
 
 Headers are trusted only as far as the codec validates them: no field makes the kernel read or write outside
 its buffers (selectors a record cannot hold read garbage inside the staging region, raw indices past the raw
@@ -57,6 +59,13 @@ def _divide(x, magic):
     if magic == 0:
         q = x
     return q
+
+
+@cute.jit
+def _capacity(caps, mode):
+    """Mode ``mode``'s exception capacity from the host's packed capacities (:func:`csf_kernels.expand.
+    exception_caps`: a byte per mode, raw tiles' 0)."""
+    return Int32(Uint32(caps) >> Uint32(mode << 3)) & 0xFF
 
 
 class RowBlockExpander:
@@ -559,7 +568,7 @@ class RowBlockExpander:
             rec = rec0 + u * record_words
             h = Uint32(s_rec[rec + record_words - 1])
             mode = Int32(h & 3)
-            cap = Int32(Uint32(caps) >> Uint32(mode << 3)) & 0xFF
+            cap = _capacity(caps, mode)
             sel_bytes = Int32(64) << mode
             pos0 = 2 * rec + (sel_bytes >> 1)
             val0 = 4 * rec + sel_bytes + 2 * cap
@@ -645,7 +654,7 @@ class RowBlockExpander:
                         s_img8[at + c] = Uint8(val)
             cute.arch.sync_warp()
             sel_bytes = 16 * tc * width
-            cap = Int32(Uint32(caps) >> Uint32(mode << 3)) & 0xFF
+            cap = _capacity(caps, mode)
             for j in range(lane, cutlass.min(Int32((h >> 2) & 63), cap), 32):
                 pos = Int32(s_rec16[2 * tail_w0 + (sel_bytes >> 1) + j])
                 if pos < 128 * tc:
