@@ -206,3 +206,34 @@ def test_row_expander_never_writes_outside_its_plane_on_tampered_records():
             expand_inline(inline, out, engine=engine)
             torch.cuda.synchronize()
             assert torch.all(buf[:2048] == POISON) and torch.all(buf[2048 + n :] == POISON), (engine, shape)
+
+
+@pytest.mark.parametrize("stats", [EXCEPTION_DENSE, SEED_REGIME], ids=["one-staging", "two-stagings"])
+@pytest.mark.parametrize(("shape", "group"), [((6, 1152, 160), 576), ((6, 1280, 18), None)], ids=["w13", "w2"])
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_row_block_items_in_turn_through_both_stagings(shape, group, stats, ctas):
+    """A grid of one or three CTAs walks many items per warp (or CTA), so the staging of the next item
+    (during the copy-out with one staging region, a whole item ahead with two) is used again and again:
+    exact, routed experts with padding ids included; tampered records still write only inside the plane."""
+    from csf_kernels.expand import _row_block_launch
+
+    plane = synthetic_scale_plane(shape, MXFP4, stats=stats, seed=ctas).cuda()
+    inline = encode_inline(plane, MXFP4, row_group=group)
+    if not _row_block_built(MXFP4, plane):
+        pytest.skip("the cache holds no row-block program for this shape")
+    assert (inline.record_bytes <= row_block_expander_spec(MXFP4, shape[-1]).fact["MAXS"] // 2) == (
+        stats is SEED_REGIME
+    ), "the seed regime's records fit two stagings, the dense regime's one"
+    ids = torch.tensor([5, -1, 0, 2, 6, 2, 4, 1, 3], dtype=torch.int32, device="cuda")
+    out = torch.full_like(plane, POISON)
+    _row_block_launch(inline, out, ids, ctas=ctas).bind()()
+    assert torch.equal(out.cpu(), _expected(plane.cpu(), ids.cpu()))
+    g = torch.Generator().manual_seed(ctas)
+    for arr in (inline.records, inline.tail):
+        arr.copy_(torch.randint(0, 256, arr.shape, generator=g, dtype=torch.uint8))
+    n = plane.numel()
+    buf = torch.full((n + 4096,), POISON, dtype=torch.uint8, device="cuda")
+    guarded = buf[2048 : 2048 + n].view(shape)
+    _row_block_launch(inline, guarded, ids, ctas=ctas).bind()()
+    torch.cuda.synchronize()
+    assert torch.all(buf[:2048] == POISON) and torch.all(buf[2048 + n :] == POISON)
