@@ -33,9 +33,30 @@ def geometries():
 def run_layer(layer: MoELayer, x, ids, w) -> torch.Tensor:
     out = torch.full_like(x, float("nan"))
     layer.scratch.fill_(0xFF)  # poison: nothing may depend on scratch contents
+    check_fork(layer, x, ids, w, out)
     for launch in layer.launches(x, ids, w, out):
         run_launch(launch)
     return out
+
+
+def check_fork(layer: MoELayer, x, ids, w, out) -> None:
+    """The span a GPU call forks (run() binds it as a ForkJoin) is exactly the expansion: W13's launches on
+    the current stream, then W2's on the side stream, joined before FC1; no fork without an expansion."""
+    calls, fork = layer._launches(x, ids, w, out)
+
+    def writes(launch, plane) -> bool:  # an expansion launch whose output is ``plane``
+        if plane is None or not launch.spec.kernel.startswith("expand."):
+            return False
+        return any(torch.is_tensor(a) and a.data_ptr() == plane.data_ptr() for a in launch.args)
+
+    expanding = [i for i, la in enumerate(calls) if writes(la, layer.w13_plane) or writes(la, layer.w2_plane)]
+    if not expanding:
+        assert fork is None, fork
+        return
+    start, split, end = fork
+    assert expanding == list(range(start, end)) and start < split < end, (expanding, fork)
+    assert all(writes(la, layer.w13_plane) for la in calls[start:split]), "W13's expansion on the current stream"
+    assert all(writes(la, layer.w2_plane) for la in calls[split:end]), "W2's expansion on the side stream"
 
 
 def main(seed: int) -> None:
