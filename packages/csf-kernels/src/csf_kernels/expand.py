@@ -257,8 +257,7 @@ def _row_block_launch(
     grouped = row_block_groups(geo.cols) > 1  # a CTA per block, else a warp per block
     most = blocks if grouped else -(-blocks // row_block_warps(geo.cols))
     if ctas is None:
-        sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 132
-        ctas = sms * ROW_BLOCK_CTAS_PER_SM
+        ctas = _sm_count(out.device) * ROW_BLOCK_CTAS_PER_SM
     ctas = max(1, min(ctas, most))
     args = (
         *_expander_tensors(inline, out, experts),
@@ -302,11 +301,16 @@ def _aligned_arrays(inline: InlineScales) -> tuple[torch.Tensor, ...]:
     return tuple(runtime.aligned(a) for a in arrays)
 
 
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count, which sizes the expanders' grids (an H200's 132 for CPU tensors: tests)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 def _row_blocks_per_cta(items: int, per_warp: bool, device: torch.device) -> int:
     """Row blocks one CTA expands in turn (setup amortised, the next block's records fetched while one is
     copied out), while the grid still fills every SM with ~16 CTAs; narrow planes (8-tile groups) give each
     of a CTA's four warps its own blocks, so ~32 warps per SM."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    sms = _sm_count(device)
     if per_warp:
         return 4 * max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 32)))
     return max(1, min(ROW_BLOCKS_PER_CTA_MAX, items // (sms * 16)))

@@ -124,7 +124,8 @@ class RowImageLayout:
         return self.group_tiles == PER_WARP_GROUP_TILES
 
 
-# CuTe DSL: one program per plane shape, one warp per 128-row block (csf_kernels/cute/row_block_expander.py)
+# CuTe DSL: one program per plane shape, a 128-row block per warp, or per CTA where rows split into column
+# groups (csf_kernels/cute/row_block_expander.py)
 CUTE_ROW_BLOCK_EXPANDER = "expand.row_blocks"
 CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders

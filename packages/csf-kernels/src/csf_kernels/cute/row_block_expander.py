@@ -428,12 +428,9 @@ class RowBlockExpander:
 
     @cute.jit
     def staging(self, rw0, tail_w0, delta_w0, par, second, tail_words):
-        """(records, tail record, delta row) staging words of staging ``par`` (0, 1; ``second``: 0 when the
-        region holds one item's)."""
-        on = Int32(0)
-        if second > 0:
-            on = par
-        return rw0 + on * second, tail_w0 + on * tail_words, delta_w0 + on * (_DELTA_ROW // 4)
+        """(records, tail record, delta row) staging words of staging ``par`` (0, 1; 1 only where the region
+        holds two items', ``second`` words apart)."""
+        return rw0 + par * second, tail_w0 + par * tail_words, delta_w0 + par * (_DELTA_ROW // 4)
 
     @cute.jit
     def locate(self, item, items, expert_ids, blocks_per_expert, bpe_magic):
