@@ -54,6 +54,9 @@ def main() -> None:
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
                     "BM:SPLIT_TARGET, comma-separated (e.g. 8:528,16:1056)")  # fmt: skip
+    ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
+                    "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
+                    "(e.g. 1:0,3:1)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline")
     ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
@@ -61,8 +64,10 @@ def main() -> None:
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
     data = synthetic_layer(geo, seed=7, device="cuda")
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(3)
+    gen = torch.Generator(device="cuda")
     rows = []
+    target_default = moe_specs.TARGET_PROGRAMS
+    first = {}  # (kind, tokens) -> the first variant's output: every variant and source must reproduce it
     kinds = a.kinds.split(",")
     for kind, tokens in (("decode", (1, 8, 32, 128, 512)), ("prefill", (128, 512, 2048))):
         if kind not in kinds:
@@ -75,25 +80,41 @@ def main() -> None:
             for v in a.decode_variants.split(","):
                 bm, target = (int(f) for f in v.split(":"))
                 variants.append((dataclasses.replace(DECODE, bm=bm), target))
+        if kind == "decode" and a.word_stages:
+            variants = []
+            for v in a.word_stages.split(","):
+                stages, ahead = (int(f) for f in v.split(":"))
+                variants.append((dataclasses.replace(DECODE, word_stages=stages, ahead=bool(ahead)), target_default))
         for cfg, target in variants:
             moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
+            # --word-stages: both decode tile widths get the variant's pipeline, chosen per bucket as planned
+            moe_specs.DECODE, moe_specs.DECODE_NARROW = (
+                (dataclasses.replace(d, word_stages=cfg.word_stages, ahead=cfg.ahead) for d in (DECODE, DECODE_NARROW))
+                if a.word_stages
+                else (DECODE, DECODE_NARROW)
+            )
             for source in a.sources.split(","):
-                kw = {"decode_config": cfg} if kind == "decode" else {"prefill_config": cfg}
+                kw = {"decode_config": None if a.word_stages else cfg} if kind == "decode" else {"prefill_config": cfg}
                 p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
                          decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
                 layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
                              torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
                 for t in tokens:
+                    gen.manual_seed(1000 + t)  # the same inputs for every variant, so their outputs must agree
                     x = torch.randn(t, geo.hidden, generator=gen, device="cuda").to(torch.bfloat16)
                     w, ids = torch.topk(torch.rand(t, geo.experts, generator=gen, device="cuda"), geo.top_k)
                     ids, w = ids.to(torch.int32), torch.softmax(w, -1)
-                    out = torch.empty_like(x)
+                    out = torch.full_like(x, float("nan"))
+                    layer.run(x, ids, w, out=out)
+                    equal = bool(torch.equal(out, first.setdefault((kind, t), out.clone())))
                     g = capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out))
                     med = statistics.median(replay_times(g, a.reps, flush))
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
-                                 "tokens": t, "median_s": med})  # fmt: skip
+                                 "tokens": t, "median_s": med, "equal_to_first_variant": equal})  # fmt: skip
                     print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
-                          f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us", flush=True)  # fmt: skip
+                          f"st{cfg.word_stages}a{int(cfg.ahead)} "
+                          f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us{'' if equal else ' MISMATCH'}",
+                          flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,
            "defaults": {"decode": DECODE.__dict__, "prefill": PREFILL.__dict__}}  # fmt: skip

@@ -1,10 +1,13 @@
 """The Gluon decode GEMM builds ahead of time for sm_90a on a GPU-less machine, as its design needs it.
 
 Its register layouts are checked while it compiles (``convert_layout(..., assert_trivial=True)`` refuses any
-relabelling that would move data between threads); here: every catalog variant builds, and without shared
-memory (both MMA operands stay in registers, so no program waits on a CTA barrier)."""
+relabelling that would move data between threads); here: every catalog variant builds, its shared memory
+is exactly its operand stages (weights and activations of ``word_stages`` K steps), and the form without
+stages needs none (both MMA operands straight into registers)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -26,4 +29,9 @@ def test_builds_with_operands_in_registers(fmt, source, config):
     art = compile_triton(spec)
     assert art.kind == "triton_cubin" and art.launch["entry"] == "moe_gemm_decode"
     assert art.launch["block"] == [128, 1, 1]
+    k_step = 128 if fmt is MXFP4 else 64  # weights per row and step
+    stage = 64 * k_step // 2 + config.bm * k_step * 2  # FP4 bytes of 64 rows + bf16 activations of bm routes
+    assert config.word_stages == 3 and art.launch["shared"] == config.word_stages * stage
+    unstaged = dataclasses.replace(config, word_stages=1, ahead=False)
+    art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=unstaged))
     assert art.launch["shared"] == 0

@@ -99,6 +99,12 @@ class GemmConfig:
     # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
     # (split-K tiles of 8 or 16 routes x 64 rows on 4 warps, operands in registers; GPUs only)
     engine: str = "triton"
+    # gluon only: operands of this many K steps in flight through shared memory (1: each step's loaded into
+    # registers as it comes), whether a step's scale bytes are loaded one step early (native scales only),
+    # and ptxas's register cap for native-scale programs (None: its own choice)
+    word_stages: int = 1
+    ahead: bool = False
+    max_registers: int | None = None
 
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
@@ -109,6 +115,10 @@ class GemmConfig:
             raise ValueError(
                 "the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps, without prefetch"
             )
+        if self.word_stages < 1 or (
+            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or self.max_registers is not None)
+        ):
+            raise ValueError("word_stages (>= 1), ahead and max_registers configure the gluon decode GEMM only")
 
     def tiled_rows(self, n_out: int, fc1: bool) -> int:
         """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
@@ -136,8 +146,26 @@ class GemmConfig:
 # Run 80 (same layer): with FC1 tiled over all its rows, 8-route blocks (56 registers, 9 programs per SM)
 # beat 16-route ones up to 2 routes per expert (T = 1 / 8 / 32 / 128: 39.6 / 130 / 348 / 694 us against
 # 42.6 / 145 / 375 / 775) and lose at 8 (T = 512: 1043 against 954).
-DECODE = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
-DECODE_NARROW = GemmConfig(name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon")
+# Run 150 (DS4.1-TP4 / gpt-oss-120b / Qwen3-30B, T = 1..512, sweeps side by side): the operands of three K
+# steps in flight through shared memory (cp.async: weights per thread, activations per program) with the
+# scale bytes a step ahead beat loading each step's operands into registers as it comes: 0.91x / 0.81x /
+# 0.79x at T = 512 (16-route blocks), 0.98x / 0.93x / 0.90x at T = 128; within +-3% below, except Qwen3 at
+# T = 8 (0.91x).
+DECODE = GemmConfig(
+    name="decode",
+    bm=16,
+    bn=64,
+    num_warps=4,
+    num_stages=1,
+    split_k=True,
+    engine="gluon",
+    word_stages=3,
+    ahead=True,
+    max_registers=72,  # 7 programs per SM (ptxas picks 76 registers: 6)
+)
+DECODE_NARROW = GemmConfig(
+    name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True
+)
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE_NARROW, DECODE, PREFILL)
@@ -230,7 +258,10 @@ def gemm_spec(
             DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
             BM=config.bm,
             BN=config.bn,
+            STAGES=config.word_stages,
+            AHEAD=int(config.ahead and source == "native"),
             num_warps=config.num_warps,
+            **({"maxnreg": config.max_registers} if config.max_registers and source == "native" else {}),
         )
     return ProgramSpec.of(
         MOE_GEMM.kernel,

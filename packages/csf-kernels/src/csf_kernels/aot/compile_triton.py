@@ -26,6 +26,8 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if multiples.get(n, 1) % 16 == 0}
     src = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": facts["num_warps"], "num_stages": facts.get("num_stages", 1)}
+    if "maxnreg" in facts:
+        options["maxnreg"] = facts["maxnreg"]
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     md = compiled.metadata
     if md.num_ctas != 1 or md.launch_cooperative_grid or md.launch_pdl:

@@ -243,16 +243,28 @@ def _pair(k: int) -> str:
     return code.replace("shl.b32 s, $8, 0;", "mov.b32 s, $8;")
 
 
-E2M1_WORD_ASM = tl.constexpr(
-    "{\n.reg .b32 m, mh, hl, ll, hh, lh, p, s, sc;\n"
-    "mov.b32 sc, {$9, $9};\n"
-    "and.b32 m, $8, 0x77777777;\n"  # magnitude codes; their sign bits cleared (prmt reads bit 3 as a mode)
-    "shr.b32 mh, m, 16;\n"
-    f"prmt.b32 hl, {_LUT_HI[0]}, {_LUT_HI[1]}, m;\n"  # weights 0-3
-    f"prmt.b32 ll, {_LUT_LO[0]}, {_LUT_LO[1]}, m;\n"
-    f"prmt.b32 hh, {_LUT_HI[0]}, {_LUT_HI[1]}, mh;\n"  # weights 4-7
-    f"prmt.b32 lh, {_LUT_LO[0]}, {_LUT_LO[1]}, mh;" + "".join(_pair(k) for k in range(4)) + "\n}"
-)
+def _word_asm(tables: tuple[str, str]) -> str:
+    """The conversion of one word; ``tables``: the PTX operands holding the two table words looked up for
+    codes 0-3 (high bytes, low bytes): immediates, or inputs ``$10``, ``$11`` kept in registers."""
+    return (
+        "{\n.reg .b32 m, mh, hl, ll, hh, lh, p, s, sc;\n"
+        "mov.b32 sc, {$9, $9};\n"
+        "and.b32 m, $8, 0x77777777;\n"  # magnitude codes; their sign bits cleared (prmt reads bit 3 as a mode)
+        "shr.b32 mh, m, 16;\n"
+        f"prmt.b32 hl, {tables[0]}, {_LUT_HI[1]}, m;\n"  # weights 0-3
+        f"prmt.b32 ll, {tables[1]}, {_LUT_LO[1]}, m;\n"
+        f"prmt.b32 hh, {tables[0]}, {_LUT_HI[1]}, mh;\n"  # weights 4-7
+        f"prmt.b32 lh, {tables[1]}, {_LUT_LO[1]}, mh;" + "".join(_pair(k) for k in range(4)) + "\n}"
+    )
+
+
+E2M1_WORD_ASM = tl.constexpr(_word_asm((_LUT_HI[0], _LUT_LO[0])))
+# The same with the two table words as register inputs: a prmt takes one immediate, so with both words
+# immediate ptxas re-creates one in a register before every lookup (4 instructions per word); given as
+# values it cannot fold, they stay in registers for the whole loop (see moe_gemm_decode's ``_tables``).
+E2M1_WORD_ASM_TABLES = tl.constexpr(_word_asm(("$10", "$11")))
+TABLE_HI = tl.constexpr(int(_LUT_HI[0], 16))  # as int32 values
+TABLE_LO = tl.constexpr(int(_LUT_LO[0], 16) - (1 << 32))
 
 
 @triton.jit

@@ -21,17 +21,23 @@ The FP4 words (signs paired at preparation: csf_kernels.fp4_words), scale planes
 read in their stored order, no tile re-packing.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
 ``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
-the product path is shared, so outputs are bit-identical across sources. (Loading the next K step's weight
-words before this step's are converted measured no gain, runs 78 and 82b.)
+the product path is shared, so outputs are bit-identical across sources.
+
+``STAGES`` > 1 keeps the operands of that many K steps in flight without holding them in registers: each
+step's weight words are copied into shared memory by ``cp.async`` (each thread copies the words it will
+read back itself) together with the block's activations (copied once per program, read by every warp:
+one CTA barrier per step), ``STAGES - 1`` steps ahead; ``AHEAD`` loads the native scale bytes one step
+early (two registers). Loading the next step's weight words into registers instead measured no gain
+(runs 78 and 82b: registers); the staged form does at 128 and more tokens (run 150, ``moe_specs``).
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .moe_gemm import E2M1_WORD_ASM
+from .moe_gemm import E2M1_WORD_ASM_TABLES, TABLE_HI, TABLE_LO
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
 
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
@@ -41,6 +47,8 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "DB": "constexpr",  # inline: bits per row-base delta
     "BM": "constexpr",  # routes per block: 8 or 16 (one or two n8 MMA tiles)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
+    "STAGES": "constexpr",  # weight words in flight per thread, in K steps (1: loaded into registers per step)
+    "AHEAD": "constexpr",  # 1: a step's scale bytes and activations loaded one step before it
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
@@ -71,6 +79,26 @@ def _word_layout(Q):
 
 
 @gluon.constexpr_function
+def _word_stages_layout():
+    # [64 rows, 4 t, Q] per stage, unswizzled: a warp's 16-byte accesses cover 512 contiguous bytes (no conflicts)
+    return gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+
+
+@gluon.constexpr_function
+def _act_stages_layout():
+    # [BM routes, BK] bf16 per stage; 16-byte chunks XOR-swizzled by route, so the eight routes a warp's
+    # lanes read at once fall in different banks
+    return gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+
+
+@gluon.constexpr_function
+def _act_copy_layout(BM, BK):
+    # [BM, BK] bf16: 8 contiguous values (16 bytes) per thread, a warp's lanes along K then routes (NVFP4's
+    # 8-route steps are half as many copies as threads: two threads copy the same bytes, harmlessly)
+    return gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
+
+
+@gluon.constexpr_function
 def _act_layout(Q, BM):
     k_bits = [[0, 1 << i] for i in range((8 * Q).bit_length() - 1)]
     return gl.DistributedLinearLayout(
@@ -93,13 +121,23 @@ def _scale_bf16(s, FMT: gl.constexpr):
 
 
 @gluon.jit
-def _operand(words, scale, FMT: gl.constexpr):
+def _tables(opaque_zero, like):
+    """The conversion's two table words (``TABLE_HI``, ``TABLE_LO``) as values ptxas cannot fold (``opaque_zero`` is
+    a run-time zero), so they stay in two registers instead of being rebuilt before every lookup."""
+    hi = gl.full(like.shape, TABLE_HI, gl.int32, like.type.layout) | opaque_zero
+    lo = gl.full(like.shape, TABLE_LO, gl.int32, like.type.layout) | opaque_zero
+    return hi, lo
+
+
+@gluon.jit
+def _operand(words, scale, opaque_zero, FMT: gl.constexpr):
     """bf16 A operand [64, 32Q] from weight words [64, 4, Q] and their scale bytes [64, 4] (one per thread
     and row), in the relabelled K order (see the module docstring)."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
     sw = gl.broadcast(gl.expand_dims(_scale_bf16(scale, FMT), 2), words)[0]
+    hi, lo = _tables(opaque_zero, words)
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, sw], [gl.bfloat16] * 8, True, 1
+        E2M1_WORD_ASM_TABLES, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,r,r", [words, sw, hi, lo], [gl.bfloat16] * 8, True, 1
     )
     # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) (join adds the minor dimension:
     # the innermost joins pair weights 4 apart) -> logical K (q, i2, i1, t, i0)
@@ -233,13 +271,40 @@ def _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL: gl.constexpr):
 
 
 @gluon.jit
-def _weight_words(w_e, rows, tq, valid, t, K, Q: gl.constexpr):
-    """Weight words [64, 4, Q] of rows ``rows`` for K step ``t`` (zeros past K or past the last step)."""
-    kw = t * (4 * Q) + tq
-    m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & (kw < K // 8)
+def _word_pointers(w_e, rows, quad, q, valid, t, K, Q: gl.constexpr):
+    """Pointers [64, 4, Q] to the weight words of rows ``rows`` for K step ``t`` and their mask (false past
+    K). The mask is a function of the quad lane alone (K % 32 == 0), so a thread's Q words stay one
+    16-byte access (a mask on the word index would split them: Triton cannot see K // 8 % 4 == 0)."""
+    m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & ((t * 4 + quad) * (8 * Q) < K)
     row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
-    off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * row_words, 1), 2) + kw
-    return gl.load(w_e.to(gl.pointer_type(gl.int32)) + off, mask=m, other=0)
+    off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * row_words, 1), 2) + (t * 4 + quad) * Q + q
+    return w_e.to(gl.pointer_type(gl.int32)) + off, m
+
+
+@gluon.jit
+def _weight_words(w_e, rows, quad, q, valid, t, K, Q: gl.constexpr):
+    """Weight words [64, 4, Q] of rows ``rows`` for K step ``t`` (zeros past K or past the last step)."""
+    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
+    return gl.load(ptr, mask=m, other=0)
+
+
+@gluon.jit
+def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
+    """Pointers [BM, BK] to the routes' activations of K step ``t`` and their mask (false past K, for
+    padding routes)."""
+    k = t * BK + kx
+    return x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0), gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0)
+
+
+@gluon.jit
+def _issue_step(w_stage, x_stage, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, Q: gl.constexpr):
+    """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
+    thread its own (it reads them back itself), and the activations, shared by the program's warps."""
+    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
+    async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
+    xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
+    async_copy.async_copy_global_to_shared(x_stage, xp, mask=xm & (t < steps))
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -248,8 +313,9 @@ def moe_gemm_decode(
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
-    BN: gl.constexpr,
+    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
 ):  # fmt: skip
+    gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
@@ -272,8 +338,8 @@ def moe_gemm_decode(
     valid = n < n_out
     rows = gl.where(valid, n, 0)
     c = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SL)), 0)
-    tq = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL))), 1), 0) * Q
-    tq = tq + gl.expand_dims(gl.expand_dims(gl.arange(0, Q, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL))), 0), 0)
+    quad = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL))), 1), 0)
+    q = gl.expand_dims(gl.expand_dims(gl.arange(0, Q, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL))), 0), 0)
     # routes of the block (activations)
     route_x = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     live_x = route_x < pairs
@@ -285,6 +351,8 @@ def moe_gemm_decode(
         rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
 
     acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    # zero (rows < n_out < 2**31), but per thread and unknown to the compiler: see _tables
+    opaque_zero = gl.expand_dims(gl.expand_dims(rows & (n_out.to(gl.uint32, bitcast=True) >> 31).to(gl.int32), 1), 2)
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
@@ -295,13 +363,36 @@ def moe_gemm_decode(
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
+    if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
+        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
+        x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
+        XC: gl.constexpr = _act_copy_layout(BM, BK)  # one 16-byte copy per thread and 8 routes
+        rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)))
+        live_c = rc < pairs
+        a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
+        kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
+        for j in gl.static_range(STAGES - 1):
+            _issue_step(w_s.index(j), x_s.index(j), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
+                        steps, K, Q)  # fmt: skip
+    if AHEAD == 1:
+        s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL)
     for t in range(t0, steps):
-        b = _weight_words(w_e, rows, tq, valid, t, K, Q)
-        k = t * BK + kx
-        xt = gl.load(x + gl.expand_dims(a_row, 1) * K + gl.expand_dims(k, 0),
-                     mask=gl.expand_dims(live_x, 1) & gl.expand_dims(k < K, 0), other=0.0)  # fmt: skip
-        xb = _activations(xt, FMT, BM)
-        if SRC == 0:
+        if STAGES > 1:
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
+            gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
+            i = (t - t0 + STAGES - 1) % STAGES
+            _issue_step(w_s.index(i), x_s.index(i), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
+                        t + STAGES - 1, steps, K, Q)  # fmt: skip
+            b = w_s.index((t - t0) % STAGES).load(WL)
+            xt = x_s.index((t - t0) % STAGES).load(XL)
+        else:
+            b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
+            xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
+            xt = gl.load(xp, mask=xm, other=0.0)
+        if AHEAD == 1:
+            s = s_next
+            s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
+        elif SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
         else:
             s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
@@ -309,7 +400,9 @@ def moe_gemm_decode(
             h = h_next  # the next step's selectors (its header is here) and the header after it
             lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
-        acc = mma_v2(_operand(b, s, FMT), xb, acc)
+        acc = mma_v2(_operand(b, s, opaque_zero, FMT), _activations(xt, FMT, BM), acc)
+    if STAGES > 1:
+        async_copy.wait_group(0)
 
     # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
     route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
