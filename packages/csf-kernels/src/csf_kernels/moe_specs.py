@@ -146,7 +146,7 @@ class GemmConfig:
 # Run 80 (same layer): with FC1 tiled over all its rows, 8-route blocks (56 registers, 9 programs per SM)
 # beat 16-route ones up to 2 routes per expert (T = 1 / 8 / 32 / 128: 39.6 / 130 / 348 / 694 us against
 # 42.6 / 145 / 375 / 775) and lose at 8 (T = 512: 1043 against 954).
-# Run 150 (DS4.1-TP4 / gpt-oss-120b / Qwen3-30B, T = 1..512, sweeps side by side): the operands of three K
+# Run 151 (DS4.1-TP4 / gpt-oss-120b / Qwen3-30B, T = 1..512, sweeps side by side): the operands of three K
 # steps in flight through shared memory (cp.async: weights per thread, activations per program) with the
 # scale bytes a step ahead beat loading each step's operands into registers as it comes: 0.91x / 0.81x /
 # 0.79x at T = 512 (16-route blocks), 0.98x / 0.93x / 0.90x at T = 128; within +-3% below, except Qwen3 at

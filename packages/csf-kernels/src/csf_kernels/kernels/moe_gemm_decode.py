@@ -28,7 +28,7 @@ step's weight words are copied into shared memory by ``cp.async`` (each thread c
 read back itself) together with the block's activations (copied once per program, read by every warp:
 one CTA barrier per step), ``STAGES - 1`` steps ahead; ``AHEAD`` loads the native scale bytes one step
 early (two registers). Loading the next step's weight words into registers instead measured no gain
-(runs 78 and 82b: registers); the staged form does at 128 and more tokens (run 150, ``moe_specs``).
+(runs 78 and 82b: registers); the staged form does at 128 and more tokens (run 151, ``moe_specs``).
 """
 
 from __future__ import annotations
