@@ -1,43 +1,75 @@
-"""The sign-paired FP4 word layout the MoE GEMMs read (csf_kernels.fp4_words)."""
+"""The permuted FP4 word layout the MoE GEMMs read (csf_kernels.fp4_words)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from csf_kernels.fp4_words import SIGN_OF_NIBBLE, pair_signs, unpair_signs
+from csf_kernels.fp4_words import BIT_POSITIONS, PLACED, checkpoint_words, gemm_words
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+MASK = 0x81C081C0  # the bf16 pair bits of sign, exponent low bits and mantissa top bit
 
 
-def test_pairing_moves_only_sign_bits_and_round_trips():
-    gen = torch.Generator().manual_seed(torch.seed() % (1 << 31))
-    values = torch.randint(0, 256, (3, 5, 64), generator=gen, dtype=torch.uint8)
-    paired = pair_signs(values)
-    assert paired.shape == values.shape and paired.dtype == torch.uint8
-    assert torch.equal(paired & 0x77, values & 0x77)  # magnitudes in place
-    assert torch.equal(unpair_signs(paired), values)
-    words, pwords = values.view(torch.int32), paired.view(torch.int32)
-    for nibble, weight in enumerate(SIGN_OF_NIBBLE):
-        assert torch.equal((pwords >> (4 * nibble + 3)) & 1, (words >> (4 * weight + 3)) & 1)
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(torch.seed() % (1 << 31))
 
 
-def test_each_pair_has_its_signs_16_bits_apart():
-    # pair k = weights (2k, 2k + 1): signs in nibbles k and k + 4 (bits 4k + 3 and 4k + 19)
-    for k in range(4):
-        assert (SIGN_OF_NIBBLE[k], SIGN_OF_NIBBLE[k + 4]) == (2 * k, 2 * k + 1)
+def test_the_layout_is_a_bijection_that_round_trips():
+    assert sorted(b for bits in BIT_POSITIONS for b in bits) == list(range(32))
+    values = torch.randint(0, 256, (3, 5, 64), generator=_seeded(), dtype=torch.uint8)
+    words = gemm_words(values)
+    assert words.shape == values.shape and words.dtype == torch.uint8
+    assert torch.equal(checkpoint_words(words), values)
+    src, dst = values.view(torch.int32).to(torch.int64), words.view(torch.int32).to(torch.int64)
+    for i, bits in enumerate(BIT_POSITIONS):
+        for j, placed in enumerate(bits):
+            assert torch.equal((dst >> placed) & 1, (src >> (4 * i + j)) & 1), f"weight {i} bit {j}"
+
+
+def _placement(word: int) -> list[int]:
+    """What the GEMMs' conversion (moe_gemm._PLACE) computes from one word: four bf16 pairs, as ints."""
+    w = word & 0xFFFFFFFF
+    rot10 = ((w << 10) | (w >> 22)) & 0xFFFFFFFF
+    pair3 = ((w << 6) & 0x80C080C0) | ((w >> 2) & 0x01000100)
+    return [w & MASK, (w << 4) & MASK, rot10 & MASK, pair3]
+
+
+def test_the_placement_gives_each_weight_times_2_pow_minus_126():
+    # every byte value in every nibble position: 256 words of four equal bytes, and random words
+    values = torch.arange(256, dtype=torch.uint8).repeat_interleave(4).view(256, 4)
+    values = torch.cat([values, torch.randint(0, 256, (512, 4), generator=_seeded(), dtype=torch.uint8)])
+    words = gemm_words(values).view(torch.int32).flatten().tolist()
+    codes = values.view(torch.int32).flatten().tolist()
+    for word, code_word in zip(words, codes, strict=True):
+        halves = []
+        for pair in _placement(word):
+            halves += [pair & 0xFFFF, pair >> 16]
+        got = torch.tensor(halves, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double() * 2.0**126
+        want = []
+        for i in range(8):
+            code = (code_word >> (4 * i)) & 0xF
+            want.append(-E2M1[code & 7] if code & 8 else E2M1[code & 7])
+        assert got.tolist() == want, f"word {code_word & 0xFFFFFFFF:#010x}"
+
+
+def test_the_placed_bits_are_a_bf16_pair_s_sign_exponent_and_mantissa_top():
+    assert PLACED == (6, 7, 8, 15)
+    assert sum(1 << b for b in PLACED) | sum(1 << (b + 16) for b in PLACED) == MASK
 
 
 @pytest.mark.parametrize("bad", [torch.zeros(2, 6, dtype=torch.uint8), torch.zeros(2, 8, dtype=torch.int8)])
 def test_refuses_what_is_not_packed_words(bad):
     with pytest.raises(ValueError, match="packed FP4"):
-        pair_signs(bad)
+        gemm_words(bad)
 
 
-def test_pairs_in_place_and_into_a_given_tensor():
-    values = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
-    want = pair_signs(values)
+def test_permutes_in_place_and_into_a_given_tensor():
+    values = torch.randint(0, 256, (4, 32), generator=_seeded(), dtype=torch.uint8)
+    want = gemm_words(values)
     out = torch.empty_like(values)
-    assert pair_signs(values, out=out) is out and torch.equal(out, want)
+    assert gemm_words(values, out=out) is out and torch.equal(out, want)
     copy = values.clone()
-    assert torch.equal(pair_signs(copy, out=copy), want)
+    assert torch.equal(gemm_words(copy, out=copy), want)
     with pytest.raises(ValueError, match="out must be"):
-        pair_signs(values, out=torch.empty(4, 16, dtype=torch.uint8))
+        gemm_words(values, out=torch.empty(4, 16, dtype=torch.uint8))

@@ -3,6 +3,7 @@ three scale sources bit-identical, the float32 reference, padding routes, CUDA g
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 
@@ -169,3 +170,47 @@ def test_misaligned_and_strided_inputs_give_the_aligned_result():
     assert x_off.data_ptr() % 16 and ids_off.data_ptr() % 16 and out_off.data_ptr() % 16
     got = layer.run(x_off, ids_off, w_wide[:, ::2], out=out_off)
     assert got.data_ptr() == out_off.data_ptr() and torch.equal(got, want), f"seed {SEED}"
+
+
+def _widened(data, gen):
+    """The layer with about a tenth of its E8M0 scale bytes raised by 12 (bytes up to 254, scales of 4 and
+    more), so its planes need the two-multiply conversion."""
+
+    def widen(plane):
+        plane = plane.clone()
+        pick = (torch.rand(plane.shape, generator=gen, device=plane.device) < 0.1) & (plane < 243)
+        plane[pick] += 12
+        assert bool(((plane > 128) & (plane < 255)).any())
+        return plane
+
+    return dataclasses.replace(data, w13_scale=widen(data.w13_scale), w2_scale=widen(data.w2_scale))
+
+
+def test_wide_e8m0_scales_take_the_two_multiply_programs_and_stay_exact():
+    geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    wide = _widened(data, gen)
+    layers, wide_layers = _layers(geo, data), _layers(geo, wide)
+    for arm in ARMS:
+        assert not layers[arm].weights.w13.wide_scales and not layers[arm].weights.w2.wide_scales, arm
+        assert wide_layers[arm].weights.w13.wide_scales and wide_layers[arm].weights.w2.wide_scales, arm
+    # the same narrow planes through the two-multiply programs: the same bits as the one-multiply ones
+    forced = {}
+    for arm, layer in layers.items():
+        w = layer.weights
+        weights = dataclasses.replace(w, w13=dataclasses.replace(w.w13, wide_scales=True),
+                                      w2=dataclasses.replace(w.w2, wide_scales=True))  # fmt: skip
+        forced[arm] = bind(layer.plan, weights, torch.empty_like(layer.scratch))
+    ref = wide.reference()
+    for t in (1, 7, 64, 700):
+        x, ids, w = synthetic_routing(geo, t, gen)
+        for arm in ARMS:
+            one = _poisoned_run(layers[arm], x, ids, w).clone()
+            assert torch.equal(_poisoned_run(forced[arm], x, ids, w), one), f"seed {SEED} T={t} {arm}: 2 != 1 mul"
+        outs = {arm: _poisoned_run(layer, x, ids, w).clone() for arm, layer in wide_layers.items()}
+        for arm in ARMS:
+            assert torch.equal(outs[arm], outs["native"]), f"seed {SEED} T={t}: wide {arm} != native"
+        want = moe_reference(x, ref, w, ids, kind=geo.activation)
+        err = float((outs["native"].float() - want).norm() / want.norm())
+        assert err < REL_TOL, f"seed {SEED} T={t}: wide scales, relative error {err:.3e}"

@@ -7,7 +7,7 @@ import torch
 
 from csf_codec import decode_inline, encode_compact, scale_format
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.fp4_words import pair_signs
+from csf_kernels.fp4_words import gemm_words
 from csf_moe import plan, prepare_weights
 from csf_moe.synthetic import _interleave, synthetic_layer
 
@@ -49,7 +49,7 @@ def test_interleaved_gate_up_rows_are_converted():
         assert torch.equal(getattr(got.w13, name), getattr(want.w13, name)), name
 
 
-def test_fp4_words_get_their_signs_paired_and_the_inputs_stay_untouched():
+def test_fp4_words_get_their_bits_permuted_and_the_inputs_stay_untouched():
     data = synthetic_layer(GEO, seed=8)
     p = plan(GEO, 8, scale_source="native")
     kwargs = data.weight_kwargs()
@@ -59,10 +59,10 @@ def test_fp4_words_get_their_signs_paired_and_the_inputs_stay_untouched():
     wide[..., : w2.shape[-1]] = w2
     kwargs["w2"] = wide[..., : w2.shape[-1]]
     got = prepare_weights(p, **kwargs)
-    assert torch.equal(got.w13.values, pair_signs(w13)) and torch.equal(got.w2.values, pair_signs(w2))
+    assert torch.equal(got.w13.values, gemm_words(w13)) and torch.equal(got.w2.values, gemm_words(w2))
     assert torch.equal(kwargs["w13"], w13) and torch.equal(kwargs["w2"], w2)  # the caller's tensors unchanged
     assert got.w13.values.data_ptr() != kwargs["w13"].data_ptr()
-    # handed over: a refused input leaves them as they were; else they are paired where they are
+    # handed over: a refused input leaves them as they were; else they are permuted where they are
     handed = data.weight_kwargs()
     bad = dict(handed, w2_scale=handed["w2_scale"][:, :-1])
     with pytest.raises(ValueError, match="w2_scale"):
@@ -70,7 +70,7 @@ def test_fp4_words_get_their_signs_paired_and_the_inputs_stay_untouched():
     assert torch.equal(handed["w13"], w13) and torch.equal(handed["w2"], w2)
     owned = prepare_weights(p, values_in_place=True, **handed)
     assert owned.w13.values.data_ptr() == handed["w13"].data_ptr()
-    assert torch.equal(owned.w13.values, pair_signs(w13)) and torch.equal(owned.w2.values, pair_signs(w2))
+    assert torch.equal(owned.w13.values, gemm_words(w13)) and torch.equal(owned.w2.values, gemm_words(w2))
 
 
 def test_bad_weights_are_refused_clearly():
@@ -96,3 +96,20 @@ def test_bad_weights_are_refused_clearly():
 
     with pytest.raises(CSFError):
         prepare_weights(p, **bad)
+
+
+@pytest.mark.parametrize("source", ["native", "inline"])
+def test_preparation_says_whether_e8m0_planes_hold_wide_scales(source):
+    data = synthetic_layer(GEO, seed=9)
+    p = plan(GEO, 8, scale_source=source)
+    narrow = prepare_weights(p, **data.weight_kwargs())
+    assert not narrow.w13.wide_scales and not narrow.w2.wide_scales  # synthetic scales are below 2**2
+    for byte, wide in ((128, False), (255, False), (129, True), (254, True)):
+        kwargs = data.weight_kwargs()
+        kwargs["w2_scale"] = data.w2_scale.clone()
+        kwargs["w2_scale"][1, 3, 2] = byte
+        got = prepare_weights(p, **kwargs)
+        assert got.w2.wide_scales == wide and not got.w13.wide_scales, byte
+    nv = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=320, intermediate=192, top_k=2)
+    nv_weights = prepare_weights(plan(nv, 8, scale_source=source), **synthetic_layer(nv, seed=9).weight_kwargs())
+    assert nv_weights.w13.wide_scales and nv_weights.w2.wide_scales  # E4M3 scales always take two multiplies

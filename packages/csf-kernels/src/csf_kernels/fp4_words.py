@@ -1,36 +1,63 @@
-"""The FP4 weight words the MoE GEMMs read: packed E2M1 with each word's sign bits paired for conversion.
+"""The FP4 weight words the MoE GEMMs read: packed E2M1 with each word's 32 bits permuted for conversion.
 
-A 32-bit word holds eight E2M1 weights, weight ``i`` in nibble ``i`` (bits ``4i .. 4i + 3``), as stored
-by MXFP4 / NVFP4 checkpoints. The GEMMs convert a word into four bf16 pairs (weights 2k, 2k + 1) with a
-byte lookup of the magnitudes (``prmt``) and one shift-and-merge per pair for the signs, which needs the
-two signs of pair ``k`` 16 bits apart. So weight preparation moves the sign bits (and only them):
-nibble ``j``'s top bit holds the sign of weight ``SIGN_OF_NIBBLE[j]``; magnitudes stay in place. The
-pairing is a bijection on bits, so it loses nothing and :func:`unpair_signs` restores the checkpoint bytes.
+A 32-bit word holds eight E2M1 weights, weight ``i`` in nibble ``i`` (bits ``4i .. 4i + 3``: mantissa,
+two exponent bits, sign), as stored by MXFP4 / NVFP4 checkpoints. The GEMMs turn a word into four bf16
+pairs (weights 2k, 2k + 1 in the low and high halves) by placing each weight's four bits where a bf16
+keeps them: sign at bit 15, exponent bits at 8..7, mantissa at bit 6 (+16 for the high half). That bf16
+is the weight times 2**-126 exactly (E2M1's zero exponent lands on bf16's subnormals, which keep the
+0.5), so one multiply by the block scale times 2**126 gives the scaled weight, rounded once as before.
+
+Weight preparation permutes each word's bits (a bijection: :func:`checkpoint_words` restores the bytes)
+so that the placement is cheap: pair 0's bits are already in place (one AND), pairs 1 and 2 are one
+shift or rotation away (two instructions each), pair 3 needs two shifts (four). ``BIT_POSITIONS[i]``
+are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["SIGN_OF_NIBBLE", "pair_signs", "unpair_signs"]
+__all__ = ["BIT_POSITIONS", "PLACED", "checkpoint_words", "gemm_words"]
 
-# pair k = (2k, 2k + 1): its signs sit in nibbles k and k + 4, so shifting the word left by 12 - 4k puts
-# them at bits 15 and 31 of a bf16 pair
-SIGN_OF_NIBBLE = (0, 2, 4, 6, 1, 3, 5, 7)
-_NIBBLE_OF_SIGN = tuple(SIGN_OF_NIBBLE.index(i) for i in range(8))  # its inverse
-_MAGNITUDES = 0x77777777
+PLACED = (6, 7, 8, 15)  # where a bf16 (low half) keeps E2M1's mantissa, exponent low / high bit, sign
+
+
+def _moved(dest: tuple[int, ...], left: int) -> tuple[int, ...]:
+    """The word bits that a rotation left by ``left`` brings to ``dest``."""
+    return tuple((d - left) % 32 for d in dest)
+
+
+def _pair(left: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return _moved(PLACED, left), _moved(tuple(d + 16 for d in PLACED), left)
+
+
+# pairs 0-2: the word rotated left by 0, 4 and 10 bits, then masked; pair 3: mantissa, exponent low and
+# sign from the word shifted left by 6, exponent high from the word shifted right by 2
+_PAIR3_LO = (0, 1, 10, 9)
+BIT_POSITIONS = (*_pair(0), *_pair(4), *_pair(10), _PAIR3_LO, tuple(b + 16 for b in _PAIR3_LO))
+assert sorted(b for w in BIT_POSITIONS for b in w) == list(range(32)), "the layout must be a bijection"
 _CHUNK_WORDS = 1 << 24  # words per pass (64 MiB): bounds the temporaries on large expert stacks
 
 
-def _move_signs(words: torch.Tensor, source_of: tuple[int, ...]) -> torch.Tensor:
-    """Sign bit of nibble ``j`` taken from nibble ``source_of[j]``'s sign; magnitudes kept."""
-    out = words & _MAGNITUDES
-    for j, src in enumerate(source_of):
-        out |= ((words >> (4 * src + 3)) & 1) << (4 * j + 3)
-    return out
+def _moves(to_gemm: bool) -> dict[int, int]:
+    """{left shift: mask of destination bits} taking checkpoint words to GEMM words (or back)."""
+    moves: dict[int, int] = {}
+    for i, bits in enumerate(BIT_POSITIONS):
+        for j, placed in enumerate(bits):
+            src, dst = (4 * i + j, placed) if to_gemm else (placed, 4 * i + j)
+            moves[dst - src] = moves.get(dst - src, 0) | (1 << dst)
+    return moves
 
 
-def _apply(values: torch.Tensor, source_of: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
+def _permute(words: torch.Tensor, moves: dict[int, int]) -> torch.Tensor:
+    w = words.to(torch.int64) & 0xFFFFFFFF  # as unsigned 32-bit values: no sign fill, no overflow
+    out = torch.zeros_like(w)
+    for left, mask in moves.items():
+        out |= (w << left if left >= 0 else w >> -left) & mask
+    return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
+
+
+def _apply(values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None) -> torch.Tensor:
     if values.dtype != torch.uint8 or values.shape[-1] % 4 or not values.is_contiguous():
         raise ValueError(
             f"packed FP4 values must be contiguous uint8 [..., 4n], got {values.dtype} {tuple(values.shape)}"
@@ -41,17 +68,17 @@ def _apply(values: torch.Tensor, source_of: tuple[int, ...], out: torch.Tensor |
         raise ValueError(f"out must be a contiguous uint8 {tuple(values.shape)} tensor on {values.device}")
     words, out_words = values.view(torch.int32).reshape(-1), out.view(torch.int32).reshape(-1)
     for start in range(0, words.numel(), _CHUNK_WORDS):
-        out_words[start : start + _CHUNK_WORDS] = _move_signs(words[start : start + _CHUNK_WORDS], source_of)
+        out_words[start : start + _CHUNK_WORDS] = _permute(words[start : start + _CHUNK_WORDS], moves)
     return out
 
 
-def pair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Checkpoint FP4 bytes [..., 4n] -> the GEMMs' word layout, into ``out`` (default: a new tensor). The
-    temporaries are allocated while this runs, so a caller may run it inside a private memory pool with
-    ``out`` allocated outside."""
-    return _apply(values, SIGN_OF_NIBBLE, out)
+def gemm_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Checkpoint FP4 bytes [..., 4n] -> the GEMMs' word layout, into ``out`` (default: a new tensor; may be
+    ``values`` itself). The temporaries are allocated while this runs, so a caller may run it inside a
+    private memory pool with ``out`` allocated outside."""
+    return _apply(values, _moves(True), out)
 
 
-def unpair_signs(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The inverse of :func:`pair_signs`."""
-    return _apply(values, _NIBBLE_OF_SIGN, out)
+def checkpoint_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`gemm_words`."""
+    return _apply(values, _moves(False), out)

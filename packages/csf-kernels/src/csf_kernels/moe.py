@@ -120,6 +120,10 @@ class GemmOperand:
     inline: InlineScales | None = None
     global_scale: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    # whether the scales may hold E8M0 bytes 129..254 (scales >= 4): the GEMM then converts with two
+    # multiplies per weight pair instead of one (exact either way); True is always safe, and weight
+    # preparation (csf_moe.prepare_weights) says False when the plane has none
+    wide_scales: bool = True
 
 
 def _inline_array(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -212,7 +216,8 @@ def gemm_launch(
     bias = weights.bias
     if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (e, r)):
         raise ValueError(f"bias must be float32 [{e}, {r}]")
-    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
+    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config,
+                     wide_scales=weights.wide_scales)  # fmt: skip
     steps = -(-k // (4 * fmt.block_size))
     per_split = -(-steps // splits)
     if config.split_k:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from csf_codec import CompactScales, InlineScales, decode_compact, encode_inline
-from csf_kernels.fp4_words import pair_signs
+from csf_kernels.fp4_words import gemm_words
 from csf_kernels.moe import GemmOperand
 
 from .plan import MoEPlan
@@ -129,9 +129,10 @@ def prepare_weights(
     uint8 (or float8_e4m3fn) planes [E, 2N, H/bs] and [E, H, N/bs], or CSF compact payloads of them.
     NVFP4 needs per-expert global scales; biases (gpt-oss) are [E, 2N] and [E, H].
 
-    The GEMMs read the values with each word's sign bits paired (``csf_kernels.fp4_words``): by default
-    into new tensors; ``values_in_place`` hands ``w13`` / ``w2`` over (a serving engine's own parameters,
-    replaced by the results) and pairs them where they are, so loading needs no second copy of the weights.
+    The GEMMs read the values with each word's bits permuted (``csf_kernels.fp4_words``): by default into
+    new tensors; ``values_in_place`` hands ``w13`` / ``w2`` over (a serving engine's own parameters,
+    replaced by the results) and permutes them where they are, so loading needs no second copy of the
+    weights.
     """
     geo = plan.geometry
     device = torch.device(device) if device is not None else w13.device
@@ -153,16 +154,17 @@ def prepare_weights(
     b2 = _bias(w2_bias, (e, h), "w2_bias", device)
     g13 = _global(w13_global_scale, e, "w13_global_scale", device) if nv else None
     g2 = _global(w2_global_scale, e, "w2_global_scale", device) if nv else None
-    # the GEMMs read FP4 words with their sign bits paired for the conversion (csf_kernels.fp4_words): in
+    # the GEMMs read FP4 words with their bits permuted for the conversion (csf_kernels.fp4_words): in
     # place on copies made above (or on handed-over tensors), else into new tensors allocated here
-    paired13 = v13 if values_in_place or v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
-    paired2 = v2 if values_in_place or v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)
+    into13 = v13 if values_in_place or v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
+    into2 = v2 if values_in_place or v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)
     pool = _PrivatePool(device)
     with pool:
         s13 = _native_plane(w13_scale, geo.w13_scale_shape, "w13_scale", device)
         if w13_layout == "interleaved":
             s13 = _deinterleave(s13)
         s2 = _native_plane(w2_scale, geo.w2_scale_shape, "w2_scale", device)
+        wide13, wide2 = _wide(s13, geo.fmt), _wide(s2, geo.fmt)
         if plan.scale_source == "native":
             planes = (s13, s2)
         else:
@@ -172,7 +174,7 @@ def prepare_weights(
             )
         del s13, s2
         # last, once every input has been checked: a refused input leaves handed-over values untouched
-        v13, v2 = pair_signs(v13, out=paired13), pair_signs(v2, out=paired2)
+        v13, v2 = gemm_words(v13, out=into13), gemm_words(v2, out=into2)
     # copy the results out of the pool, drop every pool tensor, then release the pool
     planes = _own_all(planes)
     pool.release()
@@ -184,6 +186,7 @@ def prepare_weights(
             inline=None if native else planes[0],
             global_scale=g13,
             bias=b13,
+            wide_scales=wide13,
         ),
         w2=GemmOperand(
             values=v2,
@@ -191,8 +194,18 @@ def prepare_weights(
             inline=None if native else planes[1],
             global_scale=g2,
             bias=b2,
+            wide_scales=wide2,
         ),
     )
+
+
+def _wide(plane: torch.Tensor, fmt) -> bool:
+    """Whether a scale plane holds scales the GEMM's one-multiply conversion cannot take: E8M0 bytes
+    129..254 (see ``csf_kernels.moe.GemmOperand.wide_scales``); E4M3 planes always convert with two."""
+    if fmt.name != "mxfp4":
+        return True
+    b = plane.view(torch.uint8)
+    return bool(((b > 128) & (b < 255)).any())
 
 
 def _own_all(planes: tuple) -> tuple:

@@ -23,6 +23,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..fp4_words import BIT_POSITIONS
+
+_BIT_POSITIONS = tl.constexpr(BIT_POSITIONS)
+
 SIGNATURE = {
     "x": "*bf16",
     "w": "*u8",
@@ -84,11 +88,14 @@ def _e2m1_f32(code):
 
 
 @triton.jit
-def _paired_code(word, i: tl.constexpr):
-    """E2M1 code (0..15) of weight ``i`` of a sign-paired word: its magnitude in nibble i, its sign in the
-    top bit of nibble i // 2 (even i) or i // 2 + 4 (odd i); see csf_kernels.fp4_words."""
-    sign_nibble: tl.constexpr = i // 2 + 4 * (i % 2)
-    return ((word >> (4 * i)) & 7) | (((word >> (4 * sign_nibble + 3)) & 1) << 3)
+def _placed_code(word, i: tl.constexpr):
+    """E2M1 code (0..15) of weight ``i`` of a GEMM word: its bits gathered from csf_kernels.fp4_words'
+    ``BIT_POSITIONS[i]``."""
+    bits: tl.constexpr = _BIT_POSITIONS[i]
+    code = (word >> bits[0]) & 1
+    code |= ((word >> bits[1]) & 1) << 1
+    code |= ((word >> bits[2]) & 1) << 2
+    return code | (((word >> bits[3]) & 1) << 3)
 
 
 @triton.jit
@@ -215,56 +222,42 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
     return s.to(tl.int32)
 
 
-# E2M1 -> bf16 in registers, one 32-bit word (eight weights in the sign-paired layout of
-# csf_kernels.fp4_words) per call. Magnitudes by byte lookup: ``prmt`` with the 3-bit magnitude codes as
-# selectors picks each weight's bf16 high and low byte from two 8-entry tables (exact bf16 of 0, 0.5, 1,
-# 1.5, 2, 3, 4, 6), a third ``prmt`` interleaves them into a pair; the pair's two signs, 16 bits apart in
-# the word, are shifted to bits 15 and 31 and merged (``lop3``: a | (b & c)); one bf16x2 multiply applies
-# the block scale (exact: the products have at most 5 significant bits). Outputs $0..$7 are weights 0..7;
-# $8 the word, $9 the scale. 22 instructions per word (was 30 with shift-and-mask placement).
-_LUT_HI = ("0x3F3F3F00", "0x40404040")  # high bytes of the bf16 magnitudes, codes 0-3 and 4-7
-_LUT_LO = ("0xC0800000", "0xC0804000")  # their low bytes
-_E2M1_PAIR = """
-prmt.b32 p, @LO, @HI, @SEL;
-shl.b32 s, $8, @SHIFT;
-lop3.b32 p, p, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 p, p, sc;
-mov.b32 {@A, @B}, p;"""
+# E2M1 -> bf16 in registers, one 32-bit word (eight weights in the layout of csf_kernels.fp4_words) per
+# call: each weight's four bits placed where a bf16 keeps them (the weight times 2**-126, exactly: zero
+# exponents land on bf16 subnormals), then per pair one bf16x2 multiply by the block scale times 2**126,
+# or where that factor would overflow bf16 (E8M0 bytes 129..254, E4M3 scales) by 2**126 and then by the
+# scale. Either way the weight's product with its scale is rounded once, as a multiply of the exact bf16
+# weight by the scale rounds it. Outputs $0..$7: weights 0..7; $8 the word; $9 the factor or the scale
+# (bf16). 9 instructions place a word's weights (22 with the byte lookups before), 4 or 8 multiply.
+_PLACE = """
+and.b32 p0, $8, 0x81C081C0;
+shl.b32 t, $8, 4;
+and.b32 p1, t, 0x81C081C0;
+shf.l.wrap.b32 t, $8, $8, 10;
+and.b32 p2, t, 0x81C081C0;
+shr.b32 t, $8, 2;
+and.b32 t, t, 0x01000100;
+shl.b32 p3, $8, 6;
+lop3.b32 p3, p3, t, 0x80C080C0, 0xEC;"""  # pair 3: (word << 6 & mask) | (word >> 2 & 0x01000100)
+_TWO_POW_126 = "0x7E807E80"  # bf16x2
 
 
-def _pair(k: int) -> str:
-    """bf16 pair k (weights 2k, 2k + 1) from the looked-up bytes; signs in nibbles k and k + 4."""
-    lo, hi = ("ll", "hl") if k < 2 else ("lh", "hh")
-    fields = {"@LO": lo, "@HI": hi, "@SEL": ("0x5140", "0x7362")[k % 2], "@SHIFT": str(12 - 4 * k),
-              "@A": f"${2 * k}", "@B": f"${2 * k + 1}"}  # fmt: skip
-    code = _E2M1_PAIR
-    for key, value in fields.items():
-        code = code.replace(key, value)
-    return code.replace("shl.b32 s, $8, 0;", "mov.b32 s, $8;")
-
-
-def _word_asm(tables: tuple[str, str]) -> str:
-    """The conversion of one word; ``tables``: the PTX operands holding the two table words looked up for
-    codes 0-3 (high bytes, low bytes): immediates, or inputs ``$10``, ``$11`` kept in registers."""
+def _word_asm(multiplies: int) -> str:
+    scale = "".join(f"\nmul.rn.bf16x2 p{k}, p{k}, u;" for k in range(4)) if multiplies == 2 else ""
     return (
-        "{\n.reg .b32 m, mh, hl, ll, hh, lh, p, s, sc;\n"
-        "mov.b32 sc, {$9, $9};\n"
-        "and.b32 m, $8, 0x77777777;\n"  # magnitude codes; their sign bits cleared (prmt reads bit 3 as a mode)
-        "shr.b32 mh, m, 16;\n"
-        f"prmt.b32 hl, {tables[0]}, {_LUT_HI[1]}, m;\n"  # weights 0-3
-        f"prmt.b32 ll, {tables[1]}, {_LUT_LO[1]}, m;\n"
-        f"prmt.b32 hh, {tables[0]}, {_LUT_HI[1]}, mh;\n"  # weights 4-7
-        f"prmt.b32 lh, {tables[1]}, {_LUT_LO[1]}, mh;" + "".join(_pair(k) for k in range(4)) + "\n}"
+        "{\n.reg .b32 p0, p1, p2, p3, t, f, u;\nmov.b32 f, {$9, $9};"
+        + (f"\nmov.b32 u, {_TWO_POW_126};" if multiplies == 2 else "")
+        + _PLACE
+        + scale
+        + "".join(f"\nmul.rn.bf16x2 p{k}, p{k}, f;" for k in range(4))
+        + "".join(f"\nmov.b32 {{${2 * k}, ${2 * k + 1}}}, p{k};" for k in range(4))
+        + "\n}"
     )
 
 
-E2M1_WORD_ASM = tl.constexpr(_word_asm((_LUT_HI[0], _LUT_LO[0])))
-# The same with the two table words as register inputs: a prmt takes one immediate, so with both words
-# immediate ptxas re-creates one in a register before every lookup (4 instructions per word); given as
-# values it cannot fold, they stay in registers for the whole loop (see moe_gemm_decode's ``_tables``).
-E2M1_WORD_ASM_TABLES = tl.constexpr(_word_asm(("$10", "$11")))
-TABLE_HI = tl.constexpr(int(_LUT_HI[0], 16))  # as int32 values
-TABLE_LO = tl.constexpr(int(_LUT_LO[0], 16) - (1 << 32))
+# $9: bf16 2**(s - 1) for E8M0 bytes s <= 128 or 255 (``placed_factor``); any scale with the second form
+E2M1_WORD_ASM_ONE_MULTIPLY = tl.constexpr(_word_asm(1))
+E2M1_WORD_ASM = tl.constexpr(_word_asm(2))
 
 
 @triton.jit
@@ -306,14 +299,14 @@ def _weights(b, s, FMT: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr):
         )
     else:
         sf = tl.reshape(tl.broadcast_to(_scale_f32(s, FMT)[:, :, None], [BN, 4, WPS]), [BN, W])
-        o0 = (_e2m1_f32(_paired_code(b, 0)) * sf).to(tl.bfloat16)
-        o1 = (_e2m1_f32(_paired_code(b, 1)) * sf).to(tl.bfloat16)
-        o2 = (_e2m1_f32(_paired_code(b, 2)) * sf).to(tl.bfloat16)
-        o3 = (_e2m1_f32(_paired_code(b, 3)) * sf).to(tl.bfloat16)
-        o4 = (_e2m1_f32(_paired_code(b, 4)) * sf).to(tl.bfloat16)
-        o5 = (_e2m1_f32(_paired_code(b, 5)) * sf).to(tl.bfloat16)
-        o6 = (_e2m1_f32(_paired_code(b, 6)) * sf).to(tl.bfloat16)
-        o7 = (_e2m1_f32(_paired_code(b, 7)) * sf).to(tl.bfloat16)
+        o0 = (_e2m1_f32(_placed_code(b, 0)) * sf).to(tl.bfloat16)
+        o1 = (_e2m1_f32(_placed_code(b, 1)) * sf).to(tl.bfloat16)
+        o2 = (_e2m1_f32(_placed_code(b, 2)) * sf).to(tl.bfloat16)
+        o3 = (_e2m1_f32(_placed_code(b, 3)) * sf).to(tl.bfloat16)
+        o4 = (_e2m1_f32(_placed_code(b, 4)) * sf).to(tl.bfloat16)
+        o5 = (_e2m1_f32(_placed_code(b, 5)) * sf).to(tl.bfloat16)
+        o6 = (_e2m1_f32(_placed_code(b, 6)) * sf).to(tl.bfloat16)
+        o7 = (_e2m1_f32(_placed_code(b, 7)) * sf).to(tl.bfloat16)
     # [BN, W, 2, 2, 2] with element (a, b, c) = weight 4a + 2b + c of its word: K in natural order
     x = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
     return tl.reshape(x, [BN, W * 8])

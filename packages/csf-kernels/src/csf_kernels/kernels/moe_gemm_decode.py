@@ -17,8 +17,8 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 * the relabelling is a permute + reshape of each thread's registers, which ``convert_layout(...,
   assert_trivial=True)`` proves moves no data (the build fails otherwise).
 
-The FP4 words (signs paired at preparation: csf_kernels.fp4_words), scale planes and inline records are
-read in their stored order, no tile re-packing.
+The FP4 words (bits permuted at preparation for the conversion: csf_kernels.fp4_words), scale planes
+and inline records are read in their stored order, no tile re-packing.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
 ``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
 the product path is shared, so outputs are bit-identical across sources.
@@ -37,7 +37,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .moe_gemm import E2M1_WORD_ASM_TABLES, TABLE_HI, TABLE_LO
+from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
 
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
@@ -47,8 +47,9 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "DB": "constexpr",  # inline: bits per row-base delta
     "BM": "constexpr",  # routes per block: 8 or 16 (one or two n8 MMA tiles)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
-    "STAGES": "constexpr",  # weight words in flight per thread, in K steps (1: loaded into registers per step)
-    "AHEAD": "constexpr",  # 1: a step's scale bytes and activations loaded one step before it
+    "STAGES": "constexpr",  # K steps of operands in flight through shared memory (1: into registers per step)
+    "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
+    "MULS": "constexpr",  # multiplies per weight pair: 1 (E8M0 planes without bytes 129..254) or 2
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
@@ -121,24 +122,29 @@ def _scale_bf16(s, FMT: gl.constexpr):
 
 
 @gluon.jit
-def _tables(opaque_zero, like):
-    """The conversion's two table words (``TABLE_HI``, ``TABLE_LO``) as values ptxas cannot fold (``opaque_zero`` is
-    a run-time zero), so they stay in two registers instead of being rebuilt before every lookup."""
-    hi = gl.full(like.shape, TABLE_HI, gl.int32, like.type.layout) | opaque_zero
-    lo = gl.full(like.shape, TABLE_LO, gl.int32, like.type.layout) | opaque_zero
-    return hi, lo
+def _placed_factor(s):
+    """bf16 2**(s - 1) from E8M0 bytes ``s`` (int32): the scale times the placement's 2**126 (see
+    moe_gemm's conversion), exact for s <= 128 (255: NaN); larger bytes need the two-multiply form."""
+    bits = gl.where(s == 255, 0x7FC0, (s + 126) << 7)
+    return bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
 
 
 @gluon.jit
-def _operand(words, scale, opaque_zero, FMT: gl.constexpr):
+def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr):
     """bf16 A operand [64, 32Q] from weight words [64, 4, Q] and their scale bytes [64, 4] (one per thread
-    and row), in the relabelled K order (see the module docstring)."""
+    and row), in the relabelled K order (see the module docstring). ``MULS``: multiplies per weight pair,
+    1 (E8M0 planes without bytes 129..254) or 2."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
-    sw = gl.broadcast(gl.expand_dims(_scale_bf16(scale, FMT), 2), words)[0]
-    hi, lo = _tables(opaque_zero, words)
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        E2M1_WORD_ASM_TABLES, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,r,r", [words, sw, hi, lo], [gl.bfloat16] * 8, True, 1
-    )
+    if MULS == 1:
+        sw = gl.broadcast(gl.expand_dims(_placed_factor(scale), 2), words)[0]
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            E2M1_WORD_ASM_ONE_MULTIPLY, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, sw], [gl.bfloat16] * 8, True, 1
+        )
+    else:
+        sw = gl.broadcast(gl.expand_dims(_scale_bf16(scale, FMT), 2), words)[0]
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, sw], [gl.bfloat16] * 8, True, 1
+        )
     # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) (join adds the minor dimension:
     # the innermost joins pair weights 4 apart) -> logical K (q, i2, i1, t, i0)
     v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
@@ -313,9 +319,10 @@ def moe_gemm_decode(
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
-    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, MULS: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
+    gl.static_assert(MULS == 2 or (MULS == 1 and FMT == 0), "one multiply per pair is for E8M0 scales")
     gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
@@ -351,8 +358,6 @@ def moe_gemm_decode(
         rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
 
     acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
-    # zero (rows < n_out < 2**31), but per thread and unknown to the compiler: see _tables
-    opaque_zero = gl.expand_dims(gl.expand_dims(rows & (n_out.to(gl.uint32, bitcast=True) >> 31).to(gl.int32), 1), 2)
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
@@ -400,7 +405,7 @@ def moe_gemm_decode(
             h = h_next  # the next step's selectors (its header is here) and the header after it
             lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
-        acc = mma_v2(_operand(b, s, opaque_zero, FMT), _activations(xt, FMT, BM), acc)
+        acc = mma_v2(_operand(b, s, FMT, MULS), _activations(xt, FMT, BM), acc)
     if STAGES > 1:
         async_copy.wait_group(0)
 
