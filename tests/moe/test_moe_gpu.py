@@ -186,21 +186,22 @@ def _widened(data, gen):
     return dataclasses.replace(data, w13_scale=widen(data.w13_scale), w2_scale=widen(data.w2_scale))
 
 
-def test_wide_e8m0_scales_take_the_two_multiply_programs_and_stay_exact():
+def test_wide_e8m0_scales_take_two_multiplies_and_stay_exact():
     geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     wide = _widened(data, gen)
     layers, wide_layers = _layers(geo, data), _layers(geo, wide)
     for arm in ARMS:
-        assert not layers[arm].weights.w13.wide_scales and not layers[arm].weights.w2.wide_scales, arm
-        assert wide_layers[arm].weights.w13.wide_scales and wide_layers[arm].weights.w2.wide_scales, arm
-    # the same narrow planes through the two-multiply programs: the same bits as the one-multiply ones
+        for op in (wide_layers[arm].weights.w13, wide_layers[arm].weights.w2):
+            assert op.wide_tiles.any() and not op.wide_tiles.all(), arm  # both conversions in one launch
+    # every row tile through two multiplies: the same bits as one multiply where that suffices
     forced = {}
     for arm, layer in layers.items():
         w = layer.weights
-        weights = dataclasses.replace(w, w13=dataclasses.replace(w.w13, wide_scales=True),
-                                      w2=dataclasses.replace(w.w2, wide_scales=True))  # fmt: skip
+        ones13, ones2 = torch.ones_like(w.w13.wide_tiles), torch.ones_like(w.w2.wide_tiles)
+        weights = dataclasses.replace(w, w13=dataclasses.replace(w.w13, wide_tiles=ones13),
+                                      w2=dataclasses.replace(w.w2, wide_tiles=ones2))  # fmt: skip
         forced[arm] = bind(layer.plan, weights, torch.empty_like(layer.scratch))
     ref = wide.reference()
     for t in (1, 7, 64, 700):

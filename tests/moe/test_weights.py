@@ -99,17 +99,21 @@ def test_bad_weights_are_refused_clearly():
 
 
 @pytest.mark.parametrize("source", ["native", "inline"])
-def test_preparation_says_whether_e8m0_planes_hold_wide_scales(source):
+def test_preparation_marks_the_row_tiles_whose_e8m0_scales_are_wide(source):
     data = synthetic_layer(GEO, seed=9)
     p = plan(GEO, 8, scale_source=source)
     narrow = prepare_weights(p, **data.weight_kwargs())
-    assert not narrow.w13.wide_scales and not narrow.w2.wide_scales  # synthetic scales are below 2**2
-    for byte, wide in ((128, False), (255, False), (129, True), (254, True)):
+    # [E, ceil(R / 64)] per operand; the tiny layer's synthetic scales are all below 2**2
+    assert narrow.w13.wide_tiles.shape == (4, 6) and narrow.w2.wide_tiles.shape == (4, 5)
+    assert not narrow.w13.wide_tiles.any() and not narrow.w2.wide_tiles.any()
+    for byte, wide in ((128, 0), (255, 0), (129, 1), (254, 1)):
         kwargs = data.weight_kwargs()
         kwargs["w2_scale"] = data.w2_scale.clone()
-        kwargs["w2_scale"][1, 3, 2] = byte
+        kwargs["w2_scale"][1, 200, 2] = byte  # expert 1, row tile 3
         got = prepare_weights(p, **kwargs)
-        assert got.w2.wide_scales == wide and not got.w13.wide_scales, byte
+        want = torch.zeros(4, 5, dtype=torch.uint8)
+        want[1, 3] = wide
+        assert torch.equal(got.w2.wide_tiles.cpu(), want) and not got.w13.wide_tiles.any(), byte
     nv = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=320, intermediate=192, top_k=2)
     nv_weights = prepare_weights(plan(nv, 8, scale_source=source), **synthetic_layer(nv, seed=9).weight_kwargs())
-    assert nv_weights.w13.wide_scales and nv_weights.w2.wide_scales  # E4M3 scales always take two multiplies
+    assert nv_weights.w13.wide_tiles is None and nv_weights.w2.wide_tiles is None  # E4M3: always two multiplies

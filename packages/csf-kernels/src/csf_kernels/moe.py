@@ -27,6 +27,7 @@ from .moe_specs import (
 from .runtime import Launch, aligned
 
 __all__ = [
+    "WIDE_TILE_ROWS",
     "GemmOperand",
     "Launch",
     "align_launches",
@@ -35,6 +36,7 @@ __all__ = [
     "gemm_launch",
     "max_blocks_for",
     "placeholder",
+    "wide_row_tiles",
 ]
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
@@ -120,10 +122,22 @@ class GemmOperand:
     inline: InlineScales | None = None
     global_scale: torch.Tensor | None = None
     bias: torch.Tensor | None = None
-    # whether the scales may hold E8M0 bytes 129..254 (scales >= 4): the GEMM then converts with two
-    # multiplies per weight pair instead of one (exact either way); True is always safe, and weight
-    # preparation (csf_moe.prepare_weights) says False when the plane has none
-    wide_scales: bool = True
+    # MXFP4: uint8 [E, ceil(R / 64)], 1 where a 64-row tile's scales hold E8M0 bytes 129..254 (scales of
+    # 4 and more), which the decode GEMM converts with two multiplies per weight pair instead of one
+    # (exact either way); see :func:`wide_row_tiles`. Unused for NVFP4 (always two).
+    wide_tiles: torch.Tensor | None = None
+
+
+WIDE_TILE_ROWS = 64  # the decode GEMM's rows per program
+
+
+def wide_row_tiles(plane: torch.Tensor) -> torch.Tensor:
+    """uint8 [E, ceil(R / 64)] of an E8M0 scale plane [E, R, C]: 1 where a tile of 64 rows holds a byte in
+    129..254 (a scale the decode GEMM's one-multiply conversion cannot take), else 0."""
+    e, r, _ = plane.shape
+    wide = ((plane > 128) & (plane < 255)).any(-1)
+    wide = torch.nn.functional.pad(wide, (0, -r % WIDE_TILE_ROWS))
+    return wide.view(e, -1, WIDE_TILE_ROWS).any(-1).to(torch.uint8).contiguous()
 
 
 def _inline_array(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -216,8 +230,14 @@ def gemm_launch(
     bias = weights.bias
     if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (e, r)):
         raise ValueError(f"bias must be float32 [{e}, {r}]")
-    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config,
-                     wide_scales=weights.wide_scales)  # fmt: skip
+    wide = weights.wide_tiles
+    if fmt.name == "mxfp4":
+        if wide is None or wide.dtype != torch.uint8 or tuple(wide.shape) != (e, -(-r // WIDE_TILE_ROWS)):
+            raise ValueError(f"MXFP4 operands need wide_tiles uint8 [{e}, {-(-r // WIDE_TILE_ROWS)}] (wide_row_tiles)")
+        wide = aligned(wide)
+    else:
+        wide = ph
+    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
     steps = -(-k // (4 * fmt.block_size))
     per_split = -(-steps // splits)
     if config.split_k:
@@ -230,7 +250,7 @@ def gemm_launch(
     grid = (block_expert.numel(), config.row_tiles(n_out, fc1), splits)
     base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
     args = (
-        x, values, scales, base, delta, records, raw, tail, tail_raw,
+        x, values, scales, wide, base, delta, records, raw, tail, tail_raw,
         weights.global_scale if has_g else ph, bias if bias is not None else ph, out,
         part if part is not None else ph, sorted_ids, block_expert, meta, pairs, x_row_div, rows, k, cols,
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,

@@ -35,7 +35,6 @@ __all__ = [
     "experts_bins",
     "fc1_finish_spec",
     "gemm_spec",
-    "gemm_specs",
     "moe_geometry_specs",
     "split_count",
 ]
@@ -243,18 +242,9 @@ def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool) -
 
 
 def gemm_spec(
-    fmt: ScaleFormat,
-    source: str,
-    *,
-    fc1: bool,
-    activation: str,
-    bias: bool,
-    config: GemmConfig,
-    wide_scales: bool = True,
+    fmt: ScaleFormat, source: str, *, fc1: bool, activation: str, bias: bool, config: GemmConfig
 ) -> ProgramSpec:
-    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config.
-    ``wide_scales``: whether the plane may hold E8M0 bytes 129..254 (scales of 4 and more), which the gluon
-    program's one-multiply conversion cannot take (see ``GemmOperand.wide_scales``)."""
+    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config."""
     if source not in SCALE_SOURCES:
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
@@ -269,7 +259,6 @@ def gemm_spec(
             BM=config.bm,
             BN=config.bn,
             STAGES=config.word_stages,
-            MULS=2 if wide_scales or fmt.name != "mxfp4" else 1,
             AHEAD=int(config.ahead and source == "native"),
             num_warps=config.num_warps,
             **({"maxnreg": config.max_registers} if config.max_registers and source == "native" else {}),
@@ -294,17 +283,6 @@ def gemm_spec(
     )
 
 
-def gemm_specs(geo: MoEGeometry, source: str, config: GemmConfig) -> list[ProgramSpec]:
-    """Both stages' GEMM programs for a geometry, source and config, for planes with and without wide
-    scales (the weights decide which runs)."""
-    specs = (
-        gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config, wide_scales=w)
-        for fc1 in (True, False)
-        for w in (True, False)
-    )
-    return list(dict.fromkeys(specs))  # in order, each once
-
-
 def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     """Every MoE program a geometry may run: both stages, both scale sources, both tile configs, and
     the align / combine programs for int32 and int64 route ids."""
@@ -312,7 +290,10 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     for config in CONFIGS:
         # prefill tiles always read a native plane (an inline plan expands first: see csf_moe.plan)
         for source in SCALE_SOURCES if config.split_k else ("native",):
-            specs += gemm_specs(geo, source, config)
+            for fc1 in (True, False):
+                specs.append(
+                    gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
+                )
         for ids64 in (False, True):
             specs.append(align_plan_spec(geo.experts, config.bm, ids64))
     gscale = geo.fmt.name == "nvfp4"

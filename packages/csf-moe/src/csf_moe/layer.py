@@ -177,9 +177,9 @@ class MoELayer:
             else:
                 w13_plane, w2_plane = scale_planes
             w13 = GemmOperand(values=w13.values, scales=w13_plane, global_scale=w13.global_scale, bias=w13.bias,
-                              wide_scales=w13.wide_scales)  # fmt: skip
+                              wide_tiles=w13.wide_tiles)  # fmt: skip
             w2 = GemmOperand(values=w2.values, scales=w2_plane, global_scale=w2.global_scale, bias=w2.bias,
-                             wide_scales=w2.wide_scales)  # fmt: skip
+                             wide_tiles=w2.wide_tiles)  # fmt: skip
         inter = self.intermediate[: pairs * geo.intermediate].view(pairs, geo.intermediate)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
         common = dict(

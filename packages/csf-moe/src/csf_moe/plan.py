@@ -22,7 +22,7 @@ from csf_kernels.moe_specs import (
     decode_config_for,
     experts_bins,
     fc1_finish_spec,
-    gemm_specs,
+    gemm_spec,
     split_count,
 )
 from csf_kernels.programs import ProgramSpec
@@ -105,7 +105,8 @@ class MoEPlan:
         g = self.geometry
         out: dict[str, ProgramSpec] = {}
         for b in self.buckets:
-            for s in gemm_specs(g, b.gemm_source, b.config):
+            for fc1 in (True, False):
+                s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
             for ids64 in (False, True):
                 for s in (align_plan_spec(g.experts, b.config.bm, ids64), align_scatter_spec(ids64)):

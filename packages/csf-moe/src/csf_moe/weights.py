@@ -18,7 +18,7 @@ import torch
 
 from csf_codec import CompactScales, InlineScales, decode_compact, encode_inline
 from csf_kernels.fp4_words import gemm_words
-from csf_kernels.moe import GemmOperand
+from csf_kernels.moe import GemmOperand, wide_row_tiles
 
 from .plan import MoEPlan
 
@@ -164,7 +164,8 @@ def prepare_weights(
         if w13_layout == "interleaved":
             s13 = _deinterleave(s13)
         s2 = _native_plane(w2_scale, geo.w2_scale_shape, "w2_scale", device)
-        wide13, wide2 = _wide(s13, geo.fmt), _wide(s2, geo.fmt)
+        # MXFP4: which 64-row tiles hold scales the decode GEMM converts with two multiplies per pair
+        wide = (wide_row_tiles(s13), wide_row_tiles(s2)) if geo.fmt.name == "mxfp4" else ()
         if plan.scale_source == "native":
             planes = (s13, s2)
         else:
@@ -176,7 +177,9 @@ def prepare_weights(
         # last, once every input has been checked: a refused input leaves handed-over values untouched
         v13, v2 = gemm_words(v13, out=into13), gemm_words(v2, out=into2)
     # copy the results out of the pool, drop every pool tensor, then release the pool
-    planes = _own_all(planes)
+    owned = _own_all((*planes, *wide))
+    planes, (wide13, wide2) = owned[:2], owned[2:] or (None, None)
+    wide = None
     pool.release()
     native = plan.scale_source == "native"
     return MoEWeights(
@@ -186,7 +189,7 @@ def prepare_weights(
             inline=None if native else planes[0],
             global_scale=g13,
             bias=b13,
-            wide_scales=wide13,
+            wide_tiles=wide13,
         ),
         w2=GemmOperand(
             values=v2,
@@ -194,18 +197,9 @@ def prepare_weights(
             inline=None if native else planes[1],
             global_scale=g2,
             bias=b2,
-            wide_scales=wide2,
+            wide_tiles=wide2,
         ),
     )
-
-
-def _wide(plane: torch.Tensor, fmt) -> bool:
-    """Whether a scale plane holds scales the GEMM's one-multiply conversion cannot take: E8M0 bytes
-    129..254 (see ``csf_kernels.moe.GemmOperand.wide_scales``); E4M3 planes always convert with two."""
-    if fmt.name != "mxfp4":
-        return True
-    b = plane.view(torch.uint8)
-    return bool(((b > 128) & (b < 255)).any())
 
 
 def _own_all(planes: tuple) -> tuple:

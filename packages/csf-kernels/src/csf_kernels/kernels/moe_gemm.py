@@ -31,6 +31,7 @@ SIGNATURE = {
     "x": "*bf16",
     "w": "*u8",
     "scales": "*u8",
+    "wide": "*u8",  # MXFP4, decode program: 1 where a 64-row tile's scales need two multiplies (moe.wide_row_tiles)
     "base_ref": "*u8",
     "base_delta": "*u8",
     "records": "*u8",
@@ -349,6 +350,7 @@ def moe_gemm(
     x,
     w,
     scales,
+    wide,
     base_ref,
     base_delta,
     records,

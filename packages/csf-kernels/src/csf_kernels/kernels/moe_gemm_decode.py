@@ -49,7 +49,6 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
     "STAGES": "constexpr",  # K steps of operands in flight through shared memory (1: into registers per step)
     "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
-    "MULS": "constexpr",  # multiplies per weight pair: 1 (E8M0 planes without bytes 129..254) or 2
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
@@ -314,15 +313,57 @@ def _issue_step(w_stage, x_stage, w_e, rows, quad, q, valid, x, a_row_c, live_c,
 
 
 @gluon.jit
+def _k_steps(
+    acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
+    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
+    FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+    MULS: gl.constexpr,
+):  # fmt: skip
+    """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
+    ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
+    per weight pair."""
+    Q: gl.constexpr = 4 if FMT == 0 else 2
+    BK: gl.constexpr = 32 * Q
+    NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38
+    WL: gl.constexpr = _word_layout(Q)
+    XL: gl.constexpr = _act_layout(Q, BM)
+    for t in range(t0, steps):
+        if STAGES > 1:
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
+            gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
+            i = (t - t0 + STAGES - 1) % STAGES
+            _issue_step(w_s.index(i), x_s.index(i), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
+                        t + STAGES - 1, steps, K, Q)  # fmt: skip
+            b = w_s.index((t - t0) % STAGES).load(WL)
+            xt = x_s.index((t - t0) % STAGES).load(XL)
+        else:
+            b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
+            xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
+            xt = gl.load(xp, mask=xm, other=0.0)
+        if AHEAD == 1:
+            s = s_next
+            s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
+        elif SRC == 0:
+            s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
+        else:
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
+        acc = mma_v2(_operand(b, s, FMT, MULS), _activations(xt, FMT, BM), acc)
+    return acc
+
+
+@gluon.jit
 def moe_gemm_decode(
-    x, w, scales, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
+    x, w, scales, wide, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
-    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, MULS: gl.constexpr,
+    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
-    gl.static_assert(MULS == 2 or (MULS == 1 and FMT == 0), "one multiply per pair is for E8M0 scales")
     gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
@@ -353,6 +394,7 @@ def moe_gemm_decode(
     a_row = gl.where(live_x, route_x // x_row_div, 0).to(gl.int64)
     kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
 
+    rb, slot, base = 0, 0, 0  # placeholders where unused
     if SRC == 1:
         slot, base = _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
         rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
@@ -368,6 +410,7 @@ def moe_gemm_decode(
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
+    w_s, x_s, a_row_c, live_c, kc = 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
         w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
         x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
@@ -379,33 +422,16 @@ def moe_gemm_decode(
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s.index(j), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
                         steps, K, Q)  # fmt: skip
-    if AHEAD == 1:
-        s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL)
-    for t in range(t0, steps):
-        if STAGES > 1:
-            async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
-            gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
-            i = (t - t0 + STAGES - 1) % STAGES
-            _issue_step(w_s.index(i), x_s.index(i), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                        t + STAGES - 1, steps, K, Q)  # fmt: skip
-            b = w_s.index((t - t0) % STAGES).load(WL)
-            xt = x_s.index((t - t0) % STAGES).load(XL)
-        else:
-            b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
-            xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
-            xt = gl.load(xp, mask=xm, other=0.0)
-        if AHEAD == 1:
-            s = s_next
-            s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
-        elif SRC == 0:
-            s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
-        else:
-            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
-                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h = h_next  # the next step's selectors (its header is here) and the header after it
-            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
-                                                 S, S_TAIL, TC)  # fmt: skip
-        acc = mma_v2(_operand(b, s, FMT, MULS), _activations(xt, FMT, BM), acc)
+    s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
+    # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
+    if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
+        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
+                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 1)  # fmt: skip
+    else:
+        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
+                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 2)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
