@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
-                    "BM:SPLIT_TARGET, comma-separated (e.g. 8:528,16:1056)")  # fmt: skip
+                    "BM:SPLIT_TARGET[:REGISTER_CAP], comma-separated (e.g. 8:528,16:1056:64)")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
                     "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
@@ -78,8 +78,9 @@ def main() -> None:
         if kind == "decode" and a.decode_variants:
             variants = []
             for v in a.decode_variants.split(","):
-                bm, target = (int(f) for f in v.split(":"))
-                variants.append((dataclasses.replace(DECODE, bm=bm), target))
+                bm, target, *cap = (int(f) for f in v.split(":"))
+                cfg = dataclasses.replace(DECODE, bm=bm, max_registers=cap[0] if cap else DECODE.max_registers)
+                variants.append((cfg, target))
         if kind == "decode" and a.word_stages:
             variants = []
             for v in a.word_stages.split(","):
@@ -112,7 +113,7 @@ def main() -> None:
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
                                  "tokens": t, "median_s": med, "equal_to_first_variant": equal})  # fmt: skip
                     print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
-                          f"st{cfg.word_stages}a{int(cfg.ahead)} "
+                          f"st{cfg.word_stages}a{int(cfg.ahead)} r{cfg.max_registers} "
                           f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us{'' if equal else ' MISMATCH'}",
                           flush=True)  # fmt: skip
                 del layer

@@ -169,7 +169,11 @@ DECODE_NARROW = GemmConfig(
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE_NARROW, DECODE, PREFILL)
-NARROW_ROUTES_PER_EXPERT = 2  # routes per expert (T * k / E) up to which DECODE_NARROW runs
+# Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
+# routes per expert now: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178,
+# DS4.1 T = 512 (8) 910 / 906 (a tie); 16-route ones above (gpt-oss T = 512, 16 per expert: 1133 / 1016).
+# Run 156: register caps for more programs per SM (8 routes: 56, 48; 16 routes: 64) gain nothing.
+NARROW_ROUTES_PER_EXPERT = 8  # routes per expert (T * k / E) up to which DECODE_NARROW runs
 
 
 def decode_config_for(routes: int, experts: int) -> GemmConfig:
