@@ -30,8 +30,8 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
         assert b.gemm_source == ("native" if b.expand else "inline")
     assert not p.bucket_for(1).expand and p.bucket_for(64).expand  # records read inline at one token only
     assert not plan(geo, 4096, scale_source="inline", inline_token_limit=512).bucket_for(64).expand
-    # decode tiles: 8 routes per block up to 2 routes per expert (DS4.1: 384 experts, top 6), then 16
-    assert p.bucket_for(128).config.bm == 8 and p.bucket_for(256).config.bm == 16
+    # decode tiles: 8 routes per block up to 8 routes per expert (DS4.1: 384 experts, top 6), then 16
+    assert p.bucket_for(512).config.bm == 8 and p.bucket_for(1024).config.bm == 16
     assert p.bucket_for(1).config.name == "decode"
     assert p.bucket_for(4096).config.name == "prefill"
     assert p.bucket_for(3).tokens == 4
