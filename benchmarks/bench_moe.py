@@ -3,8 +3,8 @@
     python3 benchmarks/bench_moe.py --out FILE [--geometries all] [--tokens 1,8,32,...]
 
 Per geometry and token count, arms side by side in one process: csf with native scales, with CSF
-expanded into scratch before each call, with CSF stored inline as planned (read inline at one token, its
-routed experts expanded above) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
+expanded into scratch before each call, with CSF stored inline as planned (its routed experts' scales
+expanded first: the default limit) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
 OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
 inputs rotated over several routings. Effective bandwidth counts the FP4 values and the scale bytes
 (as the arm stores them) of the experts actually routed to; TFLOP/s counts 2 * routes * (3 N H).
@@ -46,7 +46,8 @@ TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
 # arm -> plan arguments: the three scale sources as planned, and the inline GEMM reading the records in
-# every decode bucket (the default inline plan expands above 1 token: csf_moe.plan.INLINE_TOKEN_LIMIT)
+# every decode bucket (the default inline plan expands its routed experts' scales first at every token
+# count, as "expanded" does: csf_moe.plan.INLINE_TOKEN_LIMIT)
 ARMS = {
     "native": dict(scale_source="native"),
     "expanded": dict(scale_source="expanded"),

@@ -30,8 +30,8 @@ GEOMETRIES = [
     ("kimi-k2", 16, "nvfp4"),
 ]
 MAX_TOKENS = 1024
-# above its inline limit an inline plan expands its scales (the default limit is 1 token; "inline_records"
-# reads the records up to 512); 700 runs the prefill tiles
+# above its inline limit an inline plan expands its routed experts' scales (the default limit is 0 tokens:
+# always; "inline_records" reads the records in the GEMM up to 512); 700 runs the prefill tiles
 TOKENS = (1, 7, 64, 700)
 ARMS = {
     "native": dict(scale_source="native"),
@@ -83,9 +83,9 @@ def test_sources_are_bit_identical_and_match_the_reference(model, tp, fmt):
 def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
     data = synthetic_layer(geo, seed=SEED, device="cuda")
-    layer = _layers(geo, data)["inline"]
+    layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (5, 600):
+    for t in (5, 600):  # records read in the GEMM; expanded first
         x, ids, w = synthetic_routing(geo, t, gen, ids_dtype=ids_dtype)
         padded = ids.clone()
         padded[::2, 0] = -1
@@ -104,9 +104,9 @@ def test_padding_routes_contribute_exactly_nothing(ids_dtype):
 def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
     geo = _geometry(model, tp, fmt)
     data = synthetic_layer(geo, seed=SEED, device="cuda")
-    layer = _layers(geo, data)["inline"]
+    layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (8, 700):  # an inline bucket and an expanding one
+    for t in (8, 700):  # a bucket reading records in the GEMM and an expanding one
         x, ids, w = synthetic_routing(geo, t, gen)
         out = torch.empty_like(x)
         layer.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)
@@ -158,7 +158,7 @@ def test_misaligned_and_strided_inputs_give_the_aligned_result():
     (and a misaligned ``out`` a temporary), never a misaddressed load."""
     geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")
     data = synthetic_layer(geo, seed=SEED, device="cuda")
-    layer = _layers(geo, data)["inline"]
+    layer = _layers(geo, data)["inline_records"]
     x, ids, w = synthetic_routing(geo, 9, torch.Generator(device="cuda").manual_seed(SEED))
     want = _poisoned_run(layer, x, ids, w).clone()
     # the same values at addresses 2, 4 and 8 bytes past a 16-byte boundary, and a strided top-k

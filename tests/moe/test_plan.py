@@ -28,8 +28,9 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
     for b in p.buckets:
         assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT or b.config.name == "prefill")
         assert b.gemm_source == ("native" if b.expand else "inline")
-    assert not p.bucket_for(1).expand and p.bucket_for(64).expand  # records read inline at one token only
-    assert not plan(geo, 4096, scale_source="inline", inline_token_limit=512).bucket_for(64).expand
+    assert p.bucket_for(1).expand and p.bucket_for(64).expand  # the routed experts' scales expanded first
+    records = plan(geo, 4096, scale_source="inline", inline_token_limit=512)  # records read in the GEMM
+    assert not records.bucket_for(64).expand and records.bucket_for(64).gemm_source == "inline"
     # decode tiles: 8 routes per block up to 8 routes per expert (DS4.1: 384 experts, top 6), then 16
     assert p.bucket_for(512).config.bm == 8 and p.bucket_for(1024).config.bm == 16
     assert p.bucket_for(1).config.name == "decode"
