@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from csf_kernels.fp4_words import BIT_POSITIONS, PLACED, checkpoint_words, gemm_words
+from csf_kernels.fp4_words import (
+    BIT_POSITIONS,
+    PAIR3_MASKS,
+    PAIR3_SHIFTS,
+    PAIR_ROTATIONS,
+    PLACED,
+    checkpoint_words,
+    gemm_words,
+)
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 MASK = 0x81C081C0  # the bf16 pair bits of sign, exponent low bits and mantissa top bit
@@ -30,9 +38,8 @@ def test_the_layout_is_a_bijection_that_round_trips():
 def _placement(word: int) -> list[int]:
     """What the GEMMs' conversion (moe_gemm._PLACE) computes from one word: four bf16 pairs, as ints."""
     w = word & 0xFFFFFFFF
-    rot10 = ((w << 10) | (w >> 22)) & 0xFFFFFFFF
-    pair3 = ((w << 6) & 0x80C080C0) | ((w >> 2) & 0x01000100)
-    return [w & MASK, (w << 4) & MASK, rot10 & MASK, pair3]
+    pairs = [((w << r) | (w >> (32 - r))) & MASK for r in PAIR_ROTATIONS]
+    return [*pairs, ((w << PAIR3_SHIFTS[0]) & PAIR3_MASKS[0]) | ((w >> PAIR3_SHIFTS[1]) & PAIR3_MASKS[1])]
 
 
 def test_the_placement_gives_each_weight_times_2_pow_minus_126():

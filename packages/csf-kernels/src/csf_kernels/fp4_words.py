@@ -17,9 +17,19 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BIT_POSITIONS", "PLACED", "checkpoint_words", "gemm_words"]
+__all__ = [
+    "BIT_POSITIONS",
+    "PAIR3_MASKS",
+    "PAIR3_SHIFTS",
+    "PAIR_ROTATIONS",
+    "PLACED",
+    "PLACED_MASK",
+    "checkpoint_words",
+    "gemm_words",
+]
 
 PLACED = (6, 7, 8, 15)  # where a bf16 (low half) keeps E2M1's mantissa, exponent low / high bit, sign
+PLACED_MASK = sum(1 << b for b in PLACED) * 0x10001  # both halves of a bf16 pair: 0x81C081C0
 
 
 def _moved(dest: tuple[int, ...], left: int) -> tuple[int, ...]:
@@ -31,10 +41,20 @@ def _pair(left: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return _moved(PLACED, left), _moved(tuple(d + 16 for d in PLACED), left)
 
 
-# pairs 0-2: the word rotated left by 0, 4 and 10 bits, then masked; pair 3: mantissa, exponent low and
-# sign from the word shifted left by 6, exponent high from the word shifted right by 2
-_PAIR3_LO = (0, 1, 10, 9)
-BIT_POSITIONS = (*_pair(0), *_pair(4), *_pair(10), _PAIR3_LO, tuple(b + 16 for b in _PAIR3_LO))
+# pairs 0-2: the word rotated left by these bits, then masked with PLACED_MASK
+PAIR_ROTATIONS = (0, 4, 10)
+# pair 3: mantissa, exponent low and sign from the word shifted left by 6, exponent high from the word
+# shifted right by 2; the masks of what each shift contributes
+PAIR3_SHIFTS = (6, 2)
+_LEFT_SHIFTED = (True, True, False, True)  # which of (mantissa, exponent low, exponent high, sign)
+PAIR3_MASKS = tuple(
+    sum(1 << b for b, by_left in zip(PLACED, _LEFT_SHIFTED, strict=True) if by_left == left) * 0x10001
+    for left in (True, False)
+)  # (0x80C080C0, 0x01000100)
+_PAIR3_LO = tuple(
+    d - PAIR3_SHIFTS[0] if left else d + PAIR3_SHIFTS[1] for d, left in zip(PLACED, _LEFT_SHIFTED, strict=True)
+)
+BIT_POSITIONS = (*(b for r in PAIR_ROTATIONS for b in _pair(r)), _PAIR3_LO, tuple(b + 16 for b in _PAIR3_LO))
 assert sorted(b for w in BIT_POSITIONS for b in w) == list(range(32)), "the layout must be a bijection"
 _CHUNK_WORDS = 1 << 24  # words per pass (64 MiB): bounds the temporaries on large expert stacks
 
