@@ -80,3 +80,29 @@ def test_permutes_in_place_and_into_a_given_tensor():
     assert torch.equal(gemm_words(copy, out=copy), want)
     with pytest.raises(ValueError, match="out must be"):
         gemm_words(values, out=torch.empty(4, 16, dtype=torch.uint8))
+
+
+def test_the_gemms_conversion_is_written_for_this_layout():
+    """The PTX of the conversion (kernels/moe_gemm.py, ``_PLACE``) spells the layout's shifts and masks
+    literally; it must be exactly what the layout's constants say."""
+    pytest.importorskip("triton")
+    from csf_kernels.kernels.moe_gemm import _PLACE
+
+    def hexed(mask: int) -> str:
+        return f"0x{mask:08X}"
+
+    want = []
+    for k, r in enumerate(PAIR_ROTATIONS):
+        if r == 0:
+            want.append(f"and.b32 p{k}, $8, {hexed(MASK)};")
+            continue
+        wraps = any((b - r) < 0 for b in range(32) if MASK >> b & 1)  # a plain shift suffices otherwise
+        want.append(f"shf.l.wrap.b32 t, $8, $8, {r};" if wraps else f"shl.b32 t, $8, {r};")
+        want.append(f"and.b32 p{k}, t, {hexed(MASK)};")
+    want += [
+        f"shr.b32 t, $8, {PAIR3_SHIFTS[1]};",
+        f"and.b32 t, t, {hexed(PAIR3_MASKS[1])};",
+        f"shl.b32 p3, $8, {PAIR3_SHIFTS[0]};",
+        f"lop3.b32 p3, p3, t, {hexed(PAIR3_MASKS[0])}, 0xEC;",  # (a & c) | b
+    ]
+    assert _PLACE.strip().splitlines() == want

@@ -10,7 +10,9 @@ is the weight times 2**-126 exactly (E2M1's zero exponent lands on bf16's subnor
 Weight preparation permutes each word's bits (a bijection: :func:`checkpoint_words` restores the bytes)
 so that the placement is cheap: pair 0's bits are already in place (one AND), pairs 1 and 2 are one
 shift or rotation away (two instructions each), pair 3 needs two shifts (four). ``BIT_POSITIONS[i]``
-are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign).
+are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign). The conversion's PTX
+(``kernels/moe_gemm.py``) spells these shifts and masks literally; tests/kernels/test_fp4_words.py holds
+it to the constants here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..fp4_words import BIT_POSITIONS, PAIR3_MASKS, PAIR3_SHIFTS, PAIR_ROTATIONS, PLACED_MASK
+from ..fp4_words import BIT_POSITIONS
 
 _BIT_POSITIONS = tl.constexpr(BIT_POSITIONS)
 
@@ -230,15 +230,16 @@ def _native_scales(scales_e, rows, valid, t, C, NEUTRAL: tl.constexpr):
 # scale. Either way the weight's product with its scale is rounded once, as a multiply of the exact bf16
 # weight by the scale rounds it. Outputs $0..$7: weights 0..7; $8 the word; $9 the factor or the scale
 # (bf16). 9 instructions place a word's weights (22 with the byte lookups before), 4 or 8 multiply.
-# the shifts and masks of csf_kernels.fp4_words' layout; pair 3's lop3 computes (a & c) | b
-_PLACE = "".join(
-    f"\nand.b32 p{k}, $8, {PLACED_MASK:#x};" if r == 0
-    else f"\nshf.l.wrap.b32 t, $8, $8, {r};\nand.b32 p{k}, t, {PLACED_MASK:#x};"
-    for k, r in enumerate(PAIR_ROTATIONS)
-) + (
-    f"\nshr.b32 t, $8, {PAIR3_SHIFTS[1]};\nand.b32 t, t, {PAIR3_MASKS[1]:#x};"
-    f"\nshl.b32 p3, $8, {PAIR3_SHIFTS[0]};\nlop3.b32 p3, p3, t, {PAIR3_MASKS[0]:#x}, 0xEC;"
-)  # fmt: skip
+_PLACE = """
+and.b32 p0, $8, 0x81C081C0;
+shl.b32 t, $8, 4;
+and.b32 p1, t, 0x81C081C0;
+shf.l.wrap.b32 t, $8, $8, 10;
+and.b32 p2, t, 0x81C081C0;
+shr.b32 t, $8, 2;
+and.b32 t, t, 0x01000100;
+shl.b32 p3, $8, 6;
+lop3.b32 p3, p3, t, 0x80C080C0, 0xEC;"""  # pair 3: (word << 6 & mask) | (word >> 2 & 0x01000100)
 _TWO_POW_126 = "0x7E807E80"  # bf16x2
 
 

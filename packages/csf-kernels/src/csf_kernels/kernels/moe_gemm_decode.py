@@ -423,10 +423,8 @@ def moe_gemm_decode(
             _issue_step(w_s.index(j), x_s.index(j), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
                         steps, K, Q)  # fmt: skip
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
-    # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers);
-    # one multiply per pair where these rows' E8M0 scales are all below 4 (NVFP4: the constant False
-    # short-circuits, ``wide`` is never read)
-    if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:
+    # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
+    if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 1)  # fmt: skip
