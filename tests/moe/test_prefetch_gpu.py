@@ -25,7 +25,8 @@ HOLD_CYCLES = 20_000_000  # ~10 ms of the side stream's time before each prefetc
 @pytest.fixture(scope="module")
 def stack():
     geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")
-    p = plan(geo, MAX_TOKENS, scale_source="inline")
+    # records read in the GEMM at one token (the default expands at every count): a bucket that does not expand
+    p = plan(geo, MAX_TOKENS, scale_source="inline", inline_token_limit=1)
     scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")  # shared, as the engines do
     layers = [bind(p, prepare_weights(p, **synthetic_layer(geo, seed=SEED + i, device="cuda").weight_kwargs()), scratch)
               for i in range(LAYERS)]  # fmt: skip
