@@ -15,6 +15,7 @@ from csf_codec import InlineScales, ScaleFormat
 
 from .moe_specs import (
     COMBINE_COLUMNS,
+    DECODE,
     FINISH_COLUMNS,
     SCATTER_CHUNK,
     GemmConfig,
@@ -128,7 +129,7 @@ class GemmOperand:
     wide_tiles: torch.Tensor | None = None
 
 
-WIDE_TILE_ROWS = 64  # the decode GEMM's rows per program
+WIDE_TILE_ROWS = DECODE.bn  # the decode GEMM's rows per program (GemmConfig holds every gluon config to it)
 
 
 def wide_row_tiles(plane: torch.Tensor) -> torch.Tensor:

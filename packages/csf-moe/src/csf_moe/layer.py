@@ -17,14 +17,14 @@ nothing, given ``out``), and CUDA graphs capture it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
-from csf_kernels.moe import GemmOperand, align_launches, combine_launch, fc1_finish_launch, gemm_launch
+from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.runtime import Launch, aligned
 
@@ -176,10 +176,8 @@ class MoELayer:
                 fork = (start, split, len(launches))
             else:
                 w13_plane, w2_plane = scale_planes
-            w13 = GemmOperand(values=w13.values, scales=w13_plane, global_scale=w13.global_scale, bias=w13.bias,
-                              wide_tiles=w13.wide_tiles)  # fmt: skip
-            w2 = GemmOperand(values=w2.values, scales=w2_plane, global_scale=w2.global_scale, bias=w2.bias,
-                             wide_tiles=w2.wide_tiles)  # fmt: skip
+            # the same operands, their scales read from the expanded planes
+            w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
         inter = self.intermediate[: pairs * geo.intermediate].view(pairs, geo.intermediate)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
         common = dict(

@@ -179,7 +179,7 @@ def prepare_weights(
     # copy the results out of the pool, drop every pool tensor, then release the pool
     owned = _own_all((*planes, *wide))
     planes, (wide13, wide2) = owned[:2], owned[2:] or (None, None)
-    wide = None
+    del wide
     pool.release()
     native = plan.scale_source == "native"
     return MoEWeights(
