@@ -53,11 +53,13 @@ def main() -> None:
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
-                    "BM:SPLIT_TARGET[:REGISTER_CAP], comma-separated (e.g. 8:528,16:1056:64)")  # fmt: skip
+                    "BM:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]], comma-separated (e.g. 8:528,16:1056:64); "
+                    "a cap of 0 leaves ptxas its choice")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
                     "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
-    ap.add_argument("--sources", default="native,inline")
+    ap.add_argument("--sources", default="native,inline", help="scale sources: native, inline (as planned: "
+                    "expanded) and inline_records (the GEMM reading tile records at every token count)")  # fmt: skip
     ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
     runtime.unfreeze()
@@ -78,8 +80,10 @@ def main() -> None:
         if kind == "decode" and a.decode_variants:
             variants = []
             for v in a.decode_variants.split(","):
-                bm, target, *cap = (int(f) for f in v.split(":"))
-                cfg = dataclasses.replace(DECODE, bm=bm, max_registers=cap[0] if cap else DECODE.max_registers)
+                bm, target, *caps = (int(f) for f in v.split(":"))
+                native_cap, inline_cap = (*caps, DECODE.max_registers, DECODE.inline_max_registers)[:2]
+                cfg = dataclasses.replace(DECODE, bm=bm, max_registers=native_cap or None,
+                                          inline_max_registers=inline_cap or None)  # fmt: skip
                 variants.append((cfg, target))
         if kind == "decode" and a.word_stages:
             variants = []
@@ -96,7 +100,9 @@ def main() -> None:
             )
             for source in a.sources.split(","):
                 kw = {"decode_config": None if a.word_stages else cfg} if kind == "decode" else {"prefill_config": cfg}
-                p = plan(geo, max(tokens), scale_source=source, buckets=tokens,
+                if source == "inline_records":
+                    kw["inline_token_limit"] = max(tokens)
+                p = plan(geo, max(tokens), scale_source=source.removesuffix("_records"), buckets=tokens,
                          decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
                 layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
                              torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
@@ -113,8 +119,8 @@ def main() -> None:
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
                                  "tokens": t, "median_s": med, "equal_to_first_variant": equal})  # fmt: skip
                     print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
-                          f"st{cfg.word_stages}a{int(cfg.ahead)} r{cfg.max_registers} "
-                          f"target{target} {source:6s} T={t:5d} {med * 1e6:9.1f} us{'' if equal else ' MISMATCH'}",
+                          f"st{cfg.word_stages}a{int(cfg.ahead)} r{cfg.max_registers}/{cfg.inline_max_registers} "
+                          f"target{target} {source:14s} T={t:5d} {med * 1e6:9.1f} us{'' if equal else ' MISMATCH'}",
                           flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,

@@ -101,10 +101,11 @@ class GemmConfig:
     engine: str = "triton"
     # gluon only: operands of this many K steps in flight through shared memory (1: each step's loaded into
     # registers as it comes), whether a step's scale bytes are loaded one step early (native scales only),
-    # and ptxas's register cap for native-scale programs (None: its own choice)
+    # and ptxas's register caps for native-scale and inline-record programs (None: its own choice)
     word_stages: int = 1
     ahead: bool = False
     max_registers: int | None = None
+    inline_max_registers: int | None = None
 
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
@@ -115,10 +116,15 @@ class GemmConfig:
             raise ValueError(
                 "the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps, without prefetch"
             )
+        caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
-            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or self.max_registers is not None)
+            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
         ):
-            raise ValueError("word_stages (>= 1), ahead and max_registers configure the gluon decode GEMM only")
+            raise ValueError("word_stages (>= 1), ahead and register caps configure the gluon decode GEMM only")
+
+    def register_cap(self, source: str) -> int | None:
+        """ptxas's register cap for this config's programs reading scales from ``source``."""
+        return self.max_registers if source == "native" else self.inline_max_registers
 
     def tiled_rows(self, n_out: int, fc1: bool) -> int:
         """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
@@ -265,7 +271,7 @@ def gemm_spec(
             STAGES=config.word_stages,
             AHEAD=int(config.ahead and source == "native"),
             num_warps=config.num_warps,
-            **({"maxnreg": config.max_registers} if config.max_registers and source == "native" else {}),
+            **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
     return ProgramSpec.of(
         MOE_GEMM.kernel,
