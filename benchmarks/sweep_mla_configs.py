@@ -74,10 +74,12 @@ def _shapes(text: str) -> list[tuple[int, int, int]]:
 SHAPES = [(128, 128, 2), (32, 16, 1), (128, 16, 1), (32, 32, 1), (128, 32, 1), (128, 64, 1)]  # (batch, heads, rows)
 
 
-def time_config(config: DecodeConfig, heads: int, inputs, want, reps: int, flush) -> dict:
+def time_config(config: DecodeConfig, heads: int, inputs, want, reps: int, flush, direct: bool = True) -> dict:
+    """``direct``: single-split calls finished by the decode program where it can (the plan's default);
+    False: every call's splits merged by the merge program."""
     q, kv, indices, lengths = inputs
     rows, sm_scale = q.shape[0], 1.0 / HEAD_DIM**0.5
-    p = plan(MLACaps(heads=heads, max_rows=rows, topk=TOPK), config)
+    p = plan(MLACaps(heads=heads, max_rows=rows, topk=TOPK, direct_single_split=direct), config)
     dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
     out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
     times = replay_times(capture(lambda: dec.run_decode(q, kv, indices, lengths, sm_scale, out=out)), reps, flush)
@@ -93,6 +95,8 @@ def main() -> None:
     ap.add_argument("--catalog", action="store_true", help="only the catalog's config for each head count")
     ap.add_argument("--label", default="", help="a name for this arm, kept in the JSON")
     ap.add_argument("--shapes", type=_shapes, default=SHAPES, help="batch x heads x rows,... e.g. 32x16x1")
+    ap.add_argument("--finish", default="direct", help="direct (single splits finished by the decode where it "
+                    "can), merged (always merged), or both: direct,merged")  # fmt: skip
     a = ap.parse_args()
     runtime.unfreeze()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -102,13 +106,14 @@ def main() -> None:
         inputs = _inputs(batch, heads, s_q, gen)
         q, kv, indices, lengths = inputs
         want, _ = sparse_mla_reference(q[:4], kv, indices[:4], lengths[:4], 1.0 / HEAD_DIM**0.5)
-        for config in [decode_config(heads)] if a.catalog else a.configs:
+        arms = [(c, f) for c in ([decode_config(heads)] if a.catalog else a.configs) for f in a.finish.split(",")]
+        for config, finish in arms:
             if heads % config.head_block:
                 continue
-            row = {"arm": a.label, "batch": batch, "heads": heads, "query_rows_per_element": s_q}
+            row = {"arm": a.label, "batch": batch, "heads": heads, "query_rows_per_element": s_q, "finish": finish}
             row["config"] = vars(config)
             try:
-                row.update(time_config(config, heads, inputs, want, a.reps, flush))
+                row.update(time_config(config, heads, inputs, want, a.reps, flush, direct=finish == "direct"))
             except Exception as exc:  # a config that does not compile or launch is a result too
                 row.update(error=f"{type(exc).__name__}: {exc}"[:500])
             print(json.dumps({k: v for k, v in row.items() if k != "samples_s"}), flush=True)

@@ -51,9 +51,23 @@ def test_the_wgmma_program_builds_for_16_heads():
     assert art.launch["block"] == [256, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
 
 
-@pytest.mark.parametrize("heads", [16, 32])
-def test_gluon_programs_do_not_finish_outputs_directly(heads):
-    config = decode_config(heads)
-    assert not config.finishes_directly
+def test_the_mma_sync_program_does_not_finish_outputs_directly():
+    config = decode_config(16)
+    assert config.engine == "gluon" and not config.finishes_directly
     with pytest.raises(ValueError, match="does not finish outputs directly"):
         decode_spec(config, "float32", "bf16", direct=True)
+
+
+def test_the_wgmma_program_finishes_single_splits_with_every_option():
+    config = decode_config(32)
+    assert config.engine == "wgmma" and config.finishes_directly
+    split = decode_spec(config, "bfloat16", "bf16")
+    facts = {k: split.fact[k] for k in ("DIRECT", "PARTIAL_BF16", "HAS_SINK", "WRITE_LSE")}
+    assert facts == {"DIRECT": 0, "PARTIAL_BF16": 1, "HAS_SINK": 0, "WRITE_LSE": 0}
+    for sink in (False, True):
+        for lse in (False, True):
+            direct = decode_spec(config, "bfloat16", "packed", direct=True, sink=sink, lse=lse)
+            assert direct.fact["DIRECT"] == 1 and direct.fact["PARTIAL_BF16"] == 0  # no partials to type
+            assert (direct.fact["HAS_SINK"], direct.fact["WRITE_LSE"]) == (int(sink), int(lse))
+    art = compile_triton(decode_spec(config, "float32", "bf16", direct=True, sink=True, lse=True))
+    assert art.launch["block"] == [256, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM

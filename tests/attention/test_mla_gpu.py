@@ -93,6 +93,23 @@ def test_splits_agree_with_one_split_and_a_late_maximum_is_rescaled():
     assert rel_err(got[0][:, 0], want[0][:, 0]) < REL_TOL, f"seed {SEED}: late maximum"
 
 
+@pytest.mark.parametrize("heads", [h for h in CATALOG["heads"] if plan(MLACaps(heads=h, max_rows=1, topk=512)).direct])
+def test_a_single_split_finished_in_the_decode_gives_the_merged_bits(heads):
+    """One split per row (sm_count 1): the decode program finishes the output, sink and lse itself; the same
+    call merged by the merge program (float32 partials) must give the same bits."""
+    gen = torch.Generator().manual_seed(SEED)
+    x = mla_inputs(gen, rows=5, heads=heads, topk=512, pages=32, lengths=[512, 300, 64, 1, 0], device="cuda")
+    sink = torch.randn(heads, generator=gen).cuda()
+    caps = MLACaps(heads=heads, max_rows=5, topk=512, sm_count=1)
+    direct, merged = _decoder(caps), _decoder(MLACaps(**{**vars(caps), "direct_single_split": False}))
+    assert direct.plan.splits_for(5) == 1 and direct.plan.direct and not merged.plan.direct
+    for attn_sink in (None, sink):
+        got, want = _poisoned(direct, x, attn_sink), _poisoned(merged, x, attn_sink)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {SEED} h={heads} sink"
+        ref = sparse_mla_reference(x.q, x.kv_cache, x.indices, x.lengths, x.sm_scale, attn_sink)
+        _check(got, ref, f"direct h={heads}")
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_a_packed_query_gives_the_bits_of_the_same_query_quantized_in_kernel(heads):
     gen = torch.Generator().manual_seed(SEED)

@@ -46,14 +46,25 @@ def test_scratch_holds_the_partials_of_every_row_count():
 
 
 def test_a_program_that_cannot_finish_outputs_has_every_split_merged():
-    caps = MLACaps(heads=32, max_rows=200, topk=2048)  # 1 split from 132 rows on (one head block, waves 1)
+    caps = MLACaps(heads=16, max_rows=300, topk=2048)  # 1 split from 265 rows on (one head block, waves 2)
     p = plan(caps)
-    assert p.config.engine == "wgmma" and p.splits_for(200) == 1
+    assert p.config.engine == "gluon" and p.splits_for(300) == 1
     assert not p.direct and caps.direct_single_split  # asked for, not offered: merged instead
-    assert p.scratch.slots == max(r * p.splits_for(r) for r in range(1, 201)) == 200  # the 200-row call
+    assert p.scratch.slots == max(r * p.splits_for(r) for r in range(1, 301)) == 300  # the 300-row call
     assert not any(spec.fact.get("DIRECT") for spec in p.programs)
-    triton = plan(caps, triton_decode_config(32))
+    triton = plan(caps, triton_decode_config(16))
     assert triton.direct and triton.scratch.slots < p.scratch.slots
+
+
+def test_the_wgmma_program_finishes_single_splits_itself():
+    caps = MLACaps(heads=32, max_rows=200, topk=2048)  # 1 split from 133 rows on (one head block, waves 1)
+    p = plan(caps)
+    assert p.config.engine == "wgmma" and p.splits_for(200) == 1 and p.direct
+    assert p.scratch.slots == max(r * p.splits_for(r) for r in range(1, 201) if p.splits_for(r) > 1) == 132
+    direct = [spec for spec in p.programs if spec.fact.get("DIRECT")]
+    assert len(direct) == 8  # two query forms x (sink, lse) options
+    merged = plan(replace(caps, direct_single_split=False))
+    assert not merged.direct and merged.scratch.slots == 200
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ class DecodeConfig:
     "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
     stages of its own; split programs only, the merge finishes them); "wgmma": kernels/mla_decode_wgmma.py
     (16 or 32 heads; ``num_warps`` 4 is one of its two warpgroups, the other a warp-specialized worker;
-    products transposed on wgmma; split programs only)."""
+    products transposed on wgmma; a single split's output finished in the program, as the Triton one)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -107,7 +107,7 @@ class DecodeConfig:
     @property
     def finishes_directly(self) -> bool:
         """Whether a single-split call's decode program can write the finished output (no merge)."""
-        return self.engine == "triton"
+        return self.engine in ("triton", "wgmma")
 
 
 # Chosen on the H200 by benchmarks/sweep_mla_configs.py (run 19, validation/README.md): the time per
@@ -128,7 +128,7 @@ _TRITON_BY_HEAD_BLOCK = {
 # The Gluon programs (side by side, runs 104-110): the two-warpgroup wgmma program for 32-head blocks
 # (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one at 32 heads, and as two or
 # four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
-# though its splits are always merged (partials for every row in the scratch); at 16 heads the 4-warp
+# (since run 161 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
 # mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
 # batch 32 (37.6 vs 33-34). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
@@ -172,16 +172,22 @@ def decode_spec(
         raise ValueError(f"partial_dtype must be one of {PARTIAL_DTYPES}, got {partial_dtype!r}")
     if query not in QUERY_MODES:
         raise ValueError(f"query must be one of {tuple(QUERY_MODES)}, got {query!r}")
+    if direct and not config.finishes_directly:
+        raise ValueError(f"{config} does not finish outputs directly: its splits are merged")
     if config.engine in _GLUON_FAMILIES:
-        if direct:
-            raise ValueError(f"{config} does not finish outputs directly: its splits are merged")
         family = _GLUON_FAMILIES[config.engine]
+        finishing = (
+            {"DIRECT": int(direct), "HAS_SINK": int(direct and sink), "WRITE_LSE": int(direct and lse)}
+            if config.finishes_directly
+            else {}
+        )
         return ProgramSpec.of(
             family.kernel,
             family.version,
             BH=config.head_block,
-            PARTIAL_BF16=int(partial_dtype == "bfloat16"),
+            PARTIAL_BF16=int(partial_dtype == "bfloat16" and not direct),
             Q_MODE=QUERY_MODES[query],
+            **finishing,
             num_warps=config.num_warps,
         )
     return ProgramSpec.of(

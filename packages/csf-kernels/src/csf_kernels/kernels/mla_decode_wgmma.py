@@ -1,7 +1,7 @@
 """Gluon: sparse MLA decode on ``wgmma`` in two warpgroups, keys and values as register operands, the query
 in shared memory.
 
-Same job, arguments and partials as ``mla_decode`` (split programs only: ``mla_merge`` finishes them). One
+Same job, arguments and partials as ``mla_decode`` (``mla_merge`` finishes split calls; see ``DIRECT``). One
 program takes one query row, ``BH`` heads (16 or 32) and one split's 64-candidate chunks (the balanced policy
 of ``mla_decode``). The products are computed transposed, candidates and output columns along the MMA's M (64
 rows per warpgroup instruction, so 16 or 32 heads need no padding) and heads along N. Two warpgroups
@@ -27,6 +27,10 @@ converted once per program and each warpgroup holds only its half of the output:
 * every relabelling is a register permute + reshape that ``convert_layout(..., assert_trivial=True)`` proves
   moves no data; the columns are put back in order when the partial is stored.
 
+With one split per row (``DIRECT``) the program finishes the output itself, as ``mla_merge`` would finish that
+one split (the same float32 operations in the same order, ``_direct_group``): the merged call's bits without
+the partials' round trip and the merge's launch.
+
 Query modes (and their quantization), online softmax and skipped candidates as ``mla_decode_mma``, whose
 helpers this program shares (a warpgroup stages its half of the query; mode 0 takes its exponent from the
 whole row's absmax, so both halves scale alike).
@@ -46,7 +50,6 @@ from .mla_decode_mma import (
     ROPE,
     ROPE_AT,
     SCALE_AT,
-    SIGNATURE,
     STAGES,
     _copy_layout,
     _finish,
@@ -62,9 +65,15 @@ from .mla_decode_mma import (
     _softmax_step,
     _unit,
 )
+from .mla_decode_mma import SIGNATURE as _MMA_SIGNATURE
 
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
 
+SIGNATURE = _MMA_SIGNATURE | {
+    "DIRECT": "constexpr",  # one split: finish the output here as mla_merge would, no partials
+    "HAS_SINK": "constexpr",  # (DIRECT)
+    "WRITE_LSE": "constexpr",  # (DIRECT)
+}
 MULTIPLE_OF = {"heads": 16, "topk": 64}
 HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2H and 2H + 1
 ROPE_HALF: gl.constexpr = gl.constexpr(ROPE // 2)  # rope elements per warpgroup
@@ -242,9 +251,27 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 
 
 @gluon.jit
-def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-               lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
-               BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, H: gl.constexpr):  # fmt: skip
+def _direct_group(acc, unit, den_safe, w, total, out, at_head, g: gl.constexpr):
+    """Group ``g``'s finished output [BH, 128] bf16: the float32 partial ``_store_group`` would store, weighted
+    and divided as ``mla_merge`` finishes a single split (csf_kernels.kernels.mla_finish: ``weighted``, then
+    ``finished``)."""
+    OL: gl.constexpr = _rows_layout(4, 4)
+    o = _stored_order(acc * gl.expand_dims(unit / den_safe, 0))
+    o = gl.convert_layout(gl.permute(o, [1, 0]), OL)
+    w = gl.expand_dims(gl.convert_layout(w, gl.SliceLayout(1, OL)), 1)
+    total = gl.expand_dims(gl.convert_layout(total, gl.SliceLayout(1, OL)), 1)
+    num = gl.where(w > 0, w * o, 0.0)
+    res = gl.where(total > 0, num / gl.where(total > 0, total, 1.0), 0.0)
+    col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
+    at = gl.expand_dims(gl.convert_layout(at_head, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
+    gl.store(out + at, res.to(gl.bfloat16))
+
+
+@gluon.jit
+def _warpgroup(q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads,
+               topk, splits, lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars,
+               BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr,
+               HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr, H: gl.constexpr):  # fmt: skip
     """Warpgroup ``H``'s share of a program: latent groups 2H and 2H + 1 and half the rope of every
     chunk. The two partial scores meet through shared memory once per chunk (``x_s``, two buffers by chunk
     parity, an mbarrier per warpgroup and buffer); both add them in the same commuted order, so both see the
@@ -327,20 +354,37 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale,
     lse, den_safe = _finish(m, den, 0)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
-    if H == 0:
-        gl.store(part_lse + slot, lse)
-    at_head = slot * LATENT
-    _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
-    _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
+    if DIRECT:  # the merge of this one split (mla_finish's steps: reference_max, split_weight, keys_lse)
+        m_all = lse
+        if HAS_SINK:
+            sink = gl.load(attn_sink + h)
+            m_all = gl.maximum(m_all, sink)
+        m_fin = gl.where(m_all == float("-inf"), 0.0, m_all)
+        w = gl.exp(lse - m_fin)
+        total = w
+        if HAS_SINK:
+            total = w + gl.exp(sink - m_fin)
+        if WRITE_LSE and H == 0:
+            gl.store(lse_out + slot, gl.where(w > 0, m_fin + gl.log(gl.where(w > 0, w, 1.0)), float("-inf")))
+        _direct_group(acc0, unit0, den_safe, w, total, out, slot * LATENT, G0)
+        _direct_group(acc1, unit1, den_safe, w, total, out, slot * LATENT, G1)
+    else:
+        if H == 0:
+            gl.store(part_lse + slot, lse)
+        at_head = slot * LATENT
+        _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
+        _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
 
 
 @gluon.jit
 def mla_decode_wgmma(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr,
+    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
     gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
+    gl.static_assert(DIRECT == 1 or (HAS_SINK == 0 and WRITE_LSE == 0), "the sink and lse are the finisher's")
     sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -364,8 +408,10 @@ def mla_decode_wgmma(
         mbarrier.init(bars.index(b), count=1)
     # (each partition's arguments written out: a concatenated tuple would lose the constexprs)
     gl.warp_specialize([
-        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 0)),
-        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, num_slots, sm_scale, heads, topk, splits,
-                      lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16, Q_MODE, 1)),
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale,
+                      heads, topk, splits, lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16,
+                      Q_MODE, DIRECT, HAS_SINK, WRITE_LSE, 0)),
+        (_warpgroup, (q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale,
+                      heads, topk, splits, lat_s, rope_s, sc_s, q_s, qr_s, qf_s, p_s, x_s, bars, BH, PARTIAL_BF16,
+                      Q_MODE, DIRECT, HAS_SINK, WRITE_LSE, 1)),
     ], [4], [248])  # fmt: skip

@@ -52,8 +52,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
-EXC_AHEAD = gl.constexpr(4)  # inline exception entries of a tile loaded a step ahead (``_inline_exceptions``)
-EXC_UNROLL = gl.constexpr(4)  # further entries loaded per round, when the step comes
+EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
 
 
 # ------------------------------------------------------------------------------------------- layouts
@@ -218,55 +217,25 @@ def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAI
     is_raw = mode == 3
     wi = (slot * tcx * gl.where(is_raw, 1, 1 << mode)) >> 5
     lo = gl.load(rec32 + wi, mask=valid & ~is_raw, other=0)
-    # a full tile's 4w bits per row never cross a word (4w divides 32): only tail tiles read a second word
-    hi = gl.load(rec32 + wi + 1, mask=valid & ~is_raw & (t >= full_tiles) & (wi + 1 < sbytes // 4 - 1), other=0)
+    hi = gl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
     return lo, hi
-
-
-@gluon.jit
-def _inline_exceptions(records, tail, rb, t, h, steps, full_tiles, S, S_TAIL, TC):
-    """Tile ``t``'s first ``EXC_AHEAD`` exception entries (header ``h``) as ``position | value << 16``, -1 where
-    there is none (its low half, 0xFFFF, names no position): loaded a step ahead of the decode, so a tile whose
-    exceptions all fit here waits on no load when it is decoded."""
-    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
-    mode = h & 3
-    count = gl.where((mode == 3) | (t >= steps), 0, (h >> 2) & 63)
-    sb = 16 * gl.where(t >= full_tiles, TC, 4) * (1 << mode)
-    cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
-    positions = (rec + sb).to(gl.pointer_type(gl.int16))
-    e0 = _exception(positions, rec + sb + 2 * cap, 0, count)
-    e1 = _exception(positions, rec + sb + 2 * cap, 1, count)
-    e2 = _exception(positions, rec + sb + 2 * cap, 2, count)
-    e3 = _exception(positions, rec + sb + 2 * cap, 3, count)
-    return e0, e1, e2, e3
-
-
-@gluon.jit
-def _exception(positions, values, i, count):
-    """Exception entry ``i`` of a record as ``position | value << 16`` (-1 past ``count``)."""
-    ok = i < count
-    p = gl.load(positions + i, mask=ok, other=0).to(gl.int32) & 0xFFFF
-    v = gl.load(values + i, mask=ok, other=0).to(gl.int32)
-    return gl.where(ok, p | (v << 16), -1)
 
 
 @gluon.jit
 def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_TAIL, TC):
     """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode: the rows' selector words,
-    its first exception entries and step ``t + 1``'s header. Masked past the last step."""
+    and step ``t + 1``'s header. Masked past the last step."""
     lo, hi = _inline_selectors(records, tail, rb, slot, valid & (t < steps), t, h, full_tiles, S, S_TAIL, TC)
-    e0, e1, e2, e3 = _inline_exceptions(records, tail, rb, t, h, steps, full_tiles, S, S_TAIL, TC)
-    return lo, hi, e0, e1, e2, e3, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
+    return lo, hi, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
 
 
 @gluon.jit
 def _inline_scales(
-    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, e0, e1, e2, e3, full_tiles, C, S, S_TAIL,
-    TC, NEUTRAL: gl.constexpr,
+    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
+    NEUTRAL: gl.constexpr,
 ):  # fmt: skip
     """Scale bytes [64, 4] (columns ``c`` [1, 4]) of column tile ``t`` for rows (slot, base) of row block
-    ``rb``, decoded from the tile's record: header ``h``, the rows' selector words ``lo``, ``hi`` and the first
-    exception entries ``e0`` .. ``e3`` (``_inline_exceptions``)."""
+    ``rb``, decoded from the tile's record: header ``h`` and the rows' selector words ``lo``, ``hi``."""
     is_tail = t >= full_tiles
     tcx = gl.where(is_tail, TC, 4)
     rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
@@ -285,16 +254,12 @@ def _inline_scales(
         raw_base = gl.where(is_tail, tail_raw, raw)
         rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + pos_here, mask=live, other=0)
         val = rv.to(gl.int32)
-    else:  # exceptions: ascending (position, value) pairs after the selectors, the first EXC_AHEAD preloaded
-        val = gl.where(pos_here == (e0 & 0xFFFF), e0 >> 16, val)
-        val = gl.where(pos_here == (e1 & 0xFFFF), e1 >> 16, val)
-        val = gl.where(pos_here == (e2 & 0xFFFF), e2 >> 16, val)
-        val = gl.where(pos_here == (e3 & 0xFFFF), e3 >> 16, val)
+    else:  # exceptions: ascending (position, value) pairs after the selectors
         count = (h >> 2) & 63
         sb = 16 * tcx * w
         cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
         positions = (rec + sb).to(gl.pointer_type(gl.int16))  # u16 at an even offset of an aligned record
-        for i0 in range(EXC_AHEAD, count, EXC_UNROLL):
+        for i0 in range(0, count, EXC_UNROLL):
             for u in gl.static_range(EXC_UNROLL):
                 ok = i0 + u < count
                 p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
@@ -350,8 +315,8 @@ def _issue_step(w_stage, x_stage, w_e, rows, quad, q, valid, x, a_row_c, live_c,
 @gluon.jit
 def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
-    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, e0, e1, e2, e3,
-    h_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
+    FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
     MULS: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
@@ -381,11 +346,11 @@ def _k_steps(
         elif SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
         else:
-            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, e0, e1, e2, e3,
-                               full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h = h_next  # the next step's selectors and exceptions (its header is here) and the header after it
-            lo, hi, e0, e1, e2, e3, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps,
-                                                           full_tiles, S, S_TAIL, TC)  # fmt: skip
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
         acc = mma_v2(_operand(b, s, FMT, MULS), _activations(xt, FMT, BM), acc)
     return acc
 
@@ -440,11 +405,11 @@ def moe_gemm_decode(
     steps = gl.minimum(steps, t0 + steps_per_split)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
     # neither waits on a load when the step's scales are decoded (native: unused placeholders)
-    h, lo, hi, e0, e1, e2, e3, h_next = 0, rows, rows, 0, 0, 0, 0, 0
+    h, lo, hi, h_next = 0, rows, rows, 0
     if SRC == 1:
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
-        lo, hi, e0, e1, e2, e3, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
-                                                       S_TAIL, TC)  # fmt: skip
+        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
+                                             S_TAIL, TC)  # fmt: skip
     w_s, x_s, a_row_c, live_c, kc = 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
         w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
@@ -462,11 +427,11 @@ def moe_gemm_decode(
     if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, e0, e1, e2, e3, h_next, FMT, SRC, BM, STAGES, AHEAD, 1)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 1)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, e0, e1, e2, e3, h_next, FMT, SRC, BM, STAGES, AHEAD, 2)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 2)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
