@@ -21,6 +21,16 @@ def test_every_planned_program_is_built_by_the_catalog():
             assert not missing, f"{geo.name} {source}: {missing}"
 
 
+def test_calls_of_one_route_chunk_align_in_one_program():
+    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")  # top 6: 170 tokens fill a chunk
+    align = [(s.fact["SCATTER"], s.fact["IDS64"]) for s in plan(geo, 128).specs() if s.kernel == "moe.align_plan"]
+    assert sorted(set(align)) == [(1, 0), (1, 1)]  # every bucket's calls fit one chunk: no scatter program
+    assert not any(s.kernel == "moe.align_scatter" for s in plan(geo, 128).specs())
+    big = plan(geo, 512).specs()  # the 512-token bucket's calls of 171 and more tokens need the scatter
+    assert {s.fact["SCATTER"] for s in big if s.kernel == "moe.align_plan"} == {0, 1}
+    assert any(s.kernel == "moe.align_scatter" for s in big)
+
+
 def test_buckets_pick_tiles_and_expansion_by_token_count():
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
     p = plan(geo, 4096, scale_source="inline")

@@ -21,6 +21,7 @@ from .moe_specs import (
     GemmConfig,
     align_plan_spec,
     align_scatter_spec,
+    align_scatters_in_plan,
     combine_spec,
     fc1_finish_spec,
     gemm_spec,
@@ -81,10 +82,11 @@ def align_launches(
         raise ValueError(f"sorted_ids holds {sorted_ids.numel()} routes, {max_blocks} blocks of {bm} need more")
     if max_blocks < max_blocks_for(pairs, num_experts, bm):
         raise ValueError(f"{max_blocks} blocks cannot hold {pairs} routes over {num_experts} experts")
-    plan = align_plan_spec(num_experts, bm, ids64)
+    scatter_here = align_scatters_in_plan(pairs)
+    plan = align_plan_spec(num_experts, bm, ids64, scatter=scatter_here)
     if cursor.numel() < plan.fact["EP"]:
         raise ValueError(f"cursor needs {plan.fact['EP']} entries")
-    return [
+    launches = [
         Launch(
             plan,
             (1,),
@@ -100,12 +102,16 @@ def align_launches(
                 active_experts.numel(),
             ),
         ),
-        Launch(
-            align_scatter_spec(ids64),
-            (-(-pairs // SCATTER_CHUNK),),
-            (topk_ids, cursor, sorted_ids, pairs, num_experts),
-        ),
     ]
+    if not scatter_here:
+        launches.append(
+            Launch(
+                align_scatter_spec(ids64),
+                (-(-pairs // SCATTER_CHUNK),),
+                (topk_ids, cursor, sorted_ids, pairs, num_experts),
+            )
+        )
+    return launches
 
 
 def max_blocks_for(pairs: int, num_experts: int, bm: int) -> int:
@@ -288,7 +294,7 @@ def combine_launch(
         raise ValueError(f"combine: partials hold {part.numel()} values, {splits} x {t * k} x {h} needed")
     bias = fc2.bias if partial and fc2 is not None else None
     gscale = fc2.global_scale if partial and fc2 is not None else None
-    spec = combine_spec(ids64, partial=partial, bias=bias is not None, gscale=gscale is not None)
+    spec = combine_spec(ids64, top_k=k, partial=partial, bias=bias is not None, gscale=gscale is not None)
     args = (
         y, part if partial else ph, gscale if gscale is not None else ph, bias if bias is not None else ph,
         topk_ids, topk_weights, out, h, k, num_experts, splits, t * k,

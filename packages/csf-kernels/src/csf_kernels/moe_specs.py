@@ -30,6 +30,8 @@ __all__ = [
     "GemmConfig",
     "align_plan_spec",
     "align_scatter_spec",
+    "align_scatters_in_plan",
+    "combine_slots",
     "combine_spec",
     "decode_config_for",
     "experts_bins",
@@ -78,7 +80,7 @@ MOE_FC1_FINISH = TritonFamily(
 SCALE_SOURCES = {"native": 0, "inline": 1}
 ALIGN_CHUNK = 1024
 SCATTER_CHUNK = 256
-COMBINE_COLUMNS = 1024
+COMBINE_COLUMNS = 256  # a program's [TK slots, 256] float32 tile: 32 registers a thread at 16 slots
 FINISH_COLUMNS = 512
 # split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
 TARGET_PROGRAMS = 4 * 132
@@ -195,7 +197,9 @@ def experts_bins(num_experts: int) -> int:
     return p
 
 
-def align_plan_spec(num_experts: int, bm: int, ids64: bool) -> ProgramSpec:
+def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = False) -> ProgramSpec:
+    """The align plan program; ``scatter``: it also scatters the routes (calls of at most
+    ``ALIGN_CHUNK`` routes: :func:`align_scatters_in_plan`), so no scatter program runs."""
     return ProgramSpec.of(
         MOE_ALIGN_PLAN.kernel,
         MOE_ALIGN_PLAN.version,
@@ -203,8 +207,14 @@ def align_plan_spec(num_experts: int, bm: int, ids64: bool) -> ProgramSpec:
         EP=experts_bins(num_experts),
         BM=bm,
         CH=ALIGN_CHUNK,
+        SCATTER=int(scatter),
         num_warps=MOE_ALIGN_PLAN.num_warps,
     )
+
+
+def align_scatters_in_plan(pairs: int) -> bool:
+    """Whether a call of ``pairs`` routes is aligned by the plan program alone (one chunk of routes)."""
+    return pairs <= ALIGN_CHUNK
 
 
 def align_scatter_spec(ids64: bool) -> ProgramSpec:
@@ -225,7 +235,14 @@ def split_count(programs: int, k_steps: int) -> int:
     return -(-k_steps // per_split)  # no empty splits
 
 
-def combine_spec(ids64: bool, *, partial: bool = False, bias: bool = False, gscale: bool = False) -> ProgramSpec:
+def combine_slots(top_k: int) -> int:
+    """The combine program's slot tile for ``top_k`` slots per token: the next power of two."""
+    return 1 << max(0, top_k - 1).bit_length()
+
+
+def combine_spec(
+    ids64: bool, *, top_k: int, partial: bool = False, bias: bool = False, gscale: bool = False
+) -> ProgramSpec:
     return ProgramSpec.of(
         MOE_COMBINE.kernel,
         MOE_COMBINE.version,
@@ -234,6 +251,7 @@ def combine_spec(ids64: bool, *, partial: bool = False, bias: bool = False, gsca
         HAS_BIAS=int(partial and bias),
         HAS_GSCALE=int(partial and gscale),
         BH=COMBINE_COLUMNS,
+        TK=combine_slots(top_k),
         num_warps=MOE_COMBINE.num_warps,
     )
 
@@ -305,13 +323,14 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                     gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
                 )
         for ids64 in (False, True):
-            specs.append(align_plan_spec(geo.experts, config.bm, ids64))
+            for scatter in (False, True):
+                specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))
     gscale = geo.fmt.name == "nvfp4"
     for ids64 in (False, True):
         specs += [
             align_scatter_spec(ids64),
-            combine_spec(ids64),
-            combine_spec(ids64, partial=True, bias=geo.bias, gscale=gscale),
+            combine_spec(ids64, top_k=geo.top_k),
+            combine_spec(ids64, top_k=geo.top_k, partial=True, bias=geo.bias, gscale=gscale),
             fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale),
         ]
     return specs

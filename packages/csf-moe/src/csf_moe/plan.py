@@ -18,6 +18,7 @@ from csf_kernels.moe_specs import (
     GemmConfig,
     align_plan_spec,
     align_scatter_spec,
+    align_scatters_in_plan,
     combine_spec,
     decode_config_for,
     experts_bins,
@@ -111,11 +112,16 @@ class MoEPlan:
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
             for ids64 in (False, True):
-                for s in (align_plan_spec(g.experts, b.config.bm, ids64), align_scatter_spec(ids64)):
+                # a bucket's calls up to its size; those of one route chunk align in one program
+                sizes = {align_scatters_in_plan(b.tokens * g.top_k), align_scatters_in_plan(1)}
+                for s in [align_plan_spec(g.experts, b.config.bm, ids64, scatter=one) for one in sizes]:
+                    out[s.key] = s
+                if False in sizes:
+                    s = align_scatter_spec(ids64)
                     out[s.key] = s
                 gscale = g.fmt.name == "nvfp4"
                 for s in (
-                    combine_spec(ids64, partial=b.config.split_k, bias=g.bias, gscale=gscale),
+                    combine_spec(ids64, top_k=g.top_k, partial=b.config.split_k, bias=g.bias, gscale=gscale),
                     fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale),
                 ):
                     out[s.key] = s

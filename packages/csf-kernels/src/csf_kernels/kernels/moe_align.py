@@ -1,6 +1,8 @@
 """Triton: group a batch's (token, slot) routes by expert into blocks of ``BM`` routes.
 
-Two launches, both sized by the plan (graph-safe; nothing depends on a host-side count):
+Two launches, both sized by the plan (graph-safe; nothing depends on a host-side count), or one where
+every route fits one chunk (``SCATTER``: the plan program scatters them itself after a CTA barrier, which
+orders its cursor and sentinel stores before the atomics; a launch fewer at decode batch sizes):
 
 * ``moe_align_plan`` (one program): counts the routes of each expert, lays the experts' blocks out
   back to back (each expert's count rounded up to ``BM``), writes each block's expert, a cursor per
@@ -33,6 +35,7 @@ SIGNATURE_PLAN = {
     "EP": "constexpr",  # power of two > num_experts: bin EP - 1 collects invalid ids
     "BM": "constexpr",
     "CH": "constexpr",
+    "SCATTER": "constexpr",  # 1: pairs <= CH, the routes scattered here too (no moe_align_scatter launch)
 }
 
 SIGNATURE_SCATTER = {
@@ -76,6 +79,7 @@ def moe_align_plan(
     EP: tl.constexpr,
     BM: tl.constexpr,
     CH: tl.constexpr,
+    SCATTER: tl.constexpr,
 ):
     counts = tl.zeros([EP], dtype=tl.int32)
     for start in range(0, pairs, CH):
@@ -103,11 +107,19 @@ def moe_align_plan(
         offs = start + tl.arange(0, CH)
         tl.store(sorted_ids + offs, tl.full([CH], 0, tl.int32) + pairs, mask=offs < total * BM)
     tl.store(meta, total)
+    if SCATTER:  # every route in one chunk (the host checks pairs <= CH)
+        tl.debug_barrier()  # the cursors and sentinels above are stored before any route takes a slot
+        _scatter(topk_ids, cursor, sorted_ids, tl.arange(0, CH), pairs, num_experts, IDS64)
+
+
+@triton.jit
+def _scatter(topk_ids, cursor, sorted_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
+    """Routes ``offs`` take the next slot of their expert (an atomic add on its cursor)."""
+    e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
+    pos = tl.atomic_add(cursor + e, tl.full(offs.shape, 1, tl.int32), mask=valid)
+    tl.store(sorted_ids + pos, offs, mask=valid)
 
 
 @triton.jit
 def moe_align_scatter(topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr):
-    offs = tl.program_id(0) * CH + tl.arange(0, CH)
-    e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
-    pos = tl.atomic_add(cursor + e, tl.full([CH], 1, tl.int32), mask=valid)
-    tl.store(sorted_ids + pos, offs, mask=valid)
+    _scatter(topk_ids, cursor, sorted_ids, tl.program_id(0) * CH + tl.arange(0, CH), pairs, num_experts, IDS64)

@@ -1,0 +1,74 @@
+"""Per-kernel device times of one fused-MoE layer call (torch's profiler, CUPTI), after warm-up calls.
+
+    python3 benchmarks/kernel_times.py --model deepseek-v4.1-flash --tp 4 --tokens 1,8,32
+
+Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
+launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_moe import bind, plan, prepare_weights
+from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+
+def kernel_times(layer, x, ids, w, calls: int) -> dict[str, float]:
+    """Mean device microseconds per call of each kernel name over ``calls`` calls."""
+    for _ in range(3):
+        layer.run(x, ids, w)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            layer.run(x, ids, w)
+        torch.cuda.synchronize()
+    times: dict[str, float] = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            times[ev.name] += ev.device_time / calls
+    return dict(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="deepseek-v4.1-flash")
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--fmt", default="mxfp4")
+    ap.add_argument("--tokens", default="1,8,32")
+    ap.add_argument("--source", default="native", choices=("native", "inline"))
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    runtime.freeze()
+    geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    p = plan(geo, max(tokens), scale_source=a.source, buckets=tokens)
+    weights = prepare_weights(p, **synthetic_layer(geo, seed=1, device="cuda").weight_kwargs())
+    layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+    rows = []
+    for t in tokens:
+        x, ids, w = synthetic_routing(geo, t, torch.Generator(device="cuda").manual_seed(t))
+        times = kernel_times(layer, x, ids, w, a.calls)
+        rows.append({"tokens": t, "kernel_us": times, "total_us": sum(times.values())})
+        print(f"{geo.name} {a.source} T={t}: {sum(times.values()):.1f} us of kernels in {len(times)} kinds", flush=True)
+        for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+            print(f"  {us:8.1f}  {name[:90]}", flush=True)
+    if a.out:
+        doc = {"benchmark": "kernel_times", "provenance": provenance(), "geometry": geo.name, "rows": rows}
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

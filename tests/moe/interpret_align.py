@@ -1,0 +1,82 @@
+"""Route alignment in Triton's CPU interpreter (a subprocess entry point): the one-program form (routes
+scattered by the plan program, calls of at most one route chunk) groups routes as the two-program form does.
+
+Usage: python -m tests.moe.interpret_align SEED -> prints "ok <cases>" or exits non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from csf_kernels.moe import align_launches, max_blocks_for
+from csf_kernels.moe_specs import ALIGN_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
+from csf_kernels.runtime import Launch
+from tests.interpreter import run_launch
+
+
+def _scratch(pairs: int, experts: int, bm: int) -> dict[str, torch.Tensor]:
+    blocks = max_blocks_for(pairs, experts, bm)
+    poison = torch.iinfo(torch.int32).min  # nothing read may come from a previous call
+    return {
+        "cursor": torch.full((experts_bins(experts),), poison, dtype=torch.int32),
+        "block_expert": torch.full((blocks,), poison, dtype=torch.int32),
+        "active_experts": torch.full((experts,), poison, dtype=torch.int32),
+        "meta": torch.full((1,), poison, dtype=torch.int32),
+        "sorted_ids": torch.full((blocks * bm,), poison, dtype=torch.int32),
+    }
+
+
+def _two_programs(ids: torch.Tensor, experts: int, bm: int, s: dict) -> list[Launch]:
+    """The plan program without its scatter, then the scatter program (the form of calls above one chunk)."""
+    one = align_launches(ids, num_experts=experts, bm=bm, **s)[0]
+    ids64 = ids.dtype == torch.int64
+    plan = Launch(align_plan_spec(experts, bm, ids64, scatter=False), one.grid, one.args)
+    pairs = ids.numel()
+    return [plan, Launch(align_scatter_spec(ids64), (-(-pairs // 256),), (ids, s["cursor"], s["sorted_ids"], pairs,
+                                                                          experts))]  # fmt: skip
+
+
+def _groups(ids: torch.Tensor, experts: int, bm: int, s: dict) -> dict[str, object]:
+    blocks = int(s["meta"][0])
+    block_expert = s["block_expert"][:blocks]
+    routes = s["sorted_ids"][: blocks * bm].view(blocks, bm)
+    pairs = ids.numel()
+    flat = ids.reshape(-1).to(torch.int64)
+    for b in range(blocks):  # every route of a block is one of its expert's, the rest are the sentinel
+        live = routes[b][routes[b] != pairs].to(torch.int64)
+        assert bool((flat[live] == block_expert[b]).all()), (b, live)
+    return {
+        "blocks": blocks,
+        "block_expert": block_expert.tolist(),
+        "active": s["active_experts"].tolist(),
+        "cursor": s["cursor"][:experts].tolist(),
+        "routes": [sorted(r.tolist()) for r in routes],  # order within a block is the atomics'
+    }
+
+
+def main(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    cases = 0
+    for experts, k, tokens, bm in ((8, 3, 5, 16), (40, 6, 37, 8), (384, 8, ALIGN_CHUNK // 8, 16)):
+        for dtype in (torch.int32, torch.int64):
+            ids = torch.randint(-2, experts + 2, (tokens, k), generator=gen).to(dtype)  # padding ids too
+            pairs = ids.numel()
+            one, two = _scratch(pairs, experts, bm), _scratch(pairs, experts, bm)
+            launches = align_launches(ids, num_experts=experts, bm=bm, **one)
+            assert len(launches) == 1 and launches[0].spec.fact["SCATTER"] == 1, launches
+            for launch in launches:
+                run_launch(launch)
+            for launch in _two_programs(ids, experts, bm, two):
+                run_launch(launch)
+            got, want = _groups(ids, experts, bm, one), _groups(ids, experts, bm, two)
+            assert got == want, (experts, k, tokens, dtype)
+            valid = int(((ids >= 0) & (ids < experts)).sum())
+            assert sum(len([r for r in b if r != pairs]) for b in got["routes"]) == valid
+            cases += 1
+    print(f"ok {cases}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
