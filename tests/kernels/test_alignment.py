@@ -75,7 +75,7 @@ def test_compiled_programs_record_what_they_assume():
     from csf_kernels.aot.compile_triton import compile_triton
     from csf_kernels.moe_specs import combine_spec
 
-    art = compile_triton(combine_spec(False, top_k=8))
+    art = compile_triton(combine_spec(False, slots=8))
     multiples = art.launch["multiples"]
     pointers = [n for n, t in zip(art.launch["param_names"], art.launch["params"], strict=True) if t.startswith("*")]
     assert pointers and all(multiples[n] == ALIGNMENT for n in pointers)

@@ -128,7 +128,7 @@ _TRITON_BY_HEAD_BLOCK = {
 # The Gluon programs (side by side, runs 104-110): the two-warpgroup wgmma program for 32-head blocks
 # (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one at 32 heads, and as two or
 # four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
-# (since run 161 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
+# (since run 162 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
 # mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
 # batch 32 (37.6 vs 33-34). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {

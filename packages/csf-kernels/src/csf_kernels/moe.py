@@ -14,7 +14,6 @@ import torch
 from csf_codec import InlineScales, ScaleFormat
 
 from .moe_specs import (
-    COMBINE_COLUMNS,
     DECODE,
     FINISH_COLUMNS,
     SCATTER_CHUNK,
@@ -22,6 +21,8 @@ from .moe_specs import (
     align_plan_spec,
     align_scatter_spec,
     align_scatters_in_plan,
+    combine_columns,
+    combine_slots,
     combine_spec,
     fc1_finish_spec,
     gemm_spec,
@@ -294,12 +295,13 @@ def combine_launch(
         raise ValueError(f"combine: partials hold {part.numel()} values, {splits} x {t * k} x {h} needed")
     bias = fc2.bias if partial and fc2 is not None else None
     gscale = fc2.global_scale if partial and fc2 is not None else None
-    spec = combine_spec(ids64, top_k=k, partial=partial, bias=bias is not None, gscale=gscale is not None)
+    slots = combine_slots(t, k)
+    spec = combine_spec(ids64, slots=slots, partial=partial, bias=bias is not None, gscale=gscale is not None)
     args = (
         y, part if partial else ph, gscale if gscale is not None else ph, bias if bias is not None else ph,
         topk_ids, topk_weights, out, h, k, num_experts, splits, t * k,
     )  # fmt: skip
-    return Launch(spec, (t, -(-h // COMBINE_COLUMNS)), args)
+    return Launch(spec, (t, -(-h // combine_columns(slots))), args)
 
 
 def fc1_finish_launch(

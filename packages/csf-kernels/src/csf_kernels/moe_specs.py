@@ -31,6 +31,7 @@ __all__ = [
     "align_plan_spec",
     "align_scatter_spec",
     "align_scatters_in_plan",
+    "combine_columns",
     "combine_slots",
     "combine_spec",
     "decode_config_for",
@@ -80,7 +81,11 @@ MOE_FC1_FINISH = TritonFamily(
 SCALE_SOURCES = {"native": 0, "inline": 1}
 ALIGN_CHUNK = 1024
 SCATTER_CHUNK = 256
-COMBINE_COLUMNS = 256  # a program's [TK slots, 256] float32 tile: 32 registers a thread at 16 slots
+COMBINE_COLUMNS = 1024
+# calls of up to this many tokens combine a token's slots as one [TK, 256] tile (32 registers a thread at 16
+# slots); run 164: 2.0-3.5 us against 4.1-6.4 up to 32 tokens, 1.5-5x slower at 512
+COMBINE_TILE_TOKENS = 32
+COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
 # split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
 TARGET_PROGRAMS = 4 * 132
@@ -235,14 +240,21 @@ def split_count(programs: int, k_steps: int) -> int:
     return -(-k_steps // per_split)  # no empty splits
 
 
-def combine_slots(top_k: int) -> int:
-    """The combine program's slot tile for ``top_k`` slots per token: the next power of two."""
-    return 1 << max(0, top_k - 1).bit_length()
+def combine_slots(tokens: int, top_k: int) -> int:
+    """The combine program's slot tile for a call of ``tokens`` tokens: ``top_k`` padded to a power of two
+    up to ``COMBINE_TILE_TOKENS`` tokens, else 0 (slots walked in order; see kernels/moe_combine.py)."""
+    return 1 << max(0, top_k - 1).bit_length() if tokens <= COMBINE_TILE_TOKENS else 0
+
+
+def combine_columns(slots: int) -> int:
+    """Output columns per combine program of slot tile ``slots``."""
+    return COMBINE_TILE_COLUMNS if slots else COMBINE_COLUMNS
 
 
 def combine_spec(
-    ids64: bool, *, top_k: int, partial: bool = False, bias: bool = False, gscale: bool = False
+    ids64: bool, *, slots: int, partial: bool = False, bias: bool = False, gscale: bool = False
 ) -> ProgramSpec:
+    """The combine program; ``slots``: its slot tile (:func:`combine_slots`)."""
     return ProgramSpec.of(
         MOE_COMBINE.kernel,
         MOE_COMBINE.version,
@@ -250,8 +262,8 @@ def combine_spec(
         PARTIAL=int(partial),
         HAS_BIAS=int(partial and bias),
         HAS_GSCALE=int(partial and gscale),
-        BH=COMBINE_COLUMNS,
-        TK=combine_slots(top_k),
+        BH=combine_columns(slots),
+        TK=slots,
         num_warps=MOE_COMBINE.num_warps,
     )
 
@@ -329,8 +341,11 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     for ids64 in (False, True):
         specs += [
             align_scatter_spec(ids64),
-            combine_spec(ids64, top_k=geo.top_k),
-            combine_spec(ids64, top_k=geo.top_k, partial=True, bias=geo.bias, gscale=gscale),
+            *(combine_spec(ids64, slots=combine_slots(t, geo.top_k)) for t in (1, COMBINE_TILE_TOKENS + 1)),
+            *(
+                combine_spec(ids64, slots=combine_slots(t, geo.top_k), partial=True, bias=geo.bias, gscale=gscale)
+                for t in (1, COMBINE_TILE_TOKENS + 1)
+            ),
             fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale),
         ]
     return specs

@@ -19,6 +19,7 @@ from csf_kernels.moe_specs import (
     align_plan_spec,
     align_scatter_spec,
     align_scatters_in_plan,
+    combine_slots,
     combine_spec,
     decode_config_for,
     experts_bins,
@@ -121,7 +122,10 @@ class MoEPlan:
                     out[s.key] = s
                 gscale = g.fmt.name == "nvfp4"
                 for s in (
-                    combine_spec(ids64, top_k=g.top_k, partial=b.config.split_k, bias=g.bias, gscale=gscale),
+                    *(
+                        combine_spec(ids64, slots=slots, partial=b.config.split_k, bias=g.bias, gscale=gscale)
+                        for slots in {combine_slots(1, g.top_k), combine_slots(b.tokens, g.top_k)}
+                    ),
                     fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale),
                 ):
                     out[s.key] = s
