@@ -81,8 +81,9 @@ _create_fp_to_fp_orig = _interpreter.InterpreterBuilder.create_fp_to_fp
 _interpreter.InterpreterBuilder.create_fp_to_fp = _create_fp_to_fp
 
 
-# constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins
-INTERPRETER_CONSTANTS = {"ASM": 0}
+# constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins (PDL's
+# griddepcontrol orders launches; the interpreter runs one program at a time, in launch order)
+INTERPRETER_CONSTANTS = {"ASM": 0, "PDL": 0}
 
 
 def run_launch(launch) -> None:

@@ -77,6 +77,9 @@ MOE_FC1_FINISH = TritonFamily(
     kernel="moe.fc1_finish", version=1, module="csf_kernels.kernels.moe_finish", function="moe_fc1_finish", num_warps=4
 )
 
+# every program of the layer is a programmatic dependent launch (kernels/pdl.py): each waits for the kernel
+# before it, so a call's launches overlap their predecessors' tails instead of queueing behind them
+MOE_PDL = 1
 # what the GEMM reads its scale bytes from (the kernel's SRC constant)
 SCALE_SOURCES = {"native": 0, "inline": 1}
 ALIGN_CHUNK = 1024
@@ -213,6 +216,7 @@ def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = F
         BM=bm,
         CH=ALIGN_CHUNK,
         SCATTER=int(scatter),
+        PDL=MOE_PDL,
         num_warps=MOE_ALIGN_PLAN.num_warps,
     )
 
@@ -228,6 +232,7 @@ def align_scatter_spec(ids64: bool) -> ProgramSpec:
         MOE_ALIGN_SCATTER.version,
         IDS64=int(ids64),
         CH=SCATTER_CHUNK,
+        PDL=MOE_PDL,
         num_warps=MOE_ALIGN_SCATTER.num_warps,
     )
 
@@ -264,6 +269,7 @@ def combine_spec(
         HAS_GSCALE=int(partial and gscale),
         BH=combine_columns(slots),
         TK=slots,
+        PDL=MOE_PDL,
         num_warps=MOE_COMBINE.num_warps,
     )
 
@@ -277,6 +283,7 @@ def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool) -
         HAS_BIAS=int(bias),
         HAS_GSCALE=int(gscale),
         BH=FINISH_COLUMNS,
+        PDL=MOE_PDL,
         num_warps=MOE_FC1_FINISH.num_warps,
     )
 
@@ -300,6 +307,7 @@ def gemm_spec(
             BN=config.bn,
             STAGES=config.word_stages,
             AHEAD=int(config.ahead and source == "native"),
+            PDL=MOE_PDL,
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
@@ -318,6 +326,7 @@ def gemm_spec(
         SPLIT=int(config.split_k),
         BM=config.bm,
         BN=config.bn,
+        PDL=MOE_PDL,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

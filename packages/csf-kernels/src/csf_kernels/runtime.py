@@ -85,6 +85,41 @@ def compilations() -> int:
 
 # ------------------------------------------------------------------------------------------ driver
 
+# cuLaunchKernelEx's structs (cuda.h, CUDA 12 and 13): a programmatic dependent launch (PDL) lets a program
+# start while the previous kernel on its stream finishes; it waits (griddepcontrol.wait) before it reads or
+# writes anything, so only the launch latency and its setup overlap the predecessor.
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    _fields_ = (("pad", ctypes.c_char * 64), ("programmatic_stream_serialization_allowed", ctypes.c_int))
+
+
+class LaunchAttribute(ctypes.Structure):
+    _fields_ = (("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttributeValue))
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = (
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    )
+
+
+def pdl_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared: int) -> LaunchConfig:
+    """A launch config allowing programmatic dependent launch (its stream is set at each launch)."""
+    attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value.programmatic_stream_serialization_allowed = 1
+    attrs = (LaunchAttribute * 1)(attr)
+    config = LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(*block), shared=shared,
+                          attrs=attrs, num_attrs=1)  # fmt: skip
+    config._attrs = attrs  # kept alive with the config
+    return config
+
 
 class _Driver:
     """The few driver calls the runtime needs: cuda-bindings for loading, ctypes for the hot launch."""
@@ -104,6 +139,13 @@ class _Driver:
             ]
         )
         self.lib.cuLaunchKernel.restype = ctypes.c_int
+        self.lib.cuLaunchKernelEx.argtypes = [
+            ctypes.POINTER(LaunchConfig),
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
+        self.lib.cuLaunchKernelEx.restype = ctypes.c_int
 
     def check(self, result, what: str):
         err = result[0] if isinstance(result, tuple) else result
@@ -159,6 +201,7 @@ class LoadedProgram:
     _keepalive: object
     param_names: tuple[str, ...] = ()
     multiples: dict[str, int] = field(default_factory=dict)  # divisibilities compiled in (checked at bind)
+    pdl: bool = False  # launched as a programmatic dependent launch (the program waits for its predecessor)
 
     def bind(self, grid: tuple[int, ...], *args) -> BoundLaunch:
         """Marshal the arguments once; the returned launch costs one driver call. Pointers are given as
@@ -177,7 +220,8 @@ class LoadedProgram:
         values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # Triton's global and profile scratch (size 0)
         argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         keep = (values, [a for a in args if isinstance(a, torch.Tensor)])
-        return BoundLaunch(self, (gx, gy, gz), argv, keep)
+        config = pdl_launch_config((gx, gy, gz), self.block, self.shared) if self.pdl else None
+        return BoundLaunch(self, (gx, gy, gz), argv, keep, config)
 
     def launch(self, grid: tuple[int, ...], *args) -> None:
         """Bind and launch once on torch's current stream."""
@@ -198,21 +242,26 @@ def current_raw_stream(device: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class BoundLaunch:
-    """A program with its grid and marshalled arguments; calling it launches on the current stream."""
+    """A program with its grid and marshalled arguments; calling it launches on the current stream. One
+    binding is one launch at a time (its argument and config buffers are reused): bind per thread."""
 
     program: LoadedProgram
     grid: tuple[int, int, int]
     argv: object
     _keepalive: object
+    config: LaunchConfig | None = None  # programs launched as programmatic dependent launches
 
     def __call__(self) -> None:
         gx, gy, gz = self.grid
         if min(gx, gy, gz) <= 0:
             return
         p = self.program
-        err = _DRIVER_LIB[0].cuLaunchKernel(
-            p.function, gx, gy, gz, *p.block, p.shared, current_raw_stream(p.device), self.argv, None
-        )
+        stream = current_raw_stream(p.device)
+        if self.config is not None:
+            self.config.stream = stream
+            err = _DRIVER_LIB[0].cuLaunchKernelEx(ctypes.byref(self.config), p.function, self.argv, None)
+        else:
+            err = _DRIVER_LIB[0].cuLaunchKernel(p.function, gx, gy, gz, *p.block, p.shared, stream, self.argv, None)
         if err != 0:
             _drv().check(err, f"cuLaunchKernel({p.entry}, grid={self.grid})")
 
@@ -346,6 +395,7 @@ def _load_cubin(spec: ProgramSpec, data: bytes, launch: dict, device: int) -> Lo
         _keepalive=(module, fn),
         param_names=tuple(launch.get("param_names", ())),
         multiples=dict(launch.get("multiples", {})),
+        pdl=bool(launch.get("pdl", False)),
     )
 
 

@@ -28,10 +28,12 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     options = {"num_warps": facts["num_warps"], "num_stages": facts.get("num_stages", 1)}
     if "maxnreg" in facts:
         options["maxnreg"] = facts["maxnreg"]
+    if facts.get("PDL"):  # the program waits for its predecessor (kernels/pdl.py): launch it as a dependent
+        options["launch_pdl"] = True
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     md = compiled.metadata
-    if md.num_ctas != 1 or md.launch_cooperative_grid or md.launch_pdl:
-        raise NotImplementedError(f"{spec.describe()}: cluster, cooperative or PDL launches are not supported yet")
+    if md.num_ctas != 1 or md.launch_cooperative_grid:
+        raise NotImplementedError(f"{spec.describe()}: cluster or cooperative launches are not supported yet")
     params = [(name, t) for name, t in signature.items() if t != "constexpr"]
     launch = {
         "entry": md.name,
@@ -44,5 +46,6 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
         "param_names": [n for n, _ in params],
         "multiples": {n: multiples[n] for n, _ in params if n in multiples},
         "triton": triton.__version__,
+        "pdl": bool(md.launch_pdl),
     }
     return Artifact(kind="triton_cubin", data=bytes(compiled.asm["cubin"]), launch=launch)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import await_predecessor
+
 SIGNATURE_PLAN = {
     "topk_ids": "*i32",  # or *i64: IDS64
     "cursor": "*i32",  # [EP]
@@ -36,6 +38,7 @@ SIGNATURE_PLAN = {
     "BM": "constexpr",
     "CH": "constexpr",
     "SCATTER": "constexpr",  # 1: pairs <= CH, the routes scattered here too (no moe_align_scatter launch)
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
 SIGNATURE_SCATTER = {
@@ -46,6 +49,7 @@ SIGNATURE_SCATTER = {
     "num_experts": "i32",
     "IDS64": "constexpr",
     "CH": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
 
@@ -80,7 +84,9 @@ def moe_align_plan(
     BM: tl.constexpr,
     CH: tl.constexpr,
     SCATTER: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_predecessor(PDL)
     counts = tl.zeros([EP], dtype=tl.int32)
     for start in range(0, pairs, CH):
         offs = start + tl.arange(0, CH)
@@ -121,5 +127,8 @@ def _scatter(topk_ids, cursor, sorted_ids, offs, pairs, num_experts, IDS64: tl.c
 
 
 @triton.jit
-def moe_align_scatter(topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr):
+def moe_align_scatter(
+    topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr
+):
+    await_predecessor(PDL)
     _scatter(topk_ids, cursor, sorted_ids, tl.program_id(0) * CH + tl.arange(0, CH), pairs, num_experts, IDS64)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import await_predecessor
+
 MULTIPLE_OF = {"hidden": 16}  # integer arguments compiled in as divisible (checked at bind)
 
 SIGNATURE = {
@@ -38,6 +40,7 @@ SIGNATURE = {
     "HAS_GSCALE": "constexpr",
     "BH": "constexpr",  # output columns per program
     "TK": "constexpr",  # 0: slots walked in order; > 0: a token's slots as one tile (k padded to a power of 2)
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
 
@@ -61,7 +64,9 @@ def moe_combine(
     HAS_GSCALE: tl.constexpr,
     BH: tl.constexpr,
     TK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     hm = h < hidden

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .moe_gemm import SWIGLU_ALPHA, SWIGLU_LIMIT
+from .pdl import await_predecessor
 
 MULTIPLE_OF = {"n_out": 16}  # integer arguments compiled in as divisible (checked at bind)
 
@@ -28,6 +29,7 @@ SIGNATURE = {
     "HAS_BIAS": "constexpr",
     "HAS_GSCALE": "constexpr",
     "BH": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
 
@@ -47,7 +49,9 @@ def moe_fc1_finish(
     HAS_BIAS: tl.constexpr,
     HAS_GSCALE: tl.constexpr,
     BH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_predecessor(PDL)
     route = tl.program_id(0)
     n = tl.program_id(1) * BH + tl.arange(0, BH)
     nm = n < n_out

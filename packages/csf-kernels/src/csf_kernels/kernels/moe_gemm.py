@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ..fp4_words import BIT_POSITIONS
+from .pdl import await_predecessor
 
 _BIT_POSITIONS = tl.constexpr(BIT_POSITIONS)
 
@@ -69,6 +70,7 @@ SIGNATURE = {
     "SPLIT": "constexpr",  # split K over grid z: store float32 partials [splits, pairs, R], no epilogue
     "BM": "constexpr",
     "BN": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
 # integer arguments the program is compiled to assume divisible (pointers: 16 bytes); the runtime checks
@@ -388,7 +390,9 @@ def moe_gemm(
     SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_predecessor(PDL)
     BK: tl.constexpr = 128 if FMT == 0 else 64
     NEUTRAL: tl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
     pid_b = tl.program_id(0)

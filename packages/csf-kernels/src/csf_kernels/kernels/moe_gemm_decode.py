@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
+from .pdl import gluon_await_predecessor
 
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
 SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
@@ -49,6 +50,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
     "STAGES": "constexpr",  # K steps of operands in flight through shared memory (1: into registers per step)
     "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
@@ -361,8 +363,9 @@ def moe_gemm_decode(
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
-    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
+    gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
     Q: gl.constexpr = 4 if FMT == 0 else 2
