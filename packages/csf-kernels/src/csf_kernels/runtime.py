@@ -220,7 +220,8 @@ class LoadedProgram:
         values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # Triton's global and profile scratch (size 0)
         argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         keep = (values, [a for a in args if isinstance(a, torch.Tensor)])
-        config = pdl_launch_config((gx, gy, gz), self.block, self.shared) if self.pdl else None
+        pdl = self.pdl and env.flag(env.PDL, default=True)
+        config = pdl_launch_config((gx, gy, gz), self.block, self.shared) if pdl else None
         return BoundLaunch(self, (gx, gy, gz), argv, keep, config)
 
     def launch(self, grid: tuple[int, ...], *args) -> None:
