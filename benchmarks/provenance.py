@@ -30,6 +30,8 @@ def provenance() -> dict:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        # csf's switches (csf_kernels.env), e.g. CSF_PDL=0 for a run without programmatic dependent launches
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("CSF_") and k != "CSF_COMMIT"},
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
