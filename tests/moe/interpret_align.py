@@ -11,7 +11,7 @@ import sys
 import torch
 
 from csf_kernels.moe import align_launches, max_blocks_for
-from csf_kernels.moe_specs import ALIGN_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
+from csf_kernels.moe_specs import ALIGN_CHUNK, SCATTER_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
 from csf_kernels.runtime import Launch
 from tests.interpreter import run_launch
 
@@ -34,8 +34,8 @@ def _two_programs(ids: torch.Tensor, experts: int, bm: int, s: dict) -> list[Lau
     ids64 = ids.dtype == torch.int64
     plan = Launch(align_plan_spec(experts, bm, ids64, scatter=False), one.grid, one.args)
     pairs = ids.numel()
-    return [plan, Launch(align_scatter_spec(ids64), (-(-pairs // 256),), (ids, s["cursor"], s["sorted_ids"], pairs,
-                                                                          experts))]  # fmt: skip
+    scatter = (ids, s["cursor"], s["sorted_ids"], pairs, experts)
+    return [plan, Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter)]
 
 
 def _groups(ids: torch.Tensor, experts: int, bm: int, s: dict) -> dict[str, object]:

@@ -7,6 +7,7 @@ Nothing here imports triton.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from csf_codec import ScaleFormat
@@ -28,10 +29,12 @@ __all__ = [
     "PREFILL",
     "SCALE_SOURCES",
     "GemmConfig",
+    "align_forms",
     "align_plan_spec",
     "align_scatter_spec",
     "align_scatters_in_plan",
     "combine_columns",
+    "combine_slot_tiles",
     "combine_slots",
     "combine_spec",
     "decode_config_for",
@@ -226,6 +229,12 @@ def align_scatters_in_plan(pairs: int) -> bool:
     return pairs <= ALIGN_CHUNK
 
 
+def align_forms(max_pairs: int | float) -> set[bool]:
+    """How calls of 1 to ``max_pairs`` routes align: True, the plan program scatters too (one chunk of
+    routes); False, a scatter program follows it (:func:`align_scatter_spec`)."""
+    return {align_scatters_in_plan(1), align_scatters_in_plan(max_pairs)}
+
+
 def align_scatter_spec(ids64: bool) -> ProgramSpec:
     return ProgramSpec.of(
         MOE_ALIGN_SCATTER.kernel,
@@ -249,6 +258,11 @@ def combine_slots(tokens: int, top_k: int) -> int:
     """The combine program's slot tile for a call of ``tokens`` tokens: ``top_k`` padded to a power of two
     up to ``COMBINE_TILE_TOKENS`` tokens, else 0 (slots walked in order; see kernels/moe_combine.py)."""
     return 1 << max(0, top_k - 1).bit_length() if tokens <= COMBINE_TILE_TOKENS else 0
+
+
+def combine_slot_tiles(max_tokens: int | float, top_k: int) -> set[int]:
+    """The slot tiles calls of 1 to ``max_tokens`` tokens combine with (plans and the catalog build these)."""
+    return {combine_slots(1, top_k), combine_slots(max_tokens, top_k)}
 
 
 def combine_columns(slots: int) -> int:
@@ -344,16 +358,16 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                     gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
                 )
         for ids64 in (False, True):
-            for scatter in (False, True):
+            for scatter in align_forms(math.inf):
                 specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))
     gscale = geo.fmt.name == "nvfp4"
     for ids64 in (False, True):
         specs += [
             align_scatter_spec(ids64),
-            *(combine_spec(ids64, slots=combine_slots(t, geo.top_k)) for t in (1, COMBINE_TILE_TOKENS + 1)),
+            *(combine_spec(ids64, slots=slots) for slots in combine_slot_tiles(math.inf, geo.top_k)),
             *(
-                combine_spec(ids64, slots=combine_slots(t, geo.top_k), partial=True, bias=geo.bias, gscale=gscale)
-                for t in (1, COMBINE_TILE_TOKENS + 1)
+                combine_spec(ids64, slots=slots, partial=True, bias=geo.bias, gscale=gscale)
+                for slots in combine_slot_tiles(math.inf, geo.top_k)
             ),
             fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale),
         ]

@@ -16,10 +16,10 @@ from csf_kernels.moe import max_blocks_for
 from csf_kernels.moe_specs import (
     PREFILL,
     GemmConfig,
+    align_forms,
     align_plan_spec,
     align_scatter_spec,
-    align_scatters_in_plan,
-    combine_slots,
+    combine_slot_tiles,
     combine_spec,
     decode_config_for,
     experts_bins,
@@ -113,18 +113,18 @@ class MoEPlan:
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
             for ids64 in (False, True):
-                # a bucket's calls up to its size; those of one route chunk align in one program
-                sizes = {align_scatters_in_plan(b.tokens * g.top_k), align_scatters_in_plan(1)}
-                for s in [align_plan_spec(g.experts, b.config.bm, ids64, scatter=one) for one in sizes]:
+                # what the bucket's calls (up to its size) align and combine with
+                forms = align_forms(b.tokens * g.top_k)
+                for s in [align_plan_spec(g.experts, b.config.bm, ids64, scatter=one) for one in forms]:
                     out[s.key] = s
-                if False in sizes:
+                if False in forms:
                     s = align_scatter_spec(ids64)
                     out[s.key] = s
                 gscale = g.fmt.name == "nvfp4"
                 for s in (
                     *(
                         combine_spec(ids64, slots=slots, partial=b.config.split_k, bias=g.bias, gscale=gscale)
-                        for slots in {combine_slots(1, g.top_k), combine_slots(b.tokens, g.top_k)}
+                        for slots in combine_slot_tiles(b.tokens, g.top_k)
                     ),
                     fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale),
                 ):

@@ -237,13 +237,25 @@ def _value_operand(lat, k: gl.constexpr, BH: gl.constexpr):
 
 
 @gluon.jit
-def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
-    """Group ``g``'s normalised partial [BH, 128], columns back in stored order."""
-    OL: gl.constexpr = _rows_layout(4, 4)
+def _group_rows(acc, unit, den_safe):
+    """A group's normalised output [BH, 128] (float32, columns back in stored order, one row per head)."""
     o = _stored_order(acc * gl.expand_dims(unit / den_safe, 0))
-    o = gl.convert_layout(gl.permute(o, [1, 0]), OL)
+    return gl.convert_layout(gl.permute(o, [1, 0]), _rows_layout(4, 4))
+
+
+@gluon.jit
+def _group_offsets(at_head, g: gl.constexpr):
+    """Element offsets of group ``g``'s rows ([BH, 128], as ``_group_rows``), given each head's column 0."""
+    OL: gl.constexpr = _rows_layout(4, 4)
     col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
-    at = gl.expand_dims(gl.convert_layout(at_head, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
+    return gl.expand_dims(gl.convert_layout(at_head, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
+
+
+@gluon.jit
+def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
+    """Group ``g``'s normalised partial [BH, 128]."""
+    o = _group_rows(acc, unit, den_safe)
+    at = _group_offsets(at_head, g)
     if PARTIAL_BF16:
         gl.store(part_out.to(gl.pointer_type(gl.bfloat16)) + at, o.to(gl.bfloat16))
     else:
@@ -255,16 +267,13 @@ def _direct_group(acc, unit, den_safe, w, total, out, at_head, g: gl.constexpr):
     """Group ``g``'s finished output [BH, 128] bf16: the float32 partial ``_store_group`` would store, weighted
     and divided as ``mla_merge`` finishes a single split (csf_kernels.kernels.mla_finish: ``weighted``, then
     ``finished``)."""
-    OL: gl.constexpr = _rows_layout(4, 4)
-    o = _stored_order(acc * gl.expand_dims(unit / den_safe, 0))
-    o = gl.convert_layout(gl.permute(o, [1, 0]), OL)
-    w = gl.expand_dims(gl.convert_layout(w, gl.SliceLayout(1, OL)), 1)
-    total = gl.expand_dims(gl.convert_layout(total, gl.SliceLayout(1, OL)), 1)
+    o = _group_rows(acc, unit, den_safe)
+    heads: gl.constexpr = gl.SliceLayout(1, _rows_layout(4, 4))
+    w = gl.expand_dims(gl.convert_layout(w, heads), 1)
+    total = gl.expand_dims(gl.convert_layout(total, heads), 1)
     num = gl.where(w > 0, w * o, 0.0)
     res = gl.where(total > 0, num / gl.where(total > 0, total, 1.0), 0.0)
-    col = g * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, OL))
-    at = gl.expand_dims(gl.convert_layout(at_head, gl.SliceLayout(1, OL)), 1) + gl.expand_dims(col, 0)
-    gl.store(out + at, res.to(gl.bfloat16))
+    gl.store(out + _group_offsets(at_head, g), res.to(gl.bfloat16))
 
 
 @gluon.jit
