@@ -28,7 +28,7 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer
 
 
-def _configs(kind: str):
+def _configs(kind: str, catalog_prefill: bool = False):
     if kind == "decode":
         # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
         # stage won); now the two engines of that tile side by side
@@ -37,6 +37,8 @@ def _configs(kind: str):
         yield DECODE_NARROW
         yield DECODE
         yield DECODE_TRITON
+    elif catalog_prefill:
+        yield PREFILL
     else:
         for bm, bn, warps, pf in ((64, 64, 4, 1), (64, 64, 4, 0), (64, 128, 8, 0), (128, 128, 8, 0)):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
@@ -53,13 +55,14 @@ def main() -> None:
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
-                    "BM:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]], comma-separated (e.g. 8:528,16:1056:64); "
-                    "a cap of 0 leaves ptxas its choice")  # fmt: skip
+                    "[wg]BM:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]], comma-separated (e.g. "
+                    "8:528,16:1056:64,wg32:528:0); 'wg': on wgmma; a cap of 0 leaves ptxas its choice")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
                     "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline", help="scale sources: native, inline (as planned: "
                     "expanded) and inline_records (the GEMM reading tile records at every token count)")  # fmt: skip
+    ap.add_argument("--catalog-prefill", action="store_true", help="prefill: the catalog's tiles only")
     ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
     runtime.unfreeze()
@@ -76,14 +79,17 @@ def main() -> None:
             continue
         tokens = tuple(int(t) for t in a.tokens.split(",") if t) or tokens
         targets = [int(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
-        variants = [(DECODE, t) for t in targets] or [(cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind)]
+        variants = [(DECODE, t) for t in targets] or [
+            (cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind, a.catalog_prefill)
+        ]
         if kind == "decode" and a.decode_variants:
             variants = []
             for v in a.decode_variants.split(","):
-                bm, target, *caps = (int(f) for f in v.split(":"))
+                mma = "wgmma" if v.startswith("wg") else "mma_sync"
+                bm, target, *caps = (int(f) for f in v.removeprefix("wg").split(":"))
                 native_cap, inline_cap = (*caps, DECODE.max_registers, DECODE.inline_max_registers)[:2]
                 cfg = dataclasses.replace(DECODE, bm=bm, max_registers=native_cap or None,
-                                          inline_max_registers=inline_cap or None)  # fmt: skip
+                                          inline_max_registers=inline_cap or None, mma=mma)  # fmt: skip
                 variants.append((cfg, target))
         if kind == "decode" and a.word_stages:
             variants = []
@@ -113,14 +119,20 @@ def main() -> None:
                     ids, w = ids.to(torch.int32), torch.softmax(w, -1)
                     out = torch.full_like(x, float("nan"))
                     layer.run(x, ids, w, out=out)
-                    equal = bool(torch.equal(out, first.setdefault((kind, t), out.clone())))
+                    ref = first.setdefault((kind, t), out.clone())
+                    equal = bool(torch.equal(out, ref))
+                    # variants on another MMA sum in another order: how far from the first variant's output
+                    rel = float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
                     g = capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out))
                     med = statistics.median(replay_times(g, a.reps, flush))
                     rows.append({"kind": kind, "config": cfg.__dict__, "split_target": target, "source": source,
-                                 "tokens": t, "median_s": med, "equal_to_first_variant": equal})  # fmt: skip
-                    print(f"{kind} {cfg.engine} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
+                                 "tokens": t, "median_s": med, "equal_to_first_variant": equal,
+                                 "rel_diff_to_first_variant": rel})  # fmt: skip
+                    mma = cfg.mma if cfg.engine == "gluon" else ""
+                    verdict = "" if equal else f" differs {rel:.1e}"
+                    print(f"{kind} {cfg.engine} {mma} bm{cfg.bm} bn{cfg.bn} w{cfg.num_warps} pf{int(cfg.prefetch)} "
                           f"st{cfg.word_stages}a{int(cfg.ahead)} r{cfg.max_registers}/{cfg.inline_max_registers} "
-                          f"target{target} {source:14s} T={t:5d} {med * 1e6:9.1f} us{'' if equal else ' MISMATCH'}",
+                          f"target{target} {source:14s} T={t:5d} {med * 1e6:9.1f} us{verdict}",
                           flush=True)  # fmt: skip
                 del layer
     doc = {"benchmark": "sweep_moe_configs", "provenance": provenance(), "geometry": geo.name, "rows": rows,

@@ -119,16 +119,25 @@ class GemmConfig:
     ahead: bool = False
     max_registers: int | None = None
     inline_max_registers: int | None = None
+    # gluon only: "mma_sync" (both operands in registers, 8 or 16 routes) or "wgmma" (the weights in
+    # registers, the block's activations in shared memory: 16, 32 or 64 routes, staged weights)
+    mma: str = "mma_sync"
 
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
             raise ValueError(f"unknown GEMM engine {self.engine!r}: expected 'triton' or 'gluon'")
+        if self.mma not in ("mma_sync", "wgmma") or (self.mma == "wgmma" and self.engine != "gluon"):
+            raise ValueError(f"unknown MMA {self.mma!r}: the gluon engine runs 'mma_sync' or 'wgmma'")
+        routes = (8, 16) if self.mma == "mma_sync" else (16, 32, 64)
         if self.engine == "gluon" and (
-            self.bm not in (8, 16) or (self.bn, self.num_warps, self.split_k, self.prefetch) != (64, 4, True, False)
+            self.bm not in routes or (self.bn, self.num_warps, self.split_k, self.prefetch) != (64, 4, True, False)
         ):
             raise ValueError(
-                "the gluon decode GEMM runs split-K tiles of 8 or 16 routes x 64 rows on 4 warps, without prefetch"
+                f"the gluon decode GEMM on {self.mma} runs split-K tiles of {' or '.join(map(str, routes))} routes"
+                " x 64 rows on 4 warps, without prefetch"
             )
+        if self.mma == "wgmma" and self.word_stages < 2:
+            raise ValueError("the wgmma decode GEMM stages its weight words (word_stages >= 2)")
         caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
             self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
@@ -322,6 +331,7 @@ def gemm_spec(
             STAGES=config.word_stages,
             AHEAD=int(config.ahead and source == "native"),
             PDL=MOE_PDL,
+            WG=int(config.mma == "wgmma"),
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )

@@ -36,6 +36,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
@@ -46,11 +47,12 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
-    "BM": "constexpr",  # routes per block: 8 or 16 (one or two n8 MMA tiles)
+    "BM": "constexpr",  # routes per block: 8 or 16 (mma.sync: one or two n8 MMA tiles); 16, 32 or 64 (wgmma)
     "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
     "STAGES": "constexpr",  # K steps of operands in flight through shared memory (1: into registers per step)
     "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
+    "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 NUM_WARPS = 4
@@ -64,7 +66,10 @@ EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
 
 
 @gluon.constexpr_function
-def _mma_layout():
+def _mma_layout(BM, WG):
+    # wgmma's accumulator and A fragments per warp are mma.sync's: warp w holds rows 16w .. 16w + 15
+    if WG:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
 
 
@@ -101,10 +106,16 @@ def _act_copy_layout(BM, BK):
 
 
 @gluon.constexpr_function
+def _act_operand_layout(BM, BK):
+    # wgmma: the relabelled [BM, BK] activations, K contiguous (wgmma's B, read through a transposed view)
+    return gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+
+
+@gluon.constexpr_function
 def _act_layout(Q, BM):
     k_bits = [[0, 1 << i] for i in range((8 * Q).bit_length() - 1)]
     return gl.DistributedLinearLayout(
-        reg_bases=k_bits + [[8, 0]] * (BM == 16),
+        reg_bases=k_bits + [[8 << i, 0] for i in range((BM // 8).bit_length() - 1)],  # routes past the first 8
         lane_bases=[[0, 8 * Q], [0, 16 * Q], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[0, 0], [0, 0]],  # every warp multiplies the same routes
         block_bases=[],
@@ -131,7 +142,7 @@ def _placed_factor(s):
 
 
 @gluon.jit
-def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr):
+def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr, MMA: gl.constexpr):
     """bf16 A operand [64, 32Q] from weight words [64, 4, Q] and their scale bytes [64, 4] (one per thread
     and row), in the relabelled K order (see the module docstring). ``MULS``: multiplies per weight pair,
     1 (E8M0 planes without bytes 129..254) or 2."""
@@ -150,8 +161,16 @@ def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr):
     # the innermost joins pair weights 4 apart) -> logical K (q, i2, i1, t, i0)
     v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
     v = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [64, 32 * Q])
-    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=0, parent=_mma_layout(), k_width=2),
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2),
                              assert_trivial=True)  # fmt: skip
+
+
+@gluon.jit
+def _logical_k(xt, FMT: gl.constexpr, BM: gl.constexpr):
+    """wgmma: activations [BM routes, 32Q] in actual K order -> the same in the relabelled K order of the
+    weights' A fragments (see ``_operand``), for the shared-memory B operand."""
+    Q: gl.constexpr = 4 if FMT == 0 else 2
+    return gl.reshape(gl.permute(gl.reshape(xt, [BM, 4, Q, 2, 2, 2]), [0, 2, 3, 4, 1, 5]), [BM, 32 * Q])
 
 
 @gluon.jit
@@ -160,7 +179,7 @@ def _activations(xt, FMT: gl.constexpr, BM: gl.constexpr):
     Q: gl.constexpr = 4 if FMT == 0 else 2
     v = gl.permute(gl.reshape(xt, [BM, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
     v = gl.reshape(v, [32 * Q, BM])
-    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(), k_width=2),
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(BM, 0), k_width=2),
                              assert_trivial=True)  # fmt: skip
 
 
@@ -304,13 +323,18 @@ def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
 
 
 @gluon.jit
-def _issue_step(w_stage, x_stage, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, Q: gl.constexpr):
+def _issue_step(
+    w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, Q: gl.constexpr,
+    WG: gl.constexpr,
+):  # fmt: skip
     """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
-    thread its own (it reads them back itself), and the activations, shared by the program's warps."""
+    thread its own (it reads them back itself), and (mma.sync) the activations, shared by the program's
+    warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
     ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
-    xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
-    async_copy.async_copy_global_to_shared(x_stage, xp, mask=xm & (t < steps))
+    if WG == 0:
+        xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
+        async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     async_copy.commit_group()
 
 
@@ -318,15 +342,18 @@ def _issue_step(w_stage, x_stage, w_e, rows, quad, q, valid, x, a_row_c, live_c,
 def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
     live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
-    FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-    MULS: gl.constexpr,
+    xb_s, x_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
     ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
-    per weight pair."""
+    per weight pair. wgmma (``WG``): step t0's activations are in ``xb_s`` [0], step t0 + 1's in registers
+    (``x_next``); each step stores the next one's into the other buffer (read by the next step's wgmma,
+    after the barrier at its start) and loads the one after."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38
+    MMA: gl.constexpr = _mma_layout(BM, WG)
     WL: gl.constexpr = _word_layout(Q)
     XL: gl.constexpr = _act_layout(Q, BM)
     for t in range(t0, steps):
@@ -334,10 +361,16 @@ def _k_steps(
             async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
             gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
             i = (t - t0 + STAGES - 1) % STAGES
-            _issue_step(w_s.index(i), x_s.index(i), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                        t + STAGES - 1, steps, K, Q)  # fmt: skip
+            _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
+                        t + STAGES - 1, steps, K, Q, WG)  # fmt: skip
             b = w_s.index((t - t0) % STAGES).load(WL)
-            xt = x_s.index((t - t0) % STAGES).load(XL)
+            if WG:
+                xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
+                fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
+                xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
+                x_next = gl.load(xp, mask=xm, other=0.0)
+            else:
+                xt = x_s.index((t - t0) % STAGES).load(XL)
         else:
             b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
             xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
@@ -353,7 +386,10 @@ def _k_steps(
             h = h_next  # the next step's selectors (its header is here) and the header after it
             lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
-        acc = mma_v2(_operand(b, s, FMT, MULS), _activations(xt, FMT, BM), acc)
+        if WG:
+            acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), xb_s.index((t - t0) % 2).permute([1, 0]), acc)
+        else:
+            acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM), acc)
     return acc
 
 
@@ -363,15 +399,18 @@ def moe_gemm_decode(
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
-    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr,
+    BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
-    gl.static_assert((BM == 8 or BM == 16) and BN == 64, "the register layouts are built for 8 or 16 routes x 64 rows")
+    gl.static_assert(BN == 64, "the register layouts are built for 64 rows on 4 warps")
+    gl.static_assert((WG == 0 and (BM == 8 or BM == 16)) or (WG == 1 and (BM == 16 or BM == 32 or BM == 64)),
+                     "mma.sync blocks hold 8 or 16 routes, wgmma blocks 16, 32 or 64")  # fmt: skip
+    gl.static_assert(WG == 0 or STAGES > 1, "wgmma programs stage their weight words (STAGES > 1)")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
-    MMA: gl.constexpr = _mma_layout()
+    MMA: gl.constexpr = _mma_layout(BM, WG)
     WL: gl.constexpr = _word_layout(Q)
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [64, 4]: scale bytes, one per thread and row
     XL: gl.constexpr = _act_layout(Q, BM)
@@ -413,28 +452,36 @@ def moe_gemm_decode(
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
-    w_s, x_s, a_row_c, live_c, kc = 0, 0, 0, 0, 0  # placeholders where unused
+    w_s, x_s, xb_s, x_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
         w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
-        x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
         XC: gl.constexpr = _act_copy_layout(BM, BK)  # one 16-byte copy per thread and 8 routes
         rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)))
         live_c = rc < pairs
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
+        if WG == 0:
+            x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
         for j in gl.static_range(STAGES - 1):
-            _issue_step(w_s.index(j), x_s.index(j), w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
-                        steps, K, Q)  # fmt: skip
+            _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
+                        steps, K, Q, WG)  # fmt: skip
+        if WG:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
+            xb_s = gl.allocate_shared_memory(x.dtype.element_ty, [2, BM, BK], _act_operand_layout(BM, BK))
+            xp, xm = _step_activations(x, a_row_c, live_c, kc, t0, K, BK)
+            xb_s.index(0).store(_logical_k(gl.load(xp, mask=xm, other=0.0), FMT, BM))
+            fence_async_shared()
+            xp, xm = _step_activations(x, a_row_c, live_c, kc, t0 + 1, K, BK)
+            x_next = gl.load(xp, mask=xm, other=0.0)
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
     if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 1)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, FMT, SRC, BM, STAGES, AHEAD, 1, WG)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, FMT, SRC, BM, STAGES, AHEAD, 2)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, FMT, SRC, BM, STAGES, AHEAD, 2, WG)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
