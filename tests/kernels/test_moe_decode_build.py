@@ -8,6 +8,9 @@ stages needs none (both MMA operands straight into registers)."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,7 @@ pytest.importorskip("triton")
 
 from csf_codec import MXFP4, NVFP4
 from csf_kernels.aot.compile_triton import compile_triton
-from csf_kernels.moe_specs import DECODE, DECODE_NARROW, MOE_GEMM_DECODE, gemm_spec
+from csf_kernels.moe_specs import DECODE, DECODE_NARROW, DECODE_WIDE, MOE_GEMM_DECODE, gemm_spec
 
 
 @pytest.mark.parametrize("config", [DECODE, DECODE_NARROW], ids=["16-routes", "8-routes"])
@@ -35,3 +38,36 @@ def test_builds_with_operands_in_registers(fmt, source, config):
     unstaged = dataclasses.replace(config, word_stages=1, ahead=False)
     art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=unstaged))
     assert art.launch["shared"] == 0
+
+
+def _sass(cubin: bytes) -> str:
+    """The cubin's SASS by the cuobjdump Triton ships (skips where it does not)."""
+    import triton.backends.nvidia
+
+    tool = Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip("no cuobjdump in this Triton")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
+def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
+    """wgmma blocks: the weights' A fragments are mma.sync's (the relabelling is proven trivial against the
+    wgmma layout too), the activations are two operand buffers of the block; the weight words stay staged."""
+    config = DECODE_WIDE
+    assert config.mma == "wgmma" and config.bm == 32
+    art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config))
+    assert art.kind == "triton_cubin" and art.launch["block"] == [128, 1, 1]
+    k_step = 128 if fmt is MXFP4 else 64
+    words, operand = 64 * k_step // 2, config.bm * k_step * 2
+    assert art.launch["shared"] == config.word_stages * words + 2 * operand
+    sass = _sass(art.data)
+    assert "HGMMA.64x32x16.F32.BF16" in sass and "HMMA" not in sass  # wgmma m64n32k16, no mma.sync left
+    with pytest.raises(ValueError, match="word_stages"):
+        dataclasses.replace(config, word_stages=1)
+    with pytest.raises(ValueError, match="16, 32, 64 routes"):
+        dataclasses.replace(config, bm=8)

@@ -29,10 +29,13 @@ GEOMETRIES = [
     ("kimi-k2", 16, "mxfp4"),
     ("kimi-k2", 16, "nvfp4"),
 ]
-MAX_TOKENS = 1024
+MAX_TOKENS = 2048
 # above its inline limit an inline plan expands its routed experts' scales (the default limit is 0 tokens:
-# always; "inline_records" reads the records in the GEMM up to 512); 700 runs the prefill tiles
-TOKENS = (1, 7, 64, 700)
+# always; "inline_records" reads the records in the GEMM up to 512). The buckets (powers of two) of these
+# token counts run every GEMM form: 8- and 16-route mma.sync blocks, 32-route wgmma blocks (above 16 routes
+# per expert: Qwen3-30B at 300, records included, and most geometries at 700 and 1500) and the prefill tiles
+# (above 64: Qwen3-30B at 1500)
+TOKENS = (1, 7, 64, 300, 700, 1500)
 ARMS = {
     "native": dict(scale_source="native"),
     "expanded": dict(scale_source="expanded"),

@@ -33,21 +33,24 @@ def test_calls_of_one_route_chunk_align_in_one_program():
 
 def test_buckets_pick_tiles_and_expansion_by_token_count():
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
-    p = plan(geo, 4096, scale_source="inline")
-    assert [b.tokens for b in p.buckets] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    p = plan(geo, 8192, scale_source="inline")
+    assert [b.tokens for b in p.buckets] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     for b in p.buckets:
         assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT or b.config.name == "prefill")
         assert b.gemm_source == ("native" if b.expand else "inline")
     assert p.bucket_for(1).expand and p.bucket_for(64).expand  # the routed experts' scales expanded first
     records = plan(geo, 4096, scale_source="inline", inline_token_limit=512)  # records read in the GEMM
     assert not records.bucket_for(64).expand and records.bucket_for(64).gemm_source == "inline"
-    # decode tiles: 8 routes per block up to 8 routes per expert (DS4.1: 384 experts, top 6), then 16
+    # decode tiles: 8 routes per block up to 8 routes per expert (DS4.1: 384 experts, top 6), then 16, then
+    # wgmma blocks of 32 up to 64 routes per expert; the prefill tiles above
     assert p.bucket_for(512).config.bm == 8 and p.bucket_for(1024).config.bm == 16
+    assert {p.bucket_for(t).config.mma for t in (1, 512, 1024)} == {"mma_sync"}
+    assert [(p.bucket_for(t).config.bm, p.bucket_for(t).config.mma) for t in (2048, 4096)] == [(32, "wgmma")] * 2
     assert p.bucket_for(1).config.name == "decode"
-    assert p.bucket_for(4096).config.name == "prefill"
+    assert p.bucket_for(8192).config.name == "prefill"
     assert p.bucket_for(3).tokens == 4
     with pytest.raises(ValueError, match="max_tokens"):
-        p.bucket_for(4097)
+        p.bucket_for(8193)
     native = plan(geo, 4096, scale_source="native")
     assert not any(b.expand for b in native.buckets)
     assert native.scratch_bytes < p.scratch_bytes  # no expansion planes

@@ -20,6 +20,7 @@ __all__ = [
     "DECODE",
     "DECODE_NARROW",
     "DECODE_TRITON",
+    "DECODE_WIDE",
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_SCATTER",
     "MOE_COMBINE",
@@ -133,7 +134,7 @@ class GemmConfig:
             self.bm not in routes or (self.bn, self.num_warps, self.split_k, self.prefetch) != (64, 4, True, False)
         ):
             raise ValueError(
-                f"the gluon decode GEMM on {self.mma} runs split-K tiles of {' or '.join(map(str, routes))} routes"
+                f"the gluon decode GEMM on {self.mma} runs split-K tiles of {', '.join(map(str, routes))} routes"
                 " x 64 rows on 4 warps, without prefetch"
             )
         if self.mma == "wgmma" and self.word_stages < 2:
@@ -194,19 +195,33 @@ DECODE = GemmConfig(
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True
 )
+# Runs 167-168 (sweeps side by side, us): wgmma blocks of 32 routes pay from 17 routes per expert on. At 32
+# per expert, mma.sync 16-route blocks / wgmma 32 (ptxas's 126 registers) / wgmma 32 capped at 96 / wgmma 64 /
+# the prefill tiles: Qwen3-30B T = 512 349 / 290 / 285 / 323 / 346; DS4.1 T = 2048 - / 1615 / 1586 / 1792 / 1970;
+# gpt-oss T = 1024 1676 / 1380 / 1322 / 1522 / 1684; Qwen3-Next T = 1638 - / 886 / 863 / 960 / 1014. At 64 per
+# expert the capped 32-route blocks tie 64-route ones and the prefill tiles (Qwen3-Next T = 3277 1546 / 1554 /
+# 1552) or beat them (gpt-oss T = 2048 2247 / 2239 / 2558; DS4.1 T = 4096 2846 / 2870 / 2949). At 8-16 per
+# expert the mma.sync blocks stay ahead (wgmma 16: 1.02-1.07x slower at 95 registers).
+DECODE_WIDE = GemmConfig(
+    name="decode", bm=32, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
+    ahead=True, max_registers=96, mma="wgmma",
+)  # fmt: skip
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
-CONFIGS = (DECODE_NARROW, DECODE, PREFILL)
+CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, PREFILL)
 # Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
 # routes per expert now: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178,
 # DS4.1 T = 512 (8) 910 / 906 (a tie); 16-route ones above (gpt-oss T = 512, 16 per expert: 1133 / 1016).
 # Run 156: register caps for more programs per SM (8 routes: 56, 48; 16 routes: 64) gain nothing.
 NARROW_ROUTES_PER_EXPERT = 8  # routes per expert (T * k / E) up to which DECODE_NARROW runs
+MMA_SYNC_ROUTES_PER_EXPERT = 16  # ... DECODE above, up to this; DECODE_WIDE above (csf_moe.plan: up to 64)
 
 
 def decode_config_for(routes: int, experts: int) -> GemmConfig:
     """The decode tile configuration for ``routes`` (tokens x top-k) over ``experts`` experts."""
-    return DECODE_NARROW if routes <= NARROW_ROUTES_PER_EXPERT * experts else DECODE
+    if routes <= NARROW_ROUTES_PER_EXPERT * experts:
+        return DECODE_NARROW
+    return DECODE if routes <= MMA_SYNC_ROUTES_PER_EXPERT * experts else DECODE_WIDE
 
 
 def experts_bins(num_experts: int) -> int:
