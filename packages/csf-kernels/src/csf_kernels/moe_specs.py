@@ -137,8 +137,6 @@ class GemmConfig:
                 f"the gluon decode GEMM on {self.mma} runs split-K tiles of {', '.join(map(str, routes))} routes"
                 " x 64 rows on 4 warps, without prefetch"
             )
-        if self.mma == "wgmma" and self.word_stages < 2:
-            raise ValueError("the wgmma decode GEMM stages its weight words (word_stages >= 2)")
         caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
             self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))

@@ -342,14 +342,15 @@ def _issue_step(
 def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
     live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
-    xb_s, x_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+    xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
     AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
     ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
     per weight pair. wgmma (``WG``): step t0's activations are in ``xb_s`` [0], step t0 + 1's in registers
     (``x_next``); each step stores the next one's into the other buffer (read by the next step's wgmma,
-    after the barrier at its start) and loads the one after."""
+    after the barrier at its start) and loads the one after; unstaged, step t0's weight words are in
+    ``b_next``."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38
@@ -364,17 +365,21 @@ def _k_steps(
             _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
                         t + STAGES - 1, steps, K, Q, WG)  # fmt: skip
             b = w_s.index((t - t0) % STAGES).load(WL)
-            if WG:
-                xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
-                fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
-                xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
-                x_next = gl.load(xp, mask=xm, other=0.0)
-            else:
+            if WG == 0:
                 xt = x_s.index((t - t0) % STAGES).load(XL)
+        elif WG:  # weight words straight into registers, one step ahead
+            gl.thread_barrier()  # everyone's operand stores of this step, and reads of the buffer refilled now
+            b = b_next
+            b_next = _weight_words(w_e, rows, quad, q, valid, t + 1, K, Q)
         else:
             b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
             xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
             xt = gl.load(xp, mask=xm, other=0.0)
+        if WG:
+            xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
+            fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
+            xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
+            x_next = gl.load(xp, mask=xm, other=0.0)
         if AHEAD == 1:
             s = s_next
             s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
@@ -406,7 +411,6 @@ def moe_gemm_decode(
     gl.static_assert(BN == 64, "the register layouts are built for 64 rows on 4 warps")
     gl.static_assert((WG == 0 and (BM == 8 or BM == 16)) or (WG == 1 and (BM == 16 or BM == 32 or BM == 64)),
                      "mma.sync blocks hold 8 or 16 routes, wgmma blocks 16, 32 or 64")  # fmt: skip
-    gl.static_assert(WG == 0 or STAGES > 1, "wgmma programs stage their weight words (STAGES > 1)")
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
@@ -452,36 +456,41 @@ def moe_gemm_decode(
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
-    w_s, x_s, xb_s, x_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
-    if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
-        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
+    w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
+    if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
         XC: gl.constexpr = _act_copy_layout(BM, BK)  # one 16-byte copy per thread and 8 routes
         rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)))
         live_c = rc < pairs
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
+    if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
+        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
         if WG == 0:
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
                         steps, K, Q, WG)  # fmt: skip
-        if WG:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
-            xb_s = gl.allocate_shared_memory(x.dtype.element_ty, [2, BM, BK], _act_operand_layout(BM, BK))
-            xp, xm = _step_activations(x, a_row_c, live_c, kc, t0, K, BK)
-            xb_s.index(0).store(_logical_k(gl.load(xp, mask=xm, other=0.0), FMT, BM))
-            fence_async_shared()
-            xp, xm = _step_activations(x, a_row_c, live_c, kc, t0 + 1, K, BK)
-            x_next = gl.load(xp, mask=xm, other=0.0)
+    elif WG:
+        b_next = _weight_words(w_e, rows, quad, q, valid, t0, K, Q)
+    if WG:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
+        xb_s = gl.allocate_shared_memory(x.dtype.element_ty, [2, BM, BK], _act_operand_layout(BM, BK))
+        xp, xm = _step_activations(x, a_row_c, live_c, kc, t0, K, BK)
+        xb_s.index(0).store(_logical_k(gl.load(xp, mask=xm, other=0.0), FMT, BM))
+        fence_async_shared()
+        xp, xm = _step_activations(x, a_row_c, live_c, kc, t0 + 1, K, BK)
+        x_next = gl.load(xp, mask=xm, other=0.0)
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
     if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, FMT, SRC, BM, STAGES, AHEAD, 1, WG)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
+                       WG)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, FMT, SRC, BM, STAGES, AHEAD, 2, WG)  # fmt: skip
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
+                       WG)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
