@@ -55,9 +55,10 @@ def main() -> None:
     ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
-                    "[wg]BM:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]][@STAGES], comma-separated (e.g. "
-                    "8:528,16:1056:64,wg32:528:0@1); 'wg': on wgmma; a cap of 0 leaves ptxas its choice; STAGES: "
-                    "weight words' K steps in flight (1: into registers a step ahead on wgmma)")  # fmt: skip
+                    "[wg]BM[xROWS]:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]][@STAGES], comma-separated (e.g. "
+                    "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma; ROWS: per program (64; wgmma: 128 on 8 "
+                    "warps); a cap of 0 leaves ptxas its choice; STAGES: weight words' K steps in flight (1: into "
+                    "registers a step ahead on wgmma)")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
                     "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
@@ -88,11 +89,14 @@ def main() -> None:
             for v in a.decode_variants.split(","):
                 mma = "wgmma" if v.startswith("wg") else "mma_sync"
                 v, _, stages = v.partition("@")
-                bm, target, *caps = (int(f) for f in v.removeprefix("wg").split(":"))
-                native_cap, inline_cap = (*caps, DECODE.max_registers, DECODE.inline_max_registers)[:2]
-                cfg = dataclasses.replace(DECODE, bm=bm, max_registers=native_cap or None,
+                tile, target, *caps = v.removeprefix("wg").split(":")
+                bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
+                native_cap, inline_cap = (*map(int, caps), DECODE.max_registers, DECODE.inline_max_registers)[:2]
+                cfg = dataclasses.replace(DECODE, bm=int(bm), max_registers=native_cap or None,
                                           inline_max_registers=inline_cap or None, mma=mma,
-                                          word_stages=int(stages or DECODE.word_stages))  # fmt: skip
+                                          word_stages=int(stages or DECODE.word_stages),
+                                          bn=int(rows or 64), num_warps=int(rows or 64) // 16)  # fmt: skip
+                target = int(target)
                 variants.append((cfg, target))
         if kind == "decode" and a.word_stages:
             variants = []

@@ -130,12 +130,15 @@ class GemmConfig:
         if self.mma not in ("mma_sync", "wgmma") or (self.mma == "wgmma" and self.engine != "gluon"):
             raise ValueError(f"unknown MMA {self.mma!r}: the gluon engine runs 'mma_sync' or 'wgmma'")
         routes = (8, 16) if self.mma == "mma_sync" else (16, 32, 64)
+        rows = {(64, 4)} if self.mma == "mma_sync" else {(64, 4), (128, 8)}  # 16 rows a warp
         if self.engine == "gluon" and (
-            self.bm not in routes or (self.bn, self.num_warps, self.split_k, self.prefetch) != (64, 4, True, False)
+            self.bm not in routes
+            or (self.bn, self.num_warps) not in rows
+            or (self.split_k, self.prefetch) != (True, False)
         ):
             raise ValueError(
                 f"the gluon decode GEMM on {self.mma} runs split-K tiles of {', '.join(map(str, routes))} routes"
-                " x 64 rows on 4 warps, without prefetch"
+                f" x {' or '.join(f'{n} rows on {w} warps' for n, w in sorted(rows))}, without prefetch"
             )
         caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (

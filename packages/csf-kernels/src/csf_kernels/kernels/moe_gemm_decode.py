@@ -66,22 +66,29 @@ EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
 
 
 @gluon.constexpr_function
-def _mma_layout(BM, WG):
-    # wgmma's accumulator and A fragments per warp are mma.sync's: warp w holds rows 16w .. 16w + 15
+def _mma_layout(BM, WG, BN):
+    # wgmma's accumulator and A fragments per warp are mma.sync's: warp w holds rows 16w .. 16w + 15 (128
+    # rows: two warpgroups of 64)
     if WG:
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, BM, 16])
     return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
 
 
 @gluon.constexpr_function
-def _word_layout(Q):
+def _warp_bits(BN):
+    # log2 of the warps (16 rows each)
+    return (BN // 16).bit_length() - 1
+
+
+@gluon.constexpr_function
+def _word_layout(Q, BN):
     q_bits = [[0, 0, 1 << i] for i in range(Q.bit_length() - 1)]
     return gl.DistributedLinearLayout(
         reg_bases=[*q_bits, [8, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        warp_bases=[[16 << i, 0, 0] for i in range(_warp_bits(BN))],
         block_bases=[],
-        shape=[64, 4, Q],
+        shape=[BN, 4, Q],
     )
 
 
@@ -99,10 +106,10 @@ def _act_stages_layout():
 
 
 @gluon.constexpr_function
-def _act_copy_layout(BM, BK):
+def _act_copy_layout(BM, BK, BN):
     # [BM, BK] bf16: 8 contiguous values (16 bytes) per thread, a warp's lanes along K then routes (NVFP4's
     # 8-route steps are half as many copies as threads: two threads copy the same bytes, harmlessly)
-    return gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [BN // 16, 1], [1, 0])
 
 
 @gluon.constexpr_function
@@ -112,12 +119,12 @@ def _act_operand_layout(BM, BK):
 
 
 @gluon.constexpr_function
-def _act_layout(Q, BM):
+def _act_layout(Q, BM, BN):
     k_bits = [[0, 1 << i] for i in range((8 * Q).bit_length() - 1)]
     return gl.DistributedLinearLayout(
         reg_bases=k_bits + [[8 << i, 0] for i in range((BM // 8).bit_length() - 1)],  # routes past the first 8
         lane_bases=[[0, 8 * Q], [0, 16 * Q], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[0, 0], [0, 0]],  # every warp multiplies the same routes
+        warp_bases=[[0, 0]] * _warp_bits(BN),  # every warp multiplies the same routes
         block_bases=[],
         shape=[BM, 32 * Q],
     )
@@ -143,7 +150,7 @@ def _placed_factor(s):
 
 @gluon.jit
 def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr, MMA: gl.constexpr):
-    """bf16 A operand [64, 32Q] from weight words [64, 4, Q] and their scale bytes [64, 4] (one per thread
+    """bf16 A operand [BN, 32Q] from weight words [BN, 4, Q] and their scale bytes [BN, 4] (one per thread
     and row), in the relabelled K order (see the module docstring). ``MULS``: multiplies per weight pair,
     1 (E8M0 planes without bytes 129..254) or 2."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
@@ -160,7 +167,7 @@ def _operand(words, scale, FMT: gl.constexpr, MULS: gl.constexpr, MMA: gl.conste
     # [64, t, q, i2, i1, i0] with weight i = 4 i2 + 2 i1 + i0 of word (t, q) (join adds the minor dimension:
     # the innermost joins pair weights 4 apart) -> logical K (q, i2, i1, t, i0)
     v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
-    v = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [64, 32 * Q])
+    v = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [words.shape[0], 32 * Q])
     return gl.convert_layout(v, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2),
                              assert_trivial=True)  # fmt: skip
 
@@ -179,7 +186,7 @@ def _activations(xt, FMT: gl.constexpr, BM: gl.constexpr):
     Q: gl.constexpr = 4 if FMT == 0 else 2
     v = gl.permute(gl.reshape(xt, [BM, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
     v = gl.reshape(v, [32 * Q, BM])
-    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(BM, 0), k_width=2),
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(BM, 0, 64), k_width=2),
                              assert_trivial=True)  # fmt: skip
 
 
@@ -297,6 +304,18 @@ def _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL: gl.constexpr):
 
 
 @gluon.jit
+def _wide_rows(wide, e, pid_n, R, BN: gl.constexpr):
+    """Whether any 64-row tile of the program's rows holds E8M0 bytes above 128 (csf_kernels.moe.wide_row_tiles:
+    flags per 64-row tile)."""
+    tiles = gl.cdiv(R, 64)
+    flag = gl.load(wide + e * tiles + pid_n * (BN // 64))
+    for j in gl.static_range(1, BN // 64):
+        tile = pid_n * (BN // 64) + j
+        flag = flag | gl.load(wide + e * tiles + tile, mask=tile < tiles, other=0)
+    return flag
+
+
+@gluon.jit
 def _word_pointers(w_e, rows, quad, q, valid, t, K, Q: gl.constexpr):
     """Pointers [64, 4, Q] to the weight words of rows ``rows`` for K step ``t`` and their mask (false past
     K). The mask is a function of the quad lane alone (K % 32 == 0), so a thread's Q words stay one
@@ -354,9 +373,10 @@ def _k_steps(
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38
-    MMA: gl.constexpr = _mma_layout(BM, WG)
-    WL: gl.constexpr = _word_layout(Q)
-    XL: gl.constexpr = _act_layout(Q, BM)
+    BN: gl.constexpr = rows.shape[0]
+    MMA: gl.constexpr = _mma_layout(BM, WG, BN)
+    WL: gl.constexpr = _word_layout(Q, BN)
+    XL: gl.constexpr = _act_layout(Q, BM, BN)
     for t in range(t0, steps):
         if STAGES > 1:
             async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
@@ -408,16 +428,18 @@ def moe_gemm_decode(
 ):  # fmt: skip
     gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
-    gl.static_assert(BN == 64, "the register layouts are built for 64 rows on 4 warps")
+    gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
+                     "64 rows on 4 warps; 128 on 8 (two wgmma warpgroups, native scales: a program's inline "
+                     "records must lie in one 128-row block)")  # fmt: skip
     gl.static_assert((WG == 0 and (BM == 8 or BM == 16)) or (WG == 1 and (BM == 16 or BM == 32 or BM == 64)),
                      "mma.sync blocks hold 8 or 16 routes, wgmma blocks 16, 32 or 64")  # fmt: skip
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
-    MMA: gl.constexpr = _mma_layout(BM, WG)
-    WL: gl.constexpr = _word_layout(Q)
+    MMA: gl.constexpr = _mma_layout(BM, WG, BN)
+    WL: gl.constexpr = _word_layout(Q, BN)
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [64, 4]: scale bytes, one per thread and row
-    XL: gl.constexpr = _act_layout(Q, BM)
+    XL: gl.constexpr = _act_layout(Q, BM, BN)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
     # the block's expert and route ids are loaded together with the live block count, not after it (one
@@ -425,7 +447,7 @@ def moe_gemm_decode(
     # Volatile, so that the compiler does not sink them below the exit again (they are used only after it)
     blocks = gl.load(meta)
     e = gl.load(block_expert + pid_b, volatile=True)
-    XC: gl.constexpr = _act_copy_layout(BM, BK)  # the block's activations copied 16 bytes per thread and copy
+    XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # the block's activations copied 16 bytes per thread and copy
     rc = 0
     if STAGES > 1 or WG:
         rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)), volatile=True)
@@ -470,7 +492,7 @@ def moe_gemm_decode(
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
-        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 4, Q], _word_stages_layout())
+        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, Q], _word_stages_layout())
         if WG == 0:
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
         for j in gl.static_range(STAGES - 1):
@@ -487,7 +509,7 @@ def moe_gemm_decode(
         x_next = gl.load(xp, mask=xm, other=0.0)
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
-    if FMT == 0 and gl.load(wide + e * gl.cdiv(R, BN) + pid_n) == 0:  # no scale of 4 or more in these rows
+    if FMT == 0 and _wide_rows(wide, e, pid_n, R, BN) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
