@@ -90,12 +90,12 @@ def main() -> None:
                 mma = "wgmma" if v.startswith("wg") else "mma_sync"
                 v, _, stages = v.partition("@")
                 tile, target, *caps = v.removeprefix("wg").split(":")
-                bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
+                bm, _, tile_rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
                 native_cap, inline_cap = (*map(int, caps), DECODE.max_registers, DECODE.inline_max_registers)[:2]
                 cfg = dataclasses.replace(DECODE, bm=int(bm), max_registers=native_cap or None,
                                           inline_max_registers=inline_cap or None, mma=mma,
                                           word_stages=int(stages or DECODE.word_stages),
-                                          bn=int(rows or 64), num_warps=int(rows or 64) // 16)  # fmt: skip
+                                          bn=int(tile_rows or 64), num_warps=int(tile_rows or 64) // 16)  # fmt: skip
                 target = int(target)
                 variants.append((cfg, target))
         if kind == "decode" and a.word_stages:

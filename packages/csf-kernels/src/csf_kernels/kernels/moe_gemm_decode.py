@@ -442,17 +442,9 @@ def moe_gemm_decode(
     XL: gl.constexpr = _act_layout(Q, BM, BN)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
-    # the block's expert and route ids are loaded together with the live block count, not after it (one
-    # round trip fewer before the first copies): both arrays hold every block of the grid, live or not.
-    # Volatile, so that the compiler does not sink them below the exit again (they are used only after it)
-    blocks = gl.load(meta)
-    e = gl.load(block_expert + pid_b, volatile=True)
-    XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # the block's activations copied 16 bytes per thread and copy
-    rc = 0
-    if STAGES > 1 or WG:
-        rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)), volatile=True)
-    if pid_b >= blocks:
+    if pid_b >= gl.load(meta):
         return
+    e = gl.load(block_expert + pid_b)
     R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
     w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
     scales_e = scales + e.to(gl.int64) * R * C
@@ -487,7 +479,9 @@ def moe_gemm_decode(
         lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
                                              S_TAIL, TC)  # fmt: skip
     w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
-    if STAGES > 1 or WG:  # the block's activations copied by the program
+    if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
+        XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # one 16-byte copy per thread and 8 routes
+        rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)))
         live_c = rc < pairs
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
