@@ -136,7 +136,7 @@ class GemmOperand:
     wide_tiles: torch.Tensor | None = None
 
 
-WIDE_TILE_ROWS = DECODE.bn  # the decode GEMM's rows per program (GemmConfig holds every gluon config to it)
+WIDE_TILE_ROWS = DECODE.bn  # flags per 64-row tile (a 128-row wgmma program ORs its two: _wide_rows)
 
 
 def wide_row_tiles(plane: torch.Tensor) -> torch.Tensor:
