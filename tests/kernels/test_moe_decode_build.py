@@ -69,3 +69,19 @@ def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
     assert "HGMMA.64x32x16.F32.BF16" in sass and "HMMA" not in sass  # wgmma m64n32k16, no mma.sync left
     with pytest.raises(ValueError, match="16, 32, 64 routes"):
         dataclasses.replace(config, bm=8)
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
+def test_wgmma_blocks_of_128_rows_share_one_activation_operand(fmt):
+    """The sweep's 128-row wgmma variant (two warpgroups, 8 warps): twice the staged weight words, the same
+    activation operand buffers; native scales only (a program's records must lie in one 128-row block)."""
+    config = dataclasses.replace(DECODE_WIDE, bn=128, num_warps=8)
+    art = compile_triton(gemm_spec(fmt, "native", fc1=True, activation="silu", bias=False, config=config))
+    assert art.launch["block"] == [256, 1, 1]
+    k_step = 128 if fmt is MXFP4 else 64
+    assert art.launch["shared"] == config.word_stages * 128 * k_step // 2 + 2 * config.bm * k_step * 2
+    assert "HGMMA.64x32x16.F32.BF16" in _sass(art.data)
+    with pytest.raises(Exception, match="native scales"):
+        compile_triton(gemm_spec(fmt, "inline", fc1=True, activation="silu", bias=False, config=config))
+    with pytest.raises(ValueError, match="64 rows on 4 warps"):
+        dataclasses.replace(DECODE_WIDE, bn=128, num_warps=4)

@@ -111,7 +111,7 @@ class GemmConfig:
     split_k: bool  # K split over programs, float32 partials finished by separate kernels
     prefetch: bool = False  # load the next K step's weights before converting this one's (Triton engine)
     # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
-    # (split-K tiles of 8 or 16 routes x 64 rows on 4 warps, operands in registers; GPUs only)
+    # (split-K tiles of 64 rows on 4 warps, weights dequantized in registers; GPUs only)
     engine: str = "triton"
     # gluon only: operands of this many K steps in flight through shared memory (1: each step's loaded into
     # registers as it comes), whether a step's scale bytes are loaded one step early (native scales only),
@@ -121,7 +121,8 @@ class GemmConfig:
     max_registers: int | None = None
     inline_max_registers: int | None = None
     # gluon only: "mma_sync" (both operands in registers, 8 or 16 routes) or "wgmma" (the weights in
-    # registers, the block's activations in shared memory: 16, 32 or 64 routes, staged weights)
+    # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
+    # for native scales)
     mma: str = "mma_sync"
 
     def __post_init__(self):

@@ -1,8 +1,9 @@
-"""Gluon: the split-K decode GEMM of the fused MoE layer, operands in registers, no shared memory.
+"""Gluon: the split-K decode GEMM of the fused MoE layer, weights dequantized in registers.
 
 Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
 ``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes 64 weight rows
-for one block of ``BM`` (8 or 16) routes of one expert, over its K split. Partials need no gate/up pairing,
+for one block of ``BM`` routes of one expert, over its K split (mma.sync: 8 or 16 routes; wgmma, ``WG``: 16,
+32 or 64, below). Partials need no gate/up pairing,
 so FC1 runs as a GEMM over all its 2N rows (``n_out`` = R): twice the programs of half the registers.
 What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
 order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
@@ -29,6 +30,15 @@ read back itself) together with the block's activations (copied once per program
 one CTA barrier per step), ``STAGES - 1`` steps ahead; ``AHEAD`` loads the native scale bytes one step
 early (two registers). Loading the next step's weight words into registers instead measured no gain
 (runs 78 and 82b: registers); the staged form does at 128 and more tokens (run 151, ``moe_specs``).
+
+``WG`` runs the same A fragments (the relabelled weights, bit for bit the mma.sync operand) through
+``wgmma`` m64nBMk16 with the block's activations as the shared-memory B operand: each step the program
+stores the next step's activations, relabelled into the weights' K order (4-byte stores: the relabelling
+moves pairs of K positions), into the other of two operand buffers, so one CTA barrier per step orders
+them. It pays from 17 routes per expert on (32-route blocks, runs 167-168: ``moe_specs.DECODE_WIDE``): the
+activations no longer sit in every warp's registers, so a block can hold all of an expert's routes and
+each weight is converted once. ``BN`` 128 (two warpgroups on 8 warps sharing the operand buffers; native
+scales only) is a sweep variant that did not pay (run 173).
 """
 
 from __future__ import annotations
