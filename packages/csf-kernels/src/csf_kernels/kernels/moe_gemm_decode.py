@@ -1,9 +1,9 @@
 """Gluon: the split-K decode GEMM of the fused MoE layer, weights dequantized in registers.
 
 Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
-``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes 64 weight rows
-for one block of ``BM`` routes of one expert, over its K split (mma.sync: 8 or 16 routes; wgmma, ``WG``: 16,
-32 or 64, below). Partials need no gate/up pairing,
+``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes ``BN`` (64)
+weight rows for one block of ``BM`` routes of one expert, over its K split (mma.sync: 8 or 16 routes; wgmma,
+``WG``: 16, 32 or 64, below). Partials need no gate/up pairing,
 so FC1 runs as a GEMM over all its 2N rows (``n_out`` = R): twice the programs of half the registers.
 What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
 order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
@@ -58,14 +58,13 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
     "BM": "constexpr",  # routes per block: 8 or 16 (mma.sync: one or two n8 MMA tiles); 16, 32 or 64 (wgmma)
-    "BN": "constexpr",  # weight rows per program: 64 (16 per warp, 4 warps)
+    "BN": "constexpr",  # weight rows per program, 16 per warp: 64 on 4 warps (wgmma, native scales: or 128 on 8)
     "STAGES": "constexpr",  # K steps of operands in flight through shared memory (1: into registers per step)
     "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
     "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
-NUM_WARPS = 4
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
 
 
@@ -448,7 +447,7 @@ def moe_gemm_decode(
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38  # scale 1.0 where K or rows are masked
     MMA: gl.constexpr = _mma_layout(BM, WG, BN)
     WL: gl.constexpr = _word_layout(Q, BN)
-    SL: gl.constexpr = gl.SliceLayout(2, WL)  # [64, 4]: scale bytes, one per thread and row
+    SL: gl.constexpr = gl.SliceLayout(2, WL)  # [BN, 4]: scale bytes, one per thread and row
     XL: gl.constexpr = _act_layout(Q, BM, BN)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
