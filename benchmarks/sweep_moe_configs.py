@@ -44,6 +44,21 @@ def _configs(kind: str, catalog_prefill: bool = False):
             yield GemmConfig(name="prefill", bm=bm, bn=bn, num_warps=warps, num_stages=3, split_k=False, prefetch=pf)
 
 
+def _decode_variant(text: str) -> tuple[GemmConfig, int]:
+    """One ``--decode-variants`` entry, ``[wg]BM[xROWS]:SPLIT_TARGET[:CAP[:INLINE_CAP]][@STAGES]``: the catalog's
+    decode config changed accordingly, and its split-K program target."""
+    mma = "wgmma" if text.startswith("wg") else "mma_sync"
+    text, _, stages = text.partition("@")
+    tile, target, *caps = text.removeprefix("wg").split(":")
+    bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
+    native_cap, inline_cap = (*map(int, caps), DECODE.max_registers, DECODE.inline_max_registers)[:2]
+    config = dataclasses.replace(
+        DECODE, bm=int(bm), mma=mma, max_registers=native_cap or None, inline_max_registers=inline_cap or None,
+        word_stages=int(stages or DECODE.word_stages), bn=int(rows or 64), num_warps=int(rows or 64) // 16,
+    )  # fmt: skip
+    return config, int(target)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -85,19 +100,7 @@ def main() -> None:
             (cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind, a.catalog_prefill)
         ]
         if kind == "decode" and a.decode_variants:
-            variants = []
-            for v in a.decode_variants.split(","):
-                mma = "wgmma" if v.startswith("wg") else "mma_sync"
-                v, _, stages = v.partition("@")
-                tile, target, *caps = v.removeprefix("wg").split(":")
-                bm, _, tile_rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
-                native_cap, inline_cap = (*map(int, caps), DECODE.max_registers, DECODE.inline_max_registers)[:2]
-                cfg = dataclasses.replace(DECODE, bm=int(bm), max_registers=native_cap or None,
-                                          inline_max_registers=inline_cap or None, mma=mma,
-                                          word_stages=int(stages or DECODE.word_stages),
-                                          bn=int(tile_rows or 64), num_warps=int(tile_rows or 64) // 16)  # fmt: skip
-                target = int(target)
-                variants.append((cfg, target))
+            variants = [_decode_variant(v) for v in a.decode_variants.split(",")]
         if kind == "decode" and a.word_stages:
             variants = []
             for v in a.word_stages.split(","):

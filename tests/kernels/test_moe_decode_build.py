@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ pytest.importorskip("triton")
 
 from csf_codec import MXFP4, NVFP4
 from csf_kernels.aot.compile_triton import compile_triton
+from csf_kernels.cute.export import find_cuobjdump
 from csf_kernels.moe_specs import DECODE, DECODE_NARROW, DECODE_WIDE, MOE_GEMM_DECODE, gemm_spec
 
 
@@ -41,16 +41,14 @@ def test_builds_with_operands_in_registers(fmt, source, config):
 
 
 def _sass(cubin: bytes) -> str:
-    """The cubin's SASS by the cuobjdump Triton ships (skips where it does not)."""
-    import triton.backends.nvidia
-
-    tool = Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
-    if not tool.exists():
-        pytest.skip("no cuobjdump in this Triton")
+    """The cubin's SASS (skips without a cuobjdump: the CUDA toolkit's or Triton's bundled one)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's bundled tools) to disassemble the cubin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.parametrize("source", ["native", "inline"])

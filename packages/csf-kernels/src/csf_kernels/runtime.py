@@ -260,11 +260,13 @@ class BoundLaunch:
         stream = current_raw_stream(p.device)
         if self.config is not None:
             self.config.stream = stream
+            call = "cuLaunchKernelEx"
             err = _DRIVER_LIB[0].cuLaunchKernelEx(ctypes.byref(self.config), p.function, self.argv, None)
         else:
+            call = "cuLaunchKernel"
             err = _DRIVER_LIB[0].cuLaunchKernel(p.function, gx, gy, gz, *p.block, p.shared, stream, self.argv, None)
         if err != 0:
-            _drv().check(err, f"cuLaunchKernel({p.entry}, grid={self.grid})")
+            _drv().check(err, f"{call}({p.entry}, grid={self.grid})")
 
 
 class BindingCache:

@@ -37,11 +37,8 @@ SCALE_SOURCES = ("native", "expanded", "inline")
 # every geometry measured (Qwen3-30B T=256 292 vs 351, gpt-oss-120b T=512 1327 vs 1755, DS4.1-TP4 T=1024
 # 1481 vs 1969, Qwen3-Next T=819 769 vs 962), at 32 the prefill tiles (Qwen3-30B T=512 511 vs 360,
 # DS4.1-TP4 T=2048 2725 vs 2039, Qwen3-Next T=1638 1413 vs 1036).
-# Since run 168 the decode buckets above 16 routes per expert run wgmma blocks of 32 routes
-# (csf_kernels.moe_specs.DECODE_WIDE), which beat the prefill tiles at 32 routes per expert on all four
-# geometries measured (0.80-0.85x: DS4.1-TP4 T=2048 1586 vs 1970 us, gpt-oss-120b T=1024 1322 vs 1684,
-# Qwen3-Next T=1638 863 vs 1014, Qwen3-30B T=512 285 vs 346) and tie or beat them at 64 (Qwen3-Next T=3277
-# 1546 vs 1552, gpt-oss T=2048 2247 vs 2558, DS4.1 T=4096 2846 vs 2949).
+# Since run 168 the decode buckets above 16 routes per expert run wgmma blocks of 32 routes, which beat the
+# prefill tiles up to 64 routes per expert on every geometry measured (the figures: moe_specs.DECODE_WIDE).
 DECODE_ROUTES_PER_EXPERT = 64
 # tokens above which an inline plan expands its routed experts' scales once per call and runs the
 # native-scale GEMM. Run 84 (H200, bench_moe, T = 1 / 8 / 32 / 128 / 512, expanded vs inline): DS4.1-TP4
