@@ -51,7 +51,9 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     text, _, stages = text.partition("@")
     tile, target, *caps = text.removeprefix("wg").split(":")
     bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
-    native_cap, inline_cap = (*map(int, caps), DECODE.max_registers, DECODE.inline_max_registers)[:2]
+    caps = [int(c) for c in caps]
+    native_cap = caps[0] if caps else DECODE.max_registers
+    inline_cap = caps[1] if len(caps) > 1 else DECODE.inline_max_registers
     config = dataclasses.replace(
         DECODE, bm=int(bm), mma=mma, max_registers=native_cap or None, inline_max_registers=inline_cap or None,
         word_stages=int(stages or DECODE.word_stages), bn=int(rows or 64), num_warps=int(rows or 64) // 16,
