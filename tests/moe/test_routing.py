@@ -21,7 +21,9 @@ def test_fused_topk_per_token(scoring, renormalize):
     for t in range(37):
         s = logits[t].softmax(-1) if scoring == "softmax" else logits[t].sigmoid()
         order = sorted(range(64), key=lambda e: -float(s[e]))[:6]
-        assert ids[t].tolist() == order
+        # the top six by score, in order; experts whose float32 scores tie (sigmoid saturates near 1: about one
+        # run in a hundred) may come in either order, as from torch.topk
+        assert len(set(ids[t].tolist())) == 6 and torch.equal(s[ids[t].long()], s[order]), (ids[t], order)
         want = s[order] / (s[order].sum() if renormalize else 1.0)
         torch.testing.assert_close(w[t], want)
 
