@@ -124,6 +124,9 @@ class GemmConfig:
     # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
     # for native scales)
     mma: str = "mma_sync"
+    # wgmma only (work in progress): the activations are stored in the weights' relabelled K order, so the
+    # programs copy them straight into the operand (the layer must relabel FC1's input and FC2's)
+    relabelled: bool = False
 
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
@@ -349,6 +352,7 @@ def gemm_spec(
             AHEAD=int(config.ahead and source == "native"),
             PDL=MOE_PDL,
             WG=int(config.mma == "wgmma"),
+            XR=int(config.relabelled),
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )

@@ -63,6 +63,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "AHEAD": "constexpr",  # 1: a step's native scale bytes loaded one step before it
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
     "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
+    "XR": "constexpr",  # wgmma: 1, the activations are stored relabelled (copied by cp.async into the operand)
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
@@ -353,14 +354,14 @@ def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
 @gluon.jit
 def _issue_step(
     w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, Q: gl.constexpr,
-    WG: gl.constexpr,
+    WG: gl.constexpr, XR: gl.constexpr,
 ):  # fmt: skip
     """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
     thread its own (it reads them back itself), and (mma.sync) the activations, shared by the program's
     warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
     ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
-    if WG == 0:
+    if WG == 0 or XR:  # (XR: the relabelled activations straight into the wgmma operand stage)
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
         async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     async_copy.commit_group()
@@ -371,7 +372,7 @@ def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
     live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
     xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr,
+    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
     ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
@@ -389,10 +390,12 @@ def _k_steps(
     for t in range(t0, steps):
         if STAGES > 1:
             async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
+            if XR:
+                fence_async_shared()  # the copied operand before wgmma reads it
             gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
             i = (t - t0 + STAGES - 1) % STAGES
             _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                        t + STAGES - 1, steps, K, Q, WG)  # fmt: skip
+                        t + STAGES - 1, steps, K, Q, WG, XR)  # fmt: skip
             b = w_s.index((t - t0) % STAGES).load(WL)
             if WG == 0:
                 xt = x_s.index((t - t0) % STAGES).load(XL)
@@ -404,7 +407,7 @@ def _k_steps(
             b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
             xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
             xt = gl.load(xp, mask=xm, other=0.0)
-        if WG:
+        if WG and not XR:
             xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
             fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
             xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
@@ -420,7 +423,9 @@ def _k_steps(
             h = h_next  # the next step's selectors (its header is here) and the header after it
             lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
                                                  S, S_TAIL, TC)  # fmt: skip
-        if WG:
+        if XR:
+            acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
+        elif WG:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), xb_s.index((t - t0) % 2).permute([1, 0]), acc)
         else:
             acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM), acc)
@@ -434,9 +439,11 @@ def moe_gemm_decode(
     steps_per_split,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
+    XR: gl.constexpr,
 ):  # fmt: skip
     gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
+    gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
     gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
                      "64 rows on 4 warps; 128 on 8 (two wgmma warpgroups, native scales: a program's inline "
                      "records must lie in one 128-row block)")  # fmt: skip
@@ -498,12 +505,14 @@ def moe_gemm_decode(
         w_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, Q], _word_stages_layout())
         if WG == 0:
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
+        if XR:
+            x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_operand_layout(BM, BK))
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
-                        steps, K, Q, WG)  # fmt: skip
+                        steps, K, Q, WG, XR)  # fmt: skip
     elif WG:
         b_next = _weight_words(w_e, rows, quad, q, valid, t0, K, Q)
-    if WG:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
+    if WG and not XR:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
         xb_s = gl.allocate_shared_memory(x.dtype.element_ty, [2, BM, BK], _act_operand_layout(BM, BK))
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t0, K, BK)
         xb_s.index(0).store(_logical_k(gl.load(xp, mask=xm, other=0.0), FMT, BM))
@@ -516,12 +525,12 @@ def moe_gemm_decode(
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
-                       WG)  # fmt: skip
+                       WG, XR)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
-                       WG)  # fmt: skip
+                       WG, XR)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
