@@ -45,11 +45,12 @@ def _configs(kind: str, catalog_prefill: bool = False):
 
 
 def _decode_variant(text: str) -> tuple[GemmConfig, int]:
-    """One ``--decode-variants`` entry, ``[wg]BM[xROWS]:SPLIT_TARGET[:CAP[:INLINE_CAP]][@STAGES]``: the catalog's
+    """One ``--decode-variants`` entry, ``[wg|wgr]BM[xROWS]:SPLIT_TARGET[:CAP[:INLINE_CAP]][@STAGES]``: the catalog's
     decode config changed accordingly, and its split-K program target."""
     mma = "wgmma" if text.startswith("wg") else "mma_sync"
+    relabelled = text.startswith("wgr")  # activations stored relabelled (csf_kernels.relabel)
     text, _, stages = text.partition("@")
-    tile, target, *caps = text.removeprefix("wg").split(":")
+    tile, target, *caps = text.removeprefix("wgr" if relabelled else "wg").split(":")
     bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
     caps = [int(c) for c in caps]
     native_cap = caps[0] if caps else DECODE.max_registers
@@ -57,6 +58,7 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     config = dataclasses.replace(
         DECODE, bm=int(bm), mma=mma, max_registers=native_cap or None, inline_max_registers=inline_cap or None,
         word_stages=int(stages or DECODE.word_stages), bn=int(rows or 64), num_warps=int(rows or 64) // 16,
+        relabelled=relabelled,
     )  # fmt: skip
     return config, int(target)
 
@@ -73,7 +75,7 @@ def main() -> None:
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
                     "[wg]BM[xROWS]:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]][@STAGES], comma-separated (e.g. "
-                    "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma; ROWS: per program (64; wgmma: 128 on 8 "
+                    "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma ('wgr': activations stored relabelled); ROWS: per program (64; wgmma: 128 on 8 "
                     "warps); a cap of 0 leaves ptxas its choice; STAGES: weight words' K steps in flight (1: into "
                     "registers a step ahead on wgmma)")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "

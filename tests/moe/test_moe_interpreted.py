@@ -19,3 +19,7 @@ def test_interpreted_layer_sources_agree_and_match_the_reference():
 
 def test_interpreted_alignment_in_one_program_groups_routes_as_two_do():
     run_interpreted("tests.moe.interpret_align", "ok 6", timeout=600)
+
+
+def test_interpreted_relabelled_activations_match_the_reference_order():
+    run_interpreted("tests.moe.interpret_relabel", "ok 12", timeout=600)

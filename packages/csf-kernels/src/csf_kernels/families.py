@@ -23,6 +23,7 @@ from .moe_specs import (
     MOE_FC1_FINISH,
     MOE_GEMM,
     MOE_GEMM_DECODE,
+    MOE_RELABEL,
     moe_geometry_specs,
 )
 from .programs import ProgramSpec, TritonFamily
@@ -69,6 +70,7 @@ FAMILIES = {
         MOE_GEMM_DECODE,
         MOE_COMBINE,
         MOE_FC1_FINISH,
+        MOE_RELABEL,
         MLA_DECODE,
         MLA_DECODE_MMA,
         MLA_DECODE_WGMMA,

@@ -16,6 +16,7 @@ from csf_codec import InlineScales, ScaleFormat
 from .moe_specs import (
     DECODE,
     FINISH_COLUMNS,
+    RELABEL_COLUMNS,
     SCATTER_CHUNK,
     GemmConfig,
     align_plan_spec,
@@ -26,7 +27,9 @@ from .moe_specs import (
     combine_spec,
     fc1_finish_spec,
     gemm_spec,
+    relabel_spec,
 )
+from .relabel import padded_k
 from .runtime import Launch, aligned
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "gemm_launch",
     "max_blocks_for",
     "placeholder",
+    "relabel_launch",
     "wide_row_tiles",
 ]
 
@@ -196,9 +200,10 @@ def gemm_launch(
     n_out = r // 2 if fc1 else r
     rows = config.tiled_rows(n_out, fc1)  # the programs' n_out
     cols = fmt.scale_columns(k)
-    if x.dtype != torch.bfloat16 or x.shape[-1] != k or not x.is_contiguous():
-        raise ValueError(f"GEMM input must be contiguous bf16 [*, {k}], got {x.dtype} {tuple(x.shape)}")
-    if out.dtype != torch.bfloat16 or out.shape[-1] != n_out or not out.is_contiguous():
+    kx = padded_k(k, fmt) if config.relabelled else k  # relabelled rows: whole K steps (csf_kernels.relabel)
+    if x.dtype != torch.bfloat16 or x.shape[-1] != kx or not x.is_contiguous():
+        raise ValueError(f"GEMM input must be contiguous bf16 [*, {kx}], got {x.dtype} {tuple(x.shape)}")
+    if not config.split_k and (out.dtype != torch.bfloat16 or out.shape[-1] != n_out or not out.is_contiguous()):
         raise ValueError(f"GEMM output must be contiguous bf16 [*, {n_out}], got {out.dtype} {tuple(out.shape)}")
     ph = placeholder(dev)
     inline_args = (ph, ph, ph, ph, ph, ph, 1, 1, 1, 0, 0, 0)
@@ -313,18 +318,36 @@ def fc1_finish_launch(
     activation: str,
     splits: int,
     num_experts: int,
+    relabel: int = 0,
 ) -> Launch:
     """Sum a split-K FC1's float32 partials [splits, pairs, 2N], apply global scale, bias and the
-    activation, store bf16 ``out`` [pairs, N]."""
+    activation, store bf16 ``out`` [pairs, N]; with ``relabel`` (a K step: ``moe_specs.relabel_step``)
+    ``out`` is [pairs, NP] in that step's relabelled order (NP = N in whole steps, csf_kernels.relabel)."""
     ids64 = _ids64(topk_ids)
     pairs = topk_ids.numel()
-    n = out.shape[-1]
+    n = fc1.values.shape[1] // 2
+    width = -(-n // relabel) * relabel if relabel else n
+    if out.dtype != torch.bfloat16 or out.shape[-1] != width or out.numel() < pairs * width:
+        raise ValueError(f"fc1_finish: out must be bf16 [{pairs}, {width}], got {out.dtype} {tuple(out.shape)}")
     if part.dtype != torch.float32 or part.numel() < splits * pairs * 2 * n:
         raise ValueError(f"fc1_finish: partials must be float32 with {splits} x {pairs} x {2 * n} values")
     ph = placeholder(out.device)
-    spec = fc1_finish_spec(ids64, activation=activation, bias=fc1.bias is not None, gscale=fc1.global_scale is not None)
+    spec = fc1_finish_spec(
+        ids64, activation=activation, bias=fc1.bias is not None, gscale=fc1.global_scale is not None, relabel=relabel
+    )
     args = (
         part, topk_ids, fc1.global_scale if fc1.global_scale is not None else ph,
         fc1.bias if fc1.bias is not None else ph, out, pairs, n, splits, num_experts,
     )  # fmt: skip
-    return Launch(spec, (pairs, -(-n // FINISH_COLUMNS)), args)
+    return Launch(spec, (pairs, -(-width // FINISH_COLUMNS)), args)
+
+
+def relabel_launch(x: torch.Tensor, out: torch.Tensor, *, fmt: ScaleFormat) -> Launch:
+    """``x`` [T, K] bf16 -> ``out`` [T, KP] in ``fmt``'s relabelled K order (csf_kernels.relabel)."""
+    t, k = x.shape
+    kp = padded_k(k, fmt)
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError(f"relabel: x must be contiguous bf16, got {x.dtype}")
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (t, kp) or not out.is_contiguous():
+        raise ValueError(f"relabel: out must be contiguous bf16 [{t}, {kp}], got {out.dtype} {tuple(out.shape)}")
+    return Launch(relabel_spec(fmt), (t, -(-kp // RELABEL_COLUMNS)), (x, out, k, kp))

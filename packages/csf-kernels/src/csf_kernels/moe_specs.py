@@ -43,6 +43,8 @@ __all__ = [
     "fc1_finish_spec",
     "gemm_spec",
     "moe_geometry_specs",
+    "relabel_spec",
+    "relabel_step",
     "split_count",
 ]
 
@@ -80,6 +82,10 @@ MOE_COMBINE = TritonFamily(
 MOE_FC1_FINISH = TritonFamily(
     kernel="moe.fc1_finish", version=1, module="csf_kernels.kernels.moe_finish", function="moe_fc1_finish", num_warps=4
 )
+MOE_RELABEL = TritonFamily(
+    kernel="moe.relabel", version=1, module="csf_kernels.kernels.moe_relabel", function="moe_relabel", num_warps=4
+)
+RELABEL_COLUMNS = 1024
 
 # every program of the layer is a programmatic dependent launch (kernels/pdl.py): each waits for the kernel
 # before it, so a call's launches overlap their predecessors' tails instead of queueing behind them
@@ -144,6 +150,8 @@ class GemmConfig:
                 f"the gluon decode GEMM on {self.mma} runs split-K tiles of {', '.join(map(str, routes))} routes"
                 f" x {' or '.join(f'{n} rows on {w} warps' for n, w in sorted(rows))}, without prefetch"
             )
+        if self.relabelled and (self.mma != "wgmma" or self.word_stages < 2):
+            raise ValueError("relabelled activations feed staged wgmma programs (word_stages >= 2)")
         caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
             self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
@@ -317,7 +325,24 @@ def combine_spec(
     )
 
 
-def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool) -> ProgramSpec:
+def relabel_spec(fmt: ScaleFormat) -> ProgramSpec:
+    """The program copying FC1's input into the relabelled K order of ``fmt``'s decode GEMM steps."""
+    return ProgramSpec.of(
+        MOE_RELABEL.kernel,
+        MOE_RELABEL.version,
+        STEP=4 * fmt.block_size,
+        BLOCK=RELABEL_COLUMNS,
+        PDL=MOE_PDL,
+        num_warps=MOE_RELABEL.num_warps,
+    )
+
+
+def relabel_step(fmt: ScaleFormat, config: GemmConfig) -> int:
+    """The K step whose relabelled order ``config``'s programs read activations in (0: the natural order)."""
+    return 4 * fmt.block_size if config.relabelled else 0
+
+
+def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool, relabel: int = 0) -> ProgramSpec:
     return ProgramSpec.of(
         MOE_FC1_FINISH.kernel,
         MOE_FC1_FINISH.version,
@@ -327,6 +352,7 @@ def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool) -
         HAS_GSCALE=int(gscale),
         BH=FINISH_COLUMNS,
         PDL=MOE_PDL,
+        RELABEL=relabel,
         num_warps=MOE_FC1_FINISH.num_warps,
     )
 
@@ -400,6 +426,11 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                 combine_spec(ids64, slots=slots, partial=True, bias=geo.bias, gscale=gscale)
                 for slots in combine_slot_tiles(math.inf, geo.top_k)
             ),
-            fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale),
+            *(
+                fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale, relabel=relabel)
+                for relabel in {relabel_step(geo.fmt, c) for c in CONFIGS if c.split_k}
+            ),
         ]
+    if any(c.relabelled for c in CONFIGS):
+        specs.append(relabel_spec(geo.fmt))
     return specs

@@ -24,8 +24,10 @@ import torch
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
-from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch
+from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch, relabel_launch
+from csf_kernels.moe_specs import relabel_step
 from csf_kernels.programs import ALIGNMENT
+from csf_kernels.relabel import padded_k
 from csf_kernels.runtime import Launch, aligned
 
 from .plan import MoEPlan
@@ -58,6 +60,7 @@ class MoELayer:
         self.intermediate = _view(s, lay.intermediate, torch.bfloat16)
         self.fc2_out = _view(s, lay.fc2_out, torch.bfloat16)
         self.partials = _view(s, lay.partials, torch.float32)
+        self.relabelled_input = _view(s, lay.relabelled_input, torch.bfloat16)
         geo = self.plan.geometry
         if s.is_cuda:
             side_stream(s.device)  # created at bind, never under a graph capture
@@ -178,7 +181,15 @@ class MoELayer:
                 w13_plane, w2_plane = scale_planes
             # the same operands, their scales read from the expanded planes
             w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
-        inter = self.intermediate[: pairs * geo.intermediate].view(pairs, geo.intermediate)
+        # relabelled buckets (wgmma programs copying their activations straight into the operand): FC1's input
+        # copied into the relabelled K order first, FC2's written in it by the FC1 finish
+        relabel = relabel_step(geo.fmt, bucket.config)
+        x1 = hidden
+        if relabel:
+            x1 = self.relabelled_input[: t * padded_k(geo.hidden, geo.fmt)].view(t, -1)
+            launches.append(relabel_launch(hidden, x1, fmt=geo.fmt))
+        n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
+        inter = self.intermediate[: pairs * n_inter].view(pairs, n_inter)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
         common = dict(
             fmt=geo.fmt,
@@ -198,10 +209,10 @@ class MoELayer:
         s1, s2 = bucket.splits_fc1, bucket.splits_fc2
         part = self.partials
         launches += [
-            gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
+            gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
                         **common),
             fc1_finish_launch(part, topk_ids, inter, fc1=w13, activation=geo.activation, splits=s1,
-                              num_experts=geo.experts),
+                              num_experts=geo.experts, relabel=relabel),
             gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),
             combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part, splits=s2, fc2=w2),
         ]  # fmt: skip

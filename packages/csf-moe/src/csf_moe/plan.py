@@ -25,9 +25,12 @@ from csf_kernels.moe_specs import (
     experts_bins,
     fc1_finish_spec,
     gemm_spec,
+    relabel_spec,
+    relabel_step,
     split_count,
 )
 from csf_kernels.programs import ProgramSpec
+from csf_kernels.relabel import padded_k
 
 __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 
@@ -71,11 +74,12 @@ class ScratchLayout:
     block_expert: tuple[int, int]
     active_experts: tuple[int, int]
     sorted_ids: tuple[int, int]
-    intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N]
+    intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N] (relabelled buckets: N in whole K steps)
     fc2_out: tuple[int, int]  # [pairs, H]
     partials: tuple[int, int]  # (offset, float32 count): split-K partials, FC1's then FC2's
     w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
     w2_scales: tuple[int, int]
+    relabelled_input: tuple[int, int] = (0, 0)  # bf16 [tokens, H in whole K steps] for relabelled buckets
     nbytes: int
 
 
@@ -128,13 +132,18 @@ class MoEPlan:
                         combine_spec(ids64, slots=slots, partial=b.config.split_k, bias=g.bias, gscale=gscale)
                         for slots in combine_slot_tiles(b.tokens, g.top_k)
                     ),
-                    fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale),
-                ):
+                    fc1_finish_spec(ids64, activation=g.activation, bias=g.bias, gscale=gscale,
+                                    relabel=relabel_step(g.fmt, b.config)),
+                ):  # fmt: skip
                     out[s.key] = s
+            if b.config.relabelled:
+                s = relabel_spec(g.fmt)
+                out[s.key] = s
         return tuple(out.values())
 
 
-def _layout(geo: MoEGeometry, max_pairs: int, expand: bool, partials: int, configs) -> ScratchLayout:
+def _layout(geo: MoEGeometry, max_tokens: int, top_k: int, expand: bool, partials: int, configs) -> ScratchLayout:
+    max_pairs = max_tokens * top_k
     offset = 0
 
     def region(count: int, itemsize: int) -> tuple[int, int]:
@@ -150,11 +159,13 @@ def _layout(geo: MoEGeometry, max_pairs: int, expand: bool, partials: int, confi
     block_expert = region(max_blocks, 4)
     active = region(min(geo.experts, max_pairs), 4)
     sorted_ids = region(max_routes, 4)
-    inter = region(max_pairs * geo.intermediate, 2)
+    relabelled = any(c.relabelled for c in configs)
+    inter = region(max_pairs * (padded_k(geo.intermediate, geo.fmt) if relabelled else geo.intermediate), 2)
     fc2 = region(max_pairs * geo.hidden, 2)
     part = region(partials, 4)
     w13 = region(_numel(geo.w13_scale_shape), 1) if expand else (0, 0)
     w2 = region(_numel(geo.w2_scale_shape), 1) if expand else (0, 0)
+    x_r = region(max_tokens * padded_k(geo.hidden, geo.fmt), 2) if relabelled else (0, 0)
     return ScratchLayout(
         cursor=cursor,
         meta=meta,
@@ -166,6 +177,7 @@ def _layout(geo: MoEGeometry, max_pairs: int, expand: bool, partials: int, confi
         partials=part,
         w13_scales=w13,
         w2_scales=w2,
+        relabelled_input=x_r,
         nbytes=offset,
     )
 
@@ -249,5 +261,5 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         buckets=tuple(plans),
-        scratch=_layout(geometry, max_tokens * top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
+        scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )

@@ -1,5 +1,7 @@
 """Triton: finish a split-K FC1: sum the float32 partials in split order, then global scale, bias and
-the activation, exactly as the unsplit GEMM's epilogue does; store bf16 ``[pairs, N]``.
+the activation, exactly as the unsplit GEMM's epilogue does; store bf16 ``[pairs, N]``, or with ``RELABEL``
+(the K step of FC2's wgmma programs that copy relabelled activations) ``[pairs, NP]`` in the relabelled
+order (csf_kernels.relabel: NP = N rounded up to whole steps, the padding zero).
 
 Routes whose expert id lies outside [0, E) are skipped (their partials were never written).
 """
@@ -10,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .moe_gemm import SWIGLU_ALPHA, SWIGLU_LIMIT
+from .moe_relabel import logical_column
 from .pdl import await_predecessor
 
 MULTIPLE_OF = {"n_out": 16}  # integer arguments compiled in as divisible (checked at bind)
@@ -30,6 +33,7 @@ SIGNATURE = {
     "HAS_GSCALE": "constexpr",
     "BH": "constexpr",
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
+    "RELABEL": "constexpr",  # 0: [pairs, N] as is; else the K step of the relabelled order
 }
 
 
@@ -50,6 +54,7 @@ def moe_fc1_finish(
     HAS_GSCALE: tl.constexpr,
     BH: tl.constexpr,
     PDL: tl.constexpr,
+    RELABEL: tl.constexpr,
 ):
     await_predecessor(PDL)
     route = tl.program_id(0)
@@ -82,4 +87,9 @@ def moe_fc1_finish(
         gate = tl.minimum(acc_a, SWIGLU_LIMIT)
         up = tl.minimum(tl.maximum(acc_b, -SWIGLU_LIMIT), SWIGLU_LIMIT)
         y = gate / (1.0 + tl.exp(-SWIGLU_ALPHA * gate)) * (up + 1.0)
-    tl.store(out + route.to(tl.int64) * n_out + n, y.to(tl.bfloat16), mask=nm)
+    if RELABEL:  # columns past N are zero (every term above was masked to zero there)
+        n_pad = tl.cdiv(n_out, RELABEL) * RELABEL
+        pos = logical_column(n, RELABEL)
+        tl.store(out + route.to(tl.int64) * n_pad + pos, y.to(tl.bfloat16), mask=n < n_pad)
+    else:
+        tl.store(out + route.to(tl.int64) * n_out + n, y.to(tl.bfloat16), mask=nm)

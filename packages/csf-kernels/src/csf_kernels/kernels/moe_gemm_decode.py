@@ -361,8 +361,11 @@ def _issue_step(
     warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
     ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
-    if WG == 0 or XR:  # (XR: the relabelled activations straight into the wgmma operand stage)
+    if WG == 0:
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
+        async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
+    elif XR:  # the relabelled activations (rows of whole K steps) straight into the wgmma operand stage
+        xp, xm = _step_activations(x, a_row_c, live_c, kc, t, gl.cdiv(K, 32 * Q) * (32 * Q), 32 * Q)
         async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     async_copy.commit_group()
 
