@@ -75,7 +75,8 @@ def main() -> None:
                     "these split-K program targets (comma-separated)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
                     "[wg]BM[xROWS]:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]][@STAGES], comma-separated (e.g. "
-                    "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma ('wgr': activations stored relabelled); ROWS: per program (64; wgmma: 128 on 8 "
+                    "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma ('wgr': activations stored relabelled); "
+                    "ROWS: per program (64; wgmma: 128 on 8 "
                     "warps); a cap of 0 leaves ptxas its choice; STAGES: weight words' K steps in flight (1: into "
                     "registers a step ahead on wgmma)")  # fmt: skip
     ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
