@@ -23,9 +23,20 @@ from timing import L2_FLUSH_BYTES, capture, replay_times
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe_specs import DECODE, DECODE_NARROW, DECODE_TRITON, PREFILL, GemmConfig
+from csf_kernels.moe_specs import (
+    DECODE,
+    DECODE_MMA_SYNC,
+    DECODE_NARROW,
+    DECODE_TRITON,
+    DECODE_WIDE,
+    DECODE_WIDEST,
+    PREFILL,
+    GemmConfig,
+)
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer
+
+CATALOG_DECODE = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST)
 
 
 def _configs(kind: str, catalog_prefill: bool = False):
@@ -33,9 +44,9 @@ def _configs(kind: str, catalog_prefill: bool = False):
         # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
         # stage won); now the two engines of that tile side by side
         # (run 78: the Gluon engine's weight prefetch loses 2-14%)
-        # (run 80: 8-route blocks win up to 2 routes per expert: csf_kernels.moe_specs.decode_config_for)
-        yield DECODE_NARROW
-        yield DECODE
+        # (the catalog's blocks by routes per expert: csf_kernels.moe_specs.decode_config_for)
+        yield from CATALOG_DECODE
+        yield DECODE_MMA_SYNC
         yield DECODE_TRITON
     elif catalog_prefill:
         yield PREFILL
@@ -53,11 +64,12 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     tile, target, *caps = text.removeprefix("wgr" if relabelled else "wg").split(":")
     bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
     caps = [int(c) for c in caps]
-    native_cap = caps[0] if caps else DECODE.max_registers
-    inline_cap = caps[1] if len(caps) > 1 else DECODE.inline_max_registers
+    base = DECODE if mma == "wgmma" else DECODE_MMA_SYNC
+    native_cap = caps[0] if caps else base.max_registers
+    inline_cap = caps[1] if len(caps) > 1 else base.inline_max_registers
     config = dataclasses.replace(
-        DECODE, bm=int(bm), mma=mma, max_registers=native_cap or None, inline_max_registers=inline_cap or None,
-        word_stages=int(stages or DECODE.word_stages), bn=int(rows or 64), num_warps=int(rows or 64) // 16,
+        base, bm=int(bm), mma=mma, max_registers=native_cap or None, inline_max_registers=inline_cap or None,
+        word_stages=int(stages or base.word_stages), bn=int(rows or 64), num_warps=int(rows or 64) // 16,
         relabelled=relabelled,
     )  # fmt: skip
     return config, int(target)
@@ -79,8 +91,8 @@ def main() -> None:
                     "ROWS: per program (64; wgmma: 128 on 8 "
                     "warps); a cap of 0 leaves ptxas its choice; STAGES: weight words' K steps in flight (1: into "
                     "registers a step ahead on wgmma)")  # fmt: skip
-    ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (8 or 16 "
-                    "routes by routes per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
+    ap.add_argument("--word-stages", default="", help="instead of tile configs: the catalog's decode tiles (by routes "
+                    "per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline", help="scale sources: native, inline (as planned: "
                     "expanded) and inline_records (the GEMM reading tile records at every token count)")  # fmt: skip
@@ -113,11 +125,11 @@ def main() -> None:
                 variants.append((dataclasses.replace(DECODE, word_stages=stages, ahead=bool(ahead)), target_default))
         for cfg, target in variants:
             moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
-            # --word-stages: both decode tile widths get the variant's pipeline, chosen per bucket as planned
-            moe_specs.DECODE, moe_specs.DECODE_NARROW = (
-                (dataclasses.replace(d, word_stages=cfg.word_stages, ahead=cfg.ahead) for d in (DECODE, DECODE_NARROW))
+            # --word-stages: every decode block gets the variant's pipeline, chosen per bucket as planned
+            (moe_specs.DECODE_NARROW, moe_specs.DECODE, moe_specs.DECODE_WIDE, moe_specs.DECODE_WIDEST) = (
+                (dataclasses.replace(d, word_stages=cfg.word_stages, ahead=cfg.ahead) for d in CATALOG_DECODE)
                 if a.word_stages
-                else (DECODE, DECODE_NARROW)
+                else CATALOG_DECODE
             )
             for source in a.sources.split(","):
                 kw = {"decode_config": None if a.word_stages else cfg} if kind == "decode" else {"prefill_config": cfg}

@@ -18,10 +18,18 @@ pytest.importorskip("triton")
 from csf_codec import MXFP4, NVFP4
 from csf_kernels.aot.compile_triton import compile_triton
 from csf_kernels.cute.export import find_cuobjdump
-from csf_kernels.moe_specs import DECODE, DECODE_NARROW, DECODE_WIDE, MOE_GEMM_DECODE, gemm_spec
+from csf_kernels.moe_specs import (
+    DECODE,
+    DECODE_MMA_SYNC,
+    DECODE_NARROW,
+    DECODE_WIDE,
+    DECODE_WIDEST,
+    MOE_GEMM_DECODE,
+    gemm_spec,
+)
 
 
-@pytest.mark.parametrize("config", [DECODE, DECODE_NARROW], ids=["16-routes", "8-routes"])
+@pytest.mark.parametrize("config", [DECODE_MMA_SYNC, DECODE_NARROW], ids=["16-routes", "8-routes"])
 @pytest.mark.parametrize("source", ["native", "inline"])
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 def test_builds_with_operands_in_registers(fmt, source, config):
@@ -55,8 +63,9 @@ def _sass(cubin: bytes) -> str:
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
     """wgmma blocks: the weights' A fragments are mma.sync's (the relabelling is proven trivial against the
-    wgmma layout too), the activations are two operand buffers of the block; the weight words stay staged."""
-    config = DECODE_WIDE
+    wgmma layout too), the activations are two operand buffers of the block, stored relabelled by the program
+    (the form before run 175, a sweep variant); the weight words stay staged."""
+    config = dataclasses.replace(DECODE_WIDE, relabelled=False)
     assert config.mma == "wgmma" and config.bm == 32
     art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config))
     assert art.kind == "triton_cubin" and art.launch["block"] == [128, 1, 1]
@@ -73,7 +82,7 @@ def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
 def test_wgmma_blocks_of_128_rows_share_one_activation_operand(fmt):
     """The sweep's 128-row wgmma variant (two warpgroups, 8 warps): twice the staged weight words, the same
     activation operand buffers; native scales only (a program's records must lie in one 128-row block)."""
-    config = dataclasses.replace(DECODE_WIDE, bn=128, num_warps=8)
+    config = dataclasses.replace(DECODE_WIDE, bn=128, num_warps=8, relabelled=False)
     art = compile_triton(gemm_spec(fmt, "native", fc1=True, activation="silu", bias=False, config=config))
     assert art.launch["block"] == [256, 1, 1]
     k_step = 128 if fmt is MXFP4 else 64
@@ -83,3 +92,18 @@ def test_wgmma_blocks_of_128_rows_share_one_activation_operand(fmt):
         compile_triton(gemm_spec(fmt, "inline", fc1=True, activation="silu", bias=False, config=config))
     with pytest.raises(ValueError, match="64 rows on 4 warps"):
         dataclasses.replace(DECODE_WIDE, bn=128, num_warps=4)
+
+
+@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("config", [DECODE, DECODE_WIDE, DECODE_WIDEST], ids=["16-routes", "32-routes", "64-routes"])
+def test_catalog_wgmma_blocks_copy_relabelled_activations_into_their_operand(config, fmt, source):
+    """The catalog's wgmma blocks read activations stored relabelled: each stage is the weight words and the
+    block's activations, both copied by cp.async; no register ever goes to shared memory (no STS)."""
+    assert config.mma == "wgmma" and config.relabelled
+    art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config))
+    k_step = 128 if fmt is MXFP4 else 64
+    assert art.launch["shared"] == config.word_stages * (64 * k_step // 2 + config.bm * k_step * 2)
+    sass = _sass(art.data)
+    assert f"HGMMA.64x{config.bm}x16.F32.BF16" in sass and "HMMA" not in sass
+    assert "LDGSTS" in sass and not any(line.split()[1:2] == ["STS"] or " STS." in line for line in sass.splitlines())

@@ -32,9 +32,9 @@ GEOMETRIES = [
 MAX_TOKENS = 2048
 # above its inline limit an inline plan expands its routed experts' scales (the default limit is 0 tokens:
 # always; "inline_records" reads the records in the GEMM up to 512). The buckets (powers of two) of these
-# token counts run every GEMM form: 8- and 16-route mma.sync blocks, 32-route wgmma blocks (above 16 routes
-# per expert: Qwen3-30B at 300, records included, and most geometries at 700 and 1500) and the prefill tiles
-# (above 64: Qwen3-30B at 1500)
+# token counts run every decode block: 8-route mma.sync blocks (up to 8 routes per expert), 16-, 32- and
+# 64-route wgmma blocks reading relabelled activations (DS4.1 at 700, Qwen3-30B at 300 and 700, records
+# included; Qwen3-30B at 1500). The prefill tiles (above 1024 routes per expert): test_prefill_tiles_...
 TOKENS = (1, 7, 64, 300, 700, 1500)
 ARMS = {
     "native": dict(scale_source="native"),
@@ -50,10 +50,10 @@ def _geometry(model, tp, fmt):
     return load_catalog().moe_geometry(model, tp, fmt)
 
 
-def _layers(geo, data):
+def _layers(geo, data, arms=ARMS, **common):
     layers = {}
-    for arm, kwargs in ARMS.items():
-        p = plan(geo, MAX_TOKENS, **kwargs)
+    for arm, kwargs in arms.items():
+        p = plan(geo, MAX_TOKENS, **kwargs, **common)
         weights = prepare_weights(p, **data.weight_kwargs())
         layers[arm] = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
     return layers
@@ -76,6 +76,30 @@ def test_sources_are_bit_identical_and_match_the_reference(model, tp, fmt):
         x, ids, w = synthetic_routing(geo, t, gen)
         outs = {s: _poisoned_run(layer, x, ids, w) for s, layer in layers.items()}
         for s in ARMS:
+            assert torch.equal(outs[s], outs["native"]), f"seed {SEED} {geo.name} T={t}: {s} != native"
+        want = moe_reference(x, ref, w, ids, kind=geo.activation)
+        err = float((outs["native"].float() - want).norm() / want.norm())
+        assert err < REL_TOL, f"seed {SEED} {geo.name} T={t}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "fmt"),
+    [("qwen3-30b-a3b", 1, "nvfp4"), ("gpt-oss-120b", 1, "mxfp4")],
+    ids=["qwen3-nvfp4", "gpt-oss"],
+)
+def test_prefill_tiles_are_bit_identical_and_match_the_reference(model, tp, fmt):
+    """Plans run the prefill tiles only above 1024 routes per expert: here at every bucket (decode tiles off)."""
+    geo = _geometry(model, tp, fmt)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    arms = {arm: ARMS[arm] for arm in ("native", "expanded", "inline")}
+    layers = _layers(geo, data, arms, decode_routes_per_expert=0)
+    assert all(not b.config.split_k for lay in layers.values() for b in lay.plan.buckets)
+    ref = data.reference()
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in (7, 300):
+        x, ids, w = synthetic_routing(geo, t, gen)
+        outs = {s: _poisoned_run(layer, x, ids, w) for s, layer in layers.items()}
+        for s in arms:
             assert torch.equal(outs[s], outs["native"]), f"seed {SEED} {geo.name} T={t}: {s} != native"
         want = moe_reference(x, ref, w, ids, kind=geo.activation)
         err = float((outs["native"].float() - want).norm() / want.norm())

@@ -41,13 +41,15 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
     assert p.bucket_for(1).expand and p.bucket_for(64).expand  # the routed experts' scales expanded first
     records = plan(geo, 4096, scale_source="inline", inline_token_limit=512)  # records read in the GEMM
     assert not records.bucket_for(64).expand and records.bucket_for(64).gemm_source == "inline"
-    # decode tiles: 8 routes per block up to 8 routes per expert (DS4.1: 384 experts, top 6), then 16, then
-    # wgmma blocks of 32 up to 64 routes per expert; the prefill tiles above
-    assert p.bucket_for(512).config.bm == 8 and p.bucket_for(1024).config.bm == 16
-    assert {p.bucket_for(t).config.mma for t in (1, 512, 1024)} == {"mma_sync"}
-    assert [(p.bucket_for(t).config.bm, p.bucket_for(t).config.mma) for t in (2048, 4096)] == [(32, "wgmma")] * 2
-    assert p.bucket_for(1).config.name == "decode"
-    assert p.bucket_for(8192).config.name == "prefill"
+    # decode tiles: 8-route mma.sync blocks up to 8 routes per expert (DS4.1: 384 experts, top 6), then wgmma
+    # blocks reading relabelled activations: 16 routes up to 16 per expert, 32 up to 64, 64 above; the prefill
+    # tiles above 1024 routes per expert
+    blocks = [(p.bucket_for(t).config.bm, p.bucket_for(t).config.mma) for t in (1, 512, 1024, 2048, 4096, 8192)]
+    assert blocks == [(8, "mma_sync")] * 2 + [(16, "wgmma"), (32, "wgmma"), (32, "wgmma"), (64, "wgmma")]
+    assert all(b.config.relabelled == (b.config.mma == "wgmma") for b in p.buckets)
+    assert {b.config.name for b in p.buckets} == {"decode"}
+    prefill = plan(geo, 1 << 17, buckets=(65536, 1 << 17))
+    assert [b.config.name for b in prefill.buckets] == ["decode", "prefill"]
     assert p.bucket_for(3).tokens == 4
     with pytest.raises(ValueError, match="max_tokens"):
         p.bucket_for(8193)
@@ -64,6 +66,7 @@ def test_scratch_regions_are_aligned_and_disjoint():
         for (off, n), size in (
             (lay.cursor, 4), (lay.meta, 4), (lay.block_expert, 4), (lay.active_experts, 4), (lay.sorted_ids, 4),
             (lay.intermediate, 2), (lay.fc2_out, 2), (lay.w13_scales, 1), (lay.w2_scales, 1),
+            (lay.relabelled_input, 2),
         )
     )  # fmt: skip
     for (a0, a1), (b0, _) in itertools.pairwise(regions):

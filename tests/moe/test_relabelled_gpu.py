@@ -1,7 +1,7 @@
-"""wgmma programs reading relabelled activations (``GemmConfig.relabelled``) against the same programs
-relabelling in registers: the same bits, on geometries with whole and partial K steps (gpt-oss: 2880 = 22.5
-steps of 128), every scale source the GEMM reads. Not in the AOT cache yet: JIT in a subprocess (the frozen
-tests' zero-compilation check in this process stays whole)."""
+"""The catalog's wgmma blocks (16, 32 and 64 routes) reading relabelled activations (``GemmConfig.relabelled``)
+against the same programs relabelling in registers (the form before run 175, not in the AOT cache): the same
+bits, on geometries with whole and partial K steps (gpt-oss: 2880 = 22.5 steps of 128), every scale source
+the GEMM reads. JIT in a subprocess (the frozen tests' zero-compilation check in this process stays whole)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from csf_kernels import runtime
     from csf_kernels.catalog import load_catalog
-    from csf_kernels.moe_specs import DECODE_WIDE
+    from csf_kernels.moe_specs import DECODE, DECODE_WIDE, DECODE_WIDEST
     from csf_moe import bind, plan, prepare_weights
     from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
@@ -30,10 +30,11 @@ SCRIPT = textwrap.dedent(
     for model, tp, fmt in (("qwen3-30b-a3b", 1, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4"), ("gpt-oss-120b", 1, "mxfp4")):
         geo = load_catalog().moe_geometry(model, tp, fmt)
         data = synthetic_layer(geo, seed=seed, device="cuda")
-        for source, limit in (("native", 0), ("inline", 1024)):
+        arms = (("native", 0, DECODE), ("native", 0, DECODE_WIDEST), ("inline", 1024, DECODE_WIDE))
+        for source, limit, catalog in arms:
             layers = []
             for relabelled in (False, True):
-                config = dataclasses.replace(DECODE_WIDE, relabelled=relabelled)
+                config = dataclasses.replace(catalog, relabelled=relabelled)
                 p = plan(geo, 1024, scale_source=source, inline_token_limit=limit, decode_config=config,
                          decode_routes_per_expert=1 << 30)
                 layers.append(bind(p, prepare_weights(p, **data.weight_kwargs()),
@@ -45,7 +46,7 @@ SCRIPT = textwrap.dedent(
                 for lay in layers:
                     lay.scratch.fill_(0xFF)
                     outs.append(lay.run(x, ids, w, out=torch.full_like(x, float("nan"))))
-                assert torch.equal(outs[0], outs[1]), f"seed {seed} {geo.name} {source} T={t}: relabelled differs"
+                assert torch.equal(outs[0], outs[1]), f"seed {seed} {geo.name} {source} {catalog.bm} T={t}: differs"
                 assert not outs[1].isnan().any()
     print("ok")
     """

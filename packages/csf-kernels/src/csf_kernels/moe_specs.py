@@ -8,7 +8,7 @@ Nothing here imports triton.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from csf_codec import ScaleFormat
 from csf_codec.inline import DELTA_BITS
@@ -18,9 +18,11 @@ from .programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "DECODE",
+    "DECODE_MMA_SYNC",
     "DECODE_NARROW",
     "DECODE_TRITON",
     "DECODE_WIDE",
+    "DECODE_WIDEST",
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_SCATTER",
     "MOE_COMBINE",
@@ -130,8 +132,8 @@ class GemmConfig:
     # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
     # for native scales)
     mma: str = "mma_sync"
-    # wgmma only (work in progress): the activations are stored in the weights' relabelled K order, so the
-    # programs copy them straight into the operand (the layer must relabel FC1's input and FC2's)
+    # wgmma only: the activations are stored in the weights' relabelled K order, so the programs copy them
+    # straight into the operand (the layer relabels FC1's input and the FC1 finish writes FC2's so)
     relabelled: bool = False
 
     def __post_init__(self):
@@ -193,48 +195,49 @@ class GemmConfig:
 # scale bytes a step ahead beat loading each step's operands into registers as it comes: 0.91x / 0.81x /
 # 0.79x at T = 512 (16-route blocks), 0.98x / 0.93x / 0.90x at T = 128; within +-3% below, except Qwen3 at
 # T = 8 (0.91x).
-DECODE = GemmConfig(
-    name="decode",
-    bm=16,
-    bn=64,
-    num_warps=4,
-    num_stages=1,
-    split_k=True,
-    engine="gluon",
-    word_stages=3,
-    ahead=True,
-    max_registers=72,  # 7 programs per SM (ptxas picks 76 registers: 6)
-)
+# Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
+# routes per expert: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178, DS4.1 T = 512
+# (8) 910 / 906 (a tie). Run 156: register caps for more programs per SM (56, 48) gain nothing. Run 177: the
+# same blocks on wgmma (relabelled activations, 77 registers) lose to them at 1-8 routes per expert (1-13%).
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True
 )
-# Runs 167-168 (sweeps side by side, us): wgmma blocks of 32 routes pay from 17 routes per expert on. At 32
-# per expert, mma.sync 16-route blocks / wgmma 32 (ptxas's 126 registers) / wgmma 32 capped at 96 / wgmma 64 /
-# the prefill tiles: Qwen3-30B T = 512 349 / 290 / 285 / 323 / 346; DS4.1 T = 2048 - / 1615 / 1586 / 1792 / 1970;
-# gpt-oss T = 1024 1676 / 1380 / 1322 / 1522 / 1684; Qwen3-Next T = 1638 - / 886 / 863 / 960 / 1014. At 64 per
-# expert the capped 32-route blocks tie 64-route ones and the prefill tiles (Qwen3-Next T = 3277 1546 / 1554 /
-# 1552) or beat them (gpt-oss T = 2048 2247 / 2239 / 2558; DS4.1 T = 4096 2846 / 2870 / 2949). At 8-16 per
-# expert the mma.sync blocks stay ahead (wgmma 16: 1.02-1.07x slower at 95 registers).
-DECODE_WIDE = GemmConfig(
-    name="decode", bm=32, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
-    ahead=True, max_registers=96, mma="wgmma",
+# The wgmma blocks (above 8 routes per expert) read activations stored in the weights' relabelled K order
+# (``relabelled``: csf_kernels.relabel), copied by cp.async straight into their operand stages. Sweeps side by
+# side (runs 175-177, us, native scales; mma.sync 16-route blocks at 72 registers / wgmma blocks relabelling in
+# registers / relabelled, all bit-identical):
+# - 9-16 routes per expert, 16-route blocks: DS4.1 T = 512 909 / 952 / 829 (32-route relabelled 934), gpt-oss
+#   T = 512 1016 / 1078 / 969 (32-route 941), Qwen3-30B T = 256 217 / 225 / 191 (32-route 186);
+# - 17-64, 32-route blocks: Qwen3-30B T = 512 (32 per expert) 346 / 283 / 243, T = 1024 630 / 485 / 407; gpt-oss
+#   T = 1024 1678 / 1318 / 1209, T = 2048 (64) 3072 / 2243 / 1960 (64-route 1998); DS4.1 T = 2048 1948 / 1589 /
+#   1377;
+# - above 64, 64-route blocks (128 registers) against 32-route ones and the prefill tiles: Qwen3-30B T = 2048
+#   696 / 732 / 836, T = 4096 1349 / 1432 / 1568, T = 16384 (1024 per expert) 5311 / - / 5707; DS4.1 T = 4096
+#   2388 / 2425 / 2942, T = 16384 8611 / - / 9144; gpt-oss T = 4096 3527 / 3700 / 4235, T = 16384 14287 / - /
+#   15139.
+DECODE = GemmConfig(
+    name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
+    ahead=True, mma="wgmma", relabelled=True,
 )  # fmt: skip
+DECODE_WIDE = replace(DECODE, bm=32)
+DECODE_WIDEST = replace(DECODE, bm=64)
+# the mma.sync form of 16-route blocks (72 registers: 7 programs per SM), planned before run 175; sweeps only
+DECODE_MMA_SYNC = replace(DECODE, mma="mma_sync", relabelled=False, max_registers=72)
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
-CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, PREFILL)
-# Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
-# routes per expert now: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178,
-# DS4.1 T = 512 (8) 910 / 906 (a tie); 16-route ones above (gpt-oss T = 512, 16 per expert: 1133 / 1016).
-# Run 156: register caps for more programs per SM (8 routes: 56, 48; 16 routes: 64) gain nothing.
+CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST, PREFILL)
 NARROW_ROUTES_PER_EXPERT = 8  # routes per expert (T * k / E) up to which DECODE_NARROW runs
-MMA_SYNC_ROUTES_PER_EXPERT = 16  # ... DECODE above, up to this; DECODE_WIDE above (csf_moe.plan: up to 64)
+BLOCK_ROUTES_PER_EXPERT = 16  # ... DECODE above, up to this
+WIDE_ROUTES_PER_EXPERT = 64  # ... DECODE_WIDE above, up to this; DECODE_WIDEST above (csf_moe.plan: how far)
 
 
 def decode_config_for(routes: int, experts: int) -> GemmConfig:
     """The decode tile configuration for ``routes`` (tokens x top-k) over ``experts`` experts."""
     if routes <= NARROW_ROUTES_PER_EXPERT * experts:
         return DECODE_NARROW
-    return DECODE if routes <= MMA_SYNC_ROUTES_PER_EXPERT * experts else DECODE_WIDE
+    if routes <= BLOCK_ROUTES_PER_EXPERT * experts:
+        return DECODE
+    return DECODE_WIDE if routes <= WIDE_ROUTES_PER_EXPERT * experts else DECODE_WIDEST
 
 
 def experts_bins(num_experts: int) -> int:

@@ -40,9 +40,11 @@ SCALE_SOURCES = ("native", "expanded", "inline")
 # every geometry measured (Qwen3-30B T=256 292 vs 351, gpt-oss-120b T=512 1327 vs 1755, DS4.1-TP4 T=1024
 # 1481 vs 1969, Qwen3-Next T=819 769 vs 962), at 32 the prefill tiles (Qwen3-30B T=512 511 vs 360,
 # DS4.1-TP4 T=2048 2725 vs 2039, Qwen3-Next T=1638 1413 vs 1036).
-# Since run 168 the decode buckets above 16 routes per expert run wgmma blocks of 32 routes, which beat the
-# prefill tiles up to 64 routes per expert on every geometry measured (the figures: moe_specs.DECODE_WIDE).
-DECODE_ROUTES_PER_EXPERT = 64
+# Since run 175 the decode buckets above 8 routes per expert run wgmma blocks (16, 32, 64 routes) reading
+# relabelled activations, which beat the prefill tiles at every count measured, up to 1024 routes per expert
+# (Qwen3-30B T = 16384: 5311 vs 5707 us; the figures: csf_kernels.moe_specs.DECODE). Above that the prefill
+# tiles run (not measured there).
+DECODE_ROUTES_PER_EXPERT = 1024
 # tokens above which an inline plan expands its routed experts' scales once per call and runs the
 # native-scale GEMM. Run 84 (H200, bench_moe, T = 1 / 8 / 32 / 128 / 512, expanded vs inline): DS4.1-TP4
 # 47.3 / 146 / 399 / 797 / 1028 vs 47.8 / 192 / 515 / 1089 / 1411 us, Qwen3-30B 41.7 / 105 / 171 / 209 /

@@ -3,7 +3,7 @@
 Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
 ``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes ``BN`` (64)
 weight rows for one block of ``BM`` routes of one expert, over its K split (mma.sync: 8 or 16 routes; wgmma,
-``WG``: 16, 32 or 64, below). Partials need no gate/up pairing,
+``WG``: 16, 32 or 64, below; the catalog: ``moe_specs.decode_config_for``). Partials need no gate/up pairing,
 so FC1 runs as a GEMM over all its 2N rows (``n_out`` = R): twice the programs of half the registers.
 What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
 order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
@@ -35,10 +35,13 @@ early (two registers). Loading the next step's weight words into registers inste
 ``wgmma`` m64nBMk16 with the block's activations as the shared-memory B operand: each step the program
 stores the next step's activations, relabelled into the weights' K order (4-byte stores: the relabelling
 moves pairs of K positions), into the other of two operand buffers, so one CTA barrier per step orders
-them. It pays from 17 routes per expert on (32-route blocks, runs 167-168: ``moe_specs.DECODE_WIDE``): the
-activations no longer sit in every warp's registers, so a block can hold all of an expert's routes and
-each weight is converted once. ``BN`` 128 (two warpgroups on 8 warps sharing the operand buffers; native
-scales only) is a sweep variant that did not pay (run 173).
+them. ``XR`` (``moe_specs.GemmConfig.relabelled``): the activations are stored in that order already
+(``csf_kernels.relabel``: the layer relabels FC1's input, the FC1 finish writes FC2's so, rows padded to whole
+K steps), so each stage's activations are copied by ``cp.async`` straight into the operand, with the weight
+words: no register pass, no 4-byte stores, no second operand buffer. That form pays from 9 routes per expert on
+(runs 175-177: ``moe_specs.DECODE``): the activations no longer sit in every warp's registers, so a block can
+hold all of an expert's routes and each weight is converted once. ``BN`` 128 (two warpgroups on 8 warps sharing
+the operand buffers; native scales only) is a sweep variant that did not pay (run 173).
 """
 
 from __future__ import annotations
