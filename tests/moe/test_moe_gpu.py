@@ -32,9 +32,10 @@ GEOMETRIES = [
 MAX_TOKENS = 2048
 # above its inline limit an inline plan expands its routed experts' scales (the default limit is 0 tokens:
 # always; "inline_records" reads the records in the GEMM up to 512). The buckets (powers of two) of these
-# token counts run every decode block: 8-route mma.sync blocks (up to 8 routes per expert), 16-, 32- and
-# 64-route wgmma blocks reading relabelled activations (DS4.1 at 700, Qwen3-30B at 300 and 700, records
-# included; Qwen3-30B at 1500). The prefill tiles (above 1024 routes per expert): test_prefill_tiles_...
+# token counts run every decode block: 8-route mma.sync blocks (up to 4 routes per expert), 16-, 32- and
+# 64-route wgmma blocks reading relabelled activations (16: DS4.1 at 300, records included; 32: most
+# geometries at 300-1500; 64: Qwen3-30B at 1500). The prefill tiles (above 1024 routes per expert):
+# test_prefill_tiles_are_bit_identical_and_match_the_reference.
 TOKENS = (1, 7, 64, 300, 700, 1500)
 ARMS = {
     "native": dict(scale_source="native"),

@@ -41,10 +41,10 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
     assert p.bucket_for(1).expand and p.bucket_for(64).expand  # the routed experts' scales expanded first
     records = plan(geo, 4096, scale_source="inline", inline_token_limit=512)  # records read in the GEMM
     assert not records.bucket_for(64).expand and records.bucket_for(64).gemm_source == "inline"
-    # decode tiles: 8-route mma.sync blocks up to 8 routes per expert (DS4.1: 384 experts, top 6), then wgmma
-    # blocks reading relabelled activations: 16 routes up to 16 per expert, 32 up to 64, 64 above; the prefill
+    # decode tiles: 8-route mma.sync blocks up to 4 routes per expert (DS4.1: 384 experts, top 6), then wgmma
+    # blocks reading relabelled activations: 16 routes up to 8 per expert, 32 up to 64, 64 above; the prefill
     # tiles above 1024 routes per expert
-    blocks = [(p.bucket_for(t).config.bm, p.bucket_for(t).config.mma) for t in (1, 512, 1024, 2048, 4096, 8192)]
+    blocks = [(p.bucket_for(t).config.bm, p.bucket_for(t).config.mma) for t in (1, 256, 512, 1024, 4096, 8192)]
     assert blocks == [(8, "mma_sync")] * 2 + [(16, "wgmma"), (32, "wgmma"), (32, "wgmma"), (64, "wgmma")]
     assert all(b.config.relabelled == (b.config.mma == "wgmma") for b in p.buckets)
     assert {b.config.name for b in p.buckets} == {"decode"}

@@ -197,23 +197,28 @@ class GemmConfig:
 # T = 8 (0.91x).
 # Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
 # routes per expert: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178, DS4.1 T = 512
-# (8) 910 / 906 (a tie). Run 156: register caps for more programs per SM (56, 48) gain nothing. Run 177: the
-# same blocks on wgmma (relabelled activations, 77 registers) lose to them at 1-8 routes per expert (1-13%).
+# (8) 910 / 906 (a tie). Run 156: register caps for more programs per SM (56, 48) gain nothing.
+# Since run 175 they run up to 4 routes per expert, where the wgmma blocks below lose to them (run 177, us,
+# 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
+# T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True
 )
-# The wgmma blocks (above 8 routes per expert) read activations stored in the weights' relabelled K order
+# The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
 # (``relabelled``: csf_kernels.relabel), copied by cp.async straight into their operand stages. Sweeps side by
-# side (runs 175-177, us, native scales; mma.sync 16-route blocks at 72 registers / wgmma blocks relabelling in
-# registers / relabelled, all bit-identical):
-# - 9-16 routes per expert, 16-route blocks: DS4.1 T = 512 909 / 952 / 829 (32-route relabelled 934), gpt-oss
-#   T = 512 1016 / 1078 / 969 (32-route 941), Qwen3-30B T = 256 217 / 225 / 191 (32-route 186);
-# - 17-64, 32-route blocks: Qwen3-30B T = 512 (32 per expert) 346 / 283 / 243, T = 1024 630 / 485 / 407; gpt-oss
-#   T = 1024 1678 / 1318 / 1209, T = 2048 (64) 3072 / 2243 / 1960 (64-route 1998); DS4.1 T = 2048 1948 / 1589 /
-#   1377;
+# side (runs 175-177, us, native scales, all bit-identical; per expert = T * k / E: gpt-oss and Qwen3-30B
+# 128 experts, top 4 and 8; DS4.1-TP4 384, top 6):
+# - 5-8 routes per expert, 16-route blocks (8-route mma.sync / 16-route mma.sync at 72 registers / 16-route
+#   wgmma / 32-route wgmma): DS4.1 T = 512 878 / 909 / 829 / 931, gpt-oss T = 256 829 / 839 / 822 / 881,
+#   Qwen3-30B T = 128 170 / 176 / 161 / 179;
+# - 9-64, 32-route blocks (16-route mma.sync / 32-route wgmma relabelling in registers, capped at 96 / 16-route
+#   wgmma / 32-route wgmma): at 16 per expert DS4.1 T = 1024 1182 / 1132 / 1033 / 995, gpt-oss T = 512 1016 /
+#   1016 / 969 / 940, Qwen3-30B T = 256 217 / 214 / 191 / 186; at 32 Qwen3-30B T = 512 346 / 283 / 295 / 243,
+#   DS4.1 T = 2048 1948 / 1589 / 1633 / 1377, gpt-oss T = 1024 1678 / 1318 / 1421 / 1209; at 64 gpt-oss T = 2048
+#   3072 / 2243 / 2560 / 1960 (64-route wgmma 1998);
 # - above 64, 64-route blocks (128 registers) against 32-route ones and the prefill tiles: Qwen3-30B T = 2048
-#   696 / 732 / 836, T = 4096 1349 / 1432 / 1568, T = 16384 (1024 per expert) 5311 / - / 5707; DS4.1 T = 4096
-#   2388 / 2425 / 2942, T = 16384 8611 / - / 9144; gpt-oss T = 4096 3527 / 3700 / 4235, T = 16384 14287 / - /
+#   696 / 732 / 836, T = 4096 1349 / 1432 / 1568, T = 16384 (1024 per expert) 5311 / - / 5707; DS4.1 T = 8192
+#   4448 / 4630 / 4999, T = 16384 8611 / - / 9144; gpt-oss T = 4096 3527 / 3700 / 4235, T = 16384 14287 / - /
 #   15139.
 DECODE = GemmConfig(
     name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
@@ -226,8 +231,8 @@ DECODE_MMA_SYNC = replace(DECODE, mma="mma_sync", relabelled=False, max_register
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST, PREFILL)
-NARROW_ROUTES_PER_EXPERT = 8  # routes per expert (T * k / E) up to which DECODE_NARROW runs
-BLOCK_ROUTES_PER_EXPERT = 16  # ... DECODE above, up to this
+NARROW_ROUTES_PER_EXPERT = 4  # routes per expert (T * k / E) up to which DECODE_NARROW runs
+BLOCK_ROUTES_PER_EXPERT = 8  # ... DECODE above, up to this
 WIDE_ROUTES_PER_EXPERT = 64  # ... DECODE_WIDE above, up to this; DECODE_WIDEST above (csf_moe.plan: how far)
 
 
