@@ -40,8 +40,11 @@ def run_layer(layer: MoELayer, x, ids, w) -> torch.Tensor:
 
 
 def check_fork(layer: MoELayer, x, ids, w, out) -> None:
-    """The span a GPU call forks (run() binds it as a ForkJoin) is exactly the expansion: W13's launches on
-    the current stream, then W2's on the side stream, joined before FC1; no fork without an expansion."""
+    """The span a GPU call forks (run() binds it as a ForkJoin) holds exactly the expansions and runs them
+    beside what they need not wait for; no fork without an expansion. The routed experts' (the alignment
+    lists them): W13's on the current stream beside W2's on the side stream, after the alignment. Every
+    expert's (from EXPAND_ALL_ROUTES_PER_EXPERT routes per expert): from the call's start, the alignment,
+    the relabelling and W2's on the current stream, W13's on the side stream."""
     calls, fork = layer._launches(x, ids, w, out)
 
     def writes(launch, plane) -> bool:  # an expansion launch whose output is ``plane``
@@ -49,14 +52,22 @@ def check_fork(layer: MoELayer, x, ids, w, out) -> None:
             return False
         return any(torch.is_tensor(a) and a.data_ptr() == plane.data_ptr() for a in launch.args)
 
-    expanding = [i for i, la in enumerate(calls) if writes(la, layer.w13_plane) or writes(la, layer.w2_plane)]
-    if not expanding:
+    def reads_active(launch) -> bool:  # the alignment's list of routed experts
+        return any(torch.is_tensor(a) and a.data_ptr() == layer.active_experts.data_ptr() for a in launch.args)
+
+    w13 = [i for i, la in enumerate(calls) if writes(la, layer.w13_plane)]
+    w2 = [i for i, la in enumerate(calls) if writes(la, layer.w2_plane)]
+    if not w13 + w2:
         assert fork is None, fork
         return
     start, split, end = fork
-    assert expanding == list(range(start, end)) and start < split < end, (expanding, fork)
-    assert all(writes(la, layer.w13_plane) for la in calls[start:split]), "W13's expansion on the current stream"
-    assert all(writes(la, layer.w2_plane) for la in calls[split:end]), "W2's expansion on the side stream"
+    if layer.plan.expands_all_experts(x.shape[0]):
+        assert start == 0 and w13 == list(range(split, end)) and all(start <= i < split for i in w2), (fork, w13, w2)
+        assert not any(reads_active(calls[i]) for i in w13 + w2), "every expert's planes: nothing from the alignment"
+    else:
+        assert w13 == list(range(start, split)) and w2 == list(range(split, end)), (fork, w13, w2)
+        assert all(reads_active(calls[i]) for i in w13 + w2), "the routed experts' planes"
+        assert all(la.spec.kernel.startswith("moe.align") for la in calls[:start]), "after the alignment"
 
 
 def main(seed: int) -> None:
@@ -64,43 +75,54 @@ def main(seed: int) -> None:
     cases = 0
     for geo in geometries():
         layer_data = synthetic_layer(geo, seed=seed)
-        t = 5
-        x = (torch.randn(t, geo.hidden, generator=gen)).to(torch.bfloat16)
-        ids = torch.randint(0, geo.experts, (t, geo.top_k), generator=gen, dtype=torch.int32)
-        ids[1, 0] = -1  # vLLM's graph padding
-        ids[3, -1] = geo.experts
-        w = torch.rand(t, geo.top_k, generator=gen)
-        want = moe_reference(x, layer_data.reference(), w, ids, kind=geo.activation)
-        outs = {}
-        # (source, tile config, ids dtype): every source on the split-K decode tiles, the inline source
-        # also on the prefill tiles and with int64 ids
-        runs = [(src, "decode", torch.int32) for src in ("native", "expanded", "inline")]
-        runs += [
-            ("inline", "decode", torch.int64),
-            ("inline", "prefill", torch.int32),
-            ("native", "prefill", torch.int32),
-        ]
-        for source, config, ids_dtype in runs:
-            # the interpreter runs Triton programs: the decode tiles' Triton engine (GPU tests cover Gluon's)
-            p = plan(geo, 8, scale_source=source, buckets=(8,), decode_routes_per_expert=8 if config == "decode" else 0,
-                     decode_config=DECODE_TRITON)  # fmt: skip
-            assert p.buckets[0].config.name == config
-            weights = prepare_weights(p, **layer_data.weight_kwargs())
-            scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)
-            layer = MoELayer(plan=p, weights=weights, scratch=scratch)
-            outs[(source, config, ids_dtype)] = run_layer(layer, x, ids.to(ids_dtype), w)
-            cases += 1
-        for config in ("decode", "prefill"):
-            first = outs[("native", config, torch.int32)]
-            for key, got in outs.items():
-                if key[1] == config and not torch.equal(got, first):
-                    diff = (got.float() - first.float()).abs().max()
-                    raise SystemExit(f"{geo.name}: {key} differs from native (max difference {diff})")
-            err = (first.float() - want).norm() / want.norm()
-            if not err < 2e-2:
-                raise SystemExit(f"{geo.name} {config}: relative error {err:.3e} against the float32 reference")
-            print(f"{geo.name} {config}: rel err {err:.2e}", file=sys.stderr)
+        # 5 tokens: the routed experts' scales expanded; 8: every expert's (EXPAND_ALL_ROUTES_PER_EXPERT)
+        for t in (5, 8):
+            x = (torch.randn(t, geo.hidden, generator=gen)).to(torch.bfloat16)
+            ids = torch.randint(0, geo.experts, (t, geo.top_k), generator=gen, dtype=torch.int32)
+            ids[1, 0] = -1  # vLLM's graph padding
+            ids[3, -1] = geo.experts
+            w = torch.rand(t, geo.top_k, generator=gen)
+            want = moe_reference(x, layer_data.reference(), w, ids, kind=geo.activation)
+            outs = {}
+            # (source, tile config, ids dtype): every source on the split-K decode tiles, the inline source
+            # also on the prefill tiles and with int64 ids (8 tokens: native and expanded decode tiles)
+            runs = [(src, "decode", torch.int32) for src in ("native", "expanded", "inline")]
+            if t == 5:
+                runs += [
+                    ("inline", "decode", torch.int64),
+                    ("inline", "prefill", torch.int32),
+                    ("native", "prefill", torch.int32),
+                ]
+            else:
+                runs = runs[:2]
+            for source, config, ids_dtype in runs:
+                # the interpreter runs Triton programs: the decode tiles' Triton engine (GPU tests cover Gluon's)
+                tiles = 8 if config == "decode" else 0
+                p = plan(geo, 8, scale_source=source, buckets=(8,), decode_routes_per_expert=tiles,
+                         decode_config=DECODE_TRITON)  # fmt: skip
+                assert p.buckets[0].config.name == config
+                weights = prepare_weights(p, **layer_data.weight_kwargs())
+                scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8)
+                layer = MoELayer(plan=p, weights=weights, scratch=scratch)
+                assert layer.plan.expands_all_experts(t) == (t == 8)
+                outs[(source, config, ids_dtype)] = run_layer(layer, x, ids.to(ids_dtype), w)
+                cases += 1
+            _check(geo, t, outs, want)
     print(f"ok {cases}")
+
+
+def _check(geo, t, outs, want) -> None:
+    """Every run bit-identical to native on the same tiles, and close to the float32 reference."""
+    for config in {key[1] for key in outs}:
+        first = outs[("native", config, torch.int32)]
+        for key, got in outs.items():
+            if key[1] == config and not torch.equal(got, first):
+                diff = (got.float() - first.float()).abs().max()
+                raise SystemExit(f"{geo.name} T={t}: {key} differs from native (max difference {diff})")
+        err = (first.float() - want).norm() / want.norm()
+        if not err < 2e-2:
+            raise SystemExit(f"{geo.name} T={t} {config}: relative error {err:.3e} against the float32 reference")
+        print(f"{geo.name} T={t} {config}: rel err {err:.2e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

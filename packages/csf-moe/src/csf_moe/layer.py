@@ -2,15 +2,18 @@
 
 A call with T tokens runs the programs of the plan's bucket for T:
 
-    align (2 launches) -> [expand routed experts' scales into scratch] -> FC1 + activation -> FC2 -> combine
+    align (1-2 launches) -> [expand scales into scratch] -> [relabel FC1's input] -> FC1 -> finish -> FC2
+    -> combine
 
-The expansion's two planes run concurrently: W13's on the current stream, W2's on the device's side stream
-(``csf_kernels.expand_layer``), forked after the align launches and joined before FC1.
+The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
+joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
+stream beside W2's, forked after the align launches; from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert,
+every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
-Every launch goes on torch's current stream (W2's expansion on the side stream forked from it and joined
+Every launch goes on torch's current stream (an expansion on the side stream forked from it and joined
 back) with arguments marshalled once per (T, input addresses), so a call allocates nothing but its output (or
 nothing, given ``out``), and CUDA graphs capture it.
 """
@@ -167,27 +170,39 @@ class MoELayer:
                 sorted_ids=sorted_ids,
             )
         )
-        w13, w2 = self.weights.w13, self.weights.w2
-        fork = None
-        if bucket.expand:
-            if scale_planes is None:
-                w13_plane, w2_plane = self.w13_plane, self.w2_plane
-                start = len(launches)
-                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
-                split = len(launches)
-                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
-                fork = (start, split, len(launches))
-            else:
-                w13_plane, w2_plane = scale_planes
-            # the same operands, their scales read from the expanded planes
-            w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
         # relabelled buckets (wgmma programs copying their activations straight into the operand): FC1's input
         # copied into the relabelled K order first, FC2's written in it by the FC1 finish
         relabel = relabel_step(geo.fmt, bucket.config)
         x1 = hidden
         if relabel:
             x1 = self.relabelled_input[: t * padded_k(geo.hidden, geo.fmt)].view(t, -1)
-            launches.append(relabel_launch(hidden, x1, fmt=geo.fmt))
+            relabelling = [relabel_launch(hidden, x1, fmt=geo.fmt)]
+        else:
+            relabelling = []
+        w13, w2 = self.weights.w13, self.weights.w2
+        fork = None
+        if bucket.expand:
+            if scale_planes is not None:
+                w13_plane, w2_plane = scale_planes
+                launches += relabelling
+            elif plan.expands_all_experts(t):  # every expert's planes: W13's beside the alignment, the
+                w13_plane, w2_plane = self.w13_plane, self.w2_plane  # relabelling and W2's (nothing to wait for)
+                launches += relabelling + inline_expansion_launches(w2.inline, w2_plane)
+                split = len(launches)
+                launches += inline_expansion_launches(w13.inline, w13_plane)
+                fork = (0, split, len(launches))
+            else:  # the routed experts' (the alignment lists them): W13's beside W2's
+                w13_plane, w2_plane = self.w13_plane, self.w2_plane
+                start = len(launches)
+                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
+                split = len(launches)
+                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+                fork = (start, split, len(launches))
+                launches += relabelling
+            # the same operands, their scales read from the expanded planes
+            w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
+        else:
+            launches += relabelling
         n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
         inter = self.intermediate[: pairs * n_inter].view(pairs, n_inter)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
