@@ -29,7 +29,7 @@ from .moe_specs import (
     gemm_spec,
     relabel_spec,
 )
-from .relabel import padded_k
+from .relabel import k_step, padded_k
 from .runtime import Launch, aligned
 
 __all__ = [
@@ -251,7 +251,7 @@ def gemm_launch(
     else:
         wide = ph
     spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
-    steps = -(-k // (4 * fmt.block_size))
+    steps = -(-k // k_step(fmt))
     per_split = -(-steps // splits)
     if config.split_k:
         if part is None or part.dtype != torch.float32 or part.numel() < splits * pairs * r:

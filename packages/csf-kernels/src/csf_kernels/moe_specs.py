@@ -15,6 +15,7 @@ from csf_codec.inline import DELTA_BITS
 
 from .catalog import MoEGeometry
 from .programs import ProgramSpec, TritonFamily
+from .relabel import k_step
 
 __all__ = [
     "DECODE",
@@ -338,7 +339,7 @@ def relabel_spec(fmt: ScaleFormat) -> ProgramSpec:
     return ProgramSpec.of(
         MOE_RELABEL.kernel,
         MOE_RELABEL.version,
-        STEP=4 * fmt.block_size,
+        STEP=k_step(fmt),
         BLOCK=RELABEL_COLUMNS,
         PDL=MOE_PDL,
         num_warps=MOE_RELABEL.num_warps,
@@ -347,7 +348,7 @@ def relabel_spec(fmt: ScaleFormat) -> ProgramSpec:
 
 def relabel_step(fmt: ScaleFormat, config: GemmConfig) -> int:
     """The K step whose relabelled order ``config``'s programs read activations in (0: the natural order)."""
-    return 4 * fmt.block_size if config.relabelled else 0
+    return k_step(fmt) if config.relabelled else 0
 
 
 def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool, relabel: int = 0) -> ProgramSpec:

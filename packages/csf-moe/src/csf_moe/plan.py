@@ -30,7 +30,7 @@ from csf_kernels.moe_specs import (
     split_count,
 )
 from csf_kernels.programs import ProgramSpec
-from csf_kernels.relabel import padded_k
+from csf_kernels.relabel import k_step, padded_k
 
 __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 
@@ -246,7 +246,7 @@ def plan(
         blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
         s1 = s2 = 1
         if config.split_k:
-            steps = {k: -(-k // (4 * geometry.fmt.block_size)) for k in (geometry.hidden, geometry.intermediate)}
+            steps = {k: -(-k // k_step(geometry.fmt)) for k in (geometry.hidden, geometry.intermediate)}
             s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
         plans.append(

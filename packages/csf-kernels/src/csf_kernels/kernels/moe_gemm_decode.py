@@ -38,10 +38,10 @@ moves pairs of K positions), into the other of two operand buffers, so one CTA b
 them. ``XR`` (``moe_specs.GemmConfig.relabelled``): the activations are stored in that order already
 (``csf_kernels.relabel``: the layer relabels FC1's input, the FC1 finish writes FC2's so, rows padded to whole
 K steps), so each stage's activations are copied by ``cp.async`` straight into the operand, with the weight
-words: no register pass, no 4-byte stores, no second operand buffer. That form pays from 9 routes per expert on
-(runs 175-177: ``moe_specs.DECODE``): the activations no longer sit in every warp's registers, so a block can
-hold all of an expert's routes and each weight is converted once. ``BN`` 128 (two warpgroups on 8 warps sharing
-the operand buffers; native scales only) is a sweep variant that did not pay (run 173).
+words: no register pass, no 4-byte stores, no second operand buffer. That form pays from 5 routes per expert
+on (runs 175-177: ``moe_specs.decode_config_for``): the activations no longer sit in every warp's registers,
+so a block can hold all of an expert's routes and each weight is converted once. ``BN`` 128 (two warpgroups
+on 8 warps sharing the operand buffers; native scales only) is a sweep variant that did not pay (run 173).
 """
 
 from __future__ import annotations
