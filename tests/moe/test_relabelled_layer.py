@@ -4,8 +4,6 @@ rows of whole K steps. Launch order and shapes only (the GEMM itself runs on GPU
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -21,8 +19,8 @@ from csf_moe.synthetic import synthetic_layer, synthetic_routing
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_relabelled_buckets_relabel_both_gemm_inputs(fmt):
     geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format(fmt), experts=8, hidden=320, intermediate=192, top_k=3)
-    config = dataclasses.replace(DECODE_WIDE, relabelled=True)
-    p = plan(geo, 64, scale_source="native", decode_config=config, decode_routes_per_expert=1 << 30)
+    assert DECODE_WIDE.relabelled
+    p = plan(geo, 64, scale_source="native", decode_config=DECODE_WIDE, decode_routes_per_expert=1 << 30)
     data = synthetic_layer(geo, seed=3, device="cpu")
     # MoELayer directly: CPU tensors need not be 256-byte aligned, as bind() requires of device scratch
     layer = MoELayer(plan=p, weights=prepare_weights(p, **data.weight_kwargs()),
