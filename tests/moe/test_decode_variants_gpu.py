@@ -9,11 +9,11 @@ zero-compilation check in this process stays whole."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.interpreted import run_script
 
 pytestmark = pytest.mark.gpu
 SEED = int.from_bytes(os.urandom(3), "little")
@@ -64,9 +64,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_register_and_staged_operands_give_the_same_bits():
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(SEED)], capture_output=True, text=True, timeout=900, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
-        f"seed {SEED}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
+    run_script(SCRIPT, SEED)

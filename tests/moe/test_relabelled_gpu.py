@@ -6,11 +6,11 @@ the GEMM reads. JIT in a subprocess (the frozen tests' zero-compilation check in
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.interpreted import run_script
 
 pytestmark = pytest.mark.gpu
 SEED = int.from_bytes(os.urandom(3), "little")
@@ -54,9 +54,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_relabelled_activations_give_the_same_bits():
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(SEED)], capture_output=True, text=True, timeout=900, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
-        f"seed {SEED}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
+    run_script(SCRIPT, SEED)
