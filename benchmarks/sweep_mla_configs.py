@@ -49,7 +49,7 @@ OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
 
 def _configs(text: str) -> list[DecodeConfig]:
     """``64/8/1/1/bf16,16/4/1/2/f16/r,32/8/1/1/f16/g``: head block / warps / stages / waves [/ f16 or bf16
-    [/ r: regroup, g: the gluon engine, w: the wgmma engine]], comma-separated."""
+    [/ r: regroup, g: the gluon engine, w: the wgmma engine, W: the wide engine]], comma-separated."""
     configs = []
     for item in filter(None, text.split(",")):
         fields = item.split("/")
@@ -61,6 +61,8 @@ def _configs(text: str) -> list[DecodeConfig]:
                 extra["engine"] = "gluon"
             elif token == "w":
                 extra["engine"] = "wgmma"
+            elif token == "W":
+                extra["engine"] = "wide"
             else:
                 raise ValueError(f"unknown config token {token!r} in {item!r}")
         configs.append(DecodeConfig(*map(int, fields[:4]), **extra))

@@ -4,19 +4,25 @@ needs it.
 Their register relabellings are checked while they compile (``convert_layout(..., assert_trivial=True)``
 refuses any that would move data between threads); here: every catalog program builds, for every query
 form; the 16-head programs leave room for two per SM (their shared memory: two chunk stages); the 32-head
-program runs two warpgroups (a warp-specialized worker beside the program's 4 warps) in one SM's shared
-memory."""
+program runs two warpgroups (a warp-specialized worker beside the program's 4 warps) and the 64-head program
+three (two workers) in one SM's shared memory."""
 
 from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
 from csf_kernels.aot.compile_triton import compile_triton
+from csf_kernels.cute.export import find_cuobjdump
 from csf_kernels.mla_specs import (
     MLA_DECODE_MMA,
     MLA_DECODE_WGMMA,
+    MLA_DECODE_WIDE,
     PARTIAL_DTYPES,
     QUERY_MODES,
     DecodeConfig,
@@ -25,10 +31,11 @@ from csf_kernels.mla_specs import (
 )
 
 H200_SHARED_PER_SM = 228 * 1024  # sm_90: shared memory per SM, 1 KiB of it reserved per resident block
-FAMILY = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA}
+FAMILY = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA, "wide": MLA_DECODE_WIDE}
+WARPGROUPS = {"gluon": 1, "wgmma": 2, "wide": 3}  # the program's own warps, then its warp-specialized workers
 
 
-@pytest.mark.parametrize("heads", [16, 32])
+@pytest.mark.parametrize("heads", [16, 32, 64])
 @pytest.mark.parametrize("query", list(QUERY_MODES))
 def test_catalog_programs_build(heads, query):
     config = decode_config(heads)
@@ -38,8 +45,7 @@ def test_catalog_programs_build(heads, query):
         assert spec.kernel == family.kernel
         art = compile_triton(spec)
         assert art.kind == "triton_cubin" and art.launch["entry"] == family.function
-        warps = 2 * config.num_warps if config.engine == "wgmma" else config.num_warps  # + the worker
-        assert art.launch["block"] == [32 * warps, 1, 1]
+        assert art.launch["block"] == [32 * config.num_warps * WARPGROUPS[config.engine], 1, 1]
         assert config.waves * (art.launch["shared"] + 1024) <= H200_SHARED_PER_SM
         if heads == 16:  # two programs per SM, as the split policy plans (waves = 2)
             assert config.waves == 2
@@ -71,3 +77,22 @@ def test_the_wgmma_program_finishes_single_splits_with_every_option():
             assert (direct.fact["HAS_SINK"], direct.fact["WRITE_LSE"]) == (int(sink), int(lse))
     art = compile_triton(decode_spec(config, "float32", "bf16", direct=True, sink=True, lse=True))
     assert art.launch["block"] == [256, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
+
+
+def test_the_wide_program_puts_64_heads_on_wgmma_m_with_every_operand_converted_once():
+    """The 64-head program: one converter and two consumer warpgroups in one SM's shared memory; the scores as
+    64 x 64 and the values as 64 x 128 wgmma tiles on bf16 operands (heads along M), registers reallocated
+    between the partitions (setmaxnreg)."""
+    config = decode_config(64)
+    assert config.engine == "wide" and config.finishes_directly
+    art = compile_triton(decode_spec(config, "float32", "bf16", direct=True, sink=True, lse=True))
+    assert art.launch["block"] == [384, 1, 1] and art.launch["shared"] + 1024 <= H200_SHARED_PER_SM
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's bundled tools) to disassemble the cubin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "wide.cubin"
+        cubin.write_bytes(art.data)
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert "HGMMA.64x64x16.F32.BF16" in sass and "HGMMA.64x128x16.F32.BF16" in sass
+    assert "USETMAXREG" in sass

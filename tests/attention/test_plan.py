@@ -97,9 +97,18 @@ def test_the_wgmma_engine_refuses_what_it_was_not_built_for(bad):
         DecodeConfig(**{"head_block": 32, "num_warps": 4, "engine": "wgmma", **bad})
 
 
+@pytest.mark.parametrize(
+    "bad", [{"head_block": 32}, {"num_warps": 8}, {"operand": "float16"}, {"regroup": True}, {"num_stages": 2}]
+)
+def test_the_wide_engine_refuses_what_it_was_not_built_for(bad):
+    with pytest.raises(ValueError, match="wide decode runs 64 heads"):
+        DecodeConfig(**{"head_block": 64, "num_warps": 4, "operand": "bfloat16", "engine": "wide", **bad})
+
+
 def test_catalog_configs_use_the_measured_operands():
-    assert decode_config(128) == decode_config(64) == decode_config(32)  # 32-head blocks on wgmma
-    assert (decode_config(32).engine, decode_config(16).engine) == ("wgmma", "gluon")
+    assert decode_config(128) == decode_config(64)  # 64-head blocks, heads on wgmma's M
+    assert (decode_config(64).engine, decode_config(32).engine, decode_config(16).engine) == ("wide", "wgmma", "gluon")
+    assert decode_config(64).operand == "bfloat16"  # the scales folded into the operands
     assert decode_config(32).operand == decode_config(16).operand == "float16"
     assert triton_decode_config(128).operand == "bfloat16"  # the Triton wgmma block: a loaded query
     assert triton_decode_config(16).regroup and not triton_decode_config(32).regroup  # 4-warp programs only

@@ -15,7 +15,7 @@ from csf_codec.inline import DELTA_BITS, exception_capacity, record_bytes_choice
 from csf_codec.tile_layout import TILE_COLS
 
 from .catalog import Catalog, MoEGeometry
-from .mla_specs import MLA_DECODE, MLA_DECODE_MMA, MLA_DECODE_WGMMA, MLA_MERGE, sparse_mla_specs
+from .mla_specs import MLA_DECODE, MLA_DECODE_MMA, MLA_DECODE_WGMMA, MLA_DECODE_WIDE, MLA_MERGE, sparse_mla_specs
 from .moe_specs import (
     MOE_ALIGN_PLAN,
     MOE_ALIGN_SCATTER,
@@ -74,6 +74,7 @@ FAMILIES = {
         MLA_DECODE,
         MLA_DECODE_MMA,
         MLA_DECODE_WGMMA,
+        MLA_DECODE_WIDE,
         MLA_MERGE,
     )
 }

@@ -15,6 +15,7 @@ __all__ = [
     "MLA_DECODE",
     "MLA_DECODE_MMA",
     "MLA_DECODE_WGMMA",
+    "MLA_DECODE_WIDE",
     "MLA_MERGE",
     "OPERANDS",
     "PARTIAL_DTYPES",
@@ -46,18 +47,27 @@ MLA_DECODE_WGMMA = TritonFamily(
     num_warps=4,
     gluon=True,
 )
+MLA_DECODE_WIDE = TritonFamily(
+    kernel="mla.sparse_decode_wide",
+    version=1,
+    module="csf_kernels.kernels.mla_decode_wide",
+    function="mla_decode_wide",
+    num_warps=4,
+    gluon=True,
+)
 MLA_MERGE = TritonFamily(
     kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
 )
 PARTIAL_DTYPES = ("float32", "bfloat16")
 OPERANDS = ("float16", "bfloat16")
-ENGINES = ("triton", "gluon", "wgmma")
-_GLUON_FAMILIES = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA}
+ENGINES = ("triton", "gluon", "wgmma", "wide")
+_GLUON_FAMILIES = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA, "wide": MLA_DECODE_WIDE}
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program,
+    """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program (per
+    warpgroup partition for the warp-specialized engines),
     software-pipeline stages of the chunk loop (2: the next chunk's records gathered by ``cp.async``
     while this one is computed), the programs per SM the split policy aims at (``waves``: how many
     fit beside each other at the program's register count), the MMA operands' type (``operand``:
@@ -66,7 +76,9 @@ class DecodeConfig:
     "gluon": kernels/mla_decode_mma.py (16 or 32 heads, 4 or 8 warps, records staged by cp.async in two
     stages of its own; split programs only, the merge finishes them); "wgmma": kernels/mla_decode_wgmma.py
     (16 or 32 heads; ``num_warps`` 4 is one of its two warpgroups, the other a warp-specialized worker;
-    products transposed on wgmma; a single split's output finished in the program, as the Triton one)."""
+    products transposed on wgmma; a single split's output finished in the program, as the Triton one);
+    "wide": kernels/mla_decode_wide.py (64 heads along wgmma's M; a converter warpgroup stores each chunk's
+    records once in shared memory as bf16, two consumer warpgroups each take half the output columns)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -95,6 +107,14 @@ class DecodeConfig:
             or self.regroup
         ):
             raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 or 8 warps with float16 operands, got {self}")
+        if self.engine == "wide" and (
+            self.head_block != 64
+            or self.num_warps != 4
+            or self.num_stages != 1
+            or self.operand != "bfloat16"
+            or self.regroup
+        ):
+            raise ValueError(f"the wide decode runs 64 heads on bf16 operands, one warpgroup per partition, got {self}")
         if self.engine == "wgmma" and (
             self.head_block not in (16, 32)
             or self.num_warps != 4
@@ -107,7 +127,7 @@ class DecodeConfig:
     @property
     def finishes_directly(self) -> bool:
         """Whether a single-split call's decode program can write the finished output (no merge)."""
-        return self.engine in ("triton", "wgmma")
+        return self.engine in ("triton", "wgmma", "wide")
 
 
 # Chosen on the H200 by benchmarks/sweep_mla_configs.py (run 19, validation/README.md): the time per
@@ -130,8 +150,11 @@ _TRITON_BY_HEAD_BLOCK = {
 # four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
 # (since run 162 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
 # mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
-# batch 32 (37.6 vs 33-34). See docs/perf-notes.md
+# batch 32 (37.6 vs 33-34). 64 and 128 heads run 64-head blocks with heads on wgmma's M
+# (kernels/mla_decode_wide.py; sweeps side by side, runs 191-192): 1.04-1.26x faster than 32-head wgmma
+# blocks (b128 h128 s_q 2 765 vs 964 us, b128 h64 213 vs 249). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
+    64: DecodeConfig(64, 4, 1, 1, operand="bfloat16", engine="wide"),
     32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
     16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
 }

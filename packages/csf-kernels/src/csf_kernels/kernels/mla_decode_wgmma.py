@@ -28,8 +28,8 @@ converted once per program and each warpgroup holds only its half of the output:
   moves no data; the columns are put back in order when the partial is stored.
 
 With one split per row (``DIRECT``) the program finishes the output itself, as ``mla_merge`` would finish that
-one split (the same float32 operations in the same order, ``_direct_group``): the merged call's bits without
-the partials' round trip and the merge's launch.
+one split (the same float32 operations in the same order: ``_direct_weights``, ``_direct_rows``): the merged
+call's bits without the partials' round trip and the merge's launch.
 
 Query modes (and their quantization), online softmax and skipped candidates as ``mla_decode_mma``, whose
 helpers this program shares (a warpgroup stages its half of the query; mode 0 takes its exponent from the
@@ -252,10 +252,9 @@ def _group_offsets(at_head, g: gl.constexpr):
 
 
 @gluon.jit
-def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIAL_BF16: gl.constexpr):
-    """Group ``g``'s normalised partial [BH, 128]."""
-    o = _group_rows(acc, unit, den_safe)
-    at = _group_offsets(at_head, g)
+def _store_rows(o, part_out, at, PARTIAL_BF16: gl.constexpr):
+    """Normalised partial rows ``o`` (float32, one row per head) at element offsets ``at`` (o's layout; both
+    wgmma programs)."""
     if PARTIAL_BF16:
         gl.store(part_out.to(gl.pointer_type(gl.bfloat16)) + at, o.to(gl.bfloat16))
     else:
@@ -263,17 +262,35 @@ def _store_group(acc, unit, den_safe, part_out, at_head, g: gl.constexpr, PARTIA
 
 
 @gluon.jit
-def _direct_group(acc, unit, den_safe, w, total, out, at_head, g: gl.constexpr):
-    """Group ``g``'s finished output [BH, 128] bf16: the float32 partial ``_store_group`` would store, weighted
-    and divided as ``mla_merge`` finishes a single split (csf_kernels.kernels.mla_finish: ``weighted``, then
-    ``finished``)."""
-    o = _group_rows(acc, unit, den_safe)
-    heads: gl.constexpr = gl.SliceLayout(1, _rows_layout(4, 4))
+def _direct_weights(lse, attn_sink, lse_out, slot, h, HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """A single split's weight and the total it is divided by, as ``mla_merge`` finishes one split
+    (csf_kernels.kernels.mla_finish: ``reference_max``, ``split_weight``, ``keys_lse``); stores the lse when
+    asked (both wgmma programs)."""
+    m_all = lse
+    if HAS_SINK:
+        sink = gl.load(attn_sink + h)
+        m_all = gl.maximum(m_all, sink)
+    m_fin = gl.where(m_all == float("-inf"), 0.0, m_all)
+    w = gl.exp(lse - m_fin)
+    total = w
+    if HAS_SINK:
+        total = w + gl.exp(sink - m_fin)
+    if WRITE_LSE:
+        gl.store(lse_out + slot, gl.where(w > 0, m_fin + gl.log(gl.where(w > 0, w, 1.0)), float("-inf")))
+    return w, total
+
+
+@gluon.jit
+def _direct_rows(o, w, total, out, at):
+    """Finished output rows (bf16) at element offsets ``at`` from their float32 partial rows ``o`` (one row per
+    head), weighted and divided as ``mla_merge`` finishes a single split (``weighted``, then ``finished``; both
+    wgmma programs)."""
+    heads: gl.constexpr = gl.SliceLayout(1, o.type.layout)
     w = gl.expand_dims(gl.convert_layout(w, heads), 1)
     total = gl.expand_dims(gl.convert_layout(total, heads), 1)
     num = gl.where(w > 0, w * o, 0.0)
     res = gl.where(total > 0, num / gl.where(total > 0, total, 1.0), 0.0)
-    gl.store(out + _group_offsets(at_head, g), res.to(gl.bfloat16))
+    gl.store(out + at, res.to(gl.bfloat16))
 
 
 @gluon.jit
@@ -363,26 +380,16 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_
     lse, den_safe = _finish(m, den, 0)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
-    if DIRECT:  # the merge of this one split (mla_finish's steps: reference_max, split_weight, keys_lse)
-        m_all = lse
-        if HAS_SINK:
-            sink = gl.load(attn_sink + h)
-            m_all = gl.maximum(m_all, sink)
-        m_fin = gl.where(m_all == float("-inf"), 0.0, m_all)
-        w = gl.exp(lse - m_fin)
-        total = w
-        if HAS_SINK:
-            total = w + gl.exp(sink - m_fin)
-        if WRITE_LSE and H == 0:
-            gl.store(lse_out + slot, gl.where(w > 0, m_fin + gl.log(gl.where(w > 0, w, 1.0)), float("-inf")))
-        _direct_group(acc0, unit0, den_safe, w, total, out, slot * LATENT, G0)
-        _direct_group(acc1, unit1, den_safe, w, total, out, slot * LATENT, G1)
+    at_head = slot * LATENT
+    if DIRECT:  # the merge of this one split
+        w, total = _direct_weights(lse, attn_sink, lse_out, slot, h, HAS_SINK, WRITE_LSE and H == 0)
+        _direct_rows(_group_rows(acc0, unit0, den_safe), w, total, out, _group_offsets(at_head, G0))
+        _direct_rows(_group_rows(acc1, unit1, den_safe), w, total, out, _group_offsets(at_head, G1))
     else:
         if H == 0:
             gl.store(part_lse + slot, lse)
-        at_head = slot * LATENT
-        _store_group(acc0, unit0, den_safe, part_out, at_head, G0, PARTIAL_BF16)
-        _store_group(acc1, unit1, den_safe, part_out, at_head, G1, PARTIAL_BF16)
+        _store_rows(_group_rows(acc0, unit0, den_safe), part_out, _group_offsets(at_head, G0), PARTIAL_BF16)
+        _store_rows(_group_rows(acc1, unit1, den_safe), part_out, _group_offsets(at_head, G1), PARTIAL_BF16)
 
 
 @gluon.jit
