@@ -6,10 +6,11 @@ one split's 64-candidate chunks under the balanced policy of ``mla_decode``). Th
 warpgroups (``gl.warp_specialize``), each record read and converted once per program and every product a
 64-row wgmma, so one operand read from shared memory serves 64 heads:
 
-* the converter (a worker) gathers a chunk's records into registers (32-bit words), converts the E4M3 codes
-  to bf16 with the group scale folded in (exact: a power of two times a code with 3 mantissa bits), copies
-  the bf16 rope, and stores both into one of two stages in the tensor cores' swizzled layout, then hands the
-  stage over (mbarrier ``full``);
+* the converter (a worker) asks L2 for a chunk's records two chunks ahead (bulk prefetches), gathers them
+  into registers (32-bit words) before waiting for a free stage, converts the E4M3 codes to bf16 with the
+  group scale folded in (exact: a power of two times a code with 3 mantissa bits; see ``KEY_SHIFT``), copies
+  the bf16 rope by ``cp.async``, and stores both into one of two stages in the tensor cores' swizzled layout
+  with the candidates' liveness, then hands the stage over (mbarrier ``full``);
 * two consumers (the program's warpgroup and a worker) each compute the whole scores S [64 heads, 64
   candidates] = Q K^T in one accumulation (A = the bf16 query, B = the stage's keys, both in shared memory;
   the rope in the same chain) and run the same online softmax on them, so both hold the same maxima and
@@ -60,7 +61,6 @@ __all__ = ["SIGNATURE", "mla_decode_wide"]
 MULTIPLE_OF = {"heads": 64, "topk": 64}
 BH: gl.constexpr = gl.constexpr(64)  # heads per program: wgmma's M
 GROUPS: gl.constexpr = gl.constexpr(LATENT // GROUP)
-HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # output columns per consumer
 # The stored keys (and the query's rope) are the true values times 2**-64 (so that one bf16 product converts a
 # code, see _bf16_pairs); the scores and the output are scaled back by KEY_SHIFT in float32, exactly.
 KEY_SHIFT: gl.constexpr = gl.constexpr(18446744073709551616.0)  # 2**64
