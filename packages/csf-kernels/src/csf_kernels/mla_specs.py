@@ -65,6 +65,24 @@ _GLUON_FAMILIES = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA, "wide": M
 
 
 @dataclass(frozen=True)
+class _BuiltFor:
+    """What a Gluon decode program's register layouts were written for (one chunk-stage loop of its own, no
+    regrouping), and the words its refusal uses."""
+
+    head_blocks: tuple[int, ...]
+    warps: tuple[int, ...]  # per program (per warpgroup partition for the warp-specialized ones)
+    operand: str
+    words: str
+
+
+_GLUON_BUILT_FOR = {
+    "gluon": _BuiltFor((16, 32), (4, 8), "float16", "16 or 32 heads on 4 or 8 warps with float16 operands"),
+    "wgmma": _BuiltFor((16, 32), (4,), "float16", "16 or 32 heads on one warpgroup with float16 operands"),
+    "wide": _BuiltFor((64,), (4,), "bfloat16", "64 heads on bf16 operands, one warpgroup per partition"),
+}
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """Heads per decode program (an MMA tile: 16, 32 or 64; 64 runs on wgmma), warps per program (per
     warpgroup partition for the warp-specialized engines),
@@ -99,30 +117,15 @@ class DecodeConfig:
             raise ValueError(f"unsupported decode config {self}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown decode engine {self.engine!r}: expected one of {ENGINES}")
-        if self.engine == "gluon" and (
-            self.head_block not in (16, 32)
-            or self.num_warps not in (4, 8)
+        built = _GLUON_BUILT_FOR.get(self.engine)
+        if built is not None and (
+            self.head_block not in built.head_blocks
+            or self.num_warps not in built.warps
             or self.num_stages != 1
-            or self.operand != "float16"
+            or self.operand != built.operand
             or self.regroup
         ):
-            raise ValueError(f"the gluon decode runs 16 or 32 heads on 4 or 8 warps with float16 operands, got {self}")
-        if self.engine == "wide" and (
-            self.head_block != 64
-            or self.num_warps != 4
-            or self.num_stages != 1
-            or self.operand != "bfloat16"
-            or self.regroup
-        ):
-            raise ValueError(f"the wide decode runs 64 heads on bf16 operands, one warpgroup per partition, got {self}")
-        if self.engine == "wgmma" and (
-            self.head_block not in (16, 32)
-            or self.num_warps != 4
-            or self.num_stages != 1
-            or self.operand != "float16"
-            or self.regroup
-        ):
-            raise ValueError(f"the wgmma decode runs 16 or 32 heads on one warpgroup with float16 operands, got {self}")
+            raise ValueError(f"the {self.engine} decode runs {built.words}, got {self}")
 
     @property
     def finishes_directly(self) -> bool:

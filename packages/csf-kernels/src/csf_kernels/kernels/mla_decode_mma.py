@@ -223,7 +223,8 @@ def _softmax_step(sco, m, den, AXIS: gl.constexpr):
 
 @gluon.jit
 def _finish(m, den, AXIS: gl.constexpr):
-    """The log-sum-exp of each head and its normaliser (1 where no key was live)."""
+    """The log-sum-exp of each head and its normaliser (1 where no key was live), from the normaliser kept per
+    candidate column (summed along ``AXIS``; a program summing per chunk passes a column of one)."""
     den = gl.sum(den, AXIS)
     has = den > 0
     den_safe = gl.where(has, den, 1.0)

@@ -46,6 +46,8 @@ from .mla_decode_mma import (
     ROPE_AT,
     SCALE_AT,
     STAGES,
+    _copy_layout,
+    _finish,
     _ids,
     _live,
     _program_chunks,
@@ -83,17 +85,16 @@ def _values_acc():
 
 @gluon.constexpr_function
 def _word_layout():
-    """A chunk's [64 candidates, 32] words (a group's 128 key bytes, or the rope's 64 bf16) over the
-    converter's 4 warps: 4 contiguous words (16 bytes) per thread, 8 lanes per record (128 bytes), 16 records
-    per pass."""
-    return gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    """A chunk's [64 candidates, 32] words (a group's 128 key bytes) over the converter's 4 warps: 4 contiguous
+    words (16 bytes) per thread, 8 lanes per record (128 bytes), 16 records per pass."""
+    return _copy_layout(4, 4)
 
 
 @gluon.constexpr_function
 def _pair_layout():
-    """A group's converted codes as [64, 64] words of two bf16: the word layout's rows, 8 contiguous words per
-    thread (``_bf16_pairs`` doubles each thread's run)."""
-    return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    """A group's converted codes as [64, 64] words of two bf16 (or the rope's [64, 64] bf16): the word layout's
+    rows, 8 contiguous elements per thread (``_bf16_pairs`` doubles each thread's run)."""
+    return _copy_layout(8, 4)
 
 
 @gluon.constexpr_function
@@ -188,7 +189,7 @@ def _gather(kv, ids, num_slots):
 @gluon.jit
 def _copy_rope(kv, ids, num_slots, rope):
     """cp.async a chunk's rope (bf16, stored as is) into its stage (dead candidates: zero-filled)."""
-    RL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes per copy, 128 per record
+    RL: gl.constexpr = _pair_layout()  # 16 bytes per copy, 128 per record
     rec, live = _records(gl.convert_layout(ids, gl.SliceLayout(1, RL)), num_slots)
     r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
@@ -309,6 +310,7 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
         sco = warpgroup_mma_wait(0, deps=[_scores(keys_s, rope_s, q_s, qr_s, st)])
         live = live_s.index(st).load(gl.SliceLayout(0, SACC)) != 0
         sco = gl.where(gl.expand_dims(live, 0), sco * (sm_scale * KEY_SHIFT), float("-inf"))
+        # _softmax_step's online maximum, the normaliser summed per chunk (a [64, 64] one would take 32 registers)
         m_new = gl.maximum(m, gl.max(sco, 1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
         alpha = gl.exp(m - m_ref)
@@ -323,9 +325,7 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
         mbarrier.arrive(empty.index(st))
         m = m_new
 
-    has = den > 0
-    den_safe = gl.where(has, den, 1.0)
-    lse = gl.where(has, m + gl.log(den_safe), float("-inf"))
+    lse, den_safe = _finish(m, gl.expand_dims(den, 1), 1)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
     w = den_safe
