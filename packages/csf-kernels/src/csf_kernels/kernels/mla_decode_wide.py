@@ -11,13 +11,13 @@ warpgroups (``gl.warp_specialize``), each record read and converted once per pro
   group scale folded in (exact: a power of two times a code with 3 mantissa bits; see ``KEY_SHIFT``), copies
   the bf16 rope by ``cp.async``, and stores both into one of two stages in the tensor cores' swizzled layout
   with the candidates' liveness, then hands the stage over (mbarrier ``full``);
-* two consumers (the program's warpgroup and a worker) each compute the whole scores S [64 heads, 64
-  candidates] = Q K^T in one accumulation (A = the bf16 query, B = the stage's keys, both in shared memory;
-  the rope in the same chain) and run the same online softmax on them, so both hold the same maxima and
-  probabilities bit for bit without exchanging anything; consumer C accumulates output columns
-  [256 C, 256 C + 256): O += P V with A = the probabilities in registers (bf16, the scores' accumulator layout
-  reused as the operand's) and B = the stage's codes of latent groups 2C and 2C + 1; then frees the stage
-  (mbarrier ``empty``, one arrival per consumer).
+* two consumers (the program's warpgroup and a worker): consumer C computes the scores of candidates
+  [32 C, 32 C + 32), S = Q K^T in one accumulation (A = the bf16 query, B = the stage's keys, both in shared
+  memory; the rope in the same chain); the two exchange their row maxima, then their bf16 probabilities
+  through shared memory (in the stage's rope buffer, dead by then), so both run the same online softmax;
+  consumer C accumulates output columns [256 C, 256 C + 256): O += P V with A = both halves' probabilities
+  and B = the stage's codes of latent groups 2C and 2C + 1; then frees the stage (mbarrier ``empty``, one
+  arrival per consumer).
 
 bf16 operands with the scales folded in (not float16 with the scales kept apart, as the 16- and 32-head
 programs): every key, value and query value is exact in bf16, so the scores need no per-group scaling and the
@@ -63,6 +63,7 @@ __all__ = ["SIGNATURE", "mla_decode_wide"]
 MULTIPLE_OF = {"heads": 64, "topk": 64}
 BH: gl.constexpr = gl.constexpr(64)  # heads per program: wgmma's M
 GROUPS: gl.constexpr = gl.constexpr(LATENT // GROUP)
+HALF_CHUNK: gl.constexpr = gl.constexpr(CHUNK // 2)  # candidates whose scores a consumer computes
 # The stored keys (and the query's rope) are the true values times 2**-64 (so that one bf16 product converts a
 # code, see _bf16_pairs); the scores and the output are scaled back by KEY_SHIFT in float32, exactly.
 KEY_SHIFT: gl.constexpr = gl.constexpr(18446744073709551616.0)  # 2**64
@@ -73,8 +74,8 @@ KEY_SHIFT: gl.constexpr = gl.constexpr(18446744073709551616.0)  # 2**64
 
 @gluon.constexpr_function
 def _scores_acc():
-    """S [64 heads, 64 candidates]: heads along M over the warpgroup's 4 warps."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CHUNK, 16])
+    """A consumer's half of S [64 heads, 32 candidates]: heads along M over the warpgroup's 4 warps."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_CHUNK, 16])
 
 
 @gluon.constexpr_function
@@ -256,14 +257,35 @@ def _stage_query(q, row, h0, heads, q_s, qr_s, Q_MODE: gl.constexpr, C: gl.const
 
 
 @gluon.jit
-def _scores(keys_s, rope_s, q_s, qr_s, st):
-    """S [64 heads, 64 candidates] of stage ``st``, before ``sm_scale``: one chain over the latent groups and
-    the rope (issued; awaited by the caller)."""
-    s = gl.zeros([BH, CHUNK], gl.float32, _scores_acc())
-    s = warpgroup_mma(qr_s, rope_s.index(st).permute([1, 0]), s, use_acc=False, is_async=True)
+def _scores(keys_s, rope_s, q_s, qr_s, st, C: gl.constexpr):
+    """Candidates [32 C, 32 C + 32) of S [64 heads, 64] of stage ``st``, before ``sm_scale``: one chain over
+    the latent groups and the rope (issued; awaited by the caller)."""
+    s = gl.zeros([BH, HALF_CHUNK], gl.float32, _scores_acc())
+    keys = rope_s.index(st).slice(C * HALF_CHUNK, HALF_CHUNK).permute([1, 0])
+    s = warpgroup_mma(qr_s, keys, s, use_acc=False, is_async=True)
     for g in gl.static_range(GROUPS):
-        s = warpgroup_mma(q_s.slice(g * BH, BH), keys_s.index(GROUPS * st + g).permute([1, 0]), s, is_async=True)
+        keys = keys_s.index(GROUPS * st + g).slice(C * HALF_CHUNK, HALF_CHUNK).permute([1, 0])
+        s = warpgroup_mma(q_s.slice(g * BH, BH), keys, s, is_async=True)
     return s
+
+
+@gluon.jit
+def _probabilities(rope_s, st):
+    """Stage ``st``'s probabilities [2 halves, 64 heads, 32 candidates] (bf16), the values' A operands: in the
+    stage's rope buffer, dead once both consumers' scores are done (the converter refills it only after both
+    free the stage)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BH, HALF_CHUNK], gl.bfloat16)
+    return rope_s.index(st)._reinterpret(gl.bfloat16, [2, BH, HALF_CHUNK], layout)
+
+
+@gluon.jit
+def _exchange(x_s, bars, x, k, other, phase):
+    """Store ``x`` [64] at slot ``k`` and announce it; wait for slot ``other`` (the other consumer's) and load it."""
+    x_s.index(k).store(x)
+    gl.thread_barrier()
+    mbarrier.arrive(bars.index(k))
+    mbarrier.wait(bars.index(other), phase)
+    return x_s.index(other).load(x.type.layout)
 
 
 @gluon.jit
@@ -282,13 +304,15 @@ def _emit_group(o, den_safe, w, total, part_out, out, at_head, g: gl.constexpr, 
 
 @gluon.jit
 def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk,
-              splits, keys_s, rope_s, live_s, q_s, qr_s, full, empty, ready,
+              splits, keys_s, rope_s, live_s, q_s, qr_s, x_s, full, empty, ready, xmax, xp, xden,
               PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr, HAS_SINK: gl.constexpr,
               WRITE_LSE: gl.constexpr, C: gl.constexpr):  # fmt: skip
-    """Consumer ``C``: the whole scores and softmax of every chunk, output columns [256 C, 256 C + 256)."""
+    """Consumer ``C``: the scores of candidates [32 C, 32 C + 32) of every chunk; the row maxima and then the
+    probabilities exchanged with the other consumer through shared memory (both then hold the same maxima, bit
+    for bit: a maximum does not depend on order); output columns [256 C, 256 C + 256) from both halves'
+    probabilities. The normalisers (each consumer sums its candidates') are added once, at the end."""
     SACC: gl.constexpr = _scores_acc()
     OACC: gl.constexpr = _values_acc()
-    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=OACC, k_width=2)
     HEADS: gl.constexpr = gl.SliceLayout(1, SACC)
     G0: gl.constexpr = 2 * C
     G1: gl.constexpr = 2 * C + 1
@@ -306,25 +330,41 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
     for c in range(c0, c1):
         i = c - c0
         st = i % STAGES
-        mbarrier.wait(full.index(st), (i // STAGES) & 1)
-        sco = warpgroup_mma_wait(0, deps=[_scores(keys_s, rope_s, q_s, qr_s, st)])
-        live = live_s.index(st).load(gl.SliceLayout(0, SACC)) != 0
+        phase = (i // STAGES) & 1
+        mbarrier.wait(full.index(st), phase)
+        sco = warpgroup_mma_wait(0, deps=[_scores(keys_s, rope_s, q_s, qr_s, st, C)])
+        live = live_s.index(st).slice(C * HALF_CHUNK, HALF_CHUNK).load(gl.SliceLayout(0, SACC)) != 0
         sco = gl.where(gl.expand_dims(live, 0), sco * (sm_scale * KEY_SHIFT), float("-inf"))
-        # _softmax_step's online maximum, the normaliser summed per chunk (a [64, 64] one would take 32 registers)
-        m_new = gl.maximum(m, gl.max(sco, 1))
+        # _softmax_step's online maximum over both halves, the normaliser summed per chunk
+        mine = gl.max(sco, 1)
+        theirs = _exchange(x_s, xmax, mine, 2 * st + C, 2 * st + 1 - C, phase)  # (both consumers' scores are done)
+        m_new = gl.maximum(m, gl.maximum(mine, theirs))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no live key yet: keep exp() finite
         alpha = gl.exp(m - m_ref)
         p = gl.exp(sco - gl.expand_dims(m_ref, 1))
         den = den * alpha + gl.sum(p, 1)
-        pa = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)
+        probs = _probabilities(rope_s, st)
+        probs.index(C).store(p.to(gl.bfloat16))
+        fence_async_shared()  # the probabilities' stores before the tensor cores read them
+        gl.thread_barrier()
+        mbarrier.arrive(xp.index(2 * st + C))
+        mbarrier.wait(xp.index(2 * st + 1 - C), phase)
         rescale = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, OACC)), 1)
-        acc0 = warpgroup_mma(pa, keys_s.index(GROUPS * st + G0), acc0 * rescale, is_async=True)
-        acc1 = warpgroup_mma(pa, keys_s.index(GROUPS * st + G1), acc1 * rescale, is_async=True)
+        acc0 = warpgroup_mma(probs.index(0), keys_s.index(GROUPS * st + G0).slice(0, HALF_CHUNK), acc0 * rescale,
+                             is_async=True)  # fmt: skip
+        acc0 = warpgroup_mma(probs.index(1), keys_s.index(GROUPS * st + G0).slice(HALF_CHUNK, HALF_CHUNK), acc0,
+                             is_async=True)  # fmt: skip
+        acc1 = warpgroup_mma(probs.index(0), keys_s.index(GROUPS * st + G1).slice(0, HALF_CHUNK), acc1 * rescale,
+                             is_async=True)  # fmt: skip
+        acc1 = warpgroup_mma(probs.index(1), keys_s.index(GROUPS * st + G1).slice(HALF_CHUNK, HALF_CHUNK), acc1,
+                             is_async=True)  # fmt: skip
         acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
         gl.thread_barrier()  # every warp's reads of the stage are done
         mbarrier.arrive(empty.index(st))
         m = m_new
 
+    theirs = _exchange(x_s, xden, den, 2 * STAGES + C, 2 * STAGES + 1 - C, 0)
+    den = gl.where(C == 0, den + theirs, theirs + den)  # consumer 0's share first in both
     lse, den_safe = _finish(m, gl.expand_dims(den, 1), 1)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
@@ -363,20 +403,33 @@ def mla_decode_wide(
     live_s = gl.allocate_shared_memory(  # [stage, 64 candidates]: whether each names a record
         gl.int32, [STAGES, CHUNK], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     )
+    x_s = gl.allocate_shared_memory(  # [stage x consumer (row maxima), then consumer (normalisers), 64 heads]
+        gl.float32, [2 * STAGES + 2, BH], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    )
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    xmax = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # [stage x consumer]
+    xp = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    xden = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 2, 1], mbarrier.MBarrierLayout())  # slots 4, 5 used
     for b in gl.static_range(STAGES):
         mbarrier.init(full.index(b), count=1)
         mbarrier.init(empty.index(b), count=2)  # both consumers free a stage
+    for b in gl.static_range(2 * STAGES):
+        mbarrier.init(xmax.index(b), count=1)
+        mbarrier.init(xp.index(b), count=1)
+    for b in gl.static_range(2 * STAGES + 2):
+        mbarrier.init(xden.index(b), count=1)
     mbarrier.init(ready, count=2)
     # (each partition's arguments written out: a concatenated tuple would lose the constexprs)
     gl.warp_specialize([
         (_consumer, (q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads,
-                     topk, splits, keys_s, rope_s, live_s, q_s, qr_s, full, empty, ready, PARTIAL_BF16, Q_MODE, DIRECT,
+                     topk, splits, keys_s, rope_s, live_s, q_s, qr_s, x_s, full, empty, ready, xmax, xp, xden,
+                     PARTIAL_BF16, Q_MODE, DIRECT,
                      HAS_SINK, WRITE_LSE, 0)),
         (_consumer, (q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads,
-                     topk, splits, keys_s, rope_s, live_s, q_s, qr_s, full, empty, ready, PARTIAL_BF16, Q_MODE, DIRECT,
+                     topk, splits, keys_s, rope_s, live_s, q_s, qr_s, x_s, full, empty, ready, xmax, xp, xden,
+                     PARTIAL_BF16, Q_MODE, DIRECT,
                      HAS_SINK, WRITE_LSE, 1)),
         (_converter, (kv, indices, lengths, num_slots, heads, topk, splits, keys_s, rope_s, live_s, full, empty)),
-    ], [4, 4], [200, 104])  # fmt: skip
+    ], [4, 4], [184, 120])  # fmt: skip
