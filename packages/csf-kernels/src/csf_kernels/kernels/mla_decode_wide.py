@@ -86,15 +86,25 @@ def _values_acc():
 
 @gluon.constexpr_function
 def _word_layout():
-    """A chunk's [64 candidates, 32] words (a group's 128 key bytes) over the converter's 4 warps: 4 contiguous
-    words (16 bytes) per thread, 8 lanes per record (128 bytes), 16 records per pass."""
-    return _copy_layout(4, 4)
+    """A chunk's [64 candidates, 32] words (a group's 128 key bytes) over the converter's 4 warps: 8 lanes per
+    record, 2 words (8 bytes) per thread in each half of the record's group (words [2 t, 2 t + 2) and
+    [16 + 2 t, 16 + 2 t + 2) for lane t), 16 records per pass. Halves, so that each lane's converted bf16 fall in
+    one 128-byte swizzle row per store (see ``_pair_layout``)."""
+    return _copy_layout(2, 4)
 
 
 @gluon.constexpr_function
 def _pair_layout():
-    """A group's converted codes as [64, 64] words of two bf16 (or the rope's [64, 64] bf16): the word layout's
-    rows, 8 contiguous elements per thread (``_bf16_pairs`` doubles each thread's run)."""
+    """A group's converted codes as [64, 64] words of two bf16: the word layout's rows, 4 contiguous words (16
+    bytes) per thread in each half (``_bf16_pairs`` doubles each run). A store's 8 lanes of one record write 8
+    distinct 16-byte units of one 128-byte row of the swizzled buffer: no bank conflict (with 16 contiguous
+    words per lane, the two halves of each lane's 32 bytes went to the same banks of two rows: two-way)."""
+    return _copy_layout(4, 4)
+
+
+@gluon.constexpr_function
+def _rope_layout():
+    """A chunk's rope [64, 64] bf16 for cp.async: 16 bytes per copy, 8 lanes per record (128 bytes)."""
     return _copy_layout(8, 4)
 
 
@@ -190,7 +200,7 @@ def _gather(kv, ids, num_slots):
 @gluon.jit
 def _copy_rope(kv, ids, num_slots, rope):
     """cp.async a chunk's rope (bf16, stored as is) into its stage (dead candidates: zero-filled)."""
-    RL: gl.constexpr = _pair_layout()  # 16 bytes per copy, 128 per record
+    RL: gl.constexpr = _rope_layout()
     rec, live = _records(gl.convert_layout(ids, gl.SliceLayout(1, RL)), num_slots)
     r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, RL))
     ropes = (kv + rec + ROPE_AT).to(gl.pointer_type(gl.bfloat16))
