@@ -418,7 +418,11 @@ def mla_decode_wgmma(
     p_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16)
     )
-    x_s = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BH], plain)  # [warpgroup, chunk parity]
+    # [warpgroup, chunk parity]: swizzled, since the accumulator's rows start on one bank in plain rows of
+    # BH floats (an 8-way conflict on every store and load of the scores' exchange)
+    x_s = gl.allocate_shared_memory(
+        gl.float32, [4, CHUNK, BH], gl.NVMMASharedLayout.get_default_for([CHUNK, BH], gl.float32)
+    )
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(4):
         mbarrier.init(bars.index(b), count=1)
