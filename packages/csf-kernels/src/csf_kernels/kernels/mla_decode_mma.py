@@ -126,6 +126,13 @@ def _copy_layout(vec, W):
 
 
 @gluon.constexpr_function
+def _latent_staging():
+    """The staged latent bytes (rows of 512 or 256 bytes, both Gluon programs): 16-byte units swizzled by the
+    row modulo 8."""
+    return gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+
+
+@gluon.constexpr_function
 def _scale_copy_layout(W):
     return gl.BlockedLayout([1], [32], [W], [0])  # [4 groups x 64]: 4-byte copies
 
@@ -436,9 +443,8 @@ def mla_decode_mma(
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
     row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
-    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], sw16)
+    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], _latent_staging())
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
     # [stage, 4 groups x 64 candidates]; a one-dimensional layout, so a stage's group is a 1-D slice
     sc_s = gl.allocate_shared_memory(

@@ -55,6 +55,7 @@ from .mla_decode_mma import (
     _finish,
     _ids,
     _k_order,
+    _latent_staging,
     _live,
     _program_chunks,
     _query_latent,
@@ -401,11 +402,10 @@ def mla_decode_wgmma(
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
     gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
     gl.static_assert(DIRECT == 1 or (HAS_SINK == 0 and WRITE_LSE == 0), "the sink and lse are the finisher's")
-    sw16: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], sw16)  # [warpgroup, stage]
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], _latent_staging())  # [warpgroup, stage]
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
     sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
