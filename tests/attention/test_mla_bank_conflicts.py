@@ -39,7 +39,8 @@ def bank_conflicts(reg, shared, shape, dtype) -> int:
     constexprs = dict(zip(names, (reg, shared, *shape, dtype), strict=True))
     src = GluonASTSource(_probe, signature=dict.fromkeys(names, "constexpr"), constexprs=constexprs)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with triton.knobs.compilation.scope(), contextlib.redirect_stdout(printed):
+        triton.knobs.compilation.always_compile = True  # a cached probe would print nothing
         triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     return int(printed.getvalue().split("bank conflicts:")[1].split()[0])
 
