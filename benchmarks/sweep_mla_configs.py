@@ -45,6 +45,7 @@ CANDIDATES = [
     DecodeConfig(64, 16, 1, 1, operand="bfloat16"),
 ]
 OPERAND_NAMES = {"f16": "float16", "bf16": "bfloat16"}
+ENGINE_TOKENS = {"g": "gluon", "w": "wgmma", "W": "wide"}
 
 
 def _configs(text: str) -> list[DecodeConfig]:
@@ -57,12 +58,8 @@ def _configs(text: str) -> list[DecodeConfig]:
         for token in fields[5:]:
             if token == "r":
                 extra["regroup"] = True
-            elif token == "g":
-                extra["engine"] = "gluon"
-            elif token == "w":
-                extra["engine"] = "wgmma"
-            elif token == "W":
-                extra["engine"] = "wide"
+            elif token in ENGINE_TOKENS:
+                extra["engine"] = ENGINE_TOKENS[token]
             else:
                 raise ValueError(f"unknown config token {token!r} in {item!r}")
         configs.append(DecodeConfig(*map(int, fields[:4]), **extra))

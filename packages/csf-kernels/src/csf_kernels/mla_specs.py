@@ -96,7 +96,8 @@ class DecodeConfig:
     (16 or 32 heads; ``num_warps`` 4 is one of its two warpgroups, the other a warp-specialized worker;
     products transposed on wgmma; a single split's output finished in the program, as the Triton one);
     "wide": kernels/mla_decode_wide.py (64 heads along wgmma's M; a converter warpgroup stores each chunk's
-    records once in shared memory as bf16, two consumer warpgroups each take half the output columns)."""
+    records once in shared memory as bf16, two consumer warpgroups each score half the candidates and take
+    half the output columns)."""
 
     head_block: int = 16
     num_warps: int = MLA_DECODE.num_warps
@@ -154,8 +155,9 @@ _TRITON_BY_HEAD_BLOCK = {
 # (since run 162 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
 # mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
 # batch 32 (37.6 vs 33-34). 64 and 128 heads run 64-head blocks with heads on wgmma's M
-# (kernels/mla_decode_wide.py; sweeps side by side, runs 191-192): 1.04-1.26x faster than 32-head wgmma
-# blocks (b128 h128 s_q 2 765 vs 964 us, b128 h64 213 vs 249). See docs/perf-notes.md
+# (kernels/mla_decode_wide.py; each version swept beside the one before, runs 191-197): 1.2-1.7x faster than
+# 32-head wgmma blocks (bench_mla run 200 vs the run-192 sweep: b128 h128 s_q 2 567 vs 964 us, b128 h64 156 vs
+# 249, b32 h64 59 vs 72). See docs/perf-notes.md
 _BY_HEAD_BLOCK = {
     64: DecodeConfig(64, 4, 1, 1, operand="bfloat16", engine="wide"),
     32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),

@@ -374,7 +374,7 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
         m = m_new
 
     theirs = _exchange(x_s, xden, den, 2 * STAGES + C, 2 * STAGES + 1 - C, 0)
-    den = gl.where(C == 0, den + theirs, theirs + den)  # consumer 0's share first in both
+    den = den + theirs  # addition commutes: both consumers hold the same sum, bit for bit
     lse, den_safe = _finish(m, gl.expand_dims(den, 1), 1)
     h = h0 + gl.arange(0, BH, layout=HEADS)
     slot = (row.to(gl.int64) * splits + s) * heads + h
