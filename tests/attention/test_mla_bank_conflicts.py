@@ -22,52 +22,69 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from csf_kernels.kernels import mla_decode_mma, mla_decode_wgmma, mla_decode_wide
 
-STAGED_LATENT = mla_decode_mma._latent_staging()  # both Gluon programs' staged records
+HALF_LATENT = mla_decode_mma._half_latent_staging()  # the 32-head program's staged record halves
 WIDE_KEYS = mla_decode_wide._words_view()  # the wide program's bf16 key operands, seen as words
+ACC = mla_decode_wgmma._acc  # the 32-head program's accumulators [64, heads]
 
 
 @gluon.jit
 def _probe(REG: gl.constexpr, SHARED: gl.constexpr, M: gl.constexpr, N: gl.constexpr, DTYPE: gl.constexpr):
     x = gl.zeros([M, N], DTYPE, REG)
-    s = gl.allocate_shared_memory(DTYPE, [M, N], SHARED)
+    s = gl.allocate_shared_memory(DTYPE, [2, M, N], SHARED).index(1)  # allocated by stage, as the programs do
     gl.static_print("bank conflicts:", gl.bank_conflicts(x.type, s.type))
     s.store(x)
 
 
-def bank_conflicts(reg, shared, shape, dtype) -> int:
+def bank_conflicts(reg, shared, shape, dtype, warps=4) -> int:
     names = ("REG", "SHARED", "M", "N", "DTYPE")
     constexprs = dict(zip(names, (reg, shared, *shape, dtype), strict=True))
     src = GluonASTSource(_probe, signature=dict.fromkeys(names, "constexpr"), constexprs=constexprs)
     printed = io.StringIO()
     with triton.knobs.compilation.scope(), contextlib.redirect_stdout(printed):
         triton.knobs.compilation.always_compile = True  # a cached probe would print nothing
-        triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return int(printed.getvalue().split("bank conflicts:")[1].split()[0])
 
 
 CASES = {
     # the wide program's converter: a group's bf16 pairs stored into the swizzled operand buffer
     "wide: converted keys stored": (mla_decode_wide._pair_layout(), WIDE_KEYS, [64, 64], gl.int32),
-    # the 32-head program: a latent group's codes as the scores' and the values' A operands
-    "wgmma: key codes loaded": (mla_decode_wgmma._key_layout(128), STAGED_LATENT, [64, 128], gl.uint8),
-    "wgmma: value codes loaded": (mla_decode_wgmma._value_layout(), STAGED_LATENT, [64, 128], gl.uint8),
-    # the 16-head program: a latent group's codes as the scores' B operand
-    "mma: key codes loaded": (mla_decode_mma._key_layout(4), STAGED_LATENT, [64, 128], gl.uint8),
+    # the 32-head program: a latent group's codes as the scores' and the values' A operands, the codes'
+    # copies, and the scores' exchange between its warpgroups (16 and 32 heads)
+    "wgmma: key codes loaded": (mla_decode_wgmma._key_layout(128), HALF_LATENT, [64, 128], gl.uint8),
+    "wgmma: value codes loaded": (mla_decode_wgmma._value_layout(), HALF_LATENT, [64, 128], gl.uint8),
+    "wgmma: codes copied": (mla_decode_mma._copy_layout(16, 4), HALF_LATENT, [64, 128], gl.uint8),
+    "wgmma: 32 heads' scores exchanged": (ACC(32), mla_decode_wgmma._exchange_layout(32), [64, 32], gl.float32),
+    "wgmma: 16 heads' scores exchanged": (ACC(16), mla_decode_wgmma._exchange_layout(16), [64, 16], gl.float32),
+    # the 16-head program: a latent group's codes as the scores' B operand and the values' B operand, and
+    # their copies, on 4 and 8 warps (rows of 512 bytes, probed as 128: the swizzle acts within 128 bytes)
+    **{
+        f"mma: {what} ({w} warps)": (layout(w), mla_decode_mma._latent_staging(128), [64, 128], gl.uint8, w)
+        for w in (4, 8)
+        for what, layout in (
+            ("key codes loaded", mla_decode_mma._key_layout),
+            ("value codes loaded", mla_decode_mma._value_layout),
+            ("codes copied", lambda w: mla_decode_mma._copy_layout(16, w)),
+        )
+    },
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_hot_shared_accesses_are_free_of_bank_conflicts(case):
-    reg, shared, shape, dtype = CASES[case]
-    assert bank_conflicts(reg, shared, shape, dtype) == 0
+    assert bank_conflicts(*CASES[case]) == 0
 
 
 def test_the_probe_sees_a_conflict_where_there_is_one():
-    """The 128-byte-swizzled pair layout the wide converter had (8 contiguous words per lane: the two halves
-    of each lane's 32 bytes on the same banks of two swizzle rows) and plain rows of 32 floats under a wgmma
-    accumulator (every row on one bank): the probe must count both."""
+    """Layouts the programs had, each measured by ncu on the H200 with excess shared wavefronts: the
+    128-byte-swizzled pair layout of the wide converter (the two halves of a lane's 32 bytes on the same banks
+    of two swizzle rows), plain rows of 32 floats under a wgmma accumulator (every row on one bank), the
+    128-byte NVMMA swizzle under it (rows 4 apart on one bank), and the 16-head program's value loads from
+    rows swizzled by the row modulo 8 (rows 8 apart on one bank). The probe must count each."""
     wide_before = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     assert bank_conflicts(wide_before, WIDE_KEYS, [64, 64], gl.int32) == 1
-    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 16])
     plain = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    assert bank_conflicts(acc, plain, [64, 32], gl.float32) == 3
+    assert bank_conflicts(ACC(32), plain, [64, 32], gl.float32) == 3
+    nvmma = gl.NVMMASharedLayout.get_default_for([64, 32], gl.float32)
+    assert bank_conflicts(ACC(32), nvmma, [64, 32], gl.float32) == 1
+    assert bank_conflicts(mla_decode_mma._value_layout(4), HALF_LATENT, [64, 128], gl.uint8) == 1

@@ -53,9 +53,9 @@ from .mla_decode_mma import (
     STAGES,
     _copy_layout,
     _finish,
+    _half_latent_staging,
     _ids,
     _k_order,
-    _latent_staging,
     _live,
     _program_chunks,
     _query_latent,
@@ -119,6 +119,15 @@ def _value_layout():
         block_bases=[],
         shape=[64, GROUP],
     )
+
+
+@gluon.constexpr_function
+def _exchange_layout(BH):
+    """The scores' exchange [64 candidates, BH] float32 under the accumulator (a lane writes 8 bytes, a quad
+    32 bytes of a row, one access 8 rows): 32-byte vectors swizzled by the rows that share a 128-byte line's
+    banks (row / (128 / 4 BH)), so every 128 / 32 rows of one access cover all banks (the NVMMA swizzle leaves
+    rows 4 apart on the same banks)."""
+    return gl.SwizzledSharedLayout(vec=8, per_phase=128 // (4 * BH), max_phase=BH // 8, order=[1, 0])
 
 
 @gluon.constexpr_function
@@ -405,7 +414,7 @@ def mla_decode_wgmma(
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], _latent_staging())  # [warpgroup, stage]
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], _half_latent_staging())  # [warpgroup, stage]
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
     sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
@@ -418,11 +427,7 @@ def mla_decode_wgmma(
     p_s = gl.allocate_shared_memory(
         gl.float16, [4 * BH, CHUNK], gl.NVMMASharedLayout.get_default_for([BH, CHUNK], gl.float16)
     )
-    # [warpgroup, chunk parity]: swizzled, since the accumulator's rows start on one bank in plain rows of
-    # BH floats (an 8-way conflict on every store and load of the scores' exchange)
-    x_s = gl.allocate_shared_memory(
-        gl.float32, [4, CHUNK, BH], gl.NVMMASharedLayout.get_default_for([CHUNK, BH], gl.float32)
-    )
+    x_s = gl.allocate_shared_memory(gl.float32, [4, CHUNK, BH], _exchange_layout(BH))  # [warpgroup, chunk parity]
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(4):
         mbarrier.init(bars.index(b), count=1)
