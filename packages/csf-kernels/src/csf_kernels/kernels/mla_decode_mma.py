@@ -126,21 +126,10 @@ def _copy_layout(vec, W):
 
 
 @gluon.constexpr_function
-def _half_latent_staging():
-    """The 32-head program's staged latent halves (rows of 256 bytes): 16-byte units swizzled by the row
-    modulo 8."""
+def _latent_staging():
+    """The staged latent bytes (rows of 512 or 256 bytes, both Gluon programs): 16-byte units swizzled by the
+    row modulo 8."""
     return gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-
-
-@gluon.constexpr_function
-def _latent_staging(row_bytes):
-    """This program's staged latent bytes [64, row_bytes] (allocated by stage): 16-byte units of each 128 bytes
-    swizzled by row bits 0, 2 and 3. The score loads (``_key_layout``) read rows 1, 4 and 8 apart in one
-    access and the value loads (``_value_layout``) rows 4 and 8 apart; a swizzle by the row modulo 8 gives the
-    value loads a 2-way conflict, and no ``SwizzledSharedLayout`` serves both."""
-    columns = [[0, 1 << b] for b in range(_log2(row_bytes))]
-    rows = [[1, 16], [2, 0], [4, 32], [8, 64], [16, 0], [32, 0]]
-    return gl.SharedLinearLayout(offset_bases=columns + rows)
 
 
 @gluon.constexpr_function
@@ -455,7 +444,7 @@ def mla_decode_mma(
     row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
     sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], _latent_staging(LATENT))
+    lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], _latent_staging())
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CHUNK, ROPE], sw8)
     # [stage, 4 groups x 64 candidates]; a one-dimensional layout, so a stage's group is a 1-D slice
     sc_s = gl.allocate_shared_memory(

@@ -53,9 +53,9 @@ from .mla_decode_mma import (
     STAGES,
     _copy_layout,
     _finish,
-    _half_latent_staging,
     _ids,
     _k_order,
+    _latent_staging,
     _live,
     _program_chunks,
     _query_latent,
@@ -414,7 +414,7 @@ def mla_decode_wgmma(
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], _half_latent_staging())  # [warpgroup, stage]
+    lat_s = gl.allocate_shared_memory(gl.uint8, [2 * STAGES, CHUNK, HALF], _latent_staging())  # [warpgroup, stage]
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, CHUNK, ROPE_HALF], sw64)  # [warpgroup, stage]
     sc_s = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 2 * CHUNK], flat)  # [warpgroup, stage], 2 groups
     q_s = gl.allocate_shared_memory(
