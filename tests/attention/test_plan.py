@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from csf_attention import MLACaps, SparseMLADecoder, plan
+from csf_attention.plan import SHARED_SM_MIN_CHUNKS
 from csf_kernels.catalog import load_catalog
 from csf_kernels.families import catalog_specs
 from csf_kernels.mla_layout import VALUE_DIM
@@ -27,6 +28,29 @@ def test_split_policy_fills_the_machine_and_never_exceeds_one_chunk_per_split():
     assert small.splits_for(1) == 512 // 64  # a lone row with one head block: every chunk its own split
     with pytest.raises(ValueError, match="rows=5"):
         small.splits_for(5)
+
+
+def test_a_second_program_per_sm_only_where_splits_keep_many_chunks():
+    """The 16-head program fits two per SM (waves 2); the policy plans the second only while the splits of
+    one program per SM keep ``SHARED_SM_MIN_CHUNKS`` (16) chunks each: so top-k 2048 (32 chunks) at 128 rows,
+    not at 32 (8 chunks each at one per SM), and never at top-k 512 (8 chunks)."""
+    p = plan(MLACaps(heads=16, max_rows=128, topk=2048))
+    assert p.waves == 2 and SHARED_SM_MIN_CHUNKS == 16
+    assert {rows: p.splits_for(rows) for rows in (1, 16, 33, 44, 45, 64, 66, 96, 128)} == {
+        1: 32,
+        16: 8,
+        33: 4,
+        44: 3,
+        45: 5,
+        64: 4,
+        66: 4,
+        96: 2,
+        128: 2,
+    }  # up to 44 rows 3 or more splits (at most 11 chunks) at one per SM; from 45 on 2 or 1, so two per SM
+    short = plan(MLACaps(heads=16, max_rows=128, topk=512))
+    assert {rows: short.splits_for(rows) for rows in (1, 32, 128)} == {1: 8, 32: 4, 128: 1}
+    one = plan(MLACaps(heads=16, max_rows=128, topk=2048, waves=1))
+    assert {rows: one.splits_for(rows) for rows in (32, 48, 128)} == {32: 4, 48: 2, 128: 1}
 
 
 def test_scratch_holds_the_partials_of_every_row_count():

@@ -1,9 +1,10 @@
 """Planning sparse MLA decode: capabilities in, a frozen plan out (no GPU, no compiler).
 
 The plan fixes the head block, how many splits a call with ``rows`` query rows gets (the balanced
-policy: enough programs for ``waves`` waves over ``sm_count`` SMs, at most one 64-candidate chunk per
-split at the widest), the scratch layout for the split partials, and every program a bound decoder may
-launch, so ``bind`` can resolve them all up front.
+policy: enough programs for one program per SM, or for ``waves`` programs per SM where each split still
+keeps ``SHARED_SM_MIN_CHUNKS`` chunks; at most one 64-candidate chunk per split at the widest), the scratch
+layout for the split partials, and every program a bound decoder may launch, so ``bind`` can resolve them
+all up front.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from csf_kernels.mla_layout import CHUNK, PAGE_SIZE, VALUE_DIM
 from csf_kernels.mla_specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
 from csf_kernels.programs import ProgramSpec
 
-__all__ = ["H200_SMS", "MODES", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
+__all__ = ["H200_SMS", "MODES", "SHARED_SM_MIN_CHUNKS", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
 
 MODES = ("decode",)
 H200_SMS = 132
 _ALIGN = 256  # scratch region alignment (bytes)
+# A second program per SM (waves 2, the 16-head program) runs each SM ~8% faster, but every split costs a
+# prologue, a partial and its merge: it pays only while a split keeps 16 chunks or more (run 203, top-k 2048,
+# us at one / two programs per SM: b32 34.2 / 37.9 at 8 / 4 chunks, b16 24.4 / 30.0, b64 54.5 / 54.7 at 16 / 8,
+# b48 52.4 / 49.5, b96 93.5 / 85.2 and b128 95.5 / 88.0 at 16-32)
+SHARED_SM_MIN_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class MLACaps:
     mode: str = "decode"
     partial_dtype: str = "float32"  # split partials: float32 (one rounding, at the output) or bfloat16
     sm_count: int = H200_SMS
-    waves: int | None = None  # programs per SM the split policy aims at; None: the decode config's
+    waves: int | None = None  # most programs per SM the split policy aims at; None: the decode config's
     quantize_query: bool = False  # quantize a bf16 query like a cache record (bit-identical to a packed one)
     direct_single_split: bool = True  # one split per row: the decode finishes the output (no partials, no merge)
 
@@ -74,10 +80,17 @@ class MLAPlan:
         return self.caps.heads // self.head_block
 
     def splits_for(self, rows: int) -> int:
-        """Splits per row for a call with ``rows`` rows: the balanced policy's target."""
+        """Splits per row for a call with ``rows`` rows: one program per SM, or ``waves`` where the splits of
+        one program per SM keep ``SHARED_SM_MIN_CHUNKS`` chunks each."""
         if not 0 < rows <= self.caps.max_rows:
             raise ValueError(f"rows={rows} outside the plan's [1, {self.caps.max_rows}]")
-        target = (self.waves * self.caps.sm_count) // (rows * self.head_blocks)
+        one_each = self._balanced(rows, 1)
+        if self.waves == 1 or self.max_splits < SHARED_SM_MIN_CHUNKS * one_each:
+            return one_each
+        return self._balanced(rows, self.waves)
+
+    def _balanced(self, rows: int, waves: int) -> int:
+        target = (waves * self.caps.sm_count) // (rows * self.head_blocks)
         return max(1, min(self.max_splits, target))
 
 
