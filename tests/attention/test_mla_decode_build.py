@@ -46,6 +46,7 @@ def test_catalog_programs_build(heads, query):
         art = compile_triton(spec)
         assert art.kind == "triton_cubin" and art.launch["entry"] == family.function
         assert art.launch["block"] == [32 * config.num_warps * WARPGROUPS[config.engine], 1, 1]
+        assert spec.fact["PDL"] == 1 and art.launch["pdl"] is True  # a dependent launch: waits first
         assert config.waves * (art.launch["shared"] + 1024) <= H200_SHARED_PER_SM
         if heads == 16:  # two programs per SM, as the split policy plans (waves = 2)
             assert config.waves == 2

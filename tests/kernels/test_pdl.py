@@ -1,5 +1,5 @@
-"""Programmatic dependent launches: the driver structs the runtime fills and the MoE programs built for them
-(CPU)."""
+"""Programmatic dependent launches: the driver structs the runtime fills and the MoE and sparse-MLA programs
+built for them (CPU)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,17 @@ def test_every_moe_program_is_compiled_for_a_programmatic_dependent_launch():
     kinds = {s.kernel: s for s in specs}  # one program of each kind: compiled with launch_pdl, waits first
     for spec in kinds.values():
         assert compile_triton(spec).launch["pdl"] is True, spec.describe()
+
+
+def test_every_sparse_mla_catalog_program_is_a_dependent_launch():
+    """The Gluon decode programs and the merge (the decode programs' builds are checked in
+    tests/attention/test_mla_decode_build.py; the merge, a Triton program, here)."""
+    pytest.importorskip("triton")
+    from csf_kernels.aot.compile_triton import compile_triton
+    from csf_kernels.catalog import load_catalog
+    from csf_kernels.mla_specs import MLA_MERGE, merge_spec, sparse_mla_specs
+
+    specs = sparse_mla_specs(load_catalog().sparse_mla)
+    assert specs and all(s.fact["PDL"] == 1 for s in specs)
+    merge = merge_spec("bfloat16", sink=True, lse=True)
+    assert merge.kernel == MLA_MERGE.kernel and compile_triton(merge).launch["pdl"] is True

@@ -17,6 +17,7 @@ __all__ = [
     "MLA_DECODE_WGMMA",
     "MLA_DECODE_WIDE",
     "MLA_MERGE",
+    "MLA_PDL",
     "OPERANDS",
     "PARTIAL_DTYPES",
     "QUERY_MODES",
@@ -62,6 +63,10 @@ PARTIAL_DTYPES = ("float32", "bfloat16")
 OPERANDS = ("float16", "bfloat16")
 ENGINES = ("triton", "gluon", "wgmma", "wide")
 _GLUON_FAMILIES = {"gluon": MLA_DECODE_MMA, "wgmma": MLA_DECODE_WGMMA, "wide": MLA_DECODE_WIDE}
+# the Gluon decode programs and the merge are programmatic dependent launches (kernels/pdl.py): each waits for
+# the kernel before it at its start, so a merge's launch overlaps its decode's tail and a decode's the kernel
+# before it (the Triton decode engine, a sweep's reference arm, launches plainly)
+MLA_PDL = 1
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,7 @@ def decode_spec(
             PARTIAL_BF16=int(partial_dtype == "bfloat16" and not direct),
             Q_MODE=QUERY_MODES[query],
             **finishing,
+            PDL=MLA_PDL,
             num_warps=config.num_warps,
         )
     return ProgramSpec.of(
@@ -243,6 +249,7 @@ def merge_spec(partial_dtype: str = "float32", *, sink: bool = False, lse: bool 
         PARTIAL_BF16=int(partial_dtype == "bfloat16"),
         HAS_SINK=int(sink),
         WRITE_LSE=int(lse),
+        PDL=MLA_PDL,
         num_warps=MLA_MERGE.num_warps,
     )
 

@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .. import mla_layout
 from .mla_decode import SIGNATURE as _DECODE_SIGNATURE
+from .pdl import gluon_await_predecessor
 
 # mla_decode's runtime arguments, in its order (one launch builder serves both; attn_sink, out and lse_out
 # go unused: finishing is the merge's), and fewer constants
@@ -48,6 +49,7 @@ SIGNATURE = {n: t for n, t in _DECODE_SIGNATURE.items() if t != "constexpr"} | {
     "BH": "constexpr",  # heads per program: 16 or 32
     "PARTIAL_BF16": "constexpr",
     "Q_MODE": "constexpr",  # 0 bf16, 1 bf16 quantized here, 2 packed records
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}
 
@@ -434,8 +436,9 @@ def _store_group(acc, unit, den_safe, part_out, at_row, g: gl.constexpr, PARTIAL
 @gluon.jit
 def mla_decode_mma(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
+    gluon_await_predecessor(PDL)
     W: gl.constexpr = gl.num_warps()
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
     gl.static_assert(W == 4 or W == 8, "the register layouts are built for 4 or 8 warps")

@@ -57,6 +57,7 @@ from .mla_decode_mma import (
     _rows_layout,
 )
 from .mla_decode_wgmma import SIGNATURE, _direct_rows, _direct_weights, _store_rows
+from .pdl import gluon_await_predecessor
 
 __all__ = ["SIGNATURE", "mla_decode_wide"]
 
@@ -393,9 +394,10 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
 def mla_decode_wide(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
     BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr,
-    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
+    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(BH == 64, "64 heads per program: wgmma's M")
+    gluon_await_predecessor(PDL)
     gl.static_assert(gl.num_warps() == 4, "consumer 0 is the program's warpgroup")
     gl.static_assert(DIRECT == 1 or (HAS_SINK == 0 and WRITE_LSE == 0), "the sink and lse are the finisher's")
     keys_s = gl.allocate_shared_memory(  # [stage x group, 64 candidates, 128]: bf16 codes times their scales

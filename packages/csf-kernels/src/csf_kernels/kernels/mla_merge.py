@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .mla_finish import finished, keys_lse, reference_max, split_weight, weighted
+from .pdl import await_predecessor
 
 SIGNATURE = {
     "part_out": "*fp32",  # [rows * splits, heads, 512], float32 or bf16 (PARTIAL_BF16)
@@ -23,6 +24,7 @@ SIGNATURE = {
     "PARTIAL_BF16": "constexpr",
     "HAS_SINK": "constexpr",
     "WRITE_LSE": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 MULTIPLE_OF = {"heads": 16}
 
@@ -41,7 +43,9 @@ def mla_merge(
     PARTIAL_BF16: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_predecessor(PDL)
     pid = tl.program_id(0)  # row * heads + head
     row = pid // heads
     hd = pid % heads
