@@ -158,8 +158,9 @@ _TRITON_BY_HEAD_BLOCK = {
 # (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one at 32 heads, and as two or
 # four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
 # (since run 162 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
-# mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 94-97 us) and loses at
-# batch 32 (37.6 vs 33-34). 64 and 128 heads run 64-head blocks with heads on wgmma's M
+# mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 93-97 us) and, planned one
+# per SM at batch 32 (csf_attention.plan), there too (33-34 vs 34.7; run 202). 64 and 128 heads run 64-head
+# blocks with heads on wgmma's M
 # (kernels/mla_decode_wide.py; each version swept beside the one before, runs 191-197): 1.2-1.7x faster than
 # 32-head wgmma blocks (bench_mla run 200 vs the run-192 sweep: b128 h128 s_q 2 567 vs 964 us, b128 h64 156 vs
 # 249, b32 h64 59 vs 72). See docs/perf-notes.md
