@@ -85,7 +85,7 @@ class MLAPlan:
         if not 0 < rows <= self.caps.max_rows:
             raise ValueError(f"rows={rows} outside the plan's [1, {self.caps.max_rows}]")
         one_each = self._balanced(rows, 1)
-        if self.waves == 1 or self.max_splits < SHARED_SM_MIN_CHUNKS * one_each:
+        if self.max_splits < SHARED_SM_MIN_CHUNKS * one_each:  # (at waves 1 both are the same)
             return one_each
         return self._balanced(rows, self.waves)
 

@@ -71,11 +71,10 @@ from .pdl import gluon_await_predecessor
 
 __all__ = ["SIGNATURE", "mla_decode_wgmma"]
 
-SIGNATURE = {n: t for n, t in _MMA_SIGNATURE.items() if n != "PDL"} | {
+SIGNATURE = _MMA_SIGNATURE | {
     "DIRECT": "constexpr",  # one split: finish the output here as mla_merge would, no partials
     "HAS_SINK": "constexpr",  # (DIRECT)
     "WRITE_LSE": "constexpr",  # (DIRECT)
-    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 MULTIPLE_OF = {"heads": 16, "topk": 64}
 HALF: gl.constexpr = gl.constexpr(LATENT // 2)  # latent bytes per warpgroup: groups 2H and 2H + 1
@@ -407,12 +406,12 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_
 @gluon.jit
 def mla_decode_wgmma(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr,
-    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr, PDL: gl.constexpr,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, PDL: gl.constexpr, DIRECT: gl.constexpr,
+    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
 ):  # fmt: skip
+    gluon_await_predecessor(PDL)
     gl.static_assert(BH == 16 or BH == 32, "the register layouts are built for 16 or 32 heads")
     gl.static_assert(gl.num_warps() == 4, "two warpgroups: this one and one worker")
-    gluon_await_predecessor(PDL)
     gl.static_assert(DIRECT == 1 or (HAS_SINK == 0 and WRITE_LSE == 0), "the sink and lse are the finisher's")
     sw64: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])  # 64-byte rows
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])

@@ -393,11 +393,11 @@ def _consumer(q, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, 
 @gluon.jit
 def mla_decode_wide(
     q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_out, num_slots, sm_scale, heads, topk, splits,
-    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, DIRECT: gl.constexpr,
-    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr, PDL: gl.constexpr,
+    BH: gl.constexpr, PARTIAL_BF16: gl.constexpr, Q_MODE: gl.constexpr, PDL: gl.constexpr, DIRECT: gl.constexpr,
+    HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(BH == 64, "64 heads per program: wgmma's M")
     gluon_await_predecessor(PDL)
+    gl.static_assert(BH == 64, "64 heads per program: wgmma's M")
     gl.static_assert(gl.num_warps() == 4, "consumer 0 is the program's warpgroup")
     gl.static_assert(DIRECT == 1 or (HAS_SINK == 0 and WRITE_LSE == 0), "the sink and lse are the finisher's")
     keys_s = gl.allocate_shared_memory(  # [stage x group, 64 candidates, 128]: bf16 codes times their scales
