@@ -10,9 +10,12 @@ from csf_kernels.fp4_words import (
     PAIR3_MASKS,
     PAIR3_SHIFTS,
     PAIR_ROTATIONS,
+    PANEL_BYTES,
+    PANEL_ROWS,
     PLACED,
     checkpoint_words,
     gemm_words,
+    panel_offset,
 )
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -29,6 +32,9 @@ def test_the_layout_is_a_bijection_that_round_trips():
     words = gemm_words(values)
     assert words.shape == values.shape and words.dtype == torch.uint8
     assert torch.equal(checkpoint_words(words), values)
+    # rows of one panel: the panel order is the row order, so word i of the input is word i of the output
+    values = values.view(-1, PANEL_BYTES)
+    words = gemm_words(values)
     src, dst = values.view(torch.int32).to(torch.int64), words.view(torch.int32).to(torch.int64)
     for i, bits in enumerate(BIT_POSITIONS):
         for j, placed in enumerate(bits):
@@ -46,7 +52,8 @@ def test_the_placement_gives_each_weight_times_2_pow_minus_126():
     # every byte value in every nibble position: 256 words of four equal bytes, and random words
     values = torch.arange(256, dtype=torch.uint8).repeat_interleave(4).view(256, 4)
     values = torch.cat([values, torch.randint(0, 256, (512, 4), generator=_seeded(), dtype=torch.uint8)])
-    words = gemm_words(values).view(torch.int32).flatten().tolist()
+    # one panel a row (the order of the words unchanged)
+    words = gemm_words(values.view(-1, PANEL_BYTES)).view(torch.int32).flatten().tolist()
     codes = values.view(torch.int32).flatten().tolist()
     for word, code_word in zip(words, codes, strict=True):
         halves = []
@@ -65,7 +72,27 @@ def test_the_placed_bits_are_a_bf16_pair_s_sign_exponent_and_mantissa_top():
     assert sum(1 << b for b in PLACED) | sum(1 << (b + 16) for b in PLACED) == MASK
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(2, 6, dtype=torch.uint8), torch.zeros(2, 8, dtype=torch.int8)])
+@pytest.mark.parametrize("rows", [PANEL_ROWS, 3 * PANEL_ROWS, 2 * PANEL_ROWS + 24, 5])
+def test_words_lie_in_panel_order_within_64_row_blocks(rows):
+    # each expert's rows x row_bytes: 16-byte panels of 64-row blocks, a block's rows one after another
+    experts, row_bytes = 2, 3 * PANEL_BYTES
+    values = torch.randint(0, 256, (experts, rows, row_bytes), generator=_seeded(), dtype=torch.uint8)
+    words = gemm_words(values)
+    bits_only = gemm_words(values.reshape(-1, PANEL_BYTES)).view(values.shape)  # the same words in row order
+    for e in range(experts):
+        flat = words[e].flatten()
+        for r in range(rows):
+            for b in range(0, row_bytes, 4):
+                at = panel_offset(r, b, rows, row_bytes)
+                assert torch.equal(flat[at : at + 4], bits_only[e, r, b : b + 4]), (e, r, b)
+    # a step of 64 rows x 64 bytes (an MXFP4 K step of one program) is one contiguous run
+    assert panel_offset(PANEL_ROWS, 64, 2 * PANEL_ROWS, 128) == PANEL_ROWS * 128 + 4 * PANEL_ROWS * PANEL_BYTES
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [torch.zeros(2, 6, dtype=torch.uint8), torch.zeros(2, 8, dtype=torch.int8), torch.zeros(32, dtype=torch.uint8)],
+)
 def test_refuses_what_is_not_packed_words(bad):
     with pytest.raises(ValueError, match="packed FP4"):
         gemm_words(bad)

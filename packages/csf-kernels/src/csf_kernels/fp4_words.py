@@ -13,6 +13,16 @@ shift or rotation away (two instructions each), pair 3 needs two shifts (four). 
 are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign). The conversion's PTX
 (``kernels/moe_gemm.py``) spells these shifts and masks literally; tests/kernels/test_fp4_words.py holds
 it to the constants here.
+
+The words are also stored in **panel order** within each block of ``PANEL_ROWS`` (64) rows of an expert:
+16-byte panels (32 weights: one MXFP4 scale block, two NVFP4 ones) column by column, each panel's rows one
+after another. A GEMM program reads 64 rows x one K step (64 bytes a row for MXFP4, 32 for NVFP4), so a step
+is one contiguous 4 KB (2 KB) run of memory instead of 64 runs of 64 (32) bytes, one per row: run 205 read
+the same bytes at 2.1-2.2 TB/s in rows and 3.5 TB/s in panels (copy 4.05). The word of row ``r`` at byte
+``b`` of its row (``row_bytes`` a row, ``rows`` rows in the expert) lies at byte
+``64 B * row_bytes + (b // 16) * (n * 16) + (r % 64) * 16 + b % 16``, with ``B = r // 64`` and ``n`` the
+rows of that block (64, fewer in a last partial block): :func:`panel_offset`, which the kernels spell out.
+The shape is unchanged ([..., rows, row_bytes]), so weights can be rearranged where they are.
 """
 
 from __future__ import annotations
@@ -24,11 +34,17 @@ __all__ = [
     "PAIR3_MASKS",
     "PAIR3_SHIFTS",
     "PAIR_ROTATIONS",
+    "PANEL_BYTES",
+    "PANEL_ROWS",
     "PLACED",
     "PLACED_MASK",
     "checkpoint_words",
     "gemm_words",
+    "panel_offset",
 ]
+
+PANEL_BYTES = 16  # a panel's bytes per row: one thread's 16-byte vector
+PANEL_ROWS = 64  # rows per panel block: the decode GEMM's rows per program
 
 PLACED = (6, 7, 8, 15)  # where a bf16 (low half) keeps E2M1's mantissa, exponent low / high bit, sign
 PLACED_MASK = sum(1 << b for b in PLACED) * 0x10001  # both halves of a bf16 pair: 0x81C081C0
@@ -79,28 +95,71 @@ def _permute(words: torch.Tensor, moves: dict[int, int]) -> torch.Tensor:
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
 
 
-def _apply(values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None) -> torch.Tensor:
-    if values.dtype != torch.uint8 or values.shape[-1] % 4 or not values.is_contiguous():
+def panel_offset(row: int, byte: int, rows: int, row_bytes: int) -> int:
+    """Where byte ``byte`` of row ``row`` lies in an expert's ``rows`` x ``row_bytes`` words in panel order."""
+    block = row // PANEL_ROWS
+    n = min(PANEL_ROWS, rows - block * PANEL_ROWS)
+    return (
+        block * PANEL_ROWS * row_bytes
+        + (byte // PANEL_BYTES) * (n * PANEL_BYTES)
+        + (row % PANEL_ROWS) * PANEL_BYTES
+        + byte % PANEL_BYTES
+    )
+
+
+def _block_rows(t: torch.Tensor, start: int, stop: int, n: int) -> torch.Tensor:
+    """Rows ``start .. stop`` of every expert of ``t`` [b, rows, row_bytes] as [b, blocks of n rows, n *
+    row_bytes] (a view)."""
+    b, rows, row_bytes = t.shape
+    return t.view(b, rows * row_bytes)[:, start * row_bytes : stop * row_bytes].view(b, -1, n * row_bytes)
+
+
+def _reorder(src: torch.Tensor, dst: torch.Tensor, to_panels: bool) -> None:
+    """Rows of experts ``src`` [b, rows, row_bytes] -> panel order in ``dst`` (or back): whole 64-row
+    blocks, then a last partial block."""
+    b, rows, row_bytes = src.shape
+    panels, full = row_bytes // PANEL_BYTES, rows // PANEL_ROWS * PANEL_ROWS
+    for start, stop in ((0, full), (full, rows)):
+        if stop <= start:
+            continue
+        n = min(PANEL_ROWS, stop - start)
+        s, d = _block_rows(src, start, stop, n), _block_rows(dst, start, stop, n)
+        rows_first = (b, (stop - start) // n, n, panels, PANEL_BYTES)
+        panels_first = (b, (stop - start) // n, panels, n, PANEL_BYTES)
+        if to_panels:
+            d.view(panels_first).copy_(s.view(rows_first).transpose(2, 3))
+        else:
+            d.view(rows_first).copy_(s.view(panels_first).transpose(2, 3))
+
+
+def _apply(values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None, to_panels: bool) -> torch.Tensor:
+    if values.dtype != torch.uint8 or values.dim() < 2 or values.shape[-1] % PANEL_BYTES or not values.is_contiguous():
         raise ValueError(
-            f"packed FP4 values must be contiguous uint8 [..., 4n], got {values.dtype} {tuple(values.shape)}"
+            f"packed FP4 values must be contiguous uint8 [..., rows, 16n], got {values.dtype} {tuple(values.shape)}"
         )
     if out is None:
         out = torch.empty_like(values)
     elif (out.dtype, out.shape, out.device) != (torch.uint8, values.shape, values.device) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous uint8 {tuple(values.shape)} tensor on {values.device}")
-    words, out_words = values.view(torch.int32).reshape(-1), out.view(torch.int32).reshape(-1)
-    for start in range(0, words.numel(), _CHUNK_WORDS):
-        out_words[start : start + _CHUNK_WORDS] = _permute(words[start : start + _CHUNK_WORDS], moves)
+    rows, row_bytes = values.shape[-2:]
+    experts = values.view(-1, rows, row_bytes)
+    into = out.view(-1, rows, row_bytes)
+    # experts in chunks of about _CHUNK_WORDS words: each chunk maps onto itself, so ``out`` may be ``values``
+    per_chunk = max(1, _CHUNK_WORDS * 4 // max(rows * row_bytes, 1))
+    for start in range(0, experts.shape[0], per_chunk):
+        chunk = experts[start : start + per_chunk]
+        permuted = _permute(chunk.reshape(-1).view(torch.int32), moves).view(torch.uint8).view(chunk.shape)
+        _reorder(permuted, into[start : start + per_chunk], to_panels)
     return out
 
 
 def gemm_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Checkpoint FP4 bytes [..., 4n] -> the GEMMs' word layout, into ``out`` (default: a new tensor; may be
-    ``values`` itself). The temporaries are allocated while this runs, so a caller may run it inside a
-    private memory pool with ``out`` allocated outside."""
-    return _apply(values, _moves(True), out)
+    """Checkpoint FP4 bytes [..., rows, 16n] -> the GEMMs' words (bits permuted, panel order), into ``out``
+    (default: a new tensor; may be ``values`` itself). The temporaries are allocated while this runs, so a
+    caller may run it inside a private memory pool with ``out`` allocated outside."""
+    return _apply(values, _moves(True), out, to_panels=True)
 
 
 def checkpoint_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of :func:`gemm_words`."""
-    return _apply(values, _moves(False), out)
+    return _apply(values, _moves(False), out, to_panels=False)

@@ -68,12 +68,12 @@ MOE_ALIGN_SCATTER = TritonFamily(
     num_warps=4,
 )
 MOE_GEMM = TritonFamily(
-    kernel="moe.gemm", version=1, module="csf_kernels.kernels.moe_gemm", function="moe_gemm", num_warps=4
+    kernel="moe.gemm", version=2, module="csf_kernels.kernels.moe_gemm", function="moe_gemm", num_warps=4
 )
 # the split-K decode tiles with explicit register layouts (Gluon): the DECODE config's engine on GPUs
 MOE_GEMM_DECODE = TritonFamily(
     kernel="moe.gemm_decode",
-    version=1,
+    version=2,
     module="csf_kernels.kernels.moe_gemm_decode",
     function="moe_gemm_decode",
     num_warps=4,

@@ -17,8 +17,9 @@ TOOLCHAIN = {"triton": "3.6.0", "nvidia-cutlass-dsl": "4.8.1"}
 TARGET = {"arch": "sm_90a", "compute_capability": [9, 0]}
 
 _PKG = Path(__file__).resolve().parent
-# Kernel sources, how they are compiled, and the format modules they implement: any change is a new cache key.
-_SOURCE_GLOBS = ("kernels/**/*.py", "cute/**/*.py", "catalog.yaml", "aot/compile_*.py", "mla_layout.py")
+# Kernel sources, how they are compiled, and the format and operand layouts they implement: any change is a new
+# cache key.
+_SOURCE_GLOBS = ("kernels/**/*.py", "cute/**/*.py", "catalog.yaml", "aot/compile_*.py", "mla_layout.py", "fp4_words.py")
 _CODEC_FORMAT_MODULES = ("inline.py", "tile_layout.py", "compact.py", "bitfields.py", "container.py")
 
 

@@ -274,16 +274,21 @@ def _scale_bf16(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _weight_words(w_e, rows, valid, t, K, FMT: tl.constexpr):
-    """Packed FP4 weights [BN, W] of rows ``rows`` for K step ``t`` as 32-bit words of eight weights (zeros
-    past K: masked, never read). Words, not bytes, so that a pipelined copy through shared memory is read
-    back with wide loads."""
+def _weight_words(w_e, rows, valid, t, K, R, FMT: tl.constexpr):
+    """Packed FP4 weights [BN, W] of rows ``rows`` (of the expert's ``R``) for K step ``t`` as 32-bit words
+    of eight weights (zeros past K: masked, never read), stored in panel order (csf_kernels.fp4_words:
+    16-byte panels of 64-row blocks). Words, not bytes, so that a pipelined copy through shared memory is
+    read back with wide loads."""
     W: tl.constexpr = 16 if FMT == 0 else 8  # words per K step
-    kw = t * W + tl.arange(0, W)[None, :]
-    m = valid[:, None] & (kw < K // 8)
+    j = tl.arange(0, W)[None, :]
+    m = valid[:, None] & (t * W + j < K // 8)
     row_words = (K // 32) * 4  # = K // 8 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
+    block = rows // 64
+    block_rows = tl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
+    base = block.to(tl.int64) * (64 * row_words) + (rows % 64) * 4
+    off = base[:, None] + (t * (W // 4) + j // 4) * (block_rows * 4)[:, None] + j % 4
     w32 = w_e.to(tl.pointer_type(tl.int32))
-    return tl.load(w32 + rows[:, None].to(tl.int64) * row_words + kw, mask=m, other=0)
+    return tl.load(w32 + off, mask=m, other=0)
 
 
 @triton.jit
@@ -428,9 +433,9 @@ def moe_gemm(
         t0 = tl.program_id(2) * steps_per_split
         steps = tl.minimum(steps, t0 + steps_per_split)
     if PREFETCH:  # the next step's weight words are in flight while this step converts and multiplies
-        b_a = _weight_words(w_e, rows_a, valid, t0, K, FMT)
+        b_a = _weight_words(w_e, rows_a, valid, t0, K, R, FMT)
         if FC1:
-            b_b = _weight_words(w_e, rows_b, valid, t0, K, FMT)
+            b_b = _weight_words(w_e, rows_b, valid, t0, K, R, FMT)
     # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
     # neither waits on a load when the step's scales are decoded (native: unused placeholders)
     h_a, lo_a, hi_a, h_a_next = 0, rows_a, rows_a, 0
@@ -445,13 +450,13 @@ def moe_gemm(
                                                  S_TAIL, TC)  # fmt: skip
     for t in range(t0, steps):
         if PREFETCH:
-            nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, FMT)
+            nb_a = _weight_words(w_e, rows_a, valid & (t + 1 < steps), t + 1, K, R, FMT)
             if FC1:
-                nb_b = _weight_words(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, FMT)
+                nb_b = _weight_words(w_e, rows_b, valid & (t + 1 < steps), t + 1, K, R, FMT)
         else:
-            b_a = _weight_words(w_e, rows_a, valid, t, K, FMT)
+            b_a = _weight_words(w_e, rows_a, valid, t, K, R, FMT)
             if FC1:
-                b_b = _weight_words(w_e, rows_b, valid, t, K, FMT)
+                b_b = _weight_words(w_e, rows_b, valid, t, K, R, FMT)
         k = t * BK + kk
         xt = tl.load(x + a_row[None, :] * K + k[:, None], mask=live_m[None, :] & (k[:, None] < K), other=0.0)
         s_a = _tile_scales(SRC, scales_e, rows_a, valid, rb_a, slot_a, base_a, t, h_a, lo_a, hi_a, C, records, raw,

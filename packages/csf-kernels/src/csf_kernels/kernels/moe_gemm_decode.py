@@ -18,8 +18,9 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 * the relabelling is a permute + reshape of each thread's registers, which ``convert_layout(...,
   assert_trivial=True)`` proves moves no data (the build fails otherwise).
 
-The FP4 words (bits permuted at preparation for the conversion: csf_kernels.fp4_words), scale planes
-and inline records are read in their stored order, no tile re-packing.
+The FP4 words are prepared for this program (csf_kernels.fp4_words: bits permuted for the conversion, and
+16-byte panels of 64-row blocks, so a program's K step is one contiguous 4 KB run); scale planes and inline
+records are read in their stored order.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
 ``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
 the product path is shared, so outputs are bit-identical across sources.
@@ -329,20 +330,29 @@ def _wide_rows(wide, e, pid_n, R, BN: gl.constexpr):
 
 
 @gluon.jit
-def _word_pointers(w_e, rows, quad, q, valid, t, K, Q: gl.constexpr):
-    """Pointers [64, 4, Q] to the weight words of rows ``rows`` for K step ``t`` and their mask (false past
-    K). The mask is a function of the quad lane alone (K % 32 == 0), so a thread's Q words stay one
-    16-byte access (a mask on the word index would split them: Triton cannot see K // 8 % 4 == 0)."""
+def _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
+    """Pointers [64, 4, Q] to the weight words of rows ``rows`` (of the expert's ``R``) for K step ``t``,
+    stored in panel order (csf_kernels.fp4_words: 16-byte panels of 64-row blocks, so a step's words are one
+    contiguous run), and their mask (false past K). The mask is a function of the quad lane alone
+    (K % 32 == 0), so a thread's Q words stay one 16-byte access (a mask on the word index would split them:
+    Triton cannot see K // 8 % 4 == 0)."""
     m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & ((t * 4 + quad) * (8 * Q) < K)
     row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
-    off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * row_words, 1), 2) + (t * 4 + quad) * Q + q
+    block = rows // 64
+    block_rows = gl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
+    base = block.to(gl.int64) * (64 * row_words) + (rows % 64) * 4
+    if Q == 4:  # MXFP4: a thread's four words are panel 4t + quad
+        panel_words = (t * 4 + quad) * gl.expand_dims(gl.expand_dims(block_rows * 4, 1), 2)
+    else:  # NVFP4: half a panel, 2t + quad // 2
+        panel_words = (t * 2 + quad // 2) * gl.expand_dims(gl.expand_dims(block_rows * 4, 1), 2) + (quad % 2) * 2
+    off = gl.expand_dims(gl.expand_dims(base, 1), 2) + panel_words + q
     return w_e.to(gl.pointer_type(gl.int32)) + off, m
 
 
 @gluon.jit
-def _weight_words(w_e, rows, quad, q, valid, t, K, Q: gl.constexpr):
+def _weight_words(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
     """Weight words [64, 4, Q] of rows ``rows`` for K step ``t`` (zeros past K or past the last step)."""
-    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
+    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q)
     return gl.load(ptr, mask=m, other=0)
 
 
@@ -356,13 +366,13 @@ def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
 
 @gluon.jit
 def _issue_step(
-    w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, Q: gl.constexpr,
+    w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, R, Q: gl.constexpr,
     WG: gl.constexpr, XR: gl.constexpr,
 ):  # fmt: skip
     """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
     thread its own (it reads them back itself), and (mma.sync) the activations, shared by the program's
     warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
-    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, Q)
+    ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
     if WG == 0:
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
@@ -375,7 +385,7 @@ def _issue_step(
 
 @gluon.jit
 def _k_steps(
-    acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
+    acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
     live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
     xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
     AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr,
@@ -401,16 +411,16 @@ def _k_steps(
             gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
             i = (t - t0 + STAGES - 1) % STAGES
             _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                        t + STAGES - 1, steps, K, Q, WG, XR)  # fmt: skip
+                        t + STAGES - 1, steps, K, R, Q, WG, XR)  # fmt: skip
             b = w_s.index((t - t0) % STAGES).load(WL)
             if WG == 0:
                 xt = x_s.index((t - t0) % STAGES).load(XL)
         elif WG:  # weight words straight into registers, one step ahead
             gl.thread_barrier()  # everyone's operand stores of this step, and reads of the buffer refilled now
             b = b_next
-            b_next = _weight_words(w_e, rows, quad, q, valid, t + 1, K, Q)
+            b_next = _weight_words(w_e, rows, quad, q, valid, t + 1, K, R, Q)
         else:
-            b = _weight_words(w_e, rows, quad, q, valid, t, K, Q)
+            b = _weight_words(w_e, rows, quad, q, valid, t, K, R, Q)
             xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
             xt = gl.load(xp, mask=xm, other=0.0)
         if WG and not XR:
@@ -515,9 +525,9 @@ def moe_gemm_decode(
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_operand_layout(BM, BK))
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
-                        steps, K, Q, WG, XR)  # fmt: skip
+                        steps, K, R, Q, WG, XR)  # fmt: skip
     elif WG:
-        b_next = _weight_words(w_e, rows, quad, q, valid, t0, K, Q)
+        b_next = _weight_words(w_e, rows, quad, q, valid, t0, K, R, Q)
     if WG and not XR:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
         xb_s = gl.allocate_shared_memory(x.dtype.element_ty, [2, BM, BK], _act_operand_layout(BM, BK))
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t0, K, BK)
@@ -528,12 +538,12 @@ def moe_gemm_decode(
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
     if FMT == 0 and _wide_rows(wide, e, pid_n, R, BN) == 0:  # no scale of 4 or more in these rows
-        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
+        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
                        WG, XR)  # fmt: skip
     else:
-        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, C, scales_e, s_next, w_s, x_s, a_row_c,
+        acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
                        WG, XR)  # fmt: skip
