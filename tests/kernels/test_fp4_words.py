@@ -10,11 +10,11 @@ from csf_kernels.fp4_words import (
     PAIR3_MASKS,
     PAIR3_SHIFTS,
     PAIR_ROTATIONS,
-    PANEL_BYTES,
     PANEL_ROWS,
     PLACED,
     checkpoint_words,
     gemm_words,
+    panel_bytes,
     panel_offset,
 )
 
@@ -29,12 +29,13 @@ def _seeded() -> torch.Generator:
 def test_the_layout_is_a_bijection_that_round_trips():
     assert sorted(b for bits in BIT_POSITIONS for b in bits) == list(range(32))
     values = torch.randint(0, 256, (3, 5, 64), generator=_seeded(), dtype=torch.uint8)
-    words = gemm_words(values)
-    assert words.shape == values.shape and words.dtype == torch.uint8
-    assert torch.equal(checkpoint_words(words), values)
+    for block in (32, 16):
+        words = gemm_words(values, block)
+        assert words.shape == values.shape and words.dtype == torch.uint8
+        assert torch.equal(checkpoint_words(words, block), values)
     # rows of one panel: the panel order is the row order, so word i of the input is word i of the output
-    values = values.view(-1, PANEL_BYTES)
-    words = gemm_words(values)
+    values = values.view(-1, panel_bytes(32))
+    words = gemm_words(values, 32)
     src, dst = values.view(torch.int32).to(torch.int64), words.view(torch.int32).to(torch.int64)
     for i, bits in enumerate(BIT_POSITIONS):
         for j, placed in enumerate(bits):
@@ -53,7 +54,7 @@ def test_the_placement_gives_each_weight_times_2_pow_minus_126():
     values = torch.arange(256, dtype=torch.uint8).repeat_interleave(4).view(256, 4)
     values = torch.cat([values, torch.randint(0, 256, (512, 4), generator=_seeded(), dtype=torch.uint8)])
     # one panel a row (the order of the words unchanged)
-    words = gemm_words(values.view(-1, PANEL_BYTES)).view(torch.int32).flatten().tolist()
+    words = gemm_words(values.view(-1, 16), 16).view(torch.int32).flatten().tolist()
     codes = values.view(torch.int32).flatten().tolist()
     for word, code_word in zip(words, codes, strict=True):
         halves = []
@@ -72,21 +73,41 @@ def test_the_placed_bits_are_a_bf16_pair_s_sign_exponent_and_mantissa_top():
     assert sum(1 << b for b in PLACED) | sum(1 << (b + 16) for b in PLACED) == MASK
 
 
+@pytest.mark.parametrize("block", [32, 16], ids=["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("rows", [PANEL_ROWS, 3 * PANEL_ROWS, 2 * PANEL_ROWS + 24, 5])
-def test_words_lie_in_panel_order_within_64_row_blocks(rows):
-    # each expert's rows x row_bytes: 16-byte panels of 64-row blocks, a block's rows one after another
-    experts, row_bytes = 2, 3 * PANEL_BYTES
+@pytest.mark.parametrize("row_bytes", [64, 80, 144])
+def test_words_lie_in_panel_order_within_64_row_blocks(rows, row_bytes, block):
+    # each expert's rows x row_bytes: per 64-row block, K steps as row-major [rows, panel] tiles, the last
+    # one narrower where a row ends mid-step
+    experts = 2
     values = torch.randint(0, 256, (experts, rows, row_bytes), generator=_seeded(), dtype=torch.uint8)
-    words = gemm_words(values)
-    bits_only = gemm_words(values.reshape(-1, PANEL_BYTES)).view(values.shape)  # the same words in row order
+    words = gemm_words(values, block)
+    bits_only = gemm_words(values.reshape(-1, 16), 16).view(values.shape)  # the same words in row order
+    offsets = set()
     for e in range(experts):
         flat = words[e].flatten()
         for r in range(rows):
             for b in range(0, row_bytes, 4):
-                at = panel_offset(r, b, rows, row_bytes)
+                at = panel_offset(r, b, rows, row_bytes, block)
+                offsets.add((e, at))
                 assert torch.equal(flat[at : at + 4], bits_only[e, r, b : b + 4]), (e, r, b)
-    # a step of 64 rows x 64 bytes (an MXFP4 K step of one program) is one contiguous run
-    assert panel_offset(PANEL_ROWS, 64, 2 * PANEL_ROWS, 128) == PANEL_ROWS * 128 + 4 * PANEL_ROWS * PANEL_BYTES
+    assert len(offsets) == experts * rows * row_bytes // 4  # a bijection
+    assert torch.equal(checkpoint_words(words, block), values)
+
+
+def test_a_k_step_of_a_64_row_program_is_one_contiguous_tile():
+    rows, row_bytes = 2 * PANEL_ROWS, 1440  # gpt-oss: 22 whole MXFP4 steps and a half one
+    for block in (32, 16):
+        width = panel_bytes(block)
+        for step in range(-(-row_bytes // width)):
+            here = min(width, row_bytes - step * width)
+            got = sorted(panel_offset(r, step * width + b, rows, row_bytes, block)
+                         for r in range(PANEL_ROWS, 2 * PANEL_ROWS) for b in range(here))  # fmt: skip
+            assert got == list(range(got[0], got[0] + PANEL_ROWS * here))
+            # two rows of four 16-byte quads (one access phase of a warp) are 128 contiguous bytes
+            quads = [panel_offset(PANEL_ROWS + r, step * width + 16 * q, rows, row_bytes, block)
+                     for r in range(2) for q in range(4) if 16 * q < here]  # fmt: skip
+            assert quads == list(range(quads[0], quads[0] + 16 * len(quads), 16)) or width < 64
 
 
 @pytest.mark.parametrize(
@@ -95,18 +116,18 @@ def test_words_lie_in_panel_order_within_64_row_blocks(rows):
 )
 def test_refuses_what_is_not_packed_words(bad):
     with pytest.raises(ValueError, match="packed FP4"):
-        gemm_words(bad)
+        gemm_words(bad, 32)
 
 
 def test_permutes_in_place_and_into_a_given_tensor():
     values = torch.randint(0, 256, (4, 32), generator=_seeded(), dtype=torch.uint8)
-    want = gemm_words(values)
+    want = gemm_words(values, 32)
     out = torch.empty_like(values)
-    assert gemm_words(values, out=out) is out and torch.equal(out, want)
+    assert gemm_words(values, 32, out=out) is out and torch.equal(out, want)
     copy = values.clone()
-    assert torch.equal(gemm_words(copy, out=copy), want)
+    assert torch.equal(gemm_words(copy, 32, out=copy), want)
     with pytest.raises(ValueError, match="out must be"):
-        gemm_words(values, out=torch.empty(4, 16, dtype=torch.uint8))
+        gemm_words(values, 32, out=torch.empty(4, 16, dtype=torch.uint8))
 
 
 def test_the_gemms_conversion_is_written_for_this_layout():

@@ -59,7 +59,8 @@ def test_fp4_words_get_their_bits_permuted_and_the_inputs_stay_untouched():
     wide[..., : w2.shape[-1]] = w2
     kwargs["w2"] = wide[..., : w2.shape[-1]]
     got = prepare_weights(p, **kwargs)
-    assert torch.equal(got.w13.values, gemm_words(w13)) and torch.equal(got.w2.values, gemm_words(w2))
+    block = GEO.fmt.block_size
+    assert torch.equal(got.w13.values, gemm_words(w13, block)) and torch.equal(got.w2.values, gemm_words(w2, block))
     assert torch.equal(kwargs["w13"], w13) and torch.equal(kwargs["w2"], w2)  # the caller's tensors unchanged
     assert got.w13.values.data_ptr() != kwargs["w13"].data_ptr()
     # handed over: a refused input leaves them as they were; else they are permuted where they are
@@ -70,7 +71,7 @@ def test_fp4_words_get_their_bits_permuted_and_the_inputs_stay_untouched():
     assert torch.equal(handed["w13"], w13) and torch.equal(handed["w2"], w2)
     owned = prepare_weights(p, values_in_place=True, **handed)
     assert owned.w13.values.data_ptr() == handed["w13"].data_ptr()
-    assert torch.equal(owned.w13.values, gemm_words(w13)) and torch.equal(owned.w2.values, gemm_words(w2))
+    assert torch.equal(owned.w13.values, gemm_words(w13, block)) and torch.equal(owned.w2.values, gemm_words(w2, block))
 
 
 def test_bad_weights_are_refused_clearly():

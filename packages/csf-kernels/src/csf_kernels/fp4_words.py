@@ -15,14 +15,14 @@ are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign
 it to the constants here.
 
 The words are also stored in **panel order** within each block of ``PANEL_ROWS`` (64) rows of an expert:
-16-byte panels (32 weights: one MXFP4 scale block, two NVFP4 ones) column by column, each panel's rows one
-after another. A GEMM program reads 64 rows x one K step (64 bytes a row for MXFP4, 32 for NVFP4), so a step
-is one contiguous 4 KB (2 KB) run of memory instead of 64 runs of 64 (32) bytes, one per row: run 205 read
-the same bytes at 2.1-2.2 TB/s in rows and 3.5 TB/s in panels (copy 4.05). The word of row ``r`` at byte
-``b`` of its row (``row_bytes`` a row, ``rows`` rows in the expert) lies at byte
-``64 B * row_bytes + (b // 16) * (n * 16) + (r % 64) * 16 + b % 16``, with ``B = r // 64`` and ``n`` the
-rows of that block (64, fewer in a last partial block): :func:`panel_offset`, which the kernels spell out.
-The shape is unchanged ([..., rows, row_bytes]), so weights can be rearranged where they are.
+panels of one GEMM K step (``PANEL_SCALE_BLOCKS`` scale blocks: 64 bytes a row for MXFP4, 32 for NVFP4) one
+after another, each a [64 rows, panel bytes] row-major tile; a last panel narrower where the row ends mid-step.
+A program of a GEMM reads 64 rows x one K step, so each step is one contiguous 4 KB (2 KB) tile, and the
+eight lanes of a 16-byte access phase (two rows of four 16-byte quads, the MMA fragments' order) read 128
+contiguous bytes. Run 205 read gpt-oss-sized experts (`benchmarks/probe_weight_order.py`) at 2.3 TB/s
+in rows and 3.9 TB/s in such tiles (copy 4.1). The word of row ``r`` at byte ``b`` of its row lies at
+:func:`panel_offset` (which the kernels spell out). The shape is unchanged ([..., rows, row_bytes]), so
+weights can be rearranged where they are.
 """
 
 from __future__ import annotations
@@ -34,16 +34,17 @@ __all__ = [
     "PAIR3_MASKS",
     "PAIR3_SHIFTS",
     "PAIR_ROTATIONS",
-    "PANEL_BYTES",
     "PANEL_ROWS",
+    "PANEL_SCALE_BLOCKS",
     "PLACED",
     "PLACED_MASK",
     "checkpoint_words",
     "gemm_words",
+    "panel_bytes",
     "panel_offset",
 ]
 
-PANEL_BYTES = 16  # a panel's bytes per row: one thread's 16-byte vector
+PANEL_SCALE_BLOCKS = 4  # a panel's width in scale blocks: one K step of the GEMMs
 PANEL_ROWS = 64  # rows per panel block: the decode GEMM's rows per program
 
 PLACED = (6, 7, 8, 15)  # where a bf16 (low half) keeps E2M1's mantissa, exponent low / high bit, sign
@@ -95,16 +96,18 @@ def _permute(words: torch.Tensor, moves: dict[int, int]) -> torch.Tensor:
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
 
 
-def panel_offset(row: int, byte: int, rows: int, row_bytes: int) -> int:
+def panel_bytes(block_size: int) -> int:
+    """A panel's bytes a row for scale blocks of ``block_size`` weights (MXFP4 32: 64 bytes; NVFP4 16: 32)."""
+    return PANEL_SCALE_BLOCKS * block_size // 2
+
+
+def panel_offset(row: int, byte: int, rows: int, row_bytes: int, block_size: int) -> int:
     """Where byte ``byte`` of row ``row`` lies in an expert's ``rows`` x ``row_bytes`` words in panel order."""
-    block = row // PANEL_ROWS
-    n = min(PANEL_ROWS, rows - block * PANEL_ROWS)
-    return (
-        block * PANEL_ROWS * row_bytes
-        + (byte // PANEL_BYTES) * (n * PANEL_BYTES)
-        + (row % PANEL_ROWS) * PANEL_BYTES
-        + byte % PANEL_BYTES
-    )
+    width = panel_bytes(block_size)
+    block, panel = row // PANEL_ROWS, byte // width
+    n = min(PANEL_ROWS, rows - block * PANEL_ROWS)  # the block's rows
+    this_width = min(width, row_bytes - panel * width)  # narrower: the row's last, partial panel
+    return block * PANEL_ROWS * row_bytes + panel * (n * width) + (row % PANEL_ROWS) * this_width + byte % width
 
 
 def _block_rows(t: torch.Tensor, start: int, stop: int, n: int) -> torch.Tensor:
@@ -114,26 +117,35 @@ def _block_rows(t: torch.Tensor, start: int, stop: int, n: int) -> torch.Tensor:
     return t.view(b, rows * row_bytes)[:, start * row_bytes : stop * row_bytes].view(b, -1, n * row_bytes)
 
 
-def _reorder(src: torch.Tensor, dst: torch.Tensor, to_panels: bool) -> None:
+def _reorder(src: torch.Tensor, dst: torch.Tensor, width: int, to_panels: bool) -> None:
     """Rows of experts ``src`` [b, rows, row_bytes] -> panel order in ``dst`` (or back): whole 64-row
-    blocks, then a last partial block."""
+    blocks, then a last partial block; in each block the whole panels, then the narrower last one."""
     b, rows, row_bytes = src.shape
-    panels, full = row_bytes // PANEL_BYTES, rows // PANEL_ROWS * PANEL_ROWS
+    panels, full = row_bytes // width, rows // PANEL_ROWS * PANEL_ROWS
     for start, stop in ((0, full), (full, rows)):
         if stop <= start:
             continue
         n = min(PANEL_ROWS, stop - start)
-        s, d = _block_rows(src, start, stop, n), _block_rows(dst, start, stop, n)
-        rows_first = (b, (stop - start) // n, n, panels, PANEL_BYTES)
-        panels_first = (b, (stop - start) // n, panels, n, PANEL_BYTES)
-        if to_panels:
-            d.view(panels_first).copy_(s.view(rows_first).transpose(2, 3))
-        else:
-            d.view(rows_first).copy_(s.view(panels_first).transpose(2, 3))
+        rows_first = _block_rows(src if to_panels else dst, start, stop, n)
+        panels_first = _block_rows(dst if to_panels else src, start, stop, n)
+        blocks = rows_first.shape[1]
+        by_row = rows_first.view(b, blocks, n, row_bytes)
+        pairs = (  # (row-major part, panel-major part) of the whole panels, then of the last one
+            (by_row[..., : panels * width].unflatten(-1, (panels, width)).transpose(2, 3),
+             panels_first[..., : n * panels * width].view(b, blocks, panels, n, width)),
+            (by_row[..., panels * width :], panels_first[..., n * panels * width :].view(b, blocks, n, -1)),
+        )  # fmt: skip
+        for by_rows, by_panels in pairs:
+            if to_panels:
+                by_panels.copy_(by_rows)
+            else:
+                by_rows.copy_(by_panels)
 
 
-def _apply(values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None, to_panels: bool) -> torch.Tensor:
-    if values.dtype != torch.uint8 or values.dim() < 2 or values.shape[-1] % PANEL_BYTES or not values.is_contiguous():
+def _apply(
+    values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None, block_size: int, to_panels: bool
+) -> torch.Tensor:
+    if values.dtype != torch.uint8 or values.dim() < 2 or values.shape[-1] % 16 or not values.is_contiguous():
         raise ValueError(
             f"packed FP4 values must be contiguous uint8 [..., rows, 16n], got {values.dtype} {tuple(values.shape)}"
         )
@@ -149,17 +161,18 @@ def _apply(values: torch.Tensor, moves: dict[int, int], out: torch.Tensor | None
     for start in range(0, experts.shape[0], per_chunk):
         chunk = experts[start : start + per_chunk]
         permuted = _permute(chunk.reshape(-1).view(torch.int32), moves).view(torch.uint8).view(chunk.shape)
-        _reorder(permuted, into[start : start + per_chunk], to_panels)
+        _reorder(permuted, into[start : start + per_chunk], panel_bytes(block_size), to_panels)
     return out
 
 
-def gemm_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Checkpoint FP4 bytes [..., rows, 16n] -> the GEMMs' words (bits permuted, panel order), into ``out``
-    (default: a new tensor; may be ``values`` itself). The temporaries are allocated while this runs, so a
-    caller may run it inside a private memory pool with ``out`` allocated outside."""
-    return _apply(values, _moves(True), out, to_panels=True)
+def gemm_words(values: torch.Tensor, block_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Checkpoint FP4 bytes [..., rows, 16n] -> the GEMMs' words (bits permuted, panel order for scale blocks
+    of ``block_size`` weights), into ``out`` (default: a new tensor; may be ``values`` itself). The temporaries
+    are allocated while this runs, so a caller may run it inside a private memory pool with ``out`` allocated
+    outside."""
+    return _apply(values, _moves(True), out, block_size, to_panels=True)
 
 
-def checkpoint_words(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def checkpoint_words(values: torch.Tensor, block_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of :func:`gemm_words`."""
-    return _apply(values, _moves(False), out, to_panels=False)
+    return _apply(values, _moves(False), out, block_size, to_panels=False)

@@ -129,10 +129,10 @@ def prepare_weights(
     uint8 (or float8_e4m3fn) planes [E, 2N, H/bs] and [E, H, N/bs], or CSF compact payloads of them.
     NVFP4 needs per-expert global scales; biases (gpt-oss) are [E, 2N] and [E, H].
 
-    The GEMMs read the values with each word's bits permuted (``csf_kernels.fp4_words``): by default into
-    new tensors; ``values_in_place`` hands ``w13`` / ``w2`` over (a serving engine's own parameters,
-    replaced by the results) and permutes them where they are, so loading needs no second copy of the
-    weights.
+    The GEMMs read the values with each word's bits permuted and the words in panel order
+    (``csf_kernels.fp4_words``): by default into new tensors; ``values_in_place`` hands ``w13`` / ``w2``
+    over (a serving engine's own parameters, replaced by the results) and rearranges them where they are,
+    so loading needs no second copy of the weights.
     """
     geo = plan.geometry
     device = torch.device(device) if device is not None else w13.device
@@ -175,7 +175,8 @@ def prepare_weights(
             )
         del s13, s2
         # last, once every input has been checked: a refused input leaves handed-over values untouched
-        v13, v2 = gemm_words(v13, out=into13), gemm_words(v2, out=into2)
+        block = geo.fmt.block_size
+        v13, v2 = gemm_words(v13, block, out=into13), gemm_words(v2, block, out=into2)
     # copy the results out of the pool, drop every pool tensor, then release the pool
     owned = _own_all((*planes, *wide))
     planes, (wide13, wide2) = owned[:2], owned[2:] or (None, None)

@@ -276,19 +276,19 @@ def _scale_bf16(s, FMT: tl.constexpr):
 @triton.jit
 def _weight_words(w_e, rows, valid, t, K, R, FMT: tl.constexpr):
     """Packed FP4 weights [BN, W] of rows ``rows`` (of the expert's ``R``) for K step ``t`` as 32-bit words
-    of eight weights (zeros past K: masked, never read), stored in panel order (csf_kernels.fp4_words:
-    16-byte panels of 64-row blocks). Words, not bytes, so that a pipelined copy through shared memory is
-    read back with wide loads."""
+    of eight weights (zeros past K: masked, never read), stored in panel order (csf_kernels.fp4_words: each
+    64-row block's K steps as [rows, W words] tiles). Words, not bytes, so that a pipelined copy through
+    shared memory is read back with wide loads."""
     W: tl.constexpr = 16 if FMT == 0 else 8  # words per K step
     j = tl.arange(0, W)[None, :]
     m = valid[:, None] & (t * W + j < K // 8)
     row_words = (K // 32) * 4  # = K // 8 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
     block = rows // 64
     block_rows = tl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
-    base = block.to(tl.int64) * (64 * row_words) + (rows % 64) * 4
-    off = base[:, None] + (t * (W // 4) + j // 4) * (block_rows * 4)[:, None] + j % 4
+    width = tl.minimum(row_words - t * W, W)  # this step's words a row
+    base = block.to(tl.int64) * (64 * row_words) + t * (block_rows * W) + (rows % 64) * width
     w32 = w_e.to(tl.pointer_type(tl.int32))
-    return tl.load(w32 + off, mask=m, other=0)
+    return tl.load(w32 + base[:, None] + j, mask=m, other=0)
 
 
 @triton.jit

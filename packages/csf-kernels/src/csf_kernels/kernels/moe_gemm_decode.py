@@ -19,8 +19,8 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
   assert_trivial=True)`` proves moves no data (the build fails otherwise).
 
 The FP4 words are prepared for this program (csf_kernels.fp4_words: bits permuted for the conversion, and
-16-byte panels of 64-row blocks, so a program's K step is one contiguous 4 KB run); scale planes and inline
-records are read in their stored order.
+each 64-row block's K steps stored as row-major tiles, so a program's step is one contiguous 4 KB run); scale
+planes and inline records are read in their stored order.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
 ``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
 the product path is shared, so outputs are bit-identical across sources.
@@ -332,20 +332,17 @@ def _wide_rows(wide, e, pid_n, R, BN: gl.constexpr):
 @gluon.jit
 def _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
     """Pointers [64, 4, Q] to the weight words of rows ``rows`` (of the expert's ``R``) for K step ``t``,
-    stored in panel order (csf_kernels.fp4_words: 16-byte panels of 64-row blocks, so a step's words are one
-    contiguous run), and their mask (false past K). The mask is a function of the quad lane alone
-    (K % 32 == 0), so a thread's Q words stay one 16-byte access (a mask on the word index would split them:
-    Triton cannot see K // 8 % 4 == 0)."""
+    stored in panel order (csf_kernels.fp4_words: each 64-row block's K steps as [rows, 4Q words] tiles, the
+    last one narrower where the rows end mid-step), and their mask (false past K). The mask is a function of
+    the quad lane alone (K % 32 == 0), so a thread's Q words stay one 16-byte access (a mask on the word
+    index would split them: Triton cannot see K // 8 % 4 == 0)."""
     m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & ((t * 4 + quad) * (8 * Q) < K)
     row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
     block = rows // 64
     block_rows = gl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
-    base = block.to(gl.int64) * (64 * row_words) + (rows % 64) * 4
-    if Q == 4:  # MXFP4: a thread's four words are panel 4t + quad
-        panel_words = (t * 4 + quad) * gl.expand_dims(gl.expand_dims(block_rows * 4, 1), 2)
-    else:  # NVFP4: half a panel, 2t + quad // 2
-        panel_words = (t * 2 + quad // 2) * gl.expand_dims(gl.expand_dims(block_rows * 4, 1), 2) + (quad % 2) * 2
-    off = gl.expand_dims(gl.expand_dims(base, 1), 2) + panel_words + q
+    width = gl.minimum(row_words - t * (4 * Q), 4 * Q)  # this step's words a row
+    base = block.to(gl.int64) * (64 * row_words) + t * (block_rows * (4 * Q)) + (rows % 64) * width
+    off = gl.expand_dims(gl.expand_dims(base, 1), 2) + quad * Q + q
     return w_e.to(gl.pointer_type(gl.int32)) + off, m
 
 
