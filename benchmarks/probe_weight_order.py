@@ -4,9 +4,11 @@
 
 Each program reads what one decode GEMM program reads (64 rows of one expert, one K step at a time: 64
 bytes a row for MXFP4) from gpt-oss-120b-sized experts (128 x 5760 rows x 1440 bytes), with the rows
-stored as checkpoints store them (a step is 64 runs of 64 bytes, one per row) or in panel order
-(csf_kernels.fp4_words: a step is one 4 KB run). Arms alternate within each round, beside the device's
-copy ceiling. No correctness state: the arms compute nothing but an XOR of what they read.
+stored as checkpoints store them (a step is 64 runs of 64 bytes, one per row), as 16-byte panels of the
+64-row block (a step is one 4 KB run, each 16-byte column of it 64 rows long: run 207's "panels") or as the
+GEMMs store them (csf_kernels.fp4_words: a step is one row-major [64 rows, 64 bytes] tile, so a warp's
+8-lane access phase reads 128 contiguous bytes). Arms alternate within each round, beside the device's copy
+ceiling. No correctness state: the arms compute nothing but an XOR of what they read.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
 
 
 @triton.jit
-def _read(w, out, stride_words, row_bytes, R, STEP_WORDS: tl.constexpr, PANELS: tl.constexpr):
+def _read(w, out, stride_words, row_bytes, R, STEP_WORDS: tl.constexpr, ORDER: tl.constexpr):
     e, n = tl.program_id(0), tl.program_id(1)
     r = n * 64 + tl.arange(0, 64)
     c = tl.arange(0, STEP_WORDS)
@@ -36,20 +38,29 @@ def _read(w, out, stride_words, row_bytes, R, STEP_WORDS: tl.constexpr, PANELS: 
     for t in range(tl.cdiv(row_bytes, STEP_WORDS * 4)):
         k = t * STEP_WORDS + c
         m = (k * 4 < row_bytes)[None, :] & (r < R)[:, None]
-        if PANELS:  # 16-byte panels of the 64-row block, rows one after another in each
+        if ORDER == 1:  # 16-byte panels of the 64-row block, rows one after another in each
             off = n.to(tl.int64) * 64 * stride_words + (k // 4 * 256)[None, :] + (tl.arange(0, 64) * 4)[:, None] + k % 4
+        elif ORDER == 2:  # row-major tiles of one step (the last one narrower), as csf_kernels.fp4_words
+            width = tl.minimum(stride_words - t * STEP_WORDS, STEP_WORDS)
+            off = (
+                n.to(tl.int64) * 64 * stride_words
+                + t * 64 * STEP_WORDS
+                + (tl.arange(0, 64) * width)[:, None]
+                + c[None, :]
+            )
         else:
             off = r.to(tl.int64)[:, None] * stride_words + k[None, :]
         acc ^= tl.load(base + off, mask=m, other=0)
     tl.store(out + ((e * tl.num_programs(1) + n) * 64 + tl.arange(0, 64)[:, None]) * STEP_WORDS + c[None, :], acc)
 
 
-ARMS = {  # name: (row stride in bytes, bytes a row per step, panel order)
-    "rows": (1440, 64, False),
-    "rows_stride_1472": (1472, 64, False),  # rows 64-byte aligned
-    "rows_stride_1536": (1536, 64, False),  # rows 512-byte aligned
-    "rows_128_bytes_a_step": (1440, 128, False),
-    "panels": (1440, 64, True),
+ARMS = {  # name: (row stride in bytes, bytes a row per step, order: 0 rows, 1 16-byte panels, 2 step tiles)
+    "rows": (1440, 64, 0),
+    "rows_stride_1472": (1472, 64, 0),  # rows 64-byte aligned
+    "rows_stride_1536": (1536, 64, 0),  # rows 512-byte aligned
+    "rows_128_bytes_a_step": (1440, 128, 0),
+    "panels": (1440, 64, 1),
+    "step_tiles": (1440, 64, 2),
 }
 
 
@@ -61,12 +72,12 @@ def main() -> None:
     experts, rows, row_bytes = 128, 5760, 1440
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     graphs = {}
-    for name, (stride, step, panels) in ARMS.items():
+    for name, (stride, step, order) in ARMS.items():
         w = torch.randint(-(2**31), 2**31 - 1, (experts * rows * stride // 4,), dtype=torch.int32, device="cuda")
         out = torch.empty(experts * rows * step // 4, dtype=torch.int32, device="cuda")
 
-        def launch(w=w, out=out, stride=stride, step=step, panels=panels):
-            _read[(experts, rows // 64)](w, out, stride // 4, row_bytes, rows, STEP_WORDS=step // 4, PANELS=panels)
+        def launch(w=w, out=out, stride=stride, step=step, order=order):
+            _read[(experts, rows // 64)](w, out, stride // 4, row_bytes, rows, STEP_WORDS=step // 4, ORDER=order)
 
         graphs[name] = (capture(launch), w, out)
     samples = {name: [] for name in ARMS}
