@@ -19,8 +19,9 @@ panels of one GEMM K step (``PANEL_SCALE_BLOCKS`` scale blocks: 64 bytes a row f
 after another, each a [64 rows, panel bytes] row-major tile; a last panel narrower where the row ends mid-step.
 A program of a GEMM reads 64 rows x one K step, so each step is one contiguous 4 KB (2 KB) tile, and the
 eight lanes of a 16-byte access phase (two rows of four 16-byte quads, the MMA fragments' order) read 128
-contiguous bytes. Run 205 read gpt-oss-sized experts (`benchmarks/probe_weight_order.py`) at 2.3 TB/s
-in rows and 3.9 TB/s in such tiles (copy 4.1). The word of row ``r`` at byte ``b`` of its row lies at
+contiguous bytes (16-byte panels of 64 rows, tried first, split each phase into four one-sector requests:
+slower than rows). The decode GEMM went from 0.57 to 0.77 of copy bandwidth on gpt-oss at 128 tokens
+(docs/perf-notes.md, runs 205-209). The word of row ``r`` at byte ``b`` of its row lies at
 :func:`panel_offset` (which the kernels spell out). The shape is unchanged ([..., rows, row_bytes]), so
 weights can be rearranged where they are.
 """
