@@ -118,3 +118,19 @@ def test_preparation_marks_the_row_tiles_whose_e8m0_scales_are_wide(source):
     nv = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=320, intermediate=192, top_k=2)
     nv_weights = prepare_weights(plan(nv, 8, scale_source=source), **synthetic_layer(nv, seed=9).weight_kwargs())
     assert nv_weights.w13.wide_tiles is None and nv_weights.w2.wide_tiles is None  # E4M3: always two multiplies
+
+
+def test_an_expert_past_the_gemms_32_bit_word_offsets_is_refused():
+    # the GEMMs address an expert's FP4 words (csf_kernels.fp4_words' tiles) with 32-bit offsets: 8 GiB and up
+    # is refused before anything is launched (meta tensors: nothing is allocated)
+    from csf_codec import MXFP4
+    from csf_kernels.moe import GemmOperand, gemm_launch
+    from csf_kernels.moe_specs import DECODE_NARROW
+
+    values = torch.empty(1, 1 << 17, 1 << 16, dtype=torch.uint8, device="meta")
+    x = torch.empty(1, 1 << 17, dtype=torch.bfloat16, device="meta")
+    ids = torch.empty(8, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="32-bit word offsets"):
+        gemm_launch(fmt=MXFP4, source="native", fc1=False, activation="silu", config=DECODE_NARROW, x=x,
+                    weights=GemmOperand(values=values), out=x, sorted_ids=ids, block_expert=ids, meta=ids, pairs=1,
+                    x_row_div=1)  # fmt: skip

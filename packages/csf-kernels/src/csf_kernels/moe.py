@@ -201,6 +201,8 @@ def gemm_launch(
     rows = config.tiled_rows(n_out, fc1)  # the programs' n_out
     cols = fmt.scale_columns(k)
     kx = padded_k(k, fmt) if config.relabelled else k  # relabelled rows: whole K steps (csf_kernels.relabel)
+    if r * k2 >= 1 << 33:  # the GEMMs address an expert's FP4 words with 32-bit offsets (fp4_words' panels)
+        raise ValueError(f"an expert of {r} x {k2} FP4 bytes exceeds the GEMMs' 32-bit word offsets")
     if x.dtype != torch.bfloat16 or x.shape[-1] != kx or not x.is_contiguous():
         raise ValueError(f"GEMM input must be contiguous bf16 [*, {kx}], got {x.dtype} {tuple(x.shape)}")
     if not config.split_k and (out.dtype != torch.bfloat16 or out.shape[-1] != n_out or not out.is_contiguous()):

@@ -283,10 +283,14 @@ def _weight_words(w_e, rows, valid, t, K, R, FMT: tl.constexpr):
     j = tl.arange(0, W)[None, :]
     m = valid[:, None] & (t * W + j < K // 8)
     row_words = (K // 32) * 4  # = K // 8 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
+    # offsets within the expert fit 32 bits; per row, loop-invariant: the row's start in a whole step, the
+    # step stride, and what a narrower last step changes
     block = rows // 64
-    block_rows = tl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
-    width = tl.minimum(row_words - t * W, W)  # this step's words a row
-    base = block.to(tl.int64) * (64 * row_words) + t * (block_rows * W) + (rows % 64) * width
+    r64 = rows % 64
+    start = block * (64 * row_words) + r64 * W
+    stride = tl.minimum(R - block * 64, 64) * W
+    tail = row_words - row_words // W * W  # words a row in a last, narrower step (0: none)
+    base = start + t * stride + tl.where(t * W + tail == row_words, r64 * (tail - W), 0)
     w32 = w_e.to(tl.pointer_type(tl.int32))
     return tl.load(w32 + base[:, None] + j, mask=m, other=0)
 

@@ -338,10 +338,14 @@ def _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
     index would split them: Triton cannot see K // 8 % 4 == 0)."""
     m = gl.expand_dims(gl.expand_dims(valid, 1), 2) & ((t * 4 + quad) * (8 * Q) < K)
     row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
+    # offsets within the expert fit 32 bits; per row, loop-invariant: the row's start in a whole step, the
+    # step stride, and what a narrower last step changes
     block = rows // 64
-    block_rows = gl.minimum(R - block * 64, 64)  # 64, fewer in a last partial block
-    width = gl.minimum(row_words - t * (4 * Q), 4 * Q)  # this step's words a row
-    base = block.to(gl.int64) * (64 * row_words) + t * (block_rows * (4 * Q)) + (rows % 64) * width
+    r64 = rows % 64
+    start = block * (64 * row_words) + r64 * (4 * Q)
+    stride = gl.minimum(R - block * 64, 64) * (4 * Q)
+    tail = row_words - row_words // (4 * Q) * (4 * Q)  # words a row in a last, narrower step (0: none)
+    base = start + t * stride + gl.where(t * (4 * Q) + tail == row_words, r64 * (tail - 4 * Q), 0)
     off = gl.expand_dims(gl.expand_dims(base, 1), 2) + quad * Q + q
     return w_e.to(gl.pointer_type(gl.int32)) + off, m
 
