@@ -22,8 +22,10 @@ from tests.interpreter import run_launch
 
 
 def geometries():
-    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=320, intermediate=192, top_k=3)
-    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=8, hidden=320, intermediate=192, top_k=3)
+    # hidden 352: FC2's rows end in a partial 64-row block (32 rows) and every K of 352 in a narrower last
+    # K-step tile (csf_kernels.fp4_words), for both formats
+    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=352, intermediate=192, top_k=3)
+    yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=8, hidden=352, intermediate=192, top_k=3)
     yield MoEGeometry(
         model="tiny-oss", tp=1, fmt=scale_format("mxfp4"), experts=6, hidden=192, intermediate=320, top_k=2,
         activation="swiglu_oai", bias=True,
