@@ -23,10 +23,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..fp4_words import BIT_POSITIONS
+from ..fp4_words import BIT_POSITIONS, PANEL_ROWS
 from .pdl import await_predecessor
 
 _BIT_POSITIONS = tl.constexpr(BIT_POSITIONS)
+_PANEL_ROWS = tl.constexpr(PANEL_ROWS)  # rows of a block of K-step tiles (fp4_words)
 
 SIGNATURE = {
     "x": "*bf16",
@@ -285,10 +286,10 @@ def _weight_words(w_e, rows, valid, t, K, R, FMT: tl.constexpr):
     row_words = (K // 32) * 4  # = K // 8 (K % 32 == 0, checked at bind), written so it is provably 16-aligned
     # offsets within the expert fit 32 bits; per row, loop-invariant: the row's start in a whole step, the
     # step stride, and what a narrower last step changes
-    block = rows // 64
-    r64 = rows % 64
-    start = block * (64 * row_words) + r64 * W
-    stride = tl.minimum(R - block * 64, 64) * W
+    block = rows // _PANEL_ROWS
+    r64 = rows % _PANEL_ROWS
+    start = block * (_PANEL_ROWS * row_words) + r64 * W
+    stride = tl.minimum(R - block * _PANEL_ROWS, _PANEL_ROWS) * W
     tail = row_words - row_words // W * W  # words a row in a last, narrower step (0: none)
     base = start + t * stride + tl.where(t * W + tail == row_words, r64 * (tail - W), 0)
     w32 = w_e.to(tl.pointer_type(tl.int32))

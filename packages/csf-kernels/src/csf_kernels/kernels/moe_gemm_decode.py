@@ -52,6 +52,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from ..fp4_words import PANEL_ROWS
 from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
 from .pdl import gluon_await_predecessor
@@ -71,6 +72,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
+_PANEL_ROWS = gl.constexpr(PANEL_ROWS)  # rows of a block of K-step tiles (fp4_words)
 
 
 # ------------------------------------------------------------------------------------------- layouts
@@ -340,10 +342,10 @@ def _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
     row_words = (K // 32) * 4  # = K // 8, written so it is provably 16-byte aligned (K % 32 == 0 at bind)
     # offsets within the expert fit 32 bits; per row, loop-invariant: the row's start in a whole step, the
     # step stride, and what a narrower last step changes
-    block = rows // 64
-    r64 = rows % 64
-    start = block * (64 * row_words) + r64 * (4 * Q)
-    stride = gl.minimum(R - block * 64, 64) * (4 * Q)
+    block = rows // _PANEL_ROWS
+    r64 = rows % _PANEL_ROWS
+    start = block * (_PANEL_ROWS * row_words) + r64 * (4 * Q)
+    stride = gl.minimum(R - block * _PANEL_ROWS, _PANEL_ROWS) * (4 * Q)
     tail = row_words - row_words // (4 * Q) * (4 * Q)  # words a row in a last, narrower step (0: none)
     base = start + t * stride + gl.where(t * (4 * Q) + tail == row_words, r64 * (tail - 4 * Q), 0)
     off = gl.expand_dims(gl.expand_dims(base, 1), 2) + quad * Q + q
