@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import itertools
 import json
 import statistics
 import sys
@@ -75,6 +77,31 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     return config, int(target)
 
 
+_PLAN_MODULE = importlib.import_module("csf_moe.plan")  # (csf_moe.plan is the function)
+_catalog_split_count = _PLAN_MODULE.split_count
+
+
+def _split_targets(text: str) -> int | tuple[int, int]:
+    fc1, _, fc2 = text.partition("/")
+    return (int(fc1), int(fc2)) if fc2 else int(fc1)
+
+
+def _split_count_for(fc1_target: int, fc2_target: int):
+    """A split_count for csf_moe's planner aiming FC1 and FC2 at different program targets (it plans each bucket's FC1
+    splits, then its FC2 splits: the calls alternate)."""
+    calls = itertools.count()
+
+    def split_count(programs: int, k_steps: int) -> int:
+        saved = moe_specs.TARGET_PROGRAMS
+        moe_specs.TARGET_PROGRAMS = fc1_target if next(calls) % 2 == 0 else fc2_target
+        try:
+            return _catalog_split_count(programs, k_steps)
+        finally:
+            moe_specs.TARGET_PROGRAMS = saved
+
+    return split_count
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -83,8 +110,8 @@ def main() -> None:
     ap.add_argument("--fmt", default="mxfp4")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--kinds", default="decode,prefill", help="which tile kinds to sweep")
-    ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode config at "
-                    "these split-K program targets (comma-separated)")  # fmt: skip
+    ap.add_argument("--split-targets", default="", help="instead of tile configs: the catalog's decode configs (by "
+                    "routes per expert) at these split-K program targets (comma-separated; FC1/FC2: two)")  # fmt: skip
     ap.add_argument("--decode-variants", default="", help="instead of tile configs: Gluon decode tiles as "
                     "[wg]BM[xROWS]:SPLIT_TARGET[:REGISTER_CAP[:INLINE_REGISTER_CAP]][@STAGES], comma-separated (e.g. "
                     "8:528,16:1056:64,wg32x128:528:0@1); 'wg': on wgmma ('wgr': activations stored relabelled); "
@@ -112,7 +139,8 @@ def main() -> None:
         if kind not in kinds:
             continue
         tokens = tuple(int(t) for t in a.tokens.split(",") if t) or tokens
-        targets = [int(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
+        # a target, or FC1's / FC2's ("1056/264")
+        targets = [_split_targets(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
         variants = [(DECODE, t) for t in targets] or [
             (cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind, a.catalog_prefill)
         ]
@@ -124,7 +152,8 @@ def main() -> None:
                 stages, ahead = (int(f) for f in v.split(":"))
                 variants.append((dataclasses.replace(DECODE, word_stages=stages, ahead=bool(ahead)), target_default))
         for cfg, target in variants:
-            moe_specs.TARGET_PROGRAMS = target  # read by split_count when the plan is made
+            _PLAN_MODULE.split_count = _split_count_for(*target) if isinstance(target, tuple) else _catalog_split_count
+            moe_specs.TARGET_PROGRAMS = target if isinstance(target, int) else target_default  # read by split_count
             # --word-stages: every decode block gets the variant's pipeline, chosen per bucket as planned
             (moe_specs.DECODE_NARROW, moe_specs.DECODE, moe_specs.DECODE_WIDE, moe_specs.DECODE_WIDEST) = (
                 (dataclasses.replace(d, word_stages=cfg.word_stages, ahead=cfg.ahead) for d in CATALOG_DECODE)
@@ -132,7 +161,8 @@ def main() -> None:
                 else CATALOG_DECODE
             )
             for source in a.sources.split(","):
-                kw = {"decode_config": None if a.word_stages else cfg} if kind == "decode" else {"prefill_config": cfg}
+                catalog_tiles = a.word_stages or targets  # the catalog's tiles by routes per expert, varied so
+                kw = {"decode_config": None if catalog_tiles else cfg} if kind == "decode" else {"prefill_config": cfg}
                 if source == "inline_records":
                     kw["inline_token_limit"] = max(tokens)
                 p = plan(geo, max(tokens), scale_source=source.removesuffix("_records"), buckets=tokens,

@@ -1,5 +1,6 @@
 """Route alignment in Triton's CPU interpreter (a subprocess entry point): the one-program form (routes
-scattered by the plan program, calls of at most one route chunk) groups routes as the two-program form does.
+scattered by the plan program, calls of at most one route chunk) groups routes as the two-program form does;
+a one-token call's routes become blocks of their own, with the plan program's experts, routes and active list.
 
 Usage: python -m tests.moe.interpret_align SEED -> prints "ok <cases>" or exits non-zero.
 """
@@ -56,6 +57,33 @@ def _groups(ids: torch.Tensor, experts: int, bm: int, s: dict) -> dict[str, obje
     }
 
 
+def _one_token(ids: torch.Tensor, experts: int, bm: int) -> int:
+    """Align one token's routes by the one-token program and by the plan program (in one chunk); check that
+    each valid route is a block of its own with its expert, and that both list the same active experts."""
+    pairs = ids.numel()
+    mine, plans = _scratch(pairs, experts, bm), _scratch(pairs, experts, bm)
+    launches = align_launches(ids, num_experts=experts, bm=bm, **mine)
+    assert [la.spec.kernel for la in launches] == ["moe.align_routes"], launches
+    run_launch(launches[0])
+    # the plan program scattering the routes itself, as for calls of more tokens
+    plan = align_plan_spec(experts, bm, ids.dtype == torch.int64, scatter=True)
+    s = plans
+    args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], pairs, experts,
+            s["active_experts"].numel())  # fmt: skip
+    run_launch(Launch(plan, (1,), args))
+    flat = ids.reshape(-1).to(torch.int64)
+    valid = [r for r in range(pairs) if 0 <= int(flat[r]) < experts]
+    blocks = int(mine["meta"][0])
+    assert blocks == len(valid), (blocks, valid)
+    routes = mine["sorted_ids"][: blocks * bm].view(blocks, bm)
+    assert routes[:, 0].tolist() == valid and bool((routes[:, 1:] == pairs).all()), routes
+    assert mine["block_expert"][:blocks].tolist() == [int(flat[r]) for r in valid]
+    assert sorted(mine["active_experts"].tolist()) == sorted(plans["active_experts"].tolist())
+    first = list(dict.fromkeys(int(flat[r]) for r in valid))  # distinct experts, in route order
+    assert mine["active_experts"][: len(first)].tolist() == first
+    return 1
+
+
 def main(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     cases = 0
@@ -75,6 +103,15 @@ def main(seed: int) -> None:
             valid = int(((ids >= 0) & (ids < experts)).sum())
             assert sum(len([r for r in b if r != pairs]) for b in got["routes"]) == valid
             cases += 1
+    # one token: distinct experts (a router's top-k), then padding ids and a repeated expert
+    for experts, k, bm in ((128, 4, 8), (384, 6, 16), (40, 10, 8)):
+        for dtype in (torch.int32, torch.int64):
+            ids = torch.randperm(experts, generator=gen)[:k].view(1, k).to(dtype)
+            cases += _one_token(ids, experts, bm)
+            odd = ids.clone()
+            odd[0, 1], odd[0, -1] = -1, experts  # vLLM's padding
+            odd[0, 2] = odd[0, 0]  # the same expert twice: two blocks, one active entry
+            cases += _one_token(odd, experts, bm)
     print(f"ok {cases}")
 
 

@@ -108,7 +108,7 @@ def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (5, 600):  # records read in the GEMM; expanded first
+    for t in (1, 5, 600):  # one token's routes aligned as blocks; records read in the GEMM; expanded first
         x, ids, w = synthetic_routing(geo, t, gen, ids_dtype=ids_dtype)
         padded = ids.clone()
         padded[::2, 0] = -1
@@ -129,7 +129,11 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (8, 700):  # a bucket reading records in the GEMM and an expanding one
+    for t in (
+        1,
+        8,
+        700,
+    ):  # one token (routes aligned as blocks); a bucket reading records in the GEMM; an expanding one
         x, ids, w = synthetic_routing(geo, t, gen)
         out = torch.empty_like(x)
         layer.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)

@@ -18,6 +18,7 @@ from .catalog import Catalog, MoEGeometry
 from .mla_specs import MLA_DECODE, MLA_DECODE_MMA, MLA_DECODE_WGMMA, MLA_DECODE_WIDE, MLA_MERGE, sparse_mla_specs
 from .moe_specs import (
     MOE_ALIGN_PLAN,
+    MOE_ALIGN_ROUTES,
     MOE_ALIGN_SCATTER,
     MOE_COMBINE,
     MOE_FC1_FINISH,
@@ -65,6 +66,7 @@ FAMILIES = {
         EXPAND_INLINE,
         EXPAND_COMPACT,
         MOE_ALIGN_PLAN,
+        MOE_ALIGN_ROUTES,
         MOE_ALIGN_SCATTER,
         MOE_GEMM,
         MOE_GEMM_DECODE,

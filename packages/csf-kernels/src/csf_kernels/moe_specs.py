@@ -25,6 +25,7 @@ __all__ = [
     "DECODE_WIDE",
     "DECODE_WIDEST",
     "MOE_ALIGN_PLAN",
+    "MOE_ALIGN_ROUTES",
     "MOE_ALIGN_SCATTER",
     "MOE_COMBINE",
     "MOE_FC1_FINISH",
@@ -35,6 +36,7 @@ __all__ = [
     "GemmConfig",
     "align_forms",
     "align_plan_spec",
+    "align_routes_spec",
     "align_scatter_spec",
     "align_scatters_in_plan",
     "combine_columns",
@@ -58,6 +60,14 @@ MOE_ALIGN_PLAN = TritonFamily(
     function="moe_align_plan",
     signature="SIGNATURE_PLAN",
     num_warps=8,
+)
+MOE_ALIGN_ROUTES = TritonFamily(
+    kernel="moe.align_routes",
+    version=1,
+    module="csf_kernels.kernels.moe_align",
+    function="moe_align_routes",
+    signature="SIGNATURE_ROUTES",
+    num_warps=1,
 )
 MOE_ALIGN_SCATTER = TritonFamily(
     kernel="moe.align_scatter",
@@ -103,6 +113,10 @@ COMBINE_COLUMNS = 1024
 COMBINE_TILE_TOKENS = 32
 COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
+# one-token calls: the alignment prefetches the routed experts' weights into L2 (kernels/moe_align.py), 0: none,
+# 1: FC1's, 2: FC1's and FC2's; in this many slices (programs)
+ROUTE_PREFETCH = 1
+ROUTE_PREFETCH_SLICES = 264
 # split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
 TARGET_PROGRAMS = 4 * 132
 MAX_SPLITS = 16
@@ -270,6 +284,22 @@ def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = F
     )
 
 
+def align_routes_spec(bm: int, ids64: bool, top_k: int, prefetch: int | None = None) -> ProgramSpec:
+    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/moe_align.py),
+    prefetching the routed experts' weights into L2 (``prefetch``: 0 none, 1 FC1's, 2 both; default
+    ``ROUTE_PREFETCH``)."""
+    return ProgramSpec.of(
+        MOE_ALIGN_ROUTES.kernel,
+        MOE_ALIGN_ROUTES.version,
+        IDS64=int(ids64),
+        P=max(32, 1 << (top_k - 1).bit_length()),  # a warp's lanes hold distinct routes (prefetched once)
+        PF=ROUTE_PREFETCH if prefetch is None else prefetch,
+        BM=bm,
+        PDL=MOE_PDL,
+        num_warps=MOE_ALIGN_ROUTES.num_warps,
+    )
+
+
 def align_scatters_in_plan(pairs: int) -> bool:
     """Whether a call of ``pairs`` routes is aligned by the plan program alone (one chunk of routes)."""
     return pairs <= ALIGN_CHUNK
@@ -426,6 +456,7 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             for scatter in align_forms(math.inf):
                 specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))
+            specs.append(align_routes_spec(config.bm, ids64, geo.top_k))
     gscale = geo.fmt.name == "nvfp4"
     for ids64 in (False, True):
         specs += [

@@ -18,6 +18,7 @@ from csf_kernels.moe_specs import (
     GemmConfig,
     align_forms,
     align_plan_spec,
+    align_routes_spec,
     align_scatter_spec,
     combine_slot_tiles,
     combine_spec,
@@ -136,6 +137,9 @@ class MoEPlan:
                     out[s.key] = s
                 if False in forms:
                     s = align_scatter_spec(ids64)
+                    out[s.key] = s
+                if b is self.buckets[0]:  # the bucket one-token calls run in: their routes align as blocks
+                    s = align_routes_spec(b.config.bm, ids64, g.top_k)
                     out[s.key] = s
                 gscale = g.fmt.name == "nvfp4"
                 for s in (
