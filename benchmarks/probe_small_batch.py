@@ -1,14 +1,13 @@
 """Where a few-token fused-MoE call's time goes, and what its alignment program costs there.
 
-    python3 benchmarks/probe_small_batch.py --out probe.json --tokens 1,2,8 --arms chunk1024:8,chunk16:8,pf0,pf1
+    python3 benchmarks/probe_small_batch.py --out probe.json --tokens 1,2,8 --arms catalog,chunk16:8,chunk16:2
 
 For each geometry and token count: the layer's latency (CUDA-graph replays after an L2 flush, native scales)
 with each arm's alignment, the alignment programs alone the same way, and (first arm only) the device time of
-each kernel of an eager call (torch's profiler). Arms: ``chunkN:W``, the plan program built for route chunks
-of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8); ``pfX[@S]``, one-token calls'
-route-block program prefetching X (``moe_specs.ROUTE_PREFETCH``: 0 nothing, 1 FC1's weights, 2 both GEMMs')
-in S slices. Every arm's output must equal the first arm's (asserted). Programs missing from the AOT cache
-are compiled on first use (the runtime is left unfrozen).
+each kernel of an eager call (torch's profiler). Arms: ``catalog``; ``chunkN:W``, the plan program built for
+route chunks of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8; one-token calls align in
+their own program whatever the arm). Every arm's output must equal the first arm's (asserted). Programs
+missing from the AOT cache are compiled on first use (the runtime is left unfrozen).
 """
 
 from __future__ import annotations
@@ -46,10 +45,6 @@ def _set_arm(name: str, catalog: tuple) -> None:
         chunk, warps = (int(f) for f in name.removeprefix("chunk").split(":"))
         moe_specs.ALIGN_CHUNK = chunk
         moe_specs.MOE_ALIGN_PLAN = dataclasses.replace(catalog[1], num_warps=warps)
-    elif name.startswith("pf"):
-        level, _, slices = name.removeprefix("pf").partition("@")
-        moe_specs.ROUTE_PREFETCH = int(level)
-        moe_specs.ROUTE_PREFETCH_SLICES = int(slices or moe_specs.ROUTE_PREFETCH_SLICES)
     elif name != "catalog":
         raise ValueError(f"unknown arm {name!r}")
 
@@ -63,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,2,8")
-    ap.add_argument("--arms", default="pf0,pf1,pf2", help="chunkN:W or pfX, comma-separated (see above)")
+    ap.add_argument("--arms", default="catalog,chunk16:8", help="catalog or chunkN:W, comma-separated (see above)")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.unfreeze()

@@ -13,7 +13,6 @@ import torch
 
 from csf_codec import InlineScales, ScaleFormat
 
-from . import moe_specs
 from .moe_specs import (
     DECODE,
     FINISH_COLUMNS,
@@ -77,11 +76,9 @@ def align_launches(
     active_experts: torch.Tensor,
     meta: torch.Tensor,
     sorted_ids: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[Launch]:
     """Group ``topk_ids`` [T, k] into blocks of ``bm`` routes per expert (see kernels/moe_align.py); one
-    token's routes, each a block of its own (and, given ``weights``, the FC1 and FC2 FP4 values [E, R, K/2],
-    their experts' weights prefetched into L2 as ``moe_specs.ROUTE_PREFETCH`` says).
+    token's routes, each a block of its own.
 
     The scratch views are int32: ``cursor`` [bins], ``block_expert`` [max_blocks], ``active_experts``
     [max_active], ``meta`` [>= 1], ``sorted_ids`` [max_blocks * bm]."""
@@ -93,16 +90,8 @@ def align_launches(
     if max_blocks < max_blocks_for(pairs, num_experts, bm):
         raise ValueError(f"{max_blocks} blocks cannot hold {pairs} routes over {num_experts} experts")
     if topk_ids.dim() == 2 and topk_ids.shape[0] == 1 and max_blocks >= pairs:
-        ph = placeholder(topk_ids.device)
-        w13, w2 = weights if weights is not None else (ph, ph)
-        per_expert = [w[0].numel() if w is not ph else 0 for w in (w13, w2)]
-        if any(n % 16 or n >= 1 << 31 for n in per_expert):
-            raise ValueError(f"prefetched experts of {per_expert} bytes: multiples of 16 below 2 GiB expected")
-        routes = align_routes_spec(bm, ids64, pairs, prefetch=None if weights is not None else 0)
-        slices = moe_specs.ROUTE_PREFETCH_SLICES if routes.fact["PF"] else 1
-        args = (topk_ids, block_expert, active_experts, meta, sorted_ids, pairs, num_experts, active_experts.numel(),
-                w13, per_expert[0], w2, per_expert[1], slices)  # fmt: skip
-        return [Launch(routes, (slices,), args)]
+        args = (topk_ids, block_expert, active_experts, meta, sorted_ids, pairs, num_experts, active_experts.numel())
+        return [Launch(align_routes_spec(bm, ids64, pairs), (1,), args)]
     scatter_here = align_scatters_in_plan(pairs)
     plan = align_plan_spec(num_experts, bm, ids64, scatter=scatter_here)
     if cursor.numel() < plan.fact["EP"]:

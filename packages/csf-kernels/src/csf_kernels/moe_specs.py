@@ -113,10 +113,6 @@ COMBINE_COLUMNS = 1024
 COMBINE_TILE_TOKENS = 32
 COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
-# one-token calls: the alignment prefetches the routed experts' weights into L2 (kernels/moe_align.py), 0: none,
-# 1: FC1's, 2: FC1's and FC2's; in this many slices (programs)
-ROUTE_PREFETCH = 1
-ROUTE_PREFETCH_SLICES = 264
 # split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
 TARGET_PROGRAMS = 4 * 132
 MAX_SPLITS = 16
@@ -284,16 +280,13 @@ def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = F
     )
 
 
-def align_routes_spec(bm: int, ids64: bool, top_k: int, prefetch: int | None = None) -> ProgramSpec:
-    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/moe_align.py),
-    prefetching the routed experts' weights into L2 (``prefetch``: 0 none, 1 FC1's, 2 both; default
-    ``ROUTE_PREFETCH``)."""
+def align_routes_spec(bm: int, ids64: bool, top_k: int) -> ProgramSpec:
+    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/moe_align.py)."""
     return ProgramSpec.of(
         MOE_ALIGN_ROUTES.kernel,
         MOE_ALIGN_ROUTES.version,
         IDS64=int(ids64),
-        P=max(32, 1 << (top_k - 1).bit_length()),  # a warp's lanes hold distinct routes (prefetched once)
-        PF=ROUTE_PREFETCH if prefetch is None else prefetch,
+        P=max(32, 1 << (top_k - 1).bit_length()),  # a warp's lanes, each a route
         BM=bm,
         PDL=MOE_PDL,
         num_warps=MOE_ALIGN_ROUTES.num_warps,

@@ -5,8 +5,7 @@ A call with T tokens runs the programs of the plan's bucket for T:
     align (1-2 launches) -> [expand scales into scratch] -> [relabel FC1's input] -> FC1 -> finish -> FC2
     -> combine
 
-(one token: align is one program that makes each route a block and starts the routed experts' weights
-streaming into L2, ``csf_kernels.moe_specs.ROUTE_PREFETCH``).
+(one token: align is one small program that makes each route a block).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
 joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
@@ -171,7 +170,6 @@ class MoELayer:
                 active_experts=active,
                 meta=self.meta,
                 sorted_ids=sorted_ids,
-                weights=(self.weights.w13.values, self.weights.w2.values),  # one token: prefetched into L2
             )
         )
         # relabelled buckets (wgmma programs copying their activations straight into the operand): FC1's input

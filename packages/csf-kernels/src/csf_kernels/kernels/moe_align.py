@@ -10,13 +10,10 @@ orders its cursor and sentinel stores before the atomics; a launch fewer at deco
   expansion), the number of blocks, and fills every used route slot with the sentinel ``pairs``.
 * ``moe_align_scatter``: each route takes the next slot of its expert with an atomic add.
 
-A call of one token aligns in ``moe_align_routes`` instead (program 0: no atomics, no pass over the experts'
+A call of one token aligns in ``moe_align_routes`` instead (one warp, no atomics, no pass over the experts'
 bins): its routes go to distinct experts (a router's top-k), so each route is a block of its own, which is
 what the two programs above would produce, in another order (a block's position changes nothing in a GEMM's
-output). Should two routes of the token name one expert, each still gets its block: exact either way. Its
-other programs (``PF``) start the routed experts' weights streaming into L2, a slice each (bulk prefetches,
-issued from many SMs: one SM's would take far longer than the GEMMs): otherwise DRAM idles through the
-alignment, the launches and each GEMM's first loads, which at one token is a large part of the call.
+output). Should two routes of the token name one expert, each still gets its block: exact either way.
 
 Route ids outside [0, E) (vLLM's CUDA-graph padding) join no block: they are computed by nobody and
 the combine step skips them. Within a block the order of routes is whatever the atomics produced; a
@@ -58,14 +55,8 @@ SIGNATURE_ROUTES = {
     "pairs": "i32",
     "num_experts": "i32",
     "max_active": "i32",
-    "w13": "*u8",  # PF: the experts' FC1 and FC2 FP4 values, and bytes per expert (multiples of 16)
-    "w13_bytes": "i32",
-    "w2": "*u8",
-    "w2_bytes": "i32",
-    "slices": "i32",  # PF: programs (the grid), each prefetching its slice of every routed expert's weights
     "IDS64": "constexpr",
     "P": "constexpr",  # a power of two >= pairs
-    "PF": "constexpr",  # the routed experts' weights prefetched into L2: 0 none, 1 FC1's, 2 FC1's and FC2's
     "BM": "constexpr",
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
@@ -164,24 +155,6 @@ def moe_align_scatter(
 
 
 @triton.jit
-def _prefetch_slice(weights, per_expert, e, live, slices):
-    """This program's slice (1 / ``slices``, whole 16-byte units) of each live route's expert's ``per_expert``
-    bytes, as one bulk L2 prefetch per route (a hint: nothing waits for it)."""
-    step = (per_expert // 16 + slices - 1) // slices * 16
-    start = tl.program_id(0) * step
-    size = tl.minimum(per_expert - start, step)
-    ptr = weights + e.to(tl.int64) * per_expert + start
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r",
-        [ptr, tl.full(ptr.shape, 0, tl.int32) + size, (live & (size > 0)).to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def moe_align_routes(
     topk_ids,
     block_expert,
@@ -191,29 +164,16 @@ def moe_align_routes(
     pairs,
     num_experts,
     max_active,
-    w13,
-    w13_bytes,
-    w2,
-    w2_bytes,
-    slices,
     IDS64: tl.constexpr,
     P: tl.constexpr,
-    PF: tl.constexpr,
     BM: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program 0: one token's routes as blocks of one route each (valid routes in order), the distinct experts
-    they name as the active list (first occurrences, -1 padded), and the block count. With ``PF``, every
-    program first prefetches its slice of the routed experts' FC1 weights (and FC2's) into L2."""
+    """One token's routes as blocks of one route each (valid routes in order), the distinct experts they
+    name as the active list (first occurrences, -1 padded), and the block count."""
     await_predecessor(PDL)
     r = tl.arange(0, P)
     e, valid = _route_experts(topk_ids, r, pairs, num_experts, IDS64)
-    if PF >= 1:
-        _prefetch_slice(w13, w13_bytes, e, valid, slices)
-    if PF >= 2:
-        _prefetch_slice(w2, w2_bytes, e, valid, slices)
-    if tl.program_id(0) != 0:
-        return
     block = tl.cumsum(valid.to(tl.int32), 0) - 1
     tl.store(block_expert + block, e, mask=valid)
     slot = tl.arange(0, BM)[None, :]
