@@ -107,3 +107,15 @@ def test_catalog_wgmma_blocks_copy_relabelled_activations_into_their_operand(con
     sass = _sass(art.data)
     assert f"HGMMA.64x{config.bm}x16.F32.BF16" in sass and "HMMA" not in sass
     assert "LDGSTS" in sass and not any(line.split()[1:2] == ["STS"] or " STS." in line for line in sass.splitlines())
+
+
+@pytest.mark.parametrize("ids64", [False, True], ids=["int32-ids", "int64-ids"])
+def test_one_token_programs_read_routes_as_blocks(ids64):
+    """The one-token tiles' programs that read a token's route ids as blocks (no alignment) build like the
+    aligned ones: same operands, same shared memory; only the block's expert and routes come from elsewhere."""
+    plain = gemm_spec(MXFP4, "native", fc1=True, activation="silu", bias=False, config=DECODE_NARROW)
+    spec = gemm_spec(MXFP4, "native", fc1=True, activation="silu", bias=False, config=DECODE_NARROW, routed=True,
+                     ids64=ids64)  # fmt: skip
+    assert spec.fact["ROUTED"] == 1 and spec.fact["IDS64"] == int(ids64) and spec.key != plain.key
+    aligned, art = compile_triton(plain), compile_triton(spec)
+    assert art.launch["shared"] == aligned.launch["shared"] and art.launch["block"] == [128, 1, 1]

@@ -31,6 +31,30 @@ def test_calls_of_one_route_chunk_align_in_one_program():
     assert any(s.kernel == "moe.align_scatter" for s in big)
 
 
+def test_one_token_calls_read_their_routes_as_blocks_unless_they_expand():
+    """The first bucket (one-token calls) plans the routed GEMMs (no alignment) when it reads native scales or
+    records, and the one-token alignment (each route a block) when it expands the routed experts' scales."""
+    geo = load_catalog().moe_geometry("gpt-oss-120b", 1, "mxfp4")
+
+    def routed(p):
+        return {s.fact["IDS64"] for s in p.specs() if s.kernel == "moe.gemm_decode" and s.fact["ROUTED"]}
+
+    def route_aligned(p):
+        return {s.fact["IDS64"] for s in p.specs() if s.kernel == "moe.align_routes"}
+
+    native = plan(geo, 64, scale_source="native")
+    assert routed(native) == {0, 1} and route_aligned(native) == {0, 1}
+    records = plan(geo, 64, scale_source="inline", inline_token_limit=64)
+    assert routed(records) == {0, 1}
+    expanding = plan(geo, 64, scale_source="inline")
+    assert expanding.buckets[0].expand and not routed(expanding) and route_aligned(expanding) == {0, 1}
+    assert routed(plan(geo, 64, scale_source="native", buckets=(2, 64))) == {0, 1}  # T = 1 runs in the 2-bucket
+    from csf_kernels.moe_specs import DECODE, gemm_spec
+
+    with pytest.raises(ValueError, match="does not read routes as blocks"):
+        gemm_spec(geo.fmt, "native", fc1=True, activation="silu", bias=False, config=DECODE, routed=True)
+
+
 def test_buckets_pick_tiles_and_expansion_by_token_count():
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
     p = plan(geo, 8192, scale_source="inline")

@@ -193,8 +193,11 @@ def gemm_launch(
     x_row_div: int,
     splits: int = 1,
     part: torch.Tensor | None = None,
+    routed_ids: torch.Tensor | None = None,
 ) -> Launch:
-    """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks.
+    """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
+    (``routed_ids``: one token's route ids [1, k], configs with ``moe_specs.routes_as_blocks``) over its routes,
+    each a block, with no alignment (``sorted_ids``, ``block_expert`` and ``meta`` unused).
 
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
     :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused."""
@@ -257,7 +260,11 @@ def gemm_launch(
         wide = aligned(wide)
     else:
         wide = ph
-    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config)
+    routed = routed_ids is not None
+    if routed and (routed_ids.dim() != 2 or routed_ids.shape[0] != 1 or routed_ids.numel() != pairs):
+        raise ValueError(f"routes as blocks: one token's {pairs} route ids expected, got {tuple(routed_ids.shape)}")
+    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config,
+                     routed=routed, ids64=routed and _ids64(routed_ids))  # fmt: skip
     steps = -(-k // k_step(fmt))
     per_split = -(-steps // splits)
     if config.split_k:
@@ -267,7 +274,9 @@ def gemm_launch(
         raise ValueError(f"config {config.name} does not split K")
     if -(-steps // per_split) != splits:
         raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_specs.split_count)")
-    grid = (block_expert.numel(), config.row_tiles(n_out, fc1), splits)
+    if routed:
+        block_expert = aligned(routed_ids)
+    grid = (pairs if routed else block_expert.numel(), config.row_tiles(n_out, fc1), splits)
     base, delta, records, raw, tail, tail_raw, row_group, bpg, full_tiles, s, s_tail, tc = inline_args
     args = (
         x, values, scales, wide, base, delta, records, raw, tail, tail_raw,
@@ -275,6 +284,8 @@ def gemm_launch(
         part if part is not None else ph, sorted_ids, block_expert, meta, pairs, x_row_div, rows, k, cols,
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
+    if config.engine == "gluon":
+        args += (e,)  # num_experts: the range of valid route ids (ROUTED)
     return Launch(spec, grid, args)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "moe_geometry_specs",
     "relabel_spec",
     "relabel_step",
+    "routes_as_blocks",
     "split_count",
 ]
 
@@ -390,9 +391,21 @@ def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool, r
 
 
 def gemm_spec(
-    fmt: ScaleFormat, source: str, *, fc1: bool, activation: str, bias: bool, config: GemmConfig
+    fmt: ScaleFormat,
+    source: str,
+    *,
+    fc1: bool,
+    activation: str,
+    bias: bool,
+    config: GemmConfig,
+    routed: bool = False,
+    ids64: bool = False,
 ) -> ProgramSpec:
-    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config."""
+    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
+    one token's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
+    (:func:`routes_as_blocks`)."""
+    if routed and not routes_as_blocks(config):
+        raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
     if source not in SCALE_SOURCES:
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
@@ -411,6 +424,8 @@ def gemm_spec(
             PDL=MOE_PDL,
             WG=int(config.mma == "wgmma"),
             XR=int(config.relabelled),
+            ROUTED=int(routed),
+            IDS64=int(routed and ids64),
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
@@ -435,6 +450,12 @@ def gemm_spec(
     )
 
 
+def routes_as_blocks(config: GemmConfig) -> bool:
+    """Whether one-token calls on ``config`` skip the alignment, each route a block read from the route ids
+    (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
+    return config == DECODE_NARROW
+
+
 def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     """Every MoE program a geometry may run: both stages, both scale sources, both tile configs, and
     the align / combine programs for int32 and int64 route ids."""
@@ -446,6 +467,10 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                 specs.append(
                     gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
                 )
+            if routes_as_blocks(config):
+                for ids64 in (False, True):
+                    specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
+                                           config=config, routed=True, ids64=ids64))  # fmt: skip
         for ids64 in (False, True):
             for scatter in align_forms(math.inf):
                 specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))

@@ -5,7 +5,8 @@ A call with T tokens runs the programs of the plan's bucket for T:
     align (1-2 launches) -> [expand scales into scratch] -> [relabel FC1's input] -> FC1 -> finish -> FC2
     -> combine
 
-(one token: align is one small program that makes each route a block).
+(one token: align is one small program that makes each route a block, or, on the one-token tiles and not
+expanding, nothing: the GEMMs read the routes as blocks, ``csf_kernels.moe_specs.routes_as_blocks``).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
 joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
@@ -30,7 +31,7 @@ from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch, relabel_launch
-from csf_kernels.moe_specs import relabel_step
+from csf_kernels.moe_specs import relabel_step, routes_as_blocks
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.relabel import padded_k
 from csf_kernels.runtime import Launch, aligned
@@ -160,16 +161,22 @@ class MoELayer:
         block_expert = self.block_expert[:blocks]
         sorted_ids = self.sorted_ids[: blocks * bm]
         active = self.active_experts[: min(geo.experts, pairs)]
-        launches = list(
-            align_launches(
-                topk_ids,
-                num_experts=geo.experts,
-                bm=bm,
-                cursor=self.cursor,
-                block_expert=block_expert,
-                active_experts=active,
-                meta=self.meta,
-                sorted_ids=sorted_ids,
+        # one token on the catalog's one-token tiles, not expanding: no alignment, the GEMMs read its routes
+        routed = t == 1 and not bucket.expand and routes_as_blocks(bucket.config)
+        launches = (
+            []
+            if routed
+            else list(
+                align_launches(
+                    topk_ids,
+                    num_experts=geo.experts,
+                    bm=bm,
+                    cursor=self.cursor,
+                    block_expert=block_expert,
+                    active_experts=active,
+                    meta=self.meta,
+                    sorted_ids=sorted_ids,
+                )
             )
         )
         # relabelled buckets (wgmma programs copying their activations straight into the operand): FC1's input
@@ -217,6 +224,7 @@ class MoELayer:
             block_expert=block_expert,
             meta=self.meta,
             pairs=pairs,
+            routed_ids=topk_ids if routed else None,
         )
         if not bucket.config.split_k:
             launches.append(gemm_launch(fc1=True, x=hidden, weights=w13, out=inter, x_row_div=plan.top_k, **common))

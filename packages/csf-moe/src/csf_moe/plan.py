@@ -28,6 +28,7 @@ from csf_kernels.moe_specs import (
     gemm_spec,
     relabel_spec,
     relabel_step,
+    routes_as_blocks,
     split_count,
 )
 from csf_kernels.programs import ProgramSpec
@@ -130,6 +131,11 @@ class MoEPlan:
             for fc1 in (True, False):
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
+            if b is self.buckets[0] and not b.expand and routes_as_blocks(b.config):  # one token, no alignment
+                for ids64 in (False, True):
+                    s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
+                                  config=b.config, routed=True, ids64=ids64)  # fmt: skip
+                    out[s.key] = s
             for ids64 in (False, True):
                 # what the bucket's calls (up to its size) align and combine with
                 forms = align_forms(b.tokens * g.top_k)

@@ -59,6 +59,7 @@ from .pdl import gluon_await_predecessor
 
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
 SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
+    "num_experts": "i32",  # ROUTED: the range of valid route ids
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
@@ -69,6 +70,10 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
     "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
     "XR": "constexpr",  # wgmma: 1, the activations are stored relabelled (copied by cp.async into the operand)
+    # 1: a one-token call without an alignment, block b is route b (``block_expert``: the route ids, int64 with
+    # IDS64): programs of routes outside [0, num_experts) exit
+    "ROUTED": "constexpr",
+    "IDS64": "constexpr",
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
@@ -320,6 +325,28 @@ def _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL: gl.constexpr):
 
 
 @gluon.jit
+def _block_expert(block_expert, meta, pid_b, num_experts, ROUTED: gl.constexpr, IDS64: gl.constexpr):
+    """Block ``pid_b``'s expert, or -1 for a block past the alignment's count (ROUTED: a route id outside [0, E),
+    range-checked before any narrowing)."""
+    if ROUTED:
+        if IDS64:
+            e64 = gl.load(block_expert.to(gl.pointer_type(gl.int64)) + pid_b)
+            return gl.where((e64 >= 0) & (e64 < num_experts), e64, -1).to(gl.int32)
+        e = gl.load(block_expert + pid_b)
+        return gl.where((e >= 0) & (e < num_experts), e, -1)
+    return gl.where(pid_b < gl.load(meta), gl.load(block_expert + pid_b), -1)
+
+
+@gluon.jit
+def _block_routes(sorted_ids, pid_b, pairs, BM: gl.constexpr, layout: gl.constexpr, ROUTED: gl.constexpr):
+    """The block's BM route slots (the sentinel ``pairs`` where empty): ROUTED, route ``pid_b`` alone."""
+    i = gl.arange(0, BM, layout=layout)
+    if ROUTED:
+        return gl.where(i == 0, pid_b, pairs)
+    return gl.load(sorted_ids + pid_b * BM + i)
+
+
+@gluon.jit
 def _wide_rows(wide, e, pid_n, R, BN: gl.constexpr):
     """Whether any 64-row tile of the program's rows holds E8M0 bytes above 128 (csf_kernels.moe.wide_row_tiles:
     flags per 64-row tile)."""
@@ -455,10 +482,10 @@ def _k_steps(
 def moe_gemm_decode(
     x, w, scales, wide, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
-    steps_per_split,
+    steps_per_split, num_experts,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
-    XR: gl.constexpr,
+    XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr,
 ):  # fmt: skip
     gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
@@ -477,9 +504,9 @@ def moe_gemm_decode(
     XL: gl.constexpr = _act_layout(Q, BM, BN)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
-    if pid_b >= gl.load(meta):
+    e = _block_expert(block_expert, meta, pid_b, num_experts, ROUTED, IDS64)
+    if e < 0:
         return
-    e = gl.load(block_expert + pid_b)
     R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
     w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
     scales_e = scales + e.to(gl.int64) * R * C
@@ -492,7 +519,7 @@ def moe_gemm_decode(
     quad = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, WL))), 1), 0)
     q = gl.expand_dims(gl.expand_dims(gl.arange(0, Q, layout=gl.SliceLayout(0, gl.SliceLayout(0, WL))), 0), 0)
     # routes of the block (activations)
-    route_x = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
+    route_x = _block_routes(sorted_ids, pid_b, pairs, BM, gl.SliceLayout(1, XL), ROUTED)
     live_x = route_x < pairs
     a_row = gl.where(live_x, route_x // x_row_div, 0).to(gl.int64)
     kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
@@ -516,7 +543,7 @@ def moe_gemm_decode(
     w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
         XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # one 16-byte copy per thread and 8 routes
-        rc = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XC)))
+        rc = _block_routes(sorted_ids, pid_b, pairs, BM, gl.SliceLayout(1, XC), ROUTED)
         live_c = rc < pairs
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
@@ -554,7 +581,7 @@ def moe_gemm_decode(
         async_copy.wait_group(0)
 
     # float32 partials [splits, pairs, R], reduced in a fixed order by the finishing kernel (deterministic)
-    route = gl.load(sorted_ids + pid_b * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA)))
+    route = _block_routes(sorted_ids, pid_b, pairs, BM, gl.SliceLayout(0, MMA), ROUTED)
     live = route < pairs
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
     p_row = (gl.program_id(2) * pairs + gl.where(live, route, 0)).to(gl.int64) * R
