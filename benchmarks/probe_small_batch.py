@@ -5,8 +5,9 @@
 For each geometry and token count: the layer's latency (CUDA-graph replays after an L2 flush, native scales)
 with each arm's alignment, the alignment programs alone the same way, and (first arm only) the device time of
 each kernel of an eager call (torch's profiler). Arms: ``catalog``; ``chunkN:W``, the plan program built for
-route chunks of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8; one-token calls align in
-their own program whatever the arm). Every arm's output must equal the first arm's (asserted). Programs
+route chunks of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8); ``routedN``, calls of up
+to N tokens reading their routes as blocks without an alignment (``moe_specs.ROUTED_TOKENS``; 0: none). Every
+arm's output must equal the first arm's (asserted). Programs
 missing from the AOT cache are compiled on first use (the runtime is left unfrozen).
 """
 
@@ -45,6 +46,8 @@ def _set_arm(name: str, catalog: tuple) -> None:
         chunk, warps = (int(f) for f in name.removeprefix("chunk").split(":"))
         moe_specs.ALIGN_CHUNK = chunk
         moe_specs.MOE_ALIGN_PLAN = dataclasses.replace(catalog[1], num_warps=warps)
+    elif name.startswith("routed"):
+        moe_specs.ROUTED_TOKENS = int(name.removeprefix("routed"))
     elif name != "catalog":
         raise ValueError(f"unknown arm {name!r}")
 
@@ -58,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,2,8")
-    ap.add_argument("--arms", default="catalog,chunk16:8", help="catalog or chunkN:W, comma-separated (see above)")
+    ap.add_argument("--arms", default="catalog,chunk16:8", help="catalog, chunkN:W or routedN, comma-separated")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.unfreeze()

@@ -31,6 +31,18 @@ def test_calls_of_one_route_chunk_align_in_one_program():
     assert any(s.kernel == "moe.align_scatter" for s in big)
 
 
+def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_count(monkeypatch):
+    from csf_kernels import moe_specs
+
+    geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
+    monkeypatch.setattr(moe_specs, "ROUTED_TOKENS", 3)  # calls of 1-3 tokens run in the 1-, 2- and 4-buckets
+    p = plan(geo, 64, scale_source="native")
+    specs = p.specs()
+    assert sum(1 for s in specs if s.kernel == "moe.gemm_decode" and s.fact["ROUTED"]) == 2  # both id widths
+    for t in (1, 2, 3):
+        assert moe_specs.routes_as_blocks(p.bucket_for(t).config) and p.bucket_for(t).config.bm == 8
+
+
 def test_one_token_calls_read_their_routes_as_blocks_unless_they_expand():
     """The first bucket (one-token calls) plans the routed GEMMs (no alignment) when it reads native scales or
     records, and the one-token alignment (each route a block) when it expands the routed experts' scales."""

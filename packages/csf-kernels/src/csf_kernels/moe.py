@@ -196,8 +196,8 @@ def gemm_launch(
     routed_ids: torch.Tensor | None = None,
 ) -> Launch:
     """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
-    (``routed_ids``: one token's route ids [1, k], configs with ``moe_specs.routes_as_blocks``) over its routes,
-    each a block, with no alignment (``sorted_ids``, ``block_expert`` and ``meta`` unused).
+    (``routed_ids``: a few-token call's route ids [T, k], configs with ``moe_specs.routes_as_blocks``) over its
+    routes, each a block, with no alignment (``sorted_ids``, ``block_expert`` and ``meta`` unused).
 
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
     :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused."""
@@ -261,8 +261,8 @@ def gemm_launch(
     else:
         wide = ph
     routed = routed_ids is not None
-    if routed and (routed_ids.dim() != 2 or routed_ids.shape[0] != 1 or routed_ids.numel() != pairs):
-        raise ValueError(f"routes as blocks: one token's {pairs} route ids expected, got {tuple(routed_ids.shape)}")
+    if routed and (routed_ids.dim() != 2 or routed_ids.numel() != pairs):
+        raise ValueError(f"routes as blocks: {pairs} route ids [T, k] expected, got {tuple(routed_ids.shape)}")
     spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config,
                      routed=routed, ids64=routed and _ids64(routed_ids))  # fmt: skip
     steps = -(-k // k_step(fmt))

@@ -402,7 +402,7 @@ def gemm_spec(
     ids64: bool = False,
 ) -> ProgramSpec:
     """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
-    one token's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
+    a few-token call's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
     (:func:`routes_as_blocks`)."""
     if routed and not routes_as_blocks(config):
         raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
@@ -450,9 +450,14 @@ def gemm_spec(
     )
 
 
+# calls of up to this many tokens on the one-token tiles, not expanding scales, skip the alignment: the decode
+# GEMMs read their route ids as blocks (a route each; two routes of one expert read its weights twice)
+ROUTED_TOKENS = 1
+
+
 def routes_as_blocks(config: GemmConfig) -> bool:
-    """Whether one-token calls on ``config`` skip the alignment, each route a block read from the route ids
-    (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
+    """Whether calls of up to :data:`ROUTED_TOKENS` tokens on ``config`` skip the alignment, each route a block
+    read from the route ids (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
     return config == DECODE_NARROW
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from csf_kernels import moe_specs
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_kernels.moe import max_blocks_for
 from csf_kernels.moe_specs import (
@@ -127,11 +128,13 @@ class MoEPlan:
         """Every program this plan may launch (all in the AOT catalog for catalog geometries)."""
         g = self.geometry
         out: dict[str, ProgramSpec] = {}
+        # the buckets calls of up to moe_specs.ROUTED_TOKENS tokens run in (their routes read as blocks)
+        routed = {id(self.bucket_for(t)) for t in range(1, min(moe_specs.ROUTED_TOKENS, self.max_tokens) + 1)}
         for b in self.buckets:
             for fc1 in (True, False):
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
-            if b is self.buckets[0] and not b.expand and routes_as_blocks(b.config):  # one token, no alignment
+            if id(b) in routed and not b.expand and routes_as_blocks(b.config):  # a few tokens, no alignment
                 for ids64 in (False, True):
                     s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
                                   config=b.config, routed=True, ids64=ids64)  # fmt: skip
