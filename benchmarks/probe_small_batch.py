@@ -39,9 +39,7 @@ GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b",
 def _set_arm(name: str, catalog: tuple) -> None:
     """The alignment an arm names, as module settings read when a plan makes its specs and a layer its
     launches; "catalog": the catalog's."""
-    (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTE_PREFETCH, moe_specs.ROUTE_PREFETCH_SLICES) = (
-        catalog
-    )
+    moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS = catalog
     if name.startswith("chunk"):
         chunk, warps = (int(f) for f in name.removeprefix("chunk").split(":"))
         moe_specs.ALIGN_CHUNK = chunk
@@ -67,12 +65,7 @@ def main() -> None:
     runtime.unfreeze()
     tokens = [int(t) for t in a.tokens.split(",")]
     arms = a.arms.split(",")
-    catalog = (
-        moe_specs.ALIGN_CHUNK,
-        moe_specs.MOE_ALIGN_PLAN,
-        moe_specs.ROUTE_PREFETCH,
-        moe_specs.ROUTE_PREFETCH_SLICES,
-    )
+    catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     rows = []
     for model, tp in GEOMETRIES:
