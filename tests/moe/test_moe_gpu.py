@@ -36,7 +36,7 @@ MAX_TOKENS = 2048
 # 64-route wgmma blocks reading relabelled activations (16: DS4.1 at 300, records included; 32: most
 # geometries at 300-1500; 64: Qwen3-30B at 1500). The prefill tiles (above 1024 routes per expert):
 # test_prefill_tiles_are_bit_identical_and_match_the_reference.
-TOKENS = (1, 7, 64, 300, 700, 1500)
+TOKENS = (1, 3, 7, 64, 300, 700, 1500)  # 1 and 3: the native and records arms read routes as blocks
 ARMS = {
     "native": dict(scale_source="native"),
     "expanded": dict(scale_source="expanded"),
@@ -108,7 +108,7 @@ def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (1, 5, 600):  # one token's routes aligned as blocks; records read in the GEMM; expanded first
+    for t in (1, 3, 5, 600):  # routes read as blocks (1, 3: no alignment); records read in the GEMM; expanded
         x, ids, w = synthetic_routing(geo, t, gen, ids_dtype=ids_dtype)
         padded = ids.clone()
         padded[::2, 0] = -1
@@ -129,11 +129,8 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
     data = synthetic_layer(geo, seed=SEED, device="cuda")
     layer = _layers(geo, data)["inline_records"]
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for t in (
-        1,
-        8,
-        700,
-    ):  # one token (routes aligned as blocks); a bucket reading records in the GEMM; an expanding one
+    # routes read as blocks without an alignment (1, 3); a bucket reading records in the GEMM; an expanding one
+    for t in (1, 3, 8, 700):
         x, ids, w = synthetic_routing(geo, t, gen)
         out = torch.empty_like(x)
         layer.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)

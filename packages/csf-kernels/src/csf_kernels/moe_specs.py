@@ -451,8 +451,11 @@ def gemm_spec(
 
 
 # calls of up to this many tokens on the one-token tiles, not expanding scales, skip the alignment: the decode
-# GEMMs read their route ids as blocks (a route each; two routes of one expert read its weights twice)
-ROUTED_TOKENS = 1
+# GEMMs read their route ids as blocks (a route each; two routes of one expert read its weights twice). Run 220
+# (benchmarks/probe_small_batch.py, us aligned / routed): 2-4 tokens faster on all three peers (gpt-oss T = 2
+# 62.2 / 52.9, T = 4 94.0 / 87.4; DS4.1 41.2 / 33.8, 59.7 / 53.1; Qwen3-30B 31.8 / 26.6, 44.1 / 38.1); from 6
+# tokens gpt-oss and Qwen3-30B lose (113.7 / 118.0, 52.3 / 55.0: their experts repeat)
+ROUTED_TOKENS = 4
 
 
 def routes_as_blocks(config: GemmConfig) -> bool:
