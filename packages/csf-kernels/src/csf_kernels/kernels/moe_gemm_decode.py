@@ -70,8 +70,8 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
     "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
     "XR": "constexpr",  # wgmma: 1, the activations are stored relabelled (copied by cp.async into the operand)
-    # 1: a one-token call without an alignment, block b is route b (``block_expert``: the route ids, int64 with
-    # IDS64): programs of routes outside [0, num_experts) exit
+    # 1: a few-token call without an alignment (moe_specs.ROUTED_TOKENS), block b is route b (``block_expert``: the
+    # route ids, int64 with IDS64): programs of routes outside [0, num_experts) exit
     "ROUTED": "constexpr",
     "IDS64": "constexpr",
 }
