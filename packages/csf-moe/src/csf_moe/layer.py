@@ -5,9 +5,8 @@ A call with T tokens runs the programs of the plan's bucket for T:
     align (1-2 launches) -> [expand scales into scratch] -> [relabel FC1's input] -> FC1 -> finish -> FC2
     -> combine
 
-(one token: align is one small program that makes each route a block; up to
-``csf_kernels.moe_specs.ROUTED_TOKENS`` tokens on the one-token tiles, not expanding: no alignment, the GEMMs
-read the routes as blocks, ``csf_kernels.moe_specs.routes_as_blocks``).
+(one token: align is one small program that makes each route a block; a few tokens on the one-token tiles, not
+expanding: no alignment, the GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
 joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
@@ -28,11 +27,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from csf_kernels import moe_specs, runtime
+from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch, relabel_launch
-from csf_kernels.moe_specs import relabel_step, routes_as_blocks
+from csf_kernels.moe_specs import relabel_step
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.relabel import padded_k
 from csf_kernels.runtime import Launch, aligned
@@ -162,8 +161,7 @@ class MoELayer:
         block_expert = self.block_expert[:blocks]
         sorted_ids = self.sorted_ids[: blocks * bm]
         active = self.active_experts[: min(geo.experts, pairs)]
-        # a few tokens on the catalog's one-token tiles, not expanding: no alignment, the GEMMs read the routes
-        routed = t <= moe_specs.ROUTED_TOKENS and not bucket.expand and routes_as_blocks(bucket.config)
+        routed = plan.reads_routes_as_blocks(t)  # no alignment: the GEMMs read the routes as blocks
         launches = (
             []
             if routed

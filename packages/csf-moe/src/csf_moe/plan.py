@@ -115,6 +115,12 @@ class MoEPlan:
         routing's alignment, rather than the routed experts' after it."""
         return tokens * self.top_k >= EXPAND_ALL_ROUTES_PER_EXPERT * self.geometry.experts
 
+    def reads_routes_as_blocks(self, tokens: int) -> bool:
+        """Whether a call of ``tokens`` tokens runs no alignment: its GEMMs read its route ids as blocks (up to
+        ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles, in a bucket that does not expand scales)."""
+        bucket = self.bucket_for(tokens)
+        return tokens <= moe_specs.ROUTED_TOKENS and not bucket.expand and routes_as_blocks(bucket.config)
+
     def bucket_for(self, tokens: int) -> BucketPlan:
         for b in self.buckets:
             if tokens <= b.tokens:
@@ -128,13 +134,14 @@ class MoEPlan:
         """Every program this plan may launch (all in the AOT catalog for catalog geometries)."""
         g = self.geometry
         out: dict[str, ProgramSpec] = {}
-        # the buckets calls of up to moe_specs.ROUTED_TOKENS tokens run in (their routes read as blocks)
-        routed = {id(self.bucket_for(t)) for t in range(1, min(moe_specs.ROUTED_TOKENS, self.max_tokens) + 1)}
+        # the buckets whose calls of a few tokens read their routes as blocks
+        few = range(1, min(moe_specs.ROUTED_TOKENS, self.max_tokens) + 1)
+        routed = {id(self.bucket_for(t)) for t in few if self.reads_routes_as_blocks(t)}
         for b in self.buckets:
             for fc1 in (True, False):
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
-            if id(b) in routed and not b.expand and routes_as_blocks(b.config):  # a few tokens, no alignment
+            if id(b) in routed:
                 for ids64 in (False, True):
                     s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
                                   config=b.config, routed=True, ids64=ids64)  # fmt: skip

@@ -89,6 +89,14 @@ def _route_experts(topk_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
 
 
 @triton.jit
+def _pad_active(active_experts, n_active, max_active, W: tl.constexpr):
+    """-1 in the active list's entries from ``n_active`` on, ``W`` at a time."""
+    for start in range(n_active, max_active, W):
+        offs = start + tl.arange(0, W)
+        tl.store(active_experts + offs, tl.full([W], -1, tl.int32), mask=offs < max_active)
+
+
+@triton.jit
 def moe_align_plan(
     topk_ids,
     cursor,
@@ -125,10 +133,7 @@ def moe_align_plan(
     active = counts > 0
     slot = tl.cumsum(active.to(tl.int32), 0) - 1
     tl.store(active_experts + slot, ex, mask=active & (slot < max_active))
-    n_active = tl.sum(active.to(tl.int32), 0)
-    for start in range(n_active, max_active, CH):
-        offs = start + tl.arange(0, CH)
-        tl.store(active_experts + offs, tl.full([CH], -1, tl.int32), mask=offs < max_active)
+    _pad_active(active_experts, tl.sum(active.to(tl.int32), 0), max_active, CH)
     for start in range(0, total * BM, CH):
         offs = start + tl.arange(0, CH)
         tl.store(sorted_ids + offs, tl.full([CH], 0, tl.int32) + pairs, mask=offs < total * BM)
@@ -184,7 +189,5 @@ def moe_align_routes(
     rank = tl.cumsum(first.to(tl.int32), 0) - 1
     n_active = tl.sum(first.to(tl.int32), 0)
     tl.store(active_experts + rank, e, mask=first & (rank < max_active))
-    for start in range(n_active, max_active, P):
-        offs = start + r
-        tl.store(active_experts + offs, tl.full([P], -1, tl.int32), mask=offs < max_active)
+    _pad_active(active_experts, n_active, max_active, P)
     tl.store(meta, tl.sum(valid.to(tl.int32), 0))
