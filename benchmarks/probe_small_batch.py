@@ -6,8 +6,7 @@ For each geometry and token count: the layer's latency (CUDA-graph replays after
 with each arm's alignment, the alignment programs alone the same way, and (first arm only) the device time of
 each kernel of an eager call (torch's profiler). Arms: ``catalog``; ``chunkN:W``, the plan program built for
 route chunks of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8); ``routedN``, calls of up
-to N tokens reading their routes as blocks without an alignment (``moe_specs.ROUTED_TOKENS``; 0: none);
-``l2pN``, the decode GEMMs' bulk L2 prefetches ``N`` (``moe_specs.GEMM_L2_PREFETCH``). Every
+to N tokens reading their routes as blocks without an alignment (``moe_specs.ROUTED_TOKENS``; 0: none). Every
 arm's output must equal the first arm's (asserted). Programs
 missing from the AOT cache are compiled on first use (the runtime is left unfrozen).
 """
@@ -40,16 +39,13 @@ GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b",
 def _set_arm(name: str, catalog: tuple) -> None:
     """The alignment an arm names, as module settings read when a plan makes its specs and a layer its
     launches; "catalog": the catalog's."""
-    (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS,
-     moe_specs.GEMM_L2_PREFETCH) = catalog  # fmt: skip
+    moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS = catalog
     if name.startswith("chunk"):
         chunk, warps = (int(f) for f in name.removeprefix("chunk").split(":"))
         moe_specs.ALIGN_CHUNK = chunk
         moe_specs.MOE_ALIGN_PLAN = dataclasses.replace(catalog[1], num_warps=warps)
     elif name.startswith("routed"):
         moe_specs.ROUTED_TOKENS = int(name.removeprefix("routed"))
-    elif name.startswith("l2p"):
-        moe_specs.GEMM_L2_PREFETCH = int(name.removeprefix("l2p"))
     elif name != "catalog":
         raise ValueError(f"unknown arm {name!r}")
 
@@ -63,13 +59,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,2,8")
-    ap.add_argument("--arms", default="catalog,chunk16:8", help="catalog, chunkN:W, routedN or l2pN, comma-separated")
+    ap.add_argument("--arms", default="catalog,chunk16:8", help="catalog, chunkN:W or routedN, comma-separated")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.unfreeze()
     tokens = [int(t) for t in a.tokens.split(",")]
     arms = a.arms.split(",")
-    catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS, moe_specs.GEMM_L2_PREFETCH)
+    catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     rows = []
     for model, tp in GEOMETRIES:

@@ -194,7 +194,6 @@ def gemm_launch(
     splits: int = 1,
     part: torch.Tensor | None = None,
     routed_ids: torch.Tensor | None = None,
-    next_weights: GemmOperand | None = None,
 ) -> Launch:
     """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
     (``routed_ids``: a few-token call's route ids [T, k], configs with ``moe_specs.routes_as_blocks``) over its
@@ -286,11 +285,7 @@ def gemm_launch(
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
     if config.engine == "gluon":
-        nxt = next_weights.values if next_weights is not None else None
-        if nxt is not None and (nxt.shape[0] != e or nxt.dtype != torch.uint8 or not nxt.is_contiguous()):
-            raise ValueError(f"next GEMM's weights must be contiguous uint8 [{e}, ...]")
-        # num_experts: the range of valid route ids (ROUTED); the next GEMM's words and bytes per expert
-        args += (e, ph if nxt is None else nxt, 0 if nxt is None else nxt[0].numel())
+        args += (e,)  # num_experts: the range of valid route ids (ROUTED)
     return Launch(spec, grid, args)
 
 

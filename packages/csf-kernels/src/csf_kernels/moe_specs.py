@@ -104,9 +104,6 @@ RELABEL_COLUMNS = 1024
 # every program of the layer is a programmatic dependent launch (kernels/pdl.py): each waits for the kernel
 # before it, so a call's launches overlap their predecessors' tails instead of queueing behind them
 MOE_PDL = 1
-# the decode GEMM's bulk L2 prefetches (moe_gemm_decode's L2P: 1 its own K range, 2 a share of the next GEMM's
-# expert); sweeps only while measured
-GEMM_L2_PREFETCH = 0
 # what the GEMM reads its scale bytes from (the kernel's SRC constant)
 SCALE_SOURCES = {"native": 0, "inline": 1}
 ALIGN_CHUNK = 1024
@@ -429,7 +426,6 @@ def gemm_spec(
             XR=int(config.relabelled),
             ROUTED=int(routed),
             IDS64=int(routed and ids64),
-            L2P=GEMM_L2_PREFETCH,
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )

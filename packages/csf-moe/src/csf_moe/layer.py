@@ -234,7 +234,7 @@ class MoELayer:
         part = self.partials
         launches += [
             gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
-                        next_weights=w2, **common),
+                        **common),
             fc1_finish_launch(part, topk_ids, inter, fc1=w13, activation=geo.activation, splits=s1,
                               num_experts=geo.experts, relabel=relabel),
             gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),

@@ -60,8 +60,6 @@ from .pdl import gluon_await_predecessor
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
 SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "num_experts": "i32",  # ROUTED: the range of valid route ids
-    "next_w": "*u8",  # L2P & 2: the next GEMM's FP4 words (FC1: FC2's), whose share of the route's expert is
-    "next_bytes": "i32",  # ... prefetched into L2 (bytes per expert; 0: none)
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
@@ -76,10 +74,6 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     # route ids, int64 with IDS64): programs of routes outside [0, num_experts) exit
     "ROUTED": "constexpr",
     "IDS64": "constexpr",
-    # bulk L2 prefetches at the program's start (ROUTED: before the predecessor wait, the route ids being the
-    # call's input): 1, the program's own K range of weight words; 2, its share of the next GEMM's expert (4: kept
-    # in L2 by an evict-last policy)
-    "L2P": "constexpr",
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
@@ -364,57 +358,6 @@ def _wide_rows(wide, e, pid_n, R, BN: gl.constexpr):
     return flag
 
 
-_PREFETCH = (  # $1: address, $2: bytes; the program's first thread issues it, nothing for 0 bytes
-    "{ .reg .pred p; .reg .b32 t; .reg .b64 q; mov.u32 t, %tid.x; setp.ne.b32 p, $2, 0; setp.eq.and.b32 p, t, 0, p; "
-    "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }"
-)
-_PREFETCH_ASM = gl.constexpr(_PREFETCH)
-_PREFETCH_KEEP_ASM = gl.constexpr(
-    _PREFETCH.replace(
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2;",
-        "createpolicy.fractional.L2::evict_last.b64 q, 1.0; "
-        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, q;",
-    )
-)
-
-
-@gluon.jit
-def _prefetch_l2(ptr, nbytes, KEEP: gl.constexpr):
-    """One bulk prefetch of ``nbytes`` (a multiple of 16, 16-byte aligned) into L2 (``KEEP``: evict-last)."""
-    if KEEP:
-        gl.inline_asm_elementwise(_PREFETCH_KEEP_ASM, "=r,l,r", [ptr, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptr, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_weights(
-    w, next_w, next_bytes, e, pid_n, K, R, steps_per_split, L2P: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr
-):  # fmt: skip
-    """L2P's prefetches (see SIGNATURE) for expert ``e``'s program (pid_n, split): its own K range of each of its
-    64-row blocks (fp4_words: a block's K-step tiles lie one after another) and its share of the next GEMM's."""
-    STEP_ROW_BYTES: gl.constexpr = 64 if FMT == 0 else 32  # bytes of a row in one K step
-    row_bytes = K // 2
-    if L2P & 1:
-        for j in gl.static_range(BN // 64):
-            block = pid_n * (BN // 64) + j
-            rows_here = gl.minimum(R - block * _PANEL_ROWS, _PANEL_ROWS)
-            stride = rows_here * STEP_ROW_BYTES  # bytes of one K step's tile
-            t0 = gl.program_id(2) * steps_per_split
-            start = t0 * stride
-            end = gl.minimum((t0 + steps_per_split) * stride, rows_here * row_bytes)
-            ok = (rows_here > 0) & (end > start)
-            base = w + e.to(gl.int64) * R * row_bytes + block.to(gl.int64) * (_PANEL_ROWS * row_bytes)
-            _prefetch_l2(base + start, gl.where(ok, end - start, 0), False)
-    if L2P & 2:
-        count = gl.num_programs(1) * gl.num_programs(2)
-        share = gl.cdiv(gl.cdiv(next_bytes, count), 16) * 16
-        j = pid_n * gl.num_programs(2) + gl.program_id(2)
-        start = gl.minimum(j * share, next_bytes)
-        end = gl.minimum(start + share, next_bytes)
-        _prefetch_l2(next_w + e.to(gl.int64) * next_bytes + start, end - start, (L2P & 4) != 0)
-
-
 @gluon.jit
 def _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q: gl.constexpr):
     """Pointers [64, 4, Q] to the weight words of rows ``rows`` (of the expert's ``R``) for K step ``t``,
@@ -539,16 +482,11 @@ def _k_steps(
 def moe_gemm_decode(
     x, w, scales, wide, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
-    steps_per_split, num_experts, next_w, next_bytes,
+    steps_per_split, num_experts,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
-    XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr, L2P: gl.constexpr,
+    XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr,
 ):  # fmt: skip
-    pid_b = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    if L2P and ROUTED:  # the route ids are the call's input: a stale id only misdirects a prefetch (clamped)
-        e_hint = gl.maximum(_block_expert(block_expert, meta, pid_b, num_experts, ROUTED, IDS64), 0)
-        _prefetch_weights(w, next_w, next_bytes, e_hint, pid_n, K, n_out, steps_per_split, L2P, BN, FMT)
     gluon_await_predecessor(PDL)
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
@@ -564,11 +502,11 @@ def moe_gemm_decode(
     WL: gl.constexpr = _word_layout(Q, BN)
     SL: gl.constexpr = gl.SliceLayout(2, WL)  # [BN, 4]: scale bytes, one per thread and row
     XL: gl.constexpr = _act_layout(Q, BM, BN)
+    pid_b = gl.program_id(0)
+    pid_n = gl.program_id(1)
     e = _block_expert(block_expert, meta, pid_b, num_experts, ROUTED, IDS64)
     if e < 0:
         return
-    if L2P and not ROUTED:
-        _prefetch_weights(w, next_w, next_bytes, e, pid_n, K, n_out, steps_per_split, L2P, BN, FMT)
     R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
     w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
     scales_e = scales + e.to(gl.int64) * R * C
