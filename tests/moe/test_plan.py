@@ -38,14 +38,35 @@ def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_coun
     monkeypatch.setattr(moe_specs, "ROUTED_TOKENS", 3)  # calls of 1-3 tokens run in the 1-, 2- and 4-buckets
     p = plan(geo, 64, scale_source="native")
     specs = p.specs()
-    assert sum(1 for s in specs if s.kernel == "moe.gemm_decode" and s.fact["ROUTED"]) == 2  # both id widths
+    routed = [s for s in specs if s.kernel == "moe.gemm_decode" and s.fact["ROUTED"]]
+    assert sorted((s.fact["FIN"], s.fact["IDS64"]) for s in routed) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for t in (1, 2, 3):
         assert moe_specs.routes_as_blocks(p.bucket_for(t).config) and p.bucket_for(t).config.bm == 8
+    # buckets of routed calls only: FC2 finishes FC1 (the 4-bucket also serves 4-token calls, which align)
+    assert [p.bucket_for(t).fc2_finishes_fc1 for t in (1, 2, 3)] == [True, True, False]
 
 
-def test_one_token_calls_read_their_routes_as_blocks_unless_they_expand():
-    """The first bucket (one-token calls) plans the routed GEMMs (no alignment) when it reads native scales or
-    records, and the one-token alignment (each route a block) when it expands the routed experts' scales."""
+@pytest.mark.parametrize("model,tp,fmt", [("gpt-oss-120b", 1, "mxfp4"), ("kimi-k2", 16, "nvfp4")])
+def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_partials(model, tp, fmt):
+    from csf_kernels import moe_specs
+    from csf_kernels.relabel import k_step
+
+    geo = load_catalog().moe_geometry(model, tp, fmt)
+    p = plan(geo, 64, scale_source="native")
+    steps = -(-geo.intermediate // k_step(geo.fmt))
+    for b in p.buckets:
+        assert b.fc2_finishes_fc1 == (b.tokens <= moe_specs.ROUTED_TOKENS)
+        if b.fc2_finishes_fc1:
+            assert -(-steps // b.splits_fc2) <= moe_specs.FIN_STEPS  # a split's K steps fit the buffer
+            assert -(-steps // -(-steps // b.splits_fc2)) == b.splits_fc2  # and none is empty
+            pairs = b.tokens * p.top_k
+            both = pairs * (b.splits_fc1 * 2 * geo.intermediate + b.splits_fc2 * geo.hidden)
+            assert b.partials(p.top_k, geo) == both <= p.scratch.partials[1]
+
+
+def test_one_token_calls_read_their_routes_as_blocks_and_align_only_to_expand():
+    """The first bucket (one-token calls) plans the routed GEMMs whatever its scales, and the one-token alignment
+    (each route a block) for the calls that expand the routed experts' scales (it lists them)."""
     geo = load_catalog().moe_geometry("gpt-oss-120b", 1, "mxfp4")
 
     def routed(p):
@@ -59,7 +80,7 @@ def test_one_token_calls_read_their_routes_as_blocks_unless_they_expand():
     records = plan(geo, 64, scale_source="inline", inline_token_limit=64)
     assert routed(records) == {0, 1}
     expanding = plan(geo, 64, scale_source="inline")
-    assert expanding.buckets[0].expand and not routed(expanding) and route_aligned(expanding) == {0, 1}
+    assert expanding.buckets[0].expand and routed(expanding) == {0, 1} and route_aligned(expanding) == {0, 1}
     assert routed(plan(geo, 64, scale_source="native", buckets=(2, 64))) == {0, 1}  # T = 1 runs in the 2-bucket
     from csf_kernels.moe_specs import DECODE, gemm_spec
 

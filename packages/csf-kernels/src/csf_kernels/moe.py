@@ -15,6 +15,7 @@ from csf_codec import InlineScales, ScaleFormat
 
 from .moe_specs import (
     DECODE,
+    FIN_STEPS,
     FINISH_COLUMNS,
     RELABEL_COLUMNS,
     SCATTER_CHUNK,
@@ -35,6 +36,7 @@ from .runtime import Launch, aligned
 
 __all__ = [
     "WIDE_TILE_ROWS",
+    "Fc1Partials",
     "GemmOperand",
     "Launch",
     "align_launches",
@@ -145,6 +147,16 @@ class GemmOperand:
     wide_tiles: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class Fc1Partials:
+    """What a routed FC2 that finishes FC1 itself reads (``gemm_launch``'s ``finish``): FC1's float32 partials
+    [splits, pairs, 2N] and its operand (bias, global scales)."""
+
+    part: torch.Tensor
+    splits: int
+    fc1: GemmOperand
+
+
 WIDE_TILE_ROWS = DECODE.bn  # flags per 64-row tile (a 128-row wgmma program ORs its two: _wide_rows)
 
 
@@ -194,13 +206,16 @@ def gemm_launch(
     splits: int = 1,
     part: torch.Tensor | None = None,
     routed_ids: torch.Tensor | None = None,
+    finish: Fc1Partials | None = None,
 ) -> Launch:
     """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
     (``routed_ids``: a few-token call's route ids [T, k], configs with ``moe_specs.routes_as_blocks``) over its
     routes, each a block, with no alignment (``sorted_ids``, ``block_expert`` and ``meta`` unused).
 
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
-    :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused."""
+    :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused. ``finish`` (a routed FC2,
+    ``moe_specs.fc2_finishes_fc1``): FC1's partials, finished by this program for its K range instead of read
+    from ``x`` (which is unused), so no finishing kernel runs between the GEMMs."""
     values = weights.values
     dev = values.device
     e, r, k2 = values.shape
@@ -263,10 +278,16 @@ def gemm_launch(
     routed = routed_ids is not None
     if routed and (routed_ids.dim() != 2 or routed_ids.numel() != pairs):
         raise ValueError(f"routes as blocks: {pairs} route ids [T, k] expected, got {tuple(routed_ids.shape)}")
-    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation, bias=bias is not None, config=config,
-                     routed=routed, ids64=routed and _ids64(routed_ids))  # fmt: skip
+    fin_args = (ph, ph, ph, 0)
+    if finish is not None:
+        fin_args = _finish_args(finish, routed, fc1, e, k, pairs, ph)
+    spec = gemm_spec(fmt, source, fc1=fc1, activation=activation,
+                     bias=(finish.fc1 if finish is not None else weights).bias is not None, config=config,
+                     routed=routed, ids64=routed and _ids64(routed_ids), finishes_fc1=finish is not None)  # fmt: skip
     steps = -(-k // k_step(fmt))
     per_split = -(-steps // splits)
+    if finish is not None and per_split > FIN_STEPS:
+        raise ValueError(f"FC2 finishing FC1 holds {FIN_STEPS} K steps a split, not {per_split}")
     if config.split_k:
         if part is None or part.dtype != torch.float32 or part.numel() < splits * pairs * r:
             raise ValueError(f"split-K needs float32 partials for {splits} x {pairs} x {r}")
@@ -285,8 +306,23 @@ def gemm_launch(
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
     if config.engine == "gluon":
-        args += (e,)  # num_experts: the range of valid route ids (ROUTED)
+        args += (e, *fin_args)  # num_experts: the range of valid route ids (ROUTED); FIN's inputs
     return Launch(spec, grid, args)
+
+
+def _finish_args(finish: Fc1Partials, routed: bool, fc1: bool, e: int, k: int, pairs: int, ph: torch.Tensor):
+    """FIN's runtime arguments (fin_part, fin_bias, fin_gscale, fin_splits), checked against FC2's shape."""
+    w1 = finish.fc1
+    if fc1 or not routed:
+        raise ValueError("only a routed FC2 finishes FC1 itself")
+    if w1.values.shape[0] != e or w1.values.shape[1] != 2 * k:
+        raise ValueError(f"FC1 operand {tuple(w1.values.shape)} does not feed an FC2 of K = {k} over {e} experts")
+    if finish.part.dtype != torch.float32 or finish.part.numel() < finish.splits * pairs * 2 * k:
+        raise ValueError(f"FC1 partials must be float32 with {finish.splits} x {pairs} x {2 * k} values")
+    if w1.bias is not None and (w1.bias.dtype != torch.float32 or tuple(w1.bias.shape) != (e, 2 * k)):
+        raise ValueError(f"FC1 bias must be float32 [{e}, {2 * k}]")
+    return (finish.part, ph if w1.bias is None else w1.bias,
+            ph if w1.global_scale is None else w1.global_scale, finish.splits)  # fmt: skip
 
 
 def combine_launch(

@@ -400,12 +400,16 @@ def gemm_spec(
     config: GemmConfig,
     routed: bool = False,
     ids64: bool = False,
+    finishes_fc1: bool = False,
 ) -> ProgramSpec:
     """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
     a few-token call's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
-    (:func:`routes_as_blocks`)."""
+    (:func:`routes_as_blocks`); ``finishes_fc1``: a routed FC2 that finishes FC1 from its partials itself
+    (``activation``, ``bias``: FC1's), :func:`fc2_finishes_fc1`."""
     if routed and not routes_as_blocks(config):
         raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
+    if finishes_fc1 and (fc1 or not routed):
+        raise ValueError("only a routed FC2 finishes FC1 itself")
     if source not in SCALE_SOURCES:
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
@@ -426,6 +430,9 @@ def gemm_spec(
             XR=int(config.relabelled),
             ROUTED=int(routed),
             IDS64=int(routed and ids64),
+            FIN=(1 + int(activation == "swiglu_oai")) if finishes_fc1 else 0,
+            FIN_BIAS=int(finishes_fc1 and bias),
+            FIN_GSCALE=int(finishes_fc1 and fmt.name == "nvfp4"),
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
@@ -458,6 +465,23 @@ def gemm_spec(
 ROUTED_TOKENS = 4
 
 
+# K steps of a routed FC2 program's split that FC1's finish fused into it holds (kernels/moe_fc1_finish_gluon.py)
+FIN_STEPS = 8
+
+
+def fc2_finishes_fc1(config: GemmConfig, tokens: int) -> bool:
+    """Whether calls of up to ``tokens`` tokens on ``config`` run no FC1 finish kernel: their routed FC2 programs
+    finish FC1 from its partials for their own K range (``moe_gemm_decode``'s ``FIN``; K splits of at most
+    :data:`FIN_STEPS` steps: :func:`fc2_splits_for_finish`)."""
+    return tokens <= ROUTED_TOKENS and routes_as_blocks(config)
+
+
+def fc2_splits_for_finish(splits: int, k_steps: int) -> int:
+    """FC2's K splits raised so that no split exceeds :data:`FIN_STEPS` steps (none empty)."""
+    splits = max(splits, -(-k_steps // FIN_STEPS))
+    return -(-k_steps // -(-k_steps // splits))
+
+
 def routes_as_blocks(config: GemmConfig) -> bool:
     """Whether calls of up to :data:`ROUTED_TOKENS` tokens on ``config`` skip the alignment, each route a block
     read from the route ids (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
@@ -479,6 +503,8 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                 for ids64 in (False, True):
                     specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
                                            config=config, routed=True, ids64=ids64))  # fmt: skip
+                    specs.append(gemm_spec(geo.fmt, source, fc1=False, activation=geo.activation, bias=geo.bias,
+                                           config=config, routed=True, ids64=ids64, finishes_fc1=True))  # fmt: skip
         for ids64 in (False, True):
             for scatter in align_forms(math.inf):
                 specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))

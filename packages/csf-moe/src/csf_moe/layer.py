@@ -5,8 +5,10 @@ A call with T tokens runs the programs of the plan's bucket for T:
     align (1-2 launches) -> [expand scales into scratch] -> [relabel FC1's input] -> FC1 -> finish -> FC2
     -> combine
 
-(one token: align is one small program that makes each route a block; a few tokens on the one-token tiles, not
-expanding: no alignment, the GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`).
+(one token: align is one small program that makes each route a block; a few tokens on the one-token tiles: the
+GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no alignment unless it lists the
+routed experts whose scales the call expands, and in buckets of such calls FC2 finishes FC1 itself,
+``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
 joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
@@ -30,7 +32,14 @@ import torch
 from csf_kernels import runtime
 from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
-from csf_kernels.moe import align_launches, combine_launch, fc1_finish_launch, gemm_launch, relabel_launch
+from csf_kernels.moe import (
+    Fc1Partials,
+    align_launches,
+    combine_launch,
+    fc1_finish_launch,
+    gemm_launch,
+    relabel_launch,
+)
 from csf_kernels.moe_specs import relabel_step
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.relabel import padded_k
@@ -161,10 +170,12 @@ class MoELayer:
         block_expert = self.block_expert[:blocks]
         sorted_ids = self.sorted_ids[: blocks * bm]
         active = self.active_experts[: min(geo.experts, pairs)]
-        routed = plan.reads_routes_as_blocks(t)  # no alignment: the GEMMs read the routes as blocks
+        routed = plan.reads_routes_as_blocks(t)  # the GEMMs read the routes as blocks
+        # aligned all the same where the routed experts' scales are expanded: the alignment lists them
+        lists_experts = bucket.expand and scale_planes is None and not plan.expands_all_experts(t)
         launches = (
             []
-            if routed
+            if routed and not lists_experts
             else list(
                 align_launches(
                     topk_ids,
@@ -232,6 +243,17 @@ class MoELayer:
             return launches, fork
         s1, s2 = bucket.splits_fc1, bucket.splits_fc2
         part = self.partials
+        if bucket.fc2_finishes_fc1:  # FC1's partials, then FC2's: FC2 reads the one and writes the other
+            part2 = part[bucket.fc1_partials(plan.top_k, geo) :]
+            launches += [
+                gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
+                            **common),
+                gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part2,
+                            finish=Fc1Partials(part, s1, w13), **common),
+                combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part2, splits=s2,
+                               fc2=w2),
+            ]  # fmt: skip
+            return launches, fork
         launches += [
             gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
                         **common),

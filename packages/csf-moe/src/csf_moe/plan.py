@@ -26,6 +26,8 @@ from csf_kernels.moe_specs import (
     decode_config_for,
     experts_bins,
     fc1_finish_spec,
+    fc2_finishes_fc1,
+    fc2_splits_for_finish,
     gemm_spec,
     relabel_spec,
     relabel_step,
@@ -72,6 +74,20 @@ class BucketPlan:
     max_blocks: int
     splits_fc1: int = 1  # K splits of split-K configs (float32 partials in scratch)
     splits_fc2: int = 1
+    # its (routed) FC2 programs finish FC1 from its partials themselves: no finishing kernel, FC1's and FC2's
+    # partials side by side in scratch (moe_specs.fc2_finishes_fc1)
+    fc2_finishes_fc1: bool = False
+
+    def fc1_partials(self, top_k: int, geometry: MoEGeometry) -> int:
+        """float32 values of FC1's partials, at the start of the partials region (FC2's follow them when FC2
+        finishes FC1; otherwise they overwrite them)."""
+        return self.tokens * top_k * self.splits_fc1 * 2 * geometry.intermediate
+
+    def partials(self, top_k: int, geometry: MoEGeometry) -> int:
+        """float32 values of the partials region this bucket's calls use."""
+        fc1 = self.fc1_partials(top_k, geometry)
+        fc2 = self.tokens * top_k * self.splits_fc2 * geometry.hidden
+        return fc1 + fc2 if self.fc2_finishes_fc1 else max(fc1, fc2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +101,7 @@ class ScratchLayout:
     sorted_ids: tuple[int, int]
     intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N] (relabelled buckets: N in whole K steps)
     fc2_out: tuple[int, int]  # [pairs, H]
-    partials: tuple[int, int]  # (offset, float32 count): split-K partials, FC1's then FC2's
+    partials: tuple[int, int]  # (offset, float32 count): split-K partials, FC1's then FC2's (BucketPlan.partials)
     w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
     w2_scales: tuple[int, int]
     relabelled_input: tuple[int, int] = (0, 0)  # bf16 [tokens, H in whole K steps] for relabelled buckets
@@ -116,10 +132,11 @@ class MoEPlan:
         return tokens * self.top_k >= EXPAND_ALL_ROUTES_PER_EXPERT * self.geometry.experts
 
     def reads_routes_as_blocks(self, tokens: int) -> bool:
-        """Whether a call of ``tokens`` tokens runs no alignment: its GEMMs read its route ids as blocks (up to
-        ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles, in a bucket that does not expand scales)."""
+        """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
+        to ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
+        still aligns, for the list of experts to expand)."""
         bucket = self.bucket_for(tokens)
-        return tokens <= moe_specs.ROUTED_TOKENS and not bucket.expand and routes_as_blocks(bucket.config)
+        return tokens <= moe_specs.ROUTED_TOKENS and routes_as_blocks(bucket.config)
 
     def bucket_for(self, tokens: int) -> BucketPlan:
         for b in self.buckets:
@@ -146,6 +163,10 @@ class MoEPlan:
                     s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
                                   config=b.config, routed=True, ids64=ids64)  # fmt: skip
                     out[s.key] = s
+                    if b.fc2_finishes_fc1:
+                        s = gemm_spec(g.fmt, b.gemm_source, fc1=False, activation=g.activation, bias=g.bias,
+                                      config=b.config, routed=True, ids64=ids64, finishes_fc1=True)  # fmt: skip
+                        out[s.key] = s
             for ids64 in (False, True):
                 # what the bucket's calls (up to its size) align and combine with
                 forms = align_forms(b.tokens * g.top_k)
@@ -265,10 +286,13 @@ def plan(
         source = "inline" if scale_source == "inline" and not expand else "native"
         blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
         s1 = s2 = 1
+        fin = config.split_k and fc2_finishes_fc1(config, t)
         if config.split_k:
             steps = {k: -(-k // k_step(geometry.fmt)) for k in (geometry.hidden, geometry.intermediate)}
             s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
+            if fin:
+                s2 = fc2_splits_for_finish(s2, steps[geometry.intermediate])
         plans.append(
             BucketPlan(
                 tokens=t,
@@ -278,13 +302,11 @@ def plan(
                 max_blocks=blocks,
                 splits_fc1=s1,
                 splits_fc2=s2,
+                fc2_finishes_fc1=fin,
             )
         )
     expands = any(b.expand for b in plans)
-    partials = max(
-        [b.tokens * top_k * max(b.splits_fc1 * 2 * geometry.intermediate, b.splits_fc2 * geometry.hidden)
-         for b in plans if b.config.split_k] + [0]
-    )  # fmt: skip
+    partials = max([b.partials(top_k, geometry) for b in plans if b.config.split_k] + [0])
     return MoEPlan(
         geometry=geometry,
         top_k=top_k,

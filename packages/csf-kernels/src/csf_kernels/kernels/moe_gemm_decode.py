@@ -53,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..fp4_words import PANEL_ROWS
+from .moe_fc1_finish_gluon import FIN_STEPS, fc1_finish_to_shared
 from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
 from .pdl import gluon_await_predecessor
@@ -60,6 +61,11 @@ from .pdl import gluon_await_predecessor
 # the runtime arguments of moe_gemm, in its order (one launch builder serves both); fewer constants
 SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "num_experts": "i32",  # ROUTED: the range of valid route ids
+    # FIN: FC1's float32 partials [fin_splits, pairs, 2K], its bias and global scales (K = FC2's K = FC1's N)
+    "fin_part": "*fp32",
+    "fin_bias": "*fp32",
+    "fin_gscale": "*fp32",
+    "fin_splits": "i32",
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
@@ -74,6 +80,12 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     # route ids, int64 with IDS64): programs of routes outside [0, num_experts) exit
     "ROUTED": "constexpr",
     "IDS64": "constexpr",
+    # a routed FC2 that finishes FC1 itself (moe_fc1_finish_gluon: 1 SiLU-and-mul, 2 clamped SwiGLU; 0: reads
+    # the finished activations ``x``): no kernel between the GEMMs, and its first weight steps are copied before
+    # it waits for FC1 (weights and route ids are the call's inputs, not FC1's outputs)
+    "FIN": "constexpr",
+    "FIN_BIAS": "constexpr",
+    "FIN_GSCALE": "constexpr",
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
@@ -117,6 +129,12 @@ def _word_layout(Q, BN):
 def _word_stages_layout():
     # [64 rows, 4 t, Q] per stage, unswizzled: a warp's 16-byte accesses cover 512 contiguous bytes (no conflicts)
     return gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+
+
+@gluon.constexpr_function
+def _fin_stages_layout():
+    # FIN's [FIN_STEPS, BM, BK] activations: each step swizzled as _act_stages_layout's [BM, BK] stages
+    return gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
 
 
 @gluon.constexpr_function
@@ -397,14 +415,14 @@ def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
 @gluon.jit
 def _issue_step(
     w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, R, Q: gl.constexpr,
-    WG: gl.constexpr, XR: gl.constexpr,
+    WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
 ):  # fmt: skip
     """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
     thread its own (it reads them back itself), and (mma.sync) the activations, shared by the program's
     warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
     ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
-    if WG == 0:
+    if WG == 0 and FIN == 0:  # (FIN: the activations are in shared memory already)
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
         async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     elif XR:  # the relabelled activations (rows of whole K steps) straight into the wgmma operand stage
@@ -418,14 +436,14 @@ def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
     live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
     xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr,
+    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
     ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
-    per weight pair. wgmma (``WG``): step t0's activations are in ``xb_s`` [0], step t0 + 1's in registers
-    (``x_next``); each step stores the next one's into the other buffer (read by the next step's wgmma,
-    after the barrier at its start) and loads the one after; unstaged, step t0's weight words are in
-    ``b_next``."""
+    per weight pair. ``FIN``: the route's activations are ``x_s`` [FIN_STEPS, BM, BK], a step a stage. wgmma
+    (``WG``): step t0's activations are in ``xb_s`` [0], step t0 + 1's in registers (``x_next``); each step
+    stores the next one's into the other buffer (read by the next step's wgmma, after the barrier at its start)
+    and loads the one after; unstaged, step t0's weight words are in ``b_next``."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
     BK: gl.constexpr = 32 * Q
     NEUTRAL: gl.constexpr = 127 if FMT == 0 else 0x38
@@ -441,9 +459,11 @@ def _k_steps(
             gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
             i = (t - t0 + STAGES - 1) % STAGES
             _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                        t + STAGES - 1, steps, K, R, Q, WG, XR)  # fmt: skip
+                        t + STAGES - 1, steps, K, R, Q, WG, XR, FIN)  # fmt: skip
             b = w_s.index((t - t0) % STAGES).load(WL)
-            if WG == 0:
+            if FIN:  # the route's activations of the whole range (FC1's finish, in shared memory since the start)
+                xt = x_s.index(t - t0).load(XL)
+            elif WG == 0:
                 xt = x_s.index((t - t0) % STAGES).load(XL)
         elif WG:  # weight words straight into registers, one step ahead
             gl.thread_barrier()  # everyone's operand stores of this step, and reads of the buffer refilled now
@@ -482,12 +502,16 @@ def _k_steps(
 def moe_gemm_decode(
     x, w, scales, wide, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
-    steps_per_split, num_experts,
+    steps_per_split, num_experts, fin_part, fin_bias, fin_gscale, fin_splits,
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
-    XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr,
+    XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr, FIN: gl.constexpr, FIN_BIAS: gl.constexpr,
+    FIN_GSCALE: gl.constexpr,
 ):  # fmt: skip
-    gluon_await_predecessor(PDL)
+    if FIN == 0:  # (FIN: after its first weight steps' copies, below)
+        gluon_await_predecessor(PDL)
+    gl.static_assert(FIN == 0 or (ROUTED == 1 and WG == 0 and STAGES > 1 and BM == 8),
+                     "FC1's finish is fused into routed, staged mma.sync programs")  # fmt: skip
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
     gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
@@ -549,13 +573,23 @@ def moe_gemm_decode(
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
         w_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, Q], _word_stages_layout())
-        if WG == 0:
+        if FIN:  # the route's activations of the program's K range, a step a stage, copied to every route row
+            x_s = gl.allocate_shared_memory(gl.bfloat16, [FIN_STEPS, BM, BK], _fin_stages_layout())
+        elif WG == 0:
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
         if XR:
             x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_operand_layout(BM, BK))
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
-                        steps, K, R, Q, WG, XR)  # fmt: skip
+                        steps, K, R, Q, WG, XR, FIN)  # fmt: skip
+        if FIN:  # FC1's outputs from here on
+            gluon_await_predecessor(PDL)
+            fc1_finish_to_shared(x_s, fin_part, fin_bias, fin_gscale, fin_splits, pid_b, pairs, e, t0, steps, K,
+                                 FIN, FIN_BIAS, FIN_GSCALE, BM, BK, BN // 16)  # fmt: skip
+            gl.thread_barrier()
+            # read a step at a time as the unfused program reads its [BM, BK] stages (the same bytes: BM = 8 rows
+            # swizzle alike as one stage or as a stage's rows in the whole buffer)
+            x_s = x_s._reinterpret(gl.bfloat16, [FIN_STEPS, BM, BK], _act_stages_layout())
     elif WG:
         b_next = _weight_words(w_e, rows, quad, q, valid, t0, K, R, Q)
     if WG and not XR:  # step t0's activations into the first operand buffer, step t0 + 1's into registers
@@ -571,12 +605,12 @@ def moe_gemm_decode(
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
-                       WG, XR)  # fmt: skip
+                       WG, XR, FIN)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
                        live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
                        S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
-                       WG, XR)  # fmt: skip
+                       WG, XR, FIN)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 

@@ -1,0 +1,67 @@
+"""Buckets of routed few-token calls run no FC1 finish kernel: FC2's programs finish FC1 from its partials for
+their own K range (``BucketPlan.fc2_finishes_fc1``). Launch order, shapes and buffers only (the GEMMs run on
+GPUs: Gluon); the GPU suite checks the results against the float32 reference and the other arms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csf_codec import scale_format
+from csf_kernels.catalog import MoEGeometry
+from csf_moe import plan, prepare_weights
+from csf_moe.layer import MoELayer
+from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+
+def _layer(fmt: str, source: str, **plan_kwargs) -> tuple[MoEGeometry, MoELayer]:
+    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format(fmt), experts=8, hidden=320, intermediate=192, top_k=3)
+    p = plan(geo, 16, scale_source=source, **plan_kwargs)
+    data = synthetic_layer(geo, seed=3, device="cpu")
+    # MoELayer directly: CPU tensors need not be 256-byte aligned, as bind() requires of device scratch
+    layer = MoELayer(plan=p, weights=prepare_weights(p, **data.weight_kwargs()),
+                     scratch=torch.empty(p.scratch_bytes, dtype=torch.uint8))  # fmt: skip
+    return geo, layer
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_routed_calls_run_fc1_fc2_combine_with_fc2_reading_fc1_partials(fmt, tokens):
+    geo, layer = _layer(fmt, "native")
+    bucket = layer.plan.bucket_for(tokens)
+    assert bucket.fc2_finishes_fc1
+    x, ids, w = synthetic_routing(geo, tokens, torch.Generator().manual_seed(tokens))
+    launches = layer.launches(x, ids, w, torch.empty_like(x))
+    assert [la.spec.kernel for la in launches] == ["moe.gemm_decode", "moe.gemm_decode", "moe.combine"]
+    fc1, fc2, combine = launches
+    assert (fc1.spec.fact["ROUTED"], fc1.spec.fact["FIN"]) == (1, 0)
+    assert (fc2.spec.fact["ROUTED"], fc2.spec.fact["FIN"]) == (1, 1)  # SiLU-and-mul
+    part1, part2 = fc1.args[13], fc2.args[13]  # the GEMMs' float32 partials
+    fin_part, fin_splits = fc2.args[-4], fc2.args[-1]
+    pairs = tokens * geo.top_k
+    assert fin_part.data_ptr() == part1.data_ptr() and fin_splits == bucket.splits_fc1
+    fc1_region = bucket.fc1_partials(layer.plan.top_k, geo)  # the bucket's largest call's
+    assert fc1_region >= fin_splits * pairs * 2 * geo.intermediate
+    assert part2.data_ptr() == part1.data_ptr() + 4 * fc1_region  # FC2's partials after FC1's, not over them
+    assert part2.numel() >= bucket.splits_fc2 * pairs * geo.hidden
+    assert combine.args[1].data_ptr() == part2.data_ptr()
+    assert fc2.grid[2] == bucket.splits_fc2 and fc1.grid[2] == bucket.splits_fc1
+    specs = {s.key for s in layer.plan.specs()}
+    assert all(la.spec.key in specs for la in launches)  # the plan lists (and a catalog would build) them all
+
+
+def test_expanding_routed_calls_align_only_to_list_the_experts_they_expand():
+    geo, layer = _layer("mxfp4", "inline")
+    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2))
+    kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+    assert kernels[0].startswith("moe.align") and "moe.fc1_finish" not in kernels
+    gemms = [la for la in layer.launches(x, ids, w, torch.empty_like(x)) if la.spec.kernel == "moe.gemm_decode"]
+    assert [(g.spec.fact["ROUTED"], g.spec.fact["FIN"], g.spec.fact["SRC"]) for g in gemms] == [(1, 0, 0), (1, 1, 0)]
+
+
+def test_a_bucket_that_also_serves_aligned_calls_keeps_its_finish_kernel():
+    geo, layer = _layer("mxfp4", "native", buckets=(8, 16))  # 1-4 token calls routed in an 8-token bucket
+    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2))
+    kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+    assert not layer.plan.bucket_for(2).fc2_finishes_fc1
+    assert kernels == ["moe.gemm_decode", "moe.fc1_finish", "moe.gemm_decode", "moe.combine"]
