@@ -55,13 +55,14 @@ def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_pa
     p = plan(geo, 64, scale_source="native")
     steps = -(-geo.intermediate // k_step(geo.fmt))
     for b in p.buckets:
-        assert b.fc2_finishes_fc1 == (b.tokens <= moe_specs.ROUTED_TOKENS)
+        fits = -(-steps // b.splits_fc2) <= moe_specs.FIN_STEPS  # a split's K steps fit the activation buffer
+        assert b.fc2_finishes_fc1 == (b.tokens <= moe_specs.ROUTED_TOKENS and fits)
         if b.fc2_finishes_fc1:
-            assert -(-steps // b.splits_fc2) <= moe_specs.FIN_STEPS  # a split's K steps fit the buffer
-            assert -(-steps // -(-steps // b.splits_fc2)) == b.splits_fc2  # and none is empty
             pairs = b.tokens * p.top_k
             both = pairs * (b.splits_fc1 * 2 * geo.intermediate + b.splits_fc2 * geo.hidden)
             assert b.partials(p.top_k, geo) == both <= p.scratch.partials[1]
+    # gpt-oss (23 FC2 steps): one token's 3 splits fit, 4 tokens' one split does not (no splits added for it)
+    assert model != "gpt-oss-120b" or [b.fc2_finishes_fc1 for b in p.buckets[:3]] == [True, False, False]
 
 
 def test_one_token_calls_read_their_routes_as_blocks_and_align_only_to_expand():

@@ -27,7 +27,6 @@ from csf_kernels.moe_specs import (
     experts_bins,
     fc1_finish_spec,
     fc2_finishes_fc1,
-    fc2_splits_for_finish,
     gemm_spec,
     relabel_spec,
     relabel_step,
@@ -286,13 +285,12 @@ def plan(
         source = "inline" if scale_source == "inline" and not expand else "native"
         blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
         s1 = s2 = 1
-        fin = config.split_k and fc2_finishes_fc1(config, t)
+        fin = False
         if config.split_k:
             steps = {k: -(-k // k_step(geometry.fmt)) for k in (geometry.hidden, geometry.intermediate)}
             s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
-            if fin:
-                s2 = fc2_splits_for_finish(s2, steps[geometry.intermediate])
+            fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
         plans.append(
             BucketPlan(
                 tokens=t,
