@@ -73,8 +73,11 @@ class BucketPlan:
     max_blocks: int
     splits_fc1: int = 1  # K splits of split-K configs (float32 partials in scratch)
     splits_fc2: int = 1
-    # its (routed) FC2 programs finish FC1 from its partials themselves: no finishing kernel, FC1's and FC2's
-    # partials side by side in scratch (moe_specs.fc2_finishes_fc1)
+    # its calls of up to this many tokens read their routes as blocks (moe_specs.ROUTED_TOKENS when planned, on
+    # tiles that can; 0: none), decided here so that later module settings change no bound layer
+    routed_tokens: int = 0
+    # every call's FC2 programs finish FC1 from its partials themselves (all routed): no finishing kernel, FC1's
+    # and FC2's partials side by side in scratch (moe_specs.fc2_finishes_fc1)
     fc2_finishes_fc1: bool = False
 
     def fc1_partials(self, top_k: int, geometry: MoEGeometry) -> int:
@@ -134,8 +137,7 @@ class MoEPlan:
         """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
         to ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
         still aligns, for the list of experts to expand)."""
-        bucket = self.bucket_for(tokens)
-        return tokens <= moe_specs.ROUTED_TOKENS and routes_as_blocks(bucket.config)
+        return tokens <= self.bucket_for(tokens).routed_tokens
 
     def bucket_for(self, tokens: int) -> BucketPlan:
         for b in self.buckets:
@@ -150,14 +152,11 @@ class MoEPlan:
         """Every program this plan may launch (all in the AOT catalog for catalog geometries)."""
         g = self.geometry
         out: dict[str, ProgramSpec] = {}
-        # the buckets whose calls of a few tokens read their routes as blocks
-        few = range(1, min(moe_specs.ROUTED_TOKENS, self.max_tokens) + 1)
-        routed = {id(self.bucket_for(t)) for t in few if self.reads_routes_as_blocks(t)}
         for b in self.buckets:
             for fc1 in (True, False):
                 s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
-            if id(b) in routed:
+            if b.routed_tokens:
                 for ids64 in (False, True):
                     s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
                                   config=b.config, routed=True, ids64=ids64)  # fmt: skip
@@ -274,7 +273,7 @@ def plan(
         )
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
     plans = []
-    for t in sizes:
+    for smallest, t in zip([1] + [s + 1 for s in sizes], sizes):
         if t * top_k <= decode_routes_per_expert * geometry.experts:
             config = decode_config or decode_config_for(t * top_k, geometry.experts)
         else:
@@ -291,6 +290,7 @@ def plan(
             s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
             fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
+        routed = moe_specs.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_specs.ROUTED_TOKENS else 0
         plans.append(
             BucketPlan(
                 tokens=t,
@@ -300,6 +300,7 @@ def plan(
                 max_blocks=blocks,
                 splits_fc1=s1,
                 splits_fc2=s2,
+                routed_tokens=routed,
                 fc2_finishes_fc1=fin,
             )
         )
