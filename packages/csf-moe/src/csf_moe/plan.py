@@ -273,7 +273,7 @@ def plan(
         )
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
     plans = []
-    for smallest, t in zip([1] + [s + 1 for s in sizes], sizes):
+    for smallest, t in zip([1] + [s + 1 for s in sizes[:-1]], sizes, strict=True):  # each bucket's calls
         if t * top_k <= decode_routes_per_expert * geometry.experts:
             config = decode_config or decode_config_for(t * top_k, geometry.experts)
         else:
