@@ -46,6 +46,23 @@ def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_coun
     assert [p.bucket_for(t).fc2_finishes_fc1 for t in (1, 2, 3)] == [True, True, False]
 
 
+def test_a_plans_tiles_keep_reading_routes_as_blocks_whatever_the_module_settings_later(monkeypatch):
+    """Whether a config reads routes as blocks is the config's own (``GemmConfig.routed``): a plan made on the
+    catalog's one-token tiles makes the same programs after the module's tiles change (run 225: a test swapping
+    them between plans had a bound plan's routed programs refused)."""
+    import dataclasses
+
+    from csf_kernels import moe_specs
+
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "nvfp4")
+    p = plan(geo, 300, scale_source="native")
+    before = p.specs()
+    monkeypatch.setattr(moe_specs, "DECODE_NARROW", dataclasses.replace(moe_specs.DECODE_NARROW, word_stages=1))
+    assert p.specs() == before and any(s.fact.get("ROUTED") for s in before)
+    with pytest.raises(ValueError, match="8-route blocks only"):
+        dataclasses.replace(moe_specs.DECODE, routed=True)
+
+
 @pytest.mark.parametrize("model,tp,fmt", [("gpt-oss-120b", 1, "mxfp4"), ("kimi-k2", 16, "nvfp4")])
 def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_partials(model, tp, fmt):
     from csf_kernels import moe_specs

@@ -147,6 +147,10 @@ class GemmConfig:
     # wgmma only: the activations are stored in the weights' relabelled K order, so the programs copy them
     # straight into the operand (the layer relabels FC1's input and the FC1 finish writes FC2's so)
     relabelled: bool = False
+    # gluon mma.sync 8-route blocks only: calls of up to ROUTED_TOKENS tokens read their routes as blocks
+    # straight from the route ids, no alignment (:func:`routes_as_blocks`). A field, not an identity with
+    # DECODE_NARROW, so a plan's configs keep their path whatever the module settings are when it launches
+    routed: bool = False
 
     def __post_init__(self):
         if self.engine not in ("triton", "gluon"):
@@ -166,6 +170,8 @@ class GemmConfig:
             )
         if self.relabelled and (self.mma != "wgmma" or self.word_stages < 2):
             raise ValueError("relabelled activations feed staged wgmma programs (word_stages >= 2)")
+        if self.routed and (self.engine, self.mma, self.bm) != ("gluon", "mma_sync", 8):
+            raise ValueError("routes are read as blocks by the gluon mma.sync programs of 8-route blocks only")
         caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
             self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
@@ -214,8 +220,9 @@ class GemmConfig:
 # 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
 # T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
 DECODE_NARROW = GemmConfig(
-    name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True
-)
+    name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True,
+    routed=True,
+)  # fmt: skip
 # The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
 # (``relabelled``: csf_kernels.relabel), copied by cp.async straight into their operand stages. Sweeps side by
 # side (runs 175-177, us, native scales, all bit-identical; per expert = T * k / E: gpt-oss and Qwen3-30B
@@ -481,7 +488,7 @@ def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_ste
 def routes_as_blocks(config: GemmConfig) -> bool:
     """Whether calls of up to :data:`ROUTED_TOKENS` tokens on ``config`` skip the alignment, each route a block
     read from the route ids (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
-    return config == DECODE_NARROW
+    return config.routed
 
 
 def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
