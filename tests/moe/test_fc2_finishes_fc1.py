@@ -50,12 +50,23 @@ def test_routed_calls_run_fc1_fc2_combine_with_fc2_reading_fc1_partials(fmt, tok
     assert all(la.spec.key in specs for la in launches)  # the plan lists (and a catalog would build) them all
 
 
-def test_expanding_routed_calls_align_only_to_list_the_experts_they_expand():
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_expanding_routed_calls_list_the_experts_they_expand_by_their_route_ids(ids_dtype):
+    """int32 route ids are the expanders' list of experts themselves (no alignment at all); int64 ones are
+    listed by the one-token alignment."""
     geo, layer = _layer("mxfp4", "inline")
-    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2))
-    kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
-    assert kernels[0].startswith("moe.align") and "moe.fc1_finish" not in kernels
-    gemms = [la for la in layer.launches(x, ids, w, torch.empty_like(x)) if la.spec.kernel == "moe.gemm_decode"]
+    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2), ids_dtype=ids_dtype)
+    launches = layer.launches(x, ids, w, torch.empty_like(x))
+    kernels = [la.spec.kernel for la in launches]
+    expansions = [la for la in launches if la.spec.kernel.startswith("expand.")]
+    assert len(expansions) == 2 and "moe.fc1_finish" not in kernels  # W13's and W2's planes
+    if ids_dtype == torch.int32:
+        assert not any(k.startswith("moe.align") for k in kernels)
+        assert all(la.args[7].data_ptr() == ids.data_ptr() and la.args[7].numel() == ids.numel() for la in expansions)
+    else:
+        assert kernels[0].startswith("moe.align")
+        assert all(la.args[7].data_ptr() == layer.active_experts.data_ptr() for la in expansions)
+    gemms = [la for la in launches if la.spec.kernel == "moe.gemm_decode"]
     assert [(g.spec.fact["ROUTED"], g.spec.fact["FIN"], g.spec.fact["SRC"]) for g in gemms] == [(1, 0, 0), (1, 1, 0)]
 
 

@@ -6,14 +6,14 @@ A call with T tokens runs the programs of the plan's bucket for T:
     -> combine
 
 (one token: align is one small program that makes each route a block; a few tokens on the one-token tiles: the
-GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no alignment unless it lists the
-routed experts whose scales the call expands, and in buckets of such calls FC2 finishes FC1 itself,
-``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
+GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no alignment (int64 ids: unless it
+lists the routed experts whose scales the call expands; int32 ids list them themselves), and in buckets of such
+calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
-joined before FC1: few routes per expert, the routed experts' (listed by the alignment), W13's on the current
-stream beside W2's, forked after the align launches; from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert,
-every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
+joined before FC1: few routes per expert, the routed experts' (listed by the alignment or the route ids), W13's
+on the current stream beside W2's, forked after the align launches; from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes
+per expert, every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -171,8 +171,12 @@ class MoELayer:
         sorted_ids = self.sorted_ids[: blocks * bm]
         active = self.active_experts[: min(geo.experts, pairs)]
         routed = plan.reads_routes_as_blocks(t)  # the GEMMs read the routes as blocks
-        # aligned all the same where the routed experts' scales are expanded: the alignment lists them
+        # where the routed experts' scales are expanded, the alignment lists them; for a routed call with int32
+        # ids the ids themselves are the list (the expanders skip padding ids, and an expert routed twice is
+        # written twice with the same bytes), so it runs no alignment at all
         lists_experts = bucket.expand and scale_planes is None and not plan.expands_all_experts(t)
+        if lists_experts and routed and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous():
+            active, lists_experts = topk_ids.view(-1), False
         launches = (
             []
             if routed and not lists_experts

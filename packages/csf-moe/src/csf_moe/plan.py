@@ -136,7 +136,7 @@ class MoEPlan:
     def reads_routes_as_blocks(self, tokens: int) -> bool:
         """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
         to ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
-        still aligns, for the list of experts to expand)."""
+        from int64 route ids still aligns, for the list of experts to expand: int32 ids are that list)."""
         return tokens <= self.bucket_for(tokens).routed_tokens
 
     def bucket_for(self, tokens: int) -> BucketPlan:
