@@ -8,7 +8,6 @@ stages needs none (both MMA operands straight into registers)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import subprocess
 import tempfile
 
@@ -120,32 +119,3 @@ def test_one_token_programs_read_routes_as_blocks(ids64):
     assert spec.fact["ROUTED"] == 1 and spec.fact["IDS64"] == int(ids64) and spec.key != plain.key
     aligned, art = compile_triton(plain), compile_triton(spec)
     assert art.launch["shared"] == aligned.launch["shared"] and art.launch["block"] == [128, 1, 1]
-
-
-def _loops(sass: str) -> list[list[str]]:
-    """The instructions of each loop body (a backward branch's range) in ``sass``."""
-    at = re.compile(r"\s+/\*([0-9a-f]{4})\*/")
-    ins = [(int(m.group(1), 16), line) for line in sass.splitlines() if (m := at.match(line))]
-    loops = []
-    for addr, line in ins:
-        m = re.search(r"\bBRA\s+0x([0-9a-f]+)", line)
-        if m and int(m.group(1), 16) < addr:
-            loops.append([text for a, text in ins if int(m.group(1), 16) <= a <= addr])
-    return loops
-
-
-@pytest.mark.parametrize("routed", [False, True], ids=["aligned", "routed"])
-@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
-def test_staged_k_steps_take_one_cta_barrier_each(fmt, routed):
-    """A staged program's K loop synchronises its warps once a step: its stages are buffers of their own and
-    the loop is unrolled by them, so the compiler's barrier analysis tells a step's refill (cp.async into the
-    stage read last step) from its reads (this step's stage), which the barrier at the step's start orders.
-    One stage buffer indexed at run time took a second barrier a step (before run 228)."""
-    spec = gemm_spec(fmt, "native", fc1=True, activation="silu", bias=False, config=DECODE_NARROW, routed=routed)
-    hmma_per_step = (128 if fmt is MXFP4 else 64) // 16
-    loops = [body for body in _loops(_sass(compile_triton(spec).data)) if any("HMMA" in i for i in body)]
-    assert len(loops) == (2 if fmt is MXFP4 else 1)  # MXFP4: one per conversion (one or two multiplies)
-    for body in loops:
-        steps = sum("HMMA" in i for i in body) // hmma_per_step
-        assert steps == DECODE_NARROW.word_stages  # unrolled by the stages
-        assert sum("BAR.SYNC" in i for i in body) == steps

@@ -414,20 +414,20 @@ def _step_activations(x, a_row, live_x, kx, t, K, BK: gl.constexpr):
 
 @gluon.jit
 def _issue_step(
-    w_stage, x_s, i: gl.constexpr, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, R,
-    Q: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
+    w_stage, x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t, steps, K, R, Q: gl.constexpr,
+    WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
 ):  # fmt: skip
-    """Start step ``t``'s copies into stage ``i`` as one cp.async group (none past the last step): the weight
-    words, each thread its own (it reads them back itself), and the activations, shared by the program's warps
-    (mma.sync: ``x_s``'s stage; relabelled wgmma: its operand stage; FIN: none, they are in shared memory)."""
+    """Start step ``t``'s copies as one cp.async group (none past the last step): the weight words, each
+    thread its own (it reads them back itself), and (mma.sync) the activations, shared by the program's
+    warps (wgmma: those go through registers into the relabelled operand, ``_k_steps``)."""
     ptr, m = _word_pointers(w_e, rows, quad, q, valid, t, K, R, Q)
     async_copy.async_copy_global_to_shared(w_stage, ptr, mask=m & (t < steps))
     if WG == 0 and FIN == 0:  # (FIN: the activations are in shared memory already)
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, K, 32 * Q)
-        async_copy.async_copy_global_to_shared(x_s[i], xp, mask=xm & (t < steps))
+        async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     elif XR:  # the relabelled activations (rows of whole K steps) straight into the wgmma operand stage
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t, gl.cdiv(K, 32 * Q) * (32 * Q), 32 * Q)
-        async_copy.async_copy_global_to_shared(x_s[i], xp, mask=xm & (t < steps))
+        async_copy.async_copy_global_to_shared(x_s.index(i), xp, mask=xm & (t < steps))
     async_copy.commit_group()
 
 
@@ -451,57 +451,50 @@ def _k_steps(
     MMA: gl.constexpr = _mma_layout(BM, WG, BN)
     WL: gl.constexpr = _word_layout(Q, BN)
     XL: gl.constexpr = _act_layout(Q, BM, BN)
-    # unrolled by the stages (staged programs), so a step's stages are compile-time indices: no index
-    # arithmetic, and the shared-memory barrier analysis sees the stage refilled apart from the one read
-    UNROLL: gl.constexpr = STAGES if STAGES > 1 else 1
-    for tb in range(t0, steps, UNROLL):
-        for j in gl.static_range(UNROLL):  # step tb + j reads stage j ((tb - t0) % STAGES == 0)
-            t = tb + j
-            if t < steps:
-                if STAGES > 1:
-                    async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
-                    if XR:
-                        fence_async_shared()  # the copied operand before wgmma reads it
-                    gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
-                    i: gl.constexpr = (j + STAGES - 1) % STAGES  # the stage step t + STAGES - 1 goes to
-                    _issue_step(w_s[i], x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
-                                t + STAGES - 1, steps, K, R, Q, WG, XR, FIN)  # fmt: skip
-                    b = w_s[j].load(WL)
-                    # FIN: the route's activations of the whole range (FC1's finish, in shared memory since the start)
-                    if FIN:
-                        xt = x_s.index(t - t0).load(XL)
-                    elif WG == 0:
-                        xt = x_s[j].load(XL)
-                elif WG:  # weight words straight into registers, one step ahead
-                    gl.thread_barrier()  # everyone's operand stores of this step, and reads of the buffer refilled
-                    b = b_next
-                    b_next = _weight_words(w_e, rows, quad, q, valid, t + 1, K, R, Q)
-                else:
-                    b = _weight_words(w_e, rows, quad, q, valid, t, K, R, Q)
-                    xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
-                    xt = gl.load(xp, mask=xm, other=0.0)
-                if WG and not XR:
-                    xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
-                    fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
-                    xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
-                    x_next = gl.load(xp, mask=xm, other=0.0)
-                if AHEAD == 1:
-                    s = s_next
-                    s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
-                elif SRC == 0:
-                    s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
-                else:
-                    s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
-                                         full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-                    h = h_next  # the next step's selectors (its header is here) and the header after it
-                    lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
-                                                         S, S_TAIL, TC)  # fmt: skip
-                if XR:
-                    acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s[j].permute([1, 0]), acc)
-                elif WG:
-                    acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), xb_s.index((t - t0) % 2).permute([1, 0]), acc)
-                else:
-                    acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM), acc)
+    for t in range(t0, steps):
+        if STAGES > 1:
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
+            if XR:
+                fence_async_shared()  # the copied operand before wgmma reads it
+            gl.thread_barrier()  # everyone's; and everyone is done reading the stage refilled next
+            i = (t - t0 + STAGES - 1) % STAGES
+            _issue_step(w_s.index(i), x_s, i, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc,
+                        t + STAGES - 1, steps, K, R, Q, WG, XR, FIN)  # fmt: skip
+            b = w_s.index((t - t0) % STAGES).load(WL)
+            if FIN:  # the route's activations of the whole range (FC1's finish, in shared memory since the start)
+                xt = x_s.index(t - t0).load(XL)
+            elif WG == 0:
+                xt = x_s.index((t - t0) % STAGES).load(XL)
+        elif WG:  # weight words straight into registers, one step ahead
+            gl.thread_barrier()  # everyone's operand stores of this step, and reads of the buffer refilled now
+            b = b_next
+            b_next = _weight_words(w_e, rows, quad, q, valid, t + 1, K, R, Q)
+        else:
+            b = _weight_words(w_e, rows, quad, q, valid, t, K, R, Q)
+            xp, xm = _step_activations(x, a_row, live_x, kx, t, K, BK)
+            xt = gl.load(xp, mask=xm, other=0.0)
+        if WG and not XR:
+            xb_s.index((t - t0 + 1) % 2).store(_logical_k(x_next, FMT, BM))
+            fence_async_shared()  # before the next step's wgmma reads them (after its barrier)
+            xp, xm = _step_activations(x, a_row_c, live_c, kc, t + 2, K, BK)
+            x_next = gl.load(xp, mask=xm, other=0.0)
+        if AHEAD == 1:
+            s = s_next
+            s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
+        elif SRC == 0:
+            s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
+        else:
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
+        if XR:
+            acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
+        elif WG:
+            acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), xb_s.index((t - t0) % 2).permute([1, 0]), acc)
+        else:
+            acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM), acc)
     return acc
 
 
@@ -579,20 +572,15 @@ def moe_gemm_decode(
         a_row_c = gl.where(live_c, rc // x_row_div, 0).to(gl.int64)
         kc = gl.arange(0, BK, layout=gl.SliceLayout(0, XC))
     if STAGES > 1:  # each step's operands copied STAGES - 1 steps ahead into shared memory (cp.async)
-        # a buffer per stage (tuples, indexed by the unrolled steps): the barrier analysis then tells a step's
-        # refill from its reads, and a step needs the one CTA barrier at its start
-        w_s = ()
-        for _ in gl.static_range(STAGES):
-            w_s = w_s + (gl.allocate_shared_memory(gl.int32, [BN, 4, Q], _word_stages_layout()),)  # noqa: RUF005
+        w_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, Q], _word_stages_layout())
         if FIN:  # the route's activations of the program's K range, a step a stage, copied to every route row
             x_s = gl.allocate_shared_memory(gl.bfloat16, [FIN_STEPS, BM, BK], _fin_stages_layout())
-        elif WG == 0 or XR:
-            x_layout: gl.constexpr = _act_operand_layout(BM, BK) if XR else _act_stages_layout()
-            x_s = ()
-            for _ in gl.static_range(STAGES):
-                x_s = x_s + (gl.allocate_shared_memory(x.dtype.element_ty, [BM, BK], x_layout),)  # noqa: RUF005
+        elif WG == 0:
+            x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_stages_layout())
+        if XR:
+            x_s = gl.allocate_shared_memory(x.dtype.element_ty, [STAGES, BM, BK], _act_operand_layout(BM, BK))
         for j in gl.static_range(STAGES - 1):
-            _issue_step(w_s[j], x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
+            _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
                         steps, K, R, Q, WG, XR, FIN)  # fmt: skip
         if FIN:  # FC1's outputs from here on
             gluon_await_predecessor(PDL)
