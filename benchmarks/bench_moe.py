@@ -43,8 +43,7 @@ ALL_GEOMETRIES = [
     ("kimi-k2", 16, "nvfp4"),
 ]
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
-# routings a token count's replays rotate over (--input-sets; a fixed one may keep its experts' address
-# translations warm across replays, which an L2 flush does not evict)
+# routings a token count's replays rotate over (--input-sets; run 227: 1, 4 and 16 give the same figures)
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
 # arm -> plan arguments: the three scale sources as planned, and the inline GEMM reading the records in

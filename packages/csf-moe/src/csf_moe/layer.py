@@ -169,17 +169,16 @@ class MoELayer:
         blocks = bucket.max_blocks
         block_expert = self.block_expert[:blocks]
         sorted_ids = self.sorted_ids[: blocks * bm]
-        active = self.active_experts[: min(geo.experts, pairs)]
         routed = plan.reads_routes_as_blocks(t)  # the GEMMs read the routes as blocks
-        # where the routed experts' scales are expanded, the alignment lists them; for a routed call with int32
-        # ids the ids themselves are the list (the expanders skip padding ids, and an expert routed twice is
-        # written twice with the same bytes), so it runs no alignment at all
-        lists_experts = bucket.expand and scale_planes is None and not plan.expands_all_experts(t)
-        if lists_experts and routed and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous():
-            active, lists_experts = topk_ids.view(-1), False
+        # a call expanding its routed experts' scales needs them listed: a routed call's int32 ids are that list
+        # (the expanders skip padding ids; an expert routed twice is written twice, the same bytes), otherwise
+        # the alignment writes it
+        expands_routed = bucket.expand and scale_planes is None and not plan.expands_all_experts(t)
+        ids_list_experts = routed and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous()
+        active = topk_ids.view(-1) if ids_list_experts else self.active_experts[: min(geo.experts, pairs)]
         launches = (
             []
-            if routed and not lists_experts
+            if routed and not (expands_routed and not ids_list_experts)
             else list(
                 align_launches(
                     topk_ids,
@@ -214,7 +213,7 @@ class MoELayer:
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
-            else:  # the routed experts' (the alignment lists them): W13's beside W2's
+            else:  # the routed experts' (listed above): W13's beside W2's
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
                 start = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
