@@ -6,15 +6,19 @@ Per geometry and token count, arms side by side in one process: csf with native 
 expanded into scratch before each call, with CSF stored inline as planned (its routed experts' scales
 expanded first: the default limit) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
 OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
-inputs rotated over several routings. Effective bandwidth counts the FP4 values and the scale bytes
-(as the arm stores them) of the experts actually routed to; TFLOP/s counts 2 * routes * (3 N H).
-Correctness: the csf arms' outputs are compared bit for bit on every input, and against the
+inputs rotated over several routings. Up to ``CHAIN_MAX_TOKENS`` tokens also per call of a chain: one graph
+of ``CHAIN_CALLS`` calls back to back, each on a routing of its own, L2 flushed before each replay, its time
+divided by the calls: a layer as it runs inside a model's graph, where the replay's own start (about 5 us,
+run 230: ``probe_call_chain.py``) is paid once per step, not once per layer. Effective bandwidth counts the
+FP4 values and the scale bytes (as the arm stores them) of the experts actually routed to; TFLOP/s counts
+2 * routes * (3 N H). Correctness: the csf arms' outputs are compared bit for bit on every input, and against the
 float32 reference where it is affordable.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -46,6 +50,8 @@ TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 # routings a token count's replays rotate over (--input-sets; run 227: 1, 4 and 16 give the same figures)
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
+CHAIN_CALLS = 8
+CHAIN_MAX_TOKENS = 32
 # arm -> plan arguments: the three scale sources as planned, and the inline GEMM reading the records in
 # every decode bucket (the default inline plan expands its routed experts' scales first at every token
 # count, as "expanded" does: csf_moe.plan.INLINE_TOKEN_LIMIT)
@@ -101,6 +107,24 @@ def _triton_kernels_status() -> str:
     return "importable (arm not wired yet)"
 
 
+def _chain_times(layer, chain, reps: int, flush) -> tuple[list[float], list[torch.Tensor]]:
+    """Seconds per call of ``chain`` (routings run back to back in one graph), and the calls' outputs."""
+    outs = [torch.empty_like(x) for x, _, _ in chain]
+
+    def calls():
+        for (x, ids, w), out in zip(chain, outs, strict=True):
+            layer.run(x, ids, w, out=out)
+
+    samples = replay_times(capture(calls), reps, flush)
+    return [s / len(chain) for s in samples], outs
+
+
+def _shared_experts(chain) -> float:
+    """Mean count of experts a call of ``chain`` shares with the call before it (its L2 could still hold them)."""
+    shared = [len(set(a[1].flatten().tolist()) & set(b[1].flatten().tolist())) for a, b in itertools.pairwise(chain)]
+    return statistics.mean(shared)
+
+
 def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS) -> dict:
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
@@ -119,7 +143,14 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
         unique = statistics.mean(int(torch.unique(ids).numel()) for _, ids, _ in sets)
         flops = 2 * t * geo.top_k * 3 * geo.intermediate * geo.hidden
         row = {"tokens": t, "unique_experts_mean": unique, "arms": {}}
-        outs = {}
+        chain = [synthetic_routing(geo, t, gen) for _ in range(CHAIN_CALLS)] if t <= CHAIN_MAX_TOKENS else []
+        if chain:
+            row["chain"] = {
+                "calls": CHAIN_CALLS,
+                "shared_experts_with_previous_call_mean": _shared_experts(chain),
+                "unique_experts_mean": statistics.mean(int(torch.unique(c[1]).numel()) for c in chain),
+            }
+        outs, chain_outs = {}, {}
         for arm in ARMS:
             layer = layers[arm]
             graphs, arm_outs = [], []
@@ -151,7 +182,18 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
                 "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
             }
             del graphs
+            if chain:
+                per_call, chain_outs[arm] = _chain_times(layer, chain, max(1, reps // 2), flush)
+                moved_chain = row["chain"]["unique_experts_mean"] * (pe["values"] + scales)
+                row["arms"][arm] |= {
+                    "chain_median_s_per_call": statistics.median(per_call),
+                    "chain_samples_s_per_call": per_call,
+                    "chain_fraction_of_copy": moved_chain / statistics.median(per_call) / 1e9 / copy_gbps,
+                }
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in ARMS for i in range(input_sets))
+        exact &= all(
+            torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
+        )
         row["bit_identical_across_sources"] = exact
         if t <= REFERENCE_MAX_TOKENS:
             x, ids, w = sets[0]
@@ -177,6 +219,10 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
             f"  | inline {a['inline']['effective_GBps']:6.0f} GB/s {a['inline']['TFLOPs']:6.1f} TF  exact={exact}",
             flush=True,
         )
+        if chain:
+            print("         chained per call: " + "  ".join(
+                f"{arm} {a[arm]['chain_median_s_per_call'] * 1e6:7.1f} us ({a[arm]['chain_fraction_of_copy']:.2f})"
+                for arm in ARMS), flush=True)  # fmt: skip
         rows.append(row)
     del layers, weights, data
     torch.cuda.empty_cache()
