@@ -14,7 +14,6 @@ import torch
 from csf_codec import InlineScales, ScaleFormat
 
 from .moe_specs import (
-    COMBINE_MAX_SLOTS,
     DECODE,
     FIN_STEPS,
     FINISH_COLUMNS,
@@ -38,7 +37,6 @@ from .runtime import Launch, aligned
 __all__ = [
     "WIDE_TILE_ROWS",
     "Fc1Partials",
-    "Fc2Combine",
     "GemmOperand",
     "Launch",
     "align_launches",
@@ -159,17 +157,6 @@ class Fc1Partials:
     fc1: GemmOperand
 
 
-@dataclass(frozen=True, eq=False)
-class Fc2Combine:
-    """What a routed FC2 that finishes FC1 also writes (``gemm_launch``'s ``combine``): the call's output [T, H]
-    from its top-k weights [T, k], counting its programs in on ``arrivals`` (int32, one per token and 64 output
-    columns; zeroed by the FC1 launched with ``zero_arrivals``: kernels/moe_combine_gluon.py)."""
-
-    out: torch.Tensor
-    topk_weights: torch.Tensor
-    arrivals: torch.Tensor
-
-
 WIDE_TILE_ROWS = DECODE.bn  # flags per 64-row tile (a 128-row wgmma program ORs its two: _wide_rows)
 
 
@@ -220,8 +207,6 @@ def gemm_launch(
     part: torch.Tensor | None = None,
     routed_ids: torch.Tensor | None = None,
     finish: Fc1Partials | None = None,
-    combine: Fc2Combine | None = None,
-    zero_arrivals: torch.Tensor | None = None,
 ) -> Launch:
     """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
     (``routed_ids``: a few-token call's route ids [T, k], configs with ``moe_specs.routes_as_blocks``) over its
@@ -230,9 +215,7 @@ def gemm_launch(
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
     :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused. ``finish`` (a routed FC2,
     ``moe_specs.fc2_finishes_fc1``): FC1's partials, finished by this program for its K range instead of read
-    from ``x`` (which is unused), so no finishing kernel runs between the GEMMs; with it, ``combine``: the call's
-    output, written by FC2's programs too, so no combine kernel follows them. ``zero_arrivals``: the routed FC1
-    of such a call, which zeroes the counters FC2 counts on."""
+    from ``x`` (which is unused), so no finishing kernel runs between the GEMMs."""
     values = weights.values
     dev = values.device
     e, r, k2 = values.shape
@@ -298,15 +281,6 @@ def gemm_launch(
     fin_args = (ph, ph, ph, 0)
     if finish is not None:
         fin_args = _finish_args(finish, routed, fc1, e, k, pairs, ph)
-    if (finish is None) != (combine is None):
-        raise ValueError("a routed FC2 that finishes FC1 combines the call too: give both finish and combine")
-    combine_args = (ph, 0, ph, ph, 1)
-    if combine is not None:
-        combine_args = _combine_args(combine, weights, finish, routed_ids, rows, config.bn)
-    if zero_arrivals is not None:
-        if not (fc1 and routed) or zero_arrivals.dtype != torch.int32 or not zero_arrivals.is_contiguous():
-            raise ValueError("zero_arrivals: a routed FC1 zeroes contiguous int32 arrival counters")
-        combine_args = (zero_arrivals, zero_arrivals.numel(), ph, ph, 1)
     spec = gemm_spec(fmt, source, fc1=fc1, activation=activation,
                      bias=(finish.fc1 if finish is not None else weights).bias is not None, config=config,
                      routed=routed, ids64=routed and _ids64(routed_ids), finishes_fc1=finish is not None)  # fmt: skip
@@ -332,7 +306,7 @@ def gemm_launch(
         row_group, bpg, full_tiles, s, s_tail, tc, per_split,
     )  # fmt: skip
     if config.engine == "gluon":
-        args += (e, *fin_args, *combine_args)  # num_experts: the range of valid route ids (ROUTED); FIN's inputs
+        args += (e, *fin_args)  # num_experts: the range of valid route ids (ROUTED); FIN's inputs
     return Launch(spec, grid, args)
 
 
@@ -349,26 +323,6 @@ def _finish_args(finish: Fc1Partials, routed: bool, fc1: bool, e: int, k: int, p
         raise ValueError(f"FC1 bias must be float32 [{e}, {2 * k}]")
     return (finish.part, ph if w1.bias is None else w1.bias,
             ph if w1.global_scale is None else w1.global_scale, finish.splits)  # fmt: skip
-
-
-def _combine_args(combine: Fc2Combine, fc2: GemmOperand, finish: Fc1Partials, ids: torch.Tensor, h: int, bn: int):
-    """The combining FC2's runtime arguments (arrivals, arrival_count, combined, topk_weights, top_k), checked."""
-    t, k = ids.shape
-    out, w, arrivals = combine.out, combine.topk_weights, combine.arrivals
-    if k > COMBINE_MAX_SLOTS:
-        raise ValueError(f"FC2 combines at most {COMBINE_MAX_SLOTS} slots a token, not top_k = {k}")
-    if out.dtype != torch.bfloat16 or tuple(out.shape) != (t, h) or not out.is_contiguous():
-        raise ValueError(f"combine: out must be contiguous bf16 [{t}, {h}], got {out.dtype} {tuple(out.shape)}")
-    if w.dtype != torch.float32 or tuple(w.shape) != (t, k) or not w.is_contiguous():
-        raise ValueError(f"topk_weights must be contiguous float32 [{t}, {k}], got {w.dtype} {tuple(w.shape)}")
-    if arrivals.dtype != torch.int32 or arrivals.numel() < t * -(-h // bn):
-        raise ValueError(f"combine: {t * -(-h // bn)} int32 arrival counters needed")
-    # the program applies FC2's bias and global scale where FC1 has them (FIN_BIAS, FIN_GSCALE)
-    if (fc2.bias is None) != (finish.fc1.bias is None) or (fc2.global_scale is None) != (
-        finish.fc1.global_scale is None
-    ):
-        raise ValueError("FC2 combining the call needs bias and global scales exactly where FC1 has them")
-    return (arrivals, 0, out, w, k)
 
 
 def combine_launch(

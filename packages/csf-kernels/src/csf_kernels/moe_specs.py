@@ -474,8 +474,6 @@ ROUTED_TOKENS = 4
 
 # K steps of a routed FC2 program's split that FC1's finish fused into it holds (kernels/moe_fc1_finish_gluon.py)
 FIN_STEPS = 8
-# slots a token may have when such an FC2 program also combines the call (kernels/moe_combine_gluon.py)
-COMBINE_MAX_SLOTS = 16
 
 
 def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_steps: int) -> bool:

@@ -8,7 +8,7 @@ A call with T tokens runs the programs of the plan's bucket for T:
 (one token: align is one small program that makes each route a block; a few tokens on the one-token tiles: the
 GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no alignment (int64 ids: unless it
 lists the routed experts whose scales the call expands; int32 ids list them themselves), and in buckets of such
-calls FC2 finishes FC1 and combines the call itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2).
+calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
 joined before FC1: few routes per expert, the routed experts' (listed by the alignment or the route ids), W13's
@@ -34,7 +34,6 @@ from csf_kernels.expand import inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import (
     Fc1Partials,
-    Fc2Combine,
     align_launches,
     combine_launch,
     fc1_finish_launch,
@@ -77,7 +76,6 @@ class MoELayer:
         self.fc2_out = _view(s, lay.fc2_out, torch.bfloat16)
         self.partials = _view(s, lay.partials, torch.float32)
         self.relabelled_input = _view(s, lay.relabelled_input, torch.bfloat16)
-        self.arrivals = _view(s, lay.arrivals, torch.int32)
         geo = self.plan.geometry
         if s.is_cuda:
             side_stream(s.device)  # created at bind, never under a graph capture
@@ -248,15 +246,15 @@ class MoELayer:
             return launches, fork
         s1, s2 = bucket.splits_fc1, bucket.splits_fc2
         part = self.partials
-        if bucket.fc2_finishes_fc1:  # FC1's partials, then FC2's: FC2 reads the one, writes the other, and combines
+        if bucket.fc2_finishes_fc1:  # FC1's partials, then FC2's: FC2 reads the one and writes the other
             part2 = part[bucket.fc1_partials(plan.top_k, geo) :]
-            arrivals = self.arrivals[: t * bucket.config.row_tiles(geo.hidden, fc1=False)]
             launches += [
                 gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
-                            zero_arrivals=arrivals, **common),
-                gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part2,
-                            finish=Fc1Partials(part, s1, w13), combine=Fc2Combine(out, topk_weights, arrivals),
                             **common),
+                gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part2,
+                            finish=Fc1Partials(part, s1, w13), **common),
+                combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part2, splits=s2,
+                               fc2=w2),
             ]  # fmt: skip
             return launches, fork
         launches += [

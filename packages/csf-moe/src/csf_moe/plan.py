@@ -107,9 +107,6 @@ class ScratchLayout:
     w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
     w2_scales: tuple[int, int]
     relabelled_input: tuple[int, int] = (0, 0)  # bf16 [tokens, H in whole K steps] for relabelled buckets
-    # int32 [tokens, FC2's row tiles]: the arrival counters of buckets whose FC2 finishes FC1 and combines the call
-    # (BucketPlan.fc2_finishes_fc1; zeroed by each call's FC1, so poisoned scratch changes nothing)
-    arrivals: tuple[int, int] = (0, 0)
     nbytes: int
 
 
@@ -195,9 +192,7 @@ class MoEPlan:
         return tuple(out.values())
 
 
-def _layout(
-    geo: MoEGeometry, max_tokens: int, top_k: int, expand: bool, partials: int, arrivals: int, configs
-) -> ScratchLayout:
+def _layout(geo: MoEGeometry, max_tokens: int, top_k: int, expand: bool, partials: int, configs) -> ScratchLayout:
     max_pairs = max_tokens * top_k
     offset = 0
 
@@ -221,7 +216,6 @@ def _layout(
     w13 = region(_numel(geo.w13_scale_shape), 1) if expand else (0, 0)
     w2 = region(_numel(geo.w2_scale_shape), 1) if expand else (0, 0)
     x_r = region(max_tokens * padded_k(geo.hidden, geo.fmt), 2) if relabelled else (0, 0)
-    counters = region(arrivals, 4) if arrivals else (0, 0)
     return ScratchLayout(
         cursor=cursor,
         meta=meta,
@@ -234,7 +228,6 @@ def _layout(
         w13_scales=w13,
         w2_scales=w2,
         relabelled_input=x_r,
-        arrivals=counters,
         nbytes=offset,
     )
 
@@ -313,8 +306,6 @@ def plan(
         )
     expands = any(b.expand for b in plans)
     partials = max([b.partials(top_k, geometry) for b in plans if b.config.split_k] + [0])
-    fin = [b for b in plans if b.fc2_finishes_fc1]
-    arrivals = max([b.tokens * b.config.row_tiles(geometry.hidden, fc1=False) for b in fin] + [0])
     return MoEPlan(
         geometry=geometry,
         top_k=top_k,
@@ -322,7 +313,5 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         buckets=tuple(plans),
-        scratch=_layout(
-            geometry, max_tokens, top_k, expands, partials, arrivals, {b.config for b in plans} | {prefill_config}
-        ),
+        scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )

@@ -53,7 +53,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..fp4_words import PANEL_ROWS
-from .moe_combine_gluon import combine_if_last, live_slots, write_zero_tile, zero_arrivals
 from .moe_fc1_finish_gluon import FIN_STEPS, fc1_finish_to_shared
 from .moe_gemm import E2M1_WORD_ASM, E2M1_WORD_ASM_ONE_MULTIPLY
 from .moe_gemm import SIGNATURE as _GEMM_SIGNATURE
@@ -67,13 +66,6 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "fin_bias": "*fp32",
     "fin_gscale": "*fp32",
     "fin_splits": "i32",
-    # a routed FC1 whose FC2 finishes it: its first program zeroes ``arrival_count`` arrival counters; FIN: FC2 counts
-    # on them and its last program per token and 64 output columns writes the call's output (moe_combine_gluon)
-    "arrivals": "*i32",
-    "arrival_count": "i32",
-    "combined": "*bf16",
-    "topk_weights": "*fp32",
-    "top_k": "i32",
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
     "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
@@ -510,8 +502,8 @@ def _k_steps(
 def moe_gemm_decode(
     x, w, scales, wide, base_ref, base_delta, records, raw, tail, tail_raw, gscale, bias, out, part, sorted_ids,
     block_expert, meta, pairs, x_row_div, n_out, K, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC,
-    steps_per_split, num_experts, fin_part, fin_bias, fin_gscale, fin_splits, arrivals, arrival_count, combined,
-    topk_weights, top_k, FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
+    steps_per_split, num_experts, fin_part, fin_bias, fin_gscale, fin_splits,
+    FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
     XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr, FIN: gl.constexpr, FIN_BIAS: gl.constexpr,
     FIN_GSCALE: gl.constexpr,
@@ -536,19 +528,7 @@ def moe_gemm_decode(
     XL: gl.constexpr = _act_layout(Q, BM, BN)
     pid_b = gl.program_id(0)
     pid_n = gl.program_id(1)
-    if ROUTED and FIN == 0:  # (after the wait above: the previous call's FC2 is done with the counters)
-        if (arrival_count > 0) & (pid_b == 0) & (pid_n == 0) & (gl.program_id(2) == 0):
-            zero_arrivals(arrivals, arrival_count, BN // 16)
     e = _block_expert(block_expert, meta, pid_b, num_experts, ROUTED, IDS64)
-    expected = 0  # FIN: the arrivals that complete this program's output tile (live slots x splits)
-    if FIN:
-        expected = live_slots(block_expert, pid_b // top_k, top_k, num_experts, IDS64, BN, BN // 16)
-        if e < 0:  # a padding route; a token with no live slot has its zero rows written by its first slot's
-            if (expected == 0) & (pid_b % top_k == 0) & (gl.program_id(2) == 0):
-                gluon_await_predecessor(PDL)  # (the output may still be read by a kernel before this one)
-                write_zero_tile(combined, pid_b // top_k, pid_n, n_out, BN, BN // 16)
-            return
-        expected = expected * gl.num_programs(2)
     if e < 0:
         return
     R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
@@ -641,7 +621,3 @@ def moe_gemm_decode(
     p_row = (gl.program_id(2) * pairs + gl.where(live, route, 0)).to(gl.int64) * R
     pm = gl.expand_dims(on < n_out, 1) & gl.expand_dims(live, 0)
     gl.store(part + gl.expand_dims(p_row, 0) + gl.expand_dims(on, 1), acc, mask=pm)
-    if FIN:  # the call's output tile, by whichever of its programs stores its partial last
-        combine_if_last(part, gscale, bias, block_expert, topk_weights, combined, arrivals, pid_b // top_k, pid_n,
-                        expected, pairs, gl.num_programs(2), top_k, n_out, num_experts, IDS64, FIN_BIAS, FIN_GSCALE,
-                        BN, BN // 16)  # fmt: skip
