@@ -430,8 +430,7 @@ def gemm_spec(
             DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
             BM=config.bm,
             BN=config.bn,
-            # an FC2 finishing FC1 copies its whole K range (at most FIN_STEPS) before it waits for FC1
-            STAGES=FIN_STEPS + 1 if finishes_fc1 else config.word_stages,
+            STAGES=config.word_stages,
             AHEAD=int(config.ahead and source == "native"),
             PDL=MOE_PDL,
             WG=int(config.mma == "wgmma"),

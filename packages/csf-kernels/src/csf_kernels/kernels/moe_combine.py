@@ -2,7 +2,7 @@
 
 In float32 (deterministic: no atomics), rounded once to bf16, in one of two forms (``TK``). Up to a few
 tokens (``TK`` > 0: slots padded to a power of two) a program loads the ``k`` slots of its token together as
-one [TK, BH] tile, so a call waits on one round of loads per four splits rather than one per slot and split (at
+one [TK, BH] tile, so a call waits on one round of loads per split rather than one per slot and split (at
 one token those rounds were the whole kernel's latency). For more tokens (``TK`` = 0) a program walks the
 slots in order over wide rows: enough programs in flight that their latencies overlap, where the tile form's
 four-times-as-many narrow programs and cross-warp sums ran 1.5-5x slower (run 164). ``y`` is the FC2 output:
@@ -19,7 +19,6 @@ import triton.language as tl
 
 from .pdl import await_predecessor
 
-SPLITS_PER_ROUND = tl.constexpr(4)  # few-token calls: partial splits loaded together (one round trip, not four)
 MULTIPLE_OF = {"hidden": 16}  # integer arguments compiled in as divisible (checked at bind)
 
 SIGNATURE = {
@@ -116,11 +115,8 @@ def _slots_as_tile(y, part, gscale, bias, topk_ids, topk_weights, t, h, hm, hidd
     if PARTIAL:
         es = tl.where(live, e, 0).to(tl.int64)
         v = tl.zeros([TK, h.shape[0]], dtype=tl.float32)
-        for s0 in range(0, splits, SPLITS_PER_ROUND):  # in split order, a round's loads in flight together
-            for u in tl.static_range(SPLITS_PER_ROUND):  # a masked split adds 0.0: no change (v is never -0.0)
-                s = s0 + u
-                v += tl.load(part + (s * pairs + route)[:, None] * hidden + h[None, :], mask=m & (s < splits),
-                             other=0.0)  # fmt: skip
+        for s in range(0, splits):  # in split order
+            v += tl.load(part + (s * pairs + route)[:, None] * hidden + h[None, :], mask=m, other=0.0)
         if HAS_GSCALE:
             v = v * tl.load(gscale + es, mask=live, other=0.0)[:, None]
         if HAS_BIAS:

@@ -81,8 +81,8 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "ROUTED": "constexpr",
     "IDS64": "constexpr",
     # a routed FC2 that finishes FC1 itself (moe_fc1_finish_gluon: 1 SiLU-and-mul, 2 clamped SwiGLU; 0: reads
-    # the finished activations ``x``): no kernel between the GEMMs, and its weight steps (all of them: STAGES is
-    # FIN_STEPS + 1) are copied before it waits for FC1 (weights and route ids are the call's inputs, not FC1's)
+    # the finished activations ``x``): no kernel between the GEMMs, and its first weight steps are copied before
+    # it waits for FC1 (weights and route ids are the call's inputs, not FC1's outputs)
     "FIN": "constexpr",
     "FIN_BIAS": "constexpr",
     "FIN_GSCALE": "constexpr",
