@@ -5,7 +5,10 @@
 FlashMLA's benchmark configurations (../shared/notes/anchors.md): per batch element a 32768-token FP8
 KV cache in 64-token pages, top-k 2048 distinct candidates per query row drawn from its sequence, one or
 two query rows per element. Counted as FlashMLA's tests count: FLOPs = 2 * rows * heads * topk * (576 +
-512); bytes = unique retrieved records x 656. Median of CUDA-graph replays, L2 flushed before each.
+512); bytes = unique retrieved records x 656. Median of CUDA-graph replays, L2 flushed before each. Also
+per call of a chain: one graph of ``CHAIN_CALLS`` calls back to back, each with candidates of its own drawn
+the same way, L2 flushed before each replay, its time divided by the calls: the decode as it runs inside a
+model's graph, where the replay's own start (about 5 us) is paid once per step, not once per layer.
 FlashMLA is not installed on the device machine: its figures are quoted from the notes, and each row
 gives the time ratio csf / FlashMLA. Correctness: every configuration's output against the float32
 reference on a subset of rows (the reference is too large for all of them).
@@ -30,6 +33,7 @@ from csf_kernels import runtime
 from csf_kernels.mla_layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
 
 SEQ = 32768
+CHAIN_CALLS = 8
 TOPK = 2048
 # (batch, heads, query rows per element, FlashMLA us measured on this H200 or None). FlashMLA runs 64 or
 # 128 heads only: 16 heads are its padded-to-64 times, and so are 32 heads (its 64-head times).
@@ -44,6 +48,13 @@ CONFIGS = [
 ]
 
 
+def _candidates(rows: int, s_q: int, gen: torch.Generator) -> torch.Tensor:
+    """[rows, TOPK] int32 record ids: TOPK distinct candidates per row from its batch element's sequence."""
+    base = (torch.arange(rows, device="cuda") // s_q * SEQ)[:, None]
+    cand = torch.rand(rows, SEQ, device="cuda", generator=gen).argsort(dim=1)[:, :TOPK]
+    return (base + cand).to(torch.int32).contiguous()
+
+
 def _inputs(batch: int, heads: int, s_q: int, gen: torch.Generator):
     pages_per_seq = SEQ // PAGE_SIZE
     kv = torch.empty(batch * pages_per_seq, PAGE_SIZE, RECORD_BYTES, dtype=torch.uint8, device="cuda")
@@ -52,9 +63,7 @@ def _inputs(batch: int, heads: int, s_q: int, gen: torch.Generator):
         write_kv(kv, slots, torch.randn(SEQ, LATENT, device="cuda", generator=gen),
                  torch.randn(SEQ, ROPE, device="cuda", generator=gen))  # fmt: skip
     rows = batch * s_q
-    base = (torch.arange(rows, device="cuda") // s_q * SEQ)[:, None]
-    cand = torch.rand(rows, SEQ, device="cuda", generator=gen).argsort(dim=1)[:, :TOPK]
-    indices = (base + cand).to(torch.int32).contiguous()
+    indices = _candidates(rows, s_q, gen)
     q = (torch.randn(rows, heads, HEAD_DIM, device="cuda", generator=gen) / HEAD_DIM**0.5).to(torch.bfloat16)
     lengths = torch.full((rows,), TOPK, dtype=torch.int32, device="cuda")
     return q, kv, indices, lengths
@@ -69,6 +78,19 @@ def bench_config(batch, heads, s_q, flash_us, reps, flush, copy_gbps):
     dec = bind(p, torch.empty(p.scratch.nbytes, dtype=torch.uint8, device="cuda"))
     out = torch.empty(rows, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
     times = replay_times(capture(lambda: dec.run_decode(q, kv, indices, lengths, sm_scale, out=out)), reps, flush)
+    chain = [_candidates(rows, s_q, gen) for _ in range(CHAIN_CALLS)]
+    outs = [torch.empty_like(out) for _ in chain]
+
+    def calls():
+        for idx, o in zip(chain, outs, strict=True):
+            dec.run_decode(q, kv, idx, lengths, sm_scale, out=o)
+
+    chain_times = [t / CHAIN_CALLS for t in replay_times(capture(calls), reps, flush)]
+    chain_unique = statistics.mean(int(torch.unique(idx).numel()) for idx in chain)
+    chain_med = statistics.median(chain_times)
+    last = torch.empty_like(out)
+    dec.run_decode(q, kv, chain[-1], lengths, sm_scale, out=last)
+    chain_exact = bool(torch.equal(last, outs[-1]))
     sub = slice(0, min(rows, 4))
     want, _ = sparse_mla_reference(q[sub], kv, indices[sub], lengths[sub], sm_scale)
     err = float((out[sub].float() - want).norm() / want.norm())
@@ -82,10 +104,15 @@ def bench_config(batch, heads, s_q, flash_us, reps, flush, copy_gbps):
         "TFLOPs": flops / med / 1e12, "GBps": unique * RECORD_BYTES / med / 1e9,
         "fraction_of_copy": unique * RECORD_BYTES / med / 1e9 / copy_gbps,
         "flashmla_us": flash_us, "time_ratio_vs_flashmla": (med * 1e6 / flash_us) if flash_us else None,
+        "chain_calls": CHAIN_CALLS, "chain_samples_s_per_call": chain_times,
+        "chain_median_us_per_call": chain_med * 1e6, "chain_output_equals_eager": chain_exact,
+        "chain_fraction_of_copy": chain_unique * RECORD_BYTES / chain_med / 1e9 / copy_gbps,
+        "chain_TFLOPs": flops / chain_med / 1e12,
         "rel_err_vs_float32_reference": err, "correct": err < 1.5e-2,
     }  # fmt: skip
     print(f"b={batch} h={heads} s_q={s_q}: {row['median_us']:.1f} us {row['TFLOPs']:.0f} TF "
-          f"{row['GBps']:.0f} GB/s err={err:.2e} flashmla={flash_us}", flush=True)  # fmt: skip
+          f"{row['GBps']:.0f} GB/s ({row['fraction_of_copy']:.2f} of copy) err={err:.2e} flashmla={flash_us}; "
+          f"chained {chain_med * 1e6:.1f} us a call ({row['chain_fraction_of_copy']:.2f})", flush=True)  # fmt: skip
     return row
 
 
