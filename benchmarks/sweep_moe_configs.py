@@ -66,7 +66,8 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     tile, target, *caps = text.removeprefix("wgr" if relabelled else "wg").split(":")
     bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program
     caps = [int(c) for c in caps]
-    base = DECODE if mma == "wgmma" else DECODE_MMA_SYNC
+    # 8-route mma.sync blocks: the catalog's one-token tiles (routes read as blocks, FC2 finishing FC1)
+    base = DECODE if mma == "wgmma" else DECODE_NARROW if bm == "8" else DECODE_MMA_SYNC
     native_cap = caps[0] if caps else base.max_registers
     inline_cap = caps[1] if len(caps) > 1 else base.inline_max_registers
     config = dataclasses.replace(
