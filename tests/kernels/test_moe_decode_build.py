@@ -94,26 +94,6 @@ def test_wgmma_blocks_of_128_rows_share_one_activation_operand(fmt):
         dataclasses.replace(DECODE_WIDE, bn=128, num_warps=4)
 
 
-@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
-def test_one_token_blocks_of_128_rows_run_mma_sync_on_8_warps(fmt):
-    """The sweep's 128-row variant of the one-token tiles (routes read as blocks; FC2 finishing FC1): twice the
-    staged weight words of the 64-row program, the same activations; native scales only."""
-    config = dataclasses.replace(DECODE_NARROW, bn=128, num_warps=8)
-    k_step = 128 if fmt is MXFP4 else 64
-    for fc1 in (True, False):
-        spec = gemm_spec(fmt, "native", fc1=fc1, activation="silu", bias=False, config=config, routed=True,
-                         finishes_fc1=not fc1)  # fmt: skip
-        art = compile_triton(spec)
-        assert art.launch["block"] == [256, 1, 1]
-        narrow = compile_triton(gemm_spec(fmt, "native", fc1=fc1, activation="silu", bias=False, config=DECODE_NARROW,
-                                          routed=True, finishes_fc1=not fc1))  # fmt: skip
-        assert art.launch["shared"] - narrow.launch["shared"] == config.word_stages * 64 * k_step // 2
-        sass = _sass(art.data)
-        assert "HMMA.16816.F32.BF16" in sass and "HGMMA" not in sass
-    with pytest.raises(Exception, match="native scales"):
-        compile_triton(gemm_spec(fmt, "inline", fc1=True, activation="silu", bias=False, config=config, routed=True))
-
-
 @pytest.mark.parametrize("source", ["native", "inline"])
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("config", [DECODE, DECODE_WIDE, DECODE_WIDEST], ids=["16-routes", "32-routes", "64-routes"])

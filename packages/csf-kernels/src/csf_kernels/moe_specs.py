@@ -141,8 +141,8 @@ class GemmConfig:
     max_registers: int | None = None
     inline_max_registers: int | None = None
     # gluon only: "mma_sync" (both operands in registers, 8 or 16 routes) or "wgmma" (the weights in
-    # registers, the block's activations in shared memory: 16, 32 or 64 routes); either on 64 rows, or 128 on 8
-    # warps for native scales
+    # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
+    # for native scales)
     mma: str = "mma_sync"
     # wgmma only: the activations are stored in the weights' relabelled K order, so the programs copy them
     # straight into the operand (the layer relabels FC1's input and the FC1 finish writes FC2's so)
@@ -158,7 +158,7 @@ class GemmConfig:
         if self.mma not in ("mma_sync", "wgmma") or (self.mma == "wgmma" and self.engine != "gluon"):
             raise ValueError(f"unknown MMA {self.mma!r}: the gluon engine runs 'mma_sync' or 'wgmma'")
         routes = (8, 16) if self.mma == "mma_sync" else (16, 32, 64)
-        rows = {(64, 4), (128, 8)}  # 16 rows a warp (128 rows: native scales only)
+        rows = {(64, 4)} if self.mma == "mma_sync" else {(64, 4), (128, 8)}  # 16 rows a warp
         if self.engine == "gluon" and (
             self.bm not in routes
             or (self.bn, self.num_warps) not in rows

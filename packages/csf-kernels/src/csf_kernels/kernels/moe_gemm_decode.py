@@ -104,7 +104,7 @@ def _mma_layout(BM, WG, BN):
     # rows: two warpgroups of 64)
     if WG:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, BM, 16])
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, 8])
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
 
 
 @gluon.constexpr_function
@@ -220,12 +220,12 @@ def _logical_k(xt, FMT: gl.constexpr, BM: gl.constexpr):
 
 
 @gluon.jit
-def _activations(xt, FMT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+def _activations(xt, FMT: gl.constexpr, BM: gl.constexpr):
     """bf16 B operand [32Q, BM] from activations [BM routes, 32Q] (actual K order), relabelled as the weights."""
     Q: gl.constexpr = 4 if FMT == 0 else 2
     v = gl.permute(gl.reshape(xt, [BM, 4, Q, 2, 2, 2]), [2, 3, 4, 1, 5, 0])
     v = gl.reshape(v, [32 * Q, BM])
-    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(BM, 0, BN), k_width=2),
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=_mma_layout(BM, 0, 64), k_width=2),
                              assert_trivial=True)  # fmt: skip
 
 
@@ -494,7 +494,7 @@ def _k_steps(
         elif WG:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), xb_s.index((t - t0) % 2).permute([1, 0]), acc)
         else:
-            acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM, BN), acc)
+            acc = mma_v2(_operand(b, s, FMT, MULS, MMA), _activations(xt, FMT, BM), acc)
     return acc
 
 
@@ -514,7 +514,7 @@ def moe_gemm_decode(
                      "FC1's finish is fused into routed, staged mma.sync programs")  # fmt: skip
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
-    gl.static_assert(BN == 64 or (BN == 128 and SRC == 0),
+    gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
                      "64 rows on 4 warps; 128 on 8 (two wgmma warpgroups, native scales: a program's inline "
                      "records must lie in one 128-row block)")  # fmt: skip
     gl.static_assert((WG == 0 and (BM == 8 or BM == 16)) or (WG == 1 and (BM == 16 or BM == 32 or BM == 64)),
