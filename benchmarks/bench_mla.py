@@ -17,6 +17,7 @@ reference on a subset of rows (the reference is too large for all of them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -26,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
+from timing import L2_FLUSH_BYTES, capture, chain_times, copy_bandwidth, replay_times
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
 from csf_kernels import runtime
@@ -80,14 +81,13 @@ def bench_config(batch, heads, s_q, flash_us, reps, flush, copy_gbps):
     times = replay_times(capture(lambda: dec.run_decode(q, kv, indices, lengths, sm_scale, out=out)), reps, flush)
     chain = [_candidates(rows, s_q, gen) for _ in range(CHAIN_CALLS)]
     outs = [torch.empty_like(out) for _ in chain]
-
-    def calls():
-        for idx, o in zip(chain, outs, strict=True):
-            dec.run_decode(q, kv, idx, lengths, sm_scale, out=o)
-
-    chain_times = [t / CHAIN_CALLS for t in replay_times(capture(calls), reps, flush)]
+    calls = [
+        functools.partial(dec.run_decode, q, kv, idx, lengths, sm_scale, out=o)
+        for idx, o in zip(chain, outs, strict=True)
+    ]
+    per_call = chain_times(calls, reps, flush)
     chain_unique = statistics.mean(int(torch.unique(idx).numel()) for idx in chain)
-    chain_med = statistics.median(chain_times)
+    chain_med = statistics.median(per_call)
     last = torch.empty_like(out)
     dec.run_decode(q, kv, chain[-1], lengths, sm_scale, out=last)
     chain_exact = bool(torch.equal(last, outs[-1]))
@@ -104,7 +104,7 @@ def bench_config(batch, heads, s_q, flash_us, reps, flush, copy_gbps):
         "TFLOPs": flops / med / 1e12, "GBps": unique * RECORD_BYTES / med / 1e9,
         "fraction_of_copy": unique * RECORD_BYTES / med / 1e9 / copy_gbps,
         "flashmla_us": flash_us, "time_ratio_vs_flashmla": (med * 1e6 / flash_us) if flash_us else None,
-        "chain_calls": CHAIN_CALLS, "chain_samples_s_per_call": chain_times,
+        "chain_calls": CHAIN_CALLS, "chain_samples_s_per_call": per_call,
         "chain_median_us_per_call": chain_med * 1e6, "chain_output_equals_eager": chain_exact,
         "chain_fraction_of_copy": chain_unique * RECORD_BYTES / chain_med / 1e9 / copy_gbps,
         "chain_TFLOPs": flops / chain_med / 1e12,

@@ -18,6 +18,7 @@ float32 reference where it is affordable.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
+from timing import L2_FLUSH_BYTES, capture, chain_times, copy_bandwidth, replay_times
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -110,13 +111,8 @@ def _triton_kernels_status() -> str:
 def _chain_times(layer, chain, reps: int, flush) -> tuple[list[float], list[torch.Tensor]]:
     """Seconds per call of ``chain`` (routings run back to back in one graph), and the calls' outputs."""
     outs = [torch.empty_like(x) for x, _, _ in chain]
-
-    def calls():
-        for (x, ids, w), out in zip(chain, outs, strict=True):
-            layer.run(x, ids, w, out=out)
-
-    samples = replay_times(capture(calls), reps, flush)
-    return [s / len(chain) for s in samples], outs
+    calls = [functools.partial(layer.run, x, ids, w, out=out) for (x, ids, w), out in zip(chain, outs, strict=True)]
+    return chain_times(calls, reps, flush), outs
 
 
 def _shared_experts(chain) -> float:

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import L2_FLUSH_BYTES, capture, replay_times, run_all
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -31,11 +31,6 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
-
-
-def _run_all(launches) -> None:
-    for launch in launches:
-        launch()
 
 
 def _parts(n: int) -> list[tuple[int, int]]:
@@ -71,7 +66,7 @@ def main() -> None:
             bound = [la.with_pointers((x, ids, w, out)).bind(geo.name) for la in unbound]
             row = {"geometry": geo.name, "tokens": t, "kernels": names, "parts": []}
             for i, j in _parts(len(bound)):
-                samples = replay_times(capture(functools.partial(_run_all, bound[i:j])), a.reps, flush)
+                samples = replay_times(capture(functools.partial(run_all, bound[i:j])), a.reps, flush)
                 med = statistics.median(samples)
                 row["parts"].append({"span": [i, j], "kernels": names[i:j], "median_s": med, "samples_s": samples})
                 print(f"{geo.name} T={t} [{i}, {j}) {'+'.join(names[i:j])}: {med * 1e6:7.1f} us", flush=True)

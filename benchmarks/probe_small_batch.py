@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_times import kernel_times
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import L2_FLUSH_BYTES, capture, replay_times, run_all
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
@@ -56,11 +56,6 @@ def _set_arm(name: str, catalog: tuple) -> None:
             moe_specs.TARGET_PROGRAMS = int(part.removeprefix("target"))
         elif part != "catalog":
             raise ValueError(f"unknown arm {part!r}")
-
-
-def _run_all(launches) -> None:
-    for launch in launches:
-        launch()
 
 
 def main() -> None:
@@ -100,7 +95,7 @@ def main() -> None:
                 samples = replay_times(capture(functools.partial(layer.run, x, ids, w, out=out)), a.reps, flush)
                 align = [la.bind(geo.name) for la in layer.launches(x, ids, w, out)
                          if la.spec.kernel.startswith("moe.align")]  # fmt: skip
-                align_samples = replay_times(capture(functools.partial(_run_all, align)), a.reps, flush)
+                align_samples = replay_times(capture(functools.partial(run_all, align)), a.reps, flush)
                 arm = {
                     "layer_median_s": statistics.median(samples),
                     "layer_samples_s": samples,

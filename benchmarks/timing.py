@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-__all__ = ["L2_FLUSH_BYTES", "capture", "copy_bandwidth", "replay_times"]
+__all__ = ["L2_FLUSH_BYTES", "capture", "chain_times", "copy_bandwidth", "replay_times", "run_all"]
 
 L2_FLUSH_BYTES = 256 << 20
 
@@ -34,6 +34,23 @@ def capture(fn) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(g, stream=s):
         fn()
     return g
+
+
+def run_all(launches) -> None:
+    """Run bound launches in order (a graph of several programs: ``capture(functools.partial(run_all, ...))``)."""
+    for launch in launches:
+        launch()
+
+
+def chain_times(calls, reps: int, flush: torch.Tensor) -> list[float]:
+    """Seconds per call of a chain: ``calls`` (zero-argument functions) captured back to back in one graph, each
+    replay after an L2 flush, its time divided by the calls (a graph replay's own start paid once)."""
+
+    def chain():
+        for call in calls:
+            call()
+
+    return [s / len(calls) for s in replay_times(capture(chain), reps, flush)]
 
 
 def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:

@@ -176,10 +176,9 @@ class MoELayer:
         expands_routed = bucket.expand and scale_planes is None and not plan.expands_all_experts(t)
         ids_list_experts = routed and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous()
         active = topk_ids.view(-1) if ids_list_experts else self.active_experts[: min(geo.experts, pairs)]
+        aligns = not routed or (expands_routed and not ids_list_experts)
         launches = (
-            []
-            if routed and not (expands_routed and not ids_list_experts)
-            else list(
+            list(
                 align_launches(
                     topk_ids,
                     num_experts=geo.experts,
@@ -191,6 +190,8 @@ class MoELayer:
                     sorted_ids=sorted_ids,
                 )
             )
+            if aligns
+            else []
         )
         # relabelled buckets (wgmma programs copying their activations straight into the operand): FC1's input
         # copied into the relabelled K order first, FC2's written in it by the FC1 finish
