@@ -135,7 +135,7 @@ def max_blocks_for(pairs: int, num_experts: int, bm: int) -> int:
 class GemmOperand:
     """One expert weight stack as a GEMM reads it: packed FP4 values [E, R, K/2], and either the native
     scale plane [E, R, C] or its inline CSF storage; NVFP4's global scales [E] and optional bias [E, R].
-    The decode GEMM reading inline scales also takes ``scales``: scratch planes [blocks, R, C] it decodes into."""
+    The decode GEMM reading inline scales also takes ``scales``: a scratch plane it decodes them into."""
 
     values: torch.Tensor
     scales: torch.Tensor | None = None
@@ -249,13 +249,12 @@ def gemm_launch(
                     f"inline scales with row group {geo.row_group}: {config.bn}-row programs at rows {offset}.. "
                     f"would straddle 128-row blocks (tile W13 as gate/up groups: row_group={n_out})"
                 )
-        if config.engine == "gluon":  # each block's programs decode their records into the block's plane
-            plane, blocks = weights.scales, pairs if routed_ids is not None else block_expert.numel()
-            if (plane is None or plane.dtype != torch.uint8 or plane.dim() != 3 or plane.shape[0] < blocks
-                    or tuple(plane.shape[1:]) != (r, cols) or not plane.is_contiguous()
-                    or plane.data_ptr() % ALIGNMENT):  # fmt: skip
-                raise ValueError(f"the decode GEMM reading inline scales needs aligned scratch planes uint8 "
-                                 f"[{blocks} blocks, {r}, {cols}]")  # fmt: skip
+        if config.engine == "gluon":  # decodes its records into this plane, then reads it as a native one
+            plane = weights.scales
+            if (plane is None or plane.dtype != torch.uint8 or tuple(plane.shape) != (e, r, cols)
+                    or not plane.is_contiguous() or plane.data_ptr() % ALIGNMENT):  # fmt: skip
+                raise ValueError(f"the decode GEMM reading inline scales needs an aligned scratch plane uint8 "
+                                 f"[{e}, {r}, {cols}]")  # fmt: skip
             scales = plane
         inline_args = (
             _inline_array(il.base_ref, dev),

@@ -83,14 +83,10 @@ class MoELayer:
         geo = self.plan.geometry
         if s.is_cuda:
             side_stream(s.device)  # created at bind, never under a graph capture
-        # scale planes: [slots, R, C] each; an expanding call expands into the first E, a call reading records
-        # decodes them into a plane per block
-        self.w13_planes = self.w2_planes = self.w13_plane = self.w2_plane = None
+        self.w13_plane = self.w2_plane = None
         if lay.w13_scales[1]:
-            self.w13_planes = _view(s, lay.w13_scales, torch.uint8).view(-1, *geo.w13_scale_shape[1:])
-            self.w2_planes = _view(s, lay.w2_scales, torch.uint8).view(-1, *geo.w2_scale_shape[1:])
-            if self.w13_planes.shape[0] >= geo.experts:
-                self.w13_plane, self.w2_plane = self.w13_planes[: geo.experts], self.w2_planes[: geo.experts]
+            self.w13_plane = _view(s, lay.w13_scales, torch.uint8).view(geo.w13_scale_shape)
+            self.w2_plane = _view(s, lay.w2_scales, torch.uint8).view(geo.w2_scale_shape)
 
     # ------------------------------------------------------------------------------------------------
     def expands(self, tokens: int) -> bool:
@@ -234,8 +230,8 @@ class MoELayer:
             w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
         else:
             launches += relabelling
-            if bucket.gemm_source == "inline" and self.w13_planes is not None:  # the planes the GEMMs decode into
-                w13, w2 = replace(w13, scales=self.w13_planes), replace(w2, scales=self.w2_planes)
+            if bucket.gemm_source == "inline" and self.w13_plane is not None:  # the planes the GEMMs decode into
+                w13, w2 = replace(w13, scales=self.w13_plane), replace(w2, scales=self.w2_plane)
         n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
         inter = self.intermediate[: pairs * n_inter].view(pairs, n_inter)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)

@@ -22,10 +22,10 @@ The FP4 words are prepared for this program (csf_kernels.fp4_words: bits permute
 each 64-row block's K steps stored as row-major tiles, so a program's step is one contiguous 4 KB run); scale
 planes and inline records are read in their stored order.
 Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1): the program first
-decodes the records of its own rows and K range into a scratch plane of the native layout (``scales``, a plane
-per block: ``_records_to_plane``, whole words and a scatter of the exceptions, in its prologue while its first
-weight copies are in flight), then runs the native K loop over it, so outputs are bit-identical across sources
-and a step costs what a native one does. (Decoding each step's two scale bytes per thread inside the loop, as
+decodes the records of its own rows and K range into a scratch plane of the native layout (``scales``:
+``_records_to_plane``, whole words and a scatter of the exceptions, in its prologue while its first weight
+copies are in flight), then runs the native K loop over it, so outputs are bit-identical across sources and
+a step costs what a native one does. (Decoding each step's two scale bytes per thread inside the loop, as
 ``moe_gemm`` does, doubled the loop's instructions: runs 84-234, the ``records`` arm.)
 
 ``STAGES`` > 1 keeps the operands of that many K steps in flight without holding them in registers: each
@@ -70,7 +70,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "fin_gscale": "*fp32",
     "fin_splits": "i32",
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
-    "SRC": "constexpr",  # 0 native plane, 1 inline records decoded first into ``scales``: a plane per block
+    "SRC": "constexpr",  # 0 native plane, 1 inline records decoded into the scratch plane ``scales`` first
     "DB": "constexpr",  # inline: bits per row-base delta
     "BM": "constexpr",  # routes per block: 8 or 16 (mma.sync: one or two n8 MMA tiles); 16, 32 or 64 (wgmma)
     "BN": "constexpr",  # weight rows per program, 16 per warp: 64 on 4 warps (wgmma, native scales: or 128 on 8)
@@ -302,9 +302,8 @@ def _records_to_plane(
     selector fields (or copies them from a raw tile); then, after a CTA barrier, a thread writes one exception
     entry where it belongs (a scatter: a global store at the entry's own position), so no word scans its
     tile's exception list. The program's rows lie in one 128-row block (checked at launch). Bytes are written
-    before anything reads them, by the program that reads them (poisoned scratch changes nothing), into a plane
-    of its block's own (another block of the same expert could otherwise rewrite a selector's byte over an
-    exception this program has already written)."""
+    before anything reads them, by the program that reads them (poisoned scratch changes nothing), and a
+    program whose expert another program also runs writes the same bytes."""
     NW: gl.constexpr = BN // 16
     PL: gl.constexpr = _plane_word_layout(BN)
     n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, PL)))
@@ -581,9 +580,7 @@ def moe_gemm_decode(
         return
     R = n_out  # every row of the operand (FC1: gate and up), programs of 64 rows
     w_e = w + e.to(gl.int64) * R * ((K // 32) * 16)
-    # SRC 1: the block's own plane (block pid_b), which no other program writes (an expert's routes may span
-    # several blocks: programs decoding one expert into one plane would overwrite each other's exceptions)
-    scales_e = scales + (pid_b if SRC == 1 else e).to(gl.int64) * R * C
+    scales_e = scales + e.to(gl.int64) * R * C
 
     # rows of this program (weights, scales)
     n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
