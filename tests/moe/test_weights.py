@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -137,31 +134,3 @@ def test_an_expert_past_the_gemms_32_bit_word_offsets_is_refused():
         gemm_launch(fmt=MXFP4, source="native", fc1=False, activation="silu", config=DECODE_NARROW, x=x,
                     weights=GemmOperand(values=values), out=x, sorted_ids=ids, block_expert=ids, meta=ids, pairs=1,
                     x_row_div=1)  # fmt: skip
-
-
-def test_the_decode_gemm_reading_records_needs_an_aligned_scratch_plane_to_decode_into():
-    # each decode GEMM program decodes its records into a native-layout scratch plane and reads them there:
-    # without one (or with the wrong one) nothing is launched
-    from csf_kernels.moe import gemm_launch
-    from csf_kernels.moe_specs import DECODE_NARROW
-
-    w = prepare_weights(plan(GEO, 8, scale_source="inline"), **synthetic_layer(GEO, seed=3).weight_kwargs()).w2
-    x = torch.zeros(2, GEO.intermediate, dtype=torch.bfloat16)
-    ids = torch.zeros(8, dtype=torch.int32)
-    part = torch.zeros(2 * GEO.hidden, dtype=torch.float32)
-    shape = tuple(w.inline.shape)
-    good = torch.zeros(64 + math.prod(shape), dtype=torch.uint8)
-    planes = (
-        None,
-        torch.zeros(shape[0], shape[1] + 1, shape[2], dtype=torch.uint8),
-        good[1 : 1 + math.prod(shape)].view(shape),
-    )
-    for plane in planes:
-        with pytest.raises(ValueError, match="aligned scratch plane"):
-            gemm_launch(fmt=GEO.fmt, source="inline", fc1=False, activation="silu", config=DECODE_NARROW, x=x,
-                        weights=replace(w, scales=plane), out=x, sorted_ids=ids, block_expert=ids, meta=ids, pairs=2,
-                        x_row_div=1, part=part)  # fmt: skip
-    launch = gemm_launch(fmt=GEO.fmt, source="inline", fc1=False, activation="silu", config=DECODE_NARROW, x=x,
-                         weights=replace(w, scales=good[:math.prod(shape)].view(shape)), out=x, sorted_ids=ids,
-                         block_expert=ids, meta=ids, pairs=2, x_row_div=1, part=part)  # fmt: skip
-    assert launch.args[2].data_ptr() == good.data_ptr()  # the plane itself, not a copy

@@ -32,7 +32,7 @@ from .moe_specs import (
     relabel_spec,
 )
 from .relabel import k_step, padded_k
-from .runtime import ALIGNMENT, Launch, aligned
+from .runtime import Launch, aligned
 
 __all__ = [
     "WIDE_TILE_ROWS",
@@ -134,8 +134,7 @@ def max_blocks_for(pairs: int, num_experts: int, bm: int) -> int:
 @dataclass(frozen=True, eq=False)
 class GemmOperand:
     """One expert weight stack as a GEMM reads it: packed FP4 values [E, R, K/2], and either the native
-    scale plane [E, R, C] or its inline CSF storage; NVFP4's global scales [E] and optional bias [E, R].
-    The decode GEMM reading inline scales also takes ``scales``: a scratch plane it decodes them into."""
+    scale plane [E, R, C] or its inline CSF storage; NVFP4's global scales [E] and optional bias [E, R]."""
 
     values: torch.Tensor
     scales: torch.Tensor | None = None
@@ -249,13 +248,6 @@ def gemm_launch(
                     f"inline scales with row group {geo.row_group}: {config.bn}-row programs at rows {offset}.. "
                     f"would straddle 128-row blocks (tile W13 as gate/up groups: row_group={n_out})"
                 )
-        if config.engine == "gluon":  # decodes its records into this plane, then reads it as a native one
-            plane = weights.scales
-            if (plane is None or plane.dtype != torch.uint8 or tuple(plane.shape) != (e, r, cols)
-                    or not plane.is_contiguous() or plane.data_ptr() % ALIGNMENT):  # fmt: skip
-                raise ValueError(f"the decode GEMM reading inline scales needs an aligned scratch plane uint8 "
-                                 f"[{e}, {r}, {cols}]")  # fmt: skip
-            scales = plane
         inline_args = (
             _inline_array(il.base_ref, dev),
             _inline_array(il.base_delta, dev),

@@ -84,7 +84,7 @@ MOE_GEMM = TritonFamily(
 # the split-K decode tiles with explicit register layouts (Gluon): the DECODE config's engine on GPUs
 MOE_GEMM_DECODE = TritonFamily(
     kernel="moe.gemm_decode",
-    version=3,
+    version=2,
     module="csf_kernels.kernels.moe_gemm_decode",
     function="moe_gemm_decode",
     num_warps=4,
@@ -431,7 +431,7 @@ def gemm_spec(
             BM=config.bm,
             BN=config.bn,
             STAGES=config.word_stages,
-            AHEAD=int(config.ahead),  # (inline programs read their decoded plane as native ones read theirs)
+            AHEAD=int(config.ahead and source == "native"),
             PDL=MOE_PDL,
             WG=int(config.mma == "wgmma"),
             XR=int(config.relabelled),

@@ -15,10 +15,6 @@ joined before FC1: few routes per expert, the routed experts' (listed by the ali
 on the current stream beside W2's, forked after the align launches; from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes
 per expert, every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
-A bucket that reads CSF records instead (at most ``inline_token_limit`` tokens) expands nothing: each decode GEMM
-program decodes the records of its own rows and K range into the same scratch planes and reads them there
-(``csf_kernels.kernels.moe_gemm_decode``).
-
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
@@ -230,8 +226,6 @@ class MoELayer:
             w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
         else:
             launches += relabelling
-            if bucket.gemm_source == "inline" and self.w13_plane is not None:  # the planes the GEMMs decode into
-                w13, w2 = replace(w13, scales=self.w13_plane), replace(w2, scales=self.w2_plane)
         n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
         inter = self.intermediate[: pairs * n_inter].view(pairs, n_inter)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)

@@ -104,7 +104,7 @@ class ScratchLayout:
     intermediate: tuple[int, int]  # (offset, bf16 count): [pairs, N] (relabelled buckets: N in whole K steps)
     fc2_out: tuple[int, int]  # [pairs, H]
     partials: tuple[int, int]  # (offset, float32 count): split-K partials, FC1's then FC2's (BucketPlan.partials)
-    w13_scales: tuple[int, int]  # (offset, bytes): the W13 plane expanded or decoded into, or (0, 0)
+    w13_scales: tuple[int, int]  # (offset, bytes): the expanded W13 plane, or (0, 0)
     w2_scales: tuple[int, int]
     relabelled_input: tuple[int, int] = (0, 0)  # bf16 [tokens, H in whole K steps] for relabelled buckets
     nbytes: int
@@ -192,7 +192,7 @@ class MoEPlan:
         return tuple(out.values())
 
 
-def _layout(geo: MoEGeometry, max_tokens: int, top_k: int, planes: bool, partials: int, configs) -> ScratchLayout:
+def _layout(geo: MoEGeometry, max_tokens: int, top_k: int, expand: bool, partials: int, configs) -> ScratchLayout:
     max_pairs = max_tokens * top_k
     offset = 0
 
@@ -213,8 +213,8 @@ def _layout(geo: MoEGeometry, max_tokens: int, top_k: int, planes: bool, partial
     inter = region(max_pairs * (padded_k(geo.intermediate, geo.fmt) if relabelled else geo.intermediate), 2)
     fc2 = region(max_pairs * geo.hidden, 2)
     part = region(partials, 4)
-    w13 = region(_numel(geo.w13_scale_shape), 1) if planes else (0, 0)
-    w2 = region(_numel(geo.w2_scale_shape), 1) if planes else (0, 0)
+    w13 = region(_numel(geo.w13_scale_shape), 1) if expand else (0, 0)
+    w2 = region(_numel(geo.w2_scale_shape), 1) if expand else (0, 0)
     x_r = region(max_tokens * padded_k(geo.hidden, geo.fmt), 2) if relabelled else (0, 0)
     return ScratchLayout(
         cursor=cursor,
@@ -304,8 +304,7 @@ def plan(
                 fc2_finishes_fc1=fin,
             )
         )
-    # scratch planes: what expanding buckets expand into, and what the decode GEMM decodes its records into
-    planes = any(b.expand or (b.gemm_source == "inline" and b.config.engine == "gluon") for b in plans)
+    expands = any(b.expand for b in plans)
     partials = max([b.partials(top_k, geometry) for b in plans if b.config.split_k] + [0])
     return MoEPlan(
         geometry=geometry,
@@ -314,5 +313,5 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         buckets=tuple(plans),
-        scratch=_layout(geometry, max_tokens, top_k, planes, partials, {b.config for b in plans} | {prefill_config}),
+        scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )

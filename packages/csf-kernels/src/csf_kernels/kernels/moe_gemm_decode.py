@@ -21,12 +21,9 @@ barriers. Here every layout is explicit (Gluon), chosen so that nothing moves:
 The FP4 words are prepared for this program (csf_kernels.fp4_words: bits permuted for the conversion, and
 each 64-row block's K steps stored as row-major tiles, so a program's step is one contiguous 4 KB run); scale
 planes and inline records are read in their stored order.
-Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1): the program first
-decodes the records of its own rows and K range into a scratch plane of the native layout (``scales``:
-``_records_to_plane``, whole words and a scatter of the exceptions, in its prologue while its first weight
-copies are in flight), then runs the native K loop over it, so outputs are bit-identical across sources and
-a step costs what a native one does. (Decoding each step's two scale bytes per thread inside the loop, as
-``moe_gemm`` does, doubled the loop's instructions: runs 84-234, the ``records`` arm.)
+Scale bytes come from the native plane (``SRC`` 0) or the inline tile records (``SRC`` 1, decoded as
+``moe_gemm`` decodes them, written again with explicit layouts: Gluon cannot call Triton functions), and
+the product path is shared, so outputs are bit-identical across sources.
 
 ``STAGES`` > 1 keeps the operands of that many K steps in flight without holding them in registers: each
 step's weight words are copied into shared memory by ``cp.async`` (each thread copies the words it will
@@ -70,7 +67,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "fin_gscale": "*fp32",
     "fin_splits": "i32",
     "FMT": "constexpr",  # 0 MXFP4 (E8M0 per 32), 1 NVFP4 (E4M3 per 16)
-    "SRC": "constexpr",  # 0 native plane, 1 inline records decoded into the scratch plane ``scales`` first
+    "SRC": "constexpr",  # 0 native plane, 1 inline records
     "DB": "constexpr",  # inline: bits per row-base delta
     "BM": "constexpr",  # routes per block: 8 or 16 (mma.sync: one or two n8 MMA tiles); 16, 32 or 64 (wgmma)
     "BN": "constexpr",  # weight rows per program, 16 per warp: 64 on 4 warps (wgmma, native scales: or 128 on 8)
@@ -91,6 +88,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "FIN_GSCALE": "constexpr",
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
+EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
 _PANEL_ROWS = gl.constexpr(PANEL_ROWS)  # rows of a block of K-step tiles (fp4_words)
 
 
@@ -269,125 +267,72 @@ def _record(records, tail, rb, t, full_tiles, S, S_TAIL):
     return gl.where(is_tail, tail + rb * S_TAIL, records + (rb * full_tiles + t) * S), gl.where(is_tail, S_TAIL, S)
 
 
-@gluon.constexpr_function
-def _plane_word_layout(BN):
-    # [BN rows, 2 column tiles, 4 columns]: a thread's 4 columns of one row and tile (the lanes along rows)
-    return gl.BlockedLayout([1, 1, 4], [32, 1, 1], [BN // 32, 2, 1], [2, 1, 0])
-
-
-@gluon.constexpr_function
-def _exception_layout(num_warps):
-    # [2 * num_warps column tiles, 16 exception entries], one per thread
-    return gl.BlockedLayout([1, 1], [2, 16], [num_warps, 1], [1, 0])
-
-
 @gluon.jit
-def _tile_header(records, tail, rb, t, live, full_tiles, S, S_TAIL):
-    """Column tile ``t``'s record (pointer, bytes, selector columns) and header (0 where not ``live``)."""
+def _inline_header(records, tail, rb, t, steps, full_tiles, S, S_TAIL):
+    """Tile ``t``'s record header (one per tile, uniform over the program); 0 past the last step."""
     rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
-    h = gl.load(rec.to(gl.pointer_type(gl.int32)) + (sbytes // 4 - 1), mask=live, other=0)
-    return rec, sbytes, h
+    return gl.load(rec.to(gl.pointer_type(gl.int32)) + (sbytes // 4 - 1), mask=t < steps, other=0)
 
 
 @gluon.jit
-def _records_to_plane(
-    plane_e, records, raw, tail, tail_raw, base_ref, base_delta, e, n0, n_out, t0, steps, C, row_group,
-    blocks_per_group, full_tiles, S, S_TAIL, TC, DB: gl.constexpr, BN: gl.constexpr,
+def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC):
+    """The 32-bit words holding each row's selector fields in tile ``t`` (header ``h``): (lo, hi)."""
+    tcx = gl.where(t >= full_tiles, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    rec32 = rec.to(gl.pointer_type(gl.int32))
+    mode = h & 3
+    is_raw = mode == 3
+    wi = (slot * tcx * gl.where(is_raw, 1, 1 << mode)) >> 5
+    lo = gl.load(rec32 + wi, mask=valid & ~is_raw, other=0)
+    hi = gl.load(rec32 + wi + 1, mask=valid & ~is_raw & (wi + 1 < sbytes // 4 - 1), other=0)
+    return lo, hi
+
+
+@gluon.jit
+def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_TAIL, TC):
+    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode: the rows' selector words,
+    and step ``t + 1``'s header. Masked past the last step."""
+    lo, hi = _inline_selectors(records, tail, rb, slot, valid & (t < steps), t, h, full_tiles, S, S_TAIL, TC)
+    return lo, hi, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
+
+
+@gluon.jit
+def _inline_scales(
+    records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi, full_tiles, C, S, S_TAIL, TC,
+    NEUTRAL: gl.constexpr,
 ):  # fmt: skip
-    """Decode the scale bytes of the program's rows [n0, n0 + BN) and K steps [t0, steps) from their inline
-    tile records into the expert's scratch plane ``plane_e`` [R, C] (the native plane's layout), so that the
-    K loop reads them as it reads a native plane: the same loop, the same bits, the same cost a step.
-
-    Two passes, each over whole words: a thread decodes the 4 columns of one row and tile from the row's
-    selector fields (or copies them from a raw tile); then, after a CTA barrier, a thread writes one exception
-    entry where it belongs (a scatter: a global store at the entry's own position), so no word scans its
-    tile's exception list. The program's rows lie in one 128-row block (checked at launch). Bytes are written
-    before anything reads them, by the program that reads them (poisoned scratch changes nothing), and a
-    program whose expert another program also runs writes the same bytes."""
-    NW: gl.constexpr = BN // 16
-    PL: gl.constexpr = _plane_word_layout(BN)
-    n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, PL)))
-    valid = n < n_out
-    rows = gl.where(valid, n, 0)
-    slot, base = _row_setup(rows, valid, e, n_out, row_group, blocks_per_group, base_ref, base_delta, DB)
-    rows3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)
-    valid3 = gl.expand_dims(gl.expand_dims(valid, 1), 2)
-    slot3 = gl.expand_dims(gl.expand_dims(slot, 1), 2)
-    base3 = gl.expand_dims(gl.expand_dims(base, 1), 2)
-    rb = _block_of(e, n0, n_out, row_group, blocks_per_group)
-    ti = gl.expand_dims(gl.expand_dims(gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, PL))), 0), 2)
-    c = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, PL))), 0), 1)
-    # full column tiles (4 columns): a row's 4 fields lie in one 32-bit selector word (4w bits at a multiple of
-    # 4w), a raw tile's 4 bytes in one raw word; both decode as word >> (c * fw) & (2**fw - 1), plus the row's
-    # base for selectors
-    full_end = gl.minimum(steps, full_tiles)
-    for tp in range(t0, full_end, 2):
-        t = tp + ti  # [1, 2, 1]
-        live = valid3 & (t < full_end)
-        rec32 = (records + (rb * full_tiles + t) * S).to(gl.pointer_type(gl.int32))
-        h = gl.load(rec32 + (S // 4 - 1), mask=t < full_end, other=0)
-        mode = h & 3
-        is_raw = mode == 3
-        bit = slot3 << (2 + mode)
-        sel = gl.load(rec32 + (bit >> 5), mask=live & ~is_raw, other=0)
-        raw_w = gl.load(raw.to(gl.pointer_type(gl.int32)) + (h >> 2) * 128 + slot3, mask=live & is_raw, other=0)
-        word = gl.where(is_raw, raw_w.to(gl.uint32), sel.to(gl.uint32) >> (bit & 31).to(gl.uint32))
-        fw = gl.where(is_raw, 8, 1 << mode)
-        add = gl.where(is_raw, 0, base3 + ((h << 16) >> 24))  # the row's base plus the tile's origin (int8)
-        field = ((word >> (c * fw).to(gl.uint32)) & ((1 << fw) - 1).to(gl.uint32)).to(gl.int32)
-        gl.store(plane_e + rows3 * C + t * 4 + c, (add + field).to(gl.uint8), mask=live)
-    # the tail tile (TC < 4 columns, its own record size and raw array): fields may straddle two words
-    for tp in range(gl.maximum(t0, full_tiles), steps, 2):
-        t = tp + ti
-        live_t = t < steps
-        rec, sbytes, h = _tile_header(records, tail, rb, t, live_t, full_tiles, S, S_TAIL)
-        tcx = gl.where(t >= full_tiles, TC, 4)
-        mode = h & 3
-        is_raw = mode == 3
-        w = gl.where(is_raw, 1, 1 << mode)
-        bit = slot3 * tcx * w  # the row's tcx fields: tcx * w contiguous bits from here
-        rec32 = rec.to(gl.pointer_type(gl.int32))
-        sel = valid3 & live_t & ~is_raw
-        wi = bit >> 5
-        lo = gl.load(rec32 + wi, mask=sel, other=0)
-        hi = gl.load(rec32 + wi + 1, mask=sel & (wi + 1 < sbytes // 4 - 1), other=0)
-        x = ((hi.to(gl.uint32).to(gl.int64) << 32) | lo.to(gl.uint32).to(gl.int64)) >> (bit & 31).to(gl.int64)
-        field = ((x >> (c * w).to(gl.int64)) & ((1 << w) - 1)).to(gl.int32)
-        live = valid3 & live_t & (c < tcx) & (t * 4 + c < C)
-        raw_base = gl.where(t >= full_tiles, tail_raw, raw)
-        rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + slot3 * tcx + c, mask=live & is_raw, other=0)
-        val = gl.where(is_raw, rv.to(gl.int32), base3 + ((h << 16) >> 24) + field)
-        gl.store(plane_e + rows3 * C + t * 4 + c, val.to(gl.uint8), mask=live)
-    gl.thread_barrier()  # the selectors' bytes before the exceptions that overwrite some of them
-
-    XL: gl.constexpr = _exception_layout(NW)
-    TE: gl.constexpr = 2 * NW  # tiles an exception round covers
-    # the first row of the program's 128-row inline block: an entry's slot names a row of the block
-    block_row = n0 // row_group * row_group + n0 % row_group // 128 * 128
-    # the most entries a record holds: the smallest selectors (16 bytes) leave (S - 20) / 3 (a bound from the
-    # record sizes, not the tiles' counts, whose maximum over the program would cost a CTA reduction)
-    max_entries = gl.minimum((gl.maximum(S, S_TAIL) - 20) // 3, 63)
-    tj = gl.expand_dims(gl.arange(0, TE, layout=gl.SliceLayout(1, XL)), 1)
-    i0 = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, XL)), 0)
-    for tp in range(t0, steps, TE):
-        t = tp + tj  # [TE, 1]
-        rec, sbytes, h = _tile_header(records, tail, rb, t, t < steps, full_tiles, S, S_TAIL)
-        tcx = gl.where(t >= full_tiles, TC, 4)
-        mode = h & 3
-        count = gl.where(mode == 3, 0, (h >> 2) & 63)
-        sb = 16 * tcx * (1 << mode)
+    """Scale bytes [64, 4] (columns ``c`` [1, 4]) of column tile ``t`` for rows (slot, base) of row block
+    ``rb``, decoded from the tile's record: header ``h`` and the rows' selector words ``lo``, ``hi``."""
+    is_tail = t >= full_tiles
+    tcx = gl.where(is_tail, TC, 4)
+    rec, sbytes = _record(records, tail, rb, t, full_tiles, S, S_TAIL)
+    mode = h & 3
+    is_raw = mode == 3
+    w = gl.where(is_raw, 1, 1 << mode)
+    origin = (h >> 8) & 0xFF
+    origin = gl.where(origin >= 128, origin - 256, origin)
+    bit = slot * tcx * w  # the slot's tcx fields: tcx * w contiguous bits from here
+    x = ((hi.to(gl.uint32).to(gl.int64) << 32) | lo.to(gl.uint32).to(gl.int64)) >> (bit & 31).to(gl.int64)
+    field = ((gl.expand_dims(x, 1) >> (c * w).to(gl.int64)) & ((1 << w) - 1)).to(gl.int32)
+    val = gl.expand_dims(base, 1) + origin + field
+    live = gl.expand_dims(valid, 1) & (c < tcx) & (t * 4 + c < C)
+    pos_here = gl.expand_dims(slot, 1) * tcx + c
+    if is_raw:
+        raw_base = gl.where(is_tail, tail_raw, raw)
+        rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + pos_here, mask=live, other=0)
+        val = rv.to(gl.int32)
+    else:  # exceptions: ascending (position, value) pairs after the selectors
+        count = (h >> 2) & 63
+        sb = 16 * tcx * w
         cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
-        for r0 in range(0, max_entries, 16):
-            i = r0 + i0  # [TE, 16]
-            ok = i < count
-            p = gl.load((rec + sb).to(gl.pointer_type(gl.int16)) + i, mask=ok, other=0).to(gl.int32) & 0xFFFF
-            v = gl.load(rec + sb + 2 * cap + i, mask=ok, other=0)
-            s = gl.where(tcx == 4, p >> 2, p // tcx)
-            col = t * 4 + (p - s * tcx)
-            row = block_row + 64 * ((s >> 1) & 1) + 16 * (s >> 5) + ((s >> 2) & 7) + 8 * (s & 1)
-            mine = ok & (row >= n0) & (row < n0 + BN) & (row < n_out) & (col < C)
-            gl.store(plane_e + row * C + col, v, mask=mine)
-    gl.thread_barrier()  # every byte of the program's plane before the K loop reads it
+        positions = (rec + sb).to(gl.pointer_type(gl.int16))  # u16 at an even offset of an aligned record
+        for i0 in range(0, count, EXC_UNROLL):
+            for u in gl.static_range(EXC_UNROLL):
+                ok = i0 + u < count
+                p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
+                v = gl.load(rec + sb + 2 * cap + i0 + u, mask=ok, other=0).to(gl.int32)
+                val = gl.where((pos_here == p) & ok, v, val)
+    return gl.where(live, val, NEUTRAL)
 
 
 @gluon.jit
@@ -489,7 +434,8 @@ def _issue_step(
 @gluon.jit
 def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
-    live_x, kx, xb_s, x_next, b_next, FMT: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
+    xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
     AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
@@ -535,8 +481,14 @@ def _k_steps(
         if AHEAD == 1:
             s = s_next
             s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
-        else:
+        elif SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
+        else:
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+            h = h_next  # the next step's selectors (its header is here) and the header after it
+            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
+                                                 S, S_TAIL, TC)  # fmt: skip
         if XR:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
         elif WG:
@@ -560,6 +512,7 @@ def moe_gemm_decode(
         gluon_await_predecessor(PDL)
     gl.static_assert(FIN == 0 or (ROUTED == 1 and WG == 0 and STAGES > 1 and BM == 8),
                      "FC1's finish is fused into routed, staged mma.sync programs")  # fmt: skip
+    gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
     gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
                      "64 rows on 4 warps; 128 on 8 (two wgmma warpgroups, native scales: a program's inline "
@@ -595,10 +548,22 @@ def moe_gemm_decode(
     a_row = gl.where(live_x, route_x // x_row_div, 0).to(gl.int64)
     kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
 
+    rb, slot, base = 0, 0, 0  # placeholders where unused
+    if SRC == 1:
+        slot, base = _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
+        rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
+
     acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
+    # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
+    # neither waits on a load when the step's scales are decoded (native: unused placeholders)
+    h, lo, hi, h_next = 0, rows, rows, 0
+    if SRC == 1:
+        h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
+        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
+                                             S_TAIL, TC)  # fmt: skip
     w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
         XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # one 16-byte copy per thread and 8 routes
@@ -619,10 +584,6 @@ def moe_gemm_decode(
                         steps, K, R, Q, WG, XR, FIN)  # fmt: skip
         if FIN:  # FC1's outputs from here on
             gluon_await_predecessor(PDL)
-            if SRC == 1:  # (after the wait: the scratch planes are shared with the kernels before this one)
-                _records_to_plane(scales_e, records, raw, tail, tail_raw, base_ref, base_delta, e, pid_n * BN,
-                                  n_out, t0, steps, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC, DB,
-                                  BN)  # fmt: skip
             fc1_finish_to_shared(x_s, fin_part, fin_bias, fin_gscale, fin_splits, pid_b, pairs, e, t0, steps, K,
                                  FIN, FIN_BIAS, FIN_GSCALE, BM, BK, BN // 16)  # fmt: skip
             gl.thread_barrier()
@@ -638,19 +599,18 @@ def moe_gemm_decode(
         fence_async_shared()
         xp, xm = _step_activations(x, a_row_c, live_c, kc, t0 + 1, K, BK)
         x_next = gl.load(xp, mask=xm, other=0.0)
-    if SRC == 1 and FIN == 0:  # the program's scale bytes decoded into the scratch plane, its first copies in flight
-        _records_to_plane(scales_e, records, raw, tail, tail_raw, base_ref, base_delta, e, pid_n * BN, n_out, t0,
-                          steps, C, row_group, blocks_per_group, full_tiles, S, S_TAIL, TC, DB, BN)  # fmt: skip
     s_next = _native_scales(scales_e, rows, valid, c, t0, C, NEUTRAL) if AHEAD == 1 else 0
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
     if FMT == 0 and _wide_rows(wide, e, pid_n, R, BN) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
-                       live_c, kc, a_row, live_x, kx, xb_s, x_next, b_next, FMT, BM, STAGES, AHEAD, 1, WG, XR,
-                       FIN)  # fmt: skip
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
+                       WG, XR, FIN)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
-                       live_c, kc, a_row, live_x, kx, xb_s, x_next, b_next, FMT, BM, STAGES, AHEAD, 2, WG, XR,
-                       FIN)  # fmt: skip
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
+                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
+                       WG, XR, FIN)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
