@@ -61,7 +61,12 @@ ARMS = {
     "expanded": dict(scale_source="expanded"),
     "inline": dict(scale_source="inline"),
     "inline_records": dict(scale_source="inline", inline_token_limit=512),
+    "inline_forked": dict(scale_source="inline"),
 }
+# bind arguments of an arm (default none): "inline_forked" forks and joins its routed experts' two expansions
+# instead of chaining them as dependent launches (csf_moe.layer; opt in with --arms, for A/B runs)
+BIND = {"inline_forked": dict(chain_expansions=False)}
+DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 
 
 def _bytes_per_expert(weights) -> dict[str, float]:
@@ -121,16 +126,19 @@ def _shared_experts(chain) -> float:
     return statistics.mean(shared)
 
 
-def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS) -> dict:
+def bench_geometry(
+    model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS
+) -> dict:
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
     layers, weights = {}, {}
-    for arm in ARMS:
+    for arm in arms:
         p = plan(geo, max(tokens), **ARMS[arm])
         weights[arm] = prepare_weights(p, **data.weight_kwargs())
-        layers[arm] = bind(p, weights[arm], torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
-    per_expert = {arm: _bytes_per_expert(weights[arm]) for arm in ARMS}
+        scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
+        layers[arm] = bind(p, weights[arm], scratch, **BIND.get(arm, {}))
+    per_expert = {arm: _bytes_per_expert(weights[arm]) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(99)
     rows = []
@@ -147,7 +155,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
                 "unique_experts_mean": statistics.mean(int(torch.unique(c[1]).numel()) for c in chain),
             }
         outs, chain_outs = {}, {}
-        for arm in ARMS:
+        for arm in arms:
             layer = layers[arm]
             graphs, arm_outs = [], []
             for x, ids, w in sets:
@@ -186,7 +194,7 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
                     "chain_samples_s_per_call": per_call,
                     "chain_fraction_of_copy": moved_chain / statistics.median(per_call) / 1e9 / copy_gbps,
                 }
-        exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in ARMS for i in range(input_sets))
+        exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
         )
@@ -208,17 +216,15 @@ def bench_geometry(model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, 
         row["arms"]["torch_dequant_matmul"] = {"median_s": torch_s, "samples_s": [torch_s], "eager": True}
         a = row["arms"]
         print(
-            f"  T={t:5d} native {a['native']['median_s'] * 1e6:8.1f} us"
-            f"  expanded {a['expanded']['median_s'] * 1e6:8.1f}"
-            f"  inline {a['inline']['median_s'] * 1e6:8.1f}  records {a['inline_records']['median_s'] * 1e6:8.1f}"
-            f"  torch {a['torch_dequant_matmul']['median_s'] * 1e6:9.1f}"
-            f"  | inline {a['inline']['effective_GBps']:6.0f} GB/s {a['inline']['TFLOPs']:6.1f} TF  exact={exact}",
+            f"  T={t:5d} us: "
+            + "  ".join(f"{arm} {a[arm]['median_s'] * 1e6:8.1f}" for arm in (*arms, "torch_dequant_matmul"))
+            + f"  | native {a['native']['effective_GBps']:6.0f} GB/s {a['native']['TFLOPs']:6.1f} TF  exact={exact}",
             flush=True,
         )
         if chain:
             print("         chained per call: " + "  ".join(
                 f"{arm} {a[arm]['chain_median_s_per_call'] * 1e6:7.1f} us ({a[arm]['chain_fraction_of_copy']:.2f})"
-                for arm in ARMS), flush=True)  # fmt: skip
+                for arm in arms), flush=True)  # fmt: skip
         rows.append(row)
     del layers, weights, data
     torch.cuda.empty_cache()
@@ -232,7 +238,11 @@ def main() -> None:
     ap.add_argument("--geometries", choices=("peers", "all"), default="peers")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--input-sets", type=int, default=INPUT_SETS, help="routings each token count rotates over")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)} (native always runs)")
     a = ap.parse_args()
+    arms = ("native", *(arm for arm in a.arms.split(",") if arm != "native"))
+    if unknown := [arm for arm in arms if arm not in ARMS]:
+        ap.error(f"unknown arms {unknown}")
     runtime.freeze()
     tokens = tuple(int(t) for t in a.tokens.split(","))
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -249,7 +259,7 @@ def main() -> None:
         "triton_kernels": _triton_kernels_status(),
         "input_sets": a.input_sets,
         "results": [
-            bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets)
+            bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms)
             for g in geos
         ],
         "compilations_while_frozen": runtime.compilations(),

@@ -105,14 +105,32 @@ def test_row_block_launch_covers_row_blocks_by_warps_or_by_ctas():
     # 3 experts x 10 row blocks (two row groups of 576 rows), a CTA per block: one warp per 8-tile group
     assert row_block_warps(160) == 5 and launch.grid == (30, 1, 1)
     scalars = [a for a in launch.args if not isinstance(a, torch.Tensor)]
-    assert len(scalars) == 12 and scalars[-1] == 30 and scalars[4] == w13.record_bytes // 4
+    assert len(scalars) == 13 and scalars[-2] == 30 and scalars[4] == w13.record_bytes // 4  # ctas, then pdl
     assert scalars[6:8] == [division_magic(10), division_magic(5)]  # blocks per expert, per group
     assert scalars[8:10] == [exception_caps(w13.record_bytes, 4), 0]  # capacities per mode; no tail tile
     w2 = _inline((4, 512, 18))
     (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block")
     assert row_block_group_tiles(18) == 4 and row_block_warps(18) == 4 and launch.grid == (4, 1, 1)
-    assert launch.args[-2] == 4  # num_experts, then ctas
-    assert launch.args[-4:-2] == (exception_caps(w2.record_bytes, 4), exception_caps(w2.tail_record_bytes, 2))
+    assert launch.args[-3] == 4  # num_experts, then ctas and pdl
+    assert launch.args[-5:-3] == (exception_caps(w2.record_bytes, 4), exception_caps(w2.tail_record_bytes, 2))
+
+
+def test_row_block_launch_waits_first_or_last_as_a_dependent_launch(monkeypatch):
+    w2 = _inline((4, 512, 18))
+
+    def pdl(**kwargs) -> int:
+        (launch,) = inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="row_block",
+                                              **kwargs)  # fmt: skip
+        return launch.args[-1]
+
+    monkeypatch.delenv("CSF_PDL", raising=False)
+    assert pdl() == 1 and pdl(wait="first") == 1 and pdl(wait="last") == 2  # the program's pdl argument
+    monkeypatch.setenv("CSF_PDL", "0")  # dependent launches off: a plain launch either way
+    assert pdl(wait="first") == 0 and pdl(wait="last") == 0
+    with pytest.raises(ValueError, match="wait must be one of"):
+        pdl(wait="never")
+    with pytest.raises(ValueError, match="only the row-block expander waits last"):
+        inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="cute", wait="last")
 
 
 def test_exception_caps_pack_each_modes_capacity_as_the_codec_counts_it():
@@ -175,4 +193,4 @@ def test_row_block_launch_refuses_more_blocks_than_its_multipliers_divide():
     (launch,) = inline_expansion_launches(
         w2, torch.empty(w2.shape, dtype=torch.uint8), experts=ids[:-1], engine="row_block"
     )
-    assert launch.args[-6:-4] == (0, 0)  # one block per expert and per group: the multiplier of 1
+    assert launch.args[-7:-5] == (0, 0)  # one block per expert and per group: the multiplier of 1

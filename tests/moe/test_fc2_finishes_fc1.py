@@ -76,3 +76,32 @@ def test_a_bucket_that_also_serves_aligned_calls_keeps_its_finish_kernel():
     kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
     assert not layer.plan.bucket_for(2).fc2_finishes_fc1
     assert kernels == ["moe.gemm_decode", "moe.fc1_finish", "moe.gemm_decode", "moe.combine"]
+
+
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("chain", [True, False])
+def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as_dependent_launches(
+    monkeypatch, pdl, chain
+):
+    """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on: W13's
+    expansion waits first, W2's runs beside it and waits last, right before FC1, and nothing forks. Otherwise
+    (dependent launches off, or the layer told not to chain) W2's forks onto the side stream as before."""
+    import csf_kernels.expand as expand
+    import csf_moe.layer as layer_module
+
+    for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
+        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    monkeypatch.setenv("CSF_PDL", pdl)
+    geo, layer = _layer("mxfp4", "inline")
+    layer.chain_expansions = chain
+    x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
+    launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
+    assert [la.spec.kernel for la in launches] == [
+        "expand.row_blocks", "expand.row_blocks", "moe.gemm_decode", "moe.gemm_decode", "moe.combine"
+    ]  # fmt: skip
+    w13, w2 = launches[:2]
+    assert w13.args[6].data_ptr() == layer.w13_plane.data_ptr() and w2.args[6].data_ptr() == layer.w2_plane.data_ptr()
+    if pdl == "1" and chain:
+        assert fork is None and (w13.args[-1], w2.args[-1]) == (1, 2)  # W2's waits last: beside W13's
+    else:
+        assert fork == (0, 1, 2) and w2.args[-1] == w13.args[-1] == int(pdl)  # forked and joined before FC1

@@ -17,7 +17,7 @@ from csf_codec import InlineScales, ScaleFormat
 from csf_codec.inline import exception_capacity
 from csf_codec.tile_layout import TILE_COLS
 
-from . import runtime
+from . import env, runtime
 from .compact_tables import CompactTables
 from .families import (
     RowImageLayout,
@@ -40,6 +40,7 @@ __all__ = [
     "bind_expand_inline",
     "expand_compact",
     "expand_inline",
+    "expansion_engine",
     "inline_expansion_launches",
 ]
 
@@ -111,6 +112,17 @@ def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = 
     return "cute" if inline_store_bytes(cols, out_ptr) < _TRITON_MIN_STORE else "triton"
 
 
+def expansion_engine(inline: InlineScales, out: torch.Tensor) -> str:
+    """The engine "auto" takes to expand ``inline`` into ``out`` (CPU tensors only run in Triton's interpreter:
+    tests)."""
+    if not out.is_cuda:
+        return "triton"
+    return auto_engine(inline.geometry.cols, out.numel(), out.data_ptr(), inline.fmt)
+
+
+# when a row-block expansion launched dependently waits for its predecessor (inline_expansion_launches), in the
+# order of the program's ``pdl`` argument (1, 2; 0: a plain launch)
+WAITS = ("first", "last")
 ROW_BLOCKS_PER_CTA_MAX = 4
 
 
@@ -121,14 +133,21 @@ def inline_expansion_launches(
     experts: torch.Tensor | None = None,
     store: int | None = None,
     engine: str = "auto",
+    wait: str = "first",
 ) -> list[runtime.Launch]:
     """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
 
     ``engine``: one of :data:`ENGINES` ("cute" covers planes :func:`~csf_kernels.families.row_image_layout`
     accepts, "row_block" those :func:`~csf_kernels.families.row_block_covers` accepts and the cache holds a
-    program for); ``store`` (tests, Triton only) narrows the store width below the widest the plane allows."""
+    program for); ``store`` (tests, Triton only) narrows the store width below the widest the plane allows.
+    ``wait``: when the row-block expander, a dependent launch (unless ``CSF_PDL`` is off), waits for the kernel
+    before it on the stream: "first" (before it reads anything: after any kernel), or "last" (before it exits, so
+    it runs beside that kernel: only right after a "first" expansion of another plane, see
+    :func:`expansion_engine`); the other engines launch plainly, so "last" is for the row-block expander only."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
+    if wait not in WAITS:
+        raise ValueError(f"expand_inline: wait must be one of {WAITS}, got {wait!r}")
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -137,13 +156,15 @@ def inline_expansion_launches(
     experts = _expert_ids(experts, geo.experts, dev)
     if experts.numel() == 0:
         return []
-    if engine == "auto":  # CPU tensors only run in Triton's interpreter (tests): "auto" keeps Triton there
-        cuda = out.is_cuda and store is None
-        engine = auto_engine(geo.cols, out.numel(), out.data_ptr(), inline.fmt) if cuda else "triton"
+    if engine == "auto":
+        engine = expansion_engine(inline, out) if store is None else "triton"
+    if wait == "last" and engine != "row_block":
+        raise ValueError(f"expand_inline: only the row-block expander waits last; this plane takes {engine!r}")
     if engine == "row_block":
         if not row_block_covers(geo.cols, out.numel(), out.data_ptr()) or store is not None:
             raise ValueError(f"expand_inline: the row-block expander does not cover a {tuple(out.shape)} plane")
-        return [_row_block_launch(inline, out, experts)]
+        pdl = WAITS.index(wait) + 1 if env.flag(env.PDL, default=True) else 0
+        return [_row_block_launch(inline, out, experts, pdl=pdl)]
     if engine == "cute":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
         if layout is None or store is not None:
@@ -242,9 +263,10 @@ def exception_caps(record_bytes: int, cols: int) -> int:
 
 
 def _row_block_launch(
-    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None
+    inline: InlineScales, out: torch.Tensor, experts: torch.Tensor, *, ctas: int | None = None, pdl: int = 0
 ) -> runtime.Launch:
-    """The row-block expander's launch (``ctas``: a sweep's grid size; default: 16 CTAs per SM)."""
+    """The row-block expander's launch (``ctas``: a sweep's grid size; default: 16 CTAs per SM; ``pdl``: the
+    program's dependent-launch mode, see :func:`inline_expansion_launches`)."""
     geo = inline.geometry
     blocks_per_expert = geo.row_blocks // max(geo.experts, 1)
     if experts.numel() * blocks_per_expert >= DIVIDEND_LIMIT:
@@ -273,6 +295,7 @@ def _row_block_launch(
         exception_caps(inline.tail_record_bytes, geo.tail_cols) if geo.tail_cols else 0,
         geo.experts,
         ctas,
+        pdl,
     )
     return runtime.Launch(spec, (ctas, 1, 1), args)
 

@@ -132,7 +132,7 @@ class RowImageLayout:
 # CuTe DSL: one program per plane shape, a 128-row block per warp, or per CTA where rows split into column
 # groups (csf_kernels/cute/row_block_expander.py)
 CUTE_ROW_BLOCK_EXPANDER = "expand.row_blocks"
-CUTE_ROW_BLOCK_EXPANDER_VERSION = 1
+CUTE_ROW_BLOCK_EXPANDER_VERSION = 2  # 2: the pdl argument
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
 
 

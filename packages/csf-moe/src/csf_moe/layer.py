@@ -10,10 +10,13 @@ GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no
 lists the routed experts whose scales the call expands; int32 ids list them themselves), and in buckets of such
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
-The expansion's planes run beside other work on the device's side stream (``csf_kernels.expand_layer``),
-joined before FC1: few routes per expert, the routed experts' (listed by the alignment or the route ids), W13's
-on the current stream beside W2's, forked after the align launches; from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes
-per expert, every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
+The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment
+or the route ids): where both planes take the row-block expander and dependent launches are on, W13's then W2's
+on the current stream, W2's waiting for W13's only before it exits (so they run side by side, and FC1 starts as a
+dependent launch of W2's: ``chain_expansions``); otherwise W13's on the current stream beside W2's on the device's
+side stream (``csf_kernels.expand_layer``), forked after the align launches and joined before FC1. From
+``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
+alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -29,8 +32,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from csf_kernels import runtime
-from csf_kernels.expand import inline_expansion_launches
+from csf_kernels import env, runtime
+from csf_kernels.expand import expansion_engine, inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import (
     Fc1Partials,
@@ -62,6 +65,9 @@ class MoELayer:
     plan: MoEPlan
     weights: MoEWeights
     scratch: torch.Tensor
+    # a call expanding its routed experts' scales chains the two planes' expansions on the current stream where
+    # it can (module docstring); False: always fork and join them (A/B timing)
+    chain_expansions: bool = True
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -219,8 +225,11 @@ class MoELayer:
                 start = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
                 split = len(launches)
-                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
-                fork = (start, split, len(launches))
+                if self._chains(w13_plane, w2_plane):
+                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, wait="last")
+                else:
+                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+                    fork = (start, split, len(launches))
                 launches += relabelling
             # the same operands, their scales read from the expanded planes
             w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
@@ -268,10 +277,19 @@ class MoELayer:
         ]  # fmt: skip
         return launches, fork
 
+    def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
+        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
+        only the row-block expander can wait last, and only a dependent launch waits at all."""
+        if not (self.chain_expansions and env.flag(env.PDL, default=True)):
+            return False
+        pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
+        return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
 
-def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor) -> MoELayer:
+
+def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = True) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
-    on the weights' device; shareable by layers that run one after another)."""
+    on the weights' device; shareable by layers that run one after another). ``chain_expansions``: see
+    :attr:`MoELayer.chain_expansions`."""
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
         raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
     if scratch.numel() < plan.scratch_bytes:
@@ -288,4 +306,4 @@ def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor) -> MoELayer:
             raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
-    return MoELayer(plan=plan, weights=weights, scratch=scratch)
+    return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions)

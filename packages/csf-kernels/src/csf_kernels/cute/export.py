@@ -253,6 +253,7 @@ ROW_BLOCK_EXPANDER_SCALARS = (
     "tail_exception_caps",
     "num_experts",
     "ctas",
+    "pdl",
 )
 
 

@@ -30,6 +30,13 @@ Headers are trusted only as far as the codec validates them: no field makes the 
 its buffers (selectors a record cannot hold read garbage inside the staging region, raw indices past the raw
 array decode as zeros, exception positions past the tile and entry counts past the record's capacity are
 skipped); garbage in, garbage bytes out, never an out-of-bounds access.
+
+Dependent launches (``pdl``, a run-time argument): 0 launches plainly; 1 and 2 launch as a programmatic dependent
+launch, which lets the program start while its stream's previous kernel finishes, and let the next kernel start
+as soon as every CTA has begun. 1 waits for the previous kernel (``griddepcontrol.wait``) before it reads anything:
+safe after any kernel. 2 waits only before it exits, so it runs beside its predecessor: only for a predecessor
+launched with 1 whose work it neither reads nor writes (that predecessor started its dependents after its own
+wait, so everything before it has completed). A kernel waiting for a 2 then also waits for the 1 before it.
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ class RowBlockExpander:
     a tail), ``raw`` u32 [NRAW, 128], ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids``
     i32 [NE]; then int32 scalars ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``,
     ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``bpe_magic`` and ``bpg_magic`` (the multipliers that
-    divide by blocks per expert and per group), ``num_experts``, ``ctas``; the stream. Grid: (ctas).
+    divide by blocks per expert and per group), ``num_experts``, ``ctas``, ``pdl`` (above); the stream. Grid: (ctas).
     """
 
     def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
@@ -149,6 +156,7 @@ class RowBlockExpander:
         tail_exception_caps: Int32,
         num_experts: Int32,
         ctas: Int32,
+        pdl: Int32,
         stream: cuda.CUstream,
     ):
         self.kernel(
@@ -172,10 +180,12 @@ class RowBlockExpander:
             tail_exception_caps,
             num_experts,
             ctas,
+            pdl,
         ).launch(
             grid=(ctas, 1, 1),
             block=(32 * self.warps, 1, 1),
             stream=stream,
+            use_pdl=cutlass.min(pdl, Int32(1)),
             min_blocks_per_mp=self.resident_ctas(),
             preferred_smem_carveout=100,
         )
@@ -203,7 +213,11 @@ class RowBlockExpander:
         tail_exception_caps: Int32,
         num_experts: Int32,
         ctas: Int32,
+        pdl: Int32,
     ):
+        if pdl == 1:
+            cute.arch.griddepcontrol_wait()  # before the expert ids and the plane are touched
+        cute.arch.griddepcontrol_launch_dependents()  # a no-op in a plain launch
         cols = self.cols
         tc = cols % 4
         db = self.delta_bits
@@ -425,6 +439,8 @@ class RowBlockExpander:
             ref = nref
             ne = nne
             nblk = nnblk
+        if pdl == 2:
+            cute.arch.griddepcontrol_wait()  # so that this grid completes after its predecessor
 
     @cute.jit
     def staging(self, rw0, tail_w0, delta_w0, par, second, tail_words):
