@@ -84,8 +84,9 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     monkeypatch, pdl, chain
 ):
     """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on: W13's
-    expansion waits first, W2's runs beside it and waits last, right before FC1, and nothing forks. Otherwise
-    (dependent launches off, or the layer told not to chain) W2's forks onto the side stream as before."""
+    expansion waits first, W2's runs beside it and waits last, right before FC1, which copies its first weights
+    before it waits (EARLY), and nothing forks. Otherwise (dependent launches off, or the layer told not to
+    chain) W2's forks onto the side stream as before and FC1 waits first."""
     import csf_kernels.expand as expand
     import csf_moe.layer as layer_module
 
@@ -101,7 +102,13 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     ]  # fmt: skip
     w13, w2 = launches[:2]
     assert w13.args[6].data_ptr() == layer.w13_plane.data_ptr() and w2.args[6].data_ptr() == layer.w2_plane.data_ptr()
+    fc1, fc2 = launches[2:4]
+    assert fc2.spec.fact["EARLY"] == 0
     if pdl == "1" and chain:
         assert fork is None and (w13.args[-1], w2.args[-1]) == (1, 2)  # W2's waits last: beside W13's
+        assert fc1.spec.fact["EARLY"] == 1 and fc1.spec.key in {s.key for s in layer.plan.specs()}
+        layer.early_fc1 = False
+        assert layer._launches(x, ids, w, torch.empty_like(x))[0][2].spec.fact["EARLY"] == 0
     else:
         assert fork == (0, 1, 2) and w2.args[-1] == w13.args[-1] == int(pdl)  # forked and joined before FC1
+        assert fc1.spec.fact["EARLY"] == 0

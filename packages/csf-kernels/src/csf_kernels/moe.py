@@ -207,6 +207,7 @@ def gemm_launch(
     part: torch.Tensor | None = None,
     routed_ids: torch.Tensor | None = None,
     finish: Fc1Partials | None = None,
+    early: bool = False,
 ) -> Launch:
     """FC1 (``fc1``: gate/up -> activation, out [pairs, N]) or FC2 (out [pairs, H]) over aligned blocks, or
     (``routed_ids``: a few-token call's route ids [T, k], configs with ``moe_specs.routes_as_blocks``) over its
@@ -215,7 +216,8 @@ def gemm_launch(
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
     :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused. ``finish`` (a routed FC2,
     ``moe_specs.fc2_finishes_fc1``): FC1's partials, finished by this program for its K range instead of read
-    from ``x`` (which is unused), so no finishing kernel runs between the GEMMs."""
+    from ``x`` (which is unused), so no finishing kernel runs between the GEMMs. ``early``: a routed FC1 right
+    after chained expansions (``moe_specs.gemm_spec``)."""
     values = weights.values
     dev = values.device
     e, r, k2 = values.shape
@@ -283,7 +285,8 @@ def gemm_launch(
         fin_args = _finish_args(finish, routed, fc1, e, k, pairs, ph)
     spec = gemm_spec(fmt, source, fc1=fc1, activation=activation,
                      bias=(finish.fc1 if finish is not None else weights).bias is not None, config=config,
-                     routed=routed, ids64=routed and _ids64(routed_ids), finishes_fc1=finish is not None)  # fmt: skip
+                     routed=routed, ids64=routed and _ids64(routed_ids), finishes_fc1=finish is not None,
+                     early=early)  # fmt: skip
     steps = -(-k // k_step(fmt))
     per_split = -(-steps // splits)
     if finish is not None and per_split > FIN_STEPS:

@@ -408,15 +408,20 @@ def gemm_spec(
     routed: bool = False,
     ids64: bool = False,
     finishes_fc1: bool = False,
+    early: bool = False,
 ) -> ProgramSpec:
     """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
     a few-token call's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
     (:func:`routes_as_blocks`); ``finishes_fc1``: a routed FC2 that finishes FC1 from its partials itself
-    (``activation``, ``bias``: FC1's), :func:`fc2_finishes_fc1`."""
+    (``activation``, ``bias``: FC1's), :func:`fc2_finishes_fc1`; ``early``: a routed FC1 reading a plane
+    expanded by the chained expansions just before it, which copies its first weights before it waits
+    (``moe_gemm_decode``'s ``EARLY``)."""
     if routed and not routes_as_blocks(config):
         raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
     if finishes_fc1 and (fc1 or not routed):
         raise ValueError("only a routed FC2 finishes FC1 itself")
+    if early and not (fc1 and routed and source == "native" and config.word_stages > 1):
+        raise ValueError("only a routed, staged FC1 reading a native plane copies its weights early")
     if source not in SCALE_SOURCES:
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
     if activation not in ("silu", "swiglu_oai"):
@@ -440,6 +445,7 @@ def gemm_spec(
             FIN=(1 + int(activation == "swiglu_oai")) if finishes_fc1 else 0,
             FIN_BIAS=int(finishes_fc1 and bias),
             FIN_GSCALE=int(finishes_fc1 and fmt.name == "nvfp4"),
+            EARLY=int(early),
             num_warps=config.num_warps,
             **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
@@ -508,6 +514,9 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                                            config=config, routed=True, ids64=ids64))  # fmt: skip
                     specs.append(gemm_spec(geo.fmt, source, fc1=False, activation=geo.activation, bias=geo.bias,
                                            config=config, routed=True, ids64=ids64, finishes_fc1=True))  # fmt: skip
+                    if source == "native" and config.word_stages > 1:  # behind chained expansions
+                        specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
+                                               config=config, routed=True, ids64=ids64, early=True))  # fmt: skip
         for ids64 in (False, True):
             for scatter in align_forms(math.inf):
                 specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))

@@ -13,7 +13,8 @@ calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> co
 The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment
 or the route ids): where both planes take the row-block expander and dependent launches are on, W13's then W2's
 on the current stream, W2's waiting for W13's only before it exits (so they run side by side, and FC1 starts as a
-dependent launch of W2's: ``chain_expansions``); otherwise W13's on the current stream beside W2's on the device's
+dependent launch of W2's, its first weight steps copied before it waits for them: ``chain_expansions``,
+``early_fc1``); otherwise W13's on the current stream beside W2's on the device's
 side stream (``csf_kernels.expand_layer``), forked after the align launches and joined before FC1. From
 ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
 alignment, the relabelling and W2's.
@@ -68,6 +69,9 @@ class MoELayer:
     # a call expanding its routed experts' scales chains the two planes' expansions on the current stream where
     # it can (module docstring); False: always fork and join them (A/B timing)
     chain_expansions: bool = True
+    # behind chained expansions, FC1 copies its first weight steps before it waits for them (``EARLY``, where its
+    # tiles are staged); False: it waits first (A/B timing)
+    early_fc1: bool = True
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -210,6 +214,7 @@ class MoELayer:
             relabelling = []
         w13, w2 = self.weights.w13, self.weights.w2
         fork = None
+        early = False  # FC1 right behind chained expansions copies its first weights before it waits
         if bucket.expand:
             if scale_planes is not None:
                 w13_plane, w2_plane = scale_planes
@@ -227,6 +232,7 @@ class MoELayer:
                 split = len(launches)
                 if self._chains(w13_plane, w2_plane):
                     launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, wait="last")
+                    early = self.early_fc1 and routed and bucket.config.word_stages > 1 and not relabelling
                 else:
                     launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
                     fork = (start, split, len(launches))
@@ -260,7 +266,7 @@ class MoELayer:
             part2 = part[bucket.fc1_partials(plan.top_k, geo) :]
             launches += [
                 gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
-                            **common),
+                            early=early, **common),
                 gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part2,
                             finish=Fc1Partials(part, s1, w13), **common),
                 combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part2, splits=s2,
@@ -269,7 +275,7 @@ class MoELayer:
             return launches, fork
         launches += [
             gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
-                        **common),
+                        early=early, **common),
             fc1_finish_launch(part, topk_ids, inter, fc1=w13, activation=geo.activation, splits=s1,
                               num_experts=geo.experts, relabel=relabel),
             gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part, **common),
@@ -286,10 +292,12 @@ class MoELayer:
         return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
 
 
-def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = True) -> MoELayer:
+def bind(
+    plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = True, early_fc1: bool = True
+) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
-    on the weights' device; shareable by layers that run one after another). ``chain_expansions``: see
-    :attr:`MoELayer.chain_expansions`."""
+    on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
+    ``early_fc1``: see :class:`MoELayer` (A/B timing; the defaults are what serving runs)."""
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
         raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
     if scratch.numel() < plan.scratch_bytes:
@@ -306,4 +314,4 @@ def bind(plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_exp
             raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
-    return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions)
+    return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1)

@@ -165,6 +165,10 @@ class MoEPlan:
                         s = gemm_spec(g.fmt, b.gemm_source, fc1=False, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, finishes_fc1=True)  # fmt: skip
                         out[s.key] = s
+                    if b.expand and b.config.word_stages > 1:  # FC1 behind chained expansions (csf_moe.layer)
+                        s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
+                                      config=b.config, routed=True, ids64=ids64, early=True)  # fmt: skip
+                        out[s.key] = s
             for ids64 in (False, True):
                 # what the bucket's calls (up to its size) align and combine with
                 forms = align_forms(b.tokens * g.top_k)

@@ -86,6 +86,10 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "FIN": "constexpr",
     "FIN_BIAS": "constexpr",
     "FIN_GSCALE": "constexpr",
+    # 1: a routed FC1 whose predecessor is a chained expansion waiting last (csf_kernels.expand): its route ids,
+    # weights and activations were final before that expansion started, so it copies its first weight steps
+    # before it waits, as FIN does; only the scales (the expansion's output) wait
+    "EARLY": "constexpr",
 }
 MULTIPLE_OF = {"K": 32, "n_out": 16, "S": 16, "S_TAIL": 16}
 EXC_UNROLL = gl.constexpr(4)  # inline exception entries loaded per round
@@ -506,12 +510,14 @@ def moe_gemm_decode(
     FMT: gl.constexpr, SRC: gl.constexpr, DB: gl.constexpr, BM: gl.constexpr,
     BN: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr, WG: gl.constexpr,
     XR: gl.constexpr, ROUTED: gl.constexpr, IDS64: gl.constexpr, FIN: gl.constexpr, FIN_BIAS: gl.constexpr,
-    FIN_GSCALE: gl.constexpr,
+    FIN_GSCALE: gl.constexpr, EARLY: gl.constexpr,
 ):  # fmt: skip
-    if FIN == 0:  # (FIN: after its first weight steps' copies, below)
+    if FIN == 0 and EARLY == 0:  # (FIN, EARLY: after their first weight steps' copies, below)
         gluon_await_predecessor(PDL)
     gl.static_assert(FIN == 0 or (ROUTED == 1 and WG == 0 and STAGES > 1 and BM == 8),
                      "FC1's finish is fused into routed, staged mma.sync programs")  # fmt: skip
+    gl.static_assert(EARLY == 0 or (ROUTED == 1 and WG == 0 and STAGES > 1 and SRC == 0 and FIN == 0),
+                     "early copies are for routed, staged mma.sync programs reading a native plane")  # fmt: skip
     gl.static_assert(AHEAD == 0 or (AHEAD == 1 and SRC == 0), "AHEAD is for native scales")
     gl.static_assert(XR == 0 or (WG == 1 and STAGES > 1), "relabelled activations feed staged wgmma programs")
     gl.static_assert(BN == 64 or (BN == 128 and WG == 1 and SRC == 0),
@@ -582,8 +588,9 @@ def moe_gemm_decode(
         for j in gl.static_range(STAGES - 1):
             _issue_step(w_s.index(j), x_s, j, w_e, rows, quad, q, valid, x, a_row_c, live_c, kc, t0 + j,
                         steps, K, R, Q, WG, XR, FIN)  # fmt: skip
-        if FIN:  # FC1's outputs from here on
+        if FIN or EARLY:  # FC1's outputs (FIN), the expanded scales (EARLY) from here on
             gluon_await_predecessor(PDL)
+        if FIN:
             fc1_finish_to_shared(x_s, fin_part, fin_bias, fin_gscale, fin_splits, pid_b, pairs, e, t0, steps, K,
                                  FIN, FIN_BIAS, FIN_GSCALE, BM, BK, BN // 16)  # fmt: skip
             gl.thread_barrier()
