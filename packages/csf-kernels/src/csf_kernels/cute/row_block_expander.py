@@ -37,6 +37,7 @@ as soon as every CTA has begun. 1 waits for the previous kernel (``griddepcontro
 safe after any kernel. 2 waits only before it exits, so it runs beside its predecessor: only for a predecessor
 launched with 1 whose work it neither reads nor writes (that predecessor started its dependents after its own
 wait, so everything before it has completed). A kernel waiting for a 2 then also waits for the 1 before it.
+Plus 4: the next kernel is let in only as this one's CTAs finish their work, not as they start.
 """
 
 from __future__ import annotations
@@ -215,9 +216,10 @@ class RowBlockExpander:
         ctas: Int32,
         pdl: Int32,
     ):
-        if pdl == 1:
+        if pdl & 3 == 1:
             cute.arch.griddepcontrol_wait()  # before the expert ids and the plane are touched
-        cute.arch.griddepcontrol_launch_dependents()  # a no-op in a plain launch
+        if pdl < 4:
+            cute.arch.griddepcontrol_launch_dependents()  # a no-op in a plain launch
         cols = self.cols
         tc = cols % 4
         db = self.delta_bits
@@ -439,7 +441,9 @@ class RowBlockExpander:
             ref = nref
             ne = nne
             nblk = nnblk
-        if pdl == 2:
+        if pdl >= 4:
+            cute.arch.griddepcontrol_launch_dependents()
+        if pdl & 3 == 2:
             cute.arch.griddepcontrol_wait()  # so that this grid completes after its predecessor
 
     @cute.jit

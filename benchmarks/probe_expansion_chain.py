@@ -1,0 +1,127 @@
+"""Kernel timelines of few-token inline calls with their routed experts' expansions chained or forked.
+
+    python3 benchmarks/probe_expansion_chain.py --out timeline.json [--tokens 1,2]
+
+For each peer geometry and token count, one call per CUDA graph, replayed after an L2 flush under torch's
+profiler (CUPTI): each kernel's start and end relative to the call's first kernel, median over the replays, for
+the layer as bound by default (expansions chained as dependent launches, FC1 copying its first weights early),
+chained with FC1 waiting first, and forked and joined (``csf_moe.layer``). A span of a dependent launch starts
+when it is let in, so it includes its wait for the kernel before it. Programs from the AOT cache (frozen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+from timing import L2_FLUSH_BYTES, capture
+
+from csf_kernels import runtime
+from csf_kernels.catalog import load_catalog
+from csf_moe import bind, plan, prepare_weights
+from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
+MODES = {
+    "chained": {},
+    "chained_waits_first": dict(early_fc1=False),
+    "forked": dict(chain_expansions=False),
+    "chained_w2_lets_fc1_in_last": {},
+}
+_LETS_IN_LAST = 4  # the row-block expander's pdl flag: its dependent let in as its CTAs finish
+
+
+def _w2_lets_fc1_in_last(layer):
+    """``layer``'s calls with W2's chained expansion letting FC1 in only as its CTAs finish (a diagnostic arm)."""
+    launches_of = layer._launches
+
+    def patched(*args, **kwargs):
+        launches, fork = launches_of(*args, **kwargs)
+        for i, la in enumerate(launches):
+            if la.spec.kernel == "expand.row_blocks" and la.args[-1] == 2:
+                launches[i] = dataclasses.replace(la, args=(*la.args[:-1], 2 + _LETS_IN_LAST))
+        return launches, fork
+
+    layer._launches = patched
+    return layer
+
+
+def timeline(graph, flush, replays: int) -> list[dict]:
+    """Median (start, end) in us of each kernel of one replay of ``graph``, relative to its first kernel."""
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            flush.add_(1)
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name),
+        key=lambda e: e.time_range.start,
+    )
+    per_replay = len(events) // replays
+    if not events or len(events) % replays:
+        return [{"kernel": f"unusable trace: {len(events)} kernel events for {replays} replays"}]
+    for i in range(replays):
+        chunk = events[i * per_replay : (i + 1) * per_replay]
+        t0 = chunk[0].time_range.start
+        runs.append([(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in chunk])
+    spans = collections.defaultdict(list)
+    for run in runs:
+        for k, (name, start, end) in enumerate(run):
+            spans[(k, name)].append((start, end))
+    median = statistics.median
+    return [
+        {"kernel": name[:60], "start_us": median(a for a, _ in v), "end_us": median(b for _, b in v)}
+        for (_, name), v in sorted(spans.items())
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default="1,2")
+    ap.add_argument("--replays", type=int, default=20)
+    a = ap.parse_args()
+    runtime.freeze()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    rows = []
+    for model, tp in GEOMETRIES:
+        geo = load_catalog().moe_geometry(model, tp, "mxfp4")
+        p = plan(geo, 8, scale_source="inline")
+        weights = prepare_weights(p, **synthetic_layer(geo, seed=3, device="cuda").weight_kwargs())
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        for t in (int(s) for s in a.tokens.split(",")):
+            x, ids, w = synthetic_routing(geo, t, gen)
+            for mode, kwargs in MODES.items():
+                layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"), **kwargs)
+                if mode == "chained_w2_lets_fc1_in_last":
+                    layer = _w2_lets_fc1_in_last(layer)
+                out = torch.empty_like(x)
+                graph = capture(functools.partial(layer.run, x, ids, w, out=out))
+                kernels = timeline(graph, flush, a.replays)
+                rows.append({"geometry": geo.name, "tokens": t, "mode": mode, "kernels": kernels})
+                print(f"{geo.name} T={t} {mode}: " + "  ".join(
+                    f"{k['kernel'][:22]} {k.get('start_us', 0):.1f}-{k.get('end_us', 0):.1f}" for k in kernels),
+                    flush=True)  # fmt: skip
+    doc = {"benchmark": "probe_expansion_chain", "provenance": provenance(), "rows": rows,
+           "compilations_while_frozen": runtime.compilations()}  # fmt: skip
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
