@@ -61,13 +61,16 @@ ARMS = {
     "expanded": dict(scale_source="expanded"),
     "inline": dict(scale_source="inline"),
     "inline_records": dict(scale_source="inline", inline_token_limit=512),
-    "inline_forked": dict(scale_source="inline"),
-    "inline_waits_first": dict(scale_source="inline"),
+    "inline_chained": dict(scale_source="inline"),
+    "inline_chained_waits_first": dict(scale_source="inline"),
 }
-# bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
-# and joins its routed experts' two expansions instead of chaining them as dependent launches;
-# "inline_waits_first" chains them, but FC1 waits for them before it copies any weights
-BIND = {"inline_forked": dict(chain_expansions=False), "inline_waits_first": dict(early_fc1=False)}
+# bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_chained" chains
+# its routed experts' two expansions as dependent launches instead of forking and joining them, FC1 copying its
+# first weights before it waits; "inline_chained_waits_first" chains them, but FC1 waits before it copies
+BIND = {
+    "inline_chained": dict(chain_expansions=True),
+    "inline_chained_waits_first": dict(chain_expansions=True, early_fc1=False),
+}
 DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 
 

@@ -4,8 +4,8 @@
 
 For each peer geometry and token count, one call per CUDA graph, replayed after an L2 flush under torch's
 profiler (CUPTI): each kernel's start and end relative to the call's first kernel, median over the replays, for
-the layer as bound by default (expansions chained as dependent launches, FC1 copying its first weights early),
-chained with FC1 waiting first, and forked and joined (``csf_moe.layer``). A span of a dependent launch starts
+the layer's expansions chained as dependent launches (FC1 copying its first weights early), chained with FC1 waiting
+first, and forked and joined (the default; ``csf_moe.layer``). A span of a dependent launch starts
 when it is let in, so it includes its wait for the kernel before it. Programs from the AOT cache (frozen).
 """
 
@@ -33,10 +33,10 @@ from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
 MODES = {
-    "chained": {},
-    "chained_waits_first": dict(early_fc1=False),
-    "forked": dict(chain_expansions=False),
-    "chained_w2_lets_fc1_in_last": {},
+    "chained": dict(chain_expansions=True),
+    "chained_waits_first": dict(chain_expansions=True, early_fc1=False),
+    "forked": {},
+    "chained_w2_lets_fc1_in_last": dict(chain_expansions=True),
 }
 _LETS_IN_LAST = 4  # the row-block expander's pdl flag: its dependent let in as its CTAs finish
 

@@ -11,11 +11,12 @@ lists the routed experts whose scales the call expands; int32 ids list them them
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment
-or the route ids): where both planes take the row-block expander and dependent launches are on, W13's then W2's
-on the current stream, W2's waiting for W13's only before it exits (so they run side by side, and FC1 starts as a
-dependent launch of W2's, its first weight steps copied before it waits for them: ``chain_expansions``,
-``early_fc1``); otherwise W13's on the current stream beside W2's on the device's
-side stream (``csf_kernels.expand_layer``), forked after the align launches and joined before FC1. From
+or the route ids): W13's on the current stream beside W2's on the device's side stream
+(``csf_kernels.expand_layer``), forked after the align launches and joined before FC1; or, bound with
+``chain_expansions`` (off by default: run 240 measured it faster on gpt-oss and Qwen3-30B at 1-2 tokens, slower
+on DS4.1 at every count), where both planes take the row-block expander and dependent launches are on, W13's
+then W2's on the current stream, W2's waiting for W13's only before it exits (so they run side by side), and FC1
+a dependent launch of W2's that copies its first weight steps before it waits (``early_fc1``). From
 ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
 alignment, the relabelling and W2's.
 
@@ -67,8 +68,8 @@ class MoELayer:
     weights: MoEWeights
     scratch: torch.Tensor
     # a call expanding its routed experts' scales chains the two planes' expansions on the current stream where
-    # it can (module docstring); False: always fork and join them (A/B timing)
-    chain_expansions: bool = True
+    # it can (module docstring; opt in: not faster on every geometry, run 240); False: fork and join them
+    chain_expansions: bool = False
     # behind chained expansions, FC1 copies its first weight steps before it waits for them (``EARLY``, where its
     # tiles are staged); False: it waits first (A/B timing)
     early_fc1: bool = True
@@ -293,11 +294,11 @@ class MoELayer:
 
 
 def bind(
-    plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = True, early_fc1: bool = True
+    plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = False, early_fc1: bool = True
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
-    ``early_fc1``: see :class:`MoELayer` (A/B timing; the defaults are what serving runs)."""
+    ``early_fc1``: see :class:`MoELayer` (the defaults are what serving runs)."""
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
         raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
     if scratch.numel() < plan.scratch_bytes:
