@@ -28,6 +28,7 @@ from timing import L2_FLUSH_BYTES, capture
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.expand import LETS_DEPENDENT_IN_LAST
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
@@ -38,7 +39,6 @@ MODES = {
     "forked": {},
     "chained_w2_lets_fc1_in_last": dict(chain_expansions=True),
 }
-_LETS_IN_LAST = 4  # the row-block expander's pdl flag: its dependent let in as its CTAs finish
 
 
 def _w2_lets_fc1_in_last(layer):
@@ -49,7 +49,7 @@ def _w2_lets_fc1_in_last(layer):
         launches, fork = launches_of(*args, **kwargs)
         for i, la in enumerate(launches):
             if la.spec.kernel == "expand.row_blocks" and la.args[-1] == 2:
-                launches[i] = dataclasses.replace(la, args=(*la.args[:-1], 2 + _LETS_IN_LAST))
+                launches[i] = dataclasses.replace(la, args=(*la.args[:-1], 2 + LETS_DEPENDENT_IN_LAST))
         return launches, fork
 
     layer._launches = patched

@@ -123,6 +123,9 @@ def expansion_engine(inline: InlineScales, out: torch.Tensor) -> str:
 # when a row-block expansion launched dependently waits for its predecessor (inline_expansion_launches), in the
 # order of the program's ``pdl`` argument (1, 2; 0: a plain launch)
 WAITS = ("first", "last")
+# added to ``pdl``: the program lets its dependent in as its CTAs finish their work, not as they start (a
+# diagnostic form: benchmarks/probe_expansion_chain.py)
+LETS_DEPENDENT_IN_LAST = 4
 ROW_BLOCKS_PER_CTA_MAX = 4
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "combine_slot_tiles",
     "combine_slots",
     "combine_spec",
+    "copies_weights_early",
     "decode_config_for",
     "experts_bins",
     "fc1_finish_spec",
@@ -420,7 +421,7 @@ def gemm_spec(
         raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
     if finishes_fc1 and (fc1 or not routed):
         raise ValueError("only a routed FC2 finishes FC1 itself")
-    if early and not (fc1 and routed and source == "native" and config.word_stages > 1):
+    if early and not (fc1 and routed and source == "native" and copies_weights_early(config)):
         raise ValueError("only a routed, staged FC1 reading a native plane copies its weights early")
     if source not in SCALE_SOURCES:
         raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
@@ -491,6 +492,13 @@ def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_ste
     return tokens <= ROUTED_TOKENS and routes_as_blocks(config) and config.word_stages > 1 and fits
 
 
+def copies_weights_early(config: GemmConfig) -> bool:
+    """Whether a routed FC1 on ``config`` can copy its first weight steps before it waits for its predecessor
+    (``moe_gemm_decode``'s ``EARLY``, behind chained expansions): routed, staged tiles reading their activations
+    in the natural order."""
+    return routes_as_blocks(config) and config.word_stages > 1 and not config.relabelled
+
+
 def routes_as_blocks(config: GemmConfig) -> bool:
     """Whether calls of up to :data:`ROUTED_TOKENS` tokens on ``config`` skip the alignment, each route a block
     read from the route ids (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
@@ -514,7 +522,7 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                                            config=config, routed=True, ids64=ids64))  # fmt: skip
                     specs.append(gemm_spec(geo.fmt, source, fc1=False, activation=geo.activation, bias=geo.bias,
                                            config=config, routed=True, ids64=ids64, finishes_fc1=True))  # fmt: skip
-                    if source == "native" and config.word_stages > 1:  # behind chained expansions
+                    if source == "native" and copies_weights_early(config):  # behind chained expansions
                         specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
                                                config=config, routed=True, ids64=ids64, early=True))  # fmt: skip
         for ids64 in (False, True):

@@ -45,7 +45,7 @@ from csf_kernels.moe import (
     gemm_launch,
     relabel_launch,
 )
-from csf_kernels.moe_specs import relabel_step
+from csf_kernels.moe_specs import copies_weights_early, relabel_step
 from csf_kernels.programs import ALIGNMENT
 from csf_kernels.relabel import padded_k
 from csf_kernels.runtime import Launch, aligned
@@ -233,7 +233,7 @@ class MoELayer:
                 split = len(launches)
                 if self._chains(w13_plane, w2_plane):
                     launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, wait="last")
-                    early = self.early_fc1 and routed and bucket.config.word_stages > 1 and not relabelling
+                    early = self.early_fc1 and routed and copies_weights_early(bucket.config)
                 else:
                     launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
                     fork = (start, split, len(launches))

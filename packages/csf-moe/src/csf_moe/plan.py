@@ -23,6 +23,7 @@ from csf_kernels.moe_specs import (
     align_scatter_spec,
     combine_slot_tiles,
     combine_spec,
+    copies_weights_early,
     decode_config_for,
     experts_bins,
     fc1_finish_spec,
@@ -165,7 +166,7 @@ class MoEPlan:
                         s = gemm_spec(g.fmt, b.gemm_source, fc1=False, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, finishes_fc1=True)  # fmt: skip
                         out[s.key] = s
-                    if b.expand and b.config.word_stages > 1:  # FC1 behind chained expansions (csf_moe.layer)
+                    if b.expand and copies_weights_early(b.config):  # FC1 behind chained expansions (layer)
                         s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, early=True)  # fmt: skip
                         out[s.key] = s
