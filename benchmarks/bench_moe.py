@@ -63,13 +63,16 @@ ARMS = {
     "inline_records": dict(scale_source="inline", inline_token_limit=512),
     "inline_chained": dict(scale_source="inline"),
     "inline_chained_waits_first": dict(scale_source="inline"),
+    "inline_chained_fc1_at_end": dict(scale_source="inline"),
 }
 # bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_chained" chains
 # its routed experts' two expansions as dependent launches instead of forking and joining them, FC1 copying its
-# first weights before it waits; "inline_chained_waits_first" chains them, but FC1 waits before it copies
+# first weights before it waits; "inline_chained_waits_first" chains them, but FC1 waits before it copies;
+# "inline_chained_fc1_at_end" chains them, W2's letting FC1 in only as its CTAs finish
 BIND = {
     "inline_chained": dict(chain_expansions=True),
     "inline_chained_waits_first": dict(chain_expansions=True, early_fc1=False),
+    "inline_chained_fc1_at_end": dict(chain_expansions=True, fc1_let_in="end"),
 }
 DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 

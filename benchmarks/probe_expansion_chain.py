@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import functools
 import json
 import statistics
@@ -28,7 +27,6 @@ from timing import L2_FLUSH_BYTES, capture
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.expand import LETS_DEPENDENT_IN_LAST
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
@@ -37,23 +35,8 @@ MODES = {
     "chained": dict(chain_expansions=True),
     "chained_waits_first": dict(chain_expansions=True, early_fc1=False),
     "forked": {},
-    "chained_w2_lets_fc1_in_last": dict(chain_expansions=True),
+    "chained_w2_lets_fc1_in_last": dict(chain_expansions=True, fc1_let_in="end"),
 }
-
-
-def _w2_lets_fc1_in_last(layer):
-    """``layer``'s calls with W2's chained expansion letting FC1 in only as its CTAs finish (a diagnostic arm)."""
-    launches_of = layer._launches
-
-    def patched(*args, **kwargs):
-        launches, fork = launches_of(*args, **kwargs)
-        for i, la in enumerate(launches):
-            if la.spec.kernel == "expand.row_blocks" and la.args[-1] == 2:
-                launches[i] = dataclasses.replace(la, args=(*la.args[:-1], 2 + LETS_DEPENDENT_IN_LAST))
-        return launches, fork
-
-    layer._launches = patched
-    return layer
 
 
 def timeline(graph, flush, replays: int) -> list[dict]:
@@ -108,8 +91,6 @@ def main() -> None:
             x, ids, w = synthetic_routing(geo, t, gen)
             for mode, kwargs in MODES.items():
                 layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"), **kwargs)
-                if mode == "chained_w2_lets_fc1_in_last":
-                    layer = _w2_lets_fc1_in_last(layer)
                 out = torch.empty_like(x)
                 graph = capture(functools.partial(layer.run, x, ids, w, out=out))
                 kernels = timeline(graph, flush, a.replays)

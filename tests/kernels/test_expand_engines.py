@@ -125,12 +125,16 @@ def test_row_block_launch_waits_first_or_last_as_a_dependent_launch(monkeypatch)
 
     monkeypatch.delenv("CSF_PDL", raising=False)
     assert pdl() == 1 and pdl(wait="first") == 1 and pdl(wait="last") == 2  # the program's pdl argument
+    assert pdl(lets_next_in="end") == 5 and pdl(wait="last", lets_next_in="end") == 6  # + LETS_DEPENDENT_IN_LAST
     monkeypatch.setenv("CSF_PDL", "0")  # dependent launches off: a plain launch either way
-    assert pdl(wait="first") == 0 and pdl(wait="last") == 0
+    assert pdl(wait="first") == 0 and pdl(wait="last") == 0 and pdl(wait="last", lets_next_in="end") == 0
     with pytest.raises(ValueError, match="wait must be one of"):
         pdl(wait="never")
-    with pytest.raises(ValueError, match="only the row-block expander waits last"):
-        inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="cute", wait="last")
+    with pytest.raises(ValueError, match="lets_next_in must be one of"):
+        pdl(lets_next_in="never")
+    for kwargs in (dict(wait="last"), dict(lets_next_in="end")):
+        with pytest.raises(ValueError, match="only the row-block expander waits last"):
+            inline_expansion_launches(w2, torch.empty(w2.shape, dtype=torch.uint8), engine="cute", **kwargs)
 
 
 def test_exception_caps_pack_each_modes_capacity_as_the_codec_counts_it():

@@ -109,6 +109,8 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
         assert fc1.spec.fact["EARLY"] == 1 and fc1.spec.key in {s.key for s in layer.plan.specs()}
         layer.early_fc1 = False
         assert layer._launches(x, ids, w, torch.empty_like(x))[0][2].spec.fact["EARLY"] == 0
+        layer.fc1_let_in = "end"  # W2's lets FC1 in only as its CTAs finish: pdl 2 + LETS_DEPENDENT_IN_LAST
+        assert [la.args[-1] for la in layer._launches(x, ids, w, torch.empty_like(x))[0][:2]] == [1, 6]
     else:
         assert fork == (0, 1, 2) and w2.args[-1] == w13.args[-1] == int(pdl)  # forked and joined before FC1
         assert fc1.spec.fact["EARLY"] == 0

@@ -123,8 +123,9 @@ def expansion_engine(inline: InlineScales, out: torch.Tensor) -> str:
 # when a row-block expansion launched dependently waits for its predecessor (inline_expansion_launches), in the
 # order of the program's ``pdl`` argument (1, 2; 0: a plain launch)
 WAITS = ("first", "last")
-# added to ``pdl``: the program lets its dependent in as its CTAs finish their work, not as they start (a
-# diagnostic form: benchmarks/probe_expansion_chain.py)
+# when a row-block expansion launched dependently lets the kernel after it in: as its CTAs start ("start"), or as
+# they finish their work ("end": the program's ``pdl`` argument plus LETS_DEPENDENT_IN_LAST)
+LETS_NEXT_IN = ("start", "end")
 LETS_DEPENDENT_IN_LAST = 4
 ROW_BLOCKS_PER_CTA_MAX = 4
 
@@ -137,6 +138,7 @@ def inline_expansion_launches(
     store: int | None = None,
     engine: str = "auto",
     wait: str = "first",
+    lets_next_in: str = "start",
 ) -> list[runtime.Launch]:
     """The launches expanding ``inline`` into ``out`` (see :func:`bind_expand_inline`).
 
@@ -146,11 +148,15 @@ def inline_expansion_launches(
     ``wait``: when the row-block expander, a dependent launch (unless ``CSF_PDL`` is off), waits for the kernel
     before it on the stream: "first" (before it reads anything: after any kernel), or "last" (before it exits, so
     it runs beside that kernel: only right after a "first" expansion of another plane, see
-    :func:`expansion_engine`); the other engines launch plainly, so "last" is for the row-block expander only."""
+    :func:`expansion_engine`); the other engines launch plainly, so "last" is for the row-block expander only.
+    ``lets_next_in``: when that dependent launch lets the kernel after it in, as its CTAs start ("start") or as
+    they finish their work ("end": the next kernel's CTAs then do not sit on the SMs beside this grid's)."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     if wait not in WAITS:
         raise ValueError(f"expand_inline: wait must be one of {WAITS}, got {wait!r}")
+    if lets_next_in not in LETS_NEXT_IN:
+        raise ValueError(f"expand_inline: lets_next_in must be one of {LETS_NEXT_IN}, got {lets_next_in!r}")
     geo = inline.geometry
     dev = inline.records.device
     out = _check_out(out, inline.shape, dev, "expand_inline")
@@ -161,12 +167,15 @@ def inline_expansion_launches(
         return []
     if engine == "auto":
         engine = expansion_engine(inline, out) if store is None else "triton"
-    if wait == "last" and engine != "row_block":
-        raise ValueError(f"expand_inline: only the row-block expander waits last; this plane takes {engine!r}")
+    if (wait, lets_next_in) != ("first", "start") and engine != "row_block":
+        raise ValueError(f"expand_inline: only the row-block expander waits last or lets the next kernel in at "
+                         f"its end; this plane takes {engine!r}")  # fmt: skip
     if engine == "row_block":
         if not row_block_covers(geo.cols, out.numel(), out.data_ptr()) or store is not None:
             raise ValueError(f"expand_inline: the row-block expander does not cover a {tuple(out.shape)} plane")
-        pdl = WAITS.index(wait) + 1 if env.flag(env.PDL, default=True) else 0
+        pdl = 0
+        if env.flag(env.PDL, default=True):
+            pdl = WAITS.index(wait) + 1 + (LETS_DEPENDENT_IN_LAST if lets_next_in == "end" else 0)
         return [_row_block_launch(inline, out, experts, pdl=pdl)]
     if engine == "cute":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from csf_kernels import env, runtime
-from csf_kernels.expand import expansion_engine, inline_expansion_launches
+from csf_kernels.expand import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.moe import (
     Fc1Partials,
@@ -73,6 +73,9 @@ class MoELayer:
     # behind chained expansions, FC1 copies its first weight steps before it waits for them (``EARLY``, where its
     # tiles are staged); False: it waits first (A/B timing)
     early_fc1: bool = True
+    # behind chained expansions, W2's lets FC1 in as its CTAs start ("start": FC1's CTAs then sit on the SMs
+    # beside the expansions') or as they finish their work ("end"; csf_kernels.expand.LETS_NEXT_IN)
+    fc1_let_in: str = "start"
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -232,7 +235,9 @@ class MoELayer:
                 launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
                 split = len(launches)
                 if self._chains(w13_plane, w2_plane):
-                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, wait="last")
+                    launches += inline_expansion_launches(
+                        w2.inline, w2_plane, experts=active, wait="last", lets_next_in=self.fc1_let_in
+                    )
                     early = self.early_fc1 and routed and copies_weights_early(bucket.config)
                 else:
                     launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
@@ -294,11 +299,19 @@ class MoELayer:
 
 
 def bind(
-    plan: MoEPlan, weights: MoEWeights, scratch: torch.Tensor, *, chain_expansions: bool = False, early_fc1: bool = True
+    plan: MoEPlan,
+    weights: MoEWeights,
+    scratch: torch.Tensor,
+    *,
+    chain_expansions: bool = False,
+    early_fc1: bool = True,
+    fc1_let_in: str = "start",
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
-    ``early_fc1``: see :class:`MoELayer` (the defaults are what serving runs)."""
+    ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs)."""
+    if fc1_let_in not in LETS_NEXT_IN:
+        raise ValueError(f"fc1_let_in must be one of {LETS_NEXT_IN}, got {fc1_let_in!r}")
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
         raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
     if scratch.numel() < plan.scratch_bytes:
@@ -315,4 +328,5 @@ def bind(
             raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
-    return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1)
+    return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1,
+                    fc1_let_in=fc1_let_in)  # fmt: skip
