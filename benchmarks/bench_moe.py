@@ -61,18 +61,17 @@ ARMS = {
     "expanded": dict(scale_source="expanded"),
     "inline": dict(scale_source="inline"),
     "inline_records": dict(scale_source="inline", inline_token_limit=512),
-    "inline_chained": dict(scale_source="inline"),
-    "inline_chained_waits_first": dict(scale_source="inline"),
-    "inline_chained_fc1_at_end": dict(scale_source="inline"),
+    "inline_forked": dict(scale_source="inline"),
+    "inline_fc1_at_start": dict(scale_source="inline"),
+    "inline_waits_first": dict(scale_source="inline"),
 }
-# bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_chained" chains
-# its routed experts' two expansions as dependent launches instead of forking and joining them, FC1 copying its
-# first weights before it waits; "inline_chained_waits_first" chains them, but FC1 waits before it copies;
-# "inline_chained_fc1_at_end" chains them, W2's letting FC1 in only as its CTAs finish
+# bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
+# and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
+# chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies
 BIND = {
-    "inline_chained": dict(chain_expansions=True),
-    "inline_chained_waits_first": dict(chain_expansions=True, early_fc1=False),
-    "inline_chained_fc1_at_end": dict(chain_expansions=True, fc1_let_in="end"),
+    "inline_forked": dict(chain_expansions=False),
+    "inline_fc1_at_start": dict(fc1_let_in="start"),
+    "inline_waits_first": dict(early_fc1=False),
 }
 DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 

@@ -4,9 +4,10 @@
 
 For each peer geometry and token count, one call per CUDA graph, replayed after an L2 flush under torch's
 profiler (CUPTI): each kernel's start and end relative to the call's first kernel, median over the replays, for
-the layer's expansions chained as dependent launches (FC1 copying its first weights early), chained with FC1 waiting
-first, and forked and joined (the default; ``csf_moe.layer``). A span of a dependent launch starts
-when it is let in, so it includes its wait for the kernel before it. Programs from the AOT cache (frozen).
+the layer's expansions chained as dependent launches as bound by default (W2's letting FC1 in as its CTAs finish,
+FC1 copying its first weights early; ``csf_moe.layer``), chained with FC1 let in as W2's CTAs start, chained with
+FC1 waiting first, and forked and joined. A span of a dependent launch starts when it is let in, so it includes its
+wait for the kernel before it. Programs from the AOT cache (frozen).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
 MODES = {
-    "chained": dict(chain_expansions=True),
-    "chained_waits_first": dict(chain_expansions=True, early_fc1=False),
-    "forked": {},
-    "chained_w2_lets_fc1_in_last": dict(chain_expansions=True, fc1_let_in="end"),
+    "chained": {},
+    "chained_fc1_at_start": dict(fc1_let_in="start"),
+    "chained_waits_first": dict(early_fc1=False),
+    "forked": dict(chain_expansions=False),
 }
 
 

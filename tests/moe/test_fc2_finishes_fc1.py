@@ -83,10 +83,10 @@ def test_a_bucket_that_also_serves_aligned_calls_keeps_its_finish_kernel():
 def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as_dependent_launches(
     monkeypatch, pdl, chain
 ):
-    """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on: W13's
-    expansion waits first, W2's runs beside it and waits last, right before FC1, which copies its first weights
-    before it waits (EARLY), and nothing forks. Otherwise (dependent launches off, or the layer told not to
-    chain) W2's forks onto the side stream as before and FC1 waits first."""
+    """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on (the
+    layer's defaults): W13's expansion waits first, W2's runs beside it, waits last and lets FC1 in only as its
+    CTAs finish, and FC1 copies its first weights before it waits (EARLY); nothing forks. Otherwise (dependent
+    launches off, or the layer told not to chain) W2's forks onto the side stream and FC1 waits first."""
     import csf_kernels.expand as expand
     import csf_moe.layer as layer_module
 
@@ -94,6 +94,7 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
         monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
     monkeypatch.setenv("CSF_PDL", pdl)
     geo, layer = _layer("mxfp4", "inline")
+    assert layer.chain_expansions and layer.fc1_let_in == "end" and layer.early_fc1  # what serving runs
     layer.chain_expansions = chain
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
     launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
@@ -105,12 +106,21 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     fc1, fc2 = launches[2:4]
     assert fc2.spec.fact["EARLY"] == 0
     if pdl == "1" and chain:
-        assert fork is None and (w13.args[-1], w2.args[-1]) == (1, 2)  # W2's waits last: beside W13's
+        # W2's waits last (beside W13's) and lets FC1 in as its CTAs finish: pdl 2 + LETS_DEPENDENT_IN_LAST
+        assert fork is None and (w13.args[-1], w2.args[-1]) == (1, 6)
         assert fc1.spec.fact["EARLY"] == 1 and fc1.spec.key in {s.key for s in layer.plan.specs()}
         layer.early_fc1 = False
         assert layer._launches(x, ids, w, torch.empty_like(x))[0][2].spec.fact["EARLY"] == 0
-        layer.fc1_let_in = "end"  # W2's lets FC1 in only as its CTAs finish: pdl 2 + LETS_DEPENDENT_IN_LAST
-        assert [la.args[-1] for la in layer._launches(x, ids, w, torch.empty_like(x))[0][:2]] == [1, 6]
+        layer.fc1_let_in = "start"  # FC1 let in as W2's CTAs start
+        assert [la.args[-1] for la in layer._launches(x, ids, w, torch.empty_like(x))[0][:2]] == [1, 2]
     else:
         assert fork == (0, 1, 2) and w2.args[-1] == w13.args[-1] == int(pdl)  # forked and joined before FC1
         assert fc1.spec.fact["EARLY"] == 0
+
+
+def test_bind_rejects_an_unknown_point_for_letting_fc1_in():
+    from csf_moe import bind
+
+    _, layer = _layer("mxfp4", "inline")
+    with pytest.raises(ValueError, match="fc1_let_in must be one of"):
+        bind(layer.plan, layer.weights, layer.scratch, fc1_let_in="middle")

@@ -11,14 +11,16 @@ lists the routed experts whose scales the call expands; int32 ids list them them
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment
-or the route ids): W13's on the current stream beside W2's on the device's side stream
-(``csf_kernels.expand_layer``), forked after the align launches and joined before FC1; or, bound with
-``chain_expansions`` (off by default: run 240 measured it faster on gpt-oss and Qwen3-30B at 1-2 tokens, slower
-on DS4.1 at every count), where both planes take the row-block expander and dependent launches are on, W13's
-then W2's on the current stream, W2's waiting for W13's only before it exits (so they run side by side), and FC1
-a dependent launch of W2's that copies its first weight steps before it waits (``early_fc1``). From
-``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
-alignment, the relabelling and W2's.
+or the route ids): where both planes take the row-block expander and dependent launches are on (every catalog
+plane on a GPU), chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they
+run side by side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they
+start sit on the SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies
+its first weight steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's
+on the current stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the
+align launches and joined before FC1 (a join admits no dependent launch). Run 242 measured the chained form
+faster than the forked one at 13 of 15 (geometry, 1-32 tokens) single calls, and equal in chains of calls but at
+DS4.1's 4 tokens. From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's
+start: W13's beside the alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -68,14 +70,14 @@ class MoELayer:
     weights: MoEWeights
     scratch: torch.Tensor
     # a call expanding its routed experts' scales chains the two planes' expansions on the current stream where
-    # it can (module docstring; opt in: not faster on every geometry, run 240); False: fork and join them
-    chain_expansions: bool = False
+    # it can (module docstring); False: fork and join them (A/B timing)
+    chain_expansions: bool = True
     # behind chained expansions, FC1 copies its first weight steps before it waits for them (``EARLY``, where its
     # tiles are staged); False: it waits first (A/B timing)
     early_fc1: bool = True
-    # behind chained expansions, W2's lets FC1 in as its CTAs start ("start": FC1's CTAs then sit on the SMs
-    # beside the expansions') or as they finish their work ("end"; csf_kernels.expand.LETS_NEXT_IN)
-    fc1_let_in: str = "start"
+    # behind chained expansions, W2's lets FC1 in as its CTAs finish their work ("end") or as they start ("start":
+    # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.LETS_NEXT_IN)
+    fc1_let_in: str = "end"
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -303,9 +305,9 @@ def bind(
     weights: MoEWeights,
     scratch: torch.Tensor,
     *,
-    chain_expansions: bool = False,
+    chain_expansions: bool = True,
     early_fc1: bool = True,
-    fc1_let_in: str = "start",
+    fc1_let_in: str = "end",
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
