@@ -22,6 +22,7 @@ from csf_kernels.families import (
     EXPAND_INLINE,
     row_block_expander_spec,
     row_block_group_tiles,
+    row_block_groups,
     row_block_warps,
     row_expander_spec,
 )
@@ -150,11 +151,14 @@ def test_exception_caps_pack_each_modes_capacity_as_the_codec_counts_it():
     assert exception_caps(96, 4) == 9
 
 
-def test_row_block_group_tiles_split_only_wide_sixteen_byte_rows():
+def test_row_block_group_tiles_split_only_rows_wider_than_eight_tiles():
     assert row_block_group_tiles(160) == 8 and row_block_group_tiles(48) == 4  # 5 and 3 groups
-    assert row_block_group_tiles(32) == 8 and row_block_group_tiles(90) == 22  # whole rows (90: tail too)
-    assert row_block_warps(160) == 5 and row_block_warps(48) == 3  # a warp per column group
-    assert row_block_warps(90) == 2 and row_block_warps(24) == 4  # a warp per row block
+    assert row_block_group_tiles(32) == 8 and row_block_group_tiles(18) == 4  # whole rows (18: tail too)
+    assert row_block_group_tiles(90) == 11 and row_block_groups(90) == 2  # 22 tiles: two groups, the tail in one
+    assert row_block_group_tiles(36) == 9 and row_block_groups(36) == 1  # 9 tiles: no group size divides them
+    assert row_block_group_tiles(154) == 38 and row_block_groups(154) == 1  # 38 = 2 x 19: whole rows
+    assert row_block_warps(160) == 5 and row_block_warps(48) == 3 and row_block_warps(90) == 2  # a warp per group
+    assert row_block_warps(36) == 2 and row_block_warps(24) == 4  # a warp per row block
 
 
 def test_row_block_refuses_planes_it_does_not_cover():

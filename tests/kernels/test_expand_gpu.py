@@ -209,7 +209,11 @@ def test_row_expander_never_writes_outside_its_plane_on_tampered_records():
 
 
 @pytest.mark.parametrize("stats", [EXCEPTION_DENSE, SEED_REGIME], ids=["one-staging", "two-stagings"])
-@pytest.mark.parametrize(("shape", "group"), [((6, 1152, 160), 576), ((6, 1280, 18), None)], ids=["w13", "w2"])
+@pytest.mark.parametrize(
+    ("shape", "group"),
+    [((6, 1152, 160), 576), ((6, 1280, 18), None), ((6, 1152, 90), 576)],
+    ids=["w13", "w2", "gpt-oss-90"],
+)
 @pytest.mark.parametrize("ctas", [1, 3])
 def test_row_block_items_in_turn_through_both_stagings(shape, group, stats, ctas):
     """A grid of one or three CTAs walks many items per warp (or CTA), so the staging of the next item

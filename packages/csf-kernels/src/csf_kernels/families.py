@@ -132,21 +132,28 @@ class RowImageLayout:
 # CuTe DSL: one program per plane shape, a 128-row block per warp, or per CTA where rows split into column
 # groups (csf_kernels/cute/row_block_expander.py)
 CUTE_ROW_BLOCK_EXPANDER = "expand.row_blocks"
-CUTE_ROW_BLOCK_EXPANDER_VERSION = 2  # 2: the pdl argument
+CUTE_ROW_BLOCK_EXPANDER_VERSION = 3  # 2: the pdl argument; 3: column groups of rows that are not 16-byte multiples
 ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
 
 
 ROW_BLOCK_MAX_GROUP_TILES = 8  # a warp decodes 32-byte row segments: 32 warps per SM
+# rows that are not 16-byte multiples are imaged 16 or 32 bits at a time, so their groups need not be multiples of
+# four tiles: up to this many, at least four (a warp's serial decode bounds a few-expert expansion's latency)
+ROW_BLOCK_MAX_FLAT_GROUP_TILES = 12
 
 
 def row_block_group_tiles(cols: int) -> int:
-    """Full tiles per item of the row-block expander: whole rows (tail included) unless the rows are 16-byte
-    multiples wider than ``ROW_BLOCK_MAX_GROUP_TILES`` tiles, which split into equal column groups of a
-    multiple of four tiles (whole 16-byte image stores; DS4.1-TP4 W13: five groups of 8)."""
+    """Full tiles per item of the row-block expander: whole rows (tail included) up to
+    ``ROW_BLOCK_MAX_GROUP_TILES`` tiles; wider rows split into equal column groups, the last one taking the tail:
+    16-byte multiples into groups of a multiple of four tiles (whole 16-byte image stores; DS4.1-TP4 W13: five
+    groups of 8), other rows into the fewest groups of 4 to ``ROW_BLOCK_MAX_FLAT_GROUP_TILES`` tiles (gpt-oss's
+    90 columns: two of 11, the tail in the second), or whole where none divides them."""
     full = cols // TILE_COLS
-    if cols % 16 or full <= ROW_BLOCK_MAX_GROUP_TILES:
+    if full <= ROW_BLOCK_MAX_GROUP_TILES:
         return full
-    return max(gt for gt in range(4, ROW_BLOCK_MAX_GROUP_TILES + 1, 4) if full % gt == 0)
+    if cols % 16 == 0:
+        return max(gt for gt in range(4, ROW_BLOCK_MAX_GROUP_TILES + 1, 4) if full % gt == 0)
+    return max((gt for gt in range(4, ROW_BLOCK_MAX_FLAT_GROUP_TILES + 1) if full % gt == 0), default=full)
 
 
 def row_block_groups(cols: int) -> int:

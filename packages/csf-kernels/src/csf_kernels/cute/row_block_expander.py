@@ -11,12 +11,13 @@ and rows past the row group are imaged like any other (never copied out) instead
 
 Two forms, by the plane's shape (:func:`~csf_kernels.families.row_block_group_tiles`):
 
-* whole rows (at most 8 full tiles and a tail, or rows that are not 16-byte multiples; DS4.1-TP4's W2): one warp
+* whole rows (at most 8 full tiles and a tail, or wider rows no group size divides; DS4.1-TP4's W2): one warp
   per row block, with its own image; no CTA barrier;
-* column groups (16-byte multiple rows wider than 8 tiles; W13's 160 columns: five groups of 8 tiles): one warp
-  per group, the CTA's warps imaging the block's whole rows together so the copy-out stores whole 128-byte lines
-  (ncu run 123: the per-warp 32-byte row segments kept the L2 78% busy at 30 us), with a CTA barrier before and
-  after each image.
+* column groups (rows wider than 8 tiles; W13's 160 columns: five groups of 8 tiles; gpt-oss's 90: two of 11, the
+  second with the tail): one warp per group, the CTA's warps imaging the block's whole rows together so the
+  copy-out stores whole 128-byte lines (ncu run 123: the per-warp 32-byte row segments kept the L2 78% busy at
+  30 us), with a CTA barrier before and after each image. Splitting rows that are not 16-byte multiples halves
+  the serial decode a warp does per block, which bounds a few-expert expansion's latency.
 
 For each block a warp stages its records, tail record and base deltas into its own shared-memory region
 (``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format section 5), patches
@@ -403,20 +404,21 @@ class RowBlockExpander:
                         lane,
                     )
                 if cutlass.const_expr(tc > 0):
-                    self.tail_tile(
-                        tb0,
-                        tail_words,
-                        tail_exception_caps,
-                        bases,
-                        tail_raw,
-                        tail_raw_bytes,
-                        s_rec,
-                        s_rec16,
-                        s_rec8,
-                        s_img8,
-                        img0,
-                        lane,
-                    )
+                    if g == self.groups - 1:  # the last column group's warp (or the block's only warp)
+                        self.tail_tile(
+                            tb0,
+                            tail_words,
+                            tail_exception_caps,
+                            bases,
+                            tail_raw,
+                            tail_raw_bytes,
+                            s_rec,
+                            s_rec16,
+                            s_rec8,
+                            s_img8,
+                            img0,
+                            lane,
+                        )
                 cute.arch.sync_warp()  # the image is complete; the staging region is free
                 if cutlass.const_expr(self.shared):
                     cute.arch.barrier()  # every group's columns are imaged
@@ -504,7 +506,7 @@ class RowBlockExpander:
     @cute.jit
     def stage(self, copy_atom, sources, s_chunks, rb, g, counts, buffer, lane):
         """Queue the 16-byte copies of row block ``rb``'s column group ``g``: its full-tile records (a pass over
-        the lanes), the tail record (planes with a tail: one group; the low lanes) and the base deltas (the top
+        the lanes), the tail record (planes with a tail: the last group; the low lanes) and the base deltas (the top
         lanes), each a predicated copy rather than a branch per lane (ncu, run 136: the branchy single pass cost
         ~60 warp instructions a block)."""
         records, tail, deltas = sources
@@ -514,7 +516,7 @@ class RowBlockExpander:
         for i in cutlass.range(lane, rec_n, 32, unroll=1):  # one or two chunks a lane: no unrolled remainder
             cute.copy(copy_atom, records[None, src + i], s_chunks[None, rw0 // 4 + i])
         if cutlass.const_expr(self.cols % 4 > 0):
-            if lane < tail_n:
+            if lane < tail_n and g == self.groups - 1:
                 cute.copy(copy_atom, tail[None, rb * tail_n + lane], s_chunks[None, tail_w0 // 4 + lane])
         j = lane - (32 - self.delta_bits)
         if j >= 0:
