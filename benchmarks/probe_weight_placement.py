@@ -65,10 +65,11 @@ def main() -> None:
         weights = prepare_weights(p, **data.weight_kwargs())
         layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
         out = torch.empty_like(x)
-        copies.append((weights, out, capture(lambda layer=layer, out=out: layer.run(x, ids, w, out=out))))
+        graph = capture(lambda layer=layer, out=out: layer.run(x, ids, w, out=out))
+        copies.append((weights, out, graph, layer))  # the layer holds the scratch its graph writes: kept alive
     rows = []
     for rnd in range(2):  # two rounds, so a copy's figure is not its turn's
-        for i, (weights, out, graph) in enumerate(copies):
+        for i, (weights, out, graph, _) in enumerate(copies):
             samples = replay_times(graph, a.reps, flush)
             placed = _addresses(weights)
             rows.append({"copy": i, "round": rnd, "median_s": statistics.median(samples), "samples_s": samples,
