@@ -6,13 +6,13 @@ Per geometry and token count, arms side by side in one process: csf with native 
 expanded into scratch before each call, with CSF stored inline as planned (its routed experts' scales
 expanded first: the default limit) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
 OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
-inputs rotated over several routings. Up to ``CHAIN_MAX_TOKENS`` tokens also per call of a chain: one graph
-of ``CHAIN_CALLS`` calls back to back, each on a routing of its own, L2 flushed before each replay, its time
-divided by the calls: a layer as it runs inside a model's graph, where the replay's own start (about 5 us,
-run 230: ``probe_call_chain.py``) is paid once per step, not once per layer. Effective bandwidth counts the
-FP4 values and the scale bytes (as the arm stores them) of the experts actually routed to; TFLOP/s counts
-2 * routes * (3 N H). Correctness: the csf arms' outputs are compared bit for bit on every input, and against the
-float32 reference where it is affordable.
+inputs rotated over several routings, the arms' replays interleaved. Up to ``CHAIN_MAX_TOKENS`` tokens also per
+call of a chain: one graph of ``CHAIN_CALLS`` calls back to back, each on a routing of its own, L2 flushed before
+each replay, its time divided by the calls: a layer as it runs inside a model's graph, where the replay's own
+start (about 5 us, run 230: ``probe_call_chain.py``) is paid once per step, not once per layer. Effective
+bandwidth counts the FP4 values and the scale bytes (as the arm stores them) of the experts actually routed to;
+TFLOP/s counts 2 * routes * (3 N H). Correctness: the csf arms' outputs are compared bit for bit on every input,
+and against the float32 reference where it is affordable.
 """
 
 from __future__ import annotations
@@ -161,19 +161,25 @@ def bench_geometry(
                 "shared_experts_with_previous_call_mean": _shared_experts(chain),
                 "unique_experts_mean": statistics.mean(int(torch.unique(c[1]).numel()) for c in chain),
             }
-        outs, chain_outs = {}, {}
+        outs, chain_outs, graphs = {}, {}, {}
         for arm in arms:
             layer = layers[arm]
-            graphs, arm_outs = [], []
+            graphs[arm], outs[arm] = [], []
             for x, ids, w in sets:
                 out = torch.empty_like(x)
-                graphs.append(capture(lambda layer=layer, x=x, ids=ids, w=w, out=out: layer.run(x, ids, w, out=out)))
-                arm_outs.append(out)
-            samples = []
-            for _ in range(max(1, reps // input_sets)):
-                for g in graphs:
-                    samples += replay_times(g, 1, flush)
-            outs[arm] = [o.clone() for o in arm_outs]
+                graphs[arm].append(capture(functools.partial(layer.run, x, ids, w, out=out)))
+                outs[arm].append(out)
+        # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit: runs
+        # 234-250 at gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
+        samples_of = {arm: [] for arm in arms}
+        for _ in range(max(1, reps // input_sets)):
+            for i in range(input_sets):
+                for arm in arms:
+                    samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
+        del graphs
+        for arm in arms:
+            layer = layers[arm]
+            samples = samples_of[arm]
             med = statistics.median(samples)
             # the GEMM reads the inline records, or a native plane (the model's, or one expanded into scratch)
             reads_inline = layer.plan.scale_source == "inline" and not layer.plan.bucket_for(t).expand
@@ -192,7 +198,6 @@ def bench_geometry(
                 "TFLOPs": flops / med / 1e12,
                 "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
             }
-            del graphs
             if chain:
                 per_call, chain_outs[arm] = _chain_times(layer, chain, max(1, reps // 2), flush)
                 moved_chain = row["chain"]["unique_experts_mean"] * (pe["values"] + scales)
