@@ -17,9 +17,9 @@ run side by side), letting FC1 in only as its CTAs finish their work (``fc1_let_
 start sit on the SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies
 its first weight steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's
 on the current stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the
-align launches and joined before FC1 (a join admits no dependent launch). Run 242 measured the chained form
-faster than the forked one at 13 of 15 (geometry, 1-32 tokens) single calls, and equal in chains of calls but at
-DS4.1's 4 tokens. From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's
+align launches and joined before FC1 (a join admits no dependent launch). Runs 242-245 measured the chained form
+as fast as the forked one or faster (by up to 20 us) at every peer geometry and 1-32 tokens but DS4.1's 4 tokens
+(2-5 us slower). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's
 start: W13's beside the alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
