@@ -17,10 +17,11 @@ run side by side), letting FC1 in only as its CTAs finish their work (``fc1_let_
 start sit on the SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies
 its first weight steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's
 on the current stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the
-align launches and joined before FC1 (a join admits no dependent launch). Runs 242-245 measured the chained form
-as fast as the forked one or faster (by up to 20 us) at every peer geometry and 1-32 tokens but DS4.1's 4 tokens
-(2-5 us slower). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's
-start: W13's beside the alignment, the relabelling and W2's.
+align launches and joined before FC1 (a join admits no dependent launch). Runs 242-247 measured the chained form
+as fast as the forked one (within 1 us) or faster (by up to 20 us) at the peer geometries' 1-32 tokens, except
+DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us slower; 6 us faster in run 247,
+with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
+expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
