@@ -3,7 +3,8 @@
     python3 benchmarks/probe_weight_placement.py --out placement.json [--model gpt-oss-120b --tp 1 --copies 6]
 
 bench_moe prepares a copy of the weights per arm, and at gpt-oss's 8192 tokens one copy has run ~10% slower than
-the others with the same launches (runs 234-248). Here: ``--copies`` layers of one inline plan, each with its own
+the others with the same launches (runs 234-248); run 250 found it was when a copy was timed, not where it lay
+(hence bench_moe's interleaved arms). Here: ``--copies`` layers of one inline plan, each with its own
 prepared weights, the same inputs, timed in turn (CUDA-graph replays after an L2 flush), each copy's tensors'
 addresses reported (offsets within 2 MiB pages and 1 GiB), and every copy's output compared with the first's.
 """
@@ -11,6 +12,7 @@ addresses reported (offsets within 2 MiB pages and 1 GiB), and every copy's outp
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -41,10 +43,6 @@ def _addresses(weights) -> dict:
     return out
 
 
-def samples_us(row: dict) -> float:
-    return row["median_s"] * 1e6
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -65,17 +63,18 @@ def main() -> None:
         weights = prepare_weights(p, **data.weight_kwargs())
         layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
         out = torch.empty_like(x)
-        graph = capture(lambda layer=layer, out=out: layer.run(x, ids, w, out=out))
+        graph = capture(functools.partial(layer.run, x, ids, w, out=out))
         copies.append((weights, out, graph, layer))  # the layer holds the scratch its graph writes: kept alive
     rows = []
     for rnd in range(2):  # two rounds, so a copy's figure is not its turn's
         for i, (weights, out, graph, _) in enumerate(copies):
             samples = replay_times(graph, a.reps, flush)
-            placed = _addresses(weights)
-            rows.append({"copy": i, "round": rnd, "median_s": statistics.median(samples), "samples_s": samples,
-                         "exact": bool(torch.equal(out, copies[0][1])), "addresses": placed})  # fmt: skip
+            median, placed = statistics.median(samples), _addresses(weights)
+            exact = bool(torch.equal(out, copies[0][1]))
+            rows.append({"copy": i, "round": rnd, "median_s": median, "samples_s": samples, "exact": exact,
+                         "addresses": placed})  # fmt: skip
             where = "  ".join(f"{k} +{v['mod_2MiB'] >> 10}K/{v['mod_1GiB'] >> 20}M" for k, v in placed.items())
-            print(f"round {rnd} copy {i}: {samples_us(rows[-1]):8.1f} us exact={rows[-1]['exact']} {where}", flush=True)
+            print(f"round {rnd} copy {i}: {median * 1e6:8.1f} us exact={exact} {where}", flush=True)
     doc = {"benchmark": "probe_weight_placement", "provenance": provenance(), "geometry": geo.name,
            "tokens": a.tokens, "rows": rows, "compilations_while_frozen": runtime.compilations()}  # fmt: skip
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

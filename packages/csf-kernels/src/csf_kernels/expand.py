@@ -175,7 +175,7 @@ def inline_expansion_launches(
             raise ValueError(f"expand_inline: the row-block expander does not cover a {tuple(out.shape)} plane")
         pdl = 0
         if env.flag(env.PDL, default=True):
-            pdl = WAITS.index(wait) + 1 + (LETS_DEPENDENT_IN_LAST if lets_next_in == "end" else 0)
+            pdl = WAITS.index(wait) + 1 + LETS_NEXT_IN.index(lets_next_in) * LETS_DEPENDENT_IN_LAST
         return [_row_block_launch(inline, out, experts, pdl=pdl)]
     if engine == "cute":
         layout = row_image_layout(geo.cols, out.numel(), out.data_ptr())
