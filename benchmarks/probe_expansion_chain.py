@@ -13,10 +13,8 @@ wait for the kernel before it. Programs from the AOT cache (frozen).
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture
+from timing import L2_FLUSH_BYTES, capture, kernel_timeline
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -38,40 +36,6 @@ MODES = {
     "chained_waits_first": dict(early_fc1=False),
     "forked": dict(chain_expansions=False),
 }
-
-
-def timeline(graph, flush, replays: int) -> list[dict]:
-    """Median (start, end) in us of each kernel of one replay of ``graph``, relative to its first kernel."""
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    runs = []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            flush.add_(1)
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
-    events = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name),
-        key=lambda e: e.time_range.start,
-    )
-    per_replay = len(events) // replays
-    if not events or len(events) % replays:
-        return [{"kernel": f"unusable trace: {len(events)} kernel events for {replays} replays"}]
-    for i in range(replays):
-        chunk = events[i * per_replay : (i + 1) * per_replay]
-        t0 = chunk[0].time_range.start
-        runs.append([(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in chunk])
-    spans = collections.defaultdict(list)
-    for run in runs:
-        for k, (name, start, end) in enumerate(run):
-            spans[(k, name)].append((start, end))
-    median = statistics.median
-    return [
-        {"kernel": name[:60], "start_us": median(a for a, _ in v), "end_us": median(b for _, b in v)}
-        for (_, name), v in sorted(spans.items())
-    ]
 
 
 def main() -> None:
@@ -94,7 +58,7 @@ def main() -> None:
                 layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"), **kwargs)
                 out = torch.empty_like(x)
                 graph = capture(functools.partial(layer.run, x, ids, w, out=out))
-                kernels = timeline(graph, flush, a.replays)
+                kernels = kernel_timeline(graph, flush, a.replays)
                 rows.append({"geometry": geo.name, "tokens": t, "mode": mode, "kernels": kernels})
                 print(f"{geo.name} T={t} {mode}: " + "  ".join(
                     f"{k['kernel'][:22]} {k.get('start_us', 0):.1f}-{k.get('end_us', 0):.1f}" for k in kernels),

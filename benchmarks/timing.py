@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import statistics
 
 import torch
 
-__all__ = ["L2_FLUSH_BYTES", "capture", "chain_times", "copy_bandwidth", "replay_times", "run_all"]
+__all__ = ["L2_FLUSH_BYTES", "capture", "chain_times", "copy_bandwidth", "kernel_timeline", "replay_times", "run_all"]
 
 L2_FLUSH_BYTES = 256 << 20
 
@@ -65,3 +66,37 @@ def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:
         arms[name] = {"samples_s": t, "median_GBps": 2 * n / statistics.median(t) / 1e9}
     best = max(a["median_GBps"] for a in arms.values())
     return {"bytes_moved": 2 * n, "arms": arms, "median_GBps": best}
+
+
+def kernel_timeline(graph, flush, replays: int) -> list[dict]:
+    """Median (start, end) in us of each kernel of one replay of ``graph``, relative to its first kernel."""
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            flush.add_(1)
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name),
+        key=lambda e: e.time_range.start,
+    )
+    per_replay = len(events) // replays
+    if not events or len(events) % replays:
+        return [{"kernel": f"unusable trace: {len(events)} kernel events for {replays} replays"}]
+    for i in range(replays):
+        chunk = events[i * per_replay : (i + 1) * per_replay]
+        t0 = chunk[0].time_range.start
+        runs.append([(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in chunk])
+    spans = collections.defaultdict(list)
+    for run in runs:
+        for k, (name, start, end) in enumerate(run):
+            spans[(k, name)].append((start, end))
+    median = statistics.median
+    return [
+        {"kernel": name[:60], "start_us": median(a for a, _ in v), "end_us": median(b for _, b in v)}
+        for (_, name), v in sorted(spans.items())
+    ]

@@ -404,7 +404,7 @@ class RowBlockExpander:
                         lane,
                     )
                 if cutlass.const_expr(tc > 0):
-                    if g == self.groups - 1:  # the last column group's warp (or the block's only warp)
+                    if self.owns_tail(g):
                         self.tail_tile(
                             tb0,
                             tail_words,
@@ -503,6 +503,11 @@ class RowBlockExpander:
                 if b >= mis and b < mis + n:
                     out8[chunk0 * 16 + b] = s_img8[ib0 + b]
 
+    def owns_tail(self, g):
+        """Whether column group ``g`` stages and decodes the plane's tail tile: the last group (or a block's only
+        warp)."""
+        return g == self.groups - 1
+
     @cute.jit
     def stage(self, copy_atom, sources, s_chunks, rb, g, counts, buffer, lane):
         """Queue the 16-byte copies of row block ``rb``'s column group ``g``: its full-tile records (a pass over
@@ -516,7 +521,7 @@ class RowBlockExpander:
         for i in cutlass.range(lane, rec_n, 32, unroll=1):  # one or two chunks a lane: no unrolled remainder
             cute.copy(copy_atom, records[None, src + i], s_chunks[None, rw0 // 4 + i])
         if cutlass.const_expr(self.cols % 4 > 0):
-            if lane < tail_n and g == self.groups - 1:
+            if lane < tail_n and self.owns_tail(g):
                 cute.copy(copy_atom, tail[None, rb * tail_n + lane], s_chunks[None, tail_w0 // 4 + lane])
         j = lane - (32 - self.delta_bits)
         if j >= 0:
