@@ -57,7 +57,7 @@ MLA_DECODE_WIDE = TritonFamily(
     gluon=True,
 )
 MLA_MERGE = TritonFamily(
-    kernel="mla.merge", version=1, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
+    kernel="mla.merge", version=2, module="csf_kernels.kernels.mla_merge", function="mla_merge", num_warps=4
 )
 PARTIAL_DTYPES = ("float32", "bfloat16")
 OPERANDS = ("float16", "bfloat16")
