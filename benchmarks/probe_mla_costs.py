@@ -1,6 +1,6 @@
 """Where a sparse-MLA decode call's time goes: what it costs besides its chunks, by batch and split count.
 
-    python3 benchmarks/probe_mla_costs.py --out FILE [--reps 30] [--replays 20]
+    python3 benchmarks/probe_mla_costs.py --out FILE [--reps 30] [--replays 20] [--only 16:32,32:128]
 
 For 16 and 32 heads (the catalog's programs from the AOT cache, frozen) at batches 1, 8, 32 and 128, top-k 2048
 (bench_mla's candidates), each call twice: every candidate live, and one live chunk per row (lengths 64). Each is
@@ -85,11 +85,15 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--only", default="", help="heads:batch pairs to probe (default: every configuration)")
     a = ap.parse_args()
+    only = {tuple(int(x) for x in pair.split(":")) for pair in a.only.split(",") if pair}
     runtime.freeze()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     doc = {"benchmark": "probe_mla_costs", "provenance": provenance(), "results": []}
     for heads, batch, sms in CONFIGS:
+        if only and (heads, batch) not in only:
+            continue
         doc["results"] += probe(heads, batch, sms, a.reps, a.replays, flush)
         torch.cuda.empty_cache()
     doc["compilations_while_frozen"] = runtime.compilations()

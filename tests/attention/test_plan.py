@@ -53,6 +53,38 @@ def test_a_second_program_per_sm_only_where_splits_keep_many_chunks():
     assert {rows: one.splits_for(rows) for rows in (32, 48, 128)} == {32: 4, 48: 2, 128: 1}
 
 
+def test_decode_programs_may_share_an_sm_only_as_their_split_count_was_planned():
+    """A call planned one program per SM launches so that no SM takes two (the 16-head program would fit two);
+    one planned two per SM, or with more programs than SMs, may share."""
+    p = plan(MLACaps(heads=16, max_rows=256, topk=2048))
+    assert {rows: p.programs_per_sm(rows) for rows in (1, 16, 32, 44, 45, 128, 256)} == {
+        1: 1,
+        16: 1,
+        32: 1,
+        44: 1,
+        45: 2,
+        128: 2,
+        256: 2,
+    }
+    short = plan(MLACaps(heads=16, max_rows=256, topk=512))  # one per SM planned, but 200 programs need two
+    assert (short.splits_for(200), short.programs_per_sm(200), short.programs_per_sm(32)) == (1, 2, 1)
+    wide = plan(MLACaps(heads=128, max_rows=128, topk=2048))
+    assert wide.programs_per_sm(128) == -(-128 * wide.head_blocks // 132)
+
+
+def test_a_cap_on_programs_per_sm_reserves_just_enough_shared_memory():
+    from csf_kernels.runtime import shared_for_at_most
+
+    smem, reserved = 233472, 1024  # the H200's 228 KiB per SM, 1 KiB reserved per program
+    one = shared_for_at_most(1, 104704, smem, reserved)  # the 16-head program's 102.25 KiB
+    assert (one + reserved) * 2 > smem >= one + reserved
+    assert shared_for_at_most(2, 104704, smem, reserved) == 104704  # already at most two: its own need
+    three = shared_for_at_most(3, 1024, smem, reserved)
+    assert (three + reserved) * 4 > smem >= (three + reserved) * 3
+    with pytest.raises(ValueError, match="positive"):
+        shared_for_at_most(0, 1024, smem, reserved)
+
+
 def test_scratch_holds_the_partials_of_every_row_count():
     for dtype, esize in (("float32", 4), ("bfloat16", 2)):
         caps = MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype)

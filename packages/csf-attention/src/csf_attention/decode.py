@@ -50,7 +50,8 @@ class SparseMLADecoder:
             raise ValueError(f"out must be contiguous bf16 [{rows}, {caps.heads}, {VALUE_DIM}]")
         splits = self.plan.splits_for(rows)
         kw = {"sm_scale": sm_scale, "splits": splits, "config": self.plan.config, "partial_dtype": caps.partial_dtype,
-              "quantize_query": caps.quantize_query, "placeholder": placeholder(q.device)}  # fmt: skip
+              "quantize_query": caps.quantize_query, "placeholder": placeholder(q.device),
+              "at_most_per_sm": self.plan.programs_per_sm(rows)}  # fmt: skip
         if splits == 1 and self.plan.direct:  # the decode finishes the output: no partials, no merge
             unused = kw["placeholder"]  # no partials
             return [decode_launch(q, kv_cache, indices, lengths, unused, unused, out=out, lse=lse, attn_sink=attn_sink,

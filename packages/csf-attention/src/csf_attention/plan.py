@@ -82,12 +82,27 @@ class MLAPlan:
     def splits_for(self, rows: int) -> int:
         """Splits per row for a call with ``rows`` rows: one program per SM, or ``waves`` where the splits of
         one program per SM keep ``SHARED_SM_MIN_CHUNKS`` chunks each."""
+        return self._policy(rows)[0]
+
+    def programs_per_sm(self, rows: int) -> int:
+        """How many decode programs of a call with ``rows`` rows may share an SM: the waves its split count was
+        planned for, or more where its programs outnumber that many waves. The decode launches so that no SM
+        takes more (``csf_kernels.runtime.shared_for_at_most``): a program that fits twice on an SM would
+        otherwise share one, beside whatever the kernel before it left resident, at twice its time, while
+        another SM idles (run 253: 8-call chains at b32 h16 took 37-44 us a call instead of 29 in most replays
+        once the merge before each decode held more registers)."""
+        splits, waves = self._policy(rows)
+        programs = rows * self.head_blocks * splits
+        return max(waves, -(-programs // self.caps.sm_count))
+
+    def _policy(self, rows: int) -> tuple[int, int]:
+        """(splits per row, the programs per SM they were planned for)."""
         if not 0 < rows <= self.caps.max_rows:
             raise ValueError(f"rows={rows} outside the plan's [1, {self.caps.max_rows}]")
         one_each = self._balanced(rows, 1)
         if self.max_splits < SHARED_SM_MIN_CHUNKS * one_each:  # (at waves 1 both are the same)
-            return one_each
-        return self._balanced(rows, self.waves)
+            return one_each, 1
+        return self._balanced(rows, self.waves), self.waves
 
     def _balanced(self, rows: int, waves: int) -> int:
         target = (waves * self.caps.sm_count) // (rows * self.head_blocks)

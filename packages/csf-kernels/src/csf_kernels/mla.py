@@ -61,11 +61,13 @@ def decode_launch(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    at_most_per_sm: int | None = None,
 ) -> Launch:
     """The decode program over ``splits`` splits per row; partials [rows * splits, heads, 512] and lse
     [rows * splits, heads] (views of the caller's scratch). A uint8 ``q`` is a packed query;
     ``quantize_query`` quantizes a bf16 one in-kernel the same way (bit-identical results). With ``out``
-    given (one split only) the program writes the finished output (and ``lse``) itself, as the merge would."""
+    given (one split only) the program writes the finished output (and ``lse``) itself, as the merge would.
+    ``at_most_per_sm``: how many of its programs an SM may hold (the plan's ``programs_per_sm``)."""
     rows, heads = q.shape[0], q.shape[1]
     want = (rows * splits, heads, VALUE_DIM)
     direct = out is not None
@@ -84,7 +86,7 @@ def decode_launch(
                        sink=attn_sink is not None, lse=lse is not None)  # fmt: skip
     args = (q, kv_cache, indices, lengths, part_out, part_lse, _or(attn_sink, placeholder), _or(out, placeholder),
             _or(lse, placeholder), num_slots, float(sm_scale), heads, indices.shape[1], splits)  # fmt: skip
-    return Launch(spec, (rows * (heads // bh), splits), args)
+    return Launch(spec, (rows * (heads // bh), splits), args, at_most_per_sm)
 
 
 def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:

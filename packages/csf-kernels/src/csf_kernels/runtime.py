@@ -165,10 +165,34 @@ class _Driver:
     def load_function(self, image: bytes, entry: str, shared: int):
         module = self.check(self.cu.cuModuleLoadData(image), f"cuModuleLoadData({entry})")
         fn = self.check(self.cu.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry})")
+        self.allow_shared(fn, entry, shared)
+        return module, fn
+
+    def allow_shared(self, fn, entry: str, shared: int) -> None:
+        """Let ``fn`` launch with ``shared`` bytes of dynamic shared memory (past the default 48 KiB)."""
         if shared > 48 * 1024:
             attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             self.check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({entry})")
-        return module, fn
+
+    def shared_per_sm(self, device: int) -> tuple[int, int]:
+        """(shared memory per SM, shared memory the driver reserves per program) in bytes."""
+        a = self.cu.CUdevice_attribute
+        dev = self.check(self.cu.cuDeviceGet(device), "cuDeviceGet")
+        per_sm, reserved = (
+            self.check(self.cu.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({attr.name})")
+            for attr in (a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                         a.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
+        )  # fmt: skip
+        return int(per_sm), int(reserved)
+
+
+def shared_for_at_most(per_sm: int, shared: int, smem_per_sm: int, reserved: int) -> int:
+    """Dynamic shared memory for a program that needs ``shared`` bytes so that at most ``per_sm`` of its programs
+    fit on one SM (``smem_per_sm`` bytes, ``reserved`` more per program): its own need, or just past the share of
+    ``per_sm + 1``. What fits beside it is then decided by the plan, not by where the block scheduler puts it."""
+    if per_sm <= 0:
+        raise ValueError(f"programs per SM must be positive, got {per_sm}")
+    return max(shared, smem_per_sm // (per_sm + 1) - reserved + 1)
 
 
 _driver: _Driver | None = None
@@ -203,9 +227,10 @@ class LoadedProgram:
     multiples: dict[str, int] = field(default_factory=dict)  # divisibilities compiled in (checked at bind)
     pdl: bool = False  # launched as a programmatic dependent launch (the program waits for its predecessor)
 
-    def bind(self, grid: tuple[int, ...], *args) -> BoundLaunch:
+    def bind(self, grid: tuple[int, ...], *args, at_most_per_sm: int | None = None) -> BoundLaunch:
         """Marshal the arguments once; the returned launch costs one driver call. Pointers are given as
-        tensors (kept alive by the binding) or ints, scalars as Python ints."""
+        tensors (kept alive by the binding) or ints, scalars as Python ints. ``at_most_per_sm``: launch with
+        enough shared memory that no SM holds more of these programs (``shared_for_at_most``)."""
         if len(args) != len(self.params):
             raise TypeError(f"{self.spec.kernel} takes {len(self.params)} arguments, got {len(args)}")
         if self.multiples:
@@ -220,9 +245,14 @@ class LoadedProgram:
         values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # Triton's global and profile scratch (size 0)
         argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         keep = (values, [a for a in args if isinstance(a, torch.Tensor)])
+        shared = self.shared
+        if at_most_per_sm is not None:
+            drv = _drv()
+            shared = shared_for_at_most(at_most_per_sm, shared, *drv.shared_per_sm(self.device))
+            drv.allow_shared(drv.cu.CUfunction(self.function), self.entry, shared)
         pdl = self.pdl and env.flag(env.PDL, default=True)
-        config = pdl_launch_config((gx, gy, gz), self.block, self.shared) if pdl else None
-        return BoundLaunch(self, (gx, gy, gz), argv, keep, config)
+        config = pdl_launch_config((gx, gy, gz), self.block, shared) if pdl else None
+        return BoundLaunch(self, (gx, gy, gz), argv, keep, config, shared)
 
     def launch(self, grid: tuple[int, ...], *args) -> None:
         """Bind and launch once on torch's current stream."""
@@ -251,6 +281,7 @@ class BoundLaunch:
     argv: object
     _keepalive: object
     config: LaunchConfig | None = None  # programs launched as programmatic dependent launches
+    shared: int = 0  # dynamic shared memory of a plain launch
 
     def __call__(self) -> None:
         gx, gy, gz = self.grid
@@ -264,7 +295,7 @@ class BoundLaunch:
             err = _DRIVER_LIB[0].cuLaunchKernelEx(ctypes.byref(self.config), p.function, self.argv, None)
         else:
             call = "cuLaunchKernel"
-            err = _DRIVER_LIB[0].cuLaunchKernel(p.function, gx, gy, gz, *p.block, p.shared, stream, self.argv, None)
+            err = _DRIVER_LIB[0].cuLaunchKernel(p.function, gx, gy, gz, *p.block, self.shared, stream, self.argv, None)
         if err != 0:
             _drv().check(err, f"{call}({p.entry}, grid={self.grid})")
 
@@ -298,9 +329,15 @@ class Launch:
     spec: ProgramSpec
     grid: tuple[int, ...]
     args: tuple
+    at_most_per_sm: int | None = None  # Triton programs: how many may share an SM (LoadedProgram.bind)
 
     def bind(self, geometry: str | None = None) -> BoundLaunch:
-        return program(self.spec, geometry=geometry).bind(self.grid, *self.args)
+        prog = program(self.spec, geometry=geometry)
+        if self.at_most_per_sm is None:
+            return prog.bind(self.grid, *self.args)
+        if not isinstance(prog, LoadedProgram):
+            raise NotImplementedError(f"{self.spec.describe()}: a cap on programs per SM needs a Triton program")
+        return prog.bind(self.grid, *self.args, at_most_per_sm=self.at_most_per_sm)
 
     def with_pointers(self, tensors: tuple[torch.Tensor, ...]) -> Launch:
         """The same launch with ``tensors`` passed as raw addresses (Triton programs) or address-and-shape
@@ -319,7 +356,7 @@ class Launch:
                 TensorRef.of(a) if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in storages else a
                 for a in self.args
             )
-        return Launch(self.spec, self.grid, args)
+        return Launch(self.spec, self.grid, args, self.at_most_per_sm)
 
 
 # ------------------------------------------------------------------------------------------ cache

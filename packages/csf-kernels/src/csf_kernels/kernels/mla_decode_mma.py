@@ -203,48 +203,19 @@ def _candidate_order(x):
 
 
 @gluon.jit
-def _program_slot(heads, BH: gl.constexpr):
-    """This program's query row, first head and split (every Gluon program)."""
-    head_blocks = heads // BH
+def _program_chunks(lengths, heads, topk, splits, BH: gl.constexpr):
+    """This program's work (both Gluon programs): its query row, first head, split, the row's live length
+    ``n`` and its chunks [c0, c1) under the balanced split policy of ``mla_decode``."""
     pid = gl.program_id(0)
-    return pid // head_blocks, (pid % head_blocks) * BH, gl.program_id(1)
-
-
-@gluon.jit
-def _split_chunks(n, splits, s):
-    """Chunks [c0, c1) of split ``s`` of a row with ``n`` live candidates: the balanced split policy of
-    ``mla_decode`` (a short row still spreads over every split)."""
+    s = gl.program_id(1)
+    head_blocks = heads // BH
+    row = pid // head_blocks
+    h0 = (pid % head_blocks) * BH
+    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
     live_chunks = (n + CHUNK - 1) // CHUNK
     cps = (live_chunks + splits - 1) // splits
     c0 = s * cps
-    return c0, gl.minimum(c0 + cps, live_chunks)
-
-
-@gluon.jit
-def _program_chunks(lengths, heads, topk, splits, BH: gl.constexpr):
-    """This program's work: its query row, first head, split, the row's live length ``n`` and its chunks
-    [c0, c1)."""
-    row, h0, s = _program_slot(heads, BH)
-    n = gl.minimum(gl.maximum(gl.load(lengths + row), 0), topk)
-    c0, c1 = _split_chunks(n, splits, s)
-    return row, h0, s, n, c0, c1
-
-
-@gluon.jit
-def _program_first_chunk(indices, lengths, heads, topk, splits, BH: gl.constexpr, chunk_ids: gl.constexpr):
-    """``_program_chunks`` and the first chunk's ids (``chunk_ids``' tuple). The ids are loaded beside the row's
-    length as if the row were full (a decode's usual case: its candidates fill the top-k) and loaded again where
-    the length says otherwise, so that the first records' copies wait for one round trip before them, not two
-    (the length's, then the ids')."""
-    row, h0, s = _program_slot(heads, BH)
-    length = gl.load(lengths + row)
-    f0, f1 = _split_chunks(topk, splits, s)
-    ids = chunk_ids(indices, row, topk, topk, f0, f0 < f1)
-    n = gl.minimum(gl.maximum(length, 0), topk)
-    c0, c1 = _split_chunks(n, splits, s)
-    if n != topk:
-        ids = chunk_ids(indices, row, topk, n, c0, c0 < c1)
-    return row, h0, s, n, c0, c1, ids
+    return row, h0, s, n, c0, gl.minimum(c0 + cps, live_chunks)
 
 
 @gluon.jit
@@ -473,7 +444,7 @@ def mla_decode_mma(
     gl.static_assert(W == 4 or W == 8, "the register layouts are built for 4 or 8 warps")
     MMA: gl.constexpr = _mma(W)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    row, h0, s, n, c0, c1, first_ids = _program_first_chunk(indices, lengths, heads, topk, splits, BH, _chunk_ids)
+    row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
     sw8: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     lat_s = gl.allocate_shared_memory(gl.uint8, [STAGES, CHUNK, LATENT], _latent_staging())
@@ -492,7 +463,7 @@ def mla_decode_mma(
         gl.float32, [BH, 4], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     )
 
-    la, ro, sx, score_ids = first_ids
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
     _issue(kv, la, ro, sx, num_slots, lat_s.index(0), rope_s.index(0), sc_s.index(0))
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH)

@@ -57,7 +57,7 @@ from .mla_decode_mma import (
     _k_order,
     _latent_staging,
     _live,
-    _program_first_chunk,
+    _program_chunks,
     _query_latent,
     _query_rope,
     _records,
@@ -317,9 +317,9 @@ def _warpgroup(q, kv, indices, lengths, part_out, part_lse, attn_sink, out, lse_
     HEADS: gl.constexpr = gl.SliceLayout(0, ACC)
     G0: gl.constexpr = 2 * H
     G1: gl.constexpr = 2 * H + 1
-    row, h0, s, n, c0, c1, first_ids = _program_first_chunk(indices, lengths, heads, topk, splits, BH, _chunk_ids)
+    row, h0, s, n, c0, c1 = _program_chunks(lengths, heads, topk, splits, BH)
 
-    la, ro, sx, score_ids = first_ids
+    la, ro, sx, score_ids = _chunk_ids(indices, row, topk, n, c0, c0 < c1)
     _issue(kv, la, ro, sx, num_slots, lat_s.index(H * STAGES), rope_s.index(H * STAGES), sc_s.index(H * STAGES), H)
     la, ro, sx, next_score_ids = _chunk_ids(indices, row, topk, n, c0 + 1, c0 + 1 < c1)
     _stage_query(q, row, h0, heads, q_s, qr_s, qf_s, Q_MODE, BH, H)

@@ -5,10 +5,10 @@ exp(lse_s - M), M the largest of the split maxima and the sink. A row with no li
 and lse = -inf. The returned lse covers the keys only (the sink scales the output, as FlashMLA's does).
 
 The merge sits on a call's critical path after its decode (run 252: it ended 3.3-4.6 us after the decode
-at 2-4 splits, when it loaded each split's lse and then its partial row in turn), so its loads are issued
-together: the first ``SPLIT_BLOCK`` splits' lse and partial rows in one round (the partials do not depend on
-the maximum), further splits' lse ``LSE_BLOCK`` at a time, then their partials ``SPLIT_BLOCK`` at a time. A
-single split's sums are that split's terms alone, as the decode's direct finish computes them (same bits).
+at 2-4 splits, loading each split's lse and then its partial row in turn), so its loads are issued together:
+every split's lse for the maximum in one vector load, and the partial rows four splits a round, the first
+round beside that load (the partials do not depend on the maximum). The sums still add split by split in
+order, so the bits are those of a split-by-split merge (and a single split's are the decode's direct finish).
 """
 
 from __future__ import annotations
@@ -35,23 +35,24 @@ SIGNATURE = {
 MULTIPLE_OF = {"heads": 16}
 
 LATENT = tl.constexpr(512)
-LSE_BLOCK = tl.constexpr(32)  # further splits' lse read by one vector load
-SPLIT_BLOCK = tl.constexpr(8)  # splits whose partial rows one round loads
+LSE_BLOCK = tl.constexpr(32)  # splits whose lse one vector load reads for the maximum
 
 
 @triton.jit
-def _split_terms(part_out, part_lse, first, ks, splits, heads, hd, PARTIAL_BF16: tl.constexpr):
-    """The lse [SPLIT_BLOCK] and partial rows [SPLIT_BLOCK, 512] (float32) of splits ``ks`` (-inf and zeros past
-    the last split)."""
-    live = ks < splits
-    slot = (first + ks) * heads + hd
-    lse = tl.load(part_lse + slot, mask=live, other=float("-inf"))
-    at = slot[:, None] * LATENT + tl.arange(0, LATENT)[None, :]
+def _split_row(part_out, part_lse, first, s, splits, heads, hd, PARTIAL_BF16: tl.constexpr):
+    """Split ``s``'s lse and float32 partial row [512] (-inf and zeros past the last split: it then adds +0.0)."""
+    slot = (first + s) * heads + hd
+    lse = tl.load(part_lse + slot, mask=s < splits, other=float("-inf"))
+    at = slot * LATENT + tl.arange(0, LATENT)
     if PARTIAL_BF16:
-        o = tl.load(part_out.to(tl.pointer_type(tl.bfloat16)) + at, mask=live[:, None], other=0.0).to(tl.float32)
-    else:
-        o = tl.load(part_out + at, mask=live[:, None], other=0.0)
-    return lse, o
+        return lse, tl.load(part_out.to(tl.pointer_type(tl.bfloat16)) + at, mask=s < splits, other=0.0).to(tl.float32)
+    return lse, tl.load(part_out + at, mask=s < splits, other=0.0)
+
+
+@triton.jit
+def _add(num, den, lse, o, m_ref):
+    w = split_weight(lse, m_ref)
+    return num + weighted(w, o), den + w
 
 
 @triton.jit
@@ -73,28 +74,31 @@ def mla_merge(
     row = pid // heads
     hd = pid % heads
     first = row.to(tl.int64) * splits
-    ks = tl.arange(0, SPLIT_BLOCK)
-    lse, o = _split_terms(part_out, part_lse, first, ks, splits, heads, hd, PARTIAL_BF16)
-    m = tl.max(lse)
-    for s0 in range(SPLIT_BLOCK, splits, LSE_BLOCK):
-        more = s0 + tl.arange(0, LSE_BLOCK)
-        more_lse = tl.load(part_lse + (first + more) * heads + hd, mask=more < splits, other=float("-inf"))
-        m = tl.maximum(m, tl.max(more_lse))
-    if HAS_SINK:
-        sink = tl.load(attn_sink + hd)
-        m = tl.maximum(m, sink)
+    m = tl.full([], float("-inf"), tl.float32)
+    num = tl.zeros([LATENT], tl.float32)
+    den = tl.full([], 0.0, tl.float32)
+    for s0 in range(0, splits, 4):
+        # a round of four splits' rows, loaded before any is summed (written out: a loop would interleave them)
+        l0, o0 = _split_row(part_out, part_lse, first, s0, splits, heads, hd, PARTIAL_BF16)
+        l1, o1 = _split_row(part_out, part_lse, first, s0 + 1, splits, heads, hd, PARTIAL_BF16)
+        l2, o2 = _split_row(part_out, part_lse, first, s0 + 2, splits, heads, hd, PARTIAL_BF16)
+        l3, o3 = _split_row(part_out, part_lse, first, s0 + 3, splits, heads, hd, PARTIAL_BF16)
+        if s0 == 0:  # the maximum over every split, its loads beside the first round's
+            for b in range(0, splits, LSE_BLOCK):
+                ks = b + tl.arange(0, LSE_BLOCK)
+                block = tl.load(part_lse + (first + ks) * heads + hd, mask=ks < splits, other=float("-inf"))
+                m = tl.maximum(m, tl.max(block))
+            if HAS_SINK:
+                m = tl.maximum(m, tl.load(attn_sink + hd))
+        m_ref = reference_max(m)
+        num, den = _add(num, den, l0, o0, m_ref)
+        num, den = _add(num, den, l1, o1, m_ref)
+        num, den = _add(num, den, l2, o2, m_ref)
+        num, den = _add(num, den, l3, o3, m_ref)
     m_ref = reference_max(m)
-    w = split_weight(lse, m_ref)
-    num = tl.sum(weighted(w[:, None], o), 0)
-    den = tl.sum(w, 0)
-    for s0 in range(SPLIT_BLOCK, splits, SPLIT_BLOCK):
-        lse, o = _split_terms(part_out, part_lse, first, s0 + ks, splits, heads, hd, PARTIAL_BF16)
-        w = split_weight(lse, m_ref)
-        num += tl.sum(weighted(w[:, None], o), 0)
-        den += tl.sum(w, 0)
     total = den
     if HAS_SINK:
-        total = den + tl.exp(sink - m_ref)
+        total = den + tl.exp(tl.load(attn_sink + hd) - m_ref)
     d = tl.arange(0, LATENT)
     tl.store(out + pid.to(tl.int64) * LATENT + d, finished(num, total).to(tl.bfloat16))
     if WRITE_LSE:
