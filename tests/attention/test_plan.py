@@ -72,19 +72,6 @@ def test_decode_programs_may_share_an_sm_only_as_their_split_count_was_planned()
     assert wide.programs_per_sm(128) == -(-128 * wide.head_blocks // 132)
 
 
-def test_a_cap_on_programs_per_sm_reserves_just_enough_shared_memory():
-    from csf_kernels.runtime import shared_for_at_most
-
-    smem, reserved = 233472, 1024  # the H200's 228 KiB per SM, 1 KiB reserved per program
-    one = shared_for_at_most(1, 104704, smem, reserved)  # the 16-head program's 102.25 KiB
-    assert (one + reserved) * 2 > smem >= one + reserved
-    assert shared_for_at_most(2, 104704, smem, reserved) == 104704  # already at most two: its own need
-    three = shared_for_at_most(3, 1024, smem, reserved)
-    assert (three + reserved) * 4 > smem >= (three + reserved) * 3
-    with pytest.raises(ValueError, match="positive"):
-        shared_for_at_most(0, 1024, smem, reserved)
-
-
 def test_scratch_holds_the_partials_of_every_row_count():
     for dtype, esize in (("float32", 4), ("bfloat16", 2)):
         caps = MLACaps(heads=32, max_rows=128, topk=2048, partial_dtype=dtype)

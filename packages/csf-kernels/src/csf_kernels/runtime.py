@@ -146,6 +146,7 @@ class _Driver:
             ctypes.POINTER(ctypes.c_void_p),
         ]
         self.lib.cuLaunchKernelEx.restype = ctypes.c_int
+        self._allowed: dict[int, int] = {}  # function handle -> the dynamic shared memory it may launch with
 
     def check(self, result, what: str):
         err = result[0] if isinstance(result, tuple) else result
@@ -165,14 +166,19 @@ class _Driver:
     def load_function(self, image: bytes, entry: str, shared: int):
         module = self.check(self.cu.cuModuleLoadData(image), f"cuModuleLoadData({entry})")
         fn = self.check(self.cu.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry})")
-        self.allow_shared(fn, entry, shared)
+        self.allow_shared(int(fn), entry, shared)
         return module, fn
 
-    def allow_shared(self, fn, entry: str, shared: int) -> None:
-        """Let ``fn`` launch with ``shared`` bytes of dynamic shared memory (past the default 48 KiB)."""
-        if shared > 48 * 1024:
+    def allow_shared(self, function: int, entry: str, shared: int) -> None:
+        """Let the function with handle ``function`` launch with ``shared`` bytes of dynamic shared memory (past
+        the default 48 KiB); the limit only rises, so launches bound before with more keep theirs."""
+        with _lock:
+            if shared <= max(48 * 1024, self._allowed.get(function, 0)):
+                return
             attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            fn = self.cu.CUfunction(function)
             self.check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({entry})")
+            self._allowed[function] = shared
 
     def shared_per_sm(self, device: int) -> tuple[int, int]:
         """(shared memory per SM, shared memory the driver reserves per program) in bytes."""
@@ -249,7 +255,7 @@ class LoadedProgram:
         if at_most_per_sm is not None:
             drv = _drv()
             shared = shared_for_at_most(at_most_per_sm, shared, *drv.shared_per_sm(self.device))
-            drv.allow_shared(drv.cu.CUfunction(self.function), self.entry, shared)
+            drv.allow_shared(self.function, self.entry, shared)
         pdl = self.pdl and env.flag(env.PDL, default=True)
         config = pdl_launch_config((gx, gy, gz), self.block, shared) if pdl else None
         return BoundLaunch(self, (gx, gy, gz), argv, keep, config, shared)
