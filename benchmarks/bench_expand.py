@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
+from timing import capture, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_codec import MXFP4, encode_compact, encode_inline
 from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--expansion-only", action="store_true", help="skip program-load and launch timings")
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     copy = copy_bandwidth(a.reps, flush)
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
     doc = {

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, chain_times, copy_bandwidth, replay_times
+from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
 from csf_kernels import runtime
@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     copy = copy_bandwidth(a.reps, flush)
     doc = {
         "benchmark": "bench_mla",

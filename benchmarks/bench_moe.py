@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, chain_times, copy_bandwidth, replay_times
+from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -257,7 +257,7 @@ def main() -> None:
         ap.error(f"unknown arms {unknown}")
     runtime.freeze()
     tokens = tuple(int(t) for t in a.tokens.split(","))
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     copy = copy_bandwidth(a.reps, flush)
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
     peak = bf16_peak(a.reps, flush)

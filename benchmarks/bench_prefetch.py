@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES
+from timing import l2_flush_buffer
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -50,7 +50,7 @@ def main() -> None:
     routes = [synthetic_routing(geo, a.tokens, gen)[1:] for _ in range(a.layers)]
     attn_w = torch.randn(geo.hidden, geo.hidden, device="cuda", generator=gen).to(torch.bfloat16)
     attn_out = torch.empty(a.tokens, geo.hidden, dtype=torch.bfloat16, device="cuda")
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     prefetcher = ExpansionPrefetcher("cuda")
 
     def attention(h):

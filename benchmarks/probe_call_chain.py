@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times, run_all
+from timing import capture, l2_flush_buffer, replay_times, run_all
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -47,7 +47,7 @@ def main() -> None:
     a = ap.parse_args()
     runtime.freeze()
     tokens = [int(t) for t in a.tokens.split(",")]
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     rows = []
     for model, tp in GEOMETRIES:
         geo = load_catalog().moe_geometry(model, tp, "mxfp4")

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times, run_all
+from timing import capture, l2_flush_buffer, replay_times, run_all
 
 from csf_codec import decode_inline
 from csf_kernels import runtime
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     side = side_stream("cuda")
     rows = []
     for model, tp in GEOMETRIES:

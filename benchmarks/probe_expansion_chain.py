@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, kernel_timeline
+from timing import capture, kernel_timeline, l2_flush_buffer
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     rows = []
     for model, tp in GEOMETRIES:
         geo = load_catalog().moe_geometry(model, tp, "mxfp4")

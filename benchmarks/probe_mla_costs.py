@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_mla import CHAIN_CALLS, TOPK, _candidates, _inputs
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, chain_times, kernel_timeline, replay_times
+from timing import capture, chain_times, kernel_timeline, l2_flush_buffer, replay_times
 
 from csf_attention import MLACaps, bind, plan
 from csf_kernels import runtime
@@ -89,7 +89,7 @@ def main() -> None:
     a = ap.parse_args()
     only = {tuple(int(x) for x in pair.split(":")) for pair in a.only.split(",") if pair}
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     doc = {"benchmark": "probe_mla_costs", "provenance": provenance(), "results": []}
     for heads, batch, sms in CONFIGS:
         if only and (heads, batch) not in only:

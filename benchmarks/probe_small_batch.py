@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_times import kernel_times
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times, run_all
+from timing import capture, l2_flush_buffer, replay_times, run_all
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
@@ -71,7 +71,7 @@ def main() -> None:
     arms = a.arms.split(",")
     catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS, moe_specs.DECODE_NARROW,
                moe_specs.TARGET_PROGRAMS)  # fmt: skip
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     rows = []
     for model, tp in GEOMETRIES:
         geo = load_catalog().moe_geometry(model, tp, "mxfp4")

@@ -25,7 +25,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, copy_bandwidth, replay_times
+from timing import capture, copy_bandwidth, l2_flush_buffer, replay_times
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     a = ap.parse_args()
     experts, rows, row_bytes = 128, 5760, 1440
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     graphs = {}
     for name, (stride, step, order) in ARMS.items():
         w = torch.randint(-(2**31), 2**31 - 1, (experts * rows * stride // 4,), dtype=torch.int32, device="cuda")

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     geo = load_catalog().moe_geometry(a.model, a.tp, "mxfp4")
     p = plan(geo, a.tokens, scale_source="inline")
     data = synthetic_layer(geo, seed=1234, device="cuda")

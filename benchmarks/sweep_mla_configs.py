@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_mla import TOPK, _inputs
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import capture, l2_flush_buffer, replay_times
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference
 from csf_kernels import runtime
@@ -98,7 +98,7 @@ def main() -> None:
                     "can), merged (always merged), or both: direct,merged")  # fmt: skip
     a = ap.parse_args()
     runtime.unfreeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     results = []
     for batch, heads, s_q in a.shapes:
         gen = torch.Generator(device="cuda").manual_seed(batch + heads + s_q)

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import moe_specs, runtime
 from csf_kernels.catalog import load_catalog
@@ -130,7 +130,7 @@ def main() -> None:
     runtime.unfreeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
     data = synthetic_layer(geo, seed=7, device="cuda")
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     gen = torch.Generator(device="cuda")
     rows = []
     target_default = moe_specs.TARGET_PROGRAMS

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_expand import layer_planes
 from provenance import provenance
-from timing import L2_FLUSH_BYTES, capture, replay_times
+from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
 from csf_kernels.expand import _row_block_launch, _row_expander_launch, all_experts, inline_expansion_launches
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args()
     runtime.freeze()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush_buffer()
     rows = []
     for proj, (plane, inline) in layer_planes()[1].items():
         out = torch.empty_like(plane)

@@ -7,9 +7,23 @@ import statistics
 
 import torch
 
-__all__ = ["L2_FLUSH_BYTES", "capture", "chain_times", "copy_bandwidth", "kernel_timeline", "replay_times", "run_all"]
+__all__ = [
+    "L2_FLUSH_BYTES",
+    "capture",
+    "chain_times",
+    "copy_bandwidth",
+    "kernel_timeline",
+    "l2_flush_buffer",
+    "replay_times",
+    "run_all",
+]
 
 L2_FLUSH_BYTES = 256 << 20
+
+
+def l2_flush_buffer() -> torch.Tensor:
+    """The buffer every timed replay rewrites first (``flush.add_(1)``), so that it starts with a cold L2."""
+    return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
 def replay_times(graph: torch.cuda.CUDAGraph, reps: int, flush: torch.Tensor) -> list[float]:
