@@ -147,6 +147,7 @@ class _Driver:
         ]
         self.lib.cuLaunchKernelEx.restype = ctypes.c_int
         self._allowed: dict[int, int] = {}  # function handle -> the dynamic shared memory it may launch with
+        self._shared_per_sm: dict[int, tuple[int, int]] = {}  # device -> shared_per_sm(device), read once
 
     def check(self, result, what: str):
         err = result[0] if isinstance(result, tuple) else result
@@ -181,15 +182,18 @@ class _Driver:
             self._allowed[function] = shared
 
     def shared_per_sm(self, device: int) -> tuple[int, int]:
-        """(shared memory per SM, shared memory the driver reserves per program) in bytes."""
-        a = self.cu.CUdevice_attribute
-        dev = self.check(self.cu.cuDeviceGet(device), "cuDeviceGet")
-        per_sm, reserved = (
-            self.check(self.cu.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({attr.name})")
-            for attr in (a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-                         a.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
-        )  # fmt: skip
-        return int(per_sm), int(reserved)
+        """(shared memory per SM, shared memory the driver reserves per program) in bytes, read once a device."""
+        with _lock:
+            if device not in self._shared_per_sm:
+                a = self.cu.CUdevice_attribute
+                dev = self.check(self.cu.cuDeviceGet(device), "cuDeviceGet")
+                per_sm, reserved = (
+                    self.check(self.cu.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({attr.name})")
+                    for attr in (a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                                 a.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
+                )  # fmt: skip
+                self._shared_per_sm[device] = (int(per_sm), int(reserved))
+            return self._shared_per_sm[device]
 
 
 def shared_for_at_most(per_sm: int, shared: int, smem_per_sm: int, reserved: int) -> int:

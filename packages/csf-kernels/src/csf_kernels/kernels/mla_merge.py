@@ -74,7 +74,10 @@ def mla_merge(
     row = pid // heads
     hd = pid % heads
     first = row.to(tl.int64) * splits
+    if HAS_SINK:
+        sink = tl.load(attn_sink + hd)
     m = tl.full([], float("-inf"), tl.float32)
+    m_ref = tl.full([], 0.0, tl.float32)
     num = tl.zeros([LATENT], tl.float32)
     den = tl.full([], 0.0, tl.float32)
     for s0 in range(0, splits, 4):
@@ -89,16 +92,15 @@ def mla_merge(
                 block = tl.load(part_lse + (first + ks) * heads + hd, mask=ks < splits, other=float("-inf"))
                 m = tl.maximum(m, tl.max(block))
             if HAS_SINK:
-                m = tl.maximum(m, tl.load(attn_sink + hd))
-        m_ref = reference_max(m)
+                m = tl.maximum(m, sink)
+            m_ref = reference_max(m)
         num, den = _add(num, den, l0, o0, m_ref)
         num, den = _add(num, den, l1, o1, m_ref)
         num, den = _add(num, den, l2, o2, m_ref)
         num, den = _add(num, den, l3, o3, m_ref)
-    m_ref = reference_max(m)
     total = den
     if HAS_SINK:
-        total = den + tl.exp(tl.load(attn_sink + hd) - m_ref)
+        total = den + tl.exp(sink - m_ref)
     d = tl.arange(0, LATENT)
     tl.store(out + pid.to(tl.int64) * LATENT + d, finished(num, total).to(tl.bfloat16))
     if WRITE_LSE:
