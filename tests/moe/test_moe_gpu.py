@@ -102,6 +102,43 @@ def test_prefill_tiles_are_bit_identical_and_match_the_reference(model, tp, fmt)
     _check_arms(geo, data, layers, (7, 300))
 
 
+def _stressed_plane(plane, fmt, gen):
+    """``plane`` with its 128 x 4 tiles rewritten at random into what the decode GEMM's step-ahead path does not
+    take: MXFP4 tiles spread over four codes (2-bit selectors), tiles of random bytes (raw), and tiles with 12-40
+    exceptions (past the four loaded a step ahead)."""
+    e, rows, cols = plane.shape
+    out = plane.view(torch.uint8).clone()
+    tiles = out[:, : rows // 128 * 128, : cols // 4 * 4].view(e, rows // 128, 128, cols // 4, 4)
+    kind = torch.randint(0, 20, (e, rows // 128, 1, cols // 4, 1), generator=gen, device=plane.device)
+    noise = torch.randint(0, 256, tiles.shape, generator=gen, device=plane.device, dtype=torch.int32)
+    t32 = tiles.to(torch.int32)
+    spread = (t32 + noise % 3).clamp(max=254) if fmt == "mxfp4" else t32  # NVFP4 encodes 4-bit windows anyway
+    dense = torch.where(noise < 16, (t32 + 6).clamp(max=254), t32)  # ~6% of a tile: ~32 exceptions
+    t32 = torch.where(kind < 6, spread, torch.where(kind == 6, noise, torch.where(kind < 10, dense, t32)))
+    tiles.copy_(t32.to(torch.uint8))
+    return out.view(plane.dtype)
+
+
+@pytest.mark.parametrize(("model", "tp", "fmt"), [("gpt-oss-120b", 1, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4")])
+def test_records_of_every_kind_decode_bit_identically(model, tp, fmt):
+    """The decode GEMM takes a full tile in the format's usual selector mode from loads made a step ahead and
+    everything else (the tail tile, raw tiles, other modes, exceptions past the fourth) in its own step: planes
+    holding all of those give native's bits in every arm."""
+    geo = _geometry(model, tp, fmt)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    data = dataclasses.replace(
+        data, w13_scale=_stressed_plane(data.w13_scale, fmt, gen), w2_scale=_stressed_plane(data.w2_scale, fmt, gen)
+    )
+    layers = _layers(geo, data, {arm: ARMS[arm] for arm in ("native", "inline", "inline_records")})
+    for op in (layers["inline_records"].weights.w13, layers["inline_records"].weights.w2):
+        modes, counts = op.inline.mode_counts(), (op.inline.headers() >> 2) & 63
+        assert modes["raw"] > 0 and (fmt == "nvfp4" or modes["sel2"] > 0), f"seed {SEED}: {modes}"
+        assert int(counts[(op.inline.headers() & 3) != 3].max()) > 4, f"seed {SEED}: no long exception list"
+    assert layers["inline_records"].weights.w13.inline.tail_record_bytes or fmt == "nvfp4"  # gpt-oss: K tails
+    _check_arms(geo, data, layers, (1, 3, 7, 64))
+
+
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
 def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     geo = _geometry("qwen3-30b-a3b", 1, "mxfp4")

@@ -220,9 +220,12 @@ class GemmConfig:
 # Since run 175 they run up to 4 routes per expert, where the wgmma blocks below lose to them (run 177, us,
 # 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
 # T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
+# Inline records decoded from loads made a step ahead (moe_gemm_decode._inline_ahead) take 91 registers in routed FC1
+# programs and 128 in FC2 programs finishing FC1, against native's 64 and 78; capped at 72 they do not spill (SASS)
+# and keep 7 programs per SM.
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True,
-    routed=True,
+    routed=True, inline_max_registers=72,
 )  # fmt: skip
 # The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
 # (``relabelled``: csf_kernels.relabel), copied by cp.async straight into their operand stages. Sweeps side by

@@ -292,12 +292,68 @@ def _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAI
     return lo, hi
 
 
+@gluon.constexpr_function
+def _fast_mode(FMT):
+    # the selector mode the program decodes from loads made a step ahead: the one the encoder picks for nearly
+    # every tile of the format (csf_codec.inline.CANDIDATE_WINDOWS: MXFP4 1-bit, NVFP4 4-bit selectors)
+    return 0 if FMT == 0 else 2
+
+
 @gluon.jit
-def _inline_ahead(records, tail, rb, slot, valid, t, h, steps, full_tiles, S, S_TAIL, TC):
-    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode: the rows' selector words,
-    and step ``t + 1``'s header. Masked past the last step."""
-    lo, hi = _inline_selectors(records, tail, rb, slot, valid & (t < steps), t, h, full_tiles, S, S_TAIL, TC)
-    return lo, hi, _inline_header(records, tail, rb, t + 1, steps, full_tiles, S, S_TAIL)
+def _inline_ahead(rec0, tail_h, slot, valid, t, h, fast_steps, steps, S, FMT: gl.constexpr):
+    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode, where it is a full tile in the
+    format's usual selector mode (``t < fast_steps``, :func:`_fast_mode`): each row's selector word and the
+    record's first EXC_UNROLL exceptions (positions as two u16 pairs, values as four bytes of one word); and step
+    ``t + 1``'s header (``tail_h``: the tail tile's). ``rec0``: the row block's first record."""
+    MODE: gl.constexpr = _fast_mode(FMT)
+    SB: gl.constexpr = 64 << MODE  # selector bytes of a full tile
+    fast = (t < fast_steps) & ((h & 3) == MODE)
+    rec = rec0 + t * S
+    count = (h >> 2) & 63
+    # a row's four fields are 4w contiguous bits at 4w * slot: within one 32-bit word (w = 1, 2, 4)
+    sel = gl.load(rec.to(gl.pointer_type(gl.int32)) + ((slot << (2 + MODE)) >> 5), mask=valid & fast, other=0)
+    positions = (rec + SB).to(gl.pointer_type(gl.int32))  # u16 pairs, 16-byte aligned
+    p01 = gl.load(positions, mask=fast & (count > 0), other=0)
+    p23 = gl.load(positions + 1, mask=fast & (count > 2), other=0)
+    values = (rec + SB + 2 * gl.minimum((S - 4 - SB) // 3, 63)).to(gl.pointer_type(gl.int16))  # even offset
+    v01 = gl.load(values, mask=fast & (count > 0), other=0).to(gl.int32) & 0xFFFF
+    v23 = gl.load(values + 1, mask=fast & (count > 2), other=0).to(gl.int32) & 0xFFFF
+    h_ptr = gl.where(t + 1 < fast_steps, rec + (S + S - 4), tail_h).to(gl.pointer_type(gl.int32))
+    return sel, p01, p23, v01 | (v23 << 16), gl.load(h_ptr, mask=t + 1 < steps, other=0)
+
+
+@gluon.jit
+def _exception(val, pos, count, i: gl.constexpr, p, v):
+    """``val`` with entry ``i`` (position ``p``, value byte ``v``) applied where it is the record's."""
+    return gl.where((pos == p) & (count > i), v & 0xFF, val)
+
+
+@gluon.jit
+def _inline_fast_scales(rec0, base, valid, pos, t, h, sel, p01, p23, v4, S, FMT: gl.constexpr,
+                        NEUTRAL: gl.constexpr):  # fmt: skip
+    """Scale bytes [64, 4] of tile ``t`` (header ``h``; a full tile in the format's usual mode) from the loads
+    :func:`_inline_ahead` made: ``pos`` = 4 slot + column, each row's selector word ``sel``, the first four
+    exceptions ``p01``, ``p23``, ``v4``; entries past those (rare) are loaded here."""
+    MODE: gl.constexpr = _fast_mode(FMT)
+    SB: gl.constexpr = 64 << MODE
+    count = (h >> 2) & 63
+    field = (gl.expand_dims(sel, 1) >> ((pos << MODE) & 31)) & ((1 << (1 << MODE)) - 1)
+    val = gl.expand_dims(base, 1) + ((h << 16) >> 24) + field  # + the int8 origin (header bits 8-15)
+    val = _exception(val, pos, count, 0, p01 & 0xFFFF, v4)
+    val = _exception(val, pos, count, 1, p01 >> 16, v4 >> 8)
+    val = _exception(val, pos, count, 2, p23 & 0xFFFF, v4 >> 16)
+    val = _exception(val, pos, count, 3, p23 >> 16, v4 >> 24)
+    if count > EXC_UNROLL:
+        rec = rec0 + t * S
+        positions = (rec + SB).to(gl.pointer_type(gl.int16))
+        values = rec + SB + 2 * gl.minimum((S - 4 - SB) // 3, 63)
+        for i0 in range(EXC_UNROLL, count, EXC_UNROLL):
+            for u in gl.static_range(EXC_UNROLL):
+                ok = i0 + u < count
+                p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
+                v = gl.load(values + i0 + u, mask=ok, other=0).to(gl.int32)
+                val = gl.where((pos == p) & ok, v, val)
+    return gl.where(gl.expand_dims(valid, 1), val, NEUTRAL)
 
 
 @gluon.jit
@@ -438,9 +494,10 @@ def _issue_step(
 @gluon.jit
 def _k_steps(
     acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c, live_c, kc, a_row,
-    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S, S_TAIL, TC, h, lo, hi, h_next,
-    xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-    AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr, FIN: gl.constexpr,
+    live_x, kx, records, raw, tail, tail_raw, rb, slot, base, pos, rec0, tail_h, fast_steps, full_tiles, S, S_TAIL, TC,
+    h, sel, p01, p23, v4, h_next, xb_s, x_next, b_next, FMT: gl.constexpr, SRC: gl.constexpr, BM: gl.constexpr,
+    STAGES: gl.constexpr, AHEAD: gl.constexpr, MULS: gl.constexpr, WG: gl.constexpr, XR: gl.constexpr,
+    FIN: gl.constexpr,
 ):  # fmt: skip
     """The program's K steps t0 .. steps - 1 into ``acc`` (the operands' first stages already issued when
     ``STAGES`` > 1; ``s_next``: step t0's scale bytes when ``AHEAD``), converting with ``MULS`` multiplies
@@ -487,12 +544,15 @@ def _k_steps(
             s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
         elif SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
-        else:
+        elif (t < fast_steps) & ((h & 3) == _fast_mode(FMT)):  # decoded from the loads made a step ahead
+            s = _inline_fast_scales(rec0, base, valid, pos, t, h, sel, p01, p23, v4, S, FMT, NEUTRAL)
+        else:  # the tail tile, a raw one or another mode: loaded in its own step
+            lo, hi = _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC)
             s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
-                                 full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h = h_next  # the next step's selectors (its header is here) and the header after it
-            lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t + 1, h, steps, full_tiles,
-                                                 S, S_TAIL, TC)  # fmt: skip
+                               full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        if SRC == 1:  # the next step's loads (its header is here) and the header after it
+            h = h_next
+            sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t + 1, h, fast_steps, steps, S, FMT)
         if XR:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
         elif WG:
@@ -554,22 +614,25 @@ def moe_gemm_decode(
     a_row = gl.where(live_x, route_x // x_row_div, 0).to(gl.int64)
     kx = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
 
-    rb, slot, base = 0, 0, 0  # placeholders where unused
+    rb, slot, base, pos, rec0, tail_h = 0, 0, 0, 0, 0, 0  # placeholders where unused
     if SRC == 1:
         slot, base = _row_setup(rows, valid, e, R, row_group, blocks_per_group, base_ref, base_delta, DB)
         rb = _block_of(e, pid_n * BN, R, row_group, blocks_per_group)
+        pos = gl.expand_dims(slot, 1) * 4 + c  # a full tile's exception positions
+        rec0 = records + rb * full_tiles * S  # the row block's first full tile's record
+        tail_h = tail + rb * S_TAIL + S_TAIL - 4  # the tail tile's header
 
     acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
     steps = (K + BK - 1) // BK
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
-    # inline: a step's record header is loaded two steps ahead and its selector words one step ahead, so
-    # neither waits on a load when the step's scales are decoded (native: unused placeholders)
-    h, lo, hi, h_next = 0, rows, rows, 0
+    # inline: a step's record header is loaded two steps ahead, its selector words and first exceptions one step
+    # ahead, so a full tile's decode waits on no load (native: unused placeholders)
+    h, sel, p01, p23, v4, h_next, fast_steps = 0, rows, 0, 0, 0, 0, 0
     if SRC == 1:
+        fast_steps = gl.minimum(steps, full_tiles)  # the program's steps over full tiles: the tail tile's is past them
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
-        lo, hi, h_next = _inline_ahead(records, tail, rb, slot, valid, t0, h, steps, full_tiles, S,
-                                             S_TAIL, TC)  # fmt: skip
+        sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t0, h, fast_steps, steps, S, FMT)
     w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
         XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # one 16-byte copy per thread and 8 routes
@@ -610,14 +673,14 @@ def moe_gemm_decode(
     # two loops, one per conversion, chosen once per program (a branch in the loop would hold both's registers)
     if FMT == 0 and _wide_rows(wide, e, pid_n, R, BN) == 0:  # no scale of 4 or more in these rows
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
-                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 1,
-                       WG, XR, FIN)  # fmt: skip
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, pos, rec0, tail_h,
+                       fast_steps, full_tiles, S, S_TAIL, TC, h, sel, p01, p23, v4, h_next, xb_s, x_next, b_next, FMT,
+                       SRC, BM, STAGES, AHEAD, 1, WG, XR, FIN)  # fmt: skip
     else:
         acc = _k_steps(acc, t0, steps, w_e, rows, quad, q, valid, c, x, K, R, C, scales_e, s_next, w_s, x_s, a_row_c,
-                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, full_tiles, S,
-                       S_TAIL, TC, h, lo, hi, h_next, xb_s, x_next, b_next, FMT, SRC, BM, STAGES, AHEAD, 2,
-                       WG, XR, FIN)  # fmt: skip
+                       live_c, kc, a_row, live_x, kx, records, raw, tail, tail_raw, rb, slot, base, pos, rec0, tail_h,
+                       fast_steps, full_tiles, S, S_TAIL, TC, h, sel, p01, p23, v4, h_next, xb_s, x_next, b_next, FMT,
+                       SRC, BM, STAGES, AHEAD, 2, WG, XR, FIN)  # fmt: skip
     if STAGES > 1:
         async_copy.wait_group(0)
 
