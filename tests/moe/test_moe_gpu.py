@@ -104,8 +104,8 @@ def test_prefill_tiles_are_bit_identical_and_match_the_reference(model, tp, fmt)
 
 def _stressed_plane(plane, fmt, gen):
     """``plane`` with its 128 x 4 tiles rewritten at random into what the decode GEMM's step-ahead path does not
-    take: MXFP4 tiles spread over four codes (2-bit selectors), tiles of random bytes (raw), and tiles with 12-40
-    exceptions (past the four loaded a step ahead)."""
+    take: MXFP4 tiles spread over four codes (2-bit selectors), tiles spread over 32 codes (raw), and tiles with
+    12-40 exceptions (past the four loaded a step ahead). No NaN codes: outputs stay comparable bit for bit."""
     e, rows, cols = plane.shape
     out = plane.view(torch.uint8).clone()
     tiles = out[:, : rows // 128 * 128, : cols // 4 * 4].view(e, rows // 128, 128, cols // 4, 4)
@@ -113,8 +113,9 @@ def _stressed_plane(plane, fmt, gen):
     noise = torch.randint(0, 256, tiles.shape, generator=gen, device=plane.device, dtype=torch.int32)
     t32 = tiles.to(torch.int32)
     spread = (t32 + noise % 3).clamp(max=254) if fmt == "mxfp4" else t32  # NVFP4 encodes 4-bit windows anyway
-    dense = torch.where(noise < 16, (t32 + 6).clamp(max=254), t32)  # ~6% of a tile: ~32 exceptions
-    t32 = torch.where(kind < 6, spread, torch.where(kind == 6, noise, torch.where(kind < 10, dense, t32)))
+    dense = torch.where(noise < 16, (t32 + 6).clamp(max=254 if fmt == "mxfp4" else 0x7E), t32)  # ~32 exceptions
+    wide = (t32 + noise % 32 - 16).clamp(0, 254 if fmt == "mxfp4" else 0x7E)
+    t32 = torch.where(kind < 6, spread, torch.where(kind == 6, wide, torch.where(kind < 10, dense, t32)))
     tiles.copy_(t32.to(torch.uint8))
     return out.view(plane.dtype)
 
