@@ -300,25 +300,56 @@ def _fast_mode(FMT):
 
 
 @gluon.jit
-def _inline_ahead(rec0, tail_h, slot, valid, t, h, fast_steps, steps, S, FMT: gl.constexpr):
-    """Loads for step ``t`` (header ``h``, already loaded) ahead of its decode, where it is a full tile in the
-    format's usual selector mode (``t < fast_steps``, :func:`_fast_mode`): each row's selector word and the
-    record's first EXC_UNROLL exceptions (positions as two u16 pairs, values as four bytes of one word); and step
-    ``t + 1``'s header (``tail_h``: the tail tile's). ``rec0``: the row block's first record."""
+def _exception_cap(record_bytes, selector_bytes):
+    """Exceptions a record holds after its selectors (csf_codec.inline.exception_capacity); their value bytes
+    start ``2 cap`` bytes past their positions."""
+    return gl.minimum((record_bytes - 4 - selector_bytes) // 3, 63)
+
+
+@gluon.jit
+def _exception_scan(val, pos, rec, selector_bytes, cap, first, count):
+    """``val`` with the record's exceptions ``first`` .. ``count - 1`` applied where their position is ``pos``:
+    ascending u16 positions after the selectors, then their value bytes."""
+    positions = (rec + selector_bytes).to(gl.pointer_type(gl.int16))  # an even offset of an aligned record
+    values = rec + selector_bytes + 2 * cap
+    for i0 in range(first, count, EXC_UNROLL):
+        for u in gl.static_range(EXC_UNROLL):
+            ok = i0 + u < count
+            p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
+            v = gl.load(values + i0 + u, mask=ok, other=0).to(gl.int32)
+            val = gl.where((pos == p) & ok, v, val)
+    return val
+
+
+@gluon.jit
+def _fast_steps(steps, full_tiles, S, FMT: gl.constexpr):
+    """The program's steps (a prefix) that :func:`_inline_ahead` loads for: its full tiles, where a record in the
+    usual mode has room for the EXC_UNROLL exceptions loaded ahead (always, at the encoder's record sizes), so
+    those loads stay inside the record whatever its header says; none where it has not."""
+    SB: gl.constexpr = 64 << _fast_mode(FMT)  # selector bytes of a full tile
+    return gl.where(_exception_cap(S, SB) >= EXC_UNROLL, gl.minimum(steps, full_tiles), 0)
+
+
+@gluon.jit
+def _inline_ahead(rec0, tail_h, slot, valid, t, fast_steps, steps, full_tiles, S, FMT: gl.constexpr):
+    """Loads for step ``t`` ahead of its decode, where it is one of the ``fast_steps`` (:func:`_fast_steps`):
+    each row's selector word and the record's first EXC_UNROLL exceptions (positions as two u16 pairs, values
+    as four bytes of one word), read as if the tile were in the format's usual selector mode (:func:`_fast_mode`;
+    its header, which says whether it is and how many exceptions count, is not waited for: the decode checks
+    it); and step ``t + 1``'s header (``tail_h``: the tail tile's). ``rec0``: the row block's first record."""
     MODE: gl.constexpr = _fast_mode(FMT)
-    SB: gl.constexpr = 64 << MODE  # selector bytes of a full tile
-    fast = (t < fast_steps) & ((h & 3) == MODE)
+    SB: gl.constexpr = 64 << MODE
+    ahead = t < fast_steps
     rec = rec0 + t * S
-    count = (h >> 2) & 63
     # a row's four fields are 4w contiguous bits at 4w * slot: within one 32-bit word (w = 1, 2, 4)
-    sel = gl.load(rec.to(gl.pointer_type(gl.int32)) + ((slot << (2 + MODE)) >> 5), mask=valid & fast, other=0)
+    sel = gl.load(rec.to(gl.pointer_type(gl.int32)) + ((slot << (2 + MODE)) >> 5), mask=valid & ahead, other=0)
     positions = (rec + SB).to(gl.pointer_type(gl.int32))  # u16 pairs, 16-byte aligned
-    p01 = gl.load(positions, mask=fast & (count > 0), other=0)
-    p23 = gl.load(positions + 1, mask=fast & (count > 2), other=0)
-    values = (rec + SB + 2 * gl.minimum((S - 4 - SB) // 3, 63)).to(gl.pointer_type(gl.int16))  # even offset
-    v01 = gl.load(values, mask=fast & (count > 0), other=0).to(gl.int32) & 0xFFFF
-    v23 = gl.load(values + 1, mask=fast & (count > 2), other=0).to(gl.int32) & 0xFFFF
-    h_ptr = gl.where(t + 1 < fast_steps, rec + (S + S - 4), tail_h).to(gl.pointer_type(gl.int32))
+    p01 = gl.load(positions, mask=ahead, other=0)
+    p23 = gl.load(positions + 1, mask=ahead, other=0)
+    values = (rec + SB + 2 * _exception_cap(S, SB)).to(gl.pointer_type(gl.int16))  # an even offset
+    v01 = gl.load(values, mask=ahead, other=0).to(gl.int32) & 0xFFFF
+    v23 = gl.load(values + 1, mask=ahead, other=0).to(gl.int32) & 0xFFFF
+    h_ptr = gl.where(t + 1 < full_tiles, rec + (S + S - 4), tail_h).to(gl.pointer_type(gl.int32))
     return sel, p01, p23, v01 | (v23 << 16), gl.load(h_ptr, mask=t + 1 < steps, other=0)
 
 
@@ -344,15 +375,7 @@ def _inline_fast_scales(rec0, base, valid, pos, t, h, sel, p01, p23, v4, S, FMT:
     val = _exception(val, pos, count, 2, p23 & 0xFFFF, v4 >> 16)
     val = _exception(val, pos, count, 3, p23 >> 16, v4 >> 24)
     if count > EXC_UNROLL:
-        rec = rec0 + t * S
-        positions = (rec + SB).to(gl.pointer_type(gl.int16))
-        values = rec + SB + 2 * gl.minimum((S - 4 - SB) // 3, 63)
-        for i0 in range(EXC_UNROLL, count, EXC_UNROLL):
-            for u in gl.static_range(EXC_UNROLL):
-                ok = i0 + u < count
-                p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
-                v = gl.load(values + i0 + u, mask=ok, other=0).to(gl.int32)
-                val = gl.where((pos == p) & ok, v, val)
+        val = _exception_scan(val, pos, rec0 + t * S, SB, _exception_cap(S, SB), EXC_UNROLL, count)
     return gl.where(gl.expand_dims(valid, 1), val, NEUTRAL)
 
 
@@ -382,16 +405,8 @@ def _inline_scales(
         rv = gl.load(raw_base + (h >> 2) * (128 * tcx) + pos_here, mask=live, other=0)
         val = rv.to(gl.int32)
     else:  # exceptions: ascending (position, value) pairs after the selectors
-        count = (h >> 2) & 63
         sb = 16 * tcx * w
-        cap = gl.minimum((sbytes - 4 - sb) // 3, 63)
-        positions = (rec + sb).to(gl.pointer_type(gl.int16))  # u16 at an even offset of an aligned record
-        for i0 in range(0, count, EXC_UNROLL):
-            for u in gl.static_range(EXC_UNROLL):
-                ok = i0 + u < count
-                p = gl.load(positions + i0 + u, mask=ok, other=0).to(gl.int32) & 0xFFFF
-                v = gl.load(rec + sb + 2 * cap + i0 + u, mask=ok, other=0).to(gl.int32)
-                val = gl.where((pos_here == p) & ok, v, val)
+        val = _exception_scan(val, pos_here, rec, sb, _exception_cap(sbytes, sb), 0, (h >> 2) & 63)
     return gl.where(live, val, NEUTRAL)
 
 
@@ -552,7 +567,8 @@ def _k_steps(
                                full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
         if SRC == 1:  # the next step's loads (its header is here) and the header after it
             h = h_next
-            sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t + 1, h, fast_steps, steps, S, FMT)
+            sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t + 1, fast_steps, steps,
+                                                      full_tiles, S, FMT)  # fmt: skip
         if XR:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
         elif WG:
@@ -627,12 +643,13 @@ def moe_gemm_decode(
     t0 = gl.program_id(2) * steps_per_split
     steps = gl.minimum(steps, t0 + steps_per_split)
     # inline: a step's record header is loaded two steps ahead, its selector words and first exceptions one step
-    # ahead, so a full tile's decode waits on no load (native: unused placeholders)
+    # ahead without waiting for its header (so the first step's loads are one round trip deep, as native's), and
+    # a full tile's decode waits on no load (native: unused placeholders)
     h, sel, p01, p23, v4, h_next, fast_steps = 0, rows, 0, 0, 0, 0, 0
     if SRC == 1:
-        fast_steps = gl.minimum(steps, full_tiles)  # the program's steps over full tiles: the tail tile's is past them
+        fast_steps = _fast_steps(steps, full_tiles, S, FMT)
         h = _inline_header(records, tail, rb, t0, steps, full_tiles, S, S_TAIL)
-        sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t0, h, fast_steps, steps, S, FMT)
+        sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t0, fast_steps, steps, full_tiles, S, FMT)
     w_s, x_s, xb_s, x_next, b_next, a_row_c, live_c, kc = 0, 0, 0, 0, 0, 0, 0, 0  # placeholders where unused
     if STAGES > 1 or WG:  # the block's activations copied by the program, 16 bytes per thread and copy
         XC: gl.constexpr = _act_copy_layout(BM, BK, BN)  # one 16-byte copy per thread and 8 routes
