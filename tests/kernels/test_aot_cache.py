@@ -69,6 +69,16 @@ def test_build_writes_a_keyed_directory_with_checked_binaries(built):
     assert not [p for p in built.parent.iterdir() if p.name.startswith(".")], "temporary build folders left behind"
 
 
+def test_programs_do_not_depend_on_where_the_checkout_lies(built):
+    import csf_kernels
+
+    # line info would name the sources by absolute path: a shared Triton cache could then hand one checkout's
+    # cubin to another checkout's build (which once made the rebuild below differ)
+    src = str(Path(csf_kernels.__file__).resolve().parents[1]).encode()
+    named = [p.name for p in (built / "programs").glob("*.cubin") if src in p.read_bytes()]
+    assert not named, f"{len(named)} cubins name the source tree, e.g. {named[0]}"
+
+
 def test_rebuilding_gives_identical_bytes(built, tiny_catalog, tmp_path):
     from csf_kernels.aot.build import build_cache
 

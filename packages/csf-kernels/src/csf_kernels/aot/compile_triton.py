@@ -30,7 +30,12 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
         options["maxnreg"] = facts["maxnreg"]
     if facts.get("PDL"):  # the program waits for its predecessor (kernels/pdl.py): launch it as a dependent
         options["launch_pdl"] = True
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    # no line info: it names the source files by absolute path, so the bytes would depend on where the checkout
+    # lies and a shared Triton cache could hand one checkout's cubin to another's build (the knob is part of
+    # Triton's cache key). The SASS is the same either way.
+    with triton.knobs.compilation.scope():
+        triton.knobs.compilation.disable_line_info = True
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     md = compiled.metadata
     if md.num_ctas != 1 or md.launch_cooperative_grid:
         raise NotImplementedError(f"{spec.describe()}: cluster or cooperative launches are not supported yet")
