@@ -2,7 +2,9 @@
 
     python3 benchmarks/probe_call_chain.py --out chain.json --tokens 1,2,4
 
-For each geometry and token count (native scales, the catalog's plan from the AOT cache, frozen), the
+For each geometry and token count (native scales by default; ``--arm inline_records``: the GEMMs reading the
+CSF records, ``--arm inline``: expanding the routed experts' scales first; the catalog's plan from the AOT cache,
+frozen), the
 latency of CUDA graphs holding parts of one call's launches, each replay after an L2 flush: the whole
 call, each program alone, and each prefix and suffix of two or more. Parts run on the scratch a full call
 left behind, so their outputs are meaningless but their memory traffic is the call's. What a part adds to
@@ -31,6 +33,12 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
+# arm -> plan arguments (as bench_moe's arms of the same names)
+ARMS = {
+    "native": dict(scale_source="native"),
+    "inline": dict(scale_source="inline"),
+    "inline_records": dict(scale_source="inline", inline_token_limit=512),
+}
 
 
 def _parts(n: int) -> list[tuple[int, int]]:
@@ -44,6 +52,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--arm", choices=tuple(ARMS), default="native")
     a = ap.parse_args()
     runtime.freeze()
     tokens = [int(t) for t in a.tokens.split(",")]
@@ -51,7 +60,7 @@ def main() -> None:
     rows = []
     for model, tp in GEOMETRIES:
         geo = load_catalog().moe_geometry(model, tp, "mxfp4")
-        p = plan(geo, max(tokens), scale_source="native", buckets=tokens)
+        p = plan(geo, max(tokens), buckets=tokens, **ARMS[a.arm])
         data = synthetic_layer(geo, seed=3, device="cuda")
         weights = prepare_weights(p, **data.weight_kwargs())
         del data
@@ -64,12 +73,12 @@ def main() -> None:
             unbound = layer.launches(x, ids, w, out)
             names = [la.spec.kernel for la in unbound]
             bound = [la.with_pointers((x, ids, w, out)).bind(geo.name) for la in unbound]
-            row = {"geometry": geo.name, "tokens": t, "kernels": names, "parts": []}
+            row = {"geometry": geo.name, "arm": a.arm, "tokens": t, "kernels": names, "parts": []}
             for i, j in _parts(len(bound)):
                 samples = replay_times(capture(functools.partial(run_all, bound[i:j])), a.reps, flush)
                 med = statistics.median(samples)
                 row["parts"].append({"span": [i, j], "kernels": names[i:j], "median_s": med, "samples_s": samples})
-                print(f"{geo.name} T={t} [{i}, {j}) {'+'.join(names[i:j])}: {med * 1e6:7.1f} us", flush=True)
+                print(f"{geo.name} {a.arm} T={t} [{i}, {j}) {'+'.join(names[i:j])}: {med * 1e6:7.1f} us", flush=True)
             rows.append(row)
         del layer, weights
         torch.cuda.empty_cache()

@@ -124,3 +124,32 @@ def test_bind_rejects_an_unknown_point_for_letting_fc1_in():
     _, layer = _layer("mxfp4", "inline")
     with pytest.raises(ValueError, match="fc1_let_in must be one of"):
         bind(layer.plan, layer.weights, layer.scratch, fc1_let_in="middle")
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_records_fc1_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypatch, ids_dtype):
+    """``records_fc1``: no expansion before FC1, which reads W13's CSF records; W2's expansion is launched after
+    FC1 (waiting for it only before it exits, letting FC2 in as its CTAs start) and FC2 reads W2's expanded plane.
+    int64 ids do not list the experts (an alignment would), so those calls expand both planes as before."""
+    import csf_kernels.expand as expand
+    import csf_moe.layer as layer_module
+
+    for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
+        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    geo, layer = _layer("mxfp4", "inline")
+    layer.records_fc1 = True
+    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2), ids_dtype=ids_dtype)
+    launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
+    kernels = [la.spec.kernel for la in launches]
+    if ids_dtype == torch.int64:
+        assert kernels[0].startswith("moe.align") and kernels.count("expand.row_blocks") == 2
+        return
+    assert fork is None
+    assert kernels == ["moe.gemm_decode", "expand.row_blocks", "moe.gemm_decode", "moe.combine"]
+    fc1, w2_expansion, fc2, _ = launches
+    assert (fc1.spec.fact["SRC"], fc1.spec.fact["EARLY"], fc1.spec.fact["FIN"]) == (1, 0, 0)  # records
+    assert (fc2.spec.fact["SRC"], fc2.spec.fact["FIN"]) == (0, 1)  # a native plane: W2's expanded one
+    assert w2_expansion.args[6].data_ptr() == layer.w2_plane.data_ptr()
+    assert w2_expansion.args[7].data_ptr() == ids.data_ptr()  # the route ids list the experts
+    assert w2_expansion.args[-1] == 2  # waits last, lets FC2 in as its CTAs start
+    assert layer.w2_plane.data_ptr() in {a.data_ptr() for a in fc2.args if isinstance(a, torch.Tensor)}

@@ -190,6 +190,43 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
             assert torch.equal(out, eager), f"seed {SEED} {geo.name} T={t}: replay != eager"
 
 
+@pytest.mark.parametrize(
+    ("model", "tp", "fmt"),
+    [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4")],
+)
+def test_records_fc1_is_bit_identical_eager_and_in_graphs(model, tp, fmt):
+    """``bind(records_fc1=True)``: FC1 reads W13's records while W2's expansion runs beside it (a dependent launch
+    that waits for FC1 only before it exits) and FC2 reads the expanded plane. Native's bits at 1-4 tokens, eager
+    with poisoned scratch and in CUDA-graph replays with new routes (the plane written beside FC1 each time)."""
+    geo = _geometry(model, tp, fmt)
+    data = synthetic_layer(geo, seed=SEED, device="cuda")
+    native = _layers(geo, data, {"native": ARMS["native"]})["native"]
+    p = plan(geo, MAX_TOKENS, scale_source="inline")
+    layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
+                 torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"), records_fc1=True)  # fmt: skip
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in (1, 2, 3, 4):
+        x, ids, w = synthetic_routing(geo, t, gen)
+        kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+        assert kernels[:2] == ["moe.gemm_decode", "expand.row_blocks"], f"{geo.name} T={t}: {kernels}"
+        want = _poisoned_run(native, x, ids, w).clone()
+        assert torch.equal(_poisoned_run(layer, x, ids, w), want), f"seed {SEED} {geo.name} T={t}: eager"
+        out = torch.empty_like(x)
+        layer.run(x, ids, w, out=out)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer.run(x, ids, w, out=out)
+        for _ in range(2):
+            nx, nids, nw = synthetic_routing(geo, t, gen)
+            x.copy_(nx), ids.copy_(nids), w.copy_(nw)
+            want = _poisoned_run(native, x, ids, w).clone()
+            layer.scratch.fill_(0xFF)
+            out.fill_(float("nan"))
+            replay_allocating_nothing(graph)
+            assert torch.equal(out, want), f"seed {SEED} {geo.name} T={t}: replay != native"
+
+
 def test_weight_preparation_leaves_no_reserved_memory():
     geo = _geometry("deepseek-v4.1-flash", 4, "mxfp4")
     data = synthetic_layer(geo, seed=SEED, device="cuda")

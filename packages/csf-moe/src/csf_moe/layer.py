@@ -79,6 +79,10 @@ class MoELayer:
     # behind chained expansions, W2's lets FC1 in as its CTAs finish their work ("end") or as they start ("start":
     # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.LETS_NEXT_IN)
     fc1_let_in: str = "end"
+    # a few-token call expanding its routed experts' scales, whose FC2 finishes FC1, from int32 route ids: FC1
+    # reads W13's CSF records itself and W2's expansion runs beside it, a dependent launch waiting for FC1 only
+    # before it exits, so no expansion stands before FC1 (A/B timing)
+    records_fc1: bool = False
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -222,6 +226,7 @@ class MoELayer:
         w13, w2 = self.weights.w13, self.weights.w2
         fork = None
         early = False  # FC1 right behind chained expansions copies its first weights before it waits
+        records_fc1 = False
         if bucket.expand:
             if scale_planes is not None:
                 w13_plane, w2_plane = scale_planes
@@ -232,6 +237,9 @@ class MoELayer:
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
+            elif self._records_fc1(bucket, routed, ids_list_experts, relabel):
+                records_fc1 = True  # FC1 reads W13's records; W2's expansion follows it (below)
+                w13_plane, w2_plane = None, self.w2_plane
             else:  # the routed experts' (listed above): W13's beside W2's
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
                 start = len(launches)
@@ -247,7 +255,9 @@ class MoELayer:
                     fork = (start, split, len(launches))
                 launches += relabelling
             # the same operands, their scales read from the expanded planes
-            w13, w2 = replace(w13, scales=w13_plane, inline=None), replace(w2, scales=w2_plane, inline=None)
+            if not records_fc1:
+                w13 = replace(w13, scales=w13_plane, inline=None)
+            w2 = replace(w2, scales=w2_plane, inline=None)
         else:
             launches += relabelling
         n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
@@ -273,9 +283,14 @@ class MoELayer:
         part = self.partials
         if bucket.fc2_finishes_fc1:  # FC1's partials, then FC2's: FC2 reads the one and writes the other
             part2 = part[bucket.fc1_partials(plan.top_k, geo) :]
+            fc1_source = {**common, "source": "inline"} if records_fc1 else common
+            launches.append(gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1,
+                                        part=part, early=early, **fc1_source))  # fmt: skip
+            if records_fc1:  # beside FC1 (neither touches the other's data), completing after it
+                launches += inline_expansion_launches(
+                    self.weights.w2.inline, self.w2_plane, experts=active, wait="last", lets_next_in="start"
+                )
             launches += [
-                gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1, part=part,
-                            early=early, **common),
                 gemm_launch(fc1=False, x=inter, weights=w2, out=fc2, x_row_div=1, splits=s2, part=part2,
                             finish=Fc1Partials(part, s1, w13), **common),
                 combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part2, splits=s2,
@@ -291,6 +306,16 @@ class MoELayer:
             combine_launch(fc2, topk_ids, topk_weights, out, num_experts=geo.experts, part=part, splits=s2, fc2=w2),
         ]  # fmt: skip
         return launches, fork
+
+    def _records_fc1(self, bucket, routed: bool, ids_list_experts: bool, relabel: bool) -> bool:
+        """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (``records_fc1``):
+        its FC2 finishes FC1 (so W2's expansion has FC1's span to run in), its int32 ids list the experts, and
+        W2's plane takes the row-block expander (the one that waits last)."""
+        if not (self.records_fc1 and bucket.fc2_finishes_fc1 and routed and ids_list_experts and not relabel):
+            return False
+        if not env.flag(env.PDL, default=True):
+            return False
+        return expansion_engine(self.weights.w2.inline, self.w2_plane) == "row_block"
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
         """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
@@ -309,10 +334,11 @@ def bind(
     chain_expansions: bool = True,
     early_fc1: bool = True,
     fc1_let_in: str = "end",
+    records_fc1: bool = False,
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
-    ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs)."""
+    ``early_fc1``, ``fc1_let_in``, ``records_fc1``: see :class:`MoELayer` (the defaults are what serving runs)."""
     if fc1_let_in not in LETS_NEXT_IN:
         raise ValueError(f"fc1_let_in must be one of {LETS_NEXT_IN}, got {fc1_let_in!r}")
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
@@ -332,4 +358,4 @@ def bind(
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
     return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1,
-                    fc1_let_in=fc1_let_in)  # fmt: skip
+                    fc1_let_in=fc1_let_in, records_fc1=records_fc1)  # fmt: skip
