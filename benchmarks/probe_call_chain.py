@@ -3,13 +3,13 @@
     python3 benchmarks/probe_call_chain.py --out chain.json --tokens 1,2,4
 
 For each geometry and token count (native scales by default; ``--arm inline_records``: the GEMMs reading the
-CSF records, ``--arm inline``: expanding the routed experts' scales first; the catalog's plan from the AOT cache,
-frozen), the
-latency of CUDA graphs holding parts of one call's launches, each replay after an L2 flush: the whole
-call, each program alone, and each prefix and suffix of two or more. Parts run on the scratch a full call
-left behind, so their outputs are meaningless but their memory traffic is the call's. What a part adds to
-the chain (whole minus the rest) against what it costs alone says how much of it overlaps its
-neighbours and what its boundary costs.
+CSF records; ``--arm inline``: as planned, expanding the routed experts' scales, at one token W2's only, beside
+FC1 reading W13's records; ``--arm inline_both_planes``: both planes expanded first; the catalog's plan from the
+AOT cache, frozen), the latency of CUDA graphs holding parts of one call's launches, each replay after an L2
+flush: the whole call, each program alone, and each prefix and suffix of two or more. Parts run on the scratch a
+full call left behind, so their outputs are meaningless but their memory traffic is the call's. What a part adds
+to the chain (whole minus the rest) against what it costs alone says how much of it overlaps its neighbours and
+what its boundary costs.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ ARMS = {
     "native": dict(scale_source="native"),
     "inline": dict(scale_source="inline"),
     "inline_records": dict(scale_source="inline", inline_token_limit=512),
+    "inline_both_planes": dict(scale_source="inline", fc1_records_tokens=0),
 }
 
 

@@ -93,7 +93,7 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
         monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
     monkeypatch.setenv("CSF_PDL", pdl)
-    geo, layer = _layer("mxfp4", "inline")
+    geo, layer = _layer("mxfp4", "inline", fc1_records_tokens=0)  # one token expanding both planes
     assert layer.chain_expansions and layer.fc1_let_in == "end" and layer.early_fc1  # what serving runs
     layer.chain_expansions = chain
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
@@ -127,18 +127,19 @@ def test_bind_rejects_an_unknown_point_for_letting_fc1_in():
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
-def test_records_fc1_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypatch, ids_dtype):
-    """``records_fc1``: no expansion before FC1, which reads W13's CSF records; W2's expansion is launched after
-    FC1 (waiting for it only before it exits, letting FC2 in as its CTAs start) and FC2 reads W2's expanded plane.
-    int64 ids do not list the experts (an alignment would), so those calls expand both planes as before."""
+def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypatch, ids_dtype):
+    """An inline plan's one-token calls (``BucketPlan.fc1_reads_records``): no expansion before FC1, which reads
+    W13's CSF records; W2's expansion is launched after FC1 (waiting for it only before it exits, letting FC2 in
+    as its CTAs start) and FC2 reads W2's expanded plane. int64 ids do not list the experts (an alignment
+    would), so those calls expand both planes first, as do calls of two tokens."""
     import csf_kernels.expand as expand
     import csf_moe.layer as layer_module
 
     for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
         monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
     geo, layer = _layer("mxfp4", "inline")
-    layer.records_fc1 = True
-    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2), ids_dtype=ids_dtype)
+    assert layer.plan.fc1_records_tokens == 1 and layer.plan.bucket_for(1).fc1_reads_records
+    x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(2), ids_dtype=ids_dtype)
     launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
     kernels = [la.spec.kernel for la in launches]
     if ids_dtype == torch.int64:
@@ -153,3 +154,21 @@ def test_records_fc1_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeyp
     assert w2_expansion.args[7].data_ptr() == ids.data_ptr()  # the route ids list the experts
     assert w2_expansion.args[-1] == 2  # waits last, lets FC2 in as its CTAs start
     assert layer.w2_plane.data_ptr() in {a.data_ptr() for a in fc2.args if isinstance(a, torch.Tensor)}
+    assert {fc1.spec.key, fc2.spec.key} <= {s.key for s in layer.plan.specs()}  # (expanders: per plane)
+    x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2))
+    kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+    assert kernels.count("expand.row_blocks") == 2 and kernels.index("moe.gemm_decode") == 2  # both planes first
+
+
+def test_dependent_launches_off_expand_both_planes_first(monkeypatch):
+    """W2's expansion beside FC1 needs it to wait as a dependent launch: without them one token expands both."""
+    import csf_kernels.expand as expand
+    import csf_moe.layer as layer_module
+
+    for module in (expand, layer_module):
+        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    monkeypatch.setenv("CSF_PDL", "0")
+    geo, layer = _layer("mxfp4", "inline")
+    x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
+    kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+    assert kernels[:2] == ["expand.row_blocks", "expand.row_blocks"]

@@ -194,37 +194,39 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
     ("model", "tp", "fmt"),
     [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4")],
 )
-def test_records_fc1_is_bit_identical_eager_and_in_graphs(model, tp, fmt):
-    """``bind(records_fc1=True)``: FC1 reads W13's records while W2's expansion runs beside it (a dependent launch
-    that waits for FC1 only before it exits) and FC2 reads the expanded plane. Native's bits at 1-4 tokens, eager
-    with poisoned scratch and in CUDA-graph replays with new routes (the plane written beside FC1 each time)."""
+def test_one_token_fc1_on_records_is_bit_identical_eager_and_in_graphs(model, tp, fmt):
+    """An inline plan's one-token calls run FC1 on W13's records while W2's expansion runs beside it (a dependent
+    launch that waits for FC1 only before it exits) and FC2 reads the expanded plane; with
+    ``fc1_records_tokens=0`` both planes are expanded first. Native's bits at 1-4 tokens, eager with poisoned
+    scratch and in CUDA-graph replays with new routes (the W2 plane rewritten beside FC1 in each)."""
     geo = _geometry(model, tp, fmt)
     data = synthetic_layer(geo, seed=SEED, device="cuda")
-    native = _layers(geo, data, {"native": ARMS["native"]})["native"]
-    p = plan(geo, MAX_TOKENS, scale_source="inline")
-    layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
-                 torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"), records_fc1=True)  # fmt: skip
+    arms = {"native": ARMS["native"], "inline": ARMS["inline"],
+            "both_planes": dict(scale_source="inline", fc1_records_tokens=0)}  # fmt: skip
+    layers = _layers(geo, data, arms)
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in (1, 2, 3, 4):
         x, ids, w = synthetic_routing(geo, t, gen)
-        kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
-        assert kernels[:2] == ["moe.gemm_decode", "expand.row_blocks"], f"{geo.name} T={t}: {kernels}"
-        want = _poisoned_run(native, x, ids, w).clone()
-        assert torch.equal(_poisoned_run(layer, x, ids, w), want), f"seed {SEED} {geo.name} T={t}: eager"
-        out = torch.empty_like(x)
-        layer.run(x, ids, w, out=out)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            layer.run(x, ids, w, out=out)
-        for _ in range(2):
+        kernels = [la.spec.kernel for la in layers["inline"].launches(x, ids, w, torch.empty_like(x))]
+        assert (kernels[:2] == ["moe.gemm_decode", "expand.row_blocks"]) == (t == 1), f"{geo.name} T={t}: {kernels}"
+        graphs = {}
+        for arm in ("inline", "both_planes"):
+            out = torch.empty_like(x)
+            layers[arm].run(x, ids, w, out=out)  # bind outside capture
+            torch.cuda.synchronize()
+            graphs[arm] = (torch.cuda.CUDAGraph(), out)
+            with torch.cuda.graph(graphs[arm][0]):
+                layers[arm].run(x, ids, w, out=out)
+        for _ in range(3):
+            want = _poisoned_run(layers["native"], x, ids, w).clone()
+            for arm, (graph, out) in graphs.items():
+                assert torch.equal(_poisoned_run(layers[arm], x, ids, w), want), f"seed {SEED} {geo.name} T={t} {arm}"
+                layers[arm].scratch.fill_(0xFF)
+                out.fill_(float("nan"))
+                replay_allocating_nothing(graph)
+                assert torch.equal(out, want), f"seed {SEED} {geo.name} T={t} {arm}: replay != native"
             nx, nids, nw = synthetic_routing(geo, t, gen)
             x.copy_(nx), ids.copy_(nids), w.copy_(nw)
-            want = _poisoned_run(native, x, ids, w).clone()
-            layer.scratch.fill_(0xFF)
-            out.fill_(float("nan"))
-            replay_allocating_nothing(graph)
-            assert torch.equal(out, want), f"seed {SEED} {geo.name} T={t}: replay != native"
 
 
 def test_weight_preparation_leaves_no_reserved_memory():

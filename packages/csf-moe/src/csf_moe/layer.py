@@ -23,6 +23,11 @@ DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us sl
 with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
 expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
+One-token calls of an inline plan (``BucketPlan.fc1_reads_records``, int32 ids, dependent launches on) expand
+only W2's plane: FC1 reads W13's CSF records itself, and W2's expansion is launched after it, waiting for FC1
+only before it exits and letting FC2 in as its CTAs start, so it runs beside FC1 and no expansion stands before
+FC1; FC2 (finishing FC1) reads the expanded W2 plane after its wait (run 266: see ``plan.FC1_RECORDS_TOKENS``).
+
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
@@ -79,10 +84,6 @@ class MoELayer:
     # behind chained expansions, W2's lets FC1 in as its CTAs finish their work ("end") or as they start ("start":
     # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.LETS_NEXT_IN)
     fc1_let_in: str = "end"
-    # a few-token call expanding its routed experts' scales, whose FC2 finishes FC1, from int32 route ids: FC1
-    # reads W13's CSF records itself and W2's expansion runs beside it, a dependent launch waiting for FC1 only
-    # before it exits, so no expansion stands before FC1 (A/B timing)
-    records_fc1: bool = False
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -237,7 +238,7 @@ class MoELayer:
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
-            elif self._records_fc1(bucket, routed, ids_list_experts, relabel):
+            elif self._records_fc1(t, bucket, ids_list_experts, relabel):
                 records_fc1 = True  # FC1 reads W13's records; W2's expansion follows it (below)
                 w13_plane, w2_plane = None, self.w2_plane
             else:  # the routed experts' (listed above): W13's beside W2's
@@ -307,11 +308,13 @@ class MoELayer:
         ]  # fmt: skip
         return launches, fork
 
-    def _records_fc1(self, bucket, routed: bool, ids_list_experts: bool, relabel: bool) -> bool:
-        """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (``records_fc1``):
-        its FC2 finishes FC1 (so W2's expansion has FC1's span to run in), its int32 ids list the experts, and
-        W2's plane takes the row-block expander (the one that waits last)."""
-        if not (self.records_fc1 and bucket.fc2_finishes_fc1 and routed and ids_list_experts and not relabel):
+    def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool, relabel: bool) -> bool:
+        """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (module
+        docstring; ``BucketPlan.fc1_reads_records``): its int32 ids list the experts, and W2's plane takes the
+        row-block expander (the one that waits last), as a dependent launch."""
+        if not (bucket.fc1_reads_records and tokens <= self.plan.fc1_records_tokens and ids_list_experts):
+            return False
+        if relabel or not bucket.fc2_finishes_fc1:  # (the plan sets fc1_reads_records only where FC2 finishes FC1)
             return False
         if not env.flag(env.PDL, default=True):
             return False
@@ -334,11 +337,10 @@ def bind(
     chain_expansions: bool = True,
     early_fc1: bool = True,
     fc1_let_in: str = "end",
-    records_fc1: bool = False,
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
-    ``early_fc1``, ``fc1_let_in``, ``records_fc1``: see :class:`MoELayer` (the defaults are what serving runs)."""
+    ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs)."""
     if fc1_let_in not in LETS_NEXT_IN:
         raise ValueError(f"fc1_let_in must be one of {LETS_NEXT_IN}, got {fc1_let_in!r}")
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
@@ -358,4 +360,4 @@ def bind(
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
     return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1,
-                    fc1_let_in=fc1_let_in, records_fc1=records_fc1)  # fmt: skip
+                    fc1_let_in=fc1_let_in)  # fmt: skip

@@ -58,6 +58,12 @@ DECODE_ROUTES_PER_EXPERT = 1024
 # Run 157 (faster expansion and native GEMM), T = 1, expanded vs records read in the GEMM: DS4.1-TP4 40.7 vs
 # 46.8 us, Qwen3-30B 35.8 vs 38.8, gpt-oss 59.1 vs 63.2: now the expansion pays at every token count.
 INLINE_TOKEN_LIMIT = 0
+# tokens up to which an inline plan's expanding routed calls (FC2 finishing FC1, int32 route ids) run FC1 on
+# W13's records and expand only W2's scales, beside FC1, so no expansion stands before FC1. Run 266 (H200,
+# bench_moe, us single / chained per call, this form vs both planes expanded first): one token gpt-oss 42.1 /
+# 35.0 vs 40.6 / 34.7, DS4.1-TP4 28.4 / 24.2 vs 29.1 / 24.9, Qwen3-30B 21.6 / 18.1 vs 24.8 / 20.6 (native 35.8
+# / 29.5, 25.2 / 21.2, 20.1 / 16.4); at 2-4 tokens it loses (DS4.1 2 tokens chained 35.4 vs 32.6).
+FC1_RECORDS_TOKENS = 1
 # routes per expert (T * k / E) from which an expanding call expands every expert's scales, concurrently with
 # the routing's alignment (nothing to wait for), instead of the routed experts' after it: from 2 routes per
 # expert on, 86% or more of the experts are routed anyway (uniform routing).
@@ -80,6 +86,9 @@ class BucketPlan:
     # every call's FC2 programs finish FC1 from its partials themselves (all routed): no finishing kernel, FC1's
     # and FC2's partials side by side in scratch (moe_specs.fc2_finishes_fc1)
     fc2_finishes_fc1: bool = False
+    # its expanding routed calls of up to MoEPlan.fc1_records_tokens tokens with int32 ids run FC1 on W13's
+    # records and expand W2's scales beside it (csf_moe.layer); FC2 still reads an expanded plane
+    fc1_reads_records: bool = False
 
     def fc1_partials(self, top_k: int, geometry: MoEGeometry) -> int:
         """float32 values of FC1's partials, at the start of the partials region (FC2's follow them when FC2
@@ -118,6 +127,7 @@ class MoEPlan:
     max_tokens: int
     scale_source: str  # "native", "expanded" or "inline"
     inline_token_limit: int
+    fc1_records_tokens: int
     buckets: tuple[BucketPlan, ...]
     scratch: ScratchLayout
 
@@ -165,6 +175,10 @@ class MoEPlan:
                     if b.fc2_finishes_fc1:
                         s = gemm_spec(g.fmt, b.gemm_source, fc1=False, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, finishes_fc1=True)  # fmt: skip
+                        out[s.key] = s
+                    if b.fc1_reads_records and not ids64:  # FC1 on W13's records, W2 expanded beside it (layer)
+                        s = gemm_spec(g.fmt, "inline", fc1=True, activation=g.activation, bias=g.bias,
+                                      config=b.config, routed=True)  # fmt: skip
                         out[s.key] = s
                     if b.expand and copies_weights_early(b.config):  # FC1 behind chained expansions (layer)
                         s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
@@ -252,6 +266,7 @@ def plan(
     *,
     scale_source: str = "inline",
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
+    fc1_records_tokens: int = FC1_RECORDS_TOKENS,
     decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
     buckets: tuple[int, ...] | None = None,
     decode_config: GemmConfig | None = None,
@@ -259,8 +274,8 @@ def plan(
 ) -> MoEPlan:
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
-    geometry when given. ``buckets`` defaults to the catalog's token buckets (plus ``max_tokens``).
-    ``decode_config`` fixes the decode buckets' tiles (default: by routes per expert, see
+    geometry when given. ``fc1_records_tokens``: see ``FC1_RECORDS_TOKENS`` (0: never). ``buckets``
+    defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode buckets' tiles (default: by routes per expert, see
     ``csf_kernels.moe_specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
     if quant_mode is not None and quant_mode != geometry.fmt.name:
@@ -296,6 +311,7 @@ def plan(
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
             fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
         routed = moe_specs.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_specs.ROUTED_TOKENS else 0
+        fc1_records = scale_source == "inline" and expand and fin and routed > 0 and smallest <= fc1_records_tokens
         plans.append(
             BucketPlan(
                 tokens=t,
@@ -307,6 +323,7 @@ def plan(
                 splits_fc2=s2,
                 routed_tokens=routed,
                 fc2_finishes_fc1=fin,
+                fc1_reads_records=fc1_records,
             )
         )
     expands = any(b.expand for b in plans)
@@ -317,6 +334,7 @@ def plan(
         max_tokens=max_tokens,
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
+        fc1_records_tokens=fc1_records_tokens,
         buckets=tuple(plans),
         scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )
