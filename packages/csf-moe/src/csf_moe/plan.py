@@ -275,8 +275,8 @@ def plan(
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
     geometry when given. ``fc1_records_tokens``: see ``FC1_RECORDS_TOKENS`` (0: never). ``buckets``
-    defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode buckets' tiles (default: by routes per expert, see
-    ``csf_kernels.moe_specs.decode_config_for``)."""
+    defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode
+    buckets' tiles (default: by routes per expert, see ``csf_kernels.moe_specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
     if quant_mode is not None and quant_mode != geometry.fmt.name:
         raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")
