@@ -141,7 +141,6 @@ class GemmConfig:
     ahead: bool = False
     max_registers: int | None = None
     inline_max_registers: int | None = None
-    inline_finish_max_registers: int | None = None  # inline FC2 programs finishing FC1 (default: the above)
     # gluon only: "mma_sync" (both operands in registers, 8 or 16 routes) or "wgmma" (the weights in
     # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
     # for native scales)
@@ -174,20 +173,15 @@ class GemmConfig:
             raise ValueError("relabelled activations feed staged wgmma programs (word_stages >= 2)")
         if self.routed and (self.engine, self.mma, self.bm) != ("gluon", "mma_sync", 8):
             raise ValueError("routes are read as blocks by the gluon mma.sync programs of 8-route blocks only")
-        caps = (self.max_registers, self.inline_max_registers, self.inline_finish_max_registers)
+        caps = (self.max_registers, self.inline_max_registers)
         if self.word_stages < 1 or (
-            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None, None))
+            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
         ):
             raise ValueError("word_stages (>= 1), ahead and register caps configure the gluon decode GEMM only")
 
-    def register_cap(self, source: str, finishes_fc1: bool = False) -> int | None:
-        """ptxas's register cap for this config's programs reading scales from ``source`` (``finishes_fc1``: a
-        routed FC2 program finishing FC1)."""
-        if source == "native":
-            return self.max_registers
-        if finishes_fc1 and self.inline_finish_max_registers is not None:
-            return self.inline_finish_max_registers
-        return self.inline_max_registers
+    def register_cap(self, source: str) -> int | None:
+        """ptxas's register cap for this config's programs reading scales from ``source``."""
+        return self.max_registers if source == "native" else self.inline_max_registers
 
     def tiled_rows(self, n_out: int, fc1: bool) -> int:
         """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
@@ -227,14 +221,11 @@ class GemmConfig:
 # 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
 # T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
 # Inline records decoded from loads made a step ahead (moe_gemm_decode._inline_ahead) take 91 registers in routed FC1
-# programs and 128 in FC2 programs finishing FC1, against native's 64 and 78; capped at 72 they do not spill (SASS).
-# Since run 268 the programs that do not finish FC1 are capped at 64, as native's (SASS, every catalog program: no
-# spills, 1728 instructions against 1712 at 72 in routed MXFP4 FC1), so 8 fit an SM and a one-token FC1 on records
-# leaves native's room for the FC2 programs let in beside it (run 267: at 72, gpt-oss's one-token FC1 on records
-# followed by W2's expansion took 4.9 us more than FC1 alone, DS4.1's 0.5); those finishing FC1 spill at 64.
+# programs and 128 in FC2 programs finishing FC1, against native's 64 and 78; capped at 72 they do not spill (SASS)
+# and keep 7 programs per SM.
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True,
-    routed=True, inline_max_registers=64, inline_finish_max_registers=72,
+    routed=True, inline_max_registers=72,
 )  # fmt: skip
 # The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
 # (``relabelled``: csf_kernels.relabel), copied by cp.async straight into their operand stages. Sweeps side by
@@ -460,7 +451,7 @@ def gemm_spec(
             FIN_GSCALE=int(finishes_fc1 and fmt.name == "nvfp4"),
             EARLY=int(early),
             num_warps=config.num_warps,
-            **({"maxnreg": cap} if (cap := config.register_cap(source, finishes_fc1)) else {}),
+            **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
         )
     return ProgramSpec.of(
         MOE_GEMM.kernel,
