@@ -528,18 +528,6 @@ def _k_steps(
     WL: gl.constexpr = _word_layout(Q, BN)
     XL: gl.constexpr = _act_layout(Q, BM, BN)
     for t in range(t0, steps):
-        if SRC == 1:
-            # the step's scales first: they come from registers loaded a step ahead (or the step's own loads), not
-            # from its stage, so the decode runs while the copies of the step's operands are still arriving
-            if (t < fast_steps) & ((h & 3) == _fast_mode(FMT)):  # decoded from the loads made a step ahead
-                s = _inline_fast_scales(rec0, base, valid, pos, t, h, sel, p01, p23, v4, S, FMT, NEUTRAL)
-            else:  # the tail tile, a raw one or another mode: loaded in its own step
-                lo, hi = _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC)
-                s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
-                                   full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
-            h = h_next  # the next step's loads (its header is here) and the header after it
-            sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t + 1, fast_steps, steps,
-                                                      full_tiles, S, FMT)  # fmt: skip
         if STAGES > 1:
             async_copy.wait_group(STAGES - 2)  # this thread's copies of step t
             if XR:
@@ -571,6 +559,16 @@ def _k_steps(
             s_next = _native_scales(scales_e, rows, valid, c, t + 1, C, NEUTRAL)
         elif SRC == 0:
             s = _native_scales(scales_e, rows, valid, c, t, C, NEUTRAL)
+        elif (t < fast_steps) & ((h & 3) == _fast_mode(FMT)):  # decoded from the loads made a step ahead
+            s = _inline_fast_scales(rec0, base, valid, pos, t, h, sel, p01, p23, v4, S, FMT, NEUTRAL)
+        else:  # the tail tile, a raw one or another mode: loaded in its own step
+            lo, hi = _inline_selectors(records, tail, rb, slot, valid, t, h, full_tiles, S, S_TAIL, TC)
+            s = _inline_scales(records, raw, tail, tail_raw, rb, slot, base, valid, c, t, h, lo, hi,
+                               full_tiles, C, S, S_TAIL, TC, NEUTRAL)  # fmt: skip
+        if SRC == 1:  # the next step's loads (its header is here) and the header after it
+            h = h_next
+            sel, p01, p23, v4, h_next = _inline_ahead(rec0, tail_h, slot, valid, t + 1, fast_steps, steps,
+                                                      full_tiles, S, FMT)  # fmt: skip
         if XR:
             acc = warpgroup_mma(_operand(b, s, FMT, MULS, MMA), x_s.index((t - t0) % STAGES).permute([1, 0]), acc)
         elif WG:
