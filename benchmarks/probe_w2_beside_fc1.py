@@ -8,6 +8,8 @@ expander's ``pdl``): 2, beside FC1, waiting for it only before it exits (the lay
 (serial); 6, beside FC1 but letting FC2 in only as its CTAs finish their work. Each replayed in CUDA graphs after
 an L2 flush: FC1 alone, the expansion alone, FC1 then the expansion, the whole call; and the whole call's kernel
 spans from torch's profiler (with dependent launches a span includes a program's wait for its predecessor).
+Last, FC1's function asked for the largest shared-memory carveout (``beside_fc1_carveout_max``), and native's
+call and FC1 alone without and with that preference on its GEMMs; each FC1's grid and the driver's occupancy.
 Outputs are the call's on the scratch the layer left behind: only the timing is of interest here.
 """
 
@@ -34,6 +36,21 @@ from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
 MODES = {"beside": 2, "serial": 1, "beside_lets_fc2_in_at_end": 6}
+
+
+def _occupancy(bound) -> int:
+    """The driver's CTAs per SM for a bound Triton launch."""
+    drv = runtime._drv()
+    p = bound.program
+    return drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        drv.cu.CUfunction(p.function), p.block[0] * p.block[1] * p.block[2], bound.shared), "occupancy")  # fmt: skip
+
+
+def _prefer_shared(bound) -> None:
+    """Ask the driver for the largest shared-memory carveout for this launch's function (all its launches)."""
+    drv = runtime._drv()
+    attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    drv.check(drv.cu.cuFuncSetAttribute(drv.cu.CUfunction(bound.program.function), attr, 100), "carveout")
 
 
 def main() -> None:
@@ -66,20 +83,42 @@ def main() -> None:
             samples = replay_times(capture(functools.partial(run_all, parts)), a.reps, flush)
             return {"median_s": statistics.median(samples), "samples_s": samples}
 
-        for mode, pdl in MODES.items():
+        for mode, pdl in (*MODES.items(), ("beside_fc1_carveout_max", 2)):
             variant = list(launches)
             variant[1] = dataclasses.replace(launches[1], args=(*launches[1].args[:-1], pdl))
             bound = [la.with_pointers((x, ids, w, out)).bind(geo.name) for la in variant]
+            if mode.endswith("carveout_max"):  # last: the attribute stays on the function
+                _prefer_shared(bound[0])
             parts = {"fc1": bound[:1], "expansion": bound[1:2], "fc1+expansion": bound[:2], "call": bound}
             res = {name: timed(part) for name, part in parts.items()}
             res["call_spans"] = kernel_timeline(capture(functools.partial(run_all, bound)), flush, 10)
+            res["fc1_ctas_per_sm"] = _occupancy(bound[0])
+            res["fc1_grid"] = list(bound[0].grid)
             row["modes"][mode] = res
-            times = " ".join(f"{k} {v['median_s'] * 1e6:.1f}" for k, v in res.items() if k != "call_spans")
+            times = " ".join(f"{k} {v['median_s'] * 1e6:.1f}" for k, v in res.items() if isinstance(v, dict))
+            times += f" fc1 grid {res['fc1_grid']} occupancy {res['fc1_ctas_per_sm']}"
             spans = [(s["kernel"][:18], round(s.get("start_us", 0), 1), round(s.get("end_us", 0), 1))
                      for s in res["call_spans"]]  # fmt: skip
             print(geo.name, mode, times, "| spans", spans, flush=True)
+        pn = plan(geo, 8, scale_source="native", buckets=(1, 8))
+        native = bind(pn, prepare_weights(pn, **synthetic_layer(geo, seed=3, device="cuda").weight_kwargs()),
+                      torch.empty(pn.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
+        native.run(x, ids, w, out=out)
+        torch.cuda.synchronize()
+        bound = [la.with_pointers((x, ids, w, out)).bind(geo.name) for la in native.launches(x, ids, w, out)]
+        for mode in ("native", "native_gemms_carveout_max"):
+            if mode.endswith("carveout_max"):
+                for b, la in zip(bound, native.launches(x, ids, w, out), strict=True):
+                    if la.spec.kernel == "moe.gemm_decode":
+                        _prefer_shared(b)
+            res = {"fc1": timed(bound[:1]), "call": timed(bound)}
+            res["fc1_ctas_per_sm"] = _occupancy(bound[0])
+            res["fc1_grid"] = list(bound[0].grid)
+            row["modes"][mode] = res
+            print(geo.name, mode, f"fc1 {res['fc1']['median_s'] * 1e6:.1f} call {res['call']['median_s'] * 1e6:.1f}"
+                  f" fc1 grid {res['fc1_grid']} occupancy {res['fc1_ctas_per_sm']}", flush=True)  # fmt: skip
         rows.append(row)
-        del layer
+        del layer, native
         torch.cuda.empty_cache()
     doc = {"benchmark": "probe_w2_beside_fc1", "provenance": provenance(), "rows": rows,
            "compilations_while_frozen": runtime.compilations()}  # fmt: skip
