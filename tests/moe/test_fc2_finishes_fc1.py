@@ -149,6 +149,7 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
     assert kernels == ["moe.gemm_decode", "expand.row_blocks", "moe.gemm_decode", "moe.combine"]
     fc1, w2_expansion, fc2, _ = launches
     assert (fc1.spec.fact["SRC"], fc1.spec.fact["EARLY"], fc1.spec.fact["FIN"]) == (1, 0, 0)  # records
+    assert fc1.prefer_shared and not fc2.prefer_shared  # the records programs' carveout (run 272)
     assert (fc2.spec.fact["SRC"], fc2.spec.fact["FIN"]) == (0, 1)  # a native plane: W2's expanded one
     assert w2_expansion.args[6].data_ptr() == layer.w2_plane.data_ptr()
     assert w2_expansion.args[7].data_ptr() == ids.data_ptr()  # the route ids list the experts

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import moe_reference
@@ -192,7 +193,7 @@ def test_cuda_graph_replay_is_exact_and_allocation_free(model, tp, fmt):
 
 @pytest.mark.parametrize(
     ("model", "tp", "fmt"),
-    [("deepseek-v4.1-flash", 4, "mxfp4"), ("deepseek-v4.1-flash", 4, "nvfp4"), ("qwen3-30b-a3b", 1, "mxfp4")],
+    [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "nvfp4"), ("qwen3-30b-a3b", 1, "mxfp4")],
 )
 def test_one_token_fc1_on_records_is_bit_identical_eager_and_in_graphs(model, tp, fmt):
     """An inline plan's one-token calls run FC1 on W13's records while W2's expansion runs beside it (a dependent
@@ -205,6 +206,14 @@ def test_one_token_fc1_on_records_is_bit_identical_eager_and_in_graphs(model, tp
             "both_planes": dict(scale_source="inline", fc1_records_tokens=0)}  # fmt: skip
     layers = _layers(geo, data, arms)
     assert layers["inline"].plan.bucket_for(1).fc1_reads_records
+    x, ids, w = synthetic_routing(geo, 1, torch.Generator(device="cuda").manual_seed(SEED))
+    fc1 = layers["inline"].launches(x, ids, w, torch.empty_like(x))[0]
+    assert fc1.prefer_shared and fc1.spec.fact["SRC"] == 1  # the records programs' carveout (run 272)
+    fc1.bind(geo.name)
+    drv = runtime._drv()
+    attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    function = drv.cu.CUfunction(runtime.program(fc1.spec, geometry=geo.name).function)
+    assert drv.check(drv.cu.cuFuncGetAttribute(attr, function), "carveout") == 100
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in (1, 2, 3, 4):
         x, ids, w = synthetic_routing(geo, t, gen)

@@ -310,7 +310,10 @@ def gemm_launch(
     )  # fmt: skip
     if config.engine == "gluon":
         args += (e, *fin_args)  # num_experts: the range of valid route ids (ROUTED); FIN's inputs
-    return Launch(spec, grid, args)
+    # decode programs reading records: the largest shared-memory carveout, or the driver may fit fewer of them on
+    # an SM than their registers allow (run 272: gpt-oss's one-token FC1, 720 programs, ran in two waves; native
+    # programs measured no different with it)
+    return Launch(spec, grid, args, prefer_shared=source == "inline" and config.engine == "gluon")
 
 
 def _finish_args(finish: Fc1Partials, routed: bool, fc1: bool, e: int, k: int, pairs: int, ph: torch.Tensor):

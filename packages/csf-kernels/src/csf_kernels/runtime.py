@@ -14,7 +14,7 @@ import ctypes
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -148,6 +148,7 @@ class _Driver:
         self.lib.cuLaunchKernelEx.restype = ctypes.c_int
         self._allowed: dict[int, int] = {}  # function handle -> the dynamic shared memory it may launch with
         self._shared_per_sm: dict[int, tuple[int, int]] = {}  # device -> shared_per_sm(device), read once
+        self._preferring: set[int] = set()  # functions asked for the largest shared-memory carveout
 
     def check(self, result, what: str):
         err = result[0] if isinstance(result, tuple) else result
@@ -180,6 +181,18 @@ class _Driver:
             fn = self.cu.CUfunction(function)
             self.check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({entry})")
             self._allowed[function] = shared
+
+    def prefer_shared(self, function: int, entry: str) -> None:
+        """Ask for the largest shared-memory carveout for the function with handle ``function`` (all its launches):
+        left to choose, the driver may configure an SM with less shared memory than the programs its registers
+        would fit need (run 272: a one-token FC1 on records, 720 programs at 7 an SM by registers, ran in two
+        waves)."""
+        with _lock:
+            if function in self._preferring:
+                return
+            attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            self.check(self.cu.cuFuncSetAttribute(self.cu.CUfunction(function), attr, 100), f"carveout({entry})")
+            self._preferring.add(function)
 
     def shared_per_sm(self, device: int) -> tuple[int, int]:
         """(shared memory per SM, shared memory the driver reserves per program) in bytes, read once a device."""
@@ -237,10 +250,13 @@ class LoadedProgram:
     multiples: dict[str, int] = field(default_factory=dict)  # divisibilities compiled in (checked at bind)
     pdl: bool = False  # launched as a programmatic dependent launch (the program waits for its predecessor)
 
-    def bind(self, grid: tuple[int, ...], *args, at_most_per_sm: int | None = None) -> BoundLaunch:
+    def bind(
+        self, grid: tuple[int, ...], *args, at_most_per_sm: int | None = None, prefer_shared: bool = False
+    ) -> BoundLaunch:
         """Marshal the arguments once; the returned launch costs one driver call. Pointers are given as
         tensors (kept alive by the binding) or ints, scalars as Python ints. ``at_most_per_sm``: launch with
-        enough shared memory that no SM holds more of these programs (``shared_for_at_most``)."""
+        enough shared memory that no SM holds more of these programs (``shared_for_at_most``);
+        ``prefer_shared``: with the largest shared-memory carveout (``_Driver.prefer_shared``)."""
         if len(args) != len(self.params):
             raise TypeError(f"{self.spec.kernel} takes {len(self.params)} arguments, got {len(args)}")
         if self.multiples:
@@ -260,6 +276,8 @@ class LoadedProgram:
             drv = _drv()
             shared = shared_for_at_most(at_most_per_sm, shared, *drv.shared_per_sm(self.device))
             drv.allow_shared(self.function, self.entry, shared)
+        if prefer_shared:
+            _drv().prefer_shared(self.function, self.entry)
         pdl = self.pdl and env.flag(env.PDL, default=True)
         config = pdl_launch_config((gx, gy, gz), self.block, shared) if pdl else None
         return BoundLaunch(self, (gx, gy, gz), argv, keep, config, shared)
@@ -340,14 +358,15 @@ class Launch:
     grid: tuple[int, ...]
     args: tuple
     at_most_per_sm: int | None = None  # Triton programs: how many may share an SM (LoadedProgram.bind)
+    prefer_shared: bool = False  # Triton programs: the largest shared-memory carveout (LoadedProgram.bind)
 
     def bind(self, geometry: str | None = None) -> BoundLaunch:
         prog = program(self.spec, geometry=geometry)
-        if self.at_most_per_sm is None:
+        if self.at_most_per_sm is None and not self.prefer_shared:
             return prog.bind(self.grid, *self.args)
         if not isinstance(prog, LoadedProgram):
-            raise NotImplementedError(f"{self.spec.describe()}: a cap on programs per SM needs a Triton program")
-        return prog.bind(self.grid, *self.args, at_most_per_sm=self.at_most_per_sm)
+            raise NotImplementedError(f"{self.spec.describe()}: shared-memory launch settings need a Triton program")
+        return prog.bind(self.grid, *self.args, at_most_per_sm=self.at_most_per_sm, prefer_shared=self.prefer_shared)
 
     def with_pointers(self, tensors: tuple[torch.Tensor, ...]) -> Launch:
         """The same launch with ``tensors`` passed as raw addresses (Triton programs) or address-and-shape
@@ -366,7 +385,7 @@ class Launch:
                 TensorRef.of(a) if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in storages else a
                 for a in self.args
             )
-        return Launch(self.spec, self.grid, args, self.at_most_per_sm)
+        return replace(self, args=args)
 
 
 # ------------------------------------------------------------------------------------------ cache

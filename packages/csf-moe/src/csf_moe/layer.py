@@ -23,11 +23,10 @@ DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us sl
 with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
 expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
-One-token calls of an inline plan (``BucketPlan.fc1_reads_records``: where W2's plane expands a warp per row
-block; int32 ids; dependent launches on) expand only W2's plane: FC1 reads W13's CSF records itself, and W2's
-expansion is launched after it, waiting for FC1 only before it exits and letting FC2 in as its CTAs start, so it
-runs beside FC1 and no expansion stands before FC1; FC2 (finishing FC1) reads the expanded W2 plane after its
-wait (runs 266-268: see ``plan.FC1_RECORDS_TOKENS``).
+One-token calls of an inline plan (``BucketPlan.fc1_reads_records``; int32 ids; dependent launches on) expand
+only W2's plane: FC1 reads W13's CSF records itself, and W2's expansion is launched after it, waiting for FC1
+only before it exits and letting FC2 in as its CTAs start, so it runs beside FC1 and no expansion stands before
+FC1; FC2 (finishing FC1) reads the expanded W2 plane after its wait (runs 266-272: ``plan.FC1_RECORDS_TOKENS``).
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from csf_kernels import moe_specs
 from csf_kernels.catalog import MoEGeometry, load_catalog
-from csf_kernels.families import row_block_groups
 from csf_kernels.moe import max_blocks_for
 from csf_kernels.moe_specs import (
     PREFILL,
@@ -60,13 +59,13 @@ DECODE_ROUTES_PER_EXPERT = 1024
 # 46.8 us, Qwen3-30B 35.8 vs 38.8, gpt-oss 59.1 vs 63.2: now the expansion pays at every token count.
 INLINE_TOKEN_LIMIT = 0
 # tokens up to which an inline plan's expanding routed calls (FC2 finishing FC1, int32 route ids) run FC1 on
-# W13's records and expand only W2's scales, beside FC1, so no expansion stands before FC1: where W2's plane
-# expands a warp per row block (row_block_groups(columns) == 1; a CTA per block, gpt-oss's 90 columns, ends
-# 4.7-4.9 us after FC1 instead of hiding in it: runs 267-268). H200, bench_moe, us single / chained per call,
-# this form vs both planes expanded first, one token (runs 267, two rounds, and 268): DS4.1-TP4 28.2-28.4 /
-# 24.3-24.5 vs 28.8-29.0 / 24.9-25.1, Qwen3-30B 21.7 / 18.2-18.4 vs 24.2-24.6 / 20.6-20.7 (native 24.8 / 21.0,
-# 20.0-20.3 / 16.4); gpt-oss 42.0-42.4 / 35.0-35.5 vs 39.8-40.1 / 34.6-34.7. At 2-4 tokens it loses (run 266:
-# DS4.1 two tokens chained 35.4 vs 32.6).
+# W13's records and expand only W2's scales, beside FC1, so no expansion stands before FC1. H200, bench_moe, us
+# single / chained per call, this form vs both planes expanded first, one token (runs 267-269): DS4.1-TP4
+# 28.0-28.4 / 24.2-24.5 vs 28.8-29.1 / 24.8-25.1, Qwen3-30B 21.6-21.7 / 18.1-18.4 vs 24.2-24.8 / 20.6-20.7
+# (native 24.8 / 21.0, 19.8-20.3 / 16.4); gpt-oss lost (42.0-42.4 / 35.0-35.5 vs 39.8-40.6 / 34.6-34.7) until its
+# FC1 ran in one wave (run 272: the records programs launched with the largest shared-memory carveout,
+# csf_kernels.moe.gemm_launch; probe call 38.7 us vs 41.6). At 2-4 tokens it loses (run 266: DS4.1 two tokens
+# chained 35.4 vs 32.6).
 FC1_RECORDS_TOKENS = 1
 # routes per expert (T * k / E) from which an expanding call expands every expert's scales, concurrently with
 # the routing's alignment (nothing to wait for), instead of the routed experts' after it: from 2 routes per
@@ -315,10 +314,7 @@ def plan(
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
             fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
         routed = moe_specs.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_specs.ROUTED_TOKENS else 0
-        fc1_records = (
-            scale_source == "inline" and expand and fin and routed > 0 and smallest <= fc1_records_tokens
-            and row_block_groups(geometry.w2_scale_shape[-1]) == 1
-        )  # fmt: skip
+        fc1_records = scale_source == "inline" and expand and fin and routed > 0 and smallest <= fc1_records_tokens
         plans.append(
             BucketPlan(
                 tokens=t,
