@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_moe import ARMS
 from provenance import provenance
 from timing import capture, l2_flush_buffer, replay_times, run_all
 
@@ -33,13 +34,8 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
-# arm -> plan arguments (as bench_moe's arms of the same names)
-ARMS = {
-    "native": dict(scale_source="native"),
-    "inline": dict(scale_source="inline"),
-    "inline_records": dict(scale_source="inline", inline_token_limit=512),
-    "inline_both_planes": dict(scale_source="inline", fc1_records_tokens=0),
-}
+# bench_moe's arms that differ by plan arguments only
+PROBED_ARMS = ("native", "inline", "inline_records", "inline_both_planes")
 
 
 def _parts(n: int) -> list[tuple[int, int]]:
@@ -53,7 +49,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--arm", choices=tuple(ARMS), default="native")
+    ap.add_argument("--arm", choices=PROBED_ARMS, default="native")
     a = ap.parse_args()
     runtime.freeze()
     tokens = [int(t) for t in a.tokens.split(",")]

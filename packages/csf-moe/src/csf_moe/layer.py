@@ -238,7 +238,7 @@ class MoELayer:
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
-            elif self._records_fc1(t, bucket, ids_list_experts, relabel):
+            elif self._records_fc1(t, bucket, ids_list_experts):
                 records_fc1 = True  # FC1 reads W13's records; W2's expansion follows it (below)
                 w13_plane, w2_plane = None, self.w2_plane
             else:  # the routed experts' (listed above): W13's beside W2's
@@ -308,24 +308,25 @@ class MoELayer:
         ]  # fmt: skip
         return launches, fork
 
-    def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool, relabel: bool) -> bool:
+    def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool) -> bool:
         """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (module
-        docstring; ``BucketPlan.fc1_reads_records``): its int32 ids list the experts, and W2's plane takes the
-        row-block expander (the one that waits last), as a dependent launch."""
+        docstring; ``BucketPlan.fc1_reads_records``, set only where FC2 finishes FC1): its int32 ids list the
+        experts, and W2's expansion can wait last."""
         if not (bucket.fc1_reads_records and tokens <= self.plan.fc1_records_tokens and ids_list_experts):
             return False
-        if relabel or not bucket.fc2_finishes_fc1:  # (the plan sets fc1_reads_records only where FC2 finishes FC1)
-            return False
-        if not env.flag(env.PDL, default=True):
-            return False
-        return expansion_engine(self.weights.w2.inline, self.w2_plane) == "row_block"
+        return self._waits_last((self.weights.w2.inline, self.w2_plane))
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
-        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
-        only the row-block expander can wait last, and only a dependent launch waits at all."""
-        if not (self.chain_expansions and env.flag(env.PDL, default=True)):
-            return False
+        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
+        return self.chain_expansions and self._waits_last(*pairs)
+
+    @staticmethod
+    def _waits_last(*pairs) -> bool:
+        """Whether the expansions of these (inline, plane) pairs can wait for their predecessor only before they
+        exit: only the row-block expander can, and only as a dependent launch."""
+        if not env.flag(env.PDL, default=True):
+            return False
         return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
 
 

@@ -93,6 +93,10 @@ class BucketPlan:
     # records and expand W2's scales beside it (csf_moe.layer; FC1_RECORDS_TOKENS); FC2 reads an expanded plane
     fc1_reads_records: bool = False
 
+    def __post_init__(self):
+        if self.fc1_reads_records and not (self.expand and self.fc2_finishes_fc1):
+            raise ValueError("FC1 reads records beside W2's expansion only in expanding buckets whose FC2 finishes FC1")
+
     def fc1_partials(self, top_k: int, geometry: MoEGeometry) -> int:
         """float32 values of FC1's partials, at the start of the partials region (FC2's follow them when FC2
         finishes FC1; otherwise they overwrite them)."""
