@@ -123,7 +123,8 @@ def main() -> None:
                     "per expert) with these STAGES:AHEAD weight pipelines, comma-separated "
                     "(e.g. 1:0,3:1)")  # fmt: skip
     ap.add_argument("--sources", default="native,inline", help="scale sources: native, inline (as planned: "
-                    "expanded) and inline_records (the GEMM reading tile records at every token count)")  # fmt: skip
+                    "expanded), inline_records (the GEMM reading tile records at every token count) and "
+                    "inline_fc1_records (FC1 on W13's records, W2 expanded beside it, routed counts)")  # fmt: skip
     ap.add_argument("--catalog-prefill", action="store_true", help="prefill: the catalog's tiles only")
     ap.add_argument("--tokens", default="", help="token counts for every kind (default: decode 1-512, prefill 128+)")
     a = ap.parse_args()
@@ -166,7 +167,9 @@ def main() -> None:
                 kw = {"decode_config": None if catalog_tiles else cfg} if kind == "decode" else {"prefill_config": cfg}
                 if source == "inline_records":
                     kw["inline_token_limit"] = max(tokens)
-                p = plan(geo, max(tokens), scale_source=source.removesuffix("_records"), buckets=tokens,
+                if source == "inline_fc1_records":
+                    kw["fc1_records_tokens"] = max(tokens)
+                p = plan(geo, max(tokens), scale_source=source.split("_")[0], buckets=tokens,
                          decode_routes_per_expert=1 << 30 if kind == "decode" else 0, **kw)  # fmt: skip
                 layer = bind(p, prepare_weights(p, **data.weight_kwargs()),
                              torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
