@@ -66,13 +66,15 @@ ARMS = {
     "inline_waits_first": dict(scale_source="inline"),
     "inline_both_planes": dict(scale_source="inline", fc1_records_tokens=0),
     "inline_fc1_records_4": dict(scale_source="inline", fc1_records_tokens=4),
+    "inline_fc1_records_1": dict(scale_source="inline", fc1_records_steps=0),
 }
 # bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
 # and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
 # chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies.
 # Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
 # csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's
-# expansion beside it) up to 4 tokens
+# expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run few K
+# steps: csf_moe.plan.FC1_RECORDS_STEPS)
 BIND = {
     "inline_forked": dict(chain_expansions=False),
     "inline_fc1_at_start": dict(fc1_let_in="start"),

@@ -63,7 +63,7 @@ def main() -> None:
         geo = load_catalog().moe_geometry(model, tp, "mxfp4")
         p = plan(geo, 8, scale_source="inline", buckets=(1, 8))
         forced = not p.buckets[0].fc1_reads_records
-        p = dataclasses.replace(p, buckets=(dataclasses.replace(p.buckets[0], fc1_reads_records=True), *p.buckets[1:]))
+        p = dataclasses.replace(p, buckets=(dataclasses.replace(p.buckets[0], fc1_records_tokens=1), *p.buckets[1:]))
         data = synthetic_layer(geo, seed=3, device="cuda")
         layer = bind(p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8,
                                                                                  device="cuda"))  # fmt: skip

@@ -131,7 +131,8 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
     """An inline plan's one-token calls (``BucketPlan.fc1_reads_records``): no expansion before FC1, which reads
     W13's CSF records; W2's expansion is launched after FC1 (waiting for it only before it exits, letting FC2 in
     as its CTAs start) and FC2 reads W2's expanded plane. int64 ids do not list the experts (an alignment
-    would), so those calls expand both planes first, as do calls of two tokens."""
+    would), so those calls expand both planes first. Two-token calls take the same form where FC1's programs run
+    few K steps (this geometry's 3: FC1_RECORDS_STEPS), and expand both planes first with fc1_records_steps=0."""
     import csf_kernels.expand as expand
     import csf_moe.layer as layer_module
 
@@ -157,7 +158,11 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
     assert layer.w2_plane.data_ptr() in {a.data_ptr() for a in fc2.args if isinstance(a, torch.Tensor)}
     assert {fc1.spec.key, fc2.spec.key} <= {s.key for s in layer.plan.specs()}  # (expanders: per plane)
     x, ids, w = synthetic_routing(geo, 2, torch.Generator().manual_seed(2))
+    assert layer.plan.bucket_for(2).fc1_records_tokens == 2
     kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
+    assert kernels == ["moe.gemm_decode", "expand.row_blocks", "moe.gemm_decode", "moe.combine"]
+    _, by_tokens = _layer("mxfp4", "inline", fc1_records_steps=0)
+    kernels = [la.spec.kernel for la in by_tokens.launches(x, ids, w, torch.empty_like(x))]
     assert kernels.count("expand.row_blocks") == 2 and kernels.index("moe.gemm_decode") == 2  # both planes first
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from csf_kernels.catalog import load_catalog
 from csf_kernels.families import catalog_specs
+from csf_kernels.moe_specs import k_step
 from csf_moe import plan
-from csf_moe.plan import INLINE_TOKEN_LIMIT
+from csf_moe.plan import FC1_RECORDS_STEPS, INLINE_TOKEN_LIMIT
 
 
 def test_every_planned_program_is_built_by_the_catalog():
@@ -21,18 +23,41 @@ def test_every_planned_program_is_built_by_the_catalog():
             assert not missing, f"{geo.name} {source}: {missing}"
 
 
-def test_one_token_fc1_reads_records_in_inline_plans():
-    """FC1_RECORDS_TOKENS: an inline plan's one-token bucket runs FC1 on W13's records (its program planned, one
-    reading int32 ids); never at two tokens, never for native or expanded plans, never with fc1_records_tokens=0."""
+def test_fc1_reads_records_at_one_token_and_where_its_programs_run_few_steps():
+    """FC1_RECORDS_TOKENS, FC1_RECORDS_STEPS: an inline plan's one-token bucket runs FC1 on W13's records (its
+    program planned, one reading int32 ids), and so do its routed buckets whose FC1 programs each run at most
+    FC1_RECORDS_STEPS K steps (all their calls); never for native or expanded plans, never with
+    fc1_records_tokens=0, and at one token only with fc1_records_steps=0."""
+    short_somewhere = False
     for geo in load_catalog().moe:
         p = plan(geo, 64)
-        assert p.bucket_for(1).fc1_reads_records and not p.bucket_for(2).fc1_reads_records, geo.name
+        assert p.bucket_for(1).fc1_records_tokens == 1, geo.name
+        steps = -(-geo.hidden // k_step(geo.fmt))
+        for b in p.buckets[1:]:
+            short = b.fc2_finishes_fc1 and -(-steps // b.splits_fc1) <= FC1_RECORDS_STEPS
+            assert b.fc1_records_tokens == (b.tokens if short else 0), (geo.name, b.tokens)
+            short_somewhere |= short
         records_fc1 = [s for s in p.specs() if s.kernel == "moe.gemm_decode" and s.fact["SRC"] == 1]
         assert records_fc1 and all(s.fact["FIN"] == 0 and s.fact["ROUTED"] and not s.fact["IDS64"]
                                    for s in records_fc1)  # fmt: skip
+        by_tokens = plan(geo, 64, fc1_records_steps=0)
+        assert [b.fc1_records_tokens for b in by_tokens.buckets] == [1] + [0] * (len(by_tokens.buckets) - 1)
         for other in (plan(geo, 64, scale_source="native"), plan(geo, 64, scale_source="expanded"),
                       plan(geo, 64, fc1_records_tokens=0)):  # fmt: skip
             assert not any(b.fc1_reads_records for b in other.buckets)
+    assert short_somewhere  # (Qwen3-30B MXFP4's two tokens: 8 steps a program, run 277)
+    qwen = plan(load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4"), 64)
+    deepseek = plan(load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4"), 64)
+    assert qwen.bucket_for(2).fc1_records_tokens == 2 and deepseek.bucket_for(2).fc1_records_tokens == 0
+
+
+def test_a_bucket_reads_records_in_fc1_only_where_fc2_finishes_fc1():
+    p = plan(load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4"), 64)
+    one = p.bucket_for(1)
+    with pytest.raises(ValueError, match="only in expanding buckets whose FC2 finishes FC1"):
+        dataclasses.replace(p.bucket_for(8), fc1_records_tokens=8)
+    with pytest.raises(ValueError, match="must lie in"):
+        dataclasses.replace(one, fc1_records_tokens=2)
 
 
 def test_calls_of_one_route_chunk_align_in_one_program():

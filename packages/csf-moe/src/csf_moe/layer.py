@@ -23,10 +23,11 @@ DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us sl
 with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
 expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
 
-One-token calls of an inline plan (``BucketPlan.fc1_reads_records``; int32 ids; dependent launches on) expand
-only W2's plane: FC1 reads W13's CSF records itself, and W2's expansion is launched after it, waiting for FC1
-only before it exits and letting FC2 in as its CTAs start, so it runs beside FC1 and no expansion stands before
-FC1; FC2 (finishing FC1) reads the expanded W2 plane after its wait (runs 266-272: ``plan.FC1_RECORDS_TOKENS``).
+One-token calls of an inline plan, and routed calls whose FC1 programs run few K steps (``BucketPlan.
+fc1_records_tokens``; int32 ids; dependent launches on), expand only W2's plane: FC1 reads W13's CSF records
+itself, and W2's expansion is launched after it, waiting for FC1 only before it exits and letting FC2 in as its
+CTAs start, so it runs beside FC1 and no expansion stands before FC1; FC2 (finishing FC1) reads the expanded W2
+plane after its wait (runs 266-277: ``plan.FC1_RECORDS_TOKENS``, ``plan.FC1_RECORDS_STEPS``).
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -310,9 +311,9 @@ class MoELayer:
 
     def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool) -> bool:
         """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (module
-        docstring; ``BucketPlan.fc1_reads_records``, set only where FC2 finishes FC1): its int32 ids list the
+        docstring; ``BucketPlan.fc1_records_tokens``, set only where FC2 finishes FC1): its int32 ids list the
         experts, and W2's expansion can wait last."""
-        if not (bucket.fc1_reads_records and tokens <= self.plan.fc1_records_tokens and ids_list_experts):
+        if not (tokens <= bucket.fc1_records_tokens and ids_list_experts):
             return False
         return self._waits_last((self.weights.w2.inline, self.w2_plane))
 

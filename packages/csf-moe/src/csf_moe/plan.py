@@ -64,9 +64,16 @@ INLINE_TOKEN_LIMIT = 0
 # 28.0-28.4 / 24.2-24.5 vs 28.8-29.1 / 24.8-25.1, Qwen3-30B 21.6-21.7 / 18.1-18.4 vs 24.2-24.8 / 20.6-20.7
 # (native 24.8 / 21.0, 19.8-20.3 / 16.4); gpt-oss lost (42.0-42.4 / 35.0-35.5 vs 39.8-40.6 / 34.6-34.7) until its
 # FC1 ran in one wave (run 272: the records programs launched with the largest shared-memory carveout,
-# csf_kernels.moe.gemm_launch; probe call 38.7 us vs 41.6). At 2-4 tokens it loses (run 266: DS4.1 two tokens
-# chained 35.4 vs 32.6).
+# csf_kernels.moe.gemm_launch; probe call 38.7 us vs 41.6). Run 277: faster at one token on all eight catalog
+# geometries measured (single 0.7-8.0 us, chained 0-5 us, or equal).
 FC1_RECORDS_TOKENS = 1
+# ... and in the routed buckets past it whose FC1 programs each run at most this many K steps: the records'
+# decode adds work to every step (~100 instructions a step, perf notes), the W13 expansion it replaces costs about
+# the same whatever the steps. Runs 276-277, two tokens, us single / chained, this form vs both planes first:
+# Qwen3-30B MXFP4 (8 steps) 29.1-29.3 / 24.5-24.6 vs 31.4 / 27.1-27.2, Qwen3-Next (8) 26.0 / 22.6 vs 28.2 / 24.1,
+# Kimi-K2 MXFP4 (7) 27.4 / 25.3 vs 29.9 / 26.0; DS4.1-TP4 MXFP4 (14 steps) 36.8-37.3 / 35.1 vs 37.8-38.0 / 32.5,
+# Kimi-K2 NVFP4 (14) 31.0 / 29.9 vs 35.8 / 29.9; at four tokens (14-28 steps) chained 0.4-5.3 us slower everywhere.
+FC1_RECORDS_STEPS = 8
 # routes per expert (T * k / E) from which an expanding call expands every expert's scales, concurrently with
 # the routing's alignment (nothing to wait for), instead of the routed experts' after it: from 2 routes per
 # expert on, 86% or more of the experts are routed anyway (uniform routing).
@@ -89,13 +96,20 @@ class BucketPlan:
     # every call's FC2 programs finish FC1 from its partials themselves (all routed): no finishing kernel, FC1's
     # and FC2's partials side by side in scratch (moe_specs.fc2_finishes_fc1)
     fc2_finishes_fc1: bool = False
-    # its expanding routed calls of up to MoEPlan.fc1_records_tokens tokens with int32 ids run FC1 on W13's
-    # records and expand W2's scales beside it (csf_moe.layer; FC1_RECORDS_TOKENS); FC2 reads an expanded plane
-    fc1_reads_records: bool = False
+    # its expanding routed calls of up to this many tokens with int32 ids run FC1 on W13's records and expand W2's
+    # scales beside it (csf_moe.layer; FC1_RECORDS_TOKENS, FC1_RECORDS_STEPS; 0: none); FC2 reads an expanded plane
+    fc1_records_tokens: int = 0
 
     def __post_init__(self):
-        if self.fc1_reads_records and not (self.expand and self.fc2_finishes_fc1):
+        if self.fc1_records_tokens < 0 or self.fc1_records_tokens > max(self.tokens, 0):
+            raise ValueError(f"fc1_records_tokens={self.fc1_records_tokens} must lie in [0, {self.tokens}]")
+        if self.fc1_records_tokens and not (self.expand and self.fc2_finishes_fc1):
             raise ValueError("FC1 reads records beside W2's expansion only in expanding buckets whose FC2 finishes FC1")
+
+    @property
+    def fc1_reads_records(self) -> bool:
+        """Whether any of its calls run FC1 on W13's records (``fc1_records_tokens``)."""
+        return self.fc1_records_tokens > 0
 
     def fc1_partials(self, top_k: int, geometry: MoEGeometry) -> int:
         """float32 values of FC1's partials, at the start of the partials region (FC2's follow them when FC2
@@ -135,6 +149,7 @@ class MoEPlan:
     scale_source: str  # "native", "expanded" or "inline"
     inline_token_limit: int
     fc1_records_tokens: int
+    fc1_records_steps: int
     buckets: tuple[BucketPlan, ...]
     scratch: ScratchLayout
 
@@ -274,6 +289,7 @@ def plan(
     scale_source: str = "inline",
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
     fc1_records_tokens: int = FC1_RECORDS_TOKENS,
+    fc1_records_steps: int = FC1_RECORDS_STEPS,
     decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
     buckets: tuple[int, ...] | None = None,
     decode_config: GemmConfig | None = None,
@@ -281,7 +297,8 @@ def plan(
 ) -> MoEPlan:
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
-    geometry when given. ``fc1_records_tokens``: see ``FC1_RECORDS_TOKENS`` (0: never). ``buckets``
+    geometry when given. ``fc1_records_tokens``, ``fc1_records_steps``: see ``FC1_RECORDS_TOKENS`` (0: never) and
+    ``FC1_RECORDS_STEPS`` (0: by tokens only). ``buckets``
     defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode
     buckets' tiles (default: by routes per expert, see ``csf_kernels.moe_specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
@@ -318,7 +335,13 @@ def plan(
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
             fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
         routed = moe_specs.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_specs.ROUTED_TOKENS else 0
-        fc1_records = scale_source == "inline" and expand and fin and routed > 0 and smallest <= fc1_records_tokens
+        fc1_records = 0
+        if scale_source == "inline" and expand and fin and routed > 0 and fc1_records_tokens > 0:
+            short = 0 < -(-steps[geometry.hidden] // s1) <= fc1_records_steps  # each FC1 program's K steps
+            if short:
+                fc1_records = min(t, routed)
+            elif smallest <= fc1_records_tokens:
+                fc1_records = min(t, fc1_records_tokens)
         plans.append(
             BucketPlan(
                 tokens=t,
@@ -330,7 +353,7 @@ def plan(
                 splits_fc2=s2,
                 routed_tokens=routed,
                 fc2_finishes_fc1=fin,
-                fc1_reads_records=fc1_records,
+                fc1_records_tokens=fc1_records,
             )
         )
     expands = any(b.expand for b in plans)
@@ -342,6 +365,7 @@ def plan(
         scale_source=scale_source,
         inline_token_limit=inline_token_limit,
         fc1_records_tokens=fc1_records_tokens,
+        fc1_records_steps=fc1_records_steps,
         buckets=tuple(plans),
         scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )
