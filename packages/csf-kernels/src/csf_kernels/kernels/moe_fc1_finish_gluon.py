@@ -2,8 +2,8 @@
 
 A routed FC2 program (one route, one K split) needs FC1's activations of its own K range only. It sums FC1's
 float32 partials over the splits in split order, then global scale, bias and the activation: the same float32
-steps, in the same order, as ``moe_finish`` (Triton), for every column of the range at once, so a round of
-loads per two splits is on its critical path instead of a launch boundary and a kernel. The bf16 result
+steps, in the same order, as ``moe_finish`` (Triton), for every column of the range at once, so one round of
+loads (per four splits) is on its critical path instead of a launch boundary and a kernel. The bf16 result
 goes to shared memory, [FIN_STEPS, BM, BK], one K step per stage, copied into each of the block's BM route rows
 (the program's K loop reads a step's [BM, BK] as the unfused program reads its staged activations; only the
 first row's route is live).
@@ -19,10 +19,7 @@ from .moe_gemm import SWIGLU_ALPHA, SWIGLU_LIMIT
 # K steps of a fused FC2 program's range held as activations (bf16: 2 KB MXFP4, 1 KB NVFP4); csf_moe plans such
 # programs' splits so that no range is longer (moe_specs.FIN_STEPS mirrors it)
 FIN_STEPS = gl.constexpr(8)
-# partial splits loaded together: at 72 registers ptxas keeps 6-8 of a two-split round's 8 16-byte loads per thread
-# in flight, but only about 3 of a four-split round's 16 (SASS of DS4.1's one-token FC2, 2026-12-04): a round of four
-# was ~5 dependent L2 round trips, one of two ~1.3
-_SPLITS_PER_ROUND = gl.constexpr(2)
+_SPLITS_PER_ROUND = gl.constexpr(4)  # partial splits loaded together
 _ALPHA = gl.constexpr(SWIGLU_ALPHA.value)
 _LIMIT = gl.constexpr(SWIGLU_LIMIT.value)
 
