@@ -64,9 +64,6 @@ from .weights import MoEWeights
 
 __all__ = ["MoELayer", "bind"]
 
-# W13 planes of at most this many scale columns chain their routed experts' expansions (MoELayer._chains)
-CHAIN_MAX_COLS = 160
-
 
 def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     offset, count = region
@@ -321,12 +318,9 @@ class MoELayer:
         return self._waits_last((self.weights.w2.inline, self.w2_plane))
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
-        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
-        not where W13's rows are wider than CHAIN_MAX_COLS (the row-block expander's CTA-per-block images of
-        224-448 columns), whose chained form measured slower at 2-4 tokens than forked (run 281)."""
+        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
-        narrow = self.weights.w13.inline.geometry.cols <= CHAIN_MAX_COLS
-        return self.chain_expansions and narrow and self._waits_last(*pairs)
+        return self.chain_expansions and self._waits_last(*pairs)
 
     @staticmethod
     def _waits_last(*pairs) -> bool:
