@@ -38,14 +38,6 @@ GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b",
 MODES = {"beside": 2, "serial": 1, "beside_lets_fc2_in_at_end": 6}
 
 
-def _occupancy(bound) -> int:
-    """The driver's CTAs per SM for a bound Triton launch."""
-    drv = runtime._drv()
-    p = bound.program
-    return drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        drv.cu.CUfunction(p.function), p.block[0] * p.block[1] * p.block[2], bound.shared), "occupancy")  # fmt: skip
-
-
 def _prefer_shared(bound) -> None:
     """The largest shared-memory carveout for this launch's function (all its launches), as the runtime asks."""
     runtime._drv().prefer_shared(bound.program.function, bound.program.entry)
@@ -67,7 +59,6 @@ def main() -> None:
         data = synthetic_layer(geo, seed=3, device="cuda")
         layer = bind(p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8,
                                                                                  device="cuda"))  # fmt: skip
-        del data
         x, ids, w = synthetic_routing(geo, 1, torch.Generator(device="cuda").manual_seed(1))
         out = torch.empty_like(x)
         launches = layer.launches(x, ids, w, out)
@@ -90,7 +81,7 @@ def main() -> None:
             parts = {"fc1": bound[:1], "expansion": bound[1:2], "fc1+expansion": bound[:2], "call": bound}
             res = {name: timed(part) for name, part in parts.items()}
             res["call_spans"] = kernel_timeline(capture(functools.partial(run_all, bound)), flush, 10)
-            res["fc1_ctas_per_sm"] = _occupancy(bound[0])
+            res["fc1_ctas_per_sm"] = bound[0].programs_per_sm()
             res["fc1_grid"] = list(bound[0].grid)
             row["modes"][mode] = res
             times = " ".join(f"{k} {v['median_s'] * 1e6:.1f}" for k, v in res.items() if isinstance(v, dict))
@@ -99,7 +90,7 @@ def main() -> None:
                      for s in res["call_spans"]]  # fmt: skip
             print(geo.name, mode, times, "| spans", spans, flush=True)
         pn = plan(geo, 8, scale_source="native", buckets=(1, 8))
-        native = bind(pn, prepare_weights(pn, **synthetic_layer(geo, seed=3, device="cuda").weight_kwargs()),
+        native = bind(pn, prepare_weights(pn, **data.weight_kwargs()),
                       torch.empty(pn.scratch_bytes, dtype=torch.uint8, device="cuda"))  # fmt: skip
         native.run(x, ids, w, out=out)
         torch.cuda.synchronize()
@@ -111,13 +102,13 @@ def main() -> None:
                     if la.spec.kernel == "moe.gemm_decode":
                         _prefer_shared(b)
             res = {"fc1": timed(bound[:1]), "call": timed(bound)}
-            res["fc1_ctas_per_sm"] = _occupancy(bound[0])
+            res["fc1_ctas_per_sm"] = bound[0].programs_per_sm()
             res["fc1_grid"] = list(bound[0].grid)
             row["modes"][mode] = res
             print(geo.name, mode, f"fc1 {res['fc1']['median_s'] * 1e6:.1f} call {res['call']['median_s'] * 1e6:.1f}"
                   f" fc1 grid {res['fc1_grid']} occupancy {res['fc1_ctas_per_sm']}", flush=True)  # fmt: skip
         rows.append(row)
-        del layer, native
+        del layer, native, data
         torch.cuda.empty_cache()
     doc = {"benchmark": "probe_w2_beside_fc1", "provenance": provenance(), "rows": rows,
            "compilations_while_frozen": runtime.compilations()}  # fmt: skip

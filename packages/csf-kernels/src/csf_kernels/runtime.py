@@ -327,6 +327,14 @@ class BoundLaunch:
         if err != 0:
             _drv().check(err, f"{call}({p.entry}, grid={self.grid})")
 
+    def programs_per_sm(self) -> int:
+        """How many of these programs the driver fits on one SM (their block, registers and this launch's dynamic
+        shared memory): diagnostics and tests, not the launch path."""
+        p, drv = self.program, _drv()
+        threads = p.block[0] * p.block[1] * p.block[2]
+        fn = drv.cu.CUfunction(p.function)
+        return drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, self.shared), p.entry)
+
 
 class BindingCache:
     """Bound launch sets of a caller, the least recently used dropped beyond ``capacity``: binding resolves
