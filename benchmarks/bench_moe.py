@@ -67,6 +67,8 @@ ARMS = {
     "inline_both_planes": dict(scale_source="inline", fc1_records_tokens=0),
     "inline_fc1_records_4": dict(scale_source="inline", fc1_records_tokens=4),
     "inline_fc1_records_1": dict(scale_source="inline", fc1_records_steps=0),
+    "inline_expand_all_3": dict(scale_source="inline", expand_all_routes_per_expert=3),
+    "inline_expand_all_4": dict(scale_source="inline", expand_all_routes_per_expert=4),
 }
 # bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
 # and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
@@ -74,7 +76,8 @@ ARMS = {
 # Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
 # csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's
 # expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run few K
-# steps: csf_moe.plan.FC1_RECORDS_STEPS)
+# steps: csf_moe.plan.FC1_RECORDS_STEPS); "inline_expand_all_3" / "_4" expand every expert's scales from 3 / 4
+# routes per expert instead of 2 (csf_moe.plan.EXPAND_ALL_ROUTES_PER_EXPERT)
 BIND = {
     "inline_forked": dict(chain_expansions=False),
     "inline_fc1_at_start": dict(fc1_let_in="start"),

@@ -198,3 +198,14 @@ def test_plan_rejects_what_it_cannot_serve():
         plan(geo, 8, top_k=0)
     with pytest.raises(ValueError, match="max_tokens"):
         plan(geo, 0)
+
+
+def test_every_experts_scales_expand_from_the_planned_routes_per_expert():
+    """EXPAND_ALL_ROUTES_PER_EXPERT by default; a plan argument moves the threshold (Qwen3-30B: 128 experts,
+    top-8, so 2 routes per expert at 32 tokens, 3 at 48); it must be positive."""
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")
+    default, later = plan(geo, 64), plan(geo, 64, expand_all_routes_per_expert=3)
+    assert next(t for t in range(1, 65) if default.expands_all_experts(t)) == 32
+    assert next(t for t in range(1, 65) if later.expands_all_experts(t)) == 48
+    with pytest.raises(ValueError, match="expand_all_routes_per_expert must be positive"):
+        plan(geo, 64, expand_all_routes_per_expert=0)

@@ -150,6 +150,7 @@ class MoEPlan:
     inline_token_limit: int
     fc1_records_tokens: int
     fc1_records_steps: int
+    expand_all_routes_per_expert: int
     buckets: tuple[BucketPlan, ...]
     scratch: ScratchLayout
 
@@ -164,7 +165,7 @@ class MoEPlan:
     def expands_all_experts(self, tokens: int) -> bool:
         """Whether an expanding call of ``tokens`` tokens expands every expert's scales, concurrently with the
         routing's alignment, rather than the routed experts' after it."""
-        return tokens * self.top_k >= EXPAND_ALL_ROUTES_PER_EXPERT * self.geometry.experts
+        return tokens * self.top_k >= self.expand_all_routes_per_expert * self.geometry.experts
 
     def reads_routes_as_blocks(self, tokens: int) -> bool:
         """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
@@ -290,6 +291,7 @@ def plan(
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
     fc1_records_tokens: int = FC1_RECORDS_TOKENS,
     fc1_records_steps: int = FC1_RECORDS_STEPS,
+    expand_all_routes_per_expert: int = EXPAND_ALL_ROUTES_PER_EXPERT,
     decode_routes_per_expert: int = DECODE_ROUTES_PER_EXPERT,
     buckets: tuple[int, ...] | None = None,
     decode_config: GemmConfig | None = None,
@@ -298,7 +300,8 @@ def plan(
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
     geometry when given. ``fc1_records_tokens``, ``fc1_records_steps``: see ``FC1_RECORDS_TOKENS`` (0: never) and
-    ``FC1_RECORDS_STEPS`` (0: by tokens only). ``buckets``
+    ``FC1_RECORDS_STEPS`` (0: by tokens only); ``expand_all_routes_per_expert``: see
+    ``EXPAND_ALL_ROUTES_PER_EXPERT``. ``buckets``
     defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode
     buckets' tiles (default: by routes per expert, see ``csf_kernels.moe_specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
@@ -310,6 +313,8 @@ def plan(
         raise ValueError(f"top_k={top_k} must lie in [1, {geometry.experts}]")
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if expand_all_routes_per_expert <= 0:
+        raise ValueError(f"expand_all_routes_per_expert must be positive, got {expand_all_routes_per_expert}")
     if geometry.hidden % 32 or geometry.intermediate % 32:
         raise ValueError(
             f"{geometry.name}: hidden ({geometry.hidden}) and intermediate ({geometry.intermediate}) sizes must be "
@@ -366,6 +371,7 @@ def plan(
         inline_token_limit=inline_token_limit,
         fc1_records_tokens=fc1_records_tokens,
         fc1_records_steps=fc1_records_steps,
+        expand_all_routes_per_expert=expand_all_routes_per_expert,
         buckets=tuple(plans),
         scratch=_layout(geometry, max_tokens, top_k, expands, partials, {b.config for b in plans} | {prefill_config}),
     )
