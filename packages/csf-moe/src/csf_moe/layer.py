@@ -21,7 +21,8 @@ align launches and joined before FC1 (a join admits no dependent launch). Runs 2
 as fast as the forked one (within 1 us) or faster (by up to 20 us) at the peer geometries' 1-32 tokens, except
 DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us slower; 6 us faster in run 247,
 with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
-expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's.
+expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's, which lets FC1 in only
+as its CTAs finish.
 
 One-token calls of an inline plan, and routed calls whose FC1 programs run few K steps (``BucketPlan.
 fc1_records_tokens``; int32 ids; dependent launches on), expand only W2's plane: FC1 reads W13's CSF records
@@ -235,7 +236,10 @@ class MoELayer:
                 launches += relabelling
             elif plan.expands_all_experts(t):  # every expert's planes: W13's beside the alignment, the
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane  # relabelling and W2's (nothing to wait for)
-                launches += relabelling + inline_expansion_launches(w2.inline, w2_plane)
+                # W2's lets FC1 in only as its CTAs finish: FC1's programs let in beside them (W13's done first,
+                # as in chained calls) were spread unevenly over the SMs and ran 1.4x longer (runs 285-287)
+                lets = "end" if self._row_block_dependents((w2.inline, w2_plane)) else "start"
+                launches += relabelling + inline_expansion_launches(w2.inline, w2_plane, lets_next_in=lets)
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
@@ -315,17 +319,18 @@ class MoELayer:
         experts, and W2's expansion can wait last."""
         if not (tokens <= bucket.fc1_records_tokens and ids_list_experts):
             return False
-        return self._waits_last((self.weights.w2.inline, self.w2_plane))
+        return self._row_block_dependents((self.weights.w2.inline, self.w2_plane))
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
         """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
-        return self.chain_expansions and self._waits_last(*pairs)
+        return self.chain_expansions and self._row_block_dependents(*pairs)
 
     @staticmethod
-    def _waits_last(*pairs) -> bool:
-        """Whether the expansions of these (inline, plane) pairs can wait for their predecessor only before they
-        exit: only the row-block expander can, and only as a dependent launch."""
+    def _row_block_dependents(*pairs) -> bool:
+        """Whether the expansions of these (inline, plane) pairs are dependent launches of the row-block expander,
+        the only ones that can wait for their predecessor only before they exit, or let the next kernel in only
+        as their CTAs finish."""
         if not env.flag(env.PDL, default=True):
             return False
         return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
