@@ -86,7 +86,8 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on (the
     layer's defaults): W13's expansion waits first, W2's runs beside it, waits last and lets FC1 in only as its
     CTAs finish, and FC1 copies its first weights before it waits (EARLY); nothing forks. Otherwise (dependent
-    launches off, or the layer told not to chain) W2's forks onto the side stream and FC1 waits first."""
+    launches off, or the layer told not to chain) W2's forks onto the side stream, FC1 waits first, and W13's
+    (as a dependent launch) lets FC1 in only as its CTAs finish."""
     import csf_kernels.expand as expand
     import csf_moe.layer as layer_module
 
@@ -114,7 +115,9 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
         layer.fc1_let_in = "start"  # FC1 let in as W2's CTAs start
         assert [la.args[-1] for la in layer._launches(x, ids, w, torch.empty_like(x))[0][:2]] == [1, 2]
     else:
-        assert fork == (0, 1, 2) and w2.args[-1] == w13.args[-1] == int(pdl)  # forked and joined before FC1
+        assert fork == (0, 1, 2) and w2.args[-1] == int(pdl)  # forked and joined before FC1
+        # W13's, right before FC1 on the current stream, lets it in only as its CTAs finish (pdl 1 + 4)
+        assert w13.args[-1] == (5 if pdl == "1" else 0)
         assert fc1.spec.fact["EARLY"] == 0
 
 

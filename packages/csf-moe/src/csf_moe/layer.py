@@ -17,12 +17,13 @@ run side by side), letting FC1 in only as its CTAs finish their work (``fc1_let_
 start sit on the SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies
 its first weight steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's
 on the current stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the
-align launches and joined before FC1 (a join admits no dependent launch). Runs 242-247 measured the chained form
-as fast as the forked one (within 1 us) or faster (by up to 20 us) at the peer geometries' 1-32 tokens, except
-DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us slower; 6 us faster in run 247,
-with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every
-expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's, which lets FC1 in only
-as its CTAs finish.
+align launches and joined before FC1 (a join admits no dependent launch; a row-block W13 lets FC1 in only as its CTAs
+finish, as W2's does when chained: FC1's programs let in beside an expansion's CTAs are spread unevenly over the
+SMs, runs 241 and 286-288). Runs 242-247 measured the chained form as fast as the forked one (within 1 us) or faster
+(by up to 20 us) at the peer geometries' 1-32 tokens, except DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in
+runs 242 and 244 (4-6 us slower; 6 us faster in run 247, with the 90-column planes in column groups). From
+``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
+alignment, the relabelling and W2's, which lets FC1 in only as its CTAs finish.
 
 One-token calls of an inline plan, and routed calls whose FC1 programs run few K steps (``BucketPlan.
 fc1_records_tokens``; int32 ids; dependent launches on), expand only W2's plane: FC1 reads W13's CSF records
@@ -249,9 +250,15 @@ class MoELayer:
             else:  # the routed experts' (listed above): W13's beside W2's
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
                 start = len(launches)
-                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active)
+                chains = self._chains(w13_plane, w2_plane)
+                # forked, FC1 follows W13's on the current stream: a row-block W13 lets it in only as its CTAs
+                # finish (as W2's does where every expert's expands, above); chained, W2's runs beside it
+                forked_row_block = not chains and self._row_block_dependents((w13.inline, w13_plane))
+                launches += inline_expansion_launches(
+                    w13.inline, w13_plane, experts=active, lets_next_in="end" if forked_row_block else "start"
+                )
                 split = len(launches)
-                if self._chains(w13_plane, w2_plane):
+                if chains:
                     launches += inline_expansion_launches(
                         w2.inline, w2_plane, experts=active, wait="last", lets_next_in=self.fc1_let_in
                     )
