@@ -237,10 +237,10 @@ class MoELayer:
                 launches += relabelling
             elif plan.expands_all_experts(t):  # every expert's planes: W13's beside the alignment, the
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane  # relabelling and W2's (nothing to wait for)
-                # W2's lets FC1 in only as its CTAs finish: FC1's programs let in beside them (W13's done first,
-                # as in chained calls) were spread unevenly over the SMs and ran 1.4x longer (runs 285-287)
-                lets = "end" if self._row_block_dependents((w2.inline, w2_plane)) else "start"
-                launches += relabelling + inline_expansion_launches(w2.inline, w2_plane, lets_next_in=lets)
+                # W2's, right before FC1 (W13's done first, as in chained calls, runs 285-288)
+                launches += relabelling + inline_expansion_launches(
+                    w2.inline, w2_plane, lets_next_in=self._lets_fc1_in(w2.inline, w2_plane)
+                )
                 split = len(launches)
                 launches += inline_expansion_launches(w13.inline, w13_plane)
                 fork = (0, split, len(launches))
@@ -250,13 +250,9 @@ class MoELayer:
             else:  # the routed experts' (listed above): W13's beside W2's
                 w13_plane, w2_plane = self.w13_plane, self.w2_plane
                 start = len(launches)
-                chains = self._chains(w13_plane, w2_plane)
-                # forked, FC1 follows W13's on the current stream: a row-block W13 lets it in only as its CTAs
-                # finish (as W2's does where every expert's expands, above); chained, W2's runs beside it
-                forked_row_block = not chains and self._row_block_dependents((w13.inline, w13_plane))
-                launches += inline_expansion_launches(
-                    w13.inline, w13_plane, experts=active, lets_next_in="end" if forked_row_block else "start"
-                )
+                chains = self._chains(w13_plane, w2_plane)  # chained, W2's runs beside W13's; forked, FC1 follows it
+                lets = "start" if chains else self._lets_fc1_in(w13.inline, w13_plane)
+                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active, lets_next_in=lets)
                 split = len(launches)
                 if chains:
                     launches += inline_expansion_launches(
@@ -332,6 +328,12 @@ class MoELayer:
         """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
         return self.chain_expansions and self._row_block_dependents(*pairs)
+
+    def _lets_fc1_in(self, inline, plane) -> str:
+        """When an expansion that FC1 follows on the current stream lets it in: only as its CTAs finish where it
+        can choose (a row-block dependent launch). FC1's programs let in as they start were placed beside its CTAs,
+        spread unevenly over the SMs, and ran up to 1.4x longer (runs 241, 286-288)."""
+        return "end" if self._row_block_dependents((inline, plane)) else "start"
 
     @staticmethod
     def _row_block_dependents(*pairs) -> bool:
