@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import ARMS, BIND, CHAIN_CALLS, CHAIN_MAX_TOKENS, INPUT_SETS
 from provenance import provenance
-from timing import capture, kernel_timeline, l2_flush_buffer, replay_times
+from timing import capture, kernel_timeline, l2_flush_buffer, replay_times, run_all
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
@@ -76,7 +76,7 @@ def main() -> None:
                 outs = [torch.empty_like(x) for x, _, _ in chain]
                 calls = [functools.partial(layer.run, x, i, w, out=o) for (x, i, w), o in zip(chain, outs, strict=True)]
                 one = capture(calls[0])
-                many = capture(functools.partial(lambda cs: [c() for c in cs], calls))
+                many = capture(functools.partial(run_all, calls))
                 single = statistics.median(replay_times(one, a.reps, flush)) * 1e6
                 chained = statistics.median(replay_times(many, a.reps, flush)) * 1e6 / CHAIN_CALLS
                 row = {"geometry": geo.name, "tokens": t, "arm": arm, "routing": routing, "single_us": single,
