@@ -63,7 +63,8 @@ def main() -> None:
         probed = [int(s) for s in a.tokens.split(",")]
         for t in [int(s) for s in a.bench_tokens.split(",")] if a.bench_tokens else probed:
             if a.bench_tokens:  # bench_moe's draws: its single calls' routings, then its chain's
-                [synthetic_routing(geo, t, gen) for _ in range(INPUT_SETS)]
+                for _ in range(INPUT_SETS):
+                    synthetic_routing(geo, t, gen)
                 if t > CHAIN_MAX_TOKENS:
                     continue
             chain = [synthetic_routing(geo, t, gen) for _ in range(CHAIN_CALLS)]

@@ -24,6 +24,15 @@ def _layer(fmt: str, source: str, **plan_kwargs) -> tuple[MoEGeometry, MoELayer]
     return geo, layer
 
 
+def _row_block_expansions(monkeypatch) -> None:
+    """Every plane on the row-block expander, as on a GPU (CPU tensors would take Triton's interpreter)."""
+    import csf_kernels.expand as expand
+    import csf_moe.layer as layer_module
+
+    for module in (expand, layer_module):
+        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+
+
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_routed_calls_run_fc1_fc2_combine_with_fc2_reading_fc1_partials(fmt, tokens):
@@ -88,11 +97,7 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     CTAs finish, and FC1 copies its first weights before it waits (EARLY); nothing forks. Otherwise (dependent
     launches off, or the layer told not to chain) W2's forks onto the side stream, FC1 waits first, and W13's
     (as a dependent launch) lets FC1 in only as its CTAs finish."""
-    import csf_kernels.expand as expand
-    import csf_moe.layer as layer_module
-
-    for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
-        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    _row_block_expansions(monkeypatch)
     monkeypatch.setenv("CSF_PDL", pdl)
     geo, layer = _layer("mxfp4", "inline", fc1_records_tokens=0)  # one token expanding both planes
     assert layer.chain_expansions and layer.fc1_let_in == "end" and layer.early_fc1  # what serving runs
@@ -136,11 +141,7 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
     as its CTAs start) and FC2 reads W2's expanded plane. int64 ids do not list the experts (an alignment
     would), so those calls expand both planes first. Two-token calls take the same form where FC1's programs run
     few K steps (this geometry's 3: FC1_RECORDS_STEPS), and expand both planes first with fc1_records_steps=0."""
-    import csf_kernels.expand as expand
-    import csf_moe.layer as layer_module
-
-    for module in (expand, layer_module):  # CPU tensors would take Triton's interpreter
-        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    _row_block_expansions(monkeypatch)
     geo, layer = _layer("mxfp4", "inline")
     assert layer.plan.fc1_records_tokens == 1 and layer.plan.bucket_for(1).fc1_reads_records
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(2), ids_dtype=ids_dtype)
@@ -171,13 +172,31 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
 
 def test_dependent_launches_off_expand_both_planes_first(monkeypatch):
     """W2's expansion beside FC1 needs it to wait as a dependent launch: without them one token expands both."""
-    import csf_kernels.expand as expand
-    import csf_moe.layer as layer_module
-
-    for module in (expand, layer_module):
-        monkeypatch.setattr(module, "expansion_engine", lambda inline, out: "row_block")
+    _row_block_expansions(monkeypatch)
     monkeypatch.setenv("CSF_PDL", "0")
     geo, layer = _layer("mxfp4", "inline")
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
     kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
     assert kernels[:2] == ["expand.row_blocks", "expand.row_blocks"]
+
+
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_w2s_expansion_lets_fc1_in_only_as_its_ctas_finish_where_every_experts_scales_expand(monkeypatch, pdl):
+    """From EXPAND_ALL_ROUTES_PER_EXPERT routes per expert: W13's on the side stream from the call's start; W2's on
+    the current stream, FC1 right behind it. As a row-block dependent launch W2's waits first and lets FC1 in only
+    as its CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start was spread unevenly over the SMs
+    (runs 285-288)."""
+    _row_block_expansions(monkeypatch)
+    monkeypatch.setenv("CSF_PDL", pdl)
+    geo, layer = _layer("mxfp4", "inline")
+    p = layer.plan
+    t = 8
+    assert p.expands_all_experts(t) and not p.expands_all_experts(5)
+    x, ids, w = synthetic_routing(geo, t, torch.Generator().manual_seed(1))
+    launches, (start, split, end) = layer._launches(x, ids, w, torch.empty_like(x))
+    expansions = [i for i, la in enumerate(launches) if la.spec.kernel == "expand.row_blocks"]
+    w2_at, w13_at = expansions
+    assert start == 0 and w2_at == split - 1 and (split, end) == (w13_at, w13_at + 1)
+    assert launches[w2_at].args[6].data_ptr() == layer.w2_plane.data_ptr()
+    assert launches[end].spec.kernel.startswith("moe.gemm")  # FC1 right after the join
+    assert (launches[w2_at].args[-1], launches[w13_at].args[-1]) == ((5, 1) if pdl == "1" else (0, 0))
