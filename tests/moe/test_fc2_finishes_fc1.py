@@ -95,8 +95,8 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     """Both planes on the row-block expander (as every catalog plane on a GPU) and dependent launches on (the
     layer's defaults): W13's expansion waits first, W2's runs beside it, waits last and lets FC1 in only as its
     CTAs finish, and FC1 copies its first weights before it waits (EARLY); nothing forks. Otherwise (dependent
-    launches off, or the layer told not to chain) W2's forks onto the side stream, FC1 waits first, and W13's
-    (as a dependent launch) lets FC1 in only as its CTAs finish."""
+    launches off, or the layer told not to chain) W2's forks onto the side stream, FC1 waits first, and both
+    (as dependent launches) let FC1 in only as their CTAs finish."""
     _row_block_expansions(monkeypatch)
     monkeypatch.setenv("CSF_PDL", pdl)
     geo, layer = _layer("mxfp4", "inline", fc1_records_tokens=0)  # one token expanding both planes
@@ -120,9 +120,10 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
         layer.fc1_let_in = "start"  # FC1 let in as W2's CTAs start
         assert [la.args[-1] for la in layer._launches(x, ids, w, torch.empty_like(x))[0][:2]] == [1, 2]
     else:
-        assert fork == (0, 1, 2) and w2.args[-1] == int(pdl)  # forked and joined before FC1
-        # W13's, right before FC1 on the current stream, lets it in only as its CTAs finish (pdl 1 + 4)
-        assert w13.args[-1] == (5 if pdl == "1" else 0)
+        assert fork == (0, 1, 2)  # forked and joined before FC1
+        # W13's, right before FC1 on the current stream, and W2's, joined before FC1 (a graph's join into a
+        # dependent launch is a dependent-launch edge), let it in only as their CTAs finish (pdl 1 + 4)
+        assert (w13.args[-1], w2.args[-1]) == ((5, 5) if pdl == "1" else (0, 0))
         assert fc1.spec.fact["EARLY"] == 0
 
 
@@ -183,9 +184,9 @@ def test_dependent_launches_off_expand_both_planes_first(monkeypatch):
 @pytest.mark.parametrize("pdl", ["1", "0"])
 def test_w2s_expansion_lets_fc1_in_only_as_its_ctas_finish_where_every_experts_scales_expand(monkeypatch, pdl):
     """From EXPAND_ALL_ROUTES_PER_EXPERT routes per expert: W13's on the side stream from the call's start; W2's on
-    the current stream, FC1 right behind it. As a row-block dependent launch W2's waits first and lets FC1 in only
-    as its CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start was spread unevenly over the SMs
-    (runs 285-288)."""
+    the current stream, FC1 right behind it. As row-block dependent launches both wait first and let FC1 in only
+    as their CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start was spread unevenly over the
+    SMs (runs 285-291)."""
     _row_block_expansions(monkeypatch)
     monkeypatch.setenv("CSF_PDL", pdl)
     geo, layer = _layer("mxfp4", "inline")
@@ -199,4 +200,5 @@ def test_w2s_expansion_lets_fc1_in_only_as_its_ctas_finish_where_every_experts_s
     assert start == 0 and w2_at == split - 1 and (split, end) == (w13_at, w13_at + 1)
     assert launches[w2_at].args[6].data_ptr() == layer.w2_plane.data_ptr()
     assert launches[end].spec.kernel.startswith("moe.gemm")  # FC1 right after the join
-    assert (launches[w2_at].args[-1], launches[w13_at].args[-1]) == ((5, 1) if pdl == "1" else (0, 0))
+    # W13's, on the side stream, joins FC1 and lets it in only as its CTAs finish too
+    assert (launches[w2_at].args[-1], launches[w13_at].args[-1]) == ((5, 5) if pdl == "1" else (0, 0))

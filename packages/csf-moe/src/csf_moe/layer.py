@@ -10,20 +10,22 @@ GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no
 lists the routed experts whose scales the call expands; int32 ids list them themselves), and in buckets of such
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
-The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment
-or the route ids): where both planes take the row-block expander and dependent launches are on (every catalog
-plane on a GPU), chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they
-run side by side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they
-start sit on the SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies
-its first weight steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's
-on the current stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the
-align launches and joined before FC1 (a join admits no dependent launch; a row-block W13 lets FC1 in only as its CTAs
-finish, as W2's does when chained: FC1's programs let in beside an expansion's CTAs are spread unevenly over the
-SMs, runs 241 and 286-288). Runs 242-247 measured the chained form as fast as the forked one (within 1 us) or faster
-(by up to 20 us) at the peer geometries' 1-32 tokens, except DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in
-runs 242 and 244 (4-6 us slower; 6 us faster in run 247, with the 90-column planes in column groups). From
-``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert, every expert's, forked at the call's start: W13's beside the
-alignment, the relabelling and W2's, which lets FC1 in only as its CTAs finish.
+The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment or
+the route ids): where both planes take the row-block expander and dependent launches are on (every catalog plane on
+a GPU), chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they run side by
+side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they start sit on the
+SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies its first weight
+steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's on the current
+stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the align launches and
+joined before FC1. Under CUDA-graph capture the fork's and the join's edges into a dependent launch are
+dependent-launch edges too (the side stream's expansion started before the align program ended, run 291), so each
+row-block expansion FC1 follows or joins lets it in only as its CTAs finish, as W2's does when chained: FC1's
+programs let in beside an expansion's CTAs are spread unevenly over the SMs (runs 241, 286-291). Runs 242-247
+measured the chained form as fast as the forked one (within 1 us) or faster (by up to 20 us) at the peer geometries'
+1-32 tokens, except DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us slower; 6 us
+faster in run 247, with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per
+expert, every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's, both
+letting FC1 in only as their CTAs finish.
 
 One-token calls of an inline plan, and routed calls whose FC1 programs run few K steps (``BucketPlan.
 fc1_records_tokens``; int32 ids; dependent launches on), expand only W2's plane: FC1 reads W13's CSF records
@@ -242,7 +244,9 @@ class MoELayer:
                     w2.inline, w2_plane, lets_next_in=self._lets_fc1_in(w2.inline, w2_plane)
                 )
                 split = len(launches)
-                launches += inline_expansion_launches(w13.inline, w13_plane)
+                launches += inline_expansion_launches(
+                    w13.inline, w13_plane, lets_next_in=self._lets_fc1_in(w13.inline, w13_plane)
+                )
                 fork = (0, split, len(launches))
             elif self._records_fc1(t, bucket, ids_list_experts):
                 records_fc1 = True  # FC1 reads W13's records; W2's expansion follows it (below)
@@ -260,7 +264,8 @@ class MoELayer:
                     )
                     early = self.early_fc1 and routed and copies_weights_early(bucket.config)
                 else:
-                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active)
+                    lets = self._lets_fc1_in(w2.inline, w2_plane)
+                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, lets_next_in=lets)
                     fork = (start, split, len(launches))
                 launches += relabelling
             # the same operands, their scales read from the expanded planes
@@ -330,9 +335,10 @@ class MoELayer:
         return self.chain_expansions and self._row_block_dependents(*pairs)
 
     def _lets_fc1_in(self, inline, plane) -> str:
-        """When an expansion that FC1 follows on the current stream lets it in: only as its CTAs finish where it
-        can choose (a row-block dependent launch). FC1's programs let in as they start were placed beside its CTAs,
-        spread unevenly over the SMs, and ran up to 1.4x longer (runs 241, 286-288)."""
+        """When an expansion that FC1 follows on the current stream, or joins from the side stream, lets it in:
+        only as its CTAs finish where it can choose (a row-block dependent launch). FC1's programs let in as they
+        start were placed beside its CTAs, spread unevenly over the SMs, and ran up to 1.7x longer (runs 241,
+        286-291)."""
         return "end" if self._row_block_dependents((inline, plane)) else "start"
 
     @staticmethod
