@@ -20,6 +20,7 @@ from csf_kernels.families import (
     CUTE_ROW_BLOCK_EXPANDER,
     CUTE_ROW_EXPANDER,
     EXPAND_INLINE,
+    row_block_covers,
     row_block_expander_spec,
     row_block_group_tiles,
     row_block_groups,
@@ -165,18 +166,30 @@ def test_row_block_refuses_planes_it_does_not_cover():
     odd = _inline((2, 128, 37), NVFP4)
     with pytest.raises(ValueError, match="row-block expander does not cover"):
         inline_expansion_launches(odd, torch.empty(odd.shape, dtype=torch.uint8), engine="row_block")
-    wide = _inline((1, 128, 320), NVFP4)
-    with pytest.raises(ValueError, match="row-block expander does not cover"):
-        inline_expansion_launches(wide, torch.empty(wide.shape, dtype=torch.uint8), engine="row_block")
+    for cols in (456, 166):  # wider than any column-group image; past 160 columns in whole rows (41 tiles)
+        wide = _inline((1, 128, cols), NVFP4)
+        with pytest.raises(ValueError, match="row-block expander does not cover"):
+            inline_expansion_launches(wide, torch.empty(wide.shape, dtype=torch.uint8), engine="row_block")
+
+
+def test_row_block_covers_wide_planes_in_column_groups():
+    """Past 160 columns the row-block expander takes rows that split into column groups (a CTA per block, one
+    image of 128 x cols bytes): DS4.1-TP4 NVFP4's W13 (320), Kimi-K2 TP16's and DeepSeek-V3 TP8's (224, 448)."""
+    for cols, groups in ((224, 7), (320, 10), (448, 14)):
+        assert row_block_covers(cols, 16) and row_block_groups(cols) == groups == row_block_warps(cols)
+    assert not row_block_covers(166, 16) and row_block_groups(166) == 1  # 41 tiles: whole rows only up to 160
+    assert not row_block_covers(456, 16)
 
 
 def test_auto_takes_the_row_block_expander_for_every_cached_shape(monkeypatch):
     from csf_kernels import runtime
 
-    cached = {row_block_expander_spec(MXFP4, 18).key, row_block_expander_spec(MXFP4, 160).key}
+    cached = {row_block_expander_spec(MXFP4, 18).key, row_block_expander_spec(MXFP4, 160).key,
+              row_block_expander_spec(NVFP4, 320).key}  # fmt: skip
     monkeypatch.setattr(runtime, "is_cached", lambda spec: spec.key in cached)
     assert auto_engine(18, 384 * 5120 * 18, 0, MXFP4) == "row_block"  # DS4.1-TP4 W2
     assert auto_engine(160, 384 * 1152 * 160, 0, MXFP4) == "row_block"  # DS4.1-TP4 W13
+    assert auto_engine(320, 384 * 1152 * 320, 0, NVFP4) == "row_block"  # DS4.1-TP4 NVFP4 W13 (column groups)
     assert auto_engine(18, 384 * 5120 * 18, 0, NVFP4) == "cute"  # no program for this shape: as before
     assert auto_engine(160, 384 * 1152 * 160, 0) == "triton"  # no format named: as before
     assert auto_engine(18, 384 * 5120 * 18, 8, MXFP4) == "triton"  # unaligned output: not covered

@@ -133,7 +133,11 @@ class RowImageLayout:
 # groups (csf_kernels/cute/row_block_expander.py)
 CUTE_ROW_BLOCK_EXPANDER = "expand.row_blocks"
 CUTE_ROW_BLOCK_EXPANDER_VERSION = 3  # 2: the pdl argument; 3: column groups of rows that are not 16-byte multiples
-ROW_BLOCK_MAX_COLS = 160  # a warp's image of 128 rows: 20 KiB; wider planes take the column-group expanders
+# whole rows: a warp's own image of 128 rows, 20 KiB at most; rows split into column groups: the CTA's image, 56 KiB
+# at most (Kimi-K2 TP16 NVFP4's W13, 14 warps and ~98 KiB of shared memory a CTA: two an SM). Wider planes, and
+# wide rows no group size divides, take the row expanders
+ROW_BLOCK_MAX_WHOLE_COLS = 160
+ROW_BLOCK_MAX_COLS = 448
 
 
 ROW_BLOCK_MAX_GROUP_TILES = 8  # a warp decodes 32-byte row segments: 32 warps per SM
@@ -171,9 +175,11 @@ def row_block_warps(cols: int) -> int:
 
 
 def row_block_covers(cols: int, plane_bytes: int, out_ptr: int = 0) -> bool:
-    """Whether the row-block expander takes a plane: even columns, at most ``ROW_BLOCK_MAX_COLS``, output in
-    16-byte chunks."""
-    return cols % 2 == 0 and 0 < cols <= ROW_BLOCK_MAX_COLS and plane_bytes % 16 == 0 and out_ptr % 16 == 0
+    """Whether the row-block expander takes a plane: even columns, at most ``ROW_BLOCK_MAX_WHOLE_COLS`` or, in
+    column groups, ``ROW_BLOCK_MAX_COLS``, output in 16-byte chunks."""
+    if cols % 2 or not 0 < cols <= ROW_BLOCK_MAX_COLS or plane_bytes % 16 or out_ptr % 16:
+        return False
+    return cols <= ROW_BLOCK_MAX_WHOLE_COLS or row_block_groups(cols) > 1
 
 
 def row_block_expander_spec(fmt: ScaleFormat, cols: int) -> ProgramSpec:

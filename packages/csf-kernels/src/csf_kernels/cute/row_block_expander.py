@@ -52,7 +52,7 @@ from cutlass.cute.nvgpu import cpasync
 from csf_codec.tile_layout import slot_to_row
 
 from ..families import ROW_BLOCK_MAX_COLS as MAX_COLS
-from ..families import row_block_group_tiles, row_block_groups, row_block_warps
+from ..families import row_block_covers, row_block_group_tiles, row_block_groups, row_block_warps
 from .inline_row_expander import CHUNK_BYTES, HEADER_BYTES, quad_words, spread_fields
 
 __all__ = ["MAX_COLS", "RowBlockExpander"]
@@ -78,7 +78,8 @@ def _capacity(caps, mode):
 
 
 class RowBlockExpander:
-    """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`), one warp per item: a
+    """Expansion of planes of ``cols`` scale columns (even, at most :data:`MAX_COLS`:
+    :func:`~csf_kernels.families.row_block_covers`), one warp per item: a
     128-row block's column group of ``group_tiles`` full tiles (whole rows, tail included, unless
     :func:`~csf_kernels.families.row_block_group_tiles` splits them).
 
@@ -91,8 +92,9 @@ class RowBlockExpander:
     """
 
     def __init__(self, cols: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int):
-        if cols % 2 or not 0 < cols <= MAX_COLS:
-            raise ValueError(f"the row-block expander takes an even column count up to {MAX_COLS}; got {cols}")
+        if not row_block_covers(cols, 16):
+            raise ValueError(f"the row-block expander takes an even column count up to {MAX_COLS} (past 160: rows "
+                             f"that split into column groups); got {cols}")  # fmt: skip
         if delta_bits not in (4, 8):
             raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
         for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
