@@ -68,6 +68,9 @@ from .weights import MoEWeights
 
 __all__ = ["MoELayer", "bind"]
 
+# W13 planes of at most this many scale columns chain their routed experts' expansions (MoELayer._chains)
+CHAIN_MAX_COLS = 160
+
 
 def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     offset, count = region
@@ -330,9 +333,12 @@ class MoELayer:
         return self._row_block_dependents((self.weights.w2.inline, self.w2_plane))
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
-        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring)."""
+        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
+        not where W13's rows are wider than CHAIN_MAX_COLS (the row-block expander's CTA-per-block images of
+        224-448 columns), whose chained form measured slower at 2-4 tokens than forked (run 281)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
-        return self.chain_expansions and self._row_block_dependents(*pairs)
+        narrow = self.weights.w13.inline.geometry.cols <= CHAIN_MAX_COLS
+        return self.chain_expansions and narrow and self._row_block_dependents(*pairs)
 
     def _lets_fc1_in(self, inline, plane) -> str:
         """When an expansion that FC1 follows on the current stream, or joins from the side stream, lets it in:
