@@ -127,6 +127,28 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
         assert fc1.spec.fact["EARLY"] == 0
 
 
+@pytest.mark.parametrize("hidden", [2560, 3584])
+def test_routed_expansions_fork_where_w13s_rows_take_a_cta_per_block(monkeypatch, hidden):
+    """W13 rows wider than a warp's image (NVFP4 at hidden 2560: 160 columns, chained; 3584: 224, Kimi-K2's) take
+    a CTA per row block, and those calls fork their routed experts' expansions instead of chaining them (run 281,
+    290-292); both let FC1 in only as their CTAs finish: the join's edge into FC1 is a dependent-launch edge under
+    graph capture, and FC1 let in beside W2's forked CTAs ran 1.7x longer (run 291)."""
+    _row_block_expansions(monkeypatch)
+    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=hidden, intermediate=64, top_k=2)
+    p = plan(geo, 4, scale_source="inline", fc1_records_tokens=0)
+    data = synthetic_layer(geo, seed=5, device="cpu")
+    layer = MoELayer(plan=p, weights=prepare_weights(p, **data.weight_kwargs()),
+                     scratch=torch.empty(p.scratch_bytes, dtype=torch.uint8))  # fmt: skip
+    assert layer.weights.w13.inline.geometry.cols == hidden // 16
+    x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(4))
+    launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
+    w13, w2 = (la for la in launches if la.spec.kernel == "expand.row_blocks")
+    if hidden // 16 <= 160:
+        assert fork is None and (w13.args[-1], w2.args[-1]) == (1, 6)  # chained (as the test above)
+    else:
+        assert fork is not None and (w13.args[-1], w2.args[-1]) == (5, 5)
+
+
 def test_bind_rejects_an_unknown_point_for_letting_fc1_in():
     from csf_moe import bind
 

@@ -50,6 +50,7 @@ import torch
 from csf_kernels import env, runtime
 from csf_kernels.expand import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
+from csf_kernels.families import ROW_BLOCK_MAX_WHOLE_COLS
 from csf_kernels.moe import (
     Fc1Partials,
     align_launches,
@@ -67,9 +68,6 @@ from .plan import MoEPlan
 from .weights import MoEWeights
 
 __all__ = ["MoELayer", "bind"]
-
-# W13 planes of at most this many scale columns chain their routed experts' expansions (MoELayer._chains)
-CHAIN_MAX_COLS = 160
 
 
 def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -334,10 +332,10 @@ class MoELayer:
 
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
         """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
-        not where W13's rows are wider than CHAIN_MAX_COLS (the row-block expander's CTA-per-block images of
-        224-448 columns), whose chained form measured slower at 2-4 tokens than forked (run 281)."""
+        not where W13's rows are wider than a warp's image takes (the row-block expander then runs a CTA per
+        block), whose chained form measured slower at 2-4 tokens than forked (runs 281, 290-292)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
-        narrow = self.weights.w13.inline.geometry.cols <= CHAIN_MAX_COLS
+        narrow = self.weights.w13.inline.geometry.cols <= ROW_BLOCK_MAX_WHOLE_COLS
         return self.chain_expansions and narrow and self._row_block_dependents(*pairs)
 
     def _lets_fc1_in(self, inline, plane) -> str:
