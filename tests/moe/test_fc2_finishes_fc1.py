@@ -129,10 +129,10 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
 
 @pytest.mark.parametrize("hidden", [2560, 3584])
 def test_routed_expansions_fork_where_w13s_rows_take_a_cta_per_block(monkeypatch, hidden):
-    """W13 rows wider than a warp's image (NVFP4 at hidden 2560: 160 columns, chained; 3584: 224, Kimi-K2's) take
-    a CTA per row block, and those calls fork their routed experts' expansions instead of chaining them (run 281,
-    290-292); both let FC1 in only as their CTAs finish: the join's edge into FC1 is a dependent-launch edge under
-    graph capture, and FC1 let in beside W2's forked CTAs ran 1.7x longer (run 291)."""
+    """W13 rows wider than a warp's image (NVFP4 at hidden 2560: 160 columns, chained; 3584: 224, as Kimi-K2
+    MXFP4's) take a CTA per row block, and those calls fork their routed experts' expansions instead of chaining
+    them (runs 281, 290-292); both let FC1 in only as their CTAs finish: the join's edge into FC1 is a
+    dependent-launch edge under graph capture, and FC1 let in beside W2's forked CTAs ran 1.7x longer (run 291)."""
     _row_block_expansions(monkeypatch)
     geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=hidden, intermediate=64, top_k=2)
     p = plan(geo, 4, scale_source="inline", fc1_records_tokens=0)

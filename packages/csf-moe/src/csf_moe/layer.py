@@ -11,8 +11,10 @@ lists the routed experts whose scales the call expands; int32 ids list them them
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
 The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment or
-the route ids): where both planes take the row-block expander and dependent launches are on (every catalog plane on
-a GPU), chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they run side by
+the route ids): where both planes take the row-block expander with whole rows a warp (W13 rows of at most
+``ROW_BLOCK_MAX_WHOLE_COLS`` columns: every catalog W13 but DS4.1-TP4 NVFP4's 320, Kimi-K2's and DeepSeek-V3's 224
+and 448, whose blocks take a CTA each and whose chained form lost at 2-4 tokens, run 281) and dependent launches are
+on, chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they run side by
 side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they start sit on the
 SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies its first weight
 steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's on the current
@@ -333,7 +335,7 @@ class MoELayer:
     def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
         """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
         not where W13's rows are wider than a warp's image takes (the row-block expander then runs a CTA per
-        block), whose chained form measured slower at 2-4 tokens than forked (runs 281, 290-292)."""
+        block), whose chained form measured slower at 2-4 tokens than forked (run 281)."""
         pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
         narrow = self.weights.w13.inline.geometry.cols <= ROW_BLOCK_MAX_WHOLE_COLS
         return self.chain_expansions and narrow and self._row_block_dependents(*pairs)
