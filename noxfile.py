@@ -59,9 +59,11 @@ def _commit() -> str:
 
 @nox.session
 def aot_build(session: nox.Session) -> None:
-    """Compile every program of the geometry catalog for sm_90a into aot_cache/<cache key>/ (no GPU)."""
+    """Compile every program of the geometry catalog for sm_90a into aot_cache/<cache key>/ (no GPU), and pack it
+    into aot_cache/carry.tgz, what a device call carries to the GPU machine (scripts/pack_aot_cache.py)."""
     _install_packages(session, build=True)
     session.run("python", "-m", "csf_kernels.aot.build", *session.posargs)
+    session.run("python", "scripts/pack_aot_cache.py")
 
 
 def _run_benchmark(session: nox.Session, name: str) -> None:
