@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# An A/B tree for the GPU machine: a commit's packages, benchmarks, tests and scripts with the AOT cache built for
+# its kernel sources, packed into .ab/<label>.tgz (gitignored) for scripts/ab_run.sh. Built here, with the tests
+# venv (`nox -s tests --install-only`: it has nvidia-cutlass-dsl); the build reuses the programs already in the
+# aot_cache root, so a tree that changes a few kernels takes about a minute.
+#
+#   bash scripts/ab_pack.sh <commit> <label>      # e.g. main base, HEAD new; keep the trees within 64 MiB in all
+set -euo pipefail
+cd "$(dirname "$0")/.."
+commit=${1:?usage: ab_pack.sh <commit> <label>}
+label=${2:?usage: ab_pack.sh <commit> <label>}
+python=${PYTHON:-$PWD/.nox/tests/bin/python}
+root=${CSF_AOT_CACHE:-$PWD/aot_cache}
+sha=$(git rev-parse --short=7 "$commit^{commit}")
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+git archive "$sha" packages benchmarks tests scripts pyproject.toml ':(exclude)benchmarks/results' | tar x -C "$stage"
+echo "$sha" > "$stage/AB_COMMIT"
+srcpath=$(printf '%s:' "$stage"/packages/*/src)
+key=$(PYTHONPATH=$srcpath "$python" -c "from csf_kernels.toolchain import cache_key; print(cache_key())")
+if [ ! -f "$root/$key/manifest.json" ]; then
+    PYTHONPATH=$srcpath "$python" -m csf_kernels.aot.build --out "$root" --jobs "${JOBS:-2}" --no-progress
+fi
+mkdir -p "$stage/aot_cache" .ab
+cp -r "$root/$key" "$stage/aot_cache/"
+tar czf ".ab/$label.tgz" -C "$stage" .
+echo "ab_pack: .ab/$label.tgz = $sha, cache $key ($(du -h ".ab/$label.tgz" | cut -f1))"
