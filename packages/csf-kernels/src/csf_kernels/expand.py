@@ -150,7 +150,9 @@ def inline_expansion_launches(
     it runs beside that kernel: only right after a "first" expansion of another plane, see
     :func:`expansion_engine`); the other engines launch plainly, so "last" is for the row-block expander only.
     ``lets_next_in``: when that dependent launch lets the kernel after it in, as its CTAs start ("start") or as
-    they finish their work ("end": the next kernel's CTAs then do not sit on the SMs beside this grid's)."""
+    they finish their work ("end": the next kernel's CTAs then do not sit on the SMs beside this grid's). Under
+    CUDA-graph capture that holds across streams too: a dependent launch joined to this one on another stream
+    gets a dependent-launch edge from it (run 291)."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     if wait not in WAITS:
