@@ -63,7 +63,9 @@ def aot_build(session: nox.Session) -> None:
     into aot_cache/carry.tgz, what a device call carries to the GPU machine (scripts/pack_aot_cache.py)."""
     _install_packages(session, build=True)
     session.run("python", "-m", "csf_kernels.aot.build", *session.posargs)
-    session.run("python", "scripts/pack_aot_cache.py")
+    args = list(session.posargs)
+    root = args[args.index("--out") + 1 : args.index("--out") + 2] if "--out" in args else []
+    session.run("python", "scripts/pack_aot_cache.py", *(["--root", *root] if root else []))
 
 
 def _run_benchmark(session: nox.Session, name: str) -> None:
