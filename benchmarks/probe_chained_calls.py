@@ -32,7 +32,10 @@ from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 
 def _spans(kernels: list[dict]) -> str:
-    return "  ".join(f"{k['kernel'][:18]} {k.get('start_us', 0):.0f}-{k.get('end_us', 0):.0f}" for k in kernels)
+    """Each kernel's name, grid and span (us), in launch order."""
+    return "  ".join(
+        f"{k['kernel'][:18]}{k.get('grid', '')} {k.get('start_us', 0):.0f}-{k.get('end_us', 0):.0f}" for k in kernels
+    )
 
 
 def main() -> None:

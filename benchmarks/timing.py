@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
+import json
 import statistics
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -83,34 +86,41 @@ def copy_bandwidth(reps: int, flush: torch.Tensor) -> dict:
 
 
 def kernel_timeline(graph, flush, replays: int) -> list[dict]:
-    """Median (start, end) in us of each kernel of one replay of ``graph``, relative to its first kernel."""
+    """Median (start, end) in us of each kernel of one replay of ``graph``, relative to its first kernel, with its
+    grid (which tells launches of one program apart: FC1 from FC2, W13's expansion from W2's)."""
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    runs = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             flush.add_(1)
             torch.cuda.synchronize()
             graph.replay()
             torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        return timeline_of_trace(json.loads(trace.read_text()), replays)
+
+
+def timeline_of_trace(trace: dict, replays: int) -> list[dict]:
+    """:func:`kernel_timeline` from a profiler's chrome trace of ``replays`` replays (the flushes left out)."""
     events = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name),
-        key=lambda e: e.time_range.start,
+        (e for e in trace["traceEvents"] if e.get("cat") == "kernel" and "elementwise" not in e["name"]),
+        key=lambda e: e["ts"],
     )
     per_replay = len(events) // replays
     if not events or len(events) % replays:
         return [{"kernel": f"unusable trace: {len(events)} kernel events for {replays} replays"}]
+    spans = collections.defaultdict(list)
     for i in range(replays):
         chunk = events[i * per_replay : (i + 1) * per_replay]
-        t0 = chunk[0].time_range.start
-        runs.append([(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in chunk])
-    spans = collections.defaultdict(list)
-    for run in runs:
-        for k, (name, start, end) in enumerate(run):
-            spans[(k, name)].append((start, end))
-    median = statistics.median
-    return [
-        {"kernel": name[:60], "start_us": median(a for a, _ in v), "end_us": median(b for _, b in v)}
-        for (_, name), v in sorted(spans.items())
-    ]
+        t0 = chunk[0]["ts"]
+        for k, e in enumerate(chunk):
+            grid = tuple(e.get("args", {}).get("grid", ()))
+            spans[(k, e["name"], grid)].append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
+    timeline = []
+    for (_, name, grid), v in sorted(spans.items()):
+        start, end = (statistics.median(x) for x in zip(*v, strict=True))
+        timeline.append({"kernel": name[:60], "grid": list(grid), "start_us": start, "end_us": end})
+    return timeline
