@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # An A/B tree for the GPU machine: a commit's packages, benchmarks, tests and scripts with the AOT cache built for
 # its kernel sources, packed into .ab/<label>.tgz (gitignored) for scripts/ab_run.sh. Built here, with the tests
-# venv (`nox -s tests --install-only`: it has nvidia-cutlass-dsl); the build reuses the programs already in the
-# aot_cache root, so a tree that changes a few kernels takes about a minute.
+# venv (`nox -s tests --install-only`: it has nvidia-cutlass-dsl) into the aot_cache root, unless that root holds
+# the tree's cache key already: a full build, 35-40 s here with the compilers' own caches warm (minutes cold).
 #
 #   bash scripts/ab_pack.sh <commit> <label>      # e.g. main base, HEAD new; keep the trees within 64 MiB in all
 set -euo pipefail
