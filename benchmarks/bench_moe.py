@@ -143,28 +143,40 @@ def _shared_experts(chain) -> float:
     return statistics.mean(shared)
 
 
+def bind_arms(geo, data, max_tokens: int, arms) -> dict:
+    """Each arm's layer of ``geo`` (its plan for ``max_tokens``, weights prepared from ``data``, its own scratch)."""
+    layers = {}
+    for arm in arms:
+        p = plan(geo, max_tokens, **ARMS[arm])
+        scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
+        layers[arm] = bind(p, prepare_weights(p, **data.weight_kwargs()), scratch, **BIND.get(arm, {}))
+    return layers
+
+
+def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPUT_SETS) -> tuple[list, list]:
+    """A token count's routings in bench_moe's order: the single calls' ``input_sets``, then the chain's
+    ``CHAIN_CALLS`` (none past ``CHAIN_MAX_TOKENS``)."""
+    sets = [synthetic_routing(geo, tokens, gen) for _ in range(input_sets)]
+    chain = [synthetic_routing(geo, tokens, gen) for _ in range(CHAIN_CALLS)] if tokens <= CHAIN_MAX_TOKENS else []
+    return sets, chain
+
+
 def bench_geometry(
     model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS
 ) -> dict:
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
-    layers, weights = {}, {}
-    for arm in arms:
-        p = plan(geo, max(tokens), **ARMS[arm])
-        weights[arm] = prepare_weights(p, **data.weight_kwargs())
-        scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
-        layers[arm] = bind(p, weights[arm], scratch, **BIND.get(arm, {}))
-    per_expert = {arm: _bytes_per_expert(weights[arm]) for arm in arms}
+    layers = bind_arms(geo, data, max(tokens), arms)
+    per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(99)
     rows = []
     for t in tokens:
-        sets = [synthetic_routing(geo, t, gen) for _ in range(input_sets)]
+        sets, chain = draw_routings(geo, t, gen, input_sets)
         unique = statistics.mean(int(torch.unique(ids).numel()) for _, ids, _ in sets)
         flops = 2 * t * geo.top_k * 3 * geo.intermediate * geo.hidden
         row = {"tokens": t, "unique_experts_mean": unique, "arms": {}}
-        chain = [synthetic_routing(geo, t, gen) for _ in range(CHAIN_CALLS)] if t <= CHAIN_MAX_TOKENS else []
         if chain:
             row["chain"] = {
                 "calls": CHAIN_CALLS,
@@ -248,7 +260,7 @@ def bench_geometry(
                 f"{arm} {a[arm]['chain_median_s_per_call'] * 1e6:7.1f} us ({a[arm]['chain_fraction_of_copy']:.2f})"
                 for arm in arms), flush=True)  # fmt: skip
         rows.append(row)
-    del layers, weights, data
+    del layers, data
     torch.cuda.empty_cache()
     return {"geometry": geo.name, "bytes_per_expert": per_expert, "rows": rows}
 

@@ -21,13 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_moe import ARMS, BIND, CHAIN_CALLS, CHAIN_MAX_TOKENS, INPUT_SETS
+from bench_moe import CHAIN_CALLS, bind_arms, draw_routings
 from provenance import provenance
 from timing import capture, kernel_timeline, l2_flush_buffer, replay_times, run_all
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 
@@ -57,21 +56,15 @@ def main() -> None:
         model, tp, fmt = spec.split(":")
         geo = load_catalog().moe_geometry(model, int(tp), fmt)
         data = synthetic_layer(geo, seed=1234, device="cuda")
-        layers = {}
-        for arm in arms:
-            p = plan(geo, a.max_tokens, **ARMS[arm])
-            scratch = torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
-            layers[arm] = bind(p, prepare_weights(p, **data.weight_kwargs()), scratch, **BIND.get(arm, {}))
+        layers = bind_arms(geo, data, a.max_tokens, arms)
         gen = torch.Generator(device="cuda").manual_seed(99)
         probed = [int(s) for s in a.tokens.split(",")]
         for t in [int(s) for s in a.bench_tokens.split(",")] if a.bench_tokens else probed:
             if a.bench_tokens:  # bench_moe's draws: its single calls' routings, then its chain's
-                for _ in range(INPUT_SETS):
-                    synthetic_routing(geo, t, gen)
-                if t > CHAIN_MAX_TOKENS:
-                    continue
-            chain = [synthetic_routing(geo, t, gen) for _ in range(CHAIN_CALLS)]
-            if t not in probed:
+                _, chain = draw_routings(geo, t, gen)
+            else:
+                chain = [synthetic_routing(geo, t, gen) for _ in range(CHAIN_CALLS)]
+            if t not in probed or not chain:
                 continue
             experts = [torch.unique(ids, return_counts=True) for _, ids, _ in chain]
             routing = [{"unique_experts": int(u.numel()), "max_routes_per_expert": int(c.max())} for u, c in experts]

@@ -14,10 +14,14 @@ from csf_moe.layer import MoELayer
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
 
-def _layer(fmt: str, source: str, **plan_kwargs) -> tuple[MoEGeometry, MoELayer]:
-    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format(fmt), experts=8, hidden=320, intermediate=192, top_k=3)
-    p = plan(geo, 16, scale_source=source, **plan_kwargs)
-    data = synthetic_layer(geo, seed=3, device="cpu")
+def _layer(
+    fmt: str, source: str, *, shape: dict | None = None, max_tokens: int = 16, seed: int = 3, **plan_kwargs
+) -> tuple[MoEGeometry, MoELayer]:
+    """A tiny layer (``shape``: other experts, hidden, intermediate, top_k) on the CPU."""
+    dims = dict(experts=8, hidden=320, intermediate=192, top_k=3) | (shape or {})
+    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format(fmt), **dims)
+    p = plan(geo, max_tokens, scale_source=source, **plan_kwargs)
+    data = synthetic_layer(geo, seed=seed, device="cpu")
     # MoELayer directly: CPU tensors need not be 256-byte aligned, as bind() requires of device scratch
     layer = MoELayer(plan=p, weights=prepare_weights(p, **data.weight_kwargs()),
                      scratch=torch.empty(p.scratch_bytes, dtype=torch.uint8))  # fmt: skip
@@ -134,11 +138,8 @@ def test_routed_expansions_fork_where_w13s_rows_take_a_cta_per_block(monkeypatch
     them (runs 281, 290-292); both let FC1 in only as their CTAs finish: the join's edge into FC1 is a
     dependent-launch edge under graph capture, and FC1 let in beside W2's forked CTAs ran 1.7x longer (run 291)."""
     _row_block_expansions(monkeypatch)
-    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=hidden, intermediate=64, top_k=2)
-    p = plan(geo, 4, scale_source="inline", fc1_records_tokens=0)
-    data = synthetic_layer(geo, seed=5, device="cpu")
-    layer = MoELayer(plan=p, weights=prepare_weights(p, **data.weight_kwargs()),
-                     scratch=torch.empty(p.scratch_bytes, dtype=torch.uint8))  # fmt: skip
+    shape = dict(experts=4, hidden=hidden, intermediate=64, top_k=2)
+    geo, layer = _layer("nvfp4", "inline", shape=shape, max_tokens=4, seed=5, fc1_records_tokens=0)
     assert layer.weights.w13.inline.geometry.cols == hidden // 16
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(4))
     launches, fork = layer._launches(x, ids, w, torch.empty_like(x))
