@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
 from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
-from csf_kernels import runtime
+from csf_kernels import l2_residency, runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import activation, moe_reference
@@ -69,10 +69,13 @@ ARMS = {
     "inline_fc1_records_1": dict(scale_source="inline", fc1_records_steps=0),
     "inline_expand_all_3": dict(scale_source="inline", expand_all_routes_per_expert=3),
     "inline_expand_all_4": dict(scale_source="inline", expand_all_routes_per_expert=4),
+    "inline_l2": dict(scale_source="inline"),
 }
 # bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
 # and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
-# chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies.
+# chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies;
+# "inline_l2" keeps the planes it expands in L2's persisting set-aside (csf_kernels.l2_residency; every other arm is
+# timed with no persisting line resident: ``_without_other_arms_lines``).
 # Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
 # csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's
 # expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run few K
@@ -82,6 +85,7 @@ BIND = {
     "inline_forked": dict(chain_expansions=False),
     "inline_fc1_at_start": dict(fc1_let_in="start"),
     "inline_waits_first": dict(early_fc1=False),
+    "inline_l2": dict(l2_resident_scales=True),
 }
 DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 
@@ -153,6 +157,13 @@ def bind_arms(geo, data, max_tokens: int, arms) -> dict:
     return layers
 
 
+def _without_other_arms_lines(layers: dict, arm: str) -> None:
+    """Before timing ``arm``: where another arm keeps lines in L2's persisting set-aside and ``arm`` does not, turn
+    them back to normal, so that ``arm`` has the whole L2, as it would alone."""
+    if layers[arm].l2_window is None and any(layer.l2_window is not None for layer in layers.values()):
+        l2_residency.reset(torch.cuda.current_device())
+
+
 def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPUT_SETS) -> tuple[list, list]:
     """A token count's routings in bench_moe's order: the single calls' ``input_sets``, then the chain's
     ``CHAIN_CALLS`` (none past ``CHAIN_MAX_TOKENS``)."""
@@ -197,6 +208,7 @@ def bench_geometry(
         for _ in range(max(1, reps // input_sets)):
             for i in range(input_sets):
                 for arm in arms:
+                    _without_other_arms_lines(layers, arm)
                     samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
         del graphs
         for arm in arms:
@@ -220,7 +232,10 @@ def bench_geometry(
                 "TFLOPs": flops / med / 1e12,
                 "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
             }
+            if (window := layer.l2_window) is not None:  # the persisting window over the arm's expanded planes
+                row["arms"][arm]["l2_window"] = {"num_bytes": window.num_bytes, "hit_ratio": window.hit_ratio}
             if chain:
+                _without_other_arms_lines(layers, arm)
                 per_call, chain_outs[arm] = _chain_times(layer, chain, max(1, reps // 2), flush)
                 moved_chain = row["chain"]["unique_experts_mean"] * (pe["values"] + scales)
                 row["arms"][arm] |= {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from datetime import datetime, timezone
 
 import torch
+
+from csf_kernels import l2_residency
 
 
 def _git(*args: str) -> str:
@@ -36,6 +39,7 @@ def provenance() -> dict:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info["gpu"] = {"name": p.name, "sms": p.multi_processor_count, "cuda": torch.version.cuda}
+        info["gpu"]["l2"] = dataclasses.asdict(l2_residency.limits(torch.cuda.current_device()))
         q = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
         smi = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"], capture_output=True, text=True)
         info["gpu"]["clocks"] = smi.stdout.strip() if smi.returncode == 0 else "nvidia-smi unavailable"

@@ -7,6 +7,7 @@
 | ``CSF_SPARSE_MLA`` | truthy: the engines' sparse-MLA FP8 decode runs on csf (``csf_serving_adapters.sparse_mla``) |
 | ``CSF_EXPANSION_PREFETCH`` | truthy: expand the next MoE layer's scales on a side stream (off by default) |
 | ``CSF_PDL`` | falsy: programs built for programmatic dependent launch launch plainly (A/B timing, debugging) |
+| ``CSF_L2_SCALES`` | truthy: MoE layers keep the scale planes they expand in L2 (``csf_kernels.l2_residency``) |
 
 Truthy means one of ``1, true, yes, on`` (any case); falsy ``0, false, no, off`` or empty; anything
 else is an error, so a typo never silently flips a switch.
@@ -17,11 +18,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["AOT_CACHE", "FROZEN", "PDL", "flag", "path"]
+__all__ = ["AOT_CACHE", "FROZEN", "L2_SCALES", "PDL", "flag", "path"]
 
 FROZEN = "CSF_FROZEN"
 AOT_CACHE = "CSF_AOT_CACHE"
 PDL = "CSF_PDL"
+L2_SCALES = "CSF_L2_SCALES"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

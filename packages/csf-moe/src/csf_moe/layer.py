@@ -38,6 +38,11 @@ plane after its wait (runs 266-277: ``plan.FC1_RECORDS_TOKENS``, ``plan.FC1_RECO
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
+Bound with ``l2_resident_scales`` (``CSF_L2_SCALES``), a call that expands into the layer's planes runs with an L2
+access policy window over them (:mod:`csf_kernels.l2_residency`): the expansion's writes and the GEMMs' reads of the
+planes (all of them where the planes fit L2's set-aside, a fraction otherwise) persist in L2 instead of going to DRAM
+(opt in; not yet measured).
+
 Every launch goes on torch's current stream (an expansion on the side stream forked from it and joined
 back) with arguments marshalled once per (T, input addresses), so a call allocates nothing but its output (or
 nothing, given ``out``), and CUDA graphs capture it.
@@ -49,7 +54,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from csf_kernels import env, runtime
+from csf_kernels import env, l2_residency, runtime
 from csf_kernels.expand import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
 from csf_kernels.expand_layer import ForkJoin, side_stream
 from csf_kernels.families import ROW_BLOCK_MAX_WHOLE_COLS
@@ -69,7 +74,7 @@ from csf_kernels.runtime import Launch, aligned
 from .plan import MoEPlan
 from .weights import MoEWeights
 
-__all__ = ["MoELayer", "bind"]
+__all__ = ["MoELayer", "bind", "scale_planes_span", "scale_planes_window"]
 
 
 def _view(scratch: torch.Tensor, region: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -92,6 +97,9 @@ class MoELayer:
     # behind chained expansions, W2's lets FC1 in as its CTAs finish their work ("end") or as they start ("start":
     # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.LETS_NEXT_IN)
     fc1_let_in: str = "end"
+    # the access policy window over the scratch's expanded scale planes, set for the calls that expand into them
+    # (``l2_residency``; None: off, the default)
+    l2_window: l2_residency.L2Window | None = None
     _bound: runtime.BindingCache = field(default_factory=runtime.BindingCache)
 
     def __post_init__(self) -> None:
@@ -171,11 +179,15 @@ class MoELayer:
         def bind_call():
             calls, fork = self._launches(*per_call, scale_planes=scale_planes)
             bound = [la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls]
-            if fork is None:
+            if fork is not None:
+                start, split, end = fork
+                concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side_stream(out.device))
+                bound = [*bound[:start], concurrent, *bound[end:]]
+            window = self.l2_window_for(t, scale_planes)
+            if window is None:
                 return tuple(bound)
-            start, split, end = fork
-            concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side_stream(out.device))
-            return (*bound[:start], concurrent, *bound[end:])
+            side = (side_stream(out.device),) if fork is not None else ()
+            return (l2_residency.InL2Window(tuple(bound), window, side),)
 
         for launch in self._bound.get(key, bind_call):
             launch()
@@ -324,6 +336,13 @@ class MoELayer:
         ]  # fmt: skip
         return launches, fork
 
+    def l2_window_for(self, tokens: int, scale_planes=None) -> l2_residency.L2Window | None:
+        """The L2 window a call with ``tokens`` tokens runs in: the layer's (if bound with one) where the call
+        expands scales into the layer's own planes; planes given by the caller are the caller's to place."""
+        if self.l2_window is None or scale_planes is not None or not self.expands(tokens):
+            return None
+        return self.l2_window
+
     def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool) -> bool:
         """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (module
         docstring; ``BucketPlan.fc1_records_tokens``, set only where FC2 finishes FC1): its int32 ids list the
@@ -365,10 +384,13 @@ def bind(
     chain_expansions: bool = True,
     early_fc1: bool = True,
     fc1_let_in: str = "end",
+    l2_resident_scales: bool | None = None,
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
-    ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs)."""
+    ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs).
+    ``l2_resident_scales``: the calls that expand scales keep the expanded planes in L2's persisting set-aside
+    (:func:`scale_planes_window`; None: ``CSF_L2_SCALES``, off by default)."""
     if fc1_let_in not in LETS_NEXT_IN:
         raise ValueError(f"fc1_let_in must be one of {LETS_NEXT_IN}, got {fc1_let_in!r}")
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
@@ -387,5 +409,32 @@ def bind(
             raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
+    if l2_resident_scales is None:
+        l2_resident_scales = env.flag(env.L2_SCALES)
+    window = scale_planes_window(plan, scratch) if l2_resident_scales else None
     return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1,
-                    fc1_let_in=fc1_let_in)  # fmt: skip
+                    fc1_let_in=fc1_let_in, l2_window=window)  # fmt: skip
+
+
+def scale_planes_window(plan: MoEPlan, scratch: torch.Tensor) -> l2_residency.L2Window | None:
+    """The L2 window over ``scratch``'s expanded scale planes (W13's, then W2's), with the set-aside for it raised
+    on the scratch's device; None where the plan never expands or the device keeps no persisting lines."""
+    span = scale_planes_span(plan)
+    if span is None:
+        return None
+    start, end = span
+    device = scratch.device.index if scratch.device.index is not None else torch.cuda.current_device()
+    set_aside = l2_residency.reserve(device, end - start)
+    max_window = l2_residency.limits(device).max_window_bytes
+    return l2_residency.window_over(scratch.data_ptr() + start, end - start, set_aside, max_window)
+
+
+def scale_planes_span(plan: MoEPlan) -> tuple[int, int] | None:
+    """The byte range ``[start, end)`` of the scratch that the expanded W13 and W2 planes take (one run: W2's
+    region follows W13's), or None where the plan never expands."""
+    w13, w2 = plan.scratch.w13_scales, plan.scratch.w2_scales
+    if not w13[1]:
+        return None
+    if w2[0] < w13[0] + w13[1]:
+        raise ValueError(f"the scratch layout puts W2's plane {w2} before the end of W13's {w13}")
+    return w13[0], w2[0] + w2[1]  # uint8 regions: their counts are bytes
