@@ -127,6 +127,7 @@ def test_every_kernel_of_a_captured_expanding_call_carries_the_window(model, tp,
                 graphs[arm], outs[arm] = torch.cuda.CUDAGraph(keep_graph=True), out
                 with torch.cuda.graph(graphs[arm]):
                     layer.run(x, ids, w, out=out)
+                graphs[arm].instantiate()  # a kept graph is instantiated on request (or at its first replay)
             window = layers["inline_l2"].l2_window
             windows = _kernel_windows(graphs["inline_l2"])
             assert len(windows) >= 3, f"T={t}: {len(windows)} kernel nodes"
