@@ -126,3 +126,16 @@ def test_the_stream_attribute_carries_the_window_as_persisting_hits_and_normal_m
         driver.CUaccessProperty.CU_ACCESS_PROPERTY_NORMAL,
     )
     assert l2_residency._window_attr().name.endswith("ACCESS_POLICY_WINDOW")
+
+
+def test_bind_warns_where_the_device_keeps_no_persisting_lines(monkeypatch):
+    import csf_moe.layer as layer_module
+
+    monkeypatch.setattr(layer_module.runtime, "program", lambda spec, geometry=None: None)  # no GPU here
+    monkeypatch.setattr(layer_module, "scale_planes_window", lambda p, scratch: None)  # no set-aside on the device
+    p, weights = _tiny_plan()
+    buf = torch.empty(p.scratch_bytes + 256, dtype=torch.uint8)
+    start = -buf.data_ptr() % 256
+    with pytest.warns(UserWarning, match="keeps no persisting L2 lines"):
+        layer = bind(p, weights, buf[start : start + p.scratch_bytes], l2_resident_scales=True)
+    assert layer.l2_window is None

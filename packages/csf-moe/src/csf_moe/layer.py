@@ -50,6 +50,7 @@ nothing, given ``out``), and CUDA graphs capture it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -412,6 +413,12 @@ def bind(
     if l2_resident_scales is None:
         l2_resident_scales = env.flag(env.L2_SCALES)
     window = scale_planes_window(plan, scratch) if l2_resident_scales else None
+    if l2_resident_scales and window is None and scale_planes_span(plan) is not None:
+        warnings.warn(
+            f"{plan.geometry.name}: L2 residency asked for, but {scratch.device} keeps no persisting L2 lines (a MIG "
+            "slice or an older GPU?): the expanded scale planes are read as without it",
+            stacklevel=2,
+        )
     return MoELayer(plan=plan, weights=weights, scratch=scratch, chain_expansions=chain_expansions, early_fc1=early_fc1,
                     fc1_let_in=fc1_let_in, l2_window=window)  # fmt: skip
 
