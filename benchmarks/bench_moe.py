@@ -75,7 +75,7 @@ ARMS = {
 # and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
 # chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies;
 # "inline_l2" keeps the planes it expands in L2's persisting set-aside (csf_kernels.l2_residency; every other arm is
-# timed with no persisting line resident: ``_without_other_arms_lines``).
+# timed with no persisting line resident: ``without_other_arms_l2_lines``).
 # Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
 # csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's
 # expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run few K
@@ -157,7 +157,7 @@ def bind_arms(geo, data, max_tokens: int, arms) -> dict:
     return layers
 
 
-def _without_other_arms_lines(layers: dict, arm: str) -> None:
+def without_other_arms_l2_lines(layers: dict, arm: str) -> None:
     """Before timing ``arm``: where another arm keeps lines in L2's persisting set-aside and ``arm`` does not, turn
     them back to normal, so that ``arm`` has the whole L2, as it would alone."""
     if layers[arm].l2_window is None and any(layer.l2_window is not None for layer in layers.values()):
@@ -208,7 +208,7 @@ def bench_geometry(
         for _ in range(max(1, reps // input_sets)):
             for i in range(input_sets):
                 for arm in arms:
-                    _without_other_arms_lines(layers, arm)
+                    without_other_arms_l2_lines(layers, arm)
                     samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
         del graphs
         for arm in arms:
@@ -235,7 +235,7 @@ def bench_geometry(
             if (window := layer.l2_window) is not None:  # the persisting window over the arm's expanded planes
                 row["arms"][arm]["l2_window"] = {"num_bytes": window.num_bytes, "hit_ratio": window.hit_ratio}
             if chain:
-                _without_other_arms_lines(layers, arm)
+                without_other_arms_l2_lines(layers, arm)
                 per_call, chain_outs[arm] = _chain_times(layer, chain, max(1, reps // 2), flush)
                 moved_chain = row["chain"]["unique_experts_mean"] * (pe["values"] + scales)
                 row["arms"][arm] |= {

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_moe import CHAIN_CALLS, bind_arms, draw_routings
+from bench_moe import CHAIN_CALLS, bind_arms, draw_routings, without_other_arms_l2_lines
 from provenance import provenance
 from timing import capture, kernel_timeline, l2_flush_buffer, replay_times, run_all
 
@@ -74,6 +74,7 @@ def main() -> None:
                 calls = [functools.partial(layer.run, x, i, w, out=o) for (x, i, w), o in zip(chain, outs, strict=True)]
                 one = capture(calls[0])
                 many = capture(functools.partial(run_all, calls))
+                without_other_arms_l2_lines(layers, arm)
                 single = statistics.median(replay_times(one, a.reps, flush)) * 1e6
                 chained = statistics.median(replay_times(many, a.reps, flush)) * 1e6 / CHAIN_CALLS
                 row = {"geometry": geo.name, "tokens": t, "arm": arm, "routing": routing, "single_us": single,
