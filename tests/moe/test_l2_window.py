@@ -125,7 +125,9 @@ def test_the_stream_attribute_carries_the_window_as_persisting_hits_and_normal_m
         driver.CUaccessProperty.CU_ACCESS_PROPERTY_PERSISTING,
         driver.CUaccessProperty.CU_ACCESS_PROPERTY_NORMAL,
     )
-    assert l2_residency._window_attr().name.endswith("ACCESS_POLICY_WINDOW")
+    for ids in (driver.CUstreamAttrID, driver.CUkernelNodeAttrID):
+        attr = l2_residency._window_attr(ids)
+        assert isinstance(attr, ids) and attr.name.endswith("ACCESS_POLICY_WINDOW")
 
 
 def test_bind_warns_where_the_device_keeps_no_persisting_lines(monkeypatch):

@@ -28,6 +28,7 @@ TOKENS = (1, 8, 700)
 GEOMETRIES = [("qwen3-30b-a3b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "nvfp4"), ("gpt-oss-120b", 1, "mxfp4")]
 PERSISTING = driver.CUaccessProperty.CU_ACCESS_PROPERTY_PERSISTING
 WINDOW_ATTR = l2_residency._window_attr()
+NODE_WINDOW_ATTR = l2_residency._window_attr(driver.CUkernelNodeAttrID)
 
 
 def _ok(result):
@@ -64,7 +65,7 @@ def _kernel_windows(graph: torch.cuda.CUDAGraph) -> list[tuple[int, int, float, 
     for node in nodes:
         if _ok(driver.cuGraphNodeGetType(node)) != driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
             continue
-        w = _ok(driver.cuGraphKernelNodeGetAttribute(node, WINDOW_ATTR)).accessPolicyWindow
+        w = _ok(driver.cuGraphKernelNodeGetAttribute(node, NODE_WINDOW_ATTR)).accessPolicyWindow
         out.append((int(w.base_ptr), int(w.num_bytes), float(w.hitRatio), w.hitProp))
     return out
 

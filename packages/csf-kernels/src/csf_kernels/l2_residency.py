@@ -119,11 +119,11 @@ def reset(device: int) -> None:
         _check(_driver().cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
 
 
-def _window_attr():
-    d = _driver()
-    ids = d.CUstreamAttrID
-    (name,) = [n for n in dir(ids) if n.endswith("ACCESS_POLICY_WINDOW")]
-    return getattr(ids, name)
+def _window_attr(ids=None):
+    """The access-policy-window member of the attribute enum ``ids`` (default: the streams'; graph kernel nodes have
+    their own enum class): its name differs across cuda-bindings versions, its value does not."""
+    ids = _driver().CUstreamAttrID if ids is None else ids
+    return getattr(ids, next(n for n in dir(ids) if n.endswith("ACCESS_POLICY_WINDOW")))
 
 
 def _attr_value(window: L2Window):
