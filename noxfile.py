@@ -96,6 +96,22 @@ def bench_mla(session: nox.Session) -> None:
 
 
 @nox.session
+def tests_torch214(session: nox.Session) -> None:
+    """The CPU suite (engine adapters aside: tests_vllm and tests_sglang run those) on torch 2.14.1, the newest torch
+    csf supports and what vLLM 0.33 and SGLang 0.5.23 pin; ``tests`` runs on 2.13. The kernel toolchain stays the
+    pinned one (triton 3.6.0, in whose Gluon the kernels are written, over torch's own triton pin; nvidia-cutlass-dsl
+    4.8.1), so its packages go in without their dependencies. A ~5 GB venv: CI drops it after use."""
+    session.install("torch==2.14.1")
+    session.install("nvidia-cutlass-dsl==4.8.1", "torchao==0.18.0", "pytest>=8", "hypothesis>=6.100", "pyyaml>=6",
+                    "cuda-bindings>=12.8", "safetensors", "tqdm>=4.60", "numpy")  # fmt: skip
+    session.install("--no-deps", "triton==3.6.0")
+    session.install("--no-deps", *[arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")])
+    check = "import torch, triton; assert (torch.__version__[:5], triton.__version__) == ('2.14.', '3.6.0')"
+    session.run("python", "-c", check)
+    session.run("python", "-m", "pytest", "-m", "not gpu", "-q", "--ignore=tests/adapters", *session.posargs)
+
+
+@nox.session
 def tests_vllm(session: nox.Session) -> None:
     """The vLLM adapter tests on the CPU against the real vLLM (it pins torch 2.14, so it gets its own ~10 GB venv;
     the first install takes a few minutes). CI runs it after `tests`, which skips these without vLLM."""
