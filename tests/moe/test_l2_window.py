@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from csf_codec import scale_format
 from csf_kernels import env
-from csf_kernels.catalog import MoEGeometry, load_catalog
+from csf_kernels.catalog import load_catalog
 from csf_kernels.l2_residency import L2Window, window_over
-from csf_moe import bind, plan, prepare_weights
+from csf_moe import bind, plan
 from csf_moe.layer import MoELayer, scale_planes_span
-from csf_moe.synthetic import synthetic_layer
+
+from .tiny_layer import tiny_layer
 
 MIB = 1 << 20
 
@@ -71,9 +71,9 @@ WINDOW = L2Window(base=0x1000, num_bytes=MIB, hit_ratio=1.0)
 
 
 def _tiny_plan():
-    geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=320, intermediate=192, top_k=3)
-    p = plan(geo, 16, scale_source="inline", inline_token_limit=2)  # calls of 1-2 tokens read records
-    return p, prepare_weights(p, **synthetic_layer(geo, seed=5, device="cpu").weight_kwargs())
+    """A tiny inline layer's plan and weights; its calls of 1-2 tokens read records, larger ones expand."""
+    _, layer = tiny_layer("mxfp4", "inline", seed=5, inline_token_limit=2)
+    return layer.plan, layer.weights
 
 
 def test_only_calls_expanding_into_the_layers_planes_run_in_its_window():

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import runtime
+
 __all__ = ["InL2Window", "L2Limits", "L2Window", "limits", "reserve", "reset", "window_over"]
 
 _lock = threading.Lock()
@@ -68,16 +70,15 @@ def window_over(base: int, num_bytes: int, set_aside: int, max_window_bytes: int
 
 
 def _driver():
+    """cuda-bindings' driver module (the structures; no driver library needed to build them)."""
     from cuda.bindings import driver
 
     return driver
 
 
 def _check(result, what: str):
-    err, *value = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA driver: {what} failed with {err!r}")
-    return value[0] if value else None
+    """A driver call's result checked as the runtime checks its own (``runtime._Driver.check``)."""
+    return runtime._drv().check(result, what)
 
 
 def limits(device: int) -> L2Limits:
@@ -147,14 +148,14 @@ class InL2Window:
     window: L2Window
     side: tuple[torch.cuda.Stream, ...] = ()
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # what every call sets, and the side streams' handles, made once
         object.__setattr__(self, "_attr", _window_attr())
         object.__setattr__(self, "_value", _attr_value(self.window))
+        object.__setattr__(self, "_side", [_driver().CUstream(s.cuda_stream) for s in self.side])
 
     def __call__(self) -> None:
         d = _driver()
-        streams = [torch.cuda.current_stream().cuda_stream, *(s.cuda_stream for s in self.side)]
-        handles = [d.CUstream(s) for s in streams]
+        handles = [d.CUstream(torch.cuda.current_stream().cuda_stream), *self._side]
         before = [_check(d.cuStreamGetAttribute(h, self._attr), "cuStreamGetAttribute") for h in handles]
         for h in handles:
             _check(d.cuStreamSetAttribute(h, self._attr, self._value), "cuStreamSetAttribute(access policy window)")
