@@ -114,10 +114,12 @@ def tests_torch214(session: nox.Session) -> None:
 @nox.session
 def tests_vllm(session: nox.Session) -> None:
     """The vLLM adapter tests on the CPU against the real vLLM (it pins torch 2.14, so it gets its own ~10 GB venv;
-    the first install takes a few minutes). CI runs it after `tests`, which skips these without vLLM."""
+    the first install takes a few minutes), and bench_moe's triton_kernels arm on vLLM's own copy of triton_kernels.
+    CI runs it after `tests`, which skips these without vLLM."""
     session.install("vllm==0.33.0", "pytest>=8")
     session.install("--no-deps", *[arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")])
-    session.run("python", "-m", "pytest", "tests/adapters", "-m", "not gpu", "-q", *session.posargs)
+    tests = ["tests/adapters", "tests/test_peer_triton_kernels.py"]
+    session.run("python", "-m", "pytest", *tests, "-m", "not gpu", "-q", *session.posargs)
 
 
 @nox.session

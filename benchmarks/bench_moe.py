@@ -5,7 +5,8 @@
 Per geometry and token count, arms side by side in one process: csf with native scales, with CSF
 expanded into scratch before each call, with CSF stored inline as planned (its routed experts' scales
 expanded first: the default limit) and read inline in every decode bucket; a torch dequantize-then-matmul arm; and
-OpenAI's triton_kernels where it is importable. Median of CUDA-graph replays, L2 flushed before each,
+OpenAI's triton_kernels where it is importable (``--arms ...,triton_kernels``: peer_triton_kernels.py; staged for the
+H200 by scripts/stage_triton_kernels.sh). Median of CUDA-graph replays, L2 flushed before each,
 inputs rotated over several routings, the arms' replays interleaved. Up to ``CHAIN_MAX_TOKENS`` tokens also per
 call of a chain: one graph of ``CHAIN_CALLS`` calls back to back, each on a routing of its own, L2 flushed before
 each replay, its time divided by the calls: a layer as it runs inside a model's graph, where the replay's own
@@ -29,6 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from peer_triton_kernels import TritonKernelsMoE
+from peer_triton_kernels import status as triton_kernels_status
 from provenance import provenance
 from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
@@ -88,6 +91,10 @@ BIND = {
     "inline_l2": dict(l2_resident_scales=True),
 }
 DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
+# OpenAI's triton_kernels (peer_triton_kernels.py), opt in with --arms where it is importable: MXFP4 geometries only,
+# the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
+PEER_ARM = "triton_kernels"
+DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
 def _bytes_per_expert(weights) -> dict[str, float]:
@@ -126,14 +133,6 @@ def bf16_peak(reps: int, flush: torch.Tensor) -> dict:
     return {"shape": [n, n, n], "samples_s": t, "median_TFLOPs": 2 * n**3 / statistics.median(t) / 1e12}
 
 
-def _triton_kernels_status() -> str:
-    try:
-        import triton_kernels  # noqa: F401
-    except ImportError as exc:
-        return f"not importable here ({exc}); figures of anchors.md used for comparison"
-    return "importable (arm not wired yet)"
-
-
 def _chain_times(layer, chain, reps: int, flush) -> tuple[list[float], list[torch.Tensor]]:
     """Seconds per call of ``chain`` (routings run back to back in one graph), and the calls' outputs."""
     outs = [torch.empty_like(x) for x, _, _ in chain]
@@ -145,6 +144,40 @@ def _shared_experts(chain) -> float:
     """Mean count of experts a call of ``chain`` shares with the call before it (its L2 could still hold them)."""
     shared = [len(set(a[1].flatten().tolist()) & set(b[1].flatten().tolist())) for a, b in itertools.pairwise(chain)]
     return statistics.mean(shared)
+
+
+def _peer_row(peer, sets, chain, outs, samples, per_expert, row, reps, flush, copy_gbps, flops, peak_tflops) -> dict:
+    """The triton_kernels arm at one token count: it moves the FP4 values and E8M0 scales native moves; its error is
+    against the float32 reference of what it computes (gpt-oss's activation on the same weights, bf16 gates)."""
+    med = statistics.median(samples)
+    per_call_bytes = per_expert["native"]["values"] + per_expert["native"]["native_scales"]
+    gbps = row["unique_experts_mean"] * per_call_bytes / med / 1e9
+    out = {
+        "median_s": med,
+        "samples_s": samples,
+        "routing": "excluded: built from the ids before capture (as anchors.md measured it)",
+        "activation": "swiglu_oai",
+        "effective_GBps": gbps,
+        "fraction_of_copy": gbps / copy_gbps,
+        "TFLOPs": flops / med / 1e12,
+        "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
+        "csf_over_peer": {arm: a["median_s"] / med for arm, a in row["arms"].items()},
+    }
+    if row["tokens"] <= REFERENCE_MAX_TOKENS:
+        x, ids, w = sets[0]
+        want = moe_reference(x, peer.reference, w.to(torch.bfloat16).float(), ids, kind="swiglu_oai")
+        out["rel_error_vs_float32"] = float((outs[0].float() - want).norm() / want.norm())
+    if chain:
+        chain_outs = [torch.empty_like(x) for x, _, _ in chain]
+        calls = [peer.call(x, ids, w, o) for (x, ids, w), o in zip(chain, chain_outs, strict=True)]
+        per_call = chain_times(calls, max(1, reps // 2), flush)
+        chain_gbps = row["chain"]["unique_experts_mean"] * per_call_bytes / statistics.median(per_call) / 1e9
+        out |= {
+            "chain_median_s_per_call": statistics.median(per_call),
+            "chain_samples_s_per_call": per_call,
+            "chain_fraction_of_copy": chain_gbps / copy_gbps,
+        }
+    return out
 
 
 def bind_arms(geo, data, max_tokens: int, arms) -> dict:
@@ -160,7 +193,8 @@ def bind_arms(geo, data, max_tokens: int, arms) -> dict:
 def without_other_arms_l2_lines(layers: dict, arm: str) -> None:
     """Before timing ``arm``: where another arm keeps lines in L2's persisting set-aside and ``arm`` does not, turn
     them back to normal, so that ``arm`` has the whole L2, as it would alone."""
-    if layers[arm].l2_window is None and any(layer.l2_window is not None for layer in layers.values()):
+    own = layers[arm].l2_window if arm in layers else None  # the peer's arm keeps no lines
+    if own is None and any(layer.l2_window is not None for layer in layers.values()):
         l2_residency.reset(torch.cuda.current_device())
 
 
@@ -173,12 +207,14 @@ def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPU
 
 
 def bench_geometry(
-    model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS
+    model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS, peer=False
 ) -> dict:
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
     layers = bind_arms(geo, data, max(tokens), arms)
+    peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
+    timed = (*arms, PEER_ARM) if peer_layer is not None else arms
     per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(99)
@@ -202,12 +238,16 @@ def bench_geometry(
                 out = torch.empty_like(x)
                 graphs[arm].append(capture(functools.partial(layer.run, x, ids, w, out=out)))
                 outs[arm].append(out)
+        if peer_layer is not None:  # its first capture's eager run compiles its programs (JIT)
+            outs[PEER_ARM] = [torch.empty_like(x) for x, _, _ in sets]
+            calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
+            graphs[PEER_ARM] = [capture(call) for call in calls]
         # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit: runs
         # 234-250 at gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
-        samples_of = {arm: [] for arm in arms}
+        samples_of = {arm: [] for arm in timed}
         for _ in range(max(1, reps // input_sets)):
             for i in range(input_sets):
-                for arm in arms:
+                for arm in timed:
                     without_other_arms_l2_lines(layers, arm)
                     samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
         del graphs
@@ -243,6 +283,9 @@ def bench_geometry(
                     "chain_samples_s_per_call": per_call,
                     "chain_fraction_of_copy": moved_chain / statistics.median(per_call) / 1e9 / copy_gbps,
                 }
+        if peer_layer is not None:
+            row["arms"][PEER_ARM] = _peer_row(peer_layer, sets, chain, outs[PEER_ARM], samples_of[PEER_ARM],
+                                              per_expert, row, reps, flush, copy_gbps, flops, peak_tflops)  # fmt: skip
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
@@ -266,14 +309,14 @@ def bench_geometry(
         a = row["arms"]
         print(
             f"  T={t:5d} us: "
-            + "  ".join(f"{arm} {a[arm]['median_s'] * 1e6:8.1f}" for arm in (*arms, "torch_dequant_matmul"))
+            + "  ".join(f"{arm} {a[arm]['median_s'] * 1e6:8.1f}" for arm in (*timed, "torch_dequant_matmul"))
             + f"  | native {a['native']['effective_GBps']:6.0f} GB/s {a['native']['TFLOPs']:6.1f} TF  exact={exact}",
             flush=True,
         )
         if chain:
             print("         chained per call: " + "  ".join(
                 f"{arm} {a[arm]['chain_median_s_per_call'] * 1e6:7.1f} us ({a[arm]['chain_fraction_of_copy']:.2f})"
-                for arm in arms), flush=True)  # fmt: skip
+                for arm in timed), flush=True)  # fmt: skip
         rows.append(row)
     del layers, data
     torch.cuda.empty_cache()
@@ -287,9 +330,16 @@ def main() -> None:
     ap.add_argument("--geometries", choices=("peers", "all"), default="peers")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--input-sets", type=int, default=INPUT_SETS, help="routings each token count rotates over")
-    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)} (native always runs)")
+    ap.add_argument(
+        "--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join((*ARMS, PEER_ARM))} (native always runs)"
+    )
+    ap.add_argument("--peer-path", default=str(DEFAULT_PEER_PATH), help="a staged triton_kernels' parent folder")
     a = ap.parse_args()
-    arms = ("native", *(arm for arm in a.arms.split(",") if arm != "native"))
+    arms = ("native", *(arm for arm in a.arms.split(",") if arm not in ("native", PEER_ARM)))
+    peer = PEER_ARM in a.arms.split(",")
+    peer_status = triton_kernels_status(a.peer_path if Path(a.peer_path, "triton_kernels").is_dir() else None)
+    if peer and not peer_status["importable"]:
+        ap.error(f"--arms {PEER_ARM}: {peer_status['why']}")
     if unknown := [arm for arm in arms if arm not in ARMS]:
         ap.error(f"unknown arms {unknown}")
     runtime.freeze()
@@ -305,10 +355,12 @@ def main() -> None:
         "provenance": provenance(),
         "copy_bandwidth": copy,
         "bf16_peak": peak,
-        "triton_kernels": _triton_kernels_status(),
+        "triton_kernels": peer_status,
         "input_sets": a.input_sets,
         "results": [
-            bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms)
+            bench_geometry(
+                *g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms, peer
+            )
             for g in geos
         ],
         "compilations_while_frozen": runtime.compilations(),

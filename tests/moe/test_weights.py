@@ -9,7 +9,8 @@ from csf_codec import decode_inline, encode_compact, scale_format
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.fp4_words import gemm_words
 from csf_moe import plan, prepare_weights
-from csf_moe.synthetic import _interleave, synthetic_layer
+from csf_moe.reference import interleave_gate_up
+from csf_moe.synthetic import synthetic_layer
 
 GEO = MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=4, hidden=320, intermediate=192, top_k=2)
 
@@ -42,7 +43,11 @@ def test_interleaved_gate_up_rows_are_converted():
     data = synthetic_layer(geo, seed=6)
     p = plan(geo, 8, scale_source="native")
     kwargs = data.weight_kwargs()
-    kwargs.update(w13=_interleave(data.w13), w13_scale=_interleave(data.w13_scale), w13_bias=_interleave(data.w13_bias))
+    kwargs.update(
+        w13=interleave_gate_up(data.w13),
+        w13_scale=interleave_gate_up(data.w13_scale),
+        w13_bias=interleave_gate_up(data.w13_bias),
+    )
     got = prepare_weights(p, w13_layout="interleaved", **kwargs)
     want = prepare_weights(p, **data.weight_kwargs())
     for name in ("values", "scales", "bias"):

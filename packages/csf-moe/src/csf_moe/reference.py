@@ -19,7 +19,7 @@ import torch
 
 from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 
-__all__ = ["ExpertWeights", "QuantizedExperts", "activation", "moe_reference"]
+__all__ = ["ExpertWeights", "QuantizedExperts", "activation", "interleave_gate_up", "moe_reference"]
 
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
@@ -76,6 +76,14 @@ class QuantizedExperts:
         w13 = self._dequant(self.w13, self.w13_scale, self.w13_global_scale, e)
         w2 = self._dequant(self.w2, self.w2_scale, self.w2_global_scale, e)
         return w13, w2, b13, b2
+
+
+def interleave_gate_up(t: torch.Tensor | None) -> torch.Tensor | None:
+    """W13-shaped [E, 2N, ...] rows [gate; up] -> (gate, up, gate, up, ...), the layout ``swiglu_oai`` reads."""
+    if t is None:
+        return None
+    gate, up = t.chunk(2, dim=1)
+    return torch.stack((gate, up), dim=2).flatten(1, 2)
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:

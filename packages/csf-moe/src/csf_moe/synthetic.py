@@ -14,7 +14,7 @@ import torch
 from csf_codec.synthetic import PlaneStats, synthetic_fp4_values, synthetic_scale_plane
 from csf_kernels.catalog import MoEGeometry
 
-from .reference import QuantizedExperts
+from .reference import QuantizedExperts, interleave_gate_up
 
 __all__ = ["SyntheticLayer", "synthetic_layer", "synthetic_routing"]
 
@@ -48,7 +48,7 @@ class SyntheticLayer:
         """The float32 reference's view of the same weights (gpt-oss's activation wants interleaved rows)."""
         w13, s13, b13 = self.w13, self.w13_scale, self.w13_bias
         if self.geometry.activation == "swiglu_oai":
-            w13, s13, b13 = _interleave(w13), _interleave(s13), _interleave(b13)
+            w13, s13, b13 = interleave_gate_up(w13), interleave_gate_up(s13), interleave_gate_up(b13)
         return QuantizedExperts(
             fmt=self.geometry.fmt.name,
             w13=w13,
@@ -60,14 +60,6 @@ class SyntheticLayer:
             b13=b13,
             b2=self.w2_bias,
         )
-
-
-def _interleave(t: torch.Tensor | None) -> torch.Tensor | None:
-    """[gate; up] rows -> (gate, up, gate, up, ...)."""
-    if t is None:
-        return None
-    gate, up = t.chunk(2, dim=1)
-    return torch.stack((gate, up), dim=2).flatten(1, 2)
 
 
 def synthetic_layer(
