@@ -2,8 +2,9 @@
 # On the GPU machine: run one command in each A/B tree (scripts/ab_pack.sh), in the order given, on one machine, so
 # that the arms alternate and share its state (compare arms side by side, never across calls). Carry the trees'
 # archives (.ab/<label>.tgz) and this tree; the command runs in the tree's root with CSF_AOT_CACHE, CSF_COMMIT and
-# PYTHONPATH set for that tree, and AB_OUT=$OUT/<label><n>.json (n counts that tree's runs) for its JSON. The device
-# tool returns at most 8 files from $OUT: keep ORDER within that.
+# PYTHONPATH set for that tree, AB_OUT=$OUT/<label><n>.json (n counts that tree's runs) for its JSON, and AB_ROOT
+# this tree's root, where other carried paths lie (bench_moe --peer-path $AB_ROOT/.peers). The device tool returns
+# at most 8 files from $OUT: keep ORDER within that.
 #
 #   ORDER="base new new base" bash scripts/ab_run.sh \
 #       'python3 benchmarks/bench_moe.py --geometries all --tokens 2,4 --arms native,inline --out $AB_OUT | grep T='
@@ -13,6 +14,7 @@ order=${ORDER:?set ORDER to the tree labels in run order, e.g. ORDER="base new n
 command=${1:?usage: ORDER="labels" ab_run.sh "command (may use \$AB_OUT)"}
 trees=${AB_TREES:-/tmp/ab-trees}
 out=${OUT:-$PWD/out}
+root=$PWD
 mkdir -p "$out"
 declare -A runs
 rc=0
@@ -29,7 +31,7 @@ for label in $order; do
     runs[$label]=$n
     (
         cd "$tree" || exit 2
-        export CSF_AOT_CACHE=$tree/aot_cache CSF_COMMIT=$(cat AB_COMMIT) AB_OUT=$out/$label$n.json
+        export CSF_AOT_CACHE=$tree/aot_cache CSF_COMMIT=$(cat AB_COMMIT) AB_OUT=$out/$label$n.json AB_ROOT=$root
         PYTHONPATH=$(printf '%s:' "$tree"/packages/*/src)
         export PYTHONPATH
         eval "$command"
