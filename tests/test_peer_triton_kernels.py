@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from csf_codec import scale_format
-from csf_kernels.catalog import MoEGeometry
+from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer
 
@@ -107,3 +108,24 @@ def test_nvfp4_weights_are_refused():
     geo = MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=4, hidden=256, intermediate=128, top_k=2)
     with pytest.raises(ValueError, match="MXFP4"):
         peer.TritonKernelsMoE(synthetic_layer(geo, seed=1))
+
+
+@pytest.mark.parametrize("model_tp", [("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1)])
+def test_hopper_layouts_take_the_peer_geometries(monkeypatch, model_tp):
+    """What the H200 gets (the CPU has no capability to pick them): both planes of each geometry the anchors measured
+    swizzle into the Hopper value layout and back to the K-major FP4 bytes, and their scales into the scale layout."""
+    from triton_kernels.tensor_details import layout
+
+    value_layout = (layout.HopperMXValueLayout, {"mx_axis": 1})
+    scale_layout = (layout.HopperMXScaleLayout, {"mx_axis": 1, "num_warps": peer.SCALE_LAYOUT_WARPS})
+    monkeypatch.setattr(layout, "make_default_matmul_mxfp4_w_layout", lambda mx_axis: value_layout)
+    monkeypatch.setattr(layout, "make_default_matmul_mxfp4_w_scale_layout", lambda mx_axis, num_warps: scale_layout)
+    geo = replace(load_catalog().moe_geometry(*model_tp, "mxfp4"), experts=2)
+    moe = peer.TritonKernelsMoE(synthetic_layer(geo, seed=1))
+    planes = ((moe.w13, moe.fc1_precision, moe.reference.w13), (moe.w2, moe.fc2_precision, moe.reference.w2))
+    for w, precision, values in planes:
+        assert type(w.storage.layout).__name__ == "HopperMXValueLayout"
+        assert torch.equal(w.storage.layout.unswizzle_data(w.storage.data), values.transpose(-2, -1))
+        scales = precision.weight_scale
+        assert type(scales.storage.layout).__name__ == "HopperMXScaleLayout"
+        assert scales.shape[-2] % peer.SCALE_K_MULTIPLE == 0
