@@ -77,6 +77,16 @@ def import_triton_kernels(extra_path: str | None = None):
         return tk
 
 
+def _source(tk, package: Path) -> str:
+    """Where the copy came from: a staged copy's SOURCE line, or the vLLM it ships with."""
+    if tk.__name__.startswith("vllm."):
+        import vllm
+
+        return f"vllm {vllm.__version__}: its own copy ({tk.__name__})"
+    source = package.parent / "SOURCE"
+    return source.read_text().strip() if source.exists() else "unrecorded"
+
+
 def status(extra_path: str | None = None) -> dict:
     """Whether the arm can run here: where ``triton_kernels`` comes from, its API generation and tree hash."""
     try:
@@ -84,13 +94,12 @@ def status(extra_path: str | None = None) -> dict:
     except ImportError as exc:
         return {"importable": False, "why": f"not importable here ({exc}); figures of anchors.md used instead"}
     package = Path(tk.__file__).parent
-    source = package.parent / "SOURCE"
     out = {
         "importable": True,
         "path": str(package),
         "api": api_generation(tk),
         "tree_sha256": tree_sha256(package),
-        "source": source.read_text().strip() if source.exists() else "unrecorded",
+        "source": _source(tk, package),
     }
     if out["api"] != SUPPORTED_API:
         out |= {"importable": False, "why": f"API generation {out['api']} (the arm drives {SUPPORTED_API} only)"}

@@ -63,6 +63,7 @@ def test_status_names_the_copy_and_its_api():
     assert STATUS["api"] == peer.SUPPORTED_API
     assert len(STATUS["tree_sha256"]) == 64
     assert Path(STATUS["path"]).is_dir()
+    assert STATUS["source"] != "unrecorded"  # staged copies carry a SOURCE line; vLLM's copy names its vLLM
 
 
 @pytest.mark.parametrize(("kind", "bias"), [("silu", False), ("swiglu_oai", True)])
