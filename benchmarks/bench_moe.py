@@ -335,8 +335,9 @@ def main() -> None:
     )
     ap.add_argument("--peer-path", default=str(DEFAULT_PEER_PATH), help="a staged triton_kernels' parent folder")
     a = ap.parse_args()
-    arms = ("native", *(arm for arm in a.arms.split(",") if arm not in ("native", PEER_ARM)))
-    peer = PEER_ARM in a.arms.split(",")
+    asked = a.arms.split(",")
+    arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM)))
+    peer = PEER_ARM in asked
     peer_status = triton_kernels_status(a.peer_path if Path(a.peer_path, "triton_kernels").is_dir() else None)
     if peer and not peer_status["importable"]:
         ap.error(f"--arms {PEER_ARM}: {peer_status['why']}")

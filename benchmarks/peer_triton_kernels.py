@@ -46,11 +46,7 @@ def api_generation(tk) -> str:
         importlib.import_module(f"{tk.__name__}.matmul_ogs")
     except ImportError:
         return "3.8"
-    try:
-        from triton_kernels.tensor import SparseMatrix  # noqa: F401
-    except ImportError:
-        return "3.5.1"
-    return "3.6"
+    return "3.6" if hasattr(importlib.import_module(f"{tk.__name__}.tensor"), "SparseMatrix") else "3.5.1"
 
 
 def tree_sha256(package_dir: Path) -> str:

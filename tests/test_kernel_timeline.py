@@ -4,17 +4,11 @@ program apart: FC1 from FC2)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_TIMING = Path(__file__).resolve().parents[1] / "benchmarks" / "timing.py"
+from tests.repo_scripts import load_script
 
 
 def _timing():
-    spec = importlib.util.spec_from_file_location("bench_timing", _TIMING)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/timing.py", "bench_timing")
 
 
 def _kernel(name: str, ts: float, dur: float, grid: list[int]) -> dict:

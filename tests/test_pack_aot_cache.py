@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from csf_kernels.toolchain import cache_key
-
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pack_aot_cache.py"
+from tests.repo_scripts import load_script
 
 
 def _pack(monkeypatch, root: Path) -> None:
-    spec = importlib.util.spec_from_file_location("pack_aot_cache", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/pack_aot_cache.py", "pack_aot_cache")
     monkeypatch.setattr("sys.argv", ["pack_aot_cache.py", "--root", str(root)])
     module.main()
 

@@ -7,9 +7,7 @@ error against the reference). Runs where triton_kernels is importable: staged un
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,19 +18,9 @@ from csf_codec import scale_format
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer
+from tests.repo_scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _peer_module():
-    spec = importlib.util.spec_from_file_location("peer_triton_kernels", ROOT / "benchmarks" / "peer_triton_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-peer = _peer_module()
+peer = load_script("benchmarks/peer_triton_kernels.py", "peer_triton_kernels")
 STATUS = peer.status(str(ROOT / ".peers") if (ROOT / ".peers" / "triton_kernels").is_dir() else None)
 pytestmark = pytest.mark.skipif(not STATUS["importable"], reason=STATUS.get("why", ""))
 

@@ -76,6 +76,13 @@ def _tiny_plan():
     return layer.plan, layer.weights
 
 
+def _aligned_scratch(p) -> torch.Tensor:
+    """CPU scratch at a 256-byte address, as bind() requires of device scratch."""
+    buf = torch.empty(p.scratch_bytes + 256, dtype=torch.uint8)
+    start = -buf.data_ptr() % 256
+    return buf[start : start + p.scratch_bytes]
+
+
 def test_only_calls_expanding_into_the_layers_planes_run_in_its_window():
     p, weights = _tiny_plan()
     layer = MoELayer(plan=p, weights=weights, scratch=torch.empty(p.scratch_bytes, dtype=torch.uint8),
@@ -104,9 +111,7 @@ def test_bind_keeps_a_window_only_when_asked(monkeypatch, switch, argument, wind
     else:
         monkeypatch.setenv(env.L2_SCALES, switch)
     p, weights = _tiny_plan()
-    buf = torch.empty(p.scratch_bytes + 256, dtype=torch.uint8)
-    start = -buf.data_ptr() % 256
-    layer = bind(p, weights, buf[start : start + p.scratch_bytes], l2_resident_scales=argument)
+    layer = bind(p, weights, _aligned_scratch(p), l2_resident_scales=argument)
     assert (layer.l2_window == WINDOW) is windowed and len(asked) == int(windowed)
 
 
@@ -136,8 +141,6 @@ def test_bind_warns_where_the_device_keeps_no_persisting_lines(monkeypatch):
     monkeypatch.setattr(layer_module.runtime, "program", lambda spec, geometry=None: None)  # no GPU here
     monkeypatch.setattr(layer_module, "scale_planes_window", lambda p, scratch: None)  # no set-aside on the device
     p, weights = _tiny_plan()
-    buf = torch.empty(p.scratch_bytes + 256, dtype=torch.uint8)
-    start = -buf.data_ptr() % 256
     with pytest.warns(UserWarning, match="keeps no persisting L2 lines"):
-        layer = bind(p, weights, buf[start : start + p.scratch_bytes], l2_resident_scales=True)
+        layer = bind(p, weights, _aligned_scratch(p), l2_resident_scales=True)
     assert layer.l2_window is None

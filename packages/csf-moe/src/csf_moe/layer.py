@@ -180,14 +180,14 @@ class MoELayer:
         def bind_call():
             calls, fork = self._launches(*per_call, scale_planes=scale_planes)
             bound = [la.with_pointers(per_call + planes).bind(self.plan.geometry.name) for la in calls]
+            side = () if fork is None else (side_stream(out.device),)
             if fork is not None:
                 start, split, end = fork
-                concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side_stream(out.device))
+                concurrent = ForkJoin(tuple(bound[start:split]), tuple(bound[split:end]), side[0])
                 bound = [*bound[:start], concurrent, *bound[end:]]
             window = self.l2_window_for(t, scale_planes)
             if window is None:
                 return tuple(bound)
-            side = (side_stream(out.device),) if fork is not None else ()
             return (l2_residency.InL2Window(tuple(bound), window, side),)
 
         for launch in self._bound.get(key, bind_call):
