@@ -30,9 +30,9 @@ from csf_codec import MXFP4, encode_compact, encode_inline
 from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import expand_compact, expand_inline, inline_expansion_launches
-from csf_kernels.expand_layer import expand_inline_layer
+from csf_kernels.expand.compact_tables import compact_tables
+from csf_kernels.expand.launch import expand_compact, expand_inline, inline_expansion_launches
+from csf_kernels.expand.layer import expand_inline_layer
 
 
 def layer_planes(model: str = "deepseek-v4.1-flash", tp: int = 4):
@@ -57,7 +57,7 @@ def expansion(reps: int, flush: torch.Tensor, copy_gbps: float, model: str, tp: 
     g = torch.Generator().manual_seed(0)
     n_routed = min(8 * geo.top_k, geo.experts)  # the experts 8 tokens route to, at most
     routed = torch.randperm(geo.experts, generator=g)[:n_routed].to(torch.int32).cuda()
-    # a layer's planes expand concurrently (csf_kernels.expand_layer: two streams, one plane's tail filled by
+    # a layer's planes expand concurrently (csf_kernels.expand.layer: two streams, one plane's tail filled by
     # the other's work); "layer_sequential": one after the other, as two plain expand_inline calls
     both = tuple(planes)
     scopes = [("layer", None, both, True), ("layer_sequential", None, both, False)]
@@ -159,7 +159,7 @@ torch.cuda.init(); torch.zeros(1, device='cuda')
 t1 = time.perf_counter()
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.families import geometry_specs
+from csf_kernels.aot.registry import geometry_specs
 runtime.freeze()
 geo = load_catalog().moe_geometry('deepseek-v4.1-flash', 4, 'mxfp4')
 specs = geometry_specs(geo)
@@ -194,7 +194,7 @@ def launch_overhead(calls: int) -> dict:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     res["csf_expand_inline_bind_and_launch_us"] = (t1 - t0) / calls * 1e6
-    from csf_kernels.expand import bind_expand_inline, inline_expansion_launches
+    from csf_kernels.expand.launch import bind_expand_inline, inline_expansion_launches
 
     for engine in ("cute", "triton"):
         bound = bind_expand_inline(inline, out, experts=ids, engine=engine)
@@ -209,7 +209,7 @@ def launch_overhead(calls: int) -> dict:
     (launch,) = inline_expansion_launches(inline, out, experts=ids, engine="triton")
     try:
         runtime.unfreeze()  # Triton's own launcher JIT-compiles; measured for comparison only
-        from csf_kernels.kernels.expand_inline import SIGNATURE, expand_inline_tiles
+        from csf_kernels.expand.kernels.triton_inline import SIGNATURE, expand_inline_tiles
 
         f = launch.spec.fact
         kw = {k: f[k] for k, t in SIGNATURE.items() if t == "constexpr"}

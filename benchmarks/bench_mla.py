@@ -31,7 +31,7 @@ from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
 from csf_kernels import runtime
-from csf_kernels.mla_layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
+from csf_kernels.mla.layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
 
 SEQ = 32768
 CHAIN_CALLS = 8

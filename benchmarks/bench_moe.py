@@ -35,8 +35,9 @@ from peer_triton_kernels import status as triton_kernels_status
 from provenance import provenance
 from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
-from csf_kernels import l2_residency, runtime
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
@@ -77,7 +78,7 @@ ARMS = {
 # bind arguments of an arm (default none), opt in with --arms for A/B runs (csf_moe.layer): "inline_forked" forks
 # and joins its routed experts' two expansions instead of chaining them as dependent launches; "inline_fc1_at_start"
 # chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies;
-# "inline_l2" keeps the planes it expands in L2's persisting set-aside (csf_kernels.l2_residency; every other arm is
+# "inline_l2" keeps the planes it expands in L2's persisting set-aside (runtime.l2_residency; every other arm is
 # timed with no persisting line resident: ``without_other_arms_l2_lines``).
 # Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
 # csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's

@@ -28,8 +28,8 @@ from timing import capture, l2_flush_buffer, replay_times, run_all
 from csf_codec import decode_inline
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.expand import ENGINES, inline_expansion_launches
-from csf_kernels.expand_layer import ForkJoin, side_stream
+from csf_kernels.expand.launch import ENGINES, inline_expansion_launches
+from csf_kernels.expand.layer import ForkJoin, side_stream
 from csf_moe import plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer
 

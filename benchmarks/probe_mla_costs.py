@@ -29,7 +29,7 @@ from timing import capture, chain_times, kernel_timeline, l2_flush_buffer, repla
 
 from csf_attention import MLACaps, bind, plan
 from csf_kernels import runtime
-from csf_kernels.mla_layout import CHUNK, HEAD_DIM, VALUE_DIM
+from csf_kernels.mla.layout import CHUNK, HEAD_DIM, VALUE_DIM
 
 # (heads, batch, SM counts to plan for: the first is the H200's, the rest give other split counts)
 CONFIGS = [

@@ -30,8 +30,9 @@ from kernel_times import kernel_times
 from provenance import provenance
 from timing import capture, l2_flush_buffer, replay_times, run_all
 
-from csf_kernels import moe_specs, runtime
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.moe import specs as moe_specs
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 

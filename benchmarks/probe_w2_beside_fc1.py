@@ -40,7 +40,7 @@ MODES = {"beside": 2, "serial": 1, "beside_lets_fc2_in_at_end": 6}
 
 def _prefer_shared(bound) -> None:
     """The largest shared-memory carveout for this launch's function (all its launches), as the runtime asks."""
-    runtime._drv().prefer_shared(bound.program.function, bound.program.entry)
+    runtime.driver.driver().prefer_shared(bound.program.function, bound.program.entry)
 
 
 def main() -> None:

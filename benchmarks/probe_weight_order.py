@@ -6,7 +6,7 @@ Each program reads what one decode GEMM program reads (64 rows of one expert, on
 bytes a row for MXFP4) from gpt-oss-120b-sized experts (128 x 5760 rows x 1440 bytes), with the rows
 stored as checkpoints store them (a step is 64 runs of 64 bytes, one per row), as 16-byte panels of the
 64-row block (a step is one 4 KB run, each 16-byte column of it 64 rows long: run 207's "panels") or as the
-GEMMs store them (csf_kernels.fp4_words: a step is one row-major [64 rows, 64 bytes] tile, so a warp's
+GEMMs store them (csf_kernels.moe.fp4_words: a step is one row-major [64 rows, 64 bytes] tile, so a warp's
 8-lane access phase reads 128 contiguous bytes). Arms alternate within each round, beside the device's copy
 ceiling. No correctness state: the arms compute nothing but an XOR of what they read.
 """
@@ -40,7 +40,7 @@ def _read(w, out, stride_words, row_bytes, R, STEP_WORDS: tl.constexpr, ORDER: t
         m = (k * 4 < row_bytes)[None, :] & (r < R)[:, None]
         if ORDER == 1:  # 16-byte panels of the 64-row block, rows one after another in each
             off = n.to(tl.int64) * 64 * stride_words + (k // 4 * 256)[None, :] + (tl.arange(0, 64) * 4)[:, None] + k % 4
-        elif ORDER == 2:  # row-major tiles of one step (the last one narrower), as csf_kernels.fp4_words
+        elif ORDER == 2:  # row-major tiles of one step (the last one narrower), as csf_kernels.moe.fp4_words
             width = tl.minimum(stride_words - t * STEP_WORDS, STEP_WORDS)
             off = (
                 n.to(tl.int64) * 64 * stride_words

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_expand import layer_planes
 
 from csf_kernels import runtime
-from csf_kernels.expand import ENGINES, expand_inline
+from csf_kernels.expand.launch import ENGINES, expand_inline
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def profile_mla(batch: int, heads: int) -> None:
     from bench_mla import TOPK, _inputs
 
     from csf_attention import MLACaps, bind, plan
-    from csf_kernels.mla_layout import HEAD_DIM
+    from csf_kernels.mla.layout import HEAD_DIM
 
     q, kv, indices, lengths = _inputs(batch, heads, 1, torch.Generator(device="cuda").manual_seed(0))
     p = plan(MLACaps(heads=heads, max_rows=batch, topk=TOPK))

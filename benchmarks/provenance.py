@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from csf_kernels import l2_residency
+from csf_kernels.runtime import l2_residency
 
 
 def _git(*args: str) -> str:

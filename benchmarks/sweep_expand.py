@@ -25,9 +25,9 @@ from provenance import provenance
 from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
-from csf_kernels.expand import inline_expansion_launches
-from csf_kernels.families import TILES_BY_STORE
-from csf_kernels.programs import ProgramSpec
+from csf_kernels.expand.launch import inline_expansion_launches
+from csf_kernels.expand.specs import TILES_BY_STORE
+from csf_kernels.runtime.programs import ProgramSpec
 
 
 def main() -> None:

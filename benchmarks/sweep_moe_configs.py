@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from provenance import provenance
 from timing import capture, l2_flush_buffer, replay_times
 
-from csf_kernels import moe_specs, runtime
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe_specs import (
+from csf_kernels.moe import specs as moe_specs
+from csf_kernels.moe.specs import (
     DECODE,
     DECODE_MMA_SYNC,
     DECODE_NARROW,
@@ -46,7 +47,7 @@ def _configs(kind: str, catalog_prefill: bool = False):
         # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
         # stage won); now the two engines of that tile side by side
         # (run 78: the Gluon engine's weight prefetch loses 2-14%)
-        # (the catalog's blocks by routes per expert: csf_kernels.moe_specs.decode_config_for)
+        # (the catalog's blocks by routes per expert: csf_kernels.moe.specs.decode_config_for)
         yield from CATALOG_DECODE
         yield DECODE_MMA_SYNC
         yield DECODE_TRITON
@@ -61,7 +62,7 @@ def _decode_variant(text: str) -> tuple[GemmConfig, int]:
     """One ``--decode-variants`` entry, ``[wg|wgr]BM[xROWS]:SPLIT_TARGET[:CAP[:INLINE_CAP]][@STAGES]``: the catalog's
     decode config changed accordingly, and its split-K program target."""
     mma = "wgmma" if text.startswith("wg") else "mma_sync"
-    relabelled = text.startswith("wgr")  # activations stored relabelled (csf_kernels.relabel)
+    relabelled = text.startswith("wgr")  # activations stored relabelled (csf_kernels.moe.relabel)
     text, _, stages = text.partition("@")
     tile, target, *caps = text.removeprefix("wgr" if relabelled else "wg").split(":")
     bm, _, rows = tile.partition("x")  # e.g. wg32x128:528:96: 128 rows (two warpgroups) per program

@@ -25,8 +25,8 @@ from provenance import provenance
 from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
-from csf_kernels.expand import _row_block_launch, _row_expander_launch, all_experts, inline_expansion_launches
-from csf_kernels.families import ROW_EXPANDER_GROUP_TILES, RowImageLayout, row_image_layout
+from csf_kernels.expand.launch import _row_block_launch, _row_expander_launch, all_experts, inline_expansion_launches
+from csf_kernels.expand.specs import ROW_EXPANDER_GROUP_TILES, RowImageLayout, row_image_layout
 
 
 def _layouts(cols: int, plane_bytes: int) -> list[RowImageLayout]:

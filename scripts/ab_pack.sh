@@ -17,7 +17,13 @@ trap 'rm -rf "$stage"' EXIT
 git archive "$sha" packages benchmarks tests scripts pyproject.toml ':(exclude)benchmarks/results' | tar x -C "$stage"
 echo "$sha" > "$stage/AB_COMMIT"
 srcpath=$(printf '%s:' "$stage"/packages/*/src)
-key=$(PYTHONPATH=$srcpath "$python" -c "from csf_kernels.toolchain import cache_key; print(cache_key())")
+# the toolchain module moved into csf_kernels.runtime (trees from before the move have it at the top)
+key=$(PYTHONPATH=$srcpath "$python" -c "
+try:
+    from csf_kernels.runtime.toolchain import cache_key
+except ImportError:
+    from csf_kernels.toolchain import cache_key
+print(cache_key())")
 if [ ! -f "$root/$key/manifest.json" ]; then
     PYTHONPATH=$srcpath "$python" -m csf_kernels.aot.build --out "$root" --jobs "${JOBS:-2}" --no-progress
 fi

@@ -16,14 +16,16 @@ import tarfile
 from pathlib import Path
 
 from csf_kernels import env
-from csf_kernels.toolchain import cache_key
+from csf_kernels.runtime import config
+from csf_kernels.runtime.toolchain import cache_key
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=None, help="aot_cache root (default: $CSF_AOT_CACHE or ./aot_cache)")
     a = ap.parse_args()
-    root = a.root or env.aot_cache_root()
+    env.configure_runtime()
+    root = a.root or config.cache_root()
     key = cache_key()
     if not (root / key / "manifest.json").is_file():
         sys.exit(f"pack_aot_cache: no cache built for these sources at {root / key} (run `nox -s aot_build`)")

@@ -22,8 +22,7 @@ import torch
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
-from csf_kernels.families import FAMILIES
-from csf_kernels.programs import assumed_multiples, check_multiples
+from csf_kernels.runtime.programs import assumed_multiples, check_multiples, triton_family
 
 _patch_tensor = _interpreter._patch_lang_tensor
 
@@ -88,7 +87,7 @@ INTERPRETER_CONSTANTS = {"ASM": 0, "PDL": 0}
 
 def run_launch(launch) -> None:
     """Execute one ``csf_kernels.runtime.Launch`` on CPU tensors."""
-    fn, signature, module = FAMILIES[launch.spec.kernel].source()
+    fn, signature, module = triton_family(launch.spec.kernel).source()
     # the divisibilities the compiled program assumes, checked as the runtime's bind checks them
     multiples = assumed_multiples(signature, getattr(module, "MULTIPLE_OF", {}))
     names = tuple(n for n, t in signature.items() if t != "constexpr")

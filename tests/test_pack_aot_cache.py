@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csf_kernels.toolchain import cache_key
+from csf_kernels.runtime.toolchain import cache_key
 from tests.repo_scripts import load_script
 
 

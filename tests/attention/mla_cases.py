@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from csf_attention import write_kv
-from csf_kernels.mla_layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE
+from csf_kernels.mla.layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from csf_attention import dequantize_records, quantize_records, read_kv, write_kv
-from csf_kernels.mla_layout import GROUP, LATENT, RECORD_BYTES, ROPE, ROPE_OFFSET, SCALE_OFFSET
+from csf_kernels.mla.layout import GROUP, LATENT, RECORD_BYTES, ROPE, ROPE_OFFSET, SCALE_OFFSET
 
 
 def _tokens(n, seed):

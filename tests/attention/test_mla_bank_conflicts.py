@@ -20,7 +20,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from csf_kernels.kernels import mla_decode_mma, mla_decode_wgmma, mla_decode_wide
+from csf_kernels.mla.kernels import gluon_decode_mma as mla_decode_mma
+from csf_kernels.mla.kernels import gluon_decode_wgmma as mla_decode_wgmma
+from csf_kernels.mla.kernels import gluon_decode_wide as mla_decode_wide
 
 STAGED_LATENT = mla_decode_mma._latent_staging()  # both Gluon programs' staged records
 WIDE_KEYS = mla_decode_wide._words_view()  # the wide program's bf16 key operands, seen as words

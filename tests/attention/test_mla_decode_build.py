@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("triton")
 
 from csf_kernels.aot.compile_triton import compile_triton
-from csf_kernels.cute.export import find_cuobjdump
-from csf_kernels.mla_specs import (
+from csf_kernels.aot.cute_export import find_cuobjdump
+from csf_kernels.mla.specs import (
     MLA_DECODE_MMA,
     MLA_DECODE_WGMMA,
     MLA_DECODE_WIDE,

@@ -10,7 +10,7 @@ import torch
 
 from csf_attention import MLACaps, bind, dequantize_records, pack_query, plan, sparse_mla_reference, write_kv
 from csf_kernels.catalog import load_catalog
-from csf_kernels.mla_layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
+from csf_kernels.mla.layout import LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
 from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from tests.cuda_graphs import replay_allocating_nothing
 

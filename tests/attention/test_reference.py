@@ -7,7 +7,7 @@ import math
 import torch
 
 from csf_attention import read_kv, sparse_mla_reference
-from csf_kernels.mla_layout import LATENT, RECORD_BYTES
+from csf_kernels.mla.layout import LATENT, RECORD_BYTES
 from tests.attention.mla_cases import mla_inputs
 
 

@@ -14,10 +14,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch
 
 from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
-from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import inline_expansion_launches
-from csf_kernels.families import COMPACT_COLUMNS_PER_STEP
-from csf_kernels.kernels.expand_compact import expand_compact_segments
+from csf_kernels.expand.compact_tables import compact_tables
+from csf_kernels.expand.kernels.triton_compact import expand_compact_segments
+from csf_kernels.expand.launch import inline_expansion_launches
+from csf_kernels.expand.specs import COMPACT_COLUMNS_PER_STEP
 from csf_kernels.runtime import Launch
 from tests.interpreter import run_launch
 

@@ -8,8 +8,8 @@ import torch
 
 from csf_codec import MXFP4
 from csf_kernels import runtime
-from csf_kernels.families import inline_class_spec
-from csf_kernels.programs import ALIGNMENT, MisalignedArgumentError, assumed_multiples, check_multiples
+from csf_kernels.expand.specs import inline_class_spec
+from csf_kernels.runtime.programs import ALIGNMENT, MisalignedArgumentError, assumed_multiples, check_multiples
 
 
 def test_every_pointer_and_each_named_integer_is_assumed_divisible():
@@ -50,7 +50,7 @@ def test_bind_checks_the_multiples_recorded_in_the_manifest(monkeypatch):
         def load_function(self, data, entry, shared):
             return "module", 0x1
 
-    monkeypatch.setattr(runtime, "_drv", lambda: Driver())
+    monkeypatch.setattr(runtime.loaded, "driver", lambda: Driver())
     launch = {
         "entry": "k",
         "block": [128, 1, 1],
@@ -61,7 +61,7 @@ def test_bind_checks_the_multiples_recorded_in_the_manifest(monkeypatch):
         "param_names": ["x", "K"],
         "multiples": {"x": 16, "K": 32},
     }
-    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=0)
+    prog = runtime.LoadedProgram.from_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=0)
     t = torch.zeros(64, dtype=torch.uint8)
     prog.bind((1,), t, 64)
     with pytest.raises(MisalignedArgumentError, match="'x'"):
@@ -73,7 +73,7 @@ def test_bind_checks_the_multiples_recorded_in_the_manifest(monkeypatch):
 def test_compiled_programs_record_what_they_assume():
     pytest.importorskip("triton")
     from csf_kernels.aot.compile_triton import compile_triton
-    from csf_kernels.moe_specs import combine_spec
+    from csf_kernels.moe.specs import combine_spec
 
     art = compile_triton(combine_spec(False, slots=8))
     multiples = art.launch["multiples"]

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from csf_kernels import env
-from csf_kernels.families import catalog_specs, inline_class_spec
-from csf_kernels.manifest import CacheIntegrityError, Manifest
+from csf_kernels.aot.registry import catalog_specs
+from csf_kernels.expand.specs import inline_class_spec
 from csf_kernels.runtime import ProgramCache, UncachedProgramError
-from csf_kernels.toolchain import cache_key
+from csf_kernels.runtime.manifest import CacheIntegrityError, Manifest
+from csf_kernels.runtime.toolchain import cache_key
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = """
@@ -47,7 +48,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_build_writes_a_keyed_directory_with_checked_binaries(built):
-    from csf_kernels.manifest import sha256_bytes
+    from csf_kernels.runtime.manifest import sha256_bytes
 
     assert built.name == cache_key()
     m = Manifest.read(built / "manifest.json")
@@ -58,9 +59,9 @@ def test_build_writes_a_keyed_directory_with_checked_binaries(built):
         assert sha256_bytes(data) == e.sha256 and len(data) == e.nbytes
         assert data[:4] == b"\x7fELF"  # a SASS cubin or a linked shared object, never PTX
         if e.kind == "triton_cubin":
-            from csf_kernels.families import FAMILIES
+            from csf_kernels.runtime.programs import triton_family
 
-            _, signature, _ = FAMILIES[e.spec["kernel"]].source()
+            _, signature, _ = triton_family(e.spec["kernel"]).source()
             assert e.launch["block"] == [32 * e.spec["facts"]["num_warps"], 1, 1]
             assert e.launch["params"] == [t for t in signature.values() if t != "constexpr"]
         else:
@@ -90,8 +91,8 @@ def test_rebuilding_gives_identical_bytes(built, tiny_catalog, tmp_path):
 
 
 def test_the_catalog_determines_the_programs(tiny_catalog):
+    from csf_kernels.aot.registry import geometry_specs
     from csf_kernels.catalog import load_catalog
-    from csf_kernels.families import geometry_specs
 
     catalog = load_catalog(tiny_catalog)
     # W13 [4, 512, 18]: narrow rows with a 2-column tail; W2 [4, 576, 8]: 8-byte stores, 2 tiles per
@@ -152,8 +153,8 @@ def test_frozen_runtime_names_the_missing_program(tmp_path, monkeypatch):
     from csf_codec import MXFP4
     from csf_kernels import runtime
 
-    monkeypatch.setenv(env.AOT_CACHE, str(tmp_path))
-    runtime._caches.clear()
+    runtime.set_cache_root(tmp_path)
+    runtime.cache._caches.clear()
     runtime.freeze()
     try:
         spec = inline_class_spec(MXFP4, 96)
@@ -163,12 +164,13 @@ def test_frozen_runtime_names_the_missing_program(tmp_path, monkeypatch):
         assert "expand.inline_tiles" in msg and "deepseek-v4.1-flash/tp4/mxfp4" in msg and "nox -s aot_build" in msg
         assert runtime.compilations() == 0
         (tmp_path / "0123456789abcdef0123").mkdir()  # a cache built for other sources
-        runtime._caches.clear()
+        runtime.cache._caches.clear()
         with pytest.raises(UncachedProgramError, match="other sources or toolchains: 0123456789abcdef0123"):
             runtime.program(spec)
     finally:
         runtime.unfreeze()
-        runtime._caches.clear()
+        runtime.set_cache_root(None)
+        runtime.cache._caches.clear()
 
 
 def test_frozen_runtime_imports_no_compiler(tmp_path):
@@ -180,8 +182,10 @@ sys.modules['cutlass'] = None
 import os
 os.environ['CSF_FROZEN'] = '1'
 os.environ['CSF_AOT_CACHE'] = {str(tmp_path)!r}
-import csf_kernels, csf_kernels.runtime as rt, csf_kernels.expand
-from csf_kernels.families import inline_class_spec
+import csf_kernels, csf_kernels.runtime as rt, csf_kernels.expand.launch
+from csf_kernels import env
+env.configure_runtime()  # the process's edge reads the switches
+from csf_kernels.expand.specs import inline_class_spec
 from csf_codec import MXFP4
 try:
     rt.program(inline_class_spec(MXFP4, 96))
@@ -231,7 +235,7 @@ def test_cubin_loading_and_argument_marshalling(monkeypatch):
             return "module", 0x1234
 
     rec = Recorder()
-    monkeypatch.setattr(runtime, "_drv", lambda: rec)
+    monkeypatch.setattr(runtime.loaded, "driver", lambda: rec)
     launch = {
         "entry": "k",
         "block": [128, 1, 1],
@@ -240,7 +244,7 @@ def test_cubin_loading_and_argument_marshalling(monkeypatch):
         "profile_scratch": [0, 1],
         "params": ["*u8", "i32", "i64"],
     }
-    prog = runtime._load_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=3)
+    prog = runtime.LoadedProgram.from_cubin(inline_class_spec(MXFP4, 96), b"\x7fELF", launch, device=3)
     assert (prog.function, prog.device, prog.block, rec.loaded[0][1]) == (0x1234, 3, (128, 1, 1), "k")
     t = torch.zeros(4, dtype=torch.uint8)
     bound = prog.bind((5, 2), t, -7, 1 << 40)

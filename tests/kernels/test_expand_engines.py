@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from csf_kernels.runtime import config as runtime_settings
+
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
-from csf_kernels.cute_so import TensorRef
-from csf_kernels.expand import (
+from csf_kernels.expand.launch import (
     DIVIDEND_LIMIT,
     ENGINES,
     auto_engine,
@@ -16,7 +17,7 @@ from csf_kernels.expand import (
     exception_caps,
     inline_expansion_launches,
 )
-from csf_kernels.families import (
+from csf_kernels.expand.specs import (
     CUTE_ROW_BLOCK_EXPANDER,
     CUTE_ROW_EXPANDER,
     EXPAND_INLINE,
@@ -27,6 +28,7 @@ from csf_kernels.families import (
     row_block_warps,
     row_expander_spec,
 )
+from csf_kernels.runtime.cute_so import TensorRef
 
 
 def _inline(shape, fmt=MXFP4, group=None):
@@ -125,10 +127,10 @@ def test_row_block_launch_waits_first_or_last_as_a_dependent_launch(monkeypatch)
                                               **kwargs)  # fmt: skip
         return launch.args[-1]
 
-    monkeypatch.delenv("CSF_PDL", raising=False)
+    monkeypatch.setitem(runtime_settings._settings, "pdl", True)  # the default
     assert pdl() == 1 and pdl(wait="first") == 1 and pdl(wait="last") == 2  # the program's pdl argument
     assert pdl(lets_next_in="end") == 5 and pdl(wait="last", lets_next_in="end") == 6  # + LETS_DEPENDENT_IN_LAST
-    monkeypatch.setenv("CSF_PDL", "0")  # dependent launches off: a plain launch either way
+    monkeypatch.setitem(runtime_settings._settings, "pdl", False)  # dependent launches off: a plain launch either way
     assert pdl(wait="first") == 0 and pdl(wait="last") == 0 and pdl(wait="last", lets_next_in="end") == 0
     with pytest.raises(ValueError, match="wait must be one of"):
         pdl(wait="never")

@@ -15,9 +15,9 @@ from csf_codec import MXFP4, NVFP4, encode_compact, encode_inline
 from csf_codec.synthetic import EXCEPTION_DENSE, SEED_REGIME, synthetic_scale_plane
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import ENGINES, expand_compact, expand_inline, inline_expansion_launches
-from csf_kernels.families import row_block_covers, row_block_expander_spec, row_image_layout
+from csf_kernels.expand.compact_tables import compact_tables
+from csf_kernels.expand.launch import ENGINES, expand_compact, expand_inline, inline_expansion_launches
+from csf_kernels.expand.specs import row_block_covers, row_block_expander_spec, row_image_layout
 from tests.cuda_graphs import replay_allocating_nothing
 
 from .interpret_cases import cases
@@ -165,8 +165,8 @@ import torch
 from csf_codec import MXFP4, encode_inline, encode_compact
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels import runtime
-from csf_kernels.compact_tables import compact_tables
-from csf_kernels.expand import expand_compact, expand_inline
+from csf_kernels.expand.compact_tables import compact_tables
+from csf_kernels.expand.launch import expand_compact, expand_inline
 plane = synthetic_scale_plane((8, 5120, 18), MXFP4, seed=3).cuda()
 assert torch.equal(expand_inline(encode_inline(plane, MXFP4)), plane)
 assert torch.equal(expand_compact(compact_tables(encode_compact(plane, MXFP4).payload)), plane)
@@ -180,7 +180,7 @@ print('ok')
 
 
 def test_frozen_runtime_refuses_an_uncached_program():
-    from csf_kernels.families import inline_class_spec
+    from csf_kernels.expand.specs import inline_class_spec
 
     spec = inline_class_spec(MXFP4, 1008)  # a record size no plane can choose: never built
     with pytest.raises(runtime.UncachedProgramError, match="nox -s aot_build"):
@@ -219,7 +219,7 @@ def test_row_block_items_in_turn_through_both_stagings(shape, group, stats, ctas
     """A grid of one or three CTAs walks many items per warp (or CTA), so the staging of the next item
     (during the copy-out with one staging region, a whole item ahead with two) is used again and again:
     exact, routed experts with padding ids included; tampered records still write only inside the plane."""
-    from csf_kernels.expand import _row_block_launch
+    from csf_kernels.expand.launch import _row_block_launch
 
     plane = synthetic_scale_plane(shape, MXFP4, stats=stats, seed=ctas).cuda()
     inline = encode_inline(plane, MXFP4, row_group=group)

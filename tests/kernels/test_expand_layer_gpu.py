@@ -9,8 +9,8 @@ import torch
 
 from csf_codec import MXFP4, encode_inline
 from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
-from csf_kernels.expand import expand_inline
-from csf_kernels.expand_layer import bind_expand_inline_layer, expand_inline_layer, side_stream
+from csf_kernels.expand.launch import expand_inline
+from csf_kernels.expand.layer import bind_expand_inline_layer, expand_inline_layer, side_stream
 from tests.cuda_graphs import replay_allocating_nothing
 
 pytestmark = pytest.mark.gpu

@@ -1,11 +1,11 @@
-"""The permuted FP4 word layout the MoE GEMMs read (csf_kernels.fp4_words)."""
+"""The permuted FP4 word layout the MoE GEMMs read (csf_kernels.moe.fp4_words)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from csf_kernels.fp4_words import (
+from csf_kernels.moe.fp4_words import (
     BIT_POSITIONS,
     PAIR3_MASKS,
     PAIR3_SHIFTS,
@@ -134,7 +134,7 @@ def test_the_gemms_conversion_is_written_for_this_layout():
     """The PTX of the conversion (kernels/moe_gemm.py, ``_PLACE``) spells the layout's shifts and masks
     literally; it must be exactly what the layout's constants say."""
     pytest.importorskip("triton")
-    from csf_kernels.kernels.moe_gemm import _PLACE
+    from csf_kernels.moe.kernels.gemm import _PLACE
 
     def hexed(mask: int) -> str:
         return f"0x{mask:08X}"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from csf_kernels import runtime
-from csf_kernels.runtime import shared_for_at_most
+from csf_kernels.runtime.driver import Driver, shared_for_at_most
 
 H200_SHARED_PER_SM, RESERVED = 233472, 1024  # 228 KiB per SM, 1 KiB reserved per program
 
@@ -39,7 +38,7 @@ class _FakeCu:
 def test_a_functions_shared_memory_limit_only_rises():
     """Two bindings of one program with different caps: the limit set for the larger stays (lowering it would make
     the larger binding's launches fail)."""
-    drv = runtime._Driver.__new__(runtime._Driver)  # no libcuda here: only the bookkeeping is under test
+    drv = Driver.__new__(Driver)  # no libcuda here: only the bookkeeping is under test
     drv.cu, drv._allowed = _FakeCu(), {}
     drv.allow_shared(7, "decode", 40 * 1024)  # under the default 48 KiB: nothing to set
     drv.allow_shared(7, "decode", 115713)

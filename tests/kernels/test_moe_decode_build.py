@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 
 from csf_codec import MXFP4, NVFP4
 from csf_kernels.aot.compile_triton import compile_triton
-from csf_kernels.cute.export import find_cuobjdump
-from csf_kernels.moe_specs import (
+from csf_kernels.aot.cute_export import find_cuobjdump
+from csf_kernels.moe.specs import (
     DECODE,
     DECODE_MMA_SYNC,
     DECODE_NARROW,

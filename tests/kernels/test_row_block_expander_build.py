@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the row-block expander cannot be compiled")
 
 from csf_codec import MXFP4, NVFP4
-from csf_kernels.cute import export
-from csf_kernels.families import row_block_expander_spec, row_block_group_tiles, row_block_warps
+from csf_kernels.aot import cute_export as export
+from csf_kernels.expand.specs import row_block_expander_spec, row_block_group_tiles, row_block_warps
 
 from .test_stage_decoder_build import _toolchain_or_skip
 

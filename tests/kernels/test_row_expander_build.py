@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the row expander cannot be compiled here")
 
 from csf_codec import MXFP4
-from csf_kernels.cute import export
-from csf_kernels.families import row_expander_spec
+from csf_kernels.aot import cute_export as export
+from csf_kernels.expand.specs import row_expander_spec
 
 from .test_stage_decoder_build import _env, _toolchain_or_skip
 
@@ -61,7 +61,7 @@ def test_binding_checks_scalars_and_divisibility_without_a_gpu(built):
     code = f"""
 import sys
 import torch
-from csf_kernels.cute_so import TensorRef, load_cute_so
+from csf_kernels.runtime.cute_so import TensorRef, load_cute_so
 p = load_cute_so(sys.argv[1])
 assert p.num_args == {len(TENSORS) + len(SCALARS) + 2} and len(p.scalar_args) == {len(SCALARS)}
 assert p.grid({{"NE": 3}}, {{"block_runs": 10, "groups": 2}}) == [10, 2, 3]
@@ -108,7 +108,7 @@ def test_layouts_cover_every_catalog_plane():
     from math import prod
 
     from csf_kernels.catalog import load_catalog
-    from csf_kernels.families import row_image_layout
+    from csf_kernels.expand.specs import row_image_layout
 
     for geo in load_catalog().moe:
         for proj, (shape, _group) in geo.scale_planes().items():

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the stage decoder cannot be compiled here")
 
-from csf_kernels.cute import export
+from csf_kernels.aot import cute_export as export
 
 ROOT = Path(__file__).resolve().parents[2]
 S = 96
@@ -103,7 +103,7 @@ def test_sass_uses_cp_async_and_never_spills(built):
 def test_loads_with_ctypes_without_cutlass(built):
     meta, _ = built
     code = (
-        "import sys; from csf_kernels.cute_so import load_cute_so; p = load_cute_so(sys.argv[1]); "
+        "import sys; from csf_kernels.runtime.cute_so import load_cute_so; p = load_cute_so(sys.argv[1]); "
         "assert p.num_args == 7 and len(p.tensor_args) == 5; "
         "assert not {'cutlass', 'triton'} & set(sys.modules), sorted(sys.modules)"
     )
@@ -112,7 +112,7 @@ def test_loads_with_ctypes_without_cutlass(built):
 
 
 def test_missing_symbol_is_reported_with_the_so_and_symbol_name(built):
-    from csf_kernels.cute_so import CuteSharedObject, CuteSOError
+    from csf_kernels.runtime.cute_so import CuteSharedObject, CuteSOError
 
     meta, _ = built
     broken = {**meta, "symbols": {**meta["symbols"], "entry": "csf_no_such_symbol"}}
@@ -125,7 +125,7 @@ def test_missing_symbol_is_reported_with_the_so_and_symbol_name(built):
 def test_build_is_deterministic_across_processes_and_directories(built, tmp_path):
     meta, out = built
     other = tmp_path / "elsewhere" / "b"
-    code = "import sys; from pathlib import Path; from csf_kernels.cute.export import build_stage_decoder; "
+    code = "import sys; from pathlib import Path; from csf_kernels.aot.cute_export import build_stage_decoder; "
     code += f"build_stage_decoder({S}, Path(sys.argv[1]))"
     env = _env()
     subprocess.run([sys.executable, "-c", code, str(other)], check=True, env=env, timeout=300)
@@ -136,7 +136,7 @@ def test_build_is_deterministic_across_processes_and_directories(built, tmp_path
 
 
 def test_rejects_impossible_record_sizes(tmp_path):
-    from csf_kernels.cute.inline_stage_decoder import check_record_bytes
+    from csf_kernels.record.cute_stage_decoder import check_record_bytes
 
     for bad in (72, 100, 464):
         with pytest.raises(ValueError, match="multiple of 16"):

@@ -12,8 +12,8 @@ import torch
 
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_kernels import runtime
-from csf_kernels.families import stage_decoder_spec
-from csf_kernels.reference import expected_stage_words
+from csf_kernels.expand.specs import stage_decoder_spec
+from csf_kernels.record.reference import expected_stage_words
 
 from ..codec.planes_for_tests import clustered_plane, special_rows
 

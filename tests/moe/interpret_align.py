@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from csf_kernels.moe import align_launches, max_blocks_for
-from csf_kernels.moe_specs import ALIGN_CHUNK, SCATTER_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
+from csf_kernels.moe.launch import align_launches, max_blocks_for
+from csf_kernels.moe.specs import ALIGN_CHUNK, SCATTER_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
 from csf_kernels.runtime import Launch
 from tests.interpreter import run_launch
 

@@ -13,7 +13,7 @@ import torch
 
 from csf_codec import scale_format
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.moe_specs import DECODE_TRITON
+from csf_kernels.moe.specs import DECODE_TRITON
 from csf_moe import plan, prepare_weights
 from csf_moe.layer import MoELayer
 from csf_moe.reference import moe_reference
@@ -23,7 +23,7 @@ from tests.interpreter import run_launch
 
 def geometries():
     # hidden 352: FC2's rows end in a partial 64-row block (32 rows) and every K of 352 in a narrower last
-    # K-step tile (csf_kernels.fp4_words), for both formats
+    # K-step tile (csf_kernels.moe.fp4_words), for both formats
     yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=352, intermediate=192, top_k=3)
     yield MoEGeometry(model="tiny", tp=1, fmt=scale_format("nvfp4"), experts=8, hidden=352, intermediate=192, top_k=3)
     yield MoEGeometry(

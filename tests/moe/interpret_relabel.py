@@ -1,5 +1,5 @@
 """The relabelled K order in Triton's CPU interpreter (a subprocess entry point): FC1's input copied into it
-(``moe_relabel``) and FC2's written in it by the FC1 finish, both against ``csf_kernels.relabel``'s reference.
+(``moe_relabel``) and FC2's written in it by the FC1 finish, both against ``csf_kernels.moe.relabel``'s reference.
 
 Usage: python -m tests.moe.interpret_relabel SEED -> prints "ok <cases>" or exits non-zero.
 """
@@ -12,8 +12,8 @@ import torch
 
 import tests.interpreter  # noqa: F401  (switches the interpreter on before triton is imported)
 from csf_codec import scale_format
-from csf_kernels.moe import GemmOperand, fc1_finish_launch, relabel_launch
-from csf_kernels.relabel import padded_k, relabel_reference
+from csf_kernels.moe.launch import GemmOperand, fc1_finish_launch, relabel_launch
+from csf_kernels.moe.relabel import padded_k, relabel_reference
 from tests.interpreter import run_launch
 
 

@@ -22,7 +22,8 @@ SCRIPT = textwrap.dedent(
     """
     import dataclasses, sys
     import torch
-    from csf_kernels import moe_specs, runtime
+    from csf_kernels import runtime
+    from csf_kernels.moe import specs as moe_specs
     from csf_kernels.catalog import load_catalog
     from csf_moe import bind, plan, prepare_weights
     from csf_moe.synthetic import synthetic_layer, synthetic_routing

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from csf_kernels.runtime import config as runtime_settings
 from csf_moe.synthetic import synthetic_routing
 
 from .tiny_layer import tiny_layer as _layer
@@ -14,7 +15,7 @@ from .tiny_layer import tiny_layer as _layer
 
 def _row_block_expansions(monkeypatch) -> None:
     """Every plane on the row-block expander, as on a GPU (CPU tensors would take Triton's interpreter)."""
-    import csf_kernels.expand as expand
+    import csf_kernels.expand.launch as expand
     import csf_moe.layer as layer_module
 
     for module in (expand, layer_module):
@@ -86,7 +87,7 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
     launches off, or the layer told not to chain) W2's forks onto the side stream, FC1 waits first, and both
     (as dependent launches) let FC1 in only as their CTAs finish."""
     _row_block_expansions(monkeypatch)
-    monkeypatch.setenv("CSF_PDL", pdl)
+    monkeypatch.setitem(runtime_settings._settings, "pdl", pdl != "0")
     geo, layer = _layer("mxfp4", "inline", fc1_records_tokens=0)  # one token expanding both planes
     assert layer.chain_expansions and layer.fc1_let_in == "end" and layer.early_fc1  # what serving runs
     layer.chain_expansions = chain
@@ -181,7 +182,7 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
 def test_dependent_launches_off_expand_both_planes_first(monkeypatch):
     """W2's expansion beside FC1 needs it to wait as a dependent launch: without them one token expands both."""
     _row_block_expansions(monkeypatch)
-    monkeypatch.setenv("CSF_PDL", "0")
+    monkeypatch.setitem(runtime_settings._settings, "pdl", False)
     geo, layer = _layer("mxfp4", "inline")
     x, ids, w = synthetic_routing(geo, 1, torch.Generator().manual_seed(1))
     kernels = [la.spec.kernel for la in layer.launches(x, ids, w, torch.empty_like(x))]
@@ -195,7 +196,7 @@ def test_w2s_expansion_lets_fc1_in_only_as_its_ctas_finish_where_every_experts_s
     as their CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start was spread unevenly over the
     SMs (runs 285-291)."""
     _row_block_expansions(monkeypatch)
-    monkeypatch.setenv("CSF_PDL", pdl)
+    monkeypatch.setitem(runtime_settings._settings, "pdl", pdl != "0")
     geo, layer = _layer("mxfp4", "inline")
     p = layer.plan
     t = 8

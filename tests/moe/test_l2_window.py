@@ -1,4 +1,4 @@
-"""L2 residency of the expanded scale planes (``csf_kernels.l2_residency``, ``MoELayer.l2_window``): the window's
+"""L2 residency of the expanded scale planes (``runtime.l2_residency``, ``MoELayer.l2_window``): the window's
 sizing and which calls run in it, on the CPU. The GPU suite checks that the window reaches the kernels (captured
 into a graph's kernel nodes), that each stream's own window is restored, and that outputs do not change."""
 
@@ -11,7 +11,7 @@ import torch
 
 from csf_kernels import env
 from csf_kernels.catalog import load_catalog
-from csf_kernels.l2_residency import L2Window, window_over
+from csf_kernels.runtime.l2_residency import L2Window, window_over
 from csf_moe import bind, plan
 from csf_moe.layer import MoELayer, scale_planes_span
 
@@ -95,23 +95,19 @@ def test_only_calls_expanding_into_the_layers_planes_run_in_its_window():
     assert replace(layer, l2_window=None).l2_window_for(8) is None
 
 
-@pytest.mark.parametrize(
-    "switch, argument, windowed",
-    [(None, None, False), ("0", None, False), ("1", None, True), ("1", False, False), (None, True, True)],
-)
-def test_bind_keeps_a_window_only_when_asked(monkeypatch, switch, argument, windowed):
-    """Off by default; ``CSF_L2_SCALES`` turns it on, the bind argument overrides the switch either way."""
+@pytest.mark.parametrize("argument, windowed", [(None, False), (False, False), (True, True)])
+def test_bind_keeps_a_window_only_when_asked(monkeypatch, argument, windowed):
+    """Off by default; the bind argument turns it on (the engine adapters pass ``CSF_L2_SCALES``, read at the
+    edge: the layer reads no environment)."""
     import csf_moe.layer as layer_module
 
     asked = []
     monkeypatch.setattr(layer_module.runtime, "program", lambda spec, geometry=None: None)  # no GPU here
     monkeypatch.setattr(layer_module, "scale_planes_window", lambda p, scratch: asked.append(p) or WINDOW)
-    if switch is None:
-        monkeypatch.delenv(env.L2_SCALES, raising=False)
-    else:
-        monkeypatch.setenv(env.L2_SCALES, switch)
+    monkeypatch.setenv(env.L2_SCALES, "1")  # ignored below the edge
     p, weights = _tiny_plan()
-    layer = bind(p, weights, _aligned_scratch(p), l2_resident_scales=argument)
+    kwargs = {} if argument is None else {"l2_resident_scales": argument}
+    layer = bind(p, weights, _aligned_scratch(p), **kwargs)
     assert (layer.l2_window == WINDOW) is windowed and len(asked) == int(windowed)
 
 
@@ -120,7 +116,7 @@ def test_the_stream_attribute_carries_the_window_as_persisting_hits_and_normal_m
     nodes)."""
     from cuda.bindings import driver
 
-    from csf_kernels import l2_residency
+    from csf_kernels.runtime import l2_residency
 
     value = l2_residency._attr_value(L2Window(base=0x7F00_0000_0000, num_bytes=19 * MIB, hit_ratio=0.25))
     w = value.accessPolicyWindow

@@ -1,4 +1,4 @@
-"""L2 residency of the expanded scale planes on the GPU (``csf_kernels.l2_residency``, ``bind(...,
+"""L2 residency of the expanded scale planes on the GPU (``csf_kernels.runtime.l2_residency``, ``bind(...,
 l2_resident_scales=True)``): the set-aside is raised, every kernel of an expanding call captured into a graph carries
 the window over the layer's planes (and none of a call without it), each stream's own window is restored after a
 call, and the outputs stay native's bits, eager with poisoned scratch and in graph replays."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from cuda.bindings import driver
 
-from csf_kernels import l2_residency
 from csf_kernels.catalog import load_catalog
-from csf_kernels.expand_layer import side_stream
+from csf_kernels.expand.layer import side_stream
+from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.layer import scale_planes_span
 from csf_moe.synthetic import synthetic_layer, synthetic_routing

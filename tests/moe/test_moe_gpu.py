@@ -211,7 +211,7 @@ def test_one_token_fc1_on_records_is_bit_identical_eager_and_in_graphs(model, tp
     fc1 = layers["inline"].launches(x, ids, w, torch.empty_like(x))[0]
     assert fc1.prefer_shared and fc1.spec.fact["SRC"] == 1  # the records programs' carveout (run 272)
     fc1.bind(geo.name)
-    drv = runtime._drv()
+    drv = runtime.driver.driver()
     attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
     function = drv.cu.CUfunction(runtime.program(fc1.spec, geometry=geo.name).function)
     assert drv.check(drv.cu.cuFuncGetAttribute(attr, function), "carveout") == 100

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
+from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import load_catalog
-from csf_kernels.families import catalog_specs
-from csf_kernels.moe_specs import k_step
+from csf_kernels.moe.specs import k_step
 from csf_moe import plan
 from csf_moe.plan import FC1_RECORDS_STEPS, INLINE_TOKEN_LIMIT
 
@@ -71,7 +71,7 @@ def test_calls_of_one_route_chunk_align_in_one_program():
 
 
 def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_count(monkeypatch):
-    from csf_kernels import moe_specs
+    from csf_kernels.moe import specs as moe_specs
 
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
     monkeypatch.setattr(moe_specs, "ROUTED_TOKENS", 3)  # calls of 1-3 tokens run in the 1-, 2- and 4-buckets
@@ -91,7 +91,7 @@ def test_a_plans_tiles_keep_reading_routes_as_blocks_whatever_the_module_setting
     them between plans had a bound plan's routed programs refused)."""
     import dataclasses
 
-    from csf_kernels import moe_specs
+    from csf_kernels.moe import specs as moe_specs
 
     geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "nvfp4")
     p = plan(geo, 300, scale_source="native")
@@ -104,8 +104,8 @@ def test_a_plans_tiles_keep_reading_routes_as_blocks_whatever_the_module_setting
 
 @pytest.mark.parametrize("model,tp,fmt", [("gpt-oss-120b", 1, "mxfp4"), ("kimi-k2", 16, "nvfp4")])
 def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_partials(model, tp, fmt):
-    from csf_kernels import moe_specs
-    from csf_kernels.relabel import k_step
+    from csf_kernels.moe import specs as moe_specs
+    from csf_kernels.moe.relabel import k_step
 
     geo = load_catalog().moe_geometry(model, tp, fmt)
     p = plan(geo, 64, scale_source="native")
@@ -139,7 +139,7 @@ def test_one_token_calls_read_their_routes_as_blocks_and_align_only_to_expand():
     expanding = plan(geo, 64, scale_source="inline")
     assert expanding.buckets[0].expand and routed(expanding) == {0, 1} and route_aligned(expanding) == {0, 1}
     assert routed(plan(geo, 64, scale_source="native", buckets=(2, 64))) == {0, 1}  # T = 1 runs in the 2-bucket
-    from csf_kernels.moe_specs import DECODE, gemm_spec
+    from csf_kernels.moe.specs import DECODE, gemm_spec
 
     with pytest.raises(ValueError, match="does not read routes as blocks"):
         gemm_spec(geo.fmt, "native", fc1=True, activation="silu", bias=False, config=DECODE, routed=True)

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from csf_kernels import runtime
     from csf_kernels.catalog import load_catalog
-    from csf_kernels.moe_specs import DECODE, DECODE_WIDE, DECODE_WIDEST
+    from csf_kernels.moe.specs import DECODE, DECODE_WIDE, DECODE_WIDEST
     from csf_moe import bind, plan, prepare_weights
     from csf_moe.synthetic import synthetic_layer, synthetic_routing
 

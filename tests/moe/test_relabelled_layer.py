@@ -9,8 +9,8 @@ import torch
 
 from csf_codec import scale_format
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.moe_specs import DECODE_WIDE
-from csf_kernels.relabel import padded_k
+from csf_kernels.moe.relabel import padded_k
+from csf_kernels.moe.specs import DECODE_WIDE
 from csf_moe import plan, prepare_weights
 from csf_moe.layer import MoELayer
 from csf_moe.synthetic import synthetic_layer, synthetic_routing

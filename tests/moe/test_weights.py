@@ -7,7 +7,7 @@ import torch
 
 from csf_codec import decode_inline, encode_compact, scale_format
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.fp4_words import gemm_words
+from csf_kernels.moe.fp4_words import gemm_words
 from csf_moe import plan, prepare_weights
 from csf_moe.reference import interleave_gate_up
 from csf_moe.synthetic import synthetic_layer
@@ -126,11 +126,11 @@ def test_preparation_marks_the_row_tiles_whose_e8m0_scales_are_wide(source):
 
 
 def test_an_expert_past_the_gemms_32_bit_word_offsets_is_refused():
-    # the GEMMs address an expert's FP4 words (csf_kernels.fp4_words' tiles) with 32-bit offsets: 8 GiB and up
+    # the GEMMs address an expert's FP4 words (csf_kernels.moe.fp4_words' tiles) with 32-bit offsets: 8 GiB and up
     # is refused before anything is launched (meta tensors: nothing is allocated)
     from csf_codec import MXFP4
-    from csf_kernels.moe import GemmOperand, gemm_launch
-    from csf_kernels.moe_specs import DECODE_NARROW
+    from csf_kernels.moe.launch import GemmOperand, gemm_launch
+    from csf_kernels.moe.specs import DECODE_NARROW
 
     values = torch.empty(1, 1 << 17, 1 << 16, dtype=torch.uint8, device="meta")
     x = torch.empty(1, 1 << 17, dtype=torch.bfloat16, device="meta")

@@ -18,7 +18,7 @@ _SRC = Path(__file__).resolve().parents[1] / "src"
 if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from csf_kernels.cute.export import build_stage_decoder  # noqa: E402
+from csf_kernels.aot.cute_export import build_stage_decoder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The FP8 KV cache of sparse MLA: quantize and pack new tokens into records, read them back.
 
-A record (``csf_kernels.mla_layout``) holds a token's 512 latent values as E4M3 in four groups of 128,
+A record (``csf_kernels.mla.layout``) holds a token's 512 latent values as E4M3 in four groups of 128,
 each group scaled by a power of two (``2**ceil(log2(max(absmax, 1e-4) / 448))``, so the group's largest
 value lands at or below 448, E4M3's largest), then the four float32 scales and the 64 rope values in
 bf16. The exponent comes from the absmax's bits (no logarithm), exactly as the decode kernel quantizes a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from csf_kernels.mla_layout import GROUP, GROUPS, HEAD_DIM, LATENT, RECORD_BYTES, ROPE, ROPE_OFFSET, SCALE_OFFSET
+from csf_kernels.mla.layout import GROUP, GROUPS, HEAD_DIM, LATENT, RECORD_BYTES, ROPE, ROPE_OFFSET, SCALE_OFFSET
 
 __all__ = ["E4M3_MAX", "dequantize_records", "group_scales", "pack_query", "quantize_records", "read_kv", "write_kv"]
 

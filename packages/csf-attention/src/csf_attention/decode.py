@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.mla import check_decode_inputs, decode_launch, merge_launch
-from csf_kernels.mla_layout import VALUE_DIM
-from csf_kernels.moe import placeholder
+from csf_kernels.mla.launch import check_decode_inputs, decode_launch, merge_launch
+from csf_kernels.mla.layout import VALUE_DIM
 from csf_kernels.runtime import Launch
+from csf_kernels.runtime.launch import placeholder
 
 from .plan import MLAPlan
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from csf_kernels.mla_layout import CHUNK, PAGE_SIZE, VALUE_DIM
-from csf_kernels.mla_specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
-from csf_kernels.programs import ProgramSpec
+from csf_kernels.mla.layout import CHUNK, PAGE_SIZE, VALUE_DIM
+from csf_kernels.mla.specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
+from csf_kernels.runtime.programs import ProgramSpec
 
 __all__ = ["H200_SMS", "MODES", "SHARED_SM_MIN_CHUNKS", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from csf_kernels.mla_layout import LATENT, RECORD_BYTES
+from csf_kernels.mla.layout import LATENT, RECORD_BYTES
 
 from .cache import dequantize_records
 

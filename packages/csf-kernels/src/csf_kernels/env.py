@@ -1,4 +1,6 @@
-"""The one reader of csf's environment switches. Read when asked, never at import.
+"""The one reader of csf's environment switches, for the edges only: the engine adapters, the CLIs, benchmarks and
+tests read them here and pass them down as configuration (the library below never reads the environment).
+Read when asked, never at import.
 
 | variable | meaning |
 |---|---|
@@ -7,7 +9,7 @@
 | ``CSF_SPARSE_MLA`` | truthy: the engines' sparse-MLA FP8 decode runs on csf (``csf_serving_adapters.sparse_mla``) |
 | ``CSF_EXPANSION_PREFETCH`` | truthy: expand the next MoE layer's scales on a side stream (off by default) |
 | ``CSF_PDL`` | falsy: programs built for programmatic dependent launch launch plainly (A/B timing, debugging) |
-| ``CSF_L2_SCALES`` | truthy: MoE layers keep the scale planes they expand in L2 (``csf_kernels.l2_residency``) |
+| ``CSF_L2_SCALES`` | truthy: MoE layers keep the scale planes they expand in L2 (``runtime.l2_residency``) |
 
 Truthy means one of ``1, true, yes, on`` (any case); falsy ``0, false, no, off`` or empty; anything
 else is an error, so a typo never silently flips a switch.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["AOT_CACHE", "FROZEN", "L2_SCALES", "PDL", "flag", "path"]
+__all__ = ["AOT_CACHE", "FROZEN", "L2_SCALES", "PDL", "configure_runtime", "flag", "path"]
 
 FROZEN = "CSF_FROZEN"
 AOT_CACHE = "CSF_AOT_CACHE"
@@ -45,8 +47,13 @@ def path(name: str, default: Path) -> Path:
     return Path(raw).expanduser() if raw else default
 
 
-def aot_cache_root() -> Path:
-    # src layout: packages/csf-kernels/src/csf_kernels/env.py -> repository root is four levels up
-    repo = Path(__file__).resolve().parents[4]
-    default = repo / "aot_cache" if (repo / "noxfile.py").exists() else Path.cwd() / "aot_cache"
-    return path(AOT_CACHE, default)
+def configure_runtime() -> None:
+    """Apply ``CSF_FROZEN``, ``CSF_AOT_CACHE`` and ``CSF_PDL`` to the runtime's settings (set only where given)."""
+    from csf_kernels.runtime import config
+
+    if flag(FROZEN):
+        config.freeze()
+    if os.environ.get(AOT_CACHE):
+        config.set_cache_root(path(AOT_CACHE, config.cache_root()))
+    if os.environ.get(PDL) is not None:
+        config.set_pdl(flag(PDL, default=True))

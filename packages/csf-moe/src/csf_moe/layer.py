@@ -18,7 +18,7 @@ on, chained on the current stream: W13's, then W2's waiting for W13's only befor
 side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they start sit on the
 SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies its first weight
 steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's on the current
-stream beside W2's on the device's side stream (``csf_kernels.expand_layer``), forked after the align launches and
+stream beside W2's on the device's side stream (``csf_kernels.expand.layer``), forked after the align launches and
 joined before FC1. Under CUDA-graph capture the fork's and the join's edges into a dependent launch are
 dependent-launch edges too (the side stream's expansion started before the align program ended, run 291), so each
 row-block expansion FC1 follows or joins lets it in only as its CTAs finish, as W2's does when chained: FC1's
@@ -39,7 +39,7 @@ A bucket that expands may instead read planes expanded ahead of the call (``scal
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
 
 Bound with ``l2_resident_scales`` (``CSF_L2_SCALES``), a call that expands into the layer's planes runs with an L2
-access policy window over them (:mod:`csf_kernels.l2_residency`): the expansion's writes and the GEMMs' reads of the
+access policy window over them (``runtime.l2_residency``): the expansion's writes and the GEMMs' reads of the
 planes (all of them where the planes fit L2's set-aside, a fraction otherwise) persist in L2 instead of going to DRAM
 (opt in; not yet measured).
 
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from csf_kernels import env, l2_residency, runtime
-from csf_kernels.expand import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
-from csf_kernels.expand_layer import ForkJoin, side_stream
-from csf_kernels.families import ROW_BLOCK_MAX_WHOLE_COLS
-from csf_kernels.moe import (
+from csf_kernels import runtime
+from csf_kernels.expand.launch import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
+from csf_kernels.expand.layer import ForkJoin, side_stream
+from csf_kernels.expand.specs import ROW_BLOCK_MAX_WHOLE_COLS
+from csf_kernels.moe.launch import (
     Fc1Partials,
     align_launches,
     combine_launch,
@@ -67,10 +67,11 @@ from csf_kernels.moe import (
     gemm_launch,
     relabel_launch,
 )
-from csf_kernels.moe_specs import copies_weights_early, relabel_step
-from csf_kernels.programs import ALIGNMENT
-from csf_kernels.relabel import padded_k
-from csf_kernels.runtime import Launch, aligned
+from csf_kernels.moe.relabel import padded_k
+from csf_kernels.moe.specs import copies_weights_early, relabel_step
+from csf_kernels.runtime import Launch, aligned, l2_residency
+from csf_kernels.runtime import config as runtime_config
+from csf_kernels.runtime.programs import ALIGNMENT
 
 from .plan import MoEPlan
 from .weights import MoEWeights
@@ -96,7 +97,7 @@ class MoELayer:
     # tiles are staged); False: it waits first (A/B timing)
     early_fc1: bool = True
     # behind chained expansions, W2's lets FC1 in as its CTAs finish their work ("end") or as they start ("start":
-    # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.LETS_NEXT_IN)
+    # FC1's CTAs then sit on the SMs beside the expansions'; A/B timing; csf_kernels.expand.launch.LETS_NEXT_IN)
     fc1_let_in: str = "end"
     # the access policy window over the scratch's expanded scale planes, set for the calls that expand into them
     # (``l2_residency``; None: off, the default)
@@ -372,7 +373,7 @@ class MoELayer:
         """Whether the expansions of these (inline, plane) pairs are dependent launches of the row-block expander,
         the only ones that can wait for their predecessor only before they exit, or let the next kernel in only
         as their CTAs finish."""
-        if not env.flag(env.PDL, default=True):
+        if not runtime_config.pdl_enabled():
             return False
         return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
 
@@ -385,13 +386,13 @@ def bind(
     chain_expansions: bool = True,
     early_fc1: bool = True,
     fc1_let_in: str = "end",
-    l2_resident_scales: bool | None = None,
+    l2_resident_scales: bool = False,
 ) -> MoELayer:
     """Bind ``weights`` prepared for ``plan`` to caller-owned ``scratch`` (uint8, >= plan.scratch_bytes,
     on the weights' device; shareable by layers that run one after another). ``chain_expansions``,
     ``early_fc1``, ``fc1_let_in``: see :class:`MoELayer` (the defaults are what serving runs).
     ``l2_resident_scales``: the calls that expand scales keep the expanded planes in L2's persisting set-aside
-    (:func:`scale_planes_window`; None: ``CSF_L2_SCALES``, off by default)."""
+    (:func:`scale_planes_window`; off by default: the engine adapters pass ``CSF_L2_SCALES``)."""
     if fc1_let_in not in LETS_NEXT_IN:
         raise ValueError(f"fc1_let_in must be one of {LETS_NEXT_IN}, got {fc1_let_in!r}")
     if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
@@ -410,8 +411,6 @@ def bind(
             raise ValueError(f"{name}: the plan reads native scales; prepare the weights for this plan")
     runtime_programs = [runtime.program(s, geometry=plan.geometry.name) for s in plan.specs()]
     del runtime_programs  # resolved now, so a missing program fails at bind, not mid-forward
-    if l2_resident_scales is None:
-        l2_resident_scales = env.flag(env.L2_SCALES)
     window = scale_planes_window(plan, scratch) if l2_resident_scales else None
     if l2_resident_scales and window is None and scale_planes_span(plan) is not None:
         warnings.warn(

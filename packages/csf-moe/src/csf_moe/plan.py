@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from csf_kernels import moe_specs
 from csf_kernels.catalog import MoEGeometry, load_catalog
-from csf_kernels.moe import max_blocks_for
-from csf_kernels.moe_specs import (
+from csf_kernels.moe import specs as moe_specs
+from csf_kernels.moe.launch import max_blocks_for
+from csf_kernels.moe.relabel import k_step, padded_k
+from csf_kernels.moe.specs import (
     PREFILL,
     GemmConfig,
     align_forms,
@@ -34,8 +35,7 @@ from csf_kernels.moe_specs import (
     routes_as_blocks,
     split_count,
 )
-from csf_kernels.programs import ProgramSpec
-from csf_kernels.relabel import k_step, padded_k
+from csf_kernels.runtime.programs import ProgramSpec
 
 __all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
 
@@ -47,7 +47,7 @@ SCALE_SOURCES = ("native", "expanded", "inline")
 # DS4.1-TP4 T=2048 2725 vs 2039, Qwen3-Next T=1638 1413 vs 1036).
 # Since run 175 the decode buckets above 8 routes per expert run wgmma blocks (16, 32, 64 routes) reading
 # relabelled activations, which beat the prefill tiles at every count measured, up to 1024 routes per expert
-# (Qwen3-30B T = 16384: 5311 vs 5707 us; the figures: csf_kernels.moe_specs.DECODE). Above that the prefill
+# (Qwen3-30B T = 16384: 5311 vs 5707 us; the figures: csf_kernels.moe.specs.DECODE). Above that the prefill
 # tiles run (not measured there).
 DECODE_ROUTES_PER_EXPERT = 1024
 # tokens above which an inline plan expands its routed experts' scales once per call and runs the
@@ -64,7 +64,7 @@ INLINE_TOKEN_LIMIT = 0
 # 28.0-28.4 / 24.2-24.5 vs 28.8-29.1 / 24.8-25.1, Qwen3-30B 21.6-21.7 / 18.1-18.4 vs 24.2-24.8 / 20.6-20.7
 # (native 24.8 / 21.0, 19.8-20.3 / 16.4); gpt-oss lost (42.0-42.4 / 35.0-35.5 vs 39.8-40.6 / 34.6-34.7) until its
 # FC1 ran in one wave (run 272: the records programs launched with the largest shared-memory carveout,
-# csf_kernels.moe.gemm_launch; probe call 38.7 us vs 41.6). Run 277: faster at one token on all eight catalog
+# csf_kernels.moe.launch.gemm_launch; probe call 38.7 us vs 41.6). Run 277: faster at one token on all eight catalog
 # geometries measured (single 0.7-8.0 us, chained 0-5 us, or equal).
 FC1_RECORDS_TOKENS = 1
 # ... and in the routed buckets past it whose FC1 programs each run at most this many K steps: the records'
@@ -303,7 +303,7 @@ def plan(
     ``FC1_RECORDS_STEPS`` (0: by tokens only); ``expand_all_routes_per_expert``: see
     ``EXPAND_ALL_ROUTES_PER_EXPERT``. ``buckets``
     defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode
-    buckets' tiles (default: by routes per expert, see ``csf_kernels.moe_specs.decode_config_for``)."""
+    buckets' tiles (default: by routes per expert, see ``csf_kernels.moe.specs.decode_config_for``)."""
     top_k = geometry.top_k if top_k is None else int(top_k)
     if quant_mode is not None and quant_mode != geometry.fmt.name:
         raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")

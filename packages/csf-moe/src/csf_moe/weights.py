@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from csf_codec import CompactScales, InlineScales, decode_compact, encode_inline
-from csf_kernels.fp4_words import gemm_words
-from csf_kernels.moe import GemmOperand, wide_row_tiles
+from csf_kernels.moe.fp4_words import gemm_words
+from csf_kernels.moe.launch import GemmOperand, wide_row_tiles
 
 from .plan import MoEPlan
 
@@ -130,7 +130,7 @@ def prepare_weights(
     NVFP4 needs per-expert global scales; biases (gpt-oss) are [E, 2N] and [E, H].
 
     The GEMMs read the values with each word's bits permuted and the words in panel order
-    (``csf_kernels.fp4_words``): by default into new tensors; ``values_in_place`` hands ``w13`` / ``w2``
+    (``csf_kernels.moe.fp4_words``): by default into new tensors; ``values_in_place`` hands ``w13`` / ``w2``
     over (a serving engine's own parameters, replaced by the results) and rearranges them where they are,
     so loading needs no second copy of the weights.
     """
@@ -154,7 +154,7 @@ def prepare_weights(
     b2 = _bias(w2_bias, (e, h), "w2_bias", device)
     g13 = _global(w13_global_scale, e, "w13_global_scale", device) if nv else None
     g2 = _global(w2_global_scale, e, "w2_global_scale", device) if nv else None
-    # the GEMMs read FP4 words with their bits permuted for the conversion (csf_kernels.fp4_words): in
+    # the GEMMs read FP4 words with their bits permuted for the conversion (csf_kernels.moe.fp4_words): in
     # place on copies made above (or on handed-over tensors), else into new tensors allocated here
     into13 = v13 if values_in_place or v13.data_ptr() != w13.data_ptr() else torch.empty_like(v13)
     into2 = v2 if values_in_place or v2.data_ptr() != w2.data_ptr() else torch.empty_like(v2)

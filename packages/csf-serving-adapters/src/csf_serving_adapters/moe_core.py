@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from csf_codec import ScaleFormat
-from csf_kernels import runtime
+from csf_kernels import env, runtime
 from csf_kernels.catalog import MoEGeometry, load_catalog
 
 from .accounting import LEDGER, LayerScaleMemory
@@ -201,7 +201,9 @@ class CsfMoECore:
                 f"its weights are on {device}"
             )
         p, w = self.prepare(layer)
-        setattr(layer, BOUND_ATTR, bind(p, w, SCRATCH.get(device, p.scratch_bytes)))  # resolves every program
+        scratch = SCRATCH.get(device, p.scratch_bytes)
+        bound = bind(p, w, scratch, l2_resident_scales=env.flag(env.L2_SCALES))  # resolves every program
+        setattr(layer, BOUND_ATTR, bound)
         MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
         self.prefetch = prefetch_enabled()  # read here, not on every forward call
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation

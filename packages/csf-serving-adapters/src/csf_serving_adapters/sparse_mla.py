@@ -17,7 +17,7 @@ import threading
 import torch
 
 from csf_kernels import env
-from csf_kernels.mla_layout import VALUE_DIM
+from csf_kernels.mla.layout import VALUE_DIM
 
 __all__ = ["ENV_SWITCH", "SparseMLAService", "enabled", "service"]
 

@@ -17,28 +17,17 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .. import env
-from ..catalog import CATALOG_PATH, load_catalog
-from ..families import catalog_specs
-from ..manifest import Manifest, ProgramEntry, sha256_bytes
-from ..programs import ProgramSpec
-from ..toolchain import TARGET, TOOLCHAIN, cache_key, installed_toolchain, sources_hash
+from csf_kernels import env
+from csf_kernels.aot.compile import compile_program
+from csf_kernels.aot.registry import catalog_specs
+from csf_kernels.catalog import CATALOG_PATH, load_catalog
+from csf_kernels.runtime import config
+from csf_kernels.runtime.manifest import Manifest, ProgramEntry, sha256_bytes
+from csf_kernels.runtime.toolchain import TARGET, TOOLCHAIN, cache_key, installed_toolchain, sources_hash
 
 __all__ = ["build_cache", "main"]
 
 _EXTENSION = {"triton_cubin": ".cubin", "cute_so": ".so"}
-
-
-def _compile(spec: ProgramSpec):
-    from ..families import FAMILIES
-
-    if spec.kernel in FAMILIES:
-        from .compile_triton import compile_triton
-
-        return compile_triton(spec)
-    from .compile_cute import compile_cute
-
-    return compile_cute(spec)
 
 
 def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int = 1, progress: bool = True) -> Path:
@@ -60,7 +49,7 @@ def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int 
     try:
         ordered = sorted(specs.items())
         with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
-            results = pool.map(_compile, [spec for _, (spec, _) in ordered])
+            results = pool.map(compile_program, [spec for _, (spec, _) in ordered])
             bar = tqdm(
                 zip(ordered, results, strict=True),
                 total=len(ordered),
@@ -135,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
-    build_cache(a.out or env.aot_cache_root(), catalog_path=a.catalog, jobs=a.jobs, progress=not a.no_progress)
+    env.configure_runtime()
+    build_cache(a.out or config.cache_root(), catalog_path=a.catalog, jobs=a.jobs, progress=not a.no_progress)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,15 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..families import CUTE_ROW_BLOCK_EXPANDER, CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
-from ..manifest import Artifact
-from ..programs import ProgramSpec
+from csf_kernels.expand.specs import CUTE_ROW_BLOCK_EXPANDER, CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
+from csf_kernels.runtime.manifest import Artifact
+from csf_kernels.runtime.programs import ProgramSpec
 
 __all__ = ["compile_cute"]
 
 
 def compile_cute(spec: ProgramSpec) -> Artifact:
-    from ..cute.export import (
+    from csf_kernels.aot.cute_export import (
         build_cute_program,
         row_block_expander_program,
         row_expander_program,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..families import FAMILIES
-from ..manifest import Artifact
-from ..programs import ProgramSpec, assumed_multiples
+from csf_kernels.runtime.manifest import Artifact
+from csf_kernels.runtime.programs import ProgramSpec, assumed_multiples, triton_family
 
 __all__ = ["compile_triton"]
 
@@ -14,10 +13,10 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if FAMILIES[spec.kernel].gluon:
+    family = triton_family(spec.kernel)
+    if family.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
-    family = FAMILIES[spec.kernel]
     fn, signature, module = family.source()
     facts = spec.fact
     constexprs = {k: facts[k] for k, t in signature.items() if t == "constexpr"}
@@ -28,7 +27,7 @@ def compile_triton(spec: ProgramSpec) -> Artifact:
     options = {"num_warps": facts["num_warps"], "num_stages": facts.get("num_stages", 1)}
     if "maxnreg" in facts:
         options["maxnreg"] = facts["maxnreg"]
-    if facts.get("PDL"):  # the program waits for its predecessor (kernels/pdl.py): launch it as a dependent
+    if facts.get("PDL"):  # the program waits for its predecessor (runtime/pdl.py): launch it as a dependent
         options["launch_pdl"] = True
     # no line info: it names the source files by absolute path, so the bytes would depend on where the checkout
     # lies and a shared Triton cache could hand one checkout's cubin to another's build (the knob is part of

@@ -26,11 +26,14 @@ def register() -> None:
     from sglang.srt.arg_groups.choices import QUANTIZATION_CHOICES, add_quantization_method_choices
     from sglang.srt.layers.quantization import QUANTIZATION_METHODS
 
+    from csf_kernels import env
+
     from ..sparse_mla import enabled
     from . import weight_iterators
     from .config import CsfConfig
 
     with _lock:
+        env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read once, here at the edge
         if next(iter(QUANTIZATION_METHODS), None) != NAME or QUANTIZATION_METHODS[NAME] is not CsfConfig:
             # reorder in place: other modules hold this same dict object
             rest = {k: v for k, v in QUANTIZATION_METHODS.items() if k != NAME}

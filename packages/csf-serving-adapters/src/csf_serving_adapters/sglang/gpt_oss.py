@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import sys
 
+from ..config_core import CsfConfigCore
+
 __all__ = ["MXFP4_NAME", "patch_gpt_oss_loading"]
 
 MXFP4_NAME = "mxfp4"
@@ -33,9 +35,7 @@ class _NamedMxfp4:
 
 
 def _loads_as_mxfp4(config) -> bool:
-    from .config import CsfConfig  # (config -> moe_method -> here: imported when first needed)
-
-    return isinstance(config, CsfConfig) and config.scale_format == MXFP4_NAME
+    return isinstance(config, CsfConfigCore) and config.scale_format == MXFP4_NAME
 
 
 def patch_gpt_oss_loading() -> bool:

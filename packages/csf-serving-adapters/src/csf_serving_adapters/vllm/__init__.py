@@ -20,11 +20,14 @@ def register() -> None:
     ``CSF_SPARSE_MLA=1`` csf's sparse MLA decode as the ``FLASHMLA_SPARSE`` backend (idempotent)."""
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
 
+    from csf_kernels import env
+
     from ..sparse_mla import enabled
     from . import weight_iterators
     from .config import CsfConfig
 
     with _lock:
+        env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read once, here at the edge
         # registering twice is harmless in vLLM but logs an "overwritten" message; skip when already ours
         if NAME not in QUANTIZATION_METHODS or not _is_registered(CsfConfig):
             register_quantization_config(NAME)(CsfConfig)

@@ -1,0 +1,67 @@
+"""Every program the geometry catalog needs, across operations: what ``nox -s aot_build`` compiles."""
+
+from __future__ import annotations
+
+from math import prod
+
+from csf_codec import scale_format as catalog_format
+from csf_codec.inline import record_bytes_choices
+from csf_codec.tile_layout import TILE_COLS
+from csf_kernels.catalog import Catalog, MoEGeometry
+from csf_kernels.expand.specs import (
+    ROW_EXPANDER_GROUP_TILES,
+    ROW_EXPANDER_STORES,
+    compact_spec,
+    format_expansion_specs,
+    inline_expansion_specs,
+    row_block_covers,
+    row_block_expander_spec,
+    row_expander_spec,
+    row_image_layout,
+    stage_decoder_spec,
+)
+from csf_kernels.mla.specs import sparse_mla_specs
+from csf_kernels.moe.specs import moe_geometry_specs
+from csf_kernels.runtime.programs import ProgramSpec
+
+__all__ = ["catalog_specs", "geometry_specs"]
+
+
+def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
+    """The programs one geometry needs (``cute``: with its CuTe DSL ones)."""
+    specs: list[ProgramSpec] = [compact_spec(w) for w in (1, 2, 4)]
+    for shape, _group in geo.scale_planes().values():
+        specs += inline_expansion_specs(geo.fmt, shape[-1])
+        layout = row_image_layout(shape[-1], prod(shape))
+        if cute and layout is not None:
+            specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
+        if cute and row_block_covers(shape[-1], prod(shape)):
+            specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
+    return specs + moe_geometry_specs(geo)
+
+
+def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[ProgramSpec, list[str]]]:
+    """key -> (spec, the geometries that need it), deduplicated across the catalog.
+
+    Each format in the catalog also gets every expansion program (a few dozen small cubins), so any
+    plane of that format expands, not only the catalog's shapes."""
+    out: dict[str, tuple[ProgramSpec, list[str]]] = {}
+    for geo in catalog.moe:
+        for spec in geometry_specs(geo, cute=cute):
+            out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+    for fmt in sorted({g.fmt.name for g in catalog.moe}):
+        for spec in format_expansion_specs(catalog_format(fmt)):
+            out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+    for spec in sparse_mla_specs(catalog.sparse_mla):
+        out.setdefault(spec.key, (spec, []))[1].append("sparse_mla")
+    if cute:
+        for geo in catalog.moe:
+            for s in record_bytes_choices(geo.fmt, TILE_COLS):
+                spec = stage_decoder_spec(geo.fmt, s)
+                out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+        for fmt in sorted({g.fmt.name for g in catalog.moe}):
+            for gt in ROW_EXPANDER_GROUP_TILES:
+                for store in ROW_EXPANDER_STORES:
+                    spec = row_expander_spec(catalog_format(fmt), gt, store)
+                    out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+    return out

@@ -1,0 +1,193 @@
+"""Triton: group a batch's (token, slot) routes by expert into blocks of ``BM`` routes.
+
+Two launches, both sized by the plan (graph-safe; nothing depends on a host-side count), or one where
+every route fits one chunk (``SCATTER``: the plan program scatters them itself after a CTA barrier, which
+orders its cursor and sentinel stores before the atomics; a launch fewer at decode batch sizes):
+
+* ``moe_align_plan`` (one program): counts the routes of each expert, lays the experts' blocks out
+  back to back (each expert's count rounded up to ``BM``), writes each block's expert, a cursor per
+  expert (its first route slot), the list of active experts (-1 padded, for routed-experts-only scale
+  expansion), the number of blocks, and fills every used route slot with the sentinel ``pairs``.
+* ``moe_align_scatter``: each route takes the next slot of its expert with an atomic add.
+
+A call of one token aligns in ``moe_align_routes`` instead (one warp, no atomics, no pass over the experts'
+bins): its routes go to distinct experts (a router's top-k), so each route is a block of its own, which is
+what the two programs above would produce, in another order (a block's position changes nothing in a GEMM's
+output). Should two routes of the token name one expert, each still gets its block: exact either way.
+
+Route ids outside [0, E) (vLLM's CUDA-graph padding) join no block: they are computed by nobody and
+the combine step skips them. Within a block the order of routes is whatever the atomics produced; a
+GEMM's output row for a route does not depend on its position in the block, so results are exact
+regardless.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from csf_kernels.runtime.pdl import await_predecessor
+
+SIGNATURE_PLAN = {
+    "topk_ids": "*i32",  # or *i64: IDS64
+    "cursor": "*i32",  # [EP]
+    "block_expert": "*i32",  # [max_blocks]
+    "active_experts": "*i32",  # [max_active]
+    "meta": "*i32",  # [0]: blocks used
+    "sorted_ids": "*i32",  # [max_blocks * BM]
+    "pairs": "i32",
+    "num_experts": "i32",
+    "max_active": "i32",
+    "IDS64": "constexpr",
+    "EP": "constexpr",  # power of two > num_experts: bin EP - 1 collects invalid ids
+    "BM": "constexpr",
+    "CH": "constexpr",
+    "SCATTER": "constexpr",  # 1: pairs <= CH, the routes scattered here too (no moe_align_scatter launch)
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
+}
+
+SIGNATURE_ROUTES = {
+    "topk_ids": "*i32",  # or *i64: IDS64
+    "block_expert": "*i32",  # [>= pairs]
+    "active_experts": "*i32",  # [max_active]
+    "meta": "*i32",  # [0]: blocks used
+    "sorted_ids": "*i32",  # [>= pairs * BM]
+    "pairs": "i32",
+    "num_experts": "i32",
+    "max_active": "i32",
+    "IDS64": "constexpr",
+    "P": "constexpr",  # a power of two >= pairs
+    "BM": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
+}
+
+SIGNATURE_SCATTER = {
+    "topk_ids": "*i32",
+    "cursor": "*i32",
+    "sorted_ids": "*i32",
+    "pairs": "i32",
+    "num_experts": "i32",
+    "IDS64": "constexpr",
+    "CH": "constexpr",
+    "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
+}
+
+
+@triton.jit
+def _route_experts(topk_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
+    """(expert as int32, valid) of routes ``offs``; ids are range-checked before any narrowing."""
+    m = offs < pairs
+    if IDS64:
+        e64 = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + offs, mask=m, other=-1)
+        valid = m & (e64 >= 0) & (e64 < num_experts)
+        e = tl.where(valid, e64, 0).to(tl.int32)
+    else:
+        e = tl.load(topk_ids + offs, mask=m, other=-1)
+        valid = m & (e >= 0) & (e < num_experts)
+        e = tl.where(valid, e, 0)
+    return e, valid
+
+
+@triton.jit
+def _pad_active(active_experts, n_active, max_active, W: tl.constexpr):
+    """-1 in the active list's entries from ``n_active`` on, ``W`` at a time."""
+    for start in range(n_active, max_active, W):
+        offs = start + tl.arange(0, W)
+        tl.store(active_experts + offs, tl.full([W], -1, tl.int32), mask=offs < max_active)
+
+
+@triton.jit
+def moe_align_plan(
+    topk_ids,
+    cursor,
+    block_expert,
+    active_experts,
+    meta,
+    sorted_ids,
+    pairs,
+    num_experts,
+    max_active,
+    IDS64: tl.constexpr,
+    EP: tl.constexpr,
+    BM: tl.constexpr,
+    CH: tl.constexpr,
+    SCATTER: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    await_predecessor(PDL)
+    counts = tl.zeros([EP], dtype=tl.int32)
+    for start in range(0, pairs, CH):
+        offs = start + tl.arange(0, CH)
+        e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
+        counts += tl.histogram(tl.where(valid, e, EP - 1), EP)
+    ex = tl.arange(0, EP)
+    counts = tl.where(ex < num_experts, counts, 0)
+    nblk = (counts + BM - 1) // BM
+    blk_end = tl.cumsum(nblk, 0)
+    blk_start = blk_end - nblk
+    total = tl.sum(nblk, 0)
+    tl.store(cursor + ex, blk_start * BM)
+    most = tl.max(nblk, 0)
+    for j in range(0, most):
+        tl.store(block_expert + blk_start + j, ex, mask=j < nblk)
+    active = counts > 0
+    slot = tl.cumsum(active.to(tl.int32), 0) - 1
+    tl.store(active_experts + slot, ex, mask=active & (slot < max_active))
+    _pad_active(active_experts, tl.sum(active.to(tl.int32), 0), max_active, CH)
+    for start in range(0, total * BM, CH):
+        offs = start + tl.arange(0, CH)
+        tl.store(sorted_ids + offs, tl.full([CH], 0, tl.int32) + pairs, mask=offs < total * BM)
+    tl.store(meta, total)
+    if SCATTER:  # every route in one chunk (the host checks pairs <= CH)
+        tl.debug_barrier()  # the cursors and sentinels above are stored before any route takes a slot
+        _scatter(topk_ids, cursor, sorted_ids, tl.arange(0, CH), pairs, num_experts, IDS64)
+
+
+@triton.jit
+def _scatter(topk_ids, cursor, sorted_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
+    """Routes ``offs`` take the next slot of their expert (an atomic add on its cursor)."""
+    e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
+    pos = tl.atomic_add(cursor + e, tl.full(offs.shape, 1, tl.int32), mask=valid)
+    tl.store(sorted_ids + pos, offs, mask=valid)
+
+
+@triton.jit
+def moe_align_scatter(
+    topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr
+):
+    await_predecessor(PDL)
+    _scatter(topk_ids, cursor, sorted_ids, tl.program_id(0) * CH + tl.arange(0, CH), pairs, num_experts, IDS64)
+
+
+@triton.jit
+def moe_align_routes(
+    topk_ids,
+    block_expert,
+    active_experts,
+    meta,
+    sorted_ids,
+    pairs,
+    num_experts,
+    max_active,
+    IDS64: tl.constexpr,
+    P: tl.constexpr,
+    BM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One token's routes as blocks of one route each (valid routes in order), the distinct experts they
+    name as the active list (first occurrences, -1 padded), and the block count."""
+    await_predecessor(PDL)
+    r = tl.arange(0, P)
+    e, valid = _route_experts(topk_ids, r, pairs, num_experts, IDS64)
+    block = tl.cumsum(valid.to(tl.int32), 0) - 1
+    tl.store(block_expert + block, e, mask=valid)
+    slot = tl.arange(0, BM)[None, :]
+    tl.store(sorted_ids + block[:, None] * BM + slot, tl.where(slot == 0, r[:, None], pairs), mask=valid[:, None])
+    # a route's expert is new unless an earlier valid route names it
+    seen = (r[None, :] < r[:, None]) & valid[None, :] & (e[None, :] == e[:, None])
+    first = valid & (tl.max(seen.to(tl.int32), 1) == 0)
+    rank = tl.cumsum(first.to(tl.int32), 0) - 1
+    n_active = tl.sum(first.to(tl.int32), 0)
+    tl.store(active_experts + rank, e, mask=first & (rank < max_active))
+    _pad_active(active_experts, n_active, max_active, P)
+    tl.store(meta, tl.sum(valid.to(tl.int32), 0))

@@ -1,0 +1,554 @@
+"""The fused-MoE program family: its kernels, tile configurations and the specs a geometry needs.
+
+Shapes (K, N, experts, record sizes) are runtime arguments, so one program serves every geometry of a
+format, activation and tile configuration; the catalog only decides which of those combinations exist.
+Nothing here imports triton.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from csf_codec import ScaleFormat
+from csf_codec.inline import DELTA_BITS
+from csf_kernels.catalog import MoEGeometry
+from csf_kernels.moe.relabel import k_step
+from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
+
+__all__ = [
+    "DECODE",
+    "DECODE_MMA_SYNC",
+    "DECODE_NARROW",
+    "DECODE_TRITON",
+    "DECODE_WIDE",
+    "DECODE_WIDEST",
+    "MOE_ALIGN_PLAN",
+    "MOE_ALIGN_ROUTES",
+    "MOE_ALIGN_SCATTER",
+    "MOE_COMBINE",
+    "MOE_FC1_FINISH",
+    "MOE_GEMM",
+    "MOE_GEMM_DECODE",
+    "PREFILL",
+    "SCALE_SOURCES",
+    "GemmConfig",
+    "align_forms",
+    "align_plan_spec",
+    "align_routes_spec",
+    "align_scatter_spec",
+    "align_scatters_in_plan",
+    "combine_columns",
+    "combine_slot_tiles",
+    "combine_slots",
+    "combine_spec",
+    "copies_weights_early",
+    "decode_config_for",
+    "experts_bins",
+    "fc1_finish_spec",
+    "gemm_spec",
+    "moe_geometry_specs",
+    "relabel_spec",
+    "relabel_step",
+    "routes_as_blocks",
+    "split_count",
+]
+
+MOE_ALIGN_PLAN = TritonFamily(
+    kernel="moe.align_plan",
+    version=1,
+    module="csf_kernels.moe.kernels.align",
+    function="moe_align_plan",
+    signature="SIGNATURE_PLAN",
+    num_warps=8,
+)
+MOE_ALIGN_ROUTES = TritonFamily(
+    kernel="moe.align_routes",
+    version=1,
+    module="csf_kernels.moe.kernels.align",
+    function="moe_align_routes",
+    signature="SIGNATURE_ROUTES",
+    num_warps=1,
+)
+MOE_ALIGN_SCATTER = TritonFamily(
+    kernel="moe.align_scatter",
+    version=1,
+    module="csf_kernels.moe.kernels.align",
+    function="moe_align_scatter",
+    signature="SIGNATURE_SCATTER",
+    num_warps=4,
+)
+MOE_GEMM = TritonFamily(
+    kernel="moe.gemm", version=2, module="csf_kernels.moe.kernels.gemm", function="moe_gemm", num_warps=4
+)
+# the split-K decode tiles with explicit register layouts (Gluon): the DECODE config's engine on GPUs
+MOE_GEMM_DECODE = TritonFamily(
+    kernel="moe.gemm_decode",
+    version=2,
+    module="csf_kernels.moe.kernels.gemm_decode",
+    function="moe_gemm_decode",
+    num_warps=4,
+    gluon=True,
+)
+MOE_COMBINE = TritonFamily(
+    kernel="moe.combine", version=1, module="csf_kernels.moe.kernels.combine", function="moe_combine", num_warps=4
+)
+MOE_FC1_FINISH = TritonFamily(
+    kernel="moe.fc1_finish",
+    version=1,
+    module="csf_kernels.moe.kernels.fc1_finish",
+    function="moe_fc1_finish",
+    num_warps=4,
+)
+MOE_RELABEL = TritonFamily(
+    kernel="moe.relabel", version=1, module="csf_kernels.moe.kernels.relabel", function="moe_relabel", num_warps=4
+)
+RELABEL_COLUMNS = 1024
+
+# every program of the layer is a programmatic dependent launch (kernels/pdl.py): each waits for the kernel
+# before it, so a call's launches overlap their predecessors' tails instead of queueing behind them
+MOE_PDL = 1
+# what the GEMM reads its scale bytes from (the kernel's SRC constant)
+SCALE_SOURCES = {"native": 0, "inline": 1}
+ALIGN_CHUNK = 1024
+SCATTER_CHUNK = 256
+COMBINE_COLUMNS = 1024
+# calls of up to this many tokens combine a token's slots as one [TK, 256] tile (32 registers a thread at 16
+# slots); run 164: 2.0-3.5 us against 4.1-6.4 up to 32 tokens, 1.5-5x slower at 512
+COMBINE_TILE_TOKENS = 32
+COMBINE_TILE_COLUMNS = 256
+FINISH_COLUMNS = 512
+# split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
+TARGET_PROGRAMS = 4 * 132
+MAX_SPLITS = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmConfig:
+    """One tile configuration of the grouped GEMM: routes per block (bm) and weight rows per program."""
+
+    name: str
+    bm: int
+    bn: int
+    num_warps: int
+    num_stages: int
+    split_k: bool  # K split over programs, float32 partials finished by separate kernels
+    prefetch: bool = False  # load the next K step's weights before converting this one's (Triton engine)
+    # "triton": moe_gemm (any tile shape; runs in Triton's CPU interpreter); "gluon": moe_gemm_decode
+    # (split-K tiles of 64 rows on 4 warps, weights dequantized in registers; GPUs only)
+    engine: str = "triton"
+    # gluon only: operands of this many K steps in flight through shared memory (1: each step's loaded into
+    # registers as it comes), whether a step's scale bytes are loaded one step early (native scales only),
+    # and ptxas's register caps for native-scale and inline-record programs (None: its own choice)
+    word_stages: int = 1
+    ahead: bool = False
+    max_registers: int | None = None
+    inline_max_registers: int | None = None
+    # gluon only: "mma_sync" (both operands in registers, 8 or 16 routes) or "wgmma" (the weights in
+    # registers, the block's activations in shared memory: 16, 32 or 64 routes; 64 rows, or 128 on 8 warps
+    # for native scales)
+    mma: str = "mma_sync"
+    # wgmma only: the activations are stored in the weights' relabelled K order, so the programs copy them
+    # straight into the operand (the layer relabels FC1's input and the FC1 finish writes FC2's so)
+    relabelled: bool = False
+    # gluon mma.sync 8-route blocks only: calls of up to ROUTED_TOKENS tokens read their routes as blocks
+    # straight from the route ids, no alignment (:func:`routes_as_blocks`). A field, not an identity with
+    # DECODE_NARROW, so a plan's configs keep their path whatever the module settings are when it launches
+    routed: bool = False
+
+    def __post_init__(self):
+        if self.engine not in ("triton", "gluon"):
+            raise ValueError(f"unknown GEMM engine {self.engine!r}: expected 'triton' or 'gluon'")
+        if self.mma not in ("mma_sync", "wgmma") or (self.mma == "wgmma" and self.engine != "gluon"):
+            raise ValueError(f"unknown MMA {self.mma!r}: the gluon engine runs 'mma_sync' or 'wgmma'")
+        routes = (8, 16) if self.mma == "mma_sync" else (16, 32, 64)
+        rows = {(64, 4)} if self.mma == "mma_sync" else {(64, 4), (128, 8)}  # 16 rows a warp
+        if self.engine == "gluon" and (
+            self.bm not in routes
+            or (self.bn, self.num_warps) not in rows
+            or (self.split_k, self.prefetch) != (True, False)
+        ):
+            raise ValueError(
+                f"the gluon decode GEMM on {self.mma} runs split-K tiles of {', '.join(map(str, routes))} routes"
+                f" x {' or '.join(f'{n} rows on {w} warps' for n, w in sorted(rows))}, without prefetch"
+            )
+        if self.relabelled and (self.mma != "wgmma" or self.word_stages < 2):
+            raise ValueError("relabelled activations feed staged wgmma programs (word_stages >= 2)")
+        if self.routed and (self.engine, self.mma, self.bm) != ("gluon", "mma_sync", 8):
+            raise ValueError("routes are read as blocks by the gluon mma.sync programs of 8-route blocks only")
+        caps = (self.max_registers, self.inline_max_registers)
+        if self.word_stages < 1 or (
+            self.engine != "gluon" and (self.word_stages != 1 or self.ahead or caps != (None, None))
+        ):
+            raise ValueError("word_stages (>= 1), ahead and register caps configure the gluon decode GEMM only")
+
+    def register_cap(self, source: str) -> int | None:
+        """ptxas's register cap for this config's programs reading scales from ``source``."""
+        return self.max_registers if source == "native" else self.inline_max_registers
+
+    def tiled_rows(self, n_out: int, fc1: bool) -> int:
+        """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
+        program writes split-K partials only, so it tiles FC1's gate and up rows alike (2N); the Triton one
+        pairs each gate row with its up row in one program for the fused activation (N)."""
+        return 2 * n_out if fc1 and self.engine == "gluon" else n_out
+
+    def row_tiles(self, n_out: int, fc1: bool) -> int:
+        """Programs along the rows of an operand of ``n_out`` outputs."""
+        return -(-self.tiled_rows(n_out, fc1) // self.bn)
+
+
+# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
+# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12, 19, 23): 32- or
+# 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower)
+# and a weight prefetch for decode (run 23: 1.07-1.35x slower);
+# since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps.
+# Since weights are loaded as 32-bit words (run 31), 3 stages pipeline them through shared memory with
+# wide loads: prefill no longer gains from a register prefetch (1-4% slower), decode still loses with
+# 2-4 stages (1.0-1.1x slower than 1).
+# The Gluon decode program (operands in registers, no shared memory or barriers) replaces the Triton
+# one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
+# Run 78 (DS4.1-TP4, native, T = 1..512): Gluon 0.70-0.80x the Triton engine's time; loading the next
+# K step's weights first costs it 2-14% (more registers, fewer programs per SM): off.
+# Run 80 (same layer): with FC1 tiled over all its rows, 8-route blocks (56 registers, 9 programs per SM)
+# beat 16-route ones up to 2 routes per expert (T = 1 / 8 / 32 / 128: 39.6 / 130 / 348 / 694 us against
+# 42.6 / 145 / 375 / 775) and lose at 8 (T = 512: 1043 against 954).
+# Run 151 (DS4.1-TP4 / gpt-oss-120b / Qwen3-30B, T = 1..512, sweeps side by side): the operands of three K
+# steps in flight through shared memory (cp.async: weights per thread, activations per program) with the
+# scale bytes a step ahead beat loading each step's operands into registers as it comes: 0.91x / 0.81x /
+# 0.79x at T = 512 (16-route blocks), 0.98x / 0.93x / 0.90x at T = 128; within +-3% below, except Qwen3 at
+# T = 8 (0.91x).
+# Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
+# routes per expert: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178, DS4.1 T = 512
+# (8) 910 / 906 (a tie). Run 156: register caps for more programs per SM (56, 48) gain nothing.
+# Since run 175 they run up to 4 routes per expert, where the wgmma blocks below lose to them (run 177, us,
+# 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
+# T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
+# Inline records decoded from loads made a step ahead (moe_gemm_decode._inline_ahead) take 91 registers in routed FC1
+# programs and 128 in FC2 programs finishing FC1, against native's 64 and 78; capped at 72 they do not spill (SASS)
+# and keep 7 programs per SM.
+DECODE_NARROW = GemmConfig(
+    name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True,
+    routed=True, inline_max_registers=72,
+)  # fmt: skip
+# The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
+# (``relabelled``: csf_kernels.moe.relabel), copied by cp.async straight into their operand stages. Sweeps side by
+# side (runs 175-177, us, native scales, all bit-identical; per expert = T * k / E: gpt-oss and Qwen3-30B
+# 128 experts, top 4 and 8; DS4.1-TP4 384, top 6):
+# - 5-8 routes per expert, 16-route blocks (8-route mma.sync / 16-route mma.sync at 72 registers / 16-route
+#   wgmma / 32-route wgmma): DS4.1 T = 512 878 / 909 / 829 / 931, gpt-oss T = 256 829 / 839 / 822 / 881,
+#   Qwen3-30B T = 128 170 / 176 / 161 / 179;
+# - 9-64, 32-route blocks (16-route mma.sync / 32-route wgmma relabelling in registers, capped at 96 / 16-route
+#   wgmma / 32-route wgmma): at 16 per expert DS4.1 T = 1024 1182 / 1132 / 1033 / 995, gpt-oss T = 512 1016 /
+#   1016 / 969 / 940, Qwen3-30B T = 256 217 / 214 / 191 / 186; at 32 Qwen3-30B T = 512 346 / 283 / 295 / 243,
+#   DS4.1 T = 2048 1948 / 1589 / 1633 / 1377, gpt-oss T = 1024 1678 / 1318 / 1421 / 1209; at 64 gpt-oss T = 2048
+#   3072 / 2243 / 2560 / 1960 (64-route wgmma 1998);
+# - above 64, 64-route blocks (128 registers) against 32-route ones and the prefill tiles: Qwen3-30B T = 2048
+#   696 / 732 / 836, T = 4096 1349 / 1432 / 1568, T = 16384 (1024 per expert) 5311 / - / 5707; DS4.1 T = 8192
+#   4448 / 4630 / 4999, T = 16384 8611 / - / 9144; gpt-oss T = 4096 3527 / 3700 / 4235, T = 16384 14287 / - /
+#   15139.
+DECODE = GemmConfig(
+    name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
+    ahead=True, mma="wgmma", relabelled=True,
+)  # fmt: skip
+DECODE_WIDE = replace(DECODE, bm=32)
+DECODE_WIDEST = replace(DECODE, bm=64)
+# the mma.sync form of 16-route blocks (72 registers: 7 programs per SM), planned before run 175; sweeps only
+DECODE_MMA_SYNC = replace(DECODE, mma="mma_sync", relabelled=False, max_registers=72)
+DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
+PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
+CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST, PREFILL)
+NARROW_ROUTES_PER_EXPERT = 4  # routes per expert (T * k / E) up to which DECODE_NARROW runs
+BLOCK_ROUTES_PER_EXPERT = 8  # ... DECODE above, up to this
+WIDE_ROUTES_PER_EXPERT = 64  # ... DECODE_WIDE above, up to this; DECODE_WIDEST above (csf_moe.plan: how far)
+
+
+def decode_config_for(routes: int, experts: int) -> GemmConfig:
+    """The decode tile configuration for ``routes`` (tokens x top-k) over ``experts`` experts."""
+    if routes <= NARROW_ROUTES_PER_EXPERT * experts:
+        return DECODE_NARROW
+    if routes <= BLOCK_ROUTES_PER_EXPERT * experts:
+        return DECODE
+    return DECODE_WIDE if routes <= WIDE_ROUTES_PER_EXPERT * experts else DECODE_WIDEST
+
+
+def experts_bins(num_experts: int) -> int:
+    """Histogram bins of the align kernel: a power of two above E (the last bin takes invalid ids)."""
+    p = 16
+    while p <= num_experts:
+        p *= 2
+    return p
+
+
+def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = False) -> ProgramSpec:
+    """The align plan program; ``scatter``: it also scatters the routes (calls of at most
+    ``ALIGN_CHUNK`` routes: :func:`align_scatters_in_plan`), so no scatter program runs."""
+    return ProgramSpec.of(
+        MOE_ALIGN_PLAN.kernel,
+        MOE_ALIGN_PLAN.version,
+        IDS64=int(ids64),
+        EP=experts_bins(num_experts),
+        BM=bm,
+        CH=ALIGN_CHUNK,
+        SCATTER=int(scatter),
+        PDL=MOE_PDL,
+        num_warps=MOE_ALIGN_PLAN.num_warps,
+    )
+
+
+def align_routes_spec(bm: int, ids64: bool, top_k: int) -> ProgramSpec:
+    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/moe_align.py)."""
+    return ProgramSpec.of(
+        MOE_ALIGN_ROUTES.kernel,
+        MOE_ALIGN_ROUTES.version,
+        IDS64=int(ids64),
+        P=max(32, 1 << (top_k - 1).bit_length()),  # a warp's lanes, each a route
+        BM=bm,
+        PDL=MOE_PDL,
+        num_warps=MOE_ALIGN_ROUTES.num_warps,
+    )
+
+
+def align_scatters_in_plan(pairs: int) -> bool:
+    """Whether a call of ``pairs`` routes is aligned by the plan program alone (one chunk of routes)."""
+    return pairs <= ALIGN_CHUNK
+
+
+def align_forms(max_pairs: int | float) -> set[bool]:
+    """How calls of 1 to ``max_pairs`` routes align: True, the plan program scatters too (one chunk of
+    routes); False, a scatter program follows it (:func:`align_scatter_spec`)."""
+    return {align_scatters_in_plan(1), align_scatters_in_plan(max_pairs)}
+
+
+def align_scatter_spec(ids64: bool) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_ALIGN_SCATTER.kernel,
+        MOE_ALIGN_SCATTER.version,
+        IDS64=int(ids64),
+        CH=SCATTER_CHUNK,
+        PDL=MOE_PDL,
+        num_warps=MOE_ALIGN_SCATTER.num_warps,
+    )
+
+
+def split_count(programs: int, k_steps: int) -> int:
+    """K splits for a split-K GEMM of ``programs`` programs per split over ``k_steps`` K steps."""
+    want = -(-TARGET_PROGRAMS // max(programs, 1))
+    splits = max(1, min(want, MAX_SPLITS, max(1, k_steps // 2)))
+    per_split = -(-k_steps // splits)
+    return -(-k_steps // per_split)  # no empty splits
+
+
+def combine_slots(tokens: int, top_k: int) -> int:
+    """The combine program's slot tile for a call of ``tokens`` tokens: ``top_k`` padded to a power of two
+    up to ``COMBINE_TILE_TOKENS`` tokens, else 0 (slots walked in order; see kernels/moe_combine.py)."""
+    return 1 << max(0, top_k - 1).bit_length() if tokens <= COMBINE_TILE_TOKENS else 0
+
+
+def combine_slot_tiles(max_tokens: int | float, top_k: int) -> set[int]:
+    """The slot tiles calls of 1 to ``max_tokens`` tokens combine with (plans and the catalog build these)."""
+    return {combine_slots(1, top_k), combine_slots(max_tokens, top_k)}
+
+
+def combine_columns(slots: int) -> int:
+    """Output columns per combine program of slot tile ``slots``."""
+    return COMBINE_TILE_COLUMNS if slots else COMBINE_COLUMNS
+
+
+def combine_spec(
+    ids64: bool, *, slots: int, partial: bool = False, bias: bool = False, gscale: bool = False
+) -> ProgramSpec:
+    """The combine program; ``slots``: its slot tile (:func:`combine_slots`)."""
+    return ProgramSpec.of(
+        MOE_COMBINE.kernel,
+        MOE_COMBINE.version,
+        IDS64=int(ids64),
+        PARTIAL=int(partial),
+        HAS_BIAS=int(partial and bias),
+        HAS_GSCALE=int(partial and gscale),
+        BH=combine_columns(slots),
+        TK=slots,
+        PDL=MOE_PDL,
+        num_warps=MOE_COMBINE.num_warps,
+    )
+
+
+def relabel_spec(fmt: ScaleFormat) -> ProgramSpec:
+    """The program copying FC1's input into the relabelled K order of ``fmt``'s decode GEMM steps."""
+    return ProgramSpec.of(
+        MOE_RELABEL.kernel,
+        MOE_RELABEL.version,
+        STEP=k_step(fmt),
+        BLOCK=RELABEL_COLUMNS,
+        PDL=MOE_PDL,
+        num_warps=MOE_RELABEL.num_warps,
+    )
+
+
+def relabel_step(fmt: ScaleFormat, config: GemmConfig) -> int:
+    """The K step whose relabelled order ``config``'s programs read activations in (0: the natural order)."""
+    return k_step(fmt) if config.relabelled else 0
+
+
+def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool, relabel: int = 0) -> ProgramSpec:
+    return ProgramSpec.of(
+        MOE_FC1_FINISH.kernel,
+        MOE_FC1_FINISH.version,
+        IDS64=int(ids64),
+        ACT=int(activation == "swiglu_oai"),
+        HAS_BIAS=int(bias),
+        HAS_GSCALE=int(gscale),
+        BH=FINISH_COLUMNS,
+        PDL=MOE_PDL,
+        RELABEL=relabel,
+        num_warps=MOE_FC1_FINISH.num_warps,
+    )
+
+
+def gemm_spec(
+    fmt: ScaleFormat,
+    source: str,
+    *,
+    fc1: bool,
+    activation: str,
+    bias: bool,
+    config: GemmConfig,
+    routed: bool = False,
+    ids64: bool = False,
+    finishes_fc1: bool = False,
+    early: bool = False,
+) -> ProgramSpec:
+    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
+    a few-token call's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
+    (:func:`routes_as_blocks`); ``finishes_fc1``: a routed FC2 that finishes FC1 from its partials itself
+    (``activation``, ``bias``: FC1's), :func:`fc2_finishes_fc1`; ``early``: a routed FC1 reading a plane
+    expanded by the chained expansions just before it, which copies its first weights before it waits
+    (``moe_gemm_decode``'s ``EARLY``)."""
+    if routed and not routes_as_blocks(config):
+        raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
+    if finishes_fc1 and (fc1 or not routed):
+        raise ValueError("only a routed FC2 finishes FC1 itself")
+    if early and not (fc1 and routed and source == "native" and copies_weights_early(config)):
+        raise ValueError("only a routed, staged FC1 reading a native plane copies its weights early")
+    if source not in SCALE_SOURCES:
+        raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
+    if activation not in ("silu", "swiglu_oai"):
+        raise ValueError(f"unknown MoE activation {activation!r}: expected 'silu' or 'swiglu_oai'")
+    if config.engine == "gluon":  # split-K partials of every row (FC1: gate and up alike): one program for both
+        return ProgramSpec.of(
+            MOE_GEMM_DECODE.kernel,
+            MOE_GEMM_DECODE.version,
+            FMT=0 if fmt.name == "mxfp4" else 1,
+            SRC=SCALE_SOURCES[source],
+            DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+            BM=config.bm,
+            BN=config.bn,
+            STAGES=config.word_stages,
+            AHEAD=int(config.ahead and source == "native"),
+            PDL=MOE_PDL,
+            WG=int(config.mma == "wgmma"),
+            XR=int(config.relabelled),
+            ROUTED=int(routed),
+            IDS64=int(routed and ids64),
+            FIN=(1 + int(activation == "swiglu_oai")) if finishes_fc1 else 0,
+            FIN_BIAS=int(finishes_fc1 and bias),
+            FIN_GSCALE=int(finishes_fc1 and fmt.name == "nvfp4"),
+            EARLY=int(early),
+            num_warps=config.num_warps,
+            **({"maxnreg": cap} if (cap := config.register_cap(source)) else {}),
+        )
+    return ProgramSpec.of(
+        MOE_GEMM.kernel,
+        MOE_GEMM.version,
+        FMT=0 if fmt.name == "mxfp4" else 1,
+        SRC=SCALE_SOURCES[source],
+        FC1=int(fc1),
+        ACT=int(activation == "swiglu_oai") if fc1 and not config.split_k else 0,
+        HAS_BIAS=int(bias and not config.split_k),
+        HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
+        DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+        ASM=1,
+        PREFETCH=int(config.prefetch),
+        SPLIT=int(config.split_k),
+        BM=config.bm,
+        BN=config.bn,
+        PDL=MOE_PDL,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+# calls of up to this many tokens on the one-token tiles, not expanding scales, skip the alignment: the decode
+# GEMMs read their route ids as blocks (a route each; two routes of one expert read its weights twice). Run 220
+# (benchmarks/probe_small_batch.py, us aligned / routed): 2-4 tokens faster on all three peers (gpt-oss T = 2
+# 62.2 / 52.9, T = 4 94.0 / 87.4; DS4.1 41.2 / 33.8, 59.7 / 53.1; Qwen3-30B 31.8 / 26.6, 44.1 / 38.1); from 6
+# tokens gpt-oss and Qwen3-30B lose (113.7 / 118.0, 52.3 / 55.0: their experts repeat)
+ROUTED_TOKENS = 4
+
+
+# K steps of a routed FC2 program's split that FC1's finish fused into it holds (kernels/moe_fc1_finish_gluon.py)
+FIN_STEPS = 8
+
+
+def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_steps: int) -> bool:
+    """Whether calls of up to ``tokens`` tokens on ``config`` run no FC1 finish kernel: their routed FC2 programs
+    finish FC1 from its partials for their own K range (``moe_gemm_decode``'s ``FIN``), where FC2's splits hold
+    at most :data:`FIN_STEPS` K steps (never more splits for it: run 223, forcing them made the 4-token gpt-oss
+    layer 2.3 us slower)."""
+    fits = -(-fc2_k_steps // fc2_splits) <= FIN_STEPS
+    return tokens <= ROUTED_TOKENS and routes_as_blocks(config) and config.word_stages > 1 and fits
+
+
+def copies_weights_early(config: GemmConfig) -> bool:
+    """Whether a routed FC1 on ``config`` can copy its first weight steps before it waits for its predecessor
+    (``moe_gemm_decode``'s ``EARLY``, behind chained expansions): routed, staged tiles reading their activations
+    in the natural order."""
+    return routes_as_blocks(config) and config.word_stages > 1 and not config.relabelled
+
+
+def routes_as_blocks(config: GemmConfig) -> bool:
+    """Whether calls of up to :data:`ROUTED_TOKENS` tokens on ``config`` skip the alignment, each route a block
+    read from the route ids (the catalog's one-token tiles: :data:`DECODE_NARROW`)."""
+    return config.routed
+
+
+def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
+    """Every MoE program a geometry may run: both stages, both scale sources, both tile configs, and
+    the align / combine programs for int32 and int64 route ids."""
+    specs = []
+    for config in CONFIGS:
+        # prefill tiles always read a native plane (an inline plan expands first: see csf_moe.plan)
+        for source in SCALE_SOURCES if config.split_k else ("native",):
+            for fc1 in (True, False):
+                specs.append(
+                    gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
+                )
+            if routes_as_blocks(config):
+                for ids64 in (False, True):
+                    specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
+                                           config=config, routed=True, ids64=ids64))  # fmt: skip
+                    specs.append(gemm_spec(geo.fmt, source, fc1=False, activation=geo.activation, bias=geo.bias,
+                                           config=config, routed=True, ids64=ids64, finishes_fc1=True))  # fmt: skip
+                    if source == "native" and copies_weights_early(config):  # behind chained expansions
+                        specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
+                                               config=config, routed=True, ids64=ids64, early=True))  # fmt: skip
+        for ids64 in (False, True):
+            for scatter in align_forms(math.inf):
+                specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))
+            specs.append(align_routes_spec(config.bm, ids64, geo.top_k))
+    gscale = geo.fmt.name == "nvfp4"
+    for ids64 in (False, True):
+        specs += [
+            align_scatter_spec(ids64),
+            *(combine_spec(ids64, slots=slots) for slots in combine_slot_tiles(math.inf, geo.top_k)),
+            *(
+                combine_spec(ids64, slots=slots, partial=True, bias=geo.bias, gscale=gscale)
+                for slots in combine_slot_tiles(math.inf, geo.top_k)
+            ),
+            *(
+                fc1_finish_spec(ids64, activation=geo.activation, bias=geo.bias, gscale=gscale, relabel=relabel)
+                for relabel in {relabel_step(geo.fmt, c) for c in CONFIGS if c.split_k}
+            ),
+        ]
+    if any(c.relabelled for c in CONFIGS):
+        specs.append(relabel_spec(geo.fmt))
+    return specs
