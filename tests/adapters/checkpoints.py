@@ -1,4 +1,4 @@
-"""Tiny per-expert checkpoints for the adapter tests (no vLLM needed)."""
+"""Tiny per-expert checkpoints and quantization configs for the adapter tests (no engine needed)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
 
 PREFIX = "model.layers.0.mlp.experts"
 NV_QUANT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+# the quantization_config of a checkpoint written by `csf compress`, from an MXFP4 and a ModelOpt NVFP4 one
+MX_CONFIG = {"quant_method": "mxfp4", "csf": {"format_version": 1, "scale_format": "mxfp4", "tensors": 2}}
+NV_CONFIG = NV_QUANT | {"csf": {"format_version": 1, "scale_format": "nvfp4", "tensors": 6}}
 
 
 def expert_tensors(*, experts: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ from csf_serving_adapters.sglang import register
 from csf_serving_adapters.sglang.config import CsfConfig
 from csf_serving_adapters.sglang.gpt_oss import patch_gpt_oss_loading
 
-from .sglang_layers import MX_CONFIG, NV_CONFIG, make_experts
+from .checkpoints import MX_CONFIG, NV_CONFIG
+from .sglang_engine import make_experts
 
 E, H, N = 4, 256, 128  # N: unsharded intermediate size
 GPT_OSS = dict(activation="silu", with_bias=True, gemm1_alpha=1.702, gemm1_clamp_limit=7.0)

@@ -1,4 +1,5 @@
-"""Real SGLang FusedMoE layers on the CPU, for the adapter tests (import only after importorskip("sglang")).
+"""SGLang for the adapter tests (import only after importorskip("sglang")): real FusedMoE layers on the CPU and
+the SGLang facts the engine-parametrised tests read (:data:`ENGINE`).
 
 SGLang layers read their configuration from a published ServerArgs and the parallel context: a dummy ServerArgs
 is published (``override_server_args``, SGLang's own test hook) and a tensor-parallel rank is stated with
@@ -7,23 +8,29 @@ is published (``override_server_args``, SGLang's own test hook) and a tensor-par
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import sglang.srt.model_loader.loader as loader
+import sglang.srt.model_loader.weight_utils as weight_utils
 import torch
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+from sglang.srt.layers.moe.token_dispatcher import StandardDispatchOutput
+from sglang.srt.layers.moe.topk import StandardTopKOutput
+from sglang.srt.layers.quantization import QUANTIZATION_METHODS
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.runtime_context import get_context, get_parallel
 
+import csf_serving_adapters.sglang as adapter
+from csf_serving_adapters.sglang import weight_iterators
 from csf_serving_adapters.sglang.config import CsfConfig
+from csf_serving_adapters.sglang.moe_method import BOUND_ATTR, CsfMoEMethod
 
 from .checkpoints import PREFIX
+from .engines import Engine
 
-__all__ = ["MX_CONFIG", "NV_CONFIG", "PREFIX", "load_expert_tensors", "make_experts"]
-
-MX_CONFIG = {"quant_method": "mxfp4", "csf": {"format_version": 1, "scale_format": "mxfp4", "tensors": 2}}
-NV_CONFIG = {
-    "quant_method": "modelopt",
-    "quant_algo": "NVFP4",
-    "group_size": 16,
-    "csf": {"format_version": 1, "scale_format": "nvfp4", "tensors": 6},
-}
+__all__ = ["ENGINE", "load_expert_tensors", "make_experts", "resolve"]
 
 
 def make_experts(
@@ -80,3 +87,45 @@ def load_expert_tensors(layer: FusedMoE, weights, experts: int) -> set[str]:
                 loaded.add(target)
                 break
     return loaded
+
+
+def resolve(quant_cfg, user_quant=None):
+    """SGLang's own checkpoint-method resolution (ModelConfig._verify_quantization) on just what it reads."""
+    cfg = SimpleNamespace(quantization=user_quant, is_draft_model=False, hf_config=SimpleNamespace())
+    cfg.hf_config.quantization_config = dict(quant_cfg)
+    cfg._parse_modelopt_quant_config = lambda d: ModelConfig._parse_modelopt_quant_config(cfg, d)
+    cfg._parse_quant_hf_config = lambda: ModelConfig._parse_quant_hf_config(cfg)
+    cfg._find_quant_modelslim_config = lambda: None
+    ModelConfig._verify_quantization(cfg)
+    return cfg.quantization
+
+
+def _apply(layer: FusedMoE, x, topk_weights, topk_ids) -> torch.Tensor:
+    """SGLang's standard dispatch of the top-k (router logits unused by csf)."""
+    logits = torch.zeros(x.shape[0], layer.num_experts, device=x.device)
+    dispatch = StandardDispatchOutput(x, None, StandardTopKOutput(topk_weights, topk_ids, logits))
+    return layer.quant_method.apply(layer, dispatch).hidden_states
+
+
+ENGINE = Engine(
+    name="sglang",
+    adapter=adapter,
+    config=CsfConfig,
+    moe_method=CsfMoEMethod,
+    bound_attr=BOUND_ATTR,
+    weight_iterators=weight_iterators,
+    loader=loader,
+    weight_utils=weight_utils,
+    iterator_args=(),
+    quantization_methods=QUANTIZATION_METHODS,
+    registered_config=lambda: QUANTIZATION_METHODS["csf"],
+    resolve=resolve,
+    make_experts=make_experts,
+    load_expert_tensors=load_expert_tensors,
+    make_linear=lambda: LinearBase(1, 1),
+    unquantized_linear=UnquantizedLinearMethod,
+    scale_quant_method="group",
+    weight_prefix="experts",
+    apply=_apply,
+    entry_point_group="sglang.srt.plugins",
+)

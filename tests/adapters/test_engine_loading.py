@@ -1,4 +1,4 @@
-"""Weights through SGLang's own FusedMoE.weight_loader into CsfMoEMethod's parameters, at 1 and 2 tensor-parallel
+"""Weights through each engine's own weight_loader into CsfMoEMethod's parameters, at 1 and 2 tensor-parallel
 ranks, then prepared for csf-moe (CPU) and served (GPU)."""
 
 from __future__ import annotations
@@ -6,16 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("sglang")
-
 from csf_codec import MXFP4, NVFP4
 from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
 from csf_serving_adapters.accounting import LEDGER
-from csf_serving_adapters.sglang import register
-from csf_serving_adapters.sglang.config import CsfConfig
-from csf_serving_adapters.sglang.moe_method import BOUND_ATTR
 
-from .sglang_layers import MX_CONFIG, NV_CONFIG, PREFIX, make_experts
+from .checkpoints import MX_CONFIG, NV_CONFIG, PREFIX
+from .engines import only
 from .tp_shards import merge_tp, params, same
 
 E, H, N = 4, 512, 256  # N: unsharded intermediate size (big enough that CSF beats native at TP 2)
@@ -24,8 +20,8 @@ SCALES = ("w13_weight_scale", "w2_weight_scale")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _registered():
-    register()
+def _registered(engine):
+    engine.register()
 
 
 def _native(fmt, seed=0) -> dict[str, list[torch.Tensor]]:
@@ -42,7 +38,7 @@ def _native(fmt, seed=0) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def _load(layer, native, fmt) -> None:
+def _load(engine, layer, native, fmt) -> None:
     """As a model's load_weights does: one weight_loader call per expert, projection and tensor."""
     for e in range(E):
         for shard, proj in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
@@ -52,12 +48,16 @@ def _load(layer, native, fmt) -> None:
                 names |= {"weight_scale_2": proj + "_global", "input_scale": proj + "_input"}
             for suffix, key in names.items():
                 param = getattr(layer, f"{stem}_{suffix}")
-                param.weight_loader(param, native[key][e], f"experts.{stem}_{suffix}", shard, e)
+                param.weight_loader(param, native[key][e], f"{engine.weight_prefix}.{stem}_{suffix}", shard, e)
+
+
+def _layer(engine, fmt_name: str, **kw):
+    return engine.make_experts(engine.config.from_config(CONFIGS[fmt_name]), experts=E, hidden=H, inter=N, **kw)
 
 
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
-def test_parameters_have_the_names_shapes_and_slicing_attributes_of_sglang_fp4_methods(fmt):
-    layer = make_experts(CsfConfig.from_config(CONFIGS[fmt.name]), experts=E, hidden=H, inter=N)
+def test_parameters_have_the_names_shapes_and_slicing_attributes_of_the_engines_fp4_methods(engine, fmt):
+    layer = _layer(engine, fmt.name)
     shapes = {n: (tuple(p.shape), p.dtype) for n, p in layer.named_parameters()}
     sdt = torch.float8_e4m3fn if fmt is NVFP4 else torch.uint8
     bs = fmt.block_size
@@ -75,23 +75,28 @@ def test_parameters_have_the_names_shapes_and_slicing_attributes_of_sglang_fp4_m
             "w2_input_scale": ((E,), torch.float32),
         }
     assert shapes == want
-    assert all(getattr(layer, s).quant_method == "group" for s in SCALES)
-    # SGLang's own loader, behind csf's whole-tensor path (gpt-oss; see test_sglang_gpt_oss.py)
+    assert all(getattr(layer, s).quant_method == engine.scale_quant_method for s in SCALES)
+
+
+@only("sglang")
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+def test_sglang_parameters_keep_sglangs_loader_behind_csfs_whole_tensor_path(engine, fmt):
+    layer = _layer(engine, fmt.name)
+    # csf's whole-tensor path serves gpt-oss (see test_sglang_gpt_oss.py)
     assert all(p.weight_loader.engine_loader == layer.weight_loader for p in layer.parameters())
 
 
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
-def test_two_tp_ranks_load_exactly_the_halves_of_one(fmt):
-    cfg = CsfConfig.from_config(CONFIGS[fmt.name])
+def test_two_tp_ranks_load_exactly_the_halves_of_one(engine, fmt):
     native = _native(fmt)
-    whole = make_experts(cfg, experts=E, hidden=H, inter=N)
-    _load(whole, native, fmt)
+    whole = _layer(engine, fmt.name)
+    _load(engine, whole, native, fmt)
     tp1 = params(whole)
     ranks = []
     for rank in range(2):
-        layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=2, rank=rank)
+        layer = _layer(engine, fmt.name, tp=2, rank=rank)
         assert layer.w2_weight_scale.shape == (E, H, N // 2 // fmt.block_size)
-        _load(layer, native, fmt)
+        _load(engine, layer, native, fmt)
         ranks.append(params(layer))
     merged = merge_tp(ranks)
     assert merged.keys() == tp1.keys()
@@ -108,26 +113,29 @@ def test_two_tp_ranks_load_exactly_the_halves_of_one(fmt):
         assert tp1["w2_weight_scale_2"][e].item() == native["down_global"][e].item()
 
 
-def test_processing_on_the_cpu_fails_clearly():
-    from sglang.srt.layers.moe.token_dispatcher import StandardDispatchOutput
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
+@only("vllm")
+def test_vllm_gpt_oss_style_layers_carry_biases_and_keep_interleaved_rows(engine):
+    layer = _layer(engine, "mxfp4", has_bias=True, activation="swigluoai")
+    assert layer.w13_bias.shape == (E, 2 * N) and layer.w2_bias.shape == (E, H)
+    assert (layer.quant_method.activation, layer.quant_method.w13_layout) == ("swiglu_oai", "interleaved")
+    assert layer.quant_method.geometry(layer).bias
 
-    layer = make_experts(CsfConfig.from_config(MX_CONFIG), experts=E, hidden=H, inter=N)
+
+def test_processing_on_the_cpu_fails_clearly(engine):
+    layer = _layer(engine, "mxfp4")
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         layer.quant_method.process_weights_after_loading(layer)
-    assert not hasattr(layer, BOUND_ATTR)
-    topk = StandardTopKOutput(torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, E))
+    assert not hasattr(layer, engine.bound_attr)
     with pytest.raises(RuntimeError, match="not processed"):
-        layer.quant_method.apply(layer, StandardDispatchOutput(torch.zeros(1, H), None, topk))
+        engine.apply(layer, torch.zeros(1, H), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
 @pytest.mark.parametrize("tp", [1, 2])
-def test_prepared_weights_release_the_native_scales_and_are_accounted(fmt, tp):
+def test_prepared_weights_release_the_native_scales_and_are_accounted(engine, fmt, tp):
     """Everything process_weights_after_loading does except binding (which needs CUDA memory)."""
-    cfg = CsfConfig.from_config(CONFIGS[fmt.name])
-    layer = make_experts(cfg, experts=E, hidden=H, inter=N, tp=tp, rank=tp - 1)
-    _load(layer, _native(fmt), fmt)
+    layer = _layer(engine, fmt.name, tp=tp, rank=tp - 1)
+    _load(engine, layer, _native(fmt), fmt)
     method = layer.quant_method
     p, w = method.prepare(layer)
     geo = p.geometry
@@ -142,12 +150,25 @@ def test_prepared_weights_release_the_native_scales_and_are_accounted(fmt, tp):
     assert layer.w13_weight.data_ptr() == w.w13.values.data_ptr()
 
 
-def test_the_servers_token_limits_size_the_plan():
-    layer = make_experts(CsfConfig.from_config(MX_CONFIG), experts=E, hidden=H, inter=N, chunked_prefill_size=4096)
+@only("vllm")
+def test_vllm_graph_sizes_become_planned_buckets(engine):
+    layer = _layer(engine, "mxfp4", capture_sizes=[1, 3, 24, 96])
+    method = layer.quant_method
+    assert method.capture_sizes == (1, 3, 24, 96)
+    _load(engine, layer, _native(MXFP4), MXFP4)
+    p, _ = method.prepare(layer)
+    sizes = {b.tokens for b in p.buckets}
+    assert {t for t in (1, 3, 24, 96) if t <= p.max_tokens} <= sizes
+    assert p.bucket_for(3).tokens == 3  # a captured size runs its own bucket, not the next one
+
+
+@only("sglang")
+def test_sglang_servers_token_limits_size_the_plan(engine):
+    layer = _layer(engine, "mxfp4", chunked_prefill_size=4096)
     method = layer.quant_method
     assert method.prefill_tokens == 4096 and method.max_tokens() == 4096
     method.capture_sizes = (1, 3, 24, 96)  # as a published cuda_graph_config.decode.bs would set them
-    _load(layer, _native(MXFP4), MXFP4)
+    _load(engine, layer, _native(MXFP4), MXFP4)
     p, _ = method.prepare(layer)
     assert p.max_tokens == 4096
     assert {1, 3, 24, 96} <= {b.tokens for b in p.buckets}
@@ -156,18 +177,15 @@ def test_the_servers_token_limits_size_the_plan():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_served_layer_equals_csf_moe_with_native_scales(fmt):
-    """On the H200 (AOT cache built): the SGLang layer's output is bit-identical to csf-moe's native-scale arm."""
-    from sglang.srt.layers.moe.token_dispatcher import StandardDispatchOutput
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
-
+def test_served_layer_equals_csf_moe_with_native_scales(engine, fmt):
+    """On the H200 (AOT cache built): the engine's layer's output is bit-identical to csf-moe's native-scale arm."""
     from csf_kernels.catalog import load_catalog
     from csf_moe import bind, plan, prepare_weights
     from csf_moe.synthetic import synthetic_layer
 
     geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, fmt)
-    cfg = CsfConfig.from_config(CONFIGS[fmt])
-    layer = make_experts(
+    cfg = engine.config.from_config(CONFIGS[fmt])
+    layer = engine.make_experts(
         cfg, experts=geo.experts, hidden=geo.hidden, inter=geo.intermediate, top_k=geo.top_k, device="cuda"
     )
     data = synthetic_layer(geo, seed=3, device="cuda")
@@ -182,6 +200,7 @@ def test_served_layer_equals_csf_moe_with_native_scales(fmt):
     layer.quant_method.process_weights_after_loading(layer)
     assert all(getattr(layer, s).numel() == 0 for s in SCALES)
 
+    # vLLM's method reads its layer's moe_config.max_num_tokens; SGLang's the published server limits
     p = plan(geo, layer.quant_method.max_tokens(), scale_source="native")
     ref = bind(
         p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda")
@@ -191,6 +210,5 @@ def test_served_layer_equals_csf_moe_with_native_scales(fmt):
         x = torch.randn(t, geo.hidden, device="cuda", generator=gen).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(geo.experts, device="cuda", generator=gen)[: geo.top_k] for _ in range(t)])
         w = torch.rand(t, geo.top_k, device="cuda", generator=gen).to(torch.bfloat16)  # apply converts to fp32
-        topk = StandardTopKOutput(w, ids.to(torch.int32), torch.empty(t, geo.experts, device="cuda"))
-        got = layer.quant_method.apply(layer, StandardDispatchOutput(x, None, topk)).hidden_states
+        got = engine.apply(layer, x, w, ids.to(torch.int32))
         assert torch.equal(got, ref.run(x, ids.to(torch.int32), w.float())), f"T={t}"
