@@ -78,12 +78,48 @@ def test_trailing_bytes_are_refused():
 
 
 def test_wrong_version_is_a_version_error():
+    """Version 1 payloads (76-byte header, no digest) and unknown future versions are refused by version."""
     _, compact, inline = _payloads()
     for payload, decode in ((compact, decode_compact), (inline, inline_from_payload)):
+        for version in (1, 3):
+            bad = payload.clone()
+            bad[4:6] = torch.tensor([version, 0], dtype=torch.uint8)
+            with pytest.raises(FormatVersionError, match=rf"version {version}; this codec reads version 2"):
+                decode(_reseal(bad), name=NAME)
+        with pytest.raises(FormatVersionError, match="version 1"):  # a v1 header is shorter than a v2 one
+            bad = payload[:80].clone()
+            bad[4:6] = torch.tensor([1, 0], dtype=torch.uint8)
+            decode(bad, name=NAME)
+
+
+def test_unused_header_fields_must_be_zero():
+    _, compact, inline = _payloads()
+    cases = (
+        (compact, decode_compact, 24, "extra"),  # compact: extra u32
+        (inline, inline_from_payload, 7, "param"),  # inline: param u8
+        (compact, decode_compact, 9, "reserved"),
+        (inline, inline_from_payload, 11, "reserved"),
+    )
+    for payload, decode, offset, word in cases:
         bad = payload.clone()
-        bad[4:6] = torch.tensor([2, 0], dtype=torch.uint8)  # version 2
-        with pytest.raises(FormatVersionError, match=r"version 2"):
+        bad[offset] = 1
+        with pytest.raises(CorruptPayloadError, match=word):
             decode(_reseal(bad), name=NAME)
+
+
+def test_the_digest_names_the_plane():
+    """A forged digest, or a body edit that still parses, is refused once the plane is restored."""
+    plane, compact, inline = _payloads()
+    for payload, decode in ((compact, decode_compact), (inline, inline_from_payload)):
+        bad = payload.clone()
+        bad[68] ^= 1  # first digest byte
+        with pytest.raises(CorruptPayloadError, match="SHA-256"):
+            decode(_reseal(bad), name=NAME)
+    forged = encode_compact(plane.clone().index_fill_(2, torch.tensor([0]), 7), MXFP4).payload
+    bad = forged.clone()
+    bad[68:100] = compact[68:100]  # another plane's digest
+    with pytest.raises(CorruptPayloadError, match="SHA-256"):
+        decode_compact(_reseal(bad), name=NAME)
 
 
 def test_wrong_magic_and_wrong_form():
