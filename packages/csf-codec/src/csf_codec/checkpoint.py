@@ -44,7 +44,15 @@ import torch
 
 from .compact import CompactScales
 from .container import CSF_FORMAT_VERSION
-from .errors import CSFError, MalformedInputError, ShapeMismatchError, UsageError, VerificationError
+from .errors import (
+    CSFError,
+    FormatVersionError,
+    IncompleteOutputError,
+    MalformedInputError,
+    ShapeMismatchError,
+    UsageError,
+    VerificationError,
+)
 from .formats import ScaleFormat
 from .hf_naming import ScalePlaneSpec, find_scale_planes
 from .payloads import decode_compact
@@ -500,10 +508,41 @@ def _passthrough(header: SafetensorsHeader, name: str, bar: Progress) -> TensorE
     )
 
 
-def _require_complete(layout: CheckpointLayout, *, hashes: bool) -> None:
-    """A directory output of csf must carry a valid completion record; single files are whole by rename."""
+def _open_csf(
+    src: str | os.PathLike[str], *, hashes: bool, progress: bool, not_csf: type[CSFError]
+) -> tuple[CheckpointLayout, dict[str, _Stored]]:
+    """A CSF checkpoint to read: a directory must carry a valid completion record (sizes, and with
+    ``hashes`` every SHA-256, checked first); single files are whole by rename."""
+    layout = resolve_layout(src)
     if not layout.single_file:
-        check_complete(layout.root, hashes=hashes)
+        size = sum(p.stat().st_size for p in layout.root.rglob("*") if p.is_file()) if hashes else 0
+        try:
+            with Progress(size, "csf verify (files)", progress and hashes) as bar:
+                check_complete(layout.root, hashes=hashes, on_bytes=bar.update)
+        except IncompleteOutputError as e:
+            if not (layout.root / COMPLETION_RECORD).exists():
+                _explain_missing_record(layout, e, not_csf)
+            raise
+    tensors = _logical_tensors(layout)
+    if not any(t.record is not None for t in tensors.values()):
+        raise not_csf("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=src)
+    return layout, tensors
+
+
+def _explain_missing_record(layout: CheckpointLayout, missing: IncompleteOutputError, not_csf: type[CSFError]) -> None:
+    """Without a record, a clearer cause wins: a format version this build does not read, or a native checkpoint."""
+    carries = []
+    for shard in layout.shards:
+        try:
+            header = read_header(layout.root / shard)
+            csf_records(header)
+        except FormatVersionError:
+            raise
+        except CSFError:
+            raise missing from None
+        carries.append(META_VERSION in header.metadata)
+    if not any(carries):
+        raise not_csf("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=layout.root)
 
 
 def decompress_checkpoint(
@@ -519,11 +558,7 @@ def decompress_checkpoint(
     A directory ``src`` must carry a valid completion record (sizes checked). Planes are decoded lazily, one
     at a time, while their shard is written; the output is a transaction like :func:`compress_checkpoint`'s.
     """
-    layout = resolve_layout(src)
-    tensors = _logical_tensors(layout)
-    if not any(t.record is not None for t in tensors.values()):
-        raise UsageError("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=src)
-    _require_complete(layout, hashes=False)
+    layout, tensors = _open_csf(src, hashes=False, progress=False, not_csf=UsageError)
     out = _output_path(layout, dst)
 
     summaries: list[TensorSummary] = []
@@ -622,15 +657,8 @@ def verify_checkpoint(
     With ``against`` (a native checkpoint, or another CSF one), also require the same tensor names, dtypes
     and shapes, and every tensor's original bytes to be identical.
     """
-    layout = resolve_layout(src)
-    tensors = _logical_tensors(layout)
+    layout, tensors = _open_csf(src, hashes=True, progress=progress, not_csf=VerificationError)
     csf = [t for t in tensors.values() if t.compact]
-    if not any(t.record is not None for t in tensors.values()):
-        raise VerificationError("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=src)
-    if not layout.single_file:
-        size = sum(p.stat().st_size for p in layout.root.rglob("*") if p.is_file())
-        with Progress(size, "csf verify (files)", progress) as bar:
-            check_complete(layout.root, hashes=True, on_bytes=bar.update)
     _check_index(layout, tensors)
     native = _logical_tensors(resolve_layout(against)) if against is not None else None
     if native is not None and set(native) != set(tensors):
