@@ -125,13 +125,13 @@ def test_a_directory_without_a_valid_record_is_refused(src, tmp_path):
 
     (out / "stale.safetensors").write_bytes(b"x")  # a file the record does not list
     for op in (lambda: verify_checkpoint(out, progress=False), lambda: decompress_checkpoint(out, tmp_path / "b")):
-        with pytest.raises(IncompleteOutputError, match="stale.safetensors"):
+        with pytest.raises(IncompleteOutputError, match=r"stale\.safetensors"):
             op()
     (out / "stale.safetensors").unlink()
 
     cfg = out / "config.json"
     cfg.write_text(cfg.read_text() + " ")  # one byte more: decompress checks sizes
-    with pytest.raises(IncompleteOutputError, match="config.json"):
+    with pytest.raises(IncompleteOutputError, match=r"config\.json"):
         decompress_checkpoint(out, tmp_path / "b", progress=False)
     cfg.write_text(cfg.read_text()[:-2] + "}")  # same size, other bytes: verify checks hashes
     with pytest.raises(IncompleteOutputError, match="SHA-256"):
