@@ -196,3 +196,13 @@ def test_forged_metadata_fields_are_cross_checked(tmp_path):
     bad = _shard_with_meta(tmp_path, lambda m: forge(m, '"shape":[64,8]', '"shape":[32,16]'))
     with pytest.raises(CSFError, match="expected"):
         verify_checkpoint(bad, progress=False)
+
+
+def test_a_scale_plane_misfit_names_its_shard(tmp_path):
+    ts = nvfp4_tensors(1)
+    ts[SCALE] = ts[SCALE][:, :5].contiguous()  # 5 columns do not divide K = 64
+    path = tmp_path / "m.safetensors"
+    save_file(ts, path)
+    with pytest.raises(CSFError) as err:
+        compress_checkpoint(path, tmp_path / "o.safetensors", progress=False)
+    assert err.value.file == str(path) and err.value.tensor == SCALE

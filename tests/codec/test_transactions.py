@@ -193,3 +193,21 @@ def test_a_signal_removes_the_partial_output(src, tmp_path, sig, code):
     assert proc.returncode == code, err
     assert err.count("\n") == 1 and err.startswith("csf: ")
     assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_only_outputs(src, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a checkpoint"):
+        compress_checkpoint(src, home, progress=False, overwrite=True)
+    assert (home / "notes.txt").read_text() == "mine" and _leftovers(tmp_path) == []
+    (tmp_path / "empty").mkdir()
+    compress_checkpoint(src, tmp_path / "empty", progress=False, overwrite=True)
+
+
+def test_the_cli_restores_signal_handlers(src, tmp_path):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert main(["compress", str(src), str(tmp_path / "csf"), "-q"]) == 0
+    assert main(["verify", str(tmp_path / "nothing"), "-q"]) == 2
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

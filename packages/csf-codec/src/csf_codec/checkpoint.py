@@ -229,6 +229,15 @@ def _logical_tensors(layout: CheckpointLayout) -> dict[str, _Stored]:
     return out
 
 
+def _scale_planes(tensors: dict[str, _Stored]) -> dict[str, ScalePlaneSpec]:
+    """The FP4 scale planes among ``tensors``; a misfit names the shard that holds it."""
+    try:
+        return find_scale_planes({n: t.info for n, t in tensors.items()})
+    except CSFError as e:
+        t = tensors.get(e.tensor)
+        raise (e.in_file(t.header.path) if t is not None else e) from e
+
+
 def is_csf_checkpoint(src: str | os.PathLike[str]) -> bool:
     """True when any shard carries CSF metadata."""
     layout = resolve_layout(src)
@@ -445,7 +454,7 @@ def compress_checkpoint(
     tensors = _logical_tensors(layout)
     if any(t.record is not None for t in tensors.values()):
         raise UsageError("", "already a CSF checkpoint", file=src)
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()})
+    specs = _scale_planes(tensors)
     for name in specs:
         if name + CSF_SUFFIX in tensors:
             raise UsageError(name, f"cannot store it as {name + CSF_SUFFIX}: a tensor of that name exists", file=src)
@@ -704,7 +713,7 @@ def inspect_checkpoint(
     """
     layout = resolve_layout(src)
     tensors = _logical_tensors(layout)
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()})
+    specs = _scale_planes(tensors)
     names = [n for n in tensors if n in specs]
     reports = []
     with Progress(sum(tensors[n].info.nbytes for n in names), "csf inspect", progress) as bar:
@@ -738,7 +747,7 @@ def iter_checkpoint_tensors(
     """
     layout = resolve_layout(src)
     tensors = _logical_tensors(layout)
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()}) if compress_scales else {}
+    specs = _scale_planes(tensors) if compress_scales else {}
     for shard in layout.shards:
         with SafetensorsReader(layout.root / shard, device=str(device)) as reader:
             for t in (t for t in tensors.values() if t.shard == shard):

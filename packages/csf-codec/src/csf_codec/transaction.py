@@ -80,6 +80,12 @@ def _files(root: Path) -> list[str]:
     return sorted(p for p in out if p != COMPLETION_RECORD)
 
 
+def _replaceable(path: Path) -> bool:
+    """--overwrite replaces whole directories, so only ones that hold an output: an earlier csf output, a
+    checkpoint, or nothing."""
+    return (path / COMPLETION_RECORD).is_file() or any(path.glob("*.safetensors")) or not any(path.iterdir())
+
+
 class OutputTransaction:
     """``with OutputTransaction(dst, overwrite=...) as tx:`` write under ``tx.root``; ``tx.commit()`` publishes.
 
@@ -106,6 +112,12 @@ class OutputTransaction:
             if self.single_file != self.dst.is_file():
                 kind = "a file" if self.dst.is_file() else "a directory"
                 raise UsageError("", f"exists and is {kind}; the output is not", file=self.dst)
+            if not self.single_file and not _replaceable(self.dst):
+                raise UsageError(
+                    "",
+                    "exists and is not a checkpoint (no completion record, no *.safetensors): refusing to replace it",
+                    file=self.dst,
+                )
         try:
             self.dst.parent.mkdir(parents=True, exist_ok=True)
             if self.root.exists():  # left by an earlier process that had this pid
