@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import torch
 
 
@@ -45,3 +48,16 @@ def special_rows(plane: torch.Tensor, *, seed: int) -> torch.Tensor:
         else:
             flat[row, torch.randint(0, flat.shape[1], (2,), generator=g)] = 0xFF
     return p
+
+
+def reseal(payload: torch.Tensor) -> torch.Tensor:
+    """Recompute a payload's two CRCs, as a forger would: only the structural checks and the plane digest
+    then stand between a change and the output."""
+    from csf_codec.container import HEADER_BYTES
+
+    b = bytearray(payload.numpy().tobytes())
+    if len(b) < HEADER_BYTES:
+        return payload.clone()
+    b[HEADER_BYTES - 8 : HEADER_BYTES - 4] = struct.pack("<I", zlib.crc32(bytes(b[HEADER_BYTES:])) & 0xFFFFFFFF)
+    b[HEADER_BYTES - 4 : HEADER_BYTES] = struct.pack("<I", zlib.crc32(bytes(b[: HEADER_BYTES - 4])) & 0xFFFFFFFF)
+    return torch.frombuffer(b, dtype=torch.uint8).clone()

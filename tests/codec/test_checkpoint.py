@@ -27,7 +27,15 @@ from csf_codec.checkpoint import (
 from csf_codec.compact import CompactScales, decode_compact, encode_compact
 from csf_codec.container import CSF_FORMAT_VERSION
 from csf_codec.demo import MoELayerShape, build_checkpoint
-from csf_codec.errors import CorruptPayloadError, CSFError, FormatVersionError, ShapeMismatchError, VerificationError
+from csf_codec.errors import (
+    CorruptPayloadError,
+    CSFError,
+    FormatVersionError,
+    IncompleteOutputError,
+    ShapeMismatchError,
+    UsageError,
+    VerificationError,
+)
 from csf_codec.formats import MXFP4, NVFP4
 from csf_codec.safetensors_io import passthrough_entry, read_header, write_safetensors
 from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
@@ -245,17 +253,28 @@ def test_refusals(mx_native, mx_csf, tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "f").write_text("x")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(UsageError, match="exists"):
         compress_checkpoint(mx_native, busy, progress=False)
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(UsageError, match="outside"):
         compress_checkpoint(mx_native, mx_native / "sub", progress=False)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UsageError, match="no such checkpoint"):
         compress_checkpoint(tmp_path / "missing", tmp_path / "z", progress=False)
 
 
 def _rewrite_shard(path: Path, dst: Path, metadata: dict[str, str]) -> None:
     header = read_header(path)
     write_safetensors(dst, [passthrough_entry(header, n) for n in header.tensors], metadata=metadata)
+
+
+def reseal_record(root: Path) -> None:
+    """Rewrite a directory's completion record for its current files, as a forger would: the checks
+    inside the shards must then stand on their own."""
+    path = root / "csf-complete.json"
+    record = json.loads(path.read_text())
+    for f in record["files"]:
+        data = (root / f["path"]).read_bytes()
+        f["size"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    path.write_text(json.dumps(record))
 
 
 def _csf_shard(root: Path) -> Path:
@@ -272,6 +291,7 @@ def test_wrong_format_version_names_file_and_tensor(mx_csf, tmp_path):
     meta[META_VERSION] = "99"
     _rewrite_shard(shard, tmp_path / "tmp.safetensors", meta)
     shutil.move(tmp_path / "tmp.safetensors", shard)
+    reseal_record(bad)
     for op in (
         lambda: decompress_checkpoint(bad, tmp_path / "out", progress=False),
         lambda: verify_checkpoint(bad, progress=False),
@@ -311,9 +331,12 @@ def test_verify_detects_corruption_and_differences(mx_native, mx_csf, tmp_path):
     blob = bytearray(shard.read_bytes())
     blob[header.data_start + header.tensors[stored].end - 3] ^= 0x10
     shard.write_bytes(bytes(blob))
+    with pytest.raises(IncompleteOutputError, match=shard.name):
+        verify_checkpoint(bad, progress=False)
+    reseal_record(bad)
     with pytest.raises(CorruptPayloadError) as err:
         verify_checkpoint(bad, progress=False)
-    assert err.value.tensor == stored[: -len(CSF_SUFFIX)]
+    assert err.value.tensor == stored[: -len(CSF_SUFFIX)] and err.value.file == str(shard)
 
 
 # --------------------------------------------------------------------------------------------- inspect

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import struct
-import zlib
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -24,22 +21,13 @@ from csf_codec import (
 )
 from csf_codec.container import HEADER_BYTES
 
-from .planes_for_tests import clustered_plane, special_rows
+from .planes_for_tests import clustered_plane, reseal, special_rows
 
 NAME = "model.layers.3.mlp.experts.w13_weight_scale"
 
 
 def _plane(seed=0, shape=(2, 200, 18), rate=0.03):
     return special_rows(clustered_plane(shape, seed=seed, exception_rate=rate), seed=seed)
-
-
-def _reseal(payload: torch.Tensor) -> torch.Tensor:
-    """Recompute both checksums so that only the structural checks stand between a change and the output."""
-    b = bytearray(payload.numpy().tobytes())
-    body_crc = zlib.crc32(bytes(b[HEADER_BYTES:])) & 0xFFFFFFFF
-    b[HEADER_BYTES - 8 : HEADER_BYTES - 4] = struct.pack("<I", body_crc)
-    b[HEADER_BYTES - 4 : HEADER_BYTES] = struct.pack("<I", zlib.crc32(bytes(b[: HEADER_BYTES - 4])) & 0xFFFFFFFF)
-    return torch.frombuffer(b, dtype=torch.uint8).clone()
 
 
 def _payloads():
@@ -78,12 +66,48 @@ def test_trailing_bytes_are_refused():
 
 
 def test_wrong_version_is_a_version_error():
+    """Version 1 payloads (76-byte header, no digest) and unknown future versions are refused by version."""
     _, compact, inline = _payloads()
     for payload, decode in ((compact, decode_compact), (inline, inline_from_payload)):
+        for version in (1, 3):
+            bad = payload.clone()
+            bad[4:6] = torch.tensor([version, 0], dtype=torch.uint8)
+            with pytest.raises(FormatVersionError, match=rf"version {version}; this codec reads version 2"):
+                decode(reseal(bad), name=NAME)
+        with pytest.raises(FormatVersionError, match="version 1"):  # a v1 header is shorter than a v2 one
+            bad = payload[:80].clone()
+            bad[4:6] = torch.tensor([1, 0], dtype=torch.uint8)
+            decode(bad, name=NAME)
+
+
+def test_unused_header_fields_must_be_zero():
+    _, compact, inline = _payloads()
+    cases = (
+        (compact, decode_compact, 24, "extra"),  # compact: extra u32
+        (inline, inline_from_payload, 7, "param"),  # inline: param u8
+        (compact, decode_compact, 9, "reserved"),
+        (inline, inline_from_payload, 11, "reserved"),
+    )
+    for payload, decode, offset, word in cases:
         bad = payload.clone()
-        bad[4:6] = torch.tensor([2, 0], dtype=torch.uint8)  # version 2
-        with pytest.raises(FormatVersionError, match=r"version 2"):
-            decode(_reseal(bad), name=NAME)
+        bad[offset] = 1
+        with pytest.raises(CorruptPayloadError, match=word):
+            decode(reseal(bad), name=NAME)
+
+
+def test_the_digest_names_the_plane():
+    """A forged digest, or a body edit that still parses, is refused once the plane is restored."""
+    plane, compact, inline = _payloads()
+    for payload, decode in ((compact, decode_compact), (inline, inline_from_payload)):
+        bad = payload.clone()
+        bad[68] ^= 1  # first digest byte
+        with pytest.raises(CorruptPayloadError, match="SHA-256"):
+            decode(reseal(bad), name=NAME)
+    forged = encode_compact(plane.clone().index_fill_(2, torch.tensor([0]), 7), MXFP4).payload
+    bad = forged.clone()
+    bad[68:100] = compact[68:100]  # another plane's digest
+    with pytest.raises(CorruptPayloadError, match="SHA-256"):
+        decode_compact(reseal(bad), name=NAME)
 
 
 def test_wrong_magic_and_wrong_form():
@@ -121,14 +145,14 @@ def test_non_byte_inputs_are_refused():
     seed=st.integers(0, 50),
 )
 def test_fuzzed_bodies_with_valid_checksums_never_crash(form, fmt, edits, seed):
-    """With checksums forged, the structural checks alone must stop every out-of-range read and every
-    impossible allocation: the decoder either raises a CSFError or returns a plane of the promised shape."""
+    """With checksums forged, the structural checks must stop every out-of-range read and every impossible
+    allocation, and the plane digest every plane that differs: a CSFError, or the very plane encoded."""
     plane = _plane(seed=seed, shape=(2, 70, 6), rate=0.1)
     payload = encode_compact(plane, fmt).payload if form == "compact" else encode_inline(plane, fmt).to_payload()
     bad = payload.clone()
-    for pos, value in edits:  # anywhere but the magic and version: header geometry too
+    for pos, value in edits:  # anywhere but the magic and version: header geometry and digest too
         bad[6 + pos % (payload.numel() - 6)] = value
-    bad = _reseal(bad)
+    bad = reseal(bad)
     try:
         out = decode_compact(bad, name=NAME) if form == "compact" else inline_from_payload(bad, name=NAME)
     except CSFError as e:
@@ -138,7 +162,7 @@ def test_fuzzed_bodies_with_valid_checksums_never_crash(form, fmt, edits, seed):
         from csf_codec import decode_inline
 
         out = decode_inline(out)
-    assert out.dtype == torch.uint8 and out.numel() < 10**7
+    assert torch.equal(out, plane)
 
 
 @settings(max_examples=100, deadline=None)

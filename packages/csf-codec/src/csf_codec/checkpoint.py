@@ -5,16 +5,18 @@ Layouts understood: a single ``*.safetensors`` file, or a directory holding eith
 index, its top-level ``*.safetensors`` files. Every other file of a directory (config.json aside, see below;
 tokenizer files, generation config, READMEs, subfolders) is copied byte for byte.
 
-Schema (``CSF_FORMAT_VERSION`` 1):
+Schema (``CSF_FORMAT_VERSION`` 2):
 
 * Each scale plane ``X`` recognised by :mod:`csf_codec.hf_naming` is stored, in the shard that held ``X``, as
   ``X.csf``: a uint8 1-D tensor holding the self-describing compact payload. Planes of rank > 3 are encoded as
-  ``[prod(leading), N, KB]`` (the codec takes 2-D or 3-D planes); the original shape is in the metadata.
-* That shard's ``__metadata__`` keeps every original key and gains ``csf.format_version`` (``"1"``) and
-  ``csf.tensors``: JSON ``{"X.csf": {"name": "X", "dtype": "F8_E4M3", "shape": [...], "format": "nvfp4",
-  "values": "<values tensor>", "global_scale": "<name>" | null}}``.
+  ``[prod(leading), N, KB]`` (the codec takes 2-D or 3-D planes); the original shape is in the metadata. A
+  plane whose payload would not be smaller (incompressible or empty) stays native under its own name.
+* That shard's ``__metadata__`` keeps every original key and gains ``csf.format_version``, ``csf.tensors`` and
+  ``csf.tensors_sha256`` (:mod:`csf_codec.shard_schema`).
 * The index's ``weight_map`` maps ``X.csf`` (instead of ``X``) to the shard, and ``metadata.total_size`` is
-  adjusted by the bytes saved (and adjusted back on decompression, so it round-trips exactly).
+  recomputed from the tensors written (on compression and on decompression).
+* A directory output carries a completion record (:mod:`csf_codec.transaction`); every output is written
+  under a temporary sibling and renamed into place whole.
 * config.json: when it has a ``quantization_config`` object, that object gains
   ``"csf": {"format_version": 1, "scale_format": "mxfp4" | "nvfp4", "tensors": N}``. When it has none, the same
   entry goes under a top-level ``"csf"`` key instead: inventing a ``quantization_config`` without a
@@ -33,22 +35,29 @@ import json
 import math
 import os
 import shutil
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
 
-from .compact import CompactScales, decode_compact, read_compact_header
+from .compact import CompactScales
 from .container import CSF_FORMAT_VERSION
-from .errors import CorruptPayloadError, CSFError, FormatVersionError, ShapeMismatchError, VerificationError
-from .formats import ScaleFormat, scale_format
+from .errors import (
+    CSFError,
+    FormatVersionError,
+    IncompleteOutputError,
+    MalformedInputError,
+    ShapeMismatchError,
+    UsageError,
+    VerificationError,
+)
+from .formats import ScaleFormat
 from .hf_naming import ScalePlaneSpec, find_scale_planes
+from .payloads import decode_compact
+from .progress import Progress, counted
 from .safetensors_io import (
-    DTYPE_SIZES,
     SafetensorsHeader,
     SafetensorsReader,
     TensorEntry,
@@ -58,12 +67,24 @@ from .safetensors_io import (
     read_tensor_bytes,
     write_safetensors,
 )
+from .shard_schema import (
+    CSF_SUFFIX,
+    META_DIGEST,
+    META_TENSORS,
+    META_VERSION,
+    CsfRecord,
+    codec_shape,
+    csf_metadata,
+    csf_records,
+)
 from .stats import plane_report
+from .transaction import COMPLETION_RECORD, OutputTransaction, check_complete, partial_outputs
 from .verify import encode_verified
 
 __all__ = [
     "CONFIG_KEY",
     "CSF_SUFFIX",
+    "META_DIGEST",
     "META_TENSORS",
     "META_VERSION",
     "CheckpointLayout",
@@ -82,9 +103,6 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-CSF_SUFFIX = ".csf"
-META_VERSION = "csf.format_version"
-META_TENSORS = "csf.tensors"
 CONFIG_KEY = "csf"
 _CONFIG = "config.json"
 
@@ -102,57 +120,70 @@ class CheckpointLayout:
     single_file: bool
 
 
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MalformedInputError("", f"not JSON: {e}", file=path) from None
+
+
+def _weight_map(path: Path) -> dict[str, str]:
+    index = _read_json(path)
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise MalformedInputError("", "a safetensors index needs a weight_map of tensor -> shard", file=path)
+    return wm
+
+
 def resolve_layout(src: str | os.PathLike[str]) -> CheckpointLayout:
     src = Path(src)
     if src.is_file():
         if not src.name.endswith(".safetensors"):
-            raise ValueError(f"{src}: not a .safetensors file")
+            raise UsageError("", "not a .safetensors file or checkpoint directory", file=src)
         return CheckpointLayout(root=src.parent, shards=(src.name,), index=None, single_file=True)
     if not src.is_dir():
-        raise FileNotFoundError(f"{src}: no such checkpoint file or directory")
+        stale = partial_outputs(src)
+        note = f"; an interrupted run left {', '.join(p.name for p in stale)} (incomplete: remove it)" if stale else ""
+        raise UsageError("", f"no such checkpoint file or directory{note}", file=src)
     indexes = sorted(p.name for p in src.glob("*.safetensors.index.json"))
     if "model.safetensors.index.json" in indexes:
         indexes = ["model.safetensors.index.json"]
     if len(indexes) > 1:
-        raise ValueError(f"{src}: several safetensors indexes {indexes}; pass one checkpoint at a time")
+        raise UsageError("", f"several safetensors indexes {indexes}; pass one checkpoint at a time", file=src)
     if indexes:
-        weight_map = json.loads((src / indexes[0]).read_text())["weight_map"]
-        shards = tuple(dict.fromkeys(sorted(weight_map.values())))
+        shards = tuple(dict.fromkeys(sorted(_weight_map(src / indexes[0]).values())))
+        bad = [s for s in shards if Path(s).is_absolute() or ".." in Path(s).parts]
         missing = [s for s in shards if not (src / s).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{src / indexes[0]} names missing shards {missing}")
+        if bad or missing:
+            raise MalformedInputError(
+                "", f"names missing or outside shards {(bad or missing)[:5]}", file=src / indexes[0]
+            )
         return CheckpointLayout(root=src, shards=shards, index=indexes[0], single_file=False)
     shards = tuple(sorted(p.name for p in src.glob("*.safetensors")))
     if not shards:
-        raise FileNotFoundError(f"{src}: no *.safetensors files and no safetensors index")
+        raise UsageError("", "no *.safetensors files and no safetensors index", file=src)
     return CheckpointLayout(root=src, shards=shards, index=None, single_file=False)
 
 
-def _destination(layout: CheckpointLayout, dst: str | os.PathLike[str], *, overwrite: bool) -> Path:
-    """The directory (or, for a single file, the file) to write; refuses to clobber anything by default."""
+def _output_path(layout: CheckpointLayout, dst: str | os.PathLike[str]) -> Path:
+    """The directory (or, for a single file, the file) to write; never the source or inside it."""
     dst = Path(dst)
     if layout.single_file:
         out = dst if dst.name.endswith(".safetensors") else dst / layout.shards[0]
         if out.resolve() == (layout.root / layout.shards[0]).resolve():
-            raise ValueError(f"{out}: destination is the source")
-        if out.exists() and not overwrite:
-            raise FileExistsError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")
-        out.parent.mkdir(parents=True, exist_ok=True)
+            raise UsageError("", "destination is the source", file=out)
         return out
     src_root, dst_root = layout.root.resolve(), dst.resolve()
-    if dst_root == src_root or src_root in dst_root.parents:
-        raise ValueError(f"{dst}: destination must lie outside the source checkpoint {layout.root}")
-    if dst.exists() and any(dst.iterdir()) and not overwrite:
-        raise FileExistsError(f"{dst} exists and is not empty (pass overwrite=True / --overwrite)")
-    dst.mkdir(parents=True, exist_ok=True)
+    if dst_root == src_root or src_root in dst_root.parents or dst_root in src_root.parents:
+        raise UsageError("", f"destination must lie outside the source checkpoint {layout.root}", file=dst)
     return dst
 
 
 def _other_files(layout: CheckpointLayout) -> list[str]:
-    """Every file of a directory checkpoint that is neither a shard, the index nor config.json."""
+    """Every file of a directory checkpoint that is neither a shard, the index, config.json nor the record."""
     if layout.single_file:
         return []
-    skip = {*layout.shards, layout.index, _CONFIG}
+    skip = {*layout.shards, layout.index, _CONFIG, COMPLETION_RECORD}
     out = []
     for dirpath, _dirs, files in os.walk(layout.root):
         for f in files:
@@ -162,87 +193,7 @@ def _other_files(layout: CheckpointLayout) -> list[str]:
     return sorted(out)
 
 
-# ----------------------------------------------------------------------------------------------- schema
-
-
-@dataclass(frozen=True, kw_only=True)
-class CsfRecord:
-    """One compressed tensor as its shard's ``csf.tensors`` metadata describes it."""
-
-    stored_name: str
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    fmt: ScaleFormat
-    values: str | None = None
-    global_scale: str | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "format": self.fmt.name,
-            "values": self.values,
-            "global_scale": self.global_scale,
-        }
-
-    @property
-    def codec_shape(self) -> tuple[int, ...]:
-        return _codec_shape(self.shape)
-
-
-def _codec_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The codec takes [N, KB] or [E, N, KB]; deeper planes fold their leading dims into E."""
-    return tuple(shape) if len(shape) <= 3 else (math.prod(shape[:-2]), *shape[-2:])
-
-
-def _first_tensor(raw: object) -> str:
-    """The original name of a shard's first CSF tensor, for errors about the shard as a whole."""
-    if isinstance(raw, dict) and raw:
-        stored, d = next(iter(raw.items()))
-        return str(d.get("name", stored)) if isinstance(d, dict) else str(stored)
-    return "__metadata__"
-
-
-def _csf_records(header: SafetensorsHeader) -> dict[str, CsfRecord]:
-    """The CSF records of one shard ({} for a native shard); checks the format version first."""
-    meta = header.metadata
-    if META_VERSION not in meta:
-        return {}
-    try:
-        raw = json.loads(meta.get(META_TENSORS, "{}"))
-    except json.JSONDecodeError as e:
-        raise CorruptPayloadError(header.path.name, f"{META_TENSORS} metadata is not JSON: {e}") from None
-    version = meta[META_VERSION]
-    if version != str(CSF_FORMAT_VERSION):
-        raise FormatVersionError(
-            _first_tensor(raw),
-            f"{header.path} declares {META_VERSION}={version!r}; this build reads version {CSF_FORMAT_VERSION}",
-        )
-    if not isinstance(raw, dict):
-        raise CorruptPayloadError(header.path.name, f"{META_TENSORS} metadata must be a JSON object")
-    records = {}
-    for stored, d in raw.items():
-        try:
-            rec = CsfRecord(
-                stored_name=stored,
-                name=str(d["name"]),
-                dtype=str(d["dtype"]),
-                shape=tuple(int(x) for x in d["shape"]),
-                fmt=scale_format(d["format"]),
-                values=d.get("values"),
-                global_scale=d.get("global_scale"),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptPayloadError(stored, f"{header.path}: bad {META_TENSORS} entry {d!r}: {e}") from None
-        info = header.tensors.get(stored)
-        if info is None:
-            raise CorruptPayloadError(stored, f"{header.path}: listed in {META_TENSORS} but not stored")
-        if info.dtype != "U8" or len(info.shape) != 1:
-            raise CorruptPayloadError(stored, f"{header.path}: a CSF payload must be U8 1-D, not {info.dtype}")
-        records[stored] = rec
-    return records
+# ------------------------------------------------------------------------------------------ stored tensors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,22 +206,36 @@ class _Stored:
     stored_name: str
     record: CsfRecord | None = None
 
+    @property
+    def compact(self) -> bool:
+        """Stored as a compact payload (not as its native bytes)."""
+        return self.record is not None and not self.record.native
+
 
 def _logical_tensors(layout: CheckpointLayout) -> dict[str, _Stored]:
     """Every tensor of the checkpoint by original name, in shard then file order."""
     out: dict[str, _Stored] = {}
     for shard in layout.shards:
         header = read_header(layout.root / shard)
-        records = _csf_records(header)
+        records = csf_records(header)
         for stored, info in header.tensors.items():
             rec = records.get(stored)
-            if rec is not None:
-                native = math.prod(rec.shape) * DTYPE_SIZES.get(rec.dtype, 1)
+            if rec is not None and not rec.native:
+                native = math.prod(rec.shape)  # scale planes are one byte per scale
                 info = TensorInfo(name=rec.name, dtype=rec.dtype, shape=rec.shape, begin=0, end=native)
             if info.name in out:
-                raise CSFError(info.name, f"stored in both {out[info.name].shard} and {shard}")
+                raise MalformedInputError(info.name, f"also stored in {out[info.name].shard}", file=header.path)
             out[info.name] = _Stored(info=info, shard=shard, header=header, stored_name=stored, record=rec)
     return out
+
+
+def _scale_planes(tensors: dict[str, _Stored]) -> dict[str, ScalePlaneSpec]:
+    """The FP4 scale planes among ``tensors``; a misfit names the shard that holds it."""
+    try:
+        return find_scale_planes({n: t.info for n, t in tensors.items()})
+    except CSFError as e:
+        t = tensors.get(e.tensor)
+        raise (e.in_file(t.header.path) if t is not None else e) from e
 
 
 def is_csf_checkpoint(src: str | os.PathLike[str]) -> bool:
@@ -283,59 +248,34 @@ def _read_plane(t: _Stored) -> torch.Tensor:
     """A native (stored as-is) one-byte-per-scale tensor as uint8 in its codec shape, on the CPU."""
     raw = read_tensor_bytes(t.header, t.stored_name)
     if raw.numel() != math.prod(t.info.shape):
-        raise ShapeMismatchError(t.info.name, f"{t.info.dtype} is not one byte per scale")
-    return raw.reshape(_codec_shape(t.info.shape))
+        raise ShapeMismatchError(t.info.name, f"{t.info.dtype} is not one byte per scale", file=t.header.path)
+    return raw.reshape(codec_shape(t.info.shape))
 
 
 def _decode_stored(t: _Stored, *, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Decode a CSF tensor to its native uint8 plane (original shape) on ``device``."""
+    """Decode a CSF tensor to its native uint8 plane (original shape) on ``device``; digest-checked."""
     rec = t.record
-    assert rec is not None
-    payload = read_tensor_bytes(t.header, t.stored_name).to(device)
+    assert rec is not None and not rec.native
     try:
-        head = read_compact_header(payload, name=rec.name)
-        if head.fmt != rec.fmt:
-            raise CorruptPayloadError(rec.name, f"payload is {head.fmt.name}, metadata says {rec.fmt.name}")
+        payload = read_tensor_bytes(t.header, t.stored_name).to(device)
+        lay = CompactScales.from_payload(payload, name=rec.name)
+        if lay.fmt != rec.fmt:
+            raise MalformedInputError(rec.name, f"payload is {lay.fmt.name}, metadata says {rec.fmt.name}")
         return decode_compact(payload, name=rec.name, expected_shape=rec.codec_shape).reshape(rec.shape)
     except CSFError as e:  # the codec names the tensor; add the file it came from
-        raise type(e)(e.tensor, f"{t.header.path} ({t.stored_name}): {e.fault}") from e
+        raise e.in_file(t.header.path) from e
 
 
 def _native_bytes(t: _Stored, *, device: str | torch.device = "cpu") -> Iterator[bytes | memoryview]:
     """A tensor's original bytes in bounded chunks, decoding it when it is stored compact."""
-    if t.record is None:
+    if not t.compact:
         yield from iter_tensor_chunks(t.header, t.stored_name)
     else:
         yield memoryview(_decode_stored(t, device=device).cpu().reshape(-1).numpy())
 
 
-def _compact_from_payload(payload: torch.Tensor, *, name: str) -> CompactScales:
-    return CompactScales.from_payload(payload, name=name)
-
-
 def _encode_plane(plane: torch.Tensor, fmt: ScaleFormat, *, name: str, device: str | torch.device) -> CompactScales:
     return encode_verified(plane.to(device), fmt, name=name)
-
-
-# ---------------------------------------------------------------------------------------------- progress
-
-
-def _bar(total: int, desc: str, enabled: bool) -> tqdm:
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        leave=False,
-        disable=not (enabled and sys.stderr.isatty()),
-    )
-
-
-def _counted(chunks: Iterable[bytes | memoryview], bar: tqdm) -> Iterator[bytes | memoryview]:
-    for c in chunks:
-        bar.update(len(memoryview(c).cast("B")))
-        yield c
 
 
 # --------------------------------------------------------------------------------------------- summaries
@@ -350,6 +290,7 @@ class TensorSummary:
     shape: tuple[int, ...]
     native_bytes: int
     compact_bytes: int
+    stored: str = "csf"  # "native": kept as-is, its payload would not have been smaller
 
     @property
     def ratio(self) -> float:
@@ -358,7 +299,7 @@ class TensorSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class CompressionSummary:
-    """What compress/decompress did; ``tensors`` are the scale planes converted."""
+    """What compress/decompress did; ``tensors`` are the scale planes (``stored`` says which stay native)."""
 
     src: Path
     dst: Path
@@ -366,6 +307,11 @@ class CompressionSummary:
     passthrough_tensors: int
     passthrough_bytes: int
     copied_files: tuple[str, ...] = field(default=())
+
+    @property
+    def compressed(self) -> tuple[TensorSummary, ...]:
+        """The planes stored as CSF payloads."""
+        return tuple(t for t in self.tensors if t.stored == "csf")
 
     @property
     def native_scale_bytes(self) -> int:
@@ -401,19 +347,22 @@ class VerificationSummary:
 # -------------------------------------------------------------------------------------------- operations
 
 
-def _rewrite_index(src: Path, dst: Path, rename: dict[str, str], size_delta: int) -> None:
-    index = json.loads(src.read_text())
+def _rewrite_index(src: Path, dst: Path, rename: dict[str, str], total_size: int) -> None:
+    index = _read_json(src)
+    assert isinstance(index, dict)  # resolve_layout has read its weight_map
     index["weight_map"] = {rename.get(k, k): v for k, v in index["weight_map"].items()}
     meta = index.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("total_size"), int):
-        meta["total_size"] += size_delta
+    if isinstance(meta, dict) and "total_size" in meta:
+        meta["total_size"] = total_size  # recomputed: a wrong source value is not carried over
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _rewrite_config(src: Path, dst: Path, entry: dict[str, object] | None) -> None:
     """Copy config.json, adding (entry) or removing (None) the CSF entry; see the module docstring."""
-    cfg = json.loads(src.read_text())
+    cfg = _read_json(src)
+    if not isinstance(cfg, dict):
+        raise MalformedInputError("", "config.json is not a JSON object", file=src)
     qc = cfg.get("quantization_config")
     if entry is None:
         if isinstance(qc, dict):
@@ -427,13 +376,13 @@ def _rewrite_config(src: Path, dst: Path, entry: dict[str, object] | None) -> No
 
 
 def _finish_directory(
-    layout: CheckpointLayout, out: Path, rename: dict[str, str], size_delta: int, entry: dict[str, object] | None
+    layout: CheckpointLayout, out: Path, rename: dict[str, str], total_size: int, entry: dict[str, object] | None
 ) -> tuple[str, ...]:
     """Index, config.json and every other file of a directory checkpoint."""
     if layout.single_file:
         return ()
     if layout.index is not None:
-        _rewrite_index(layout.root / layout.index, out / layout.index, rename, size_delta)
+        _rewrite_index(layout.root / layout.index, out / layout.index, rename, total_size)
     if (layout.root / _CONFIG).is_file():
         _rewrite_config(layout.root / _CONFIG, out / _CONFIG, entry)
     copied = _other_files(layout)
@@ -443,10 +392,47 @@ def _finish_directory(
     return tuple(copied)
 
 
-def _shard_path(layout: CheckpointLayout, out: Path, shard: str) -> Path:
-    path = out if layout.single_file else out / shard
+def _shard_path(layout: CheckpointLayout, tx: OutputTransaction, shard: str) -> Path:
+    path = tx.file if layout.single_file else tx.root / shard
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _compress_plane(
+    t: _Stored, spec: ScalePlaneSpec, header: SafetensorsHeader, *, device: str | torch.device
+) -> tuple[TensorEntry, CsfRecord, TensorSummary]:
+    """One scale plane as it is stored: a compact payload, or itself when the payload would not be smaller."""
+    name = t.stored_name
+    plane = _read_plane(t)
+    payload = None
+    if plane.numel():
+        payload = _encode_plane(plane, spec.fmt, name=name, device=device).payload.cpu()
+    native = payload is None or payload.numel() >= t.info.nbytes
+    rec = CsfRecord(
+        stored_name=name if native else name + CSF_SUFFIX,
+        name=name,
+        dtype=t.info.dtype,
+        shape=t.info.shape,
+        fmt=spec.fmt,
+        values=spec.values_name,
+        global_scale=spec.global_scale_name,
+        native=native,
+    )
+    if native:
+        entry = TensorEntry(name=name, dtype=t.info.dtype, shape=t.info.shape, load=lambda: plane)
+    else:
+        entry = TensorEntry(name=rec.stored_name, dtype="U8", shape=(payload.numel(),), load=lambda: payload)
+    summary = TensorSummary(
+        name=name,
+        stored_name=rec.stored_name,
+        file=t.shard,
+        fmt=spec.fmt.name,
+        shape=t.info.shape,
+        native_bytes=t.info.nbytes,
+        compact_bytes=entry.nbytes,
+        stored="native" if native else "csf",
+    )
+    return entry, rec, summary
 
 
 def compress_checkpoint(
@@ -457,81 +443,63 @@ def compress_checkpoint(
     progress: bool = True,
     overwrite: bool = False,
 ) -> CompressionSummary:
-    """Write a CSF copy of the native checkpoint ``src`` to ``dst``.
+    """Write a CSF copy of the native checkpoint ``src`` to ``dst``, as a transaction (:mod:`csf_codec.transaction`).
 
-    Each shard's compact payloads are encoded (and verified) first, since the header must know their sizes,
-    then the shard is streamed out one tensor at a time; only one native plane and the shard's payloads are
-    ever in memory.
+    Shards are processed one at a time: a shard's compact payloads are encoded (and verified) first, since
+    its header must know their sizes, then the shard is streamed out one tensor at a time; only one native
+    plane and one shard's payloads are ever in memory. ``dst`` appears whole or not at all; with
+    ``overwrite`` an existing output is replaced only once the new one is complete.
     """
     layout = resolve_layout(src)
     tensors = _logical_tensors(layout)
     if any(t.record is not None for t in tensors.values()):
-        raise CSFError(str(src), "already a CSF checkpoint")
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()})
+        raise UsageError("", "already a CSF checkpoint", file=src)
+    specs = _scale_planes(tensors)
     for name in specs:
         if name + CSF_SUFFIX in tensors:
-            raise CSFError(name, f"cannot store it as {name + CSF_SUFFIX}: a tensor of that name exists")
-    out = _destination(layout, dst, overwrite=overwrite)
+            raise UsageError(name, f"cannot store it as {name + CSF_SUFFIX}: a tensor of that name exists", file=src)
+    out = _output_path(layout, dst)
 
     summaries: list[TensorSummary] = []
-    passthrough = passthrough_bytes = 0
-    bar = _bar(sum(t.info.nbytes for t in tensors.values()), "csf compress", progress)
-    with bar:
+    passthrough = passthrough_bytes = total_size = 0
+    with (
+        OutputTransaction(out, overwrite=overwrite, single_file=layout.single_file) as tx,
+        Progress(sum(t.info.nbytes for t in tensors.values()), "csf compress", progress) as bar,
+    ):
         for shard in layout.shards:
             header = read_header(layout.root / shard)
             entries: list[TensorEntry] = []
-            records: dict[str, dict[str, object]] = {}
+            records: list[CsfRecord] = []
             for stored in header.tensors:
                 t = tensors[stored]
-                spec: ScalePlaneSpec | None = specs.get(stored)
+                spec = specs.get(stored)
                 if spec is None:
                     entries.append(_passthrough(header, stored, bar))
                     passthrough += 1
                     passthrough_bytes += t.info.nbytes
                     continue
-                bar.set_postfix_str(stored, refresh=False)
-                compact = _encode_plane(_read_plane(t), spec.fmt, name=stored, device=device)
-                payload = compact.payload.cpu()
+                bar.note(stored)
+                entry, rec, summary = _compress_plane(t, spec, header, device=device)
                 bar.update(t.info.nbytes)
-                new = stored + CSF_SUFFIX
-                rec = CsfRecord(
-                    stored_name=new,
-                    name=stored,
-                    dtype=t.info.dtype,
-                    shape=t.info.shape,
-                    fmt=spec.fmt,
-                    values=spec.values_name,
-                    global_scale=spec.global_scale_name,
-                )
-                records[new] = rec.as_json()
-                entries.append(TensorEntry(name=new, dtype="U8", shape=(payload.numel(),), load=lambda p=payload: p))
-                summaries.append(
-                    TensorSummary(
-                        name=stored,
-                        stored_name=new,
-                        file=shard,
-                        fmt=spec.fmt.name,
-                        shape=t.info.shape,
-                        native_bytes=t.info.nbytes,
-                        compact_bytes=payload.numel(),
-                    )
-                )
-            meta = dict(header.metadata)
-            if records:
-                meta[META_VERSION] = str(CSF_FORMAT_VERSION)
-                meta[META_TENSORS] = json.dumps(records, separators=(",", ":"), sort_keys=True)
-            write_safetensors(_shard_path(layout, out, shard), entries, metadata=meta)
+                entries.append(entry)
+                records.append(rec)
+                summaries.append(summary)
+            written = write_safetensors(
+                _shard_path(layout, tx, shard), entries, metadata=csf_metadata(header.metadata, records)
+            )
+            total_size += sum(i.nbytes for i in written.values())
 
-    rename = {s.name: s.stored_name for s in summaries}
-    delta = sum(s.compact_bytes - s.native_bytes for s in summaries)
-    entry = None
-    if summaries:
-        entry = {
-            "format_version": CSF_FORMAT_VERSION,
-            "scale_format": ",".join(sorted({s.fmt for s in summaries})),
-            "tensors": len(summaries),
-        }
-    copied = _finish_directory(layout, out, rename, delta, entry)
+        compressed = [s for s in summaries if s.stored == "csf"]
+        entry = None
+        if summaries:
+            entry = {
+                "format_version": CSF_FORMAT_VERSION,
+                "scale_format": ",".join(sorted({s.fmt for s in summaries})),
+                "tensors": len(compressed),
+            }
+        rename = {s.name: s.stored_name for s in compressed}
+        copied = _finish_directory(layout, tx.root, rename, total_size, entry)
+        tx.commit(kind="csf")
     return CompressionSummary(
         src=Path(src),
         dst=out,
@@ -542,11 +510,48 @@ def compress_checkpoint(
     )
 
 
-def _passthrough(header: SafetensorsHeader, name: str, bar: tqdm) -> TensorEntry:
+def _passthrough(header: SafetensorsHeader, name: str, bar: Progress) -> TensorEntry:
     info = header.tensors[name]
     return TensorEntry(
-        name=name, dtype=info.dtype, shape=info.shape, load=lambda: _counted(iter_tensor_chunks(header, name), bar)
+        name=name, dtype=info.dtype, shape=info.shape, load=lambda: counted(iter_tensor_chunks(header, name), bar)
     )
+
+
+def _open_csf(
+    src: str | os.PathLike[str], *, hashes: bool, progress: bool, not_csf: type[CSFError]
+) -> tuple[CheckpointLayout, dict[str, _Stored]]:
+    """A CSF checkpoint to read: a directory must carry a valid completion record (sizes, and with
+    ``hashes`` every SHA-256, checked first); single files are whole by rename."""
+    layout = resolve_layout(src)
+    if not layout.single_file:
+        size = sum(p.stat().st_size for p in layout.root.rglob("*") if p.is_file()) if hashes else 0
+        try:
+            with Progress(size, "csf verify (files)", progress and hashes) as bar:
+                check_complete(layout.root, hashes=hashes, on_bytes=bar.update)
+        except IncompleteOutputError as e:
+            if not (layout.root / COMPLETION_RECORD).exists():
+                _explain_missing_record(layout, e, not_csf)
+            raise
+    tensors = _logical_tensors(layout)
+    if not any(t.record is not None for t in tensors.values()):
+        raise not_csf("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=src)
+    return layout, tensors
+
+
+def _explain_missing_record(layout: CheckpointLayout, missing: IncompleteOutputError, not_csf: type[CSFError]) -> None:
+    """Without a record, a clearer cause wins: a format version this build does not read, or a native checkpoint."""
+    carries = []
+    for shard in layout.shards:
+        try:
+            header = read_header(layout.root / shard)
+            csf_records(header)
+        except FormatVersionError:
+            raise
+        except CSFError:
+            raise missing from None
+        carries.append(META_VERSION in header.metadata)
+    if not any(carries):
+        raise not_csf("", f"not a CSF checkpoint: no shard carries {META_VERSION}", file=layout.root)
 
 
 def decompress_checkpoint(
@@ -559,35 +564,38 @@ def decompress_checkpoint(
 ) -> CompressionSummary:
     """Write the native checkpoint a CSF checkpoint came from: every tensor's bytes, name and dtype restored.
 
-    Planes are decoded lazily, one at a time, while their shard is written.
+    A directory ``src`` must carry a valid completion record (sizes checked). Planes are decoded lazily, one
+    at a time, while their shard is written; the output is a transaction like :func:`compress_checkpoint`'s.
     """
-    layout = resolve_layout(src)
-    tensors = _logical_tensors(layout)
-    if not any(t.record is not None for t in tensors.values()):
-        raise CSFError(str(src), f"not a CSF checkpoint: no shard carries {META_VERSION}")
-    out = _destination(layout, dst, overwrite=overwrite)
+    layout, tensors = _open_csf(src, hashes=False, progress=False, not_csf=UsageError)
+    out = _output_path(layout, dst)
 
     summaries: list[TensorSummary] = []
-    passthrough = passthrough_bytes = 0
-    bar = _bar(sum(t.info.nbytes for t in tensors.values()), "csf decompress", progress)
-    with bar:
+    passthrough = passthrough_bytes = total_size = 0
+    with (
+        OutputTransaction(out, overwrite=overwrite, single_file=layout.single_file) as tx,
+        Progress(sum(t.info.nbytes for t in tensors.values()), "csf decompress", progress) as bar,
+    ):
         for shard in layout.shards:
             header = read_header(layout.root / shard)
             entries: list[TensorEntry] = []
             for t in (t for t in tensors.values() if t.shard == shard):
-                if t.record is None:
+                total_size += t.info.nbytes
+                if not t.compact:
                     entries.append(_passthrough(header, t.stored_name, bar))
-                    passthrough += 1
-                    passthrough_bytes += t.info.nbytes
-                    continue
-                entries.append(
-                    TensorEntry(
-                        name=t.info.name,
-                        dtype=t.info.dtype,
-                        shape=t.info.shape,
-                        load=lambda t=t: _counted(_native_bytes(t, device=device), bar),
+                    if t.record is None:
+                        passthrough += 1
+                        passthrough_bytes += t.info.nbytes
+                        continue
+                else:
+                    entries.append(
+                        TensorEntry(
+                            name=t.info.name,
+                            dtype=t.info.dtype,
+                            shape=t.info.shape,
+                            load=lambda t=t: counted(_native_bytes(t, device=device), bar),
+                        )
                     )
-                )
                 summaries.append(
                     TensorSummary(
                         name=t.info.name,
@@ -597,14 +605,15 @@ def decompress_checkpoint(
                         shape=t.info.shape,
                         native_bytes=t.info.nbytes,
                         compact_bytes=header.tensors[t.stored_name].nbytes,
+                        stored="csf" if t.compact else "native",
                     )
                 )
-            meta = {k: v for k, v in header.metadata.items() if k not in (META_VERSION, META_TENSORS)}
-            write_safetensors(_shard_path(layout, out, shard), entries, metadata=meta)
+            meta = {k: v for k, v in header.metadata.items() if k not in (META_VERSION, META_TENSORS, META_DIGEST)}
+            write_safetensors(_shard_path(layout, tx, shard), entries, metadata=meta)
 
-    rename = {s.stored_name: s.name for s in summaries}
-    delta = sum(s.native_bytes - s.compact_bytes for s in summaries)
-    copied = _finish_directory(layout, out, rename, delta, None)
+        rename = {s.stored_name: s.name for s in summaries}
+        copied = _finish_directory(layout, tx.root, rename, total_size, None)
+        tx.commit(kind="native")
     return CompressionSummary(
         src=Path(src),
         dst=out,
@@ -615,15 +624,22 @@ def decompress_checkpoint(
     )
 
 
-def _check_index(layout: CheckpointLayout) -> None:
-    """The index must name exactly the stored tensors, each in its shard."""
+def _check_index(layout: CheckpointLayout, tensors: dict[str, _Stored]) -> None:
+    """The index must name exactly the stored tensors, each in its shard, and their total size."""
     if layout.index is None:
         return
-    weight_map = json.loads((layout.root / layout.index).read_text())["weight_map"]
-    stored = {n: s for s in layout.shards for n in read_header(layout.root / s).tensors}
+    path = layout.root / layout.index
+    index = _read_json(path)
+    weight_map = _weight_map(path)
+    stored = {t.stored_name: t.shard for t in tensors.values()}
     if weight_map != stored:
         wrong = sorted(set(weight_map.items()) ^ set(stored.items()))[:5]
-        raise CorruptPayloadError(layout.index, f"weight_map disagrees with the shards, e.g. {wrong}")
+        raise VerificationError("", f"weight_map disagrees with the shards, e.g. {wrong}", file=path)
+    meta = index.get("metadata") if isinstance(index, dict) else None
+    if isinstance(meta, dict) and "total_size" in meta:
+        total = sum(t.header.tensors[t.stored_name].nbytes for t in tensors.values())
+        if meta["total_size"] != total:
+            raise VerificationError("", f"total_size {meta['total_size']!r}, the shards hold {total}", file=path)
 
 
 def _same_bytes(a: Iterable[bytes | memoryview], b: Iterable[bytes | memoryview]) -> bool:
@@ -643,38 +659,38 @@ def verify_checkpoint(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> VerificationSummary:
-    """Decode every CSF tensor of ``src`` and check its header against the metadata; raise on any fault.
+    """Prove ``src`` whole and lossless on its own; raise on any fault.
 
-    With ``against`` (a native checkpoint, or another CSF one), also require the same tensor names, dtypes and
-    shapes, and every tensor's original bytes to be identical.
+    A directory's completion record is checked (every file's size and SHA-256), then the index, then every
+    CSF tensor is decoded and its restored plane checked against the digest sealed into its payload.
+    With ``against`` (a native checkpoint, or another CSF one), also require the same tensor names, dtypes
+    and shapes, and every tensor's original bytes to be identical.
     """
-    layout = resolve_layout(src)
-    tensors = _logical_tensors(layout)
-    csf = [t for t in tensors.values() if t.record is not None]
-    if not csf:
-        raise CSFError(str(src), f"not a CSF checkpoint: no shard carries {META_VERSION}")
-    _check_index(layout)
+    layout, tensors = _open_csf(src, hashes=True, progress=progress, not_csf=VerificationError)
+    csf = [t for t in tensors.values() if t.compact]
+    _check_index(layout, tensors)
     native = _logical_tensors(resolve_layout(against)) if against is not None else None
     if native is not None and set(native) != set(tensors):
         diff = sorted(set(native) ^ set(tensors))[:5]
-        raise VerificationError(str(src), f"tensor names differ from {against}, e.g. {diff}")
+        raise VerificationError("", f"tensor names differ from {against}, e.g. {diff}", file=src)
 
     compared = 0
     todo = tensors.values() if native is not None else csf
-    with _bar(sum(t.info.nbytes for t in todo), "csf verify", progress) as bar:
-        for t in todo:
-            bar.set_postfix_str(t.info.name, refresh=False)
-            plane = _decode_stored(t, device=device).cpu() if t.record is not None else None
+    with Progress(sum(t.info.nbytes for t in todo), "csf verify", progress) as bar:
+        for t in todo:  # shard by shard: _logical_tensors is in shard order
+            bar.note(t.info.name)
+            plane = _decode_stored(t, device=device).cpu() if t.compact else None
             if native is not None:
                 ref = native[t.info.name]
                 if (ref.info.dtype, ref.info.shape) != (t.info.dtype, t.info.shape):
                     raise VerificationError(
                         t.info.name,
                         f"{t.info.dtype} {t.info.shape} here, {ref.info.dtype} {ref.info.shape} in {against}",
+                        file=t.header.path,
                     )
                 ours = [memoryview(plane.reshape(-1).numpy())] if plane is not None else _native_bytes(t)
                 if not _same_bytes(ours, _native_bytes(ref, device=device)):
-                    raise VerificationError(t.info.name, f"bytes differ from {against}")
+                    raise VerificationError(t.info.name, f"bytes differ from {against}", file=t.header.path)
                 compared += 1
             bar.update(t.info.nbytes)
     return VerificationSummary(
@@ -687,29 +703,36 @@ def verify_checkpoint(
     )
 
 
-def inspect_checkpoint(src: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> list[dict[str, object]]:
+def inspect_checkpoint(
+    src: str | os.PathLike[str], *, device: str | torch.device = "cpu", progress: bool = False
+) -> list[dict[str, object]]:
     """A :func:`csf_codec.stats.plane_report` dict per FP4 scale plane, native or CSF (decoded first).
 
     Each dict also carries ``file``, ``convention``, ``stored`` ("native" or "csf") and ``stored_bytes``.
+    Planes are read one at a time, in shard order.
     """
     layout = resolve_layout(src)
     tensors = _logical_tensors(layout)
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()})
+    specs = _scale_planes(tensors)
+    names = [n for n in tensors if n in specs]
     reports = []
-    for name, spec in specs.items():
-        t = tensors[name]
-        if t.record is not None:
-            plane = _decode_stored(t, device=device).reshape(t.record.codec_shape)
-        else:
-            plane = _read_plane(t).to(device)
-        d = dict(plane_report(plane, spec.fmt, name=name).as_dict())
-        d.update(
-            file=t.shard,
-            convention=spec.convention,
-            stored="csf" if t.record is not None else "native",
-            stored_bytes=t.header.tensors[t.stored_name].nbytes,
-        )
-        reports.append(d)
+    with Progress(sum(tensors[n].info.nbytes for n in names), "csf inspect", progress) as bar:
+        for name in names:
+            t, spec = tensors[name], specs[name]
+            bar.note(name)
+            if t.compact:
+                plane = _decode_stored(t, device=device).reshape(t.record.codec_shape)
+            else:
+                plane = _read_plane(t).to(device)
+            d = dict(plane_report(plane, spec.fmt, name=name).as_dict())
+            d.update(
+                file=t.shard,
+                convention=spec.convention,
+                stored="csf" if t.compact else "native",
+                stored_bytes=t.header.tensors[t.stored_name].nbytes,
+            )
+            reports.append(d)
+            bar.update(t.info.nbytes)
     return reports
 
 
@@ -724,14 +747,14 @@ def iter_checkpoint_tensors(
     """
     layout = resolve_layout(src)
     tensors = _logical_tensors(layout)
-    specs = find_scale_planes({n: t.info for n, t in tensors.items()}) if compress_scales else {}
+    specs = _scale_planes(tensors) if compress_scales else {}
     for shard in layout.shards:
         with SafetensorsReader(layout.root / shard, device=str(device)) as reader:
             for t in (t for t in tensors.values() if t.shard == shard):
                 name = t.info.name
-                if t.record is not None:
+                if t.compact:
                     payload = read_tensor_bytes(t.header, t.stored_name).to(device)
-                    yield name, _compact_from_payload(payload, name=name)
+                    yield name, CompactScales.from_payload(payload, name=name)
                 elif name in specs:
                     yield name, _encode_plane(_read_plane(t), specs[name].fmt, name=name, device=device)
                 else:

@@ -1,18 +1,20 @@
 """The ``csf`` command: compress, decompress, verify and inspect FP4 checkpoints.
 
-Exit status: 0 on success, 1 when a checkpoint or payload is bad (any :class:`CSFError`: corrupt payload,
-unknown format version, shape mismatch, verification failure), 2 on usage or file-system errors.
+Arguments are parsed before torch is imported, so ``--help`` and usage errors answer at once. Every
+failure is one line on stderr, ``csf: <file>: <tensor>: <what>``, and an exit status from
+:mod:`csf_codec.errors` (the ``--help`` epilog lists them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from .checkpoint import compress_checkpoint, decompress_checkpoint, inspect_checkpoint, verify_checkpoint
-from .errors import CSFError
+from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, CheckpointIOError, CSFError
 from .units import human_bytes
 
 __all__ = ["inspect_totals", "main"]
@@ -133,11 +135,16 @@ def _inspect_table(reports: Sequence[dict]) -> str:
 
 
 def _cmd_compress(args: argparse.Namespace) -> int:
+    from .checkpoint import compress_checkpoint
+
     s = compress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
     for t in s.tensors:
-        print(f"{t.name}: {t.fmt} {human_bytes(t.native_bytes)} -> {human_bytes(t.compact_bytes)} ({_x(t.ratio)})")
+        kept = " (kept native: not smaller compressed)" if t.stored == "native" else ""
+        print(
+            f"{t.name}: {t.fmt} {human_bytes(t.native_bytes)} -> {human_bytes(t.compact_bytes)} ({_x(t.ratio)}){kept}"
+        )
     print(
-        f"compressed {len(s.tensors)} scale planes: "
+        f"compressed {len(s.compressed)} scale planes: "
         f"{human_bytes(s.native_scale_bytes)} -> {human_bytes(s.compact_scale_bytes)} "
         f"({_x(_ratio(s.native_scale_bytes, s.compact_scale_bytes))}); {s.passthrough_tensors} tensors passed "
         f"through; checkpoint {human_bytes(s.native_total_bytes)} -> {human_bytes(s.csf_total_bytes)}; wrote {s.dst}"
@@ -148,6 +155,8 @@ def _cmd_compress(args: argparse.Namespace) -> int:
 
 
 def _cmd_decompress(args: argparse.Namespace) -> int:
+    from .checkpoint import decompress_checkpoint
+
     s = decompress_checkpoint(args.src, args.dst, device=args.device, progress=args.progress, overwrite=args.overwrite)
     print(
         f"restored {len(s.tensors)} scale planes "
@@ -158,9 +167,12 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .checkpoint import verify_checkpoint
+
     s = verify_checkpoint(args.src, against=args.against, device=args.device, progress=args.progress)
     msg = (
-        f"OK: {s.tensors} CSF tensors decode cleanly ({human_bytes(s.compact_bytes)} -> {human_bytes(s.native_bytes)})"
+        f"OK: {s.tensors} CSF tensors decode to their sealed digests "
+        f"({human_bytes(s.compact_bytes)} -> {human_bytes(s.native_bytes)})"
     )
     if s.against is not None:
         msg += f"; all {s.compared_tensors} tensors byte-identical to {s.against}"
@@ -169,7 +181,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    reports = inspect_checkpoint(args.src, device=args.device)
+    from .checkpoint import inspect_checkpoint
+
+    reports = inspect_checkpoint(args.src, device=args.device, progress=args.progress)
     if args.json:
         print(json.dumps({"tensors": reports, "totals": inspect_totals(reports)}, indent=2))
     elif not reports:
@@ -179,53 +193,108 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+_EPILOG = """exit status:
+  0    success
+  1    integrity: a payload, digest, completion record or comparison does not check out
+  2    usage: bad arguments; the destination exists (without --overwrite) or is the source
+  3    malformed input: not a checkpoint this build reads (bad header, JSON, version, geometry)
+  4    I/O error: reading or writing failed (no space, file too large, permissions)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM). Outputs are written under a temporary
+       sibling (.NAME.csf-partial-PID) and renamed into place whole, so an interrupted run leaves
+       the destination as it was.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="csf", description="Lossless compressed FP4 block scales (CSF) for checkpoints.")
+    ap = argparse.ArgumentParser(
+        prog="csf",
+        description="Lossless compressed FP4 block scales (CSF) for checkpoints.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default="cpu", help="torch device to encode/decode on (default: cpu)")
-        if progress:
-            p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+        p.add_argument("-q", "--quiet", "--no-progress", dest="progress", action="store_false", help="no progress bar")
 
-    p = sub.add_parser("compress", help="write a CSF copy of a native FP4 checkpoint")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = command("compress", "write a CSF copy of a native FP4 checkpoint")
     p.add_argument("src", help="checkpoint directory or .safetensors file")
     p.add_argument("dst", help="output directory (or .safetensors file for a single-file checkpoint)")
-    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty destination")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing destination once the new one is complete"
+    )
     common(p)
     p.set_defaults(run=_cmd_compress)
 
-    p = sub.add_parser("decompress", help="restore the native checkpoint from a CSF one, byte for byte")
+    p = command("decompress", "restore the native checkpoint from a CSF one, byte for byte")
     p.add_argument("src")
     p.add_argument("dst")
-    p.add_argument("--overwrite", action="store_true", help="write into an existing non-empty destination")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing destination once the new one is complete"
+    )
     common(p)
     p.set_defaults(run=_cmd_decompress)
 
-    p = sub.add_parser("verify", help="decode every CSF tensor; optionally compare with the native checkpoint")
+    p = command("verify", "prove a CSF checkpoint whole and lossless; optionally compare with the native one")
     p.add_argument("src")
     p.add_argument("--against", metavar="NATIVE", help="native checkpoint that every tensor must match byte for byte")
     common(p)
     p.set_defaults(run=_cmd_verify)
 
-    p = sub.add_parser("inspect", help="per-plane sizes, ratios, exceptions and entropy bound (native or CSF)")
+    p = command("inspect", "per-plane sizes, ratios, exceptions and entropy bound (native or CSF)")
     p.add_argument("src")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    common(p, progress=False)
+    common(p)
     p.set_defaults(run=_cmd_inspect)
     return ap
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that cleanup runs as for Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise (so partial outputs are removed) while a command runs; restored after."""
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        old = {}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _fail(e: CSFError) -> int:
+    print(f"csf: {e}", file=sys.stderr)
+    return e.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return args.run(args)
+        with _signals_raise():
+            return args.run(args)
     except CSFError as e:
-        print(f"csf {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as e:
-        print(f"csf {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(e)
+    except OSError as e:
+        return _fail(CheckpointIOError.from_os(e))
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, _Terminated)
+        print(f"csf: {'terminated' if terminated else 'interrupted'}; no output was written", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

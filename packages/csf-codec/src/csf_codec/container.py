@@ -1,25 +1,29 @@
 """The self-describing envelope around every serialized CSF plane.
 
-Layout (little-endian): a 76-byte header, then the body::
+Layout (little-endian): a 108-byte header, then the body::
 
-    0  magic      4s   b"CSFc" (compact) or b"CSFi" (inline)
-    4  version    u16  CSF_FORMAT_VERSION
-    6  format     u8   ScaleFormat.code (1 = MXFP4, 2 = NVFP4)
-    7  param      u8   compact: offset width; inline: record bytes / 16
-    8  ndim       u8   2 or 3
-    9  reserved   3x
-    12 dims       3 x u32 (unused trailing dims are 0)
-    24 extra      u32  inline: rows per tiling group; compact: 0
-    28 sections   5 x u64 byte lengths of the body's sections, in order (unused ones are 0)
-    68 body_crc   u32  CRC-32 of the body
-    72 head_crc   u32  CRC-32 of bytes 0..71
+    0   magic      4s   b"CSFc" (compact) or b"CSFi" (inline)
+    4   version    u16  CSF_FORMAT_VERSION
+    6   format     u8   ScaleFormat.code (1 = MXFP4, 2 = NVFP4)
+    7   param      u8   compact: offset width; inline: 0
+    8   ndim       u8   2 or 3
+    9   reserved   3x   0
+    12  dims       3 x u32 (unused trailing dims are 0)
+    24  extra      u32  inline: row group and record sizes; compact: 0
+    28  sections   5 x u64 byte lengths of the body's sections, in order (unused ones are 0)
+    68  digest     32s  SHA-256 of the restored native plane (row-major bytes)
+    100 body_crc   u32  CRC-32 of the body
+    104 head_crc   u32  CRC-32 of bytes 0..103
 
-Every reader checks magic, version, header CRC, geometry, exact section lengths and the body CRC
-before it interprets a single body byte, so a damaged payload fails loudly instead of decoding wrong.
+Every reader checks magic, version, header CRC, the zero fields, geometry, exact section lengths and
+the body CRC before it interprets a single body byte, so a damaged payload fails loudly instead of
+decoding wrong. The CRCs catch accidents early; the digest (checked by :mod:`csf_codec.payloads` once
+the plane is restored) is what proves the restored plane is the one that was encoded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
@@ -29,12 +33,24 @@ import torch
 from .errors import CorruptPayloadError, FormatVersionError
 from .formats import ScaleFormat, scale_format
 
-__all__ = ["CSF_FORMAT_VERSION", "HEADER_BYTES", "Envelope", "open_envelope", "seal"]
+__all__ = [
+    "CSF_FORMAT_VERSION",
+    "DIGEST_BYTES",
+    "HEADER_BYTES",
+    "Envelope",
+    "open_envelope",
+    "plane_digest",
+    "seal",
+    "stored_digest",
+]
 
-CSF_FORMAT_VERSION = 1
-_HEAD = struct.Struct("<4sHBBB3x3II5QI")
+CSF_FORMAT_VERSION = 2
+DIGEST_BYTES = 32
+_HEAD = struct.Struct("<4sHBBB3s3II5Q32sI")
 HEADER_BYTES = _HEAD.size + 4
+_DIGEST_AT = 68
 MAX_DIM = 1 << 31
+_COMPACT, _INLINE = b"CSFc", b"CSFi"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,33 +62,75 @@ class Envelope:
     shape: tuple[int, ...]
     extra: int
     sections: tuple[int, ...]
+    digest: bytes = b""  # SHA-256 of the native plane; empty until sealed
 
 
 def _crc(data: bytes | memoryview) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def seal(env: Envelope, body: torch.Tensor) -> torch.Tensor:
-    """Prefix ``body`` (uint8 1-D, any device) with its header; returns the payload on body's device."""
-    if len(env.sections) > 5 or sum(env.sections) != body.numel():
-        raise AssertionError("section lengths do not add up to the body")
+def plane_digest(plane: torch.Tensor) -> bytes:
+    """SHA-256 of a native plane's bytes in row-major order (any one-byte dtype, any device)."""
+    data = plane.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    return hashlib.sha256(memoryview(data.numpy())).digest()
+
+
+def _pack(env: Envelope, body_host: bytes, digest: bytes) -> bytes:
     dims = tuple(env.shape) + (0,) * (3 - len(env.shape))
-    body_host = body.cpu().numpy().tobytes()
     head = _HEAD.pack(
         env.magic,
         CSF_FORMAT_VERSION,
         env.fmt.code,
         env.param,
         len(env.shape),
+        b"\0\0\0",
         *dims,
         env.extra,
         *env.sections,
         *(0,) * (5 - len(env.sections)),
+        digest,
         _crc(body_host),
     )
-    head += struct.pack("<I", _crc(head))
-    header = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(body.device)
+    return head + struct.pack("<I", _crc(head))
+
+
+def _restore(payload: torch.Tensor, magic: bytes) -> torch.Tensor:
+    """The plane a freshly sealed payload decodes to (the decoders import this module, hence the late import)."""
+    if magic == _COMPACT:
+        from .compact import decode_compact
+
+        return decode_compact(payload, name="seal")
+    from .inline import decode_inline, inline_from_payload
+
+    return decode_inline(inline_from_payload(payload, name="seal"), name="seal")
+
+
+def seal(env: Envelope, body: torch.Tensor, *, digest: bytes | None = None) -> torch.Tensor:
+    """Prefix ``body`` (uint8 1-D, any device) with its header; returns the payload on body's device.
+
+    ``digest`` is the SHA-256 of the native plane the body encodes (:func:`plane_digest`). An encoder that
+    has the plane passes it; without one (or ``env.digest``), the body is decoded once here to compute it.
+    """
+    if len(env.sections) > 5 or sum(env.sections) != body.numel():
+        raise AssertionError("section lengths do not add up to the body")
+    digest = digest or env.digest or None
+    body_host = body.cpu().numpy().tobytes()
+    if digest is None:
+        draft = torch.frombuffer(bytearray(_pack(env, body_host, bytes(DIGEST_BYTES))), dtype=torch.uint8)
+        digest = plane_digest(_restore(torch.cat([draft.to(body.device), body]), env.magic))
+    if len(digest) != DIGEST_BYTES:
+        raise AssertionError("a plane digest is 32 bytes of SHA-256")
+    header = torch.frombuffer(bytearray(_pack(env, body_host, digest)), dtype=torch.uint8).to(body.device)
     return torch.cat([header, body])
+
+
+def stored_digest(payload: torch.Tensor) -> bytes:
+    """The plane digest of a payload whose header :func:`open_envelope` has accepted."""
+    return payload[_DIGEST_AT : _DIGEST_AT + DIGEST_BYTES].cpu().numpy().tobytes()
+
+
+def _form(magic: bytes) -> str:
+    return "compact" if magic == _COMPACT else "inline"
 
 
 def open_envelope(
@@ -81,23 +139,32 @@ def open_envelope(
     """Validate a payload's header (and body CRC); return it and the body as a view."""
     if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
         raise CorruptPayloadError(name, "a CSF payload must be a 1-D uint8 tensor")
+    if payload.numel() >= 6:  # magic and version first: an old payload's header has another length
+        lead = payload[:6].cpu().numpy().tobytes()
+        if lead[:4] != magic:
+            raise CorruptPayloadError(name, f"bad magic {lead[:4]!r}: not a CSF {_form(magic)} payload")
+        (version,) = struct.unpack("<H", lead[4:6])
+        if version != CSF_FORMAT_VERSION:
+            raise FormatVersionError(
+                name, f"CSF format version {version}; this codec reads version {CSF_FORMAT_VERSION}"
+            )
     if payload.numel() < HEADER_BYTES:
         raise CorruptPayloadError(
             name, f"truncated payload: {payload.numel()} bytes, the header alone needs {HEADER_BYTES}"
         )
     head = payload[:HEADER_BYTES].cpu().numpy().tobytes()
     fields = _HEAD.unpack(head[: _HEAD.size])
-    got_magic, version, fmt_code, param, ndim = fields[:5]
-    if got_magic != magic:
-        raise CorruptPayloadError(
-            name, f"bad magic {got_magic!r}: not a CSF {'compact' if magic == b'CSFc' else 'inline'} payload"
-        )
-    if version != CSF_FORMAT_VERSION:
-        raise FormatVersionError(name, f"CSF format version {version}; this codec reads version {CSF_FORMAT_VERSION}")
+    got_magic, version, fmt_code, param, ndim, reserved = fields[:6]
     (head_crc,) = struct.unpack("<I", head[_HEAD.size :])
     if head_crc != _crc(head[: _HEAD.size]):
         raise CorruptPayloadError(name, "header checksum mismatch (corrupt header)")
-    dims, extra, sections, body_crc = fields[5:8], fields[8], fields[9:14], fields[14]
+    dims, extra, sections, digest, body_crc = fields[6:9], fields[9], fields[10:15], fields[15], fields[16]
+    if reserved != b"\0\0\0":
+        raise CorruptPayloadError(name, f"reserved header bytes {reserved.hex()} are not zero")
+    if magic == _COMPACT and extra:
+        raise CorruptPayloadError(name, f"unknown compact header field: extra = {extra:#x}, must be 0")
+    if magic == _INLINE and param:
+        raise CorruptPayloadError(name, f"unknown inline header field: param = {param}, must be 0")
     try:
         fmt = scale_format(fmt_code)
     except ValueError:
@@ -119,5 +186,6 @@ def open_envelope(
         shape=tuple(dims[:ndim]),
         extra=extra,
         sections=tuple(sections),
+        digest=digest,
     )
     return env, body

@@ -77,13 +77,18 @@ def _format_for(scale: _Meta, block: int) -> ScaleFormat | None:
     return None
 
 
-def _check_pair(scale_name: str, scale: _Meta, values_name: str, lead: tuple[int, ...], k: int) -> int:
-    """Block size implied by a values tensor (leading dims ``lead``, ``k`` weights per row); refuse misfits."""
+def _check_pair(scale_name: str, scale: _Meta, values_name: str, lead: tuple[int, ...], k: int) -> int | None:
+    """Block size implied by a values tensor (leading dims ``lead``, ``k`` weights per row); refuse misfits.
+
+    None when K = 0 and there are no scale columns: no block size is implied, and the empty pair passes
+    through as it is."""
     if len(scale.shape) < 2 or tuple(scale.shape[:-1]) != lead:
         raise ShapeMismatchError(
             scale_name, f"scale shape {scale.shape} does not match {values_name} (rows {lead}, K={k})"
         )
     cols = scale.shape[-1]
+    if cols == 0 and k == 0:
+        return None
     if cols == 0 or k % cols:
         raise ShapeMismatchError(scale_name, f"{cols} scale columns do not divide K={k} of {values_name}")
     return k // cols
@@ -104,6 +109,8 @@ def match_scale_plane(name: str, tensors: Mapping[str, TensorLike | torch.Tensor
             return None
         k = values.shape[-2] * values.shape[-1] * 2
         block = _check_pair(name, scale, values_name, tuple(values.shape[:-2]), k)
+        if block is None:
+            return None
         if values.shape[-1] != 16 or _format_for(scale, block) is not MXFP4:
             raise ShapeMismatchError(
                 name, f"{values_name} {values.shape} with scales {scale.shape} is not 32 FP4 values per scale"
@@ -134,6 +141,8 @@ def match_scale_plane(name: str, tensors: Mapping[str, TensorLike | torch.Tensor
             return None  # ModelOpt's uint8-scale pair is not an FP4 convention we know
         k = values.shape[-1] * 2
         block = _check_pair(name, scale, values_name, tuple(values.shape[:-1]), k)
+        if block is None:
+            return None
         fmt = _format_for(scale, block)
         if fmt is None:
             raise ShapeMismatchError(

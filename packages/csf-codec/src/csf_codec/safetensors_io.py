@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .errors import CheckpointIOError, MalformedInputError
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -126,50 +128,114 @@ class SafetensorsHeader:
 
 
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
-    """Parse a safetensors header without touching tensor data."""
+    """Parse and validate a safetensors header without touching tensor data.
+
+    Raises :class:`MalformedInputError` naming the file (and tensor) for anything the format forbids:
+    a header longer than the file, bad JSON, an entry without ``dtype``/``shape``/``data_offsets``,
+    offsets that are reversed, overlap, leave gaps, disagree with the shape or run past the file.
+    """
     path = Path(path)
-    with open(path, "rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) != 8:
-            raise ValueError(f"{path}: too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", raw_len)
-        if n > _MAX_HEADER:
-            raise ValueError(f"{path}: header length {n} exceeds {_MAX_HEADER}")
-        raw = f.read(n)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw_len = f.read(8)
+            if len(raw_len) != 8:
+                raise MalformedInputError("", f"{size} bytes: too short to be a safetensors file", file=path)
+            (n,) = struct.unpack("<Q", raw_len)
+            if n > min(_MAX_HEADER, size - 8):
+                raise MalformedInputError(
+                    "",
+                    f"header length {n} runs past the end of the {size}-byte file: not a safetensors file",
+                    file=path,
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointIOError.from_os(e, file=path) from None
     if len(raw) != n:
-        raise ValueError(f"{path}: truncated header")
-    doc = json.loads(raw.decode("utf-8"))
+        raise MalformedInputError("", "truncated header", file=path)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MalformedInputError("", f"header is not UTF-8 JSON: {e}", file=path) from None
+    if not isinstance(doc, dict):
+        raise MalformedInputError("", "header is not a JSON object", file=path)
     metadata = doc.pop("__metadata__", None) or {}
-    infos = []
-    for name, d in doc.items():
-        begin, end = d["data_offsets"]
-        infos.append(TensorInfo(name=name, dtype=d["dtype"], shape=tuple(d["shape"]), begin=begin, end=end))
-    infos.sort(key=lambda t: (t.begin, t.end))
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise MalformedInputError("__metadata__", "must map strings to strings", file=path)
+    infos = sorted((_tensor_info(path, name, d) for name, d in doc.items()), key=lambda t: (t.begin, t.end))
+    at = 0
+    for t in infos:
+        if t.begin != at:
+            what = "overlaps the tensor before it" if t.begin < at else f"leaves a gap at data byte {at}"
+            raise MalformedInputError(t.name, f"data_offsets [{t.begin}, {t.end}] {what}", file=path)
+        at = t.end
+    data = size - 8 - n
+    if at != data:
+        what = "run past the end of the file" if at > data else "leave trailing bytes"
+        raise MalformedInputError(
+            infos[-1].name if infos else "", f"tensors {what}: {at} of {data} data bytes", file=path
+        )
     return SafetensorsHeader(path=path, tensors={t.name: t for t in infos}, metadata=dict(metadata), data_start=8 + n)
+
+
+def _is_count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_info(path: Path, name: str, d: object) -> TensorInfo:
+    """One header entry, checked against the format: known dtype, shape, offsets that hold exactly it."""
+    if not isinstance(d, dict):
+        raise MalformedInputError(name, "header entry is not a JSON object", file=path)
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in d]
+    if missing:
+        raise MalformedInputError(name, f"header entry has no {' or '.join(missing)}", file=path)
+    dtype, shape, offsets = d["dtype"], d["shape"], d["data_offsets"]
+    if dtype not in DTYPE_SIZES:
+        raise MalformedInputError(name, f"unknown dtype {dtype!r}", file=path)
+    if not isinstance(shape, list) or not all(_is_count(x) for x in shape):
+        raise MalformedInputError(name, f"shape {shape!r} is not a list of non-negative integers", file=path)
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(x) for x in offsets):
+        raise MalformedInputError(name, f"data_offsets {offsets!r} are not two non-negative integers", file=path)
+    begin, end = offsets
+    if begin > end:
+        raise MalformedInputError(name, f"data_offsets [{begin}, {end}] are reversed", file=path)
+    want = math.prod(shape) * DTYPE_SIZES[dtype]
+    if end - begin != want:
+        raise MalformedInputError(
+            name, f"data_offsets [{begin}, {end}] hold {end - begin} bytes, {dtype} {shape} needs {want}", file=path
+        )
+    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 
 def iter_tensor_chunks(header: SafetensorsHeader, name: str, *, chunk: int = _CHUNK) -> Iterator[bytes]:
     """A tensor's raw bytes in bounded chunks, straight from the file."""
     info = header.tensors[name]
-    with open(header.path, "rb") as f:
-        f.seek(header.data_start + info.begin)
-        left = info.nbytes
-        while left:
-            buf = f.read(min(chunk, left))
-            if not buf:
-                raise ValueError(f"{header.path}: {name} is truncated")
-            left -= len(buf)
-            yield buf
+    try:
+        with open(header.path, "rb") as f:
+            f.seek(header.data_start + info.begin)
+            left = info.nbytes
+            while left:
+                buf = f.read(min(chunk, left))
+                if not buf:
+                    raise MalformedInputError(name, "truncated: the file ends inside this tensor", file=header.path)
+                left -= len(buf)
+                yield buf
+    except OSError as e:
+        raise CheckpointIOError.from_os(e, file=header.path, tensor=name) from None
 
 
 def read_tensor_bytes(header: SafetensorsHeader, name: str) -> torch.Tensor:
     """A tensor's raw bytes as a flat uint8 CPU tensor (one copy, no dtype interpretation)."""
     info = header.tensors[name]
     out = np.empty(info.nbytes, dtype=np.uint8)
-    with open(header.path, "rb") as f:
-        f.seek(header.data_start + info.begin)
-        if f.readinto(memoryview(out)) != info.nbytes:
-            raise ValueError(f"{header.path}: {name} is truncated")
+    try:
+        with open(header.path, "rb") as f:
+            f.seek(header.data_start + info.begin)
+            got = f.readinto(memoryview(out))
+    except OSError as e:
+        raise CheckpointIOError.from_os(e, file=header.path, tensor=name) from None
+    if got != info.nbytes:
+        raise MalformedInputError(name, "truncated: the file ends inside this tensor", file=header.path)
     return torch.from_numpy(out)
 
 
@@ -278,7 +344,8 @@ def write_safetensors(
 
     ``align_order`` stably sorts tensors by descending element size (as the reference writer does) so every
     tensor starts aligned to its element size — mmap loaders need that and safetensors forbids gaps.
-    The file is written to ``path + '.tmp'`` and renamed, so a crash never leaves a plausible half shard.
+    The file is written to ``path + '.tmp'``, fsynced and renamed, so a crash never leaves a plausible half
+    shard; an operating-system failure (no space, file too large) raises :class:`CheckpointIOError`.
     """
     path = Path(path)
     names = [e.name for e in entries]
@@ -321,7 +388,11 @@ def write_safetensors(
                         on_bytes(chunk.nbytes)
                 if got != want:
                     raise ValueError(f"{path}: {e.name} produced {got} bytes, header declares {want}")
+            f.flush()
+            os.fsync(f.fileno())  # durable before it is renamed into place
         os.replace(tmp, path)
+    except OSError as e:
+        raise CheckpointIOError.from_os(e, file=path) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -65,9 +65,31 @@ def offset_entropy(rows: torch.Tensor, bases: torch.Tensor) -> float:
 def plane_report(
     plane: torch.Tensor, fmt: ScaleFormat | str, *, name: str = "scales", row_group: int | None = None
 ) -> PlaneReport:
-    """Encode ``plane`` in both forms (each verified) and measure it."""
+    """Encode ``plane`` in both forms (each verified) and measure it.
+
+    An empty plane (a zero dimension) is stored as it is: 0 bytes in every form, ratios 1.
+    """
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
+    if rows.numel() == 0:
+        return PlaneReport(
+            name=name,
+            format=fmt.name,
+            shape=shape,
+            native_bytes=0,
+            compact_bytes=0,
+            compact_ratio=1.0,
+            compact_width=fmt.row_base_width,
+            inline_bytes=0,
+            inline_ratio=1.0,
+            inline_record_bytes=0,
+            exceptions=0,
+            exception_fraction=0.0,
+            raw_tiles=0,
+            tiles=0,
+            entropy_bits_per_scale=0.0,
+            entropy_bound_ratio=None,
+        )
     compact = encode_compact(plane, fmt, name=name)
     inline = encode_inline(plane, fmt, name=name, row_group=row_group)
     bases = row_bases(rows, fmt.row_base_width)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .compact import CompactScales, decode_compact, encode_compact
+from .compact import CompactScales, encode_compact
 from .errors import ShapeMismatchError, VerificationError
 from .formats import ScaleFormat
 from .inline import InlineScales, decode_inline
+from .payloads import decode_compact
 from .planes import as_scale_bytes
 
 __all__ = ["encode_verified", "verify"]

@@ -1,12 +1,11 @@
 """CSF planes as a shard stores them: ``X.csf`` payloads, decoded back to the native ``X`` a loader expects.
 
-Only the shard metadata (``csf.format_version`` / ``csf.tensors``, see :mod:`csf_codec.checkpoint`) is read
+Only the shard metadata (``csf.format_version`` / ``csf.tensors``, see :mod:`csf_codec.shard_schema`) is read
 here; payloads come from whatever reader the engine uses, so its prefetching and filtering are kept.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -14,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from csf_codec import CSF_FORMAT_VERSION, CorruptPayloadError, FormatVersionError, decode_compact
-from csf_codec.checkpoint import META_TENSORS, META_VERSION
+from csf_codec import decode_compact
 from csf_codec.safetensors_io import read_header, torch_dtype
+from csf_codec.shard_schema import csf_records
 
 __all__ = ["StoredPlane", "decode_stored_planes", "stored_planes"]
 
@@ -39,26 +38,12 @@ class StoredPlane:
 
 
 def _shard_planes(path: str | os.PathLike[str]) -> dict[str, StoredPlane]:
-    meta = read_header(path).metadata
-    if META_VERSION not in meta:
-        return {}
-    if meta[META_VERSION] != str(CSF_FORMAT_VERSION):
-        raise FormatVersionError(
-            str(path), f"{META_VERSION}={meta[META_VERSION]!r}; this build reads {CSF_FORMAT_VERSION}"
-        )
-    try:
-        records = json.loads(meta.get(META_TENSORS, "{}"))
-        return {
-            stored: StoredPlane(
-                stored_name=stored,
-                name=r["name"],
-                dtype=torch_dtype(r["dtype"]),
-                shape=tuple(int(x) for x in r["shape"]),
-            )
-            for stored, r in records.items()
-        }
-    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as e:
-        raise CorruptPayloadError(str(path), f"bad {META_TENSORS} metadata: {e}") from None
+    """The shard's compact planes; the codec checks the version, the metadata digest and every field."""
+    return {
+        stored: StoredPlane(stored_name=stored, name=r.name, dtype=torch_dtype(r.dtype), shape=r.shape)
+        for stored, r in csf_records(read_header(path)).items()
+        if not r.native  # planes kept native are stored under their own name, as the loader expects
+    }
 
 
 def stored_planes(files: Iterable[str | os.PathLike[str]]) -> dict[str, StoredPlane]:

@@ -1,0 +1,192 @@
+"""Seeded, bounded fuzzing of everything csf reads: payloads of both forms, safetensors files, CSF shards
+and their metadata. The property throughout: a typed CSFError, or (for a change that keeps the meaning)
+the very same output; never another exception, never a silently different plane."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from csf_codec import (
+    MXFP4,
+    NVFP4,
+    CSFError,
+    decode_compact,
+    decode_inline,
+    encode_compact,
+    encode_inline,
+    inline_from_payload,
+)
+from csf_codec.checkpoint import compress_checkpoint, tensor_sha256, verify_checkpoint
+from csf_codec.container import HEADER_BYTES
+from csf_codec.safetensors_io import SafetensorsHeader, read_header, read_tensor_bytes
+from csf_codec.shard_schema import META_TENSORS, csf_records
+
+from .checkpoints_for_tests import nvfp4_tensors
+from .planes_for_tests import clustered_plane, reseal, special_rows
+
+ROUNDS = 150
+
+
+def _mutate(blob: bytes, rng: random.Random, header_end: int) -> bytes:
+    """One random mutation: bit flips, truncation, extension or a header field overwritten."""
+    b = bytearray(blob)
+    kind = rng.choice(("flip", "flip", "truncate", "extend", "field"))
+    if kind == "flip":
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        del b[rng.randrange(len(b)) :]
+    elif kind == "extend":
+        b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+    else:
+        at = rng.randrange(min(header_end, len(b)))
+        width = rng.choice((1, 2, 4, 8))
+        value = rng.choice((0, 1, 0xFF, rng.getrandbits(8 * width)))
+        b[at : at + width] = value.to_bytes(width, "little")[: len(b) - at]
+    return bytes(b)
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("form", ["compact", "inline"])
+@pytest.mark.parametrize("forge", [False, True], ids=["crc-kept", "crc-forged"])
+def test_payload_mutations(form, fmt, forge):
+    plane = special_rows(clustered_plane((2, 70, 6), seed=3, exception_rate=0.08), seed=3)
+    payload = encode_compact(plane, fmt).payload if form == "compact" else encode_inline(plane, fmt).to_payload()
+    blob = payload.numpy().tobytes()
+    rng = random.Random(f"{form}-{fmt.name}-{forge}")
+    decoded = 0
+    for _ in range(ROUNDS):
+        bad = torch.from_numpy(np.frombuffer(_mutate(blob, rng, HEADER_BYTES), dtype=np.uint8).copy())
+        if forge:
+            bad = reseal(bad)
+        try:
+            out = (
+                decode_compact(bad, name="p")
+                if form == "compact"
+                else decode_inline(inline_from_payload(bad, name="p"))
+            )
+        except CSFError:
+            continue
+        decoded += 1
+        assert torch.equal(out, plane), "a mutated payload decoded to a different plane"
+    assert decoded < ROUNDS  # the mutations do reach the checks
+
+
+def _safetensors(tmp_path: Path) -> Path:
+    path = tmp_path / "native.safetensors"
+    save_file(nvfp4_tensors(2), path, metadata={"format": "pt"})
+    return path
+
+
+def _contents(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    header = read_header(path)
+    return {n: (i.dtype, i.shape, read_tensor_bytes(header, n).numpy().tobytes()) for n, i in header.tensors.items()}
+
+
+def _respaced(blob: bytes) -> bytes:
+    """The same header JSON, re-serialised with other whitespace: a change that keeps the meaning."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    doc = json.loads(blob[8 : 8 + n])
+    raw = json.dumps(doc, indent=1).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return struct.pack("<Q", len(raw)) + raw + blob[8 + n :]
+
+
+def test_safetensors_mutations(tmp_path):
+    """The reader gives a CSFError or a header whose every tensor reads back; whitespace changes nothing.
+
+    Plain safetensors carry no checksum, so a flipped data byte reads back flipped: integrity of scale
+    planes comes from the CSF digests, of whole outputs from the completion record (tests below)."""
+    path = _safetensors(tmp_path)
+    blob = path.read_bytes()
+    want = _contents(path)
+    (n,) = struct.unpack("<Q", blob[:8])
+    rng = random.Random(7)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(_respaced(blob))
+    assert _contents(bad) == want
+    for _ in range(ROUNDS):
+        bad.write_bytes(_mutate(blob, rng, 8 + n))
+        try:
+            _contents(bad)
+        except CSFError:
+            continue
+
+
+def test_csf_shard_mutations(tmp_path):
+    """A mutated single-file CSF checkpoint: verify raises a CSFError, or every scale plane (name, dtype,
+    shape, bytes) is exactly the original. Unprotected passthrough bytes may change (see above)."""
+    src = _safetensors(tmp_path)
+    csf = compress_checkpoint(src, tmp_path / "csf.safetensors", progress=False).dst
+    blob = csf.read_bytes()
+    header = read_header(csf)
+    planes = {r.name for r in csf_records(header).values()}
+    want = {k: v for k, v in tensor_sha256(src).items() if k in planes}
+    rng = random.Random(11)
+    bad = tmp_path / "bad.safetensors"
+    for _ in range(120):
+        bad.write_bytes(_mutate(blob, rng, header.data_start))
+        try:
+            verify_checkpoint(bad, progress=False)
+            got = tensor_sha256(bad)
+        except CSFError:
+            continue
+        assert {k: got.get(k) for k in want} == want, "a mutated CSF shard restored a different scale plane"
+
+
+def test_csf_directory_mutations(tmp_path):
+    """In a directory output the completion record covers every byte: any mutation of a shard is refused."""
+    root = tmp_path / "src"
+    root.mkdir()
+    save_file(nvfp4_tensors(2), root / "model.safetensors")
+    out = compress_checkpoint(root, tmp_path / "csf", progress=False).dst
+    shard = out / "model.safetensors"
+    blob = shard.read_bytes()
+    rng = random.Random(13)
+    for _ in range(40):
+        mutated = _mutate(blob, rng, 8)
+        if mutated == blob:
+            continue
+        shard.write_bytes(mutated)
+        with pytest.raises(CSFError):
+            verify_checkpoint(out, progress=False)
+    shard.write_bytes(blob)
+    verify_checkpoint(out, progress=False)
+
+
+def test_csf_metadata_mutations(tmp_path):
+    """Edits to csf.tensors (digest kept): a CSFError, or (whitespace only) the same records."""
+    src = _safetensors(tmp_path)
+    csf = compress_checkpoint(src, tmp_path / "csf.safetensors", progress=False).dst
+    header = read_header(csf)
+    want = csf_records(header)
+    text = header.metadata[META_TENSORS]
+    alphabet = '{}[],:"0123456789 abcdefxyz_.-'
+    rng = random.Random(17)
+
+    def records(t: str):
+        return csf_records(SafetensorsHeader(**{**header.__dict__, "metadata": {**header.metadata, META_TENSORS: t}}))
+
+    assert records(json.dumps(json.loads(text), indent=2)) == want
+    for _ in range(ROUNDS):
+        i = rng.randrange(len(text))
+        op = rng.choice(("replace", "insert", "delete"))
+        c = rng.choice(alphabet)
+        t = {
+            "replace": text[:i] + c + text[i + 1 :],
+            "insert": text[:i] + c + text[i:],
+            "delete": text[:i] + text[i + 1 :],
+        }[op]
+        try:
+            got = records(t)
+        except CSFError:
+            continue
+        assert got == want, f"{op} {c!r} at {i} changed the records"
