@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/csf-kernels/src"))
-from csf_kernels.aot.cute_export import find_cuobjdump  # noqa: E402
+from csf_kernels.aot.cute_export import find_cuobjdump
 
 EM_CUDA = 190
 
@@ -37,7 +37,7 @@ def embedded_cubins(blob: bytes) -> list[bytes]:
             end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
             for i in range(shnum):  # sections may lie past the header tables
                 sh = at + shoff + i * shentsize
-                sh_type, = struct.unpack_from("<I", blob, sh + 4)
+                (sh_type,) = struct.unpack_from("<I", blob, sh + 4)
                 offset, size = struct.unpack_from("<QQ", blob, sh + 24)
                 if sh_type != 8:  # SHT_NOBITS occupies no bytes
                     end = max(end, offset + size)
@@ -74,7 +74,7 @@ def compare(a_dir: Path, b_dir: Path) -> dict:
         ca = embedded_cubins((a_dir / ea["file"]).read_bytes())
         cb = embedded_cubins((b_dir / eb["file"]).read_bytes())
         same = len(ca) == len(cb) > 0 and all(
-            normalised_sass(x, tool, scratch) == normalised_sass(y, tool, scratch) for x, y in zip(ca, cb)
+            normalised_sass(x, tool, scratch) == normalised_sass(y, tool, scratch) for x, y in zip(ca, cb, strict=True)
         )
         (report["renamed_only"] if same else report["different"]).append(key)
     scratch.unlink(missing_ok=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from csf_kernels.runtime import config as runtime_settings
-
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
 from csf_kernels.expand.launch import (
@@ -28,6 +26,7 @@ from csf_kernels.expand.specs import (
     row_block_warps,
     row_expander_spec,
 )
+from csf_kernels.runtime import config as runtime_settings
 from csf_kernels.runtime.cute_so import TensorRef
 
 

@@ -25,12 +25,13 @@ from csf_kernels.moe.specs import (
     DECODE_WIDE,
     DECODE_WIDEST,
     MOE_GEMM_DECODE,
+    ScaleRead,
     gemm_spec,
 )
 
 
 @pytest.mark.parametrize("config", [DECODE_MMA_SYNC, DECODE_NARROW], ids=["16-routes", "8-routes"])
-@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("source", list(ScaleRead), ids=["plane", "records"])
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 def test_builds_with_operands_in_registers(fmt, source, config):
     spec = gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config)
@@ -59,7 +60,7 @@ def _sass(cubin: bytes) -> str:
         return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("source", list(ScaleRead), ids=["plane", "records"])
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
     """wgmma blocks: the weights' A fragments are mma.sync's (the relabelling is proven trivial against the
@@ -83,18 +84,18 @@ def test_wgmma_blocks_of_128_rows_share_one_activation_operand(fmt):
     """The sweep's 128-row wgmma variant (two warpgroups, 8 warps): twice the staged weight words, the same
     activation operand buffers; native scales only (a program's records must lie in one 128-row block)."""
     config = dataclasses.replace(DECODE_WIDE, bn=128, num_warps=8, relabelled=False)
-    art = compile_triton(gemm_spec(fmt, "native", fc1=True, activation="silu", bias=False, config=config))
+    art = compile_triton(gemm_spec(fmt, ScaleRead.PLANE, fc1=True, activation="silu", bias=False, config=config))
     assert art.launch["block"] == [256, 1, 1]
     k_step = 128 if fmt is MXFP4 else 64
     assert art.launch["shared"] == config.word_stages * 128 * k_step // 2 + 2 * config.bm * k_step * 2
     assert "HGMMA.64x32x16.F32.BF16" in _sass(art.data)
     with pytest.raises(Exception, match="native scales"):
-        compile_triton(gemm_spec(fmt, "inline", fc1=True, activation="silu", bias=False, config=config))
+        compile_triton(gemm_spec(fmt, ScaleRead.RECORDS, fc1=True, activation="silu", bias=False, config=config))
     with pytest.raises(ValueError, match="64 rows on 4 warps"):
         dataclasses.replace(DECODE_WIDE, bn=128, num_warps=4)
 
 
-@pytest.mark.parametrize("source", ["native", "inline"])
+@pytest.mark.parametrize("source", list(ScaleRead), ids=["plane", "records"])
 @pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("config", [DECODE, DECODE_WIDE, DECODE_WIDEST], ids=["16-routes", "32-routes", "64-routes"])
 def test_catalog_wgmma_blocks_copy_relabelled_activations_into_their_operand(config, fmt, source):
@@ -113,8 +114,8 @@ def test_catalog_wgmma_blocks_copy_relabelled_activations_into_their_operand(con
 def test_one_token_programs_read_routes_as_blocks(ids64):
     """The one-token tiles' programs that read a token's route ids as blocks (no alignment) build like the
     aligned ones: same operands, same shared memory; only the block's expert and routes come from elsewhere."""
-    plain = gemm_spec(MXFP4, "native", fc1=True, activation="silu", bias=False, config=DECODE_NARROW)
-    spec = gemm_spec(MXFP4, "native", fc1=True, activation="silu", bias=False, config=DECODE_NARROW, routed=True,
+    plain = gemm_spec(MXFP4, ScaleRead.PLANE, fc1=True, activation="silu", bias=False, config=DECODE_NARROW)
+    spec = gemm_spec(MXFP4, ScaleRead.PLANE, fc1=True, activation="silu", bias=False, config=DECODE_NARROW, routed=True,
                      ids64=ids64)  # fmt: skip
     assert spec.fact["ROUTED"] == 1 and spec.fact["IDS64"] == int(ids64) and spec.key != plain.key
     aligned, art = compile_triton(plain), compile_triton(spec)

@@ -9,7 +9,7 @@ import pytest
 
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe.specs import k_step
+from csf_kernels.moe.specs import ScaleRead, k_step
 from csf_moe import plan
 from csf_moe.plan import FC1_RECORDS_STEPS, INLINE_TOKEN_LIMIT
 
@@ -142,7 +142,7 @@ def test_one_token_calls_read_their_routes_as_blocks_and_align_only_to_expand():
     from csf_kernels.moe.specs import DECODE, gemm_spec
 
     with pytest.raises(ValueError, match="does not read routes as blocks"):
-        gemm_spec(geo.fmt, "native", fc1=True, activation="silu", bias=False, config=DECODE, routed=True)
+        gemm_spec(geo.fmt, ScaleRead.PLANE, fc1=True, activation="silu", bias=False, config=DECODE, routed=True)
 
 
 def test_buckets_pick_tiles_and_expansion_by_token_count():
@@ -151,10 +151,10 @@ def test_buckets_pick_tiles_and_expansion_by_token_count():
     assert [b.tokens for b in p.buckets] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     for b in p.buckets:
         assert b.expand == (b.tokens > INLINE_TOKEN_LIMIT or b.config.name == "prefill")
-        assert b.gemm_source == ("native" if b.expand else "inline")
+        assert b.scale_read == (ScaleRead.PLANE if b.expand else ScaleRead.RECORDS)
     assert p.bucket_for(1).expand and p.bucket_for(64).expand  # the routed experts' scales expanded first
     records = plan(geo, 4096, scale_source="inline", inline_token_limit=512)  # records read in the GEMM
-    assert not records.bucket_for(64).expand and records.bucket_for(64).gemm_source == "inline"
+    assert not records.bucket_for(64).expand and records.bucket_for(64).scale_read is ScaleRead.RECORDS
     # decode tiles: 8-route mma.sync blocks up to 4 routes per expert (DS4.1: 384 experts, top 6), then wgmma
     # blocks reading relabelled activations: 16 routes up to 8 per expert, 32 up to 64, 64 above; the prefill
     # tiles above 1024 routes per expert
@@ -209,3 +209,27 @@ def test_every_experts_scales_expand_from_the_planned_routes_per_expert():
     assert next(t for t in range(1, 65) if later.expands_all_experts(t)) == 48
     with pytest.raises(ValueError, match="expand_all_routes_per_expert must be positive"):
         plan(geo, 64, expand_all_routes_per_expert=0)
+
+
+def test_the_plan_names_each_calls_expansion_schedule():
+    """One decision, in the plan: what a call expands and how, from its bucket, its token count, its route ids
+    and what the device makes of the planes' expansions (the layer only executes it)."""
+    from csf_moe.plan import ExpansionSchedule as S
+    from csf_moe.plan import PlaneExpansion
+
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")  # 128 experts, top-8: all experts from 32 tokens
+    p = plan(geo, 64, scale_source="inline")
+    chained = PlaneExpansion(w13_dependent=True, w2_dependent=True, w13_whole_rows=True)
+    ok = dict(ids_list_experts=True)
+    assert p.expansion_schedule(1, chained, **ok) is S.FC1_ON_RECORDS  # FC1_RECORDS_TOKENS
+    assert p.expansion_schedule(1, chained, ids_list_experts=False) is S.ROUTED_CHAINED  # int64 ids list no experts
+    assert p.expansion_schedule(1, dataclasses.replace(chained, w2_dependent=False), **ok) is S.ROUTED_FORKED
+    for forked in (dataclasses.replace(chained, chain=False), dataclasses.replace(chained, w13_whole_rows=False),
+                   dataclasses.replace(chained, w13_dependent=False)):  # fmt: skip
+        assert p.expansion_schedule(16, forked, **ok) is S.ROUTED_FORKED
+    assert p.expansion_schedule(16, chained, **ok) is S.ROUTED_CHAINED
+    assert p.expansion_schedule(32, chained, **ok) is S.ALL_EXPERTS
+    assert p.expansion_schedule(16, chained, planes_given=True, **ok) is S.GIVEN_PLANES
+    assert plan(geo, 64, scale_source="native").expansion_schedule(16, chained, **ok) is S.NONE
+    records = plan(geo, 64, scale_source="inline", inline_token_limit=64)  # the GEMMs read the records themselves
+    assert records.expansion_schedule(16, chained, **ok) is S.NONE

@@ -8,6 +8,7 @@ import torch
 from csf_codec import decode_inline, encode_compact, scale_format
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.moe.fp4_words import gemm_words
+from csf_kernels.moe.specs import ScaleRead
 from csf_moe import plan, prepare_weights
 from csf_moe.reference import interleave_gate_up
 from csf_moe.synthetic import synthetic_layer
@@ -136,6 +137,6 @@ def test_an_expert_past_the_gemms_32_bit_word_offsets_is_refused():
     x = torch.empty(1, 1 << 17, dtype=torch.bfloat16, device="meta")
     ids = torch.empty(8, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="32-bit word offsets"):
-        gemm_launch(fmt=MXFP4, source="native", fc1=False, activation="silu", config=DECODE_NARROW, x=x,
+        gemm_launch(fmt=MXFP4, source=ScaleRead.PLANE, fc1=False, activation="silu", config=DECODE_NARROW, x=x,
                     weights=GemmOperand(values=values), out=x, sorted_ids=ids, block_expert=ids, meta=ids, pairs=1,
                     x_row_div=1)  # fmt: skip

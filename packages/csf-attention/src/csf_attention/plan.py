@@ -9,16 +9,16 @@ all up front.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from csf_kernels.mla.layout import CHUNK, PAGE_SIZE, VALUE_DIM
 from csf_kernels.mla.specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
+from csf_kernels.runtime import device
 from csf_kernels.runtime.programs import ProgramSpec
 
-__all__ = ["H200_SMS", "MODES", "SHARED_SM_MIN_CHUNKS", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
+__all__ = ["MODES", "SHARED_SM_MIN_CHUNKS", "MLACaps", "MLAPlan", "MLAScratch", "plan"]
 
 MODES = ("decode",)
-H200_SMS = 132
 _ALIGN = 256  # scratch region alignment (bytes)
 # A second program per SM (waves 2, the 16-head program) runs each SM ~8% faster, but every split costs a
 # prologue, a partial and its merge: it pays only while a split keeps 16 chunks or more (run 203, top-k 2048,
@@ -37,7 +37,7 @@ class MLACaps:
     page_size: int = PAGE_SIZE
     mode: str = "decode"
     partial_dtype: str = "float32"  # split partials: float32 (one rounding, at the output) or bfloat16
-    sm_count: int = H200_SMS
+    sm_count: int | None = None  # None: the device's (csf_kernels.runtime.device.num_sms)
     waves: int | None = None  # most programs per SM the split policy aims at; None: the decode config's
     quantize_query: bool = False  # quantize a bf16 query like a cache record (bit-identical to a packed one)
     direct_single_split: bool = True  # one split per row: the decode finishes the output (no partials, no merge)
@@ -111,6 +111,8 @@ class MLAPlan:
 
 def plan(caps: MLACaps, config: DecodeConfig | None = None) -> MLAPlan:
     """The plan for ``caps``; ``config`` overrides the decode program's head block and warps (sweeps)."""
+    if caps.sm_count is None:
+        caps = replace(caps, sm_count=device.num_sms())
     if caps.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {caps.mode!r}")
     if caps.page_size != PAGE_SIZE:

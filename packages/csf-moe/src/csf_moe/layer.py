@@ -68,12 +68,12 @@ from csf_kernels.moe.launch import (
     relabel_launch,
 )
 from csf_kernels.moe.relabel import padded_k
-from csf_kernels.moe.specs import copies_weights_early, relabel_step
+from csf_kernels.moe.specs import ScaleRead, copies_weights_early, relabel_step
 from csf_kernels.runtime import Launch, aligned, l2_residency
 from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.programs import ALIGNMENT
 
-from .plan import MoEPlan
+from .plan import ExpansionSchedule, MoEPlan, PlaneExpansion
 from .weights import MoEWeights
 
 __all__ = ["MoELayer", "bind", "scale_planes_span", "scale_planes_window"]
@@ -123,6 +123,22 @@ class MoELayer:
         if lay.w13_scales[1]:
             self.w13_plane = _view(s, lay.w13_scales, torch.uint8).view(geo.w13_scale_shape)
             self.w2_plane = _view(s, lay.w2_scales, torch.uint8).view(geo.w2_scale_shape)
+
+    @property
+    def planes(self) -> PlaneExpansion:
+        """What this device makes of the planes' expansions (the schedule's facts beyond the geometry): whether
+        each is a row-block dependent launch, the only kind that can wait for its predecessor only before it exits
+        or let the next kernel in only as its CTAs finish; whether W13's rows fit a warp's image."""
+        w13, w2 = self.weights.w13.inline, self.weights.w2.inline
+        if self.w13_plane is None or w13 is None or w2 is None:
+            return PlaneExpansion(w13_dependent=False, w2_dependent=False, w13_whole_rows=False, chain=False)
+        pdl = runtime_config.pdl_enabled()
+        return PlaneExpansion(
+            w13_dependent=pdl and expansion_engine(w13, self.w13_plane) == "row_block",
+            w2_dependent=pdl and expansion_engine(w2, self.w2_plane) == "row_block",
+            w13_whole_rows=w13.geometry.cols <= ROW_BLOCK_MAX_WHOLE_COLS,
+            chain=self.chain_expansions,
+        )
 
     # ------------------------------------------------------------------------------------------------
     def expands(self, tokens: int) -> bool:
@@ -249,54 +265,49 @@ class MoELayer:
         w13, w2 = self.weights.w13, self.weights.w2
         fork = None
         early = False  # FC1 right behind chained expansions copies its first weights before it waits
-        records_fc1 = False
-        if bucket.expand:
-            if scale_planes is not None:
+        schedule = plan.expansion_schedule(t, self.planes, ids_list_experts=ids_list_experts,
+                                           planes_given=scale_planes is not None)  # fmt: skip
+        records_fc1 = schedule is ExpansionSchedule.FC1_ON_RECORDS
+        w13_lets, w2_lets = (("end" if dependent else "start") for dependent in
+                             (self.planes.w13_dependent, self.planes.w2_dependent))  # fmt: skip
+        w13_plane, w2_plane = self.w13_plane, self.w2_plane
+        match schedule:
+            case ExpansionSchedule.NONE:
+                launches += relabelling
+            case ExpansionSchedule.GIVEN_PLANES:
                 w13_plane, w2_plane = scale_planes
                 launches += relabelling
-            elif plan.expands_all_experts(t):  # every expert's planes: W13's beside the alignment, the
-                w13_plane, w2_plane = self.w13_plane, self.w2_plane  # relabelling and W2's (nothing to wait for)
-                # W2's, right before FC1 (W13's done first, as in chained calls, runs 285-288)
-                launches += relabelling + inline_expansion_launches(
-                    w2.inline, w2_plane, lets_next_in=self._lets_fc1_in(w2.inline, w2_plane)
-                )
+            case ExpansionSchedule.ALL_EXPERTS:  # W13's beside the alignment, the relabelling and W2's
+                launches += relabelling + inline_expansion_launches(w2.inline, w2_plane, lets_next_in=w2_lets)
                 split = len(launches)
-                launches += inline_expansion_launches(
-                    w13.inline, w13_plane, lets_next_in=self._lets_fc1_in(w13.inline, w13_plane)
-                )
+                launches += inline_expansion_launches(w13.inline, w13_plane, lets_next_in=w13_lets)
                 fork = (0, split, len(launches))
-            elif self._records_fc1(t, bucket, ids_list_experts):
-                records_fc1 = True  # FC1 reads W13's records; W2's expansion follows it (below)
-                w13_plane, w2_plane = None, self.w2_plane
-            else:  # the routed experts' (listed above): W13's beside W2's
-                w13_plane, w2_plane = self.w13_plane, self.w2_plane
-                start = len(launches)
-                chains = self._chains(w13_plane, w2_plane)  # chained, W2's runs beside W13's; forked, FC1 follows it
-                lets = "start" if chains else self._lets_fc1_in(w13.inline, w13_plane)
-                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active, lets_next_in=lets)
-                split = len(launches)
-                if chains:
-                    launches += inline_expansion_launches(
-                        w2.inline, w2_plane, experts=active, wait="last", lets_next_in=self.fc1_let_in
-                    )
-                    early = self.early_fc1 and routed and copies_weights_early(bucket.config)
-                else:
-                    lets = self._lets_fc1_in(w2.inline, w2_plane)
-                    launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, lets_next_in=lets)
-                    fork = (start, split, len(launches))
+            case ExpansionSchedule.FC1_ON_RECORDS:  # W2's expansion follows FC1 (below)
+                w13_plane = None
+            case ExpansionSchedule.ROUTED_CHAINED:  # W2's waits last, beside W13's, and lets FC1 in as set
+                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active, lets_next_in="start")
+                launches += inline_expansion_launches(
+                    w2.inline, w2_plane, experts=active, wait="last", lets_next_in=self.fc1_let_in
+                )
+                early = self.early_fc1 and routed and copies_weights_early(bucket.config)
                 launches += relabelling
-            # the same operands, their scales read from the expanded planes
+            case ExpansionSchedule.ROUTED_FORKED:  # W13's on the current stream, W2's on the side stream
+                start = len(launches)
+                launches += inline_expansion_launches(w13.inline, w13_plane, experts=active, lets_next_in=w13_lets)
+                split = len(launches)
+                launches += inline_expansion_launches(w2.inline, w2_plane, experts=active, lets_next_in=w2_lets)
+                fork = (start, split, len(launches))
+                launches += relabelling
+        if schedule is not ExpansionSchedule.NONE:  # the same operands, their scales read from the planes
             if not records_fc1:
                 w13 = replace(w13, scales=w13_plane, inline=None)
             w2 = replace(w2, scales=w2_plane, inline=None)
-        else:
-            launches += relabelling
         n_inter = padded_k(geo.intermediate, geo.fmt) if relabel else geo.intermediate
         inter = self.intermediate[: pairs * n_inter].view(pairs, n_inter)
         fc2 = self.fc2_out[: pairs * geo.hidden].view(pairs, geo.hidden)
         common = dict(
             fmt=geo.fmt,
-            source=bucket.gemm_source,
+            source=bucket.scale_read,
             activation=geo.activation,
             config=bucket.config,
             sorted_ids=sorted_ids,
@@ -314,7 +325,7 @@ class MoELayer:
         part = self.partials
         if bucket.fc2_finishes_fc1:  # FC1's partials, then FC2's: FC2 reads the one and writes the other
             part2 = part[bucket.fc1_partials(plan.top_k, geo) :]
-            fc1_source = {**common, "source": "inline"} if records_fc1 else common
+            fc1_source = {**common, "source": ScaleRead.RECORDS} if records_fc1 else common
             launches.append(gemm_launch(fc1=True, x=x1, weights=w13, out=inter, x_row_div=plan.top_k, splits=s1,
                                         part=part, early=early, **fc1_source))  # fmt: skip
             if records_fc1:  # beside FC1 (neither touches the other's data), completing after it
@@ -344,38 +355,6 @@ class MoELayer:
         if self.l2_window is None or scale_planes is not None or not self.expands(tokens):
             return None
         return self.l2_window
-
-    def _records_fc1(self, tokens: int, bucket, ids_list_experts: bool) -> bool:
-        """Whether a call expanding its routed experts' scales runs FC1 on W13's records instead (module
-        docstring; ``BucketPlan.fc1_records_tokens``, set only where FC2 finishes FC1): its int32 ids list the
-        experts, and W2's expansion can wait last."""
-        if not (tokens <= bucket.fc1_records_tokens and ids_list_experts):
-            return False
-        return self._row_block_dependents((self.weights.w2.inline, self.w2_plane))
-
-    def _chains(self, w13_plane: torch.Tensor, w2_plane: torch.Tensor) -> bool:
-        """Whether a call expanding its routed experts' scales chains the planes' expansions (module docstring):
-        not where W13's rows are wider than a warp's image takes (the row-block expander then runs a CTA per
-        block), whose chained form measured slower at 2-4 tokens than forked (run 281)."""
-        pairs = ((self.weights.w13.inline, w13_plane), (self.weights.w2.inline, w2_plane))
-        narrow = self.weights.w13.inline.geometry.cols <= ROW_BLOCK_MAX_WHOLE_COLS
-        return self.chain_expansions and narrow and self._row_block_dependents(*pairs)
-
-    def _lets_fc1_in(self, inline, plane) -> str:
-        """When an expansion that FC1 follows on the current stream, or joins from the side stream, lets it in:
-        only as its CTAs finish where it can choose (a row-block dependent launch). FC1's programs let in as they
-        start were placed beside its CTAs, spread unevenly over the SMs, and ran up to 1.7x longer (runs 241,
-        286-291)."""
-        return "end" if self._row_block_dependents((inline, plane)) else "start"
-
-    @staticmethod
-    def _row_block_dependents(*pairs) -> bool:
-        """Whether the expansions of these (inline, plane) pairs are dependent launches of the row-block expander,
-        the only ones that can wait for their predecessor only before they exit, or let the next kernel in only
-        as their CTAs finish."""
-        if not runtime_config.pdl_enabled():
-            return False
-        return all(expansion_engine(inline, plane) == "row_block" for inline, plane in pairs)
 
 
 def bind(

@@ -3,12 +3,18 @@
 A plan is computed from the geometry alone, without compiling or touching a GPU. Token counts are
 served by *buckets* (the catalog's token buckets up to ``max_tokens``): a call with T tokens runs the
 programs of the smallest bucket >= T. Each bucket fixes its GEMM tile configuration (decode for few
-routes per expert, prefill above) and whether its scales are read inline or expanded into scratch
-first (above ``inline_token_limit`` the plan expands once per call and runs the native-scale kernel).
+routes per expert, prefill above), how its GEMMs read scales (:class:`ScaleRead`: a native-layout plane, or
+the CSF records themselves) and, where it expands CSF into scratch planes first, its calls'
+:class:`ExpansionSchedule` (:meth:`MoEPlan.expansion_schedule`), which the bound layer executes.
+
+Vocabulary: a plan's ``scale_source`` is how the layer *stores* and *uses* scales: "native" (the model's
+planes), "expanded" (CSF stored, expanded into scratch planes before every call) or "inline" (CSF stored,
+each bucket reading records or expanding as planned).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from csf_kernels.catalog import MoEGeometry, load_catalog
@@ -18,6 +24,7 @@ from csf_kernels.moe.relabel import k_step, padded_k
 from csf_kernels.moe.specs import (
     PREFILL,
     GemmConfig,
+    ScaleRead,
     align_forms,
     align_plan_spec,
     align_routes_spec,
@@ -37,9 +44,46 @@ from csf_kernels.moe.specs import (
 )
 from csf_kernels.runtime.programs import ProgramSpec
 
-__all__ = ["SCALE_SOURCES", "BucketPlan", "MoEPlan", "ScratchLayout", "plan"]
+__all__ = [
+    "SCALE_SOURCES",
+    "BucketPlan",
+    "ExpansionSchedule",
+    "MoEPlan",
+    "PlaneExpansion",
+    "ScaleRead",
+    "ScratchLayout",
+    "plan",
+]
 
-SCALE_SOURCES = ("native", "expanded", "inline")
+SCALE_SOURCES = ("native", "expanded", "inline")  # a plan's scale_source (module docstring)
+
+
+class ExpansionSchedule(enum.Enum):
+    """How a call of an expanding bucket gets its native-layout scale planes (csf_moe.layer runs each)."""
+
+    NONE = "none"  # the bucket does not expand: its GEMMs read the stored planes or the CSF records
+    GIVEN_PLANES = "given_planes"  # the caller expanded them ahead of the call (csf_moe.prefetch)
+    ALL_EXPERTS = "all_experts"  # every expert's, forked at the call's start: W13's beside the alignment
+    ROUTED_CHAINED = "routed_chained"  # the routed experts', both on the current stream, W2's beside W13's
+    ROUTED_FORKED = "routed_forked"  # the routed experts', W2's forked onto the side stream
+    FC1_ON_RECORDS = "fc1_on_records"  # only W2's, launched after FC1, which reads W13's records itself
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaneExpansion:
+    """What a bound layer's device makes of its two planes' expansions (the facts a schedule needs that the
+    geometry alone does not give)."""
+
+    w13_dependent: bool  # W13's is a row-block dependent launch: it can wait last and let the next kernel in at its end
+    w2_dependent: bool
+    w13_whole_rows: bool  # W13's rows fit one warp's image (expand.specs.ROW_BLOCK_MAX_WHOLE_COLS)
+    chain: bool = True  # chain the routed experts' expansions where both can (False: always fork; A/B timing)
+
+    @property
+    def chains(self) -> bool:
+        return self.chain and self.w13_whole_rows and self.w13_dependent and self.w2_dependent
+
+
 # routes per expert (T * k / E) up to which the decode tile configuration runs. Runs 97-98 (H200, native,
 # the Gluon decode GEMM vs the best prefill tiles; us): at 16 routes per expert the decode GEMM wins on
 # every geometry measured (Qwen3-30B T=256 292 vs 351, gpt-oss-120b T=512 1327 vs 1755, DS4.1-TP4 T=1024
@@ -86,7 +130,7 @@ class BucketPlan:
     tokens: int  # the largest token count this bucket serves
     config: GemmConfig
     expand: bool  # expand CSF scales into scratch planes before the GEMMs
-    gemm_source: str  # what the GEMM reads: "native" (a plane) or "inline" (tile records)
+    scale_read: ScaleRead  # how its GEMMs read scales
     max_blocks: int
     splits_fc1: int = 1  # K splits of split-K configs (float32 partials in scratch)
     splits_fc2: int = 1
@@ -167,6 +211,23 @@ class MoEPlan:
         routing's alignment, rather than the routed experts' after it."""
         return tokens * self.top_k >= self.expand_all_routes_per_expert * self.geometry.experts
 
+    def expansion_schedule(
+        self, tokens: int, planes: PlaneExpansion, *, ids_list_experts: bool, planes_given: bool = False
+    ) -> ExpansionSchedule:
+        """The schedule a call of ``tokens`` tokens runs. ``ids_list_experts``: its route ids (int32, contiguous,
+        read as blocks) list the routed experts themselves; ``planes_given``: the caller expanded the planes."""
+        bucket = self.bucket_for(tokens)
+        if not bucket.expand:
+            return ExpansionSchedule.NONE
+        if planes_given:
+            return ExpansionSchedule.GIVEN_PLANES
+        if self.expands_all_experts(tokens):
+            return ExpansionSchedule.ALL_EXPERTS
+        # FC1 on W13's records needs W2's expansion to wait for FC1 only before it exits (a dependent launch)
+        if tokens <= bucket.fc1_records_tokens and ids_list_experts and planes.w2_dependent:
+            return ExpansionSchedule.FC1_ON_RECORDS
+        return ExpansionSchedule.ROUTED_CHAINED if planes.chains else ExpansionSchedule.ROUTED_FORKED
+
     def reads_routes_as_blocks(self, tokens: int) -> bool:
         """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
         to ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
@@ -188,23 +249,23 @@ class MoEPlan:
         out: dict[str, ProgramSpec] = {}
         for b in self.buckets:
             for fc1 in (True, False):
-                s = gemm_spec(g.fmt, b.gemm_source, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
+                s = gemm_spec(g.fmt, b.scale_read, fc1=fc1, activation=g.activation, bias=g.bias, config=b.config)
                 out[s.key] = s
             if b.routed_tokens:
                 for ids64 in (False, True):
-                    s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
+                    s = gemm_spec(g.fmt, b.scale_read, fc1=True, activation=g.activation, bias=g.bias,
                                   config=b.config, routed=True, ids64=ids64)  # fmt: skip
                     out[s.key] = s
                     if b.fc2_finishes_fc1:
-                        s = gemm_spec(g.fmt, b.gemm_source, fc1=False, activation=g.activation, bias=g.bias,
+                        s = gemm_spec(g.fmt, b.scale_read, fc1=False, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, finishes_fc1=True)  # fmt: skip
                         out[s.key] = s
                     if b.fc1_reads_records and not ids64:  # FC1 on W13's records, W2 expanded beside it (layer)
-                        s = gemm_spec(g.fmt, "inline", fc1=True, activation=g.activation, bias=g.bias,
+                        s = gemm_spec(g.fmt, ScaleRead.RECORDS, fc1=True, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True)  # fmt: skip
                         out[s.key] = s
                     if b.expand and copies_weights_early(b.config):  # FC1 behind chained expansions (layer)
-                        s = gemm_spec(g.fmt, b.gemm_source, fc1=True, activation=g.activation, bias=g.bias,
+                        s = gemm_spec(g.fmt, b.scale_read, fc1=True, activation=g.activation, bias=g.bias,
                                       config=b.config, routed=True, ids64=ids64, early=True)  # fmt: skip
                         out[s.key] = s
             for ids64 in (False, True):
@@ -330,7 +391,7 @@ def plan(
         expand = scale_source == "expanded" or (
             scale_source == "inline" and (t > inline_token_limit or not config.split_k)
         )
-        source = "inline" if scale_source == "inline" and not expand else "native"
+        read = ScaleRead.RECORDS if scale_source == "inline" and not expand else ScaleRead.PLANE
         blocks = max_blocks_for(t * top_k, geometry.experts, config.bm)
         s1 = s2 = 1
         fin = False
@@ -352,7 +413,7 @@ def plan(
                 tokens=t,
                 config=config,
                 expand=expand,
-                gemm_source=source,
+                scale_read=read,
                 max_blocks=blocks,
                 splits_fc1=s1,
                 splits_fc2=s2,

@@ -20,6 +20,7 @@ from csf_kernels.moe.specs import (
     RELABEL_COLUMNS,
     SCATTER_CHUNK,
     GemmConfig,
+    ScaleRead,
     align_plan_spec,
     align_routes_spec,
     align_scatter_spec,
@@ -179,7 +180,7 @@ def _programs_stay_in_blocks(n_out: int, offset: int, row_group: int, bn: int) -
 def gemm_launch(
     *,
     fmt: ScaleFormat,
-    source: str,
+    source: ScaleRead,
     fc1: bool,
     activation: str,
     config: GemmConfig,
@@ -223,7 +224,7 @@ def gemm_launch(
     ph = placeholder(dev)
     inline_args = (ph, ph, ph, ph, ph, ph, 1, 1, 1, 0, 0, 0)
     scales = ph
-    if source == "native":
+    if source is ScaleRead.PLANE:
         if weights.scales is None or tuple(weights.scales.shape) != (e, r, cols):
             raise ValueError(f"native scales must be [{e}, {r}, {cols}]")
         scales = weights.scales
@@ -301,7 +302,7 @@ def gemm_launch(
     # decode programs reading records: the largest shared-memory carveout, or the driver may fit fewer of them on
     # an SM than their registers allow (run 272: gpt-oss's one-token FC1, 720 programs, ran in two waves; native
     # programs measured no different with it)
-    return Launch(spec, grid, args, prefer_shared=source == "inline" and config.engine == "gluon")
+    return Launch(spec, grid, args, prefer_shared=source is ScaleRead.RECORDS and config.engine == "gluon")
 
 
 def _finish_args(finish: Fc1Partials, routed: bool, fc1: bool, e: int, k: int, pairs: int, ph: torch.Tensor):

@@ -7,6 +7,7 @@ Nothing here imports triton.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
 
@@ -14,6 +15,7 @@ from csf_codec import ScaleFormat
 from csf_codec.inline import DELTA_BITS
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.moe.relabel import k_step
+from csf_kernels.runtime import device
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
@@ -31,8 +33,8 @@ __all__ = [
     "MOE_GEMM",
     "MOE_GEMM_DECODE",
     "PREFILL",
-    "SCALE_SOURCES",
     "GemmConfig",
+    "ScaleRead",
     "align_forms",
     "align_plan_spec",
     "align_routes_spec",
@@ -108,8 +110,16 @@ RELABEL_COLUMNS = 1024
 # every program of the layer is a programmatic dependent launch (kernels/pdl.py): each waits for the kernel
 # before it, so a call's launches overlap their predecessors' tails instead of queueing behind them
 MOE_PDL = 1
-# what the GEMM reads its scale bytes from (the kernel's SRC constant)
-SCALE_SOURCES = {"native": 0, "inline": 1}
+
+
+class ScaleRead(enum.Enum):
+    """How a GEMM program reads its scales (the kernel's SRC constant). Where they are *stored* is another matter:
+    a layer storing CSF reads ``PLANE`` from a plane it expanded into scratch, or ``RECORDS`` itself."""
+
+    PLANE = 0  # a native-layout scale plane: the model's own, or one expanded from CSF into scratch
+    RECORDS = 1  # the CSF inline tile records, decoded in the GEMM's stages
+
+
 ALIGN_CHUNK = 1024
 SCATTER_CHUNK = 256
 COMBINE_COLUMNS = 1024
@@ -118,8 +128,9 @@ COMBINE_COLUMNS = 1024
 COMBINE_TILE_TOKENS = 32
 COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
-# split-K decode aims for this many programs per GEMM (a few waves of 132 SMs), at most MAX_SPLITS splits
-TARGET_PROGRAMS = 4 * 132
+# split-K decode aims for this many programs per GEMM per SM (a few waves), at most MAX_SPLITS splits
+PROGRAMS_PER_SM = 4
+TARGET_PROGRAMS: int | None = None  # sweeps only: programs per GEMM whatever the SM count
 MAX_SPLITS = 16
 
 
@@ -182,9 +193,9 @@ class GemmConfig:
         ):
             raise ValueError("word_stages (>= 1), ahead and register caps configure the gluon decode GEMM only")
 
-    def register_cap(self, source: str) -> int | None:
-        """ptxas's register cap for this config's programs reading scales from ``source``."""
-        return self.max_registers if source == "native" else self.inline_max_registers
+    def register_cap(self, source: ScaleRead) -> int | None:
+        """ptxas's register cap for this config's programs reading their scales as ``source`` says."""
+        return self.max_registers if source is ScaleRead.PLANE else self.inline_max_registers
 
     def tiled_rows(self, n_out: int, fc1: bool) -> int:
         """Rows the programs tile for an operand of ``n_out`` outputs (FC1: N gate/up row pairs). The Gluon
@@ -332,7 +343,8 @@ def align_scatter_spec(ids64: bool) -> ProgramSpec:
 
 def split_count(programs: int, k_steps: int) -> int:
     """K splits for a split-K GEMM of ``programs`` programs per split over ``k_steps`` K steps."""
-    want = -(-TARGET_PROGRAMS // max(programs, 1))
+    target = TARGET_PROGRAMS or PROGRAMS_PER_SM * device.num_sms()
+    want = -(-target // max(programs, 1))
     splits = max(1, min(want, MAX_SPLITS, max(1, k_steps // 2)))
     per_split = -(-k_steps // splits)
     return -(-k_steps // per_split)  # no empty splits
@@ -406,7 +418,7 @@ def fc1_finish_spec(ids64: bool, *, activation: str, bias: bool, gscale: bool, r
 
 def gemm_spec(
     fmt: ScaleFormat,
-    source: str,
+    source: ScaleRead,
     *,
     fc1: bool,
     activation: str,
@@ -417,7 +429,7 @@ def gemm_spec(
     finishes_fc1: bool = False,
     early: bool = False,
 ) -> ProgramSpec:
-    """The grouped GEMM for one format, scale source ('native' or 'inline'), stage and tile config; ``routed``:
+    """The grouped GEMM for one format, scale read (:class:`ScaleRead`), stage and tile config; ``routed``:
     a few-token call's routes as blocks read straight from its route ids (int64 with ``ids64``), no alignment
     (:func:`routes_as_blocks`); ``finishes_fc1``: a routed FC2 that finishes FC1 from its partials itself
     (``activation``, ``bias``: FC1's), :func:`fc2_finishes_fc1`; ``early``: a routed FC1 reading a plane
@@ -427,10 +439,10 @@ def gemm_spec(
         raise ValueError(f"config {config.name} (bm {config.bm}, {config.engine}) does not read routes as blocks")
     if finishes_fc1 and (fc1 or not routed):
         raise ValueError("only a routed FC2 finishes FC1 itself")
-    if early and not (fc1 and routed and source == "native" and copies_weights_early(config)):
+    if early and not (fc1 and routed and source is ScaleRead.PLANE and copies_weights_early(config)):
         raise ValueError("only a routed, staged FC1 reading a native plane copies its weights early")
-    if source not in SCALE_SOURCES:
-        raise ValueError(f"unknown scale source {source!r}: expected one of {sorted(SCALE_SOURCES)}")
+    if not isinstance(source, ScaleRead):
+        raise TypeError(f"source must be a ScaleRead, got {source!r}")
     if activation not in ("silu", "swiglu_oai"):
         raise ValueError(f"unknown MoE activation {activation!r}: expected 'silu' or 'swiglu_oai'")
     if config.engine == "gluon":  # split-K partials of every row (FC1: gate and up alike): one program for both
@@ -438,12 +450,12 @@ def gemm_spec(
             MOE_GEMM_DECODE.kernel,
             MOE_GEMM_DECODE.version,
             FMT=0 if fmt.name == "mxfp4" else 1,
-            SRC=SCALE_SOURCES[source],
-            DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+            SRC=source.value,
+            DB=DELTA_BITS[fmt.name] if source is ScaleRead.RECORDS else 0,
             BM=config.bm,
             BN=config.bn,
             STAGES=config.word_stages,
-            AHEAD=int(config.ahead and source == "native"),
+            AHEAD=int(config.ahead and source is ScaleRead.PLANE),
             PDL=MOE_PDL,
             WG=int(config.mma == "wgmma"),
             XR=int(config.relabelled),
@@ -460,12 +472,12 @@ def gemm_spec(
         MOE_GEMM.kernel,
         MOE_GEMM.version,
         FMT=0 if fmt.name == "mxfp4" else 1,
-        SRC=SCALE_SOURCES[source],
+        SRC=source.value,
         FC1=int(fc1),
         ACT=int(activation == "swiglu_oai") if fc1 and not config.split_k else 0,
         HAS_BIAS=int(bias and not config.split_k),
         HAS_GSCALE=int(fmt.name == "nvfp4" and not config.split_k),
-        DB=DELTA_BITS[fmt.name] if source == "inline" else 0,
+        DB=DELTA_BITS[fmt.name] if source is ScaleRead.RECORDS else 0,
         ASM=1,
         PREFETCH=int(config.prefetch),
         SPLIT=int(config.split_k),
@@ -517,7 +529,7 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     specs = []
     for config in CONFIGS:
         # prefill tiles always read a native plane (an inline plan expands first: see csf_moe.plan)
-        for source in SCALE_SOURCES if config.split_k else ("native",):
+        for source in ScaleRead if config.split_k else (ScaleRead.PLANE,):
             for fc1 in (True, False):
                 specs.append(
                     gemm_spec(geo.fmt, source, fc1=fc1, activation=geo.activation, bias=geo.bias, config=config)
@@ -528,7 +540,7 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                                            config=config, routed=True, ids64=ids64))  # fmt: skip
                     specs.append(gemm_spec(geo.fmt, source, fc1=False, activation=geo.activation, bias=geo.bias,
                                            config=config, routed=True, ids64=ids64, finishes_fc1=True))  # fmt: skip
-                    if source == "native" and copies_weights_early(config):  # behind chained expansions
+                    if source is ScaleRead.PLANE and copies_weights_early(config):  # behind chained expansions
                         specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
                                                config=config, routed=True, ids64=ids64, early=True))  # fmt: skip
         for ids64 in (False, True):
