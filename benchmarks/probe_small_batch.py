@@ -6,9 +6,9 @@ For each geometry and token count: the layer's latency (CUDA-graph replays after
 with each arm's alignment, the alignment programs alone the same way, and (first arm only) the device time of
 each kernel of an eager call (torch's profiler). Arms: ``catalog``; ``chunkN:W``, the plan program built for
 route chunks of N on W warps (``moe_specs.ALIGN_CHUNK``, the catalog's 1024 on 8); ``routedN``, calls of up
-to N tokens reading their routes as blocks without an alignment (``moe_specs.ROUTED_TOKENS``; 0: none);
+to N tokens reading their routes as blocks without an alignment (``moe_heuristics.ROUTED_TOKENS``; 0: none);
 ``stagesN``, the one-token tiles (``moe_specs.DECODE_NARROW``) with N K steps in flight; ``targetN``, split-K
-GEMMs aiming at N programs (``moe_specs.TARGET_PROGRAMS``); ``+`` joins settings (``stages5+target264``). Every
+GEMMs aiming at N programs (``moe_heuristics.TARGET_PROGRAMS``); ``+`` joins settings (``stages5+target264``). Every
 arm's output must equal the first arm's (asserted). Programs
 missing from the AOT cache are compiled on first use (the runtime is left unfrozen).
 """
@@ -32,6 +32,7 @@ from timing import capture, l2_flush_buffer, replay_times, run_all
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.moe import heuristics as moe_heuristics
 from csf_kernels.moe import specs as moe_specs
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
@@ -42,19 +43,19 @@ GEOMETRIES = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b",
 def _set_arm(name: str, catalog: tuple) -> None:
     """The settings an arm names, as module settings read when a plan makes its specs and a layer its
     launches; "catalog": the catalog's."""
-    (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS, moe_specs.DECODE_NARROW,
-     moe_specs.TARGET_PROGRAMS) = catalog  # fmt: skip
+    (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_heuristics.ROUTED_TOKENS, moe_specs.DECODE_NARROW,
+     moe_heuristics.TARGET_PROGRAMS) = catalog  # fmt: skip
     for part in name.split("+"):
         if part.startswith("chunk"):
             chunk, warps = (int(f) for f in part.removeprefix("chunk").split(":"))
             moe_specs.ALIGN_CHUNK = chunk
             moe_specs.MOE_ALIGN_PLAN = dataclasses.replace(catalog[1], num_warps=warps)
         elif part.startswith("routed"):
-            moe_specs.ROUTED_TOKENS = int(part.removeprefix("routed"))
+            moe_heuristics.ROUTED_TOKENS = int(part.removeprefix("routed"))
         elif part.startswith("stages"):
             moe_specs.DECODE_NARROW = dataclasses.replace(catalog[3], word_stages=int(part.removeprefix("stages")))
         elif part.startswith("target"):
-            moe_specs.TARGET_PROGRAMS = int(part.removeprefix("target"))
+            moe_heuristics.TARGET_PROGRAMS = int(part.removeprefix("target"))
         elif part != "catalog":
             raise ValueError(f"unknown arm {part!r}")
 
@@ -70,8 +71,8 @@ def main() -> None:
     runtime.unfreeze()
     tokens = [int(t) for t in a.tokens.split(",")]
     arms = a.arms.split(",")
-    catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_specs.ROUTED_TOKENS, moe_specs.DECODE_NARROW,
-               moe_specs.TARGET_PROGRAMS)  # fmt: skip
+    catalog = (moe_specs.ALIGN_CHUNK, moe_specs.MOE_ALIGN_PLAN, moe_heuristics.ROUTED_TOKENS, moe_specs.DECODE_NARROW,
+               moe_heuristics.TARGET_PROGRAMS)  # fmt: skip
     flush = l2_flush_buffer()
     rows = []
     for model, tp in GEOMETRIES:

@@ -25,6 +25,7 @@ from timing import capture, l2_flush_buffer, replay_times
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.moe import heuristics as moe_heuristics
 from csf_kernels.moe import specs as moe_specs
 from csf_kernels.moe.specs import (
     DECODE,
@@ -94,12 +95,12 @@ def _split_count_for(fc1_target: int, fc2_target: int):
     calls = itertools.count()
 
     def split_count(programs: int, k_steps: int) -> int:
-        saved = moe_specs.TARGET_PROGRAMS
-        moe_specs.TARGET_PROGRAMS = fc1_target if next(calls) % 2 == 0 else fc2_target
+        saved = moe_heuristics.TARGET_PROGRAMS
+        moe_heuristics.TARGET_PROGRAMS = fc1_target if next(calls) % 2 == 0 else fc2_target
         try:
             return _catalog_split_count(programs, k_steps)
         finally:
-            moe_specs.TARGET_PROGRAMS = saved
+            moe_heuristics.TARGET_PROGRAMS = saved
 
     return split_count
 
@@ -135,7 +136,7 @@ def main() -> None:
     flush = l2_flush_buffer()
     gen = torch.Generator(device="cuda")
     rows = []
-    target_default = moe_specs.TARGET_PROGRAMS
+    target_default = moe_heuristics.TARGET_PROGRAMS
     first = {}  # (kind, tokens) -> the first variant's output: every variant and source must reproduce it
     kinds = a.kinds.split(",")
     for kind, tokens in (("decode", (1, 8, 32, 128, 512)), ("prefill", (128, 512, 2048))):
@@ -145,7 +146,7 @@ def main() -> None:
         # a target, or FC1's / FC2's ("1056/264")
         targets = [_split_targets(x) for x in a.split_targets.split(",") if x] if kind == "decode" else []
         variants = [(DECODE, t) for t in targets] or [
-            (cfg, moe_specs.TARGET_PROGRAMS) for cfg in _configs(kind, a.catalog_prefill)
+            (cfg, moe_heuristics.TARGET_PROGRAMS) for cfg in _configs(kind, a.catalog_prefill)
         ]
         if kind == "decode" and a.decode_variants:
             variants = [_decode_variant(v) for v in a.decode_variants.split(",")]
@@ -156,7 +157,9 @@ def main() -> None:
                 variants.append((dataclasses.replace(DECODE, word_stages=stages, ahead=bool(ahead)), target_default))
         for cfg, target in variants:
             _PLAN_MODULE.split_count = _split_count_for(*target) if isinstance(target, tuple) else _catalog_split_count
-            moe_specs.TARGET_PROGRAMS = target if isinstance(target, int) else target_default  # read by split_count
+            moe_heuristics.TARGET_PROGRAMS = (
+                target if isinstance(target, int) else target_default
+            )  # read by split_count
             # --word-stages: every decode block gets the variant's pipeline, chosen per bucket as planned
             (moe_specs.DECODE_NARROW, moe_specs.DECODE, moe_specs.DECODE_WIDE, moe_specs.DECODE_WIDEST) = (
                 (dataclasses.replace(d, word_stages=cfg.word_stages, ahead=cfg.ahead) for d in CATALOG_DECODE)

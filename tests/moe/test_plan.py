@@ -71,10 +71,11 @@ def test_calls_of_one_route_chunk_align_in_one_program():
 
 
 def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_count(monkeypatch):
+    from csf_kernels.moe import heuristics as moe_heuristics
     from csf_kernels.moe import specs as moe_specs
 
     geo = load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4")
-    monkeypatch.setattr(moe_specs, "ROUTED_TOKENS", 3)  # calls of 1-3 tokens run in the 1-, 2- and 4-buckets
+    monkeypatch.setattr(moe_heuristics, "ROUTED_TOKENS", 3)  # calls of 1-3 tokens run in the 1-, 2- and 4-buckets
     p = plan(geo, 64, scale_source="native")
     specs = p.specs()
     routed = [s for s in specs if s.kernel == "moe.gemm_decode" and s.fact["ROUTED"]]
@@ -104,6 +105,7 @@ def test_a_plans_tiles_keep_reading_routes_as_blocks_whatever_the_module_setting
 
 @pytest.mark.parametrize("model,tp,fmt", [("gpt-oss-120b", 1, "mxfp4"), ("kimi-k2", 16, "nvfp4")])
 def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_partials(model, tp, fmt):
+    from csf_kernels.moe import heuristics as moe_heuristics
     from csf_kernels.moe import specs as moe_specs
     from csf_kernels.moe.relabel import k_step
 
@@ -112,7 +114,7 @@ def test_fc2_finishing_fc1_splits_within_its_activation_buffer_and_keeps_both_pa
     steps = -(-geo.intermediate // k_step(geo.fmt))
     for b in p.buckets:
         fits = -(-steps // b.splits_fc2) <= moe_specs.FIN_STEPS  # a split's K steps fit the activation buffer
-        assert b.fc2_finishes_fc1 == (b.tokens <= moe_specs.ROUTED_TOKENS and fits)
+        assert b.fc2_finishes_fc1 == (b.tokens <= moe_heuristics.ROUTED_TOKENS and fits)
         if b.fc2_finishes_fc1:
             pairs = b.tokens * p.top_k
             both = pairs * (b.splits_fc1 * 2 * geo.intermediate + b.splits_fc2 * geo.hidden)

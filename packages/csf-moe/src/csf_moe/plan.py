@@ -18,7 +18,12 @@ import enum
 from dataclasses import dataclass
 
 from csf_kernels.catalog import MoEGeometry, load_catalog
-from csf_kernels.moe import specs as moe_specs
+from csf_kernels.moe import heuristics as moe_heuristics
+from csf_kernels.moe.heuristics import (
+    decode_config_for,
+    fc2_finishes_fc1,
+    split_count,
+)
 from csf_kernels.moe.launch import max_blocks_for
 from csf_kernels.moe.relabel import k_step, padded_k
 from csf_kernels.moe.specs import (
@@ -32,15 +37,12 @@ from csf_kernels.moe.specs import (
     combine_slot_tiles,
     combine_spec,
     copies_weights_early,
-    decode_config_for,
     experts_bins,
     fc1_finish_spec,
-    fc2_finishes_fc1,
     gemm_spec,
     relabel_spec,
     relabel_step,
     routes_as_blocks,
-    split_count,
 )
 from csf_kernels.runtime.programs import ProgramSpec
 
@@ -134,11 +136,11 @@ class BucketPlan:
     max_blocks: int
     splits_fc1: int = 1  # K splits of split-K configs (float32 partials in scratch)
     splits_fc2: int = 1
-    # its calls of up to this many tokens read their routes as blocks (moe_specs.ROUTED_TOKENS when planned, on
+    # its calls of up to this many tokens read their routes as blocks (moe_heuristics.ROUTED_TOKENS when planned, on
     # tiles that can; 0: none), decided here so that later module settings change no bound layer
     routed_tokens: int = 0
     # every call's FC2 programs finish FC1 from its partials themselves (all routed): no finishing kernel, FC1's
-    # and FC2's partials side by side in scratch (moe_specs.fc2_finishes_fc1)
+    # and FC2's partials side by side in scratch (moe_heuristics.fc2_finishes_fc1)
     fc2_finishes_fc1: bool = False
     # its expanding routed calls of up to this many tokens with int32 ids run FC1 on W13's records and expand W2's
     # scales beside it (csf_moe.layer; FC1_RECORDS_TOKENS, FC1_RECORDS_STEPS; 0: none); FC2 reads an expanded plane
@@ -230,7 +232,7 @@ class MoEPlan:
 
     def reads_routes_as_blocks(self, tokens: int) -> bool:
         """Whether a call of ``tokens`` tokens has its GEMMs read its route ids as blocks, with no alignment (up
-        to ``moe_specs.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
+        to ``moe_heuristics.ROUTED_TOKENS`` tokens, on the one-token tiles; one that expands its routed experts' scales
         from int64 route ids still aligns, for the list of experts to expand: int32 ids are that list)."""
         return tokens <= self.bucket_for(tokens).routed_tokens
 
@@ -400,7 +402,9 @@ def plan(
             s1 = split_count(blocks * config.row_tiles(geometry.intermediate, fc1=True), steps[geometry.hidden])
             s2 = split_count(blocks * config.row_tiles(geometry.hidden, fc1=False), steps[geometry.intermediate])
             fin = fc2_finishes_fc1(config, t, s2, steps[geometry.intermediate])
-        routed = moe_specs.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_specs.ROUTED_TOKENS else 0
+        routed = (
+            moe_heuristics.ROUTED_TOKENS if routes_as_blocks(config) and smallest <= moe_heuristics.ROUTED_TOKENS else 0
+        )
         fc1_records = 0
         if scale_source == "inline" and expand and fin and routed > 0 and fc1_records_tokens > 0:
             short = 0 < -(-steps[geometry.hidden] // s1) <= fc1_records_steps  # each FC1 program's K steps

@@ -204,7 +204,7 @@ def gemm_launch(
 
     Split-K configs write float32 partials ``part`` [splits, pairs, R] instead (finished by
     :func:`fc1_finish_launch` or :func:`combine_launch`), and ``out`` is unused. ``finish`` (a routed FC2,
-    ``moe_specs.fc2_finishes_fc1``): FC1's partials, finished by this program for its K range instead of read
+    ``moe_heuristics.fc2_finishes_fc1``): FC1's partials, finished by this program for its K range instead of read
     from ``x`` (which is unused), so no finishing kernel runs between the GEMMs. ``early``: a routed FC1 right
     after chained expansions (``moe_specs.gemm_spec``)."""
     values = weights.values
@@ -286,7 +286,7 @@ def gemm_launch(
     elif splits != 1:
         raise ValueError(f"config {config.name} does not split K")
     if -(-steps // per_split) != splits:
-        raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_specs.split_count)")
+        raise ValueError(f"{splits} splits of {steps} K steps leave some empty (use moe_heuristics.split_count)")
     if routed:
         block_expert = aligned(routed_ids)
     grid = (pairs if routed else block_expert.numel(), config.row_tiles(n_out, fc1), splits)

@@ -15,7 +15,6 @@ from csf_codec import ScaleFormat
 from csf_codec.inline import DELTA_BITS
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.moe.relabel import k_step
-from csf_kernels.runtime import device
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "combine_slots",
     "combine_spec",
     "copies_weights_early",
-    "decode_config_for",
     "experts_bins",
     "fc1_finish_spec",
     "gemm_spec",
@@ -53,7 +51,6 @@ __all__ = [
     "relabel_spec",
     "relabel_step",
     "routes_as_blocks",
-    "split_count",
 ]
 
 MOE_ALIGN_PLAN = TritonFamily(
@@ -128,10 +125,6 @@ COMBINE_COLUMNS = 1024
 COMBINE_TILE_TOKENS = 32
 COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
-# split-K decode aims for this many programs per GEMM per SM (a few waves), at most MAX_SPLITS splits
-PROGRAMS_PER_SM = 4
-TARGET_PROGRAMS: int | None = None  # sweeps only: programs per GEMM whatever the SM count
-MAX_SPLITS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,18 +261,6 @@ DECODE_MMA_SYNC = replace(DECODE, mma="mma_sync", relabelled=False, max_register
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
 CONFIGS = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST, PREFILL)
-NARROW_ROUTES_PER_EXPERT = 4  # routes per expert (T * k / E) up to which DECODE_NARROW runs
-BLOCK_ROUTES_PER_EXPERT = 8  # ... DECODE above, up to this
-WIDE_ROUTES_PER_EXPERT = 64  # ... DECODE_WIDE above, up to this; DECODE_WIDEST above (csf_moe.plan: how far)
-
-
-def decode_config_for(routes: int, experts: int) -> GemmConfig:
-    """The decode tile configuration for ``routes`` (tokens x top-k) over ``experts`` experts."""
-    if routes <= NARROW_ROUTES_PER_EXPERT * experts:
-        return DECODE_NARROW
-    if routes <= BLOCK_ROUTES_PER_EXPERT * experts:
-        return DECODE
-    return DECODE_WIDE if routes <= WIDE_ROUTES_PER_EXPERT * experts else DECODE_WIDEST
 
 
 def experts_bins(num_experts: int) -> int:
@@ -339,15 +320,6 @@ def align_scatter_spec(ids64: bool) -> ProgramSpec:
         PDL=MOE_PDL,
         num_warps=MOE_ALIGN_SCATTER.num_warps,
     )
-
-
-def split_count(programs: int, k_steps: int) -> int:
-    """K splits for a split-K GEMM of ``programs`` programs per split over ``k_steps`` K steps."""
-    target = TARGET_PROGRAMS or PROGRAMS_PER_SM * device.num_sms()
-    want = -(-target // max(programs, 1))
-    splits = max(1, min(want, MAX_SPLITS, max(1, k_steps // 2)))
-    per_split = -(-k_steps // splits)
-    return -(-k_steps // per_split)  # no empty splits
 
 
 def combine_slots(tokens: int, top_k: int) -> int:
@@ -489,25 +461,8 @@ def gemm_spec(
     )
 
 
-# calls of up to this many tokens on the one-token tiles, not expanding scales, skip the alignment: the decode
-# GEMMs read their route ids as blocks (a route each; two routes of one expert read its weights twice). Run 220
-# (benchmarks/probe_small_batch.py, us aligned / routed): 2-4 tokens faster on all three peers (gpt-oss T = 2
-# 62.2 / 52.9, T = 4 94.0 / 87.4; DS4.1 41.2 / 33.8, 59.7 / 53.1; Qwen3-30B 31.8 / 26.6, 44.1 / 38.1); from 6
-# tokens gpt-oss and Qwen3-30B lose (113.7 / 118.0, 52.3 / 55.0: their experts repeat)
-ROUTED_TOKENS = 4
-
-
 # K steps of a routed FC2 program's split that FC1's finish fused into it holds (kernels/moe_fc1_finish_gluon.py)
 FIN_STEPS = 8
-
-
-def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_steps: int) -> bool:
-    """Whether calls of up to ``tokens`` tokens on ``config`` run no FC1 finish kernel: their routed FC2 programs
-    finish FC1 from its partials for their own K range (``moe_gemm_decode``'s ``FIN``), where FC2's splits hold
-    at most :data:`FIN_STEPS` K steps (never more splits for it: run 223, forcing them made the 4-token gpt-oss
-    layer 2.3 us slower)."""
-    fits = -(-fc2_k_steps // fc2_splits) <= FIN_STEPS
-    return tokens <= ROUTED_TOKENS and routes_as_blocks(config) and config.word_stages > 1 and fits
 
 
 def copies_weights_early(config: GemmConfig) -> bool:

@@ -3,7 +3,7 @@
 Same job, arguments and results as ``moe_gemm`` with its split-K decode tiles (``SPLIT``: float32 partials
 ``[splits, pairs, R]``, finished by ``moe_finish`` / ``moe_combine``): one program computes ``BN`` (64)
 weight rows for one block of ``BM`` routes of one expert, over its K split (mma.sync: 8 or 16 routes; wgmma,
-``WG``: 16, 32 or 64, below; the catalog: ``moe_specs.decode_config_for``). Partials need no gate/up pairing,
+``WG``: 16, 32 or 64, below; the catalog: ``moe_heuristics.decode_config_for``). Partials need no gate/up pairing,
 so FC1 runs as a GEMM over all its 2N rows (``n_out`` = R): twice the programs of half the registers.
 What differs is how the tensor cores are fed. ``moe_gemm`` hands Triton a dequantized tile in the
 order it was loaded, and Triton moves it into the MMA's operand layout through shared memory, behind CTA
@@ -40,7 +40,7 @@ them. ``XR`` (``moe_specs.GemmConfig.relabelled``): the activations are stored i
 (``csf_kernels.moe.relabel``: the layer relabels FC1's input, the FC1 finish writes FC2's so, rows padded to whole
 K steps), so each stage's activations are copied by ``cp.async`` straight into the operand, with the weight
 words: no register pass, no 4-byte stores, no second operand buffer. That form pays from 5 routes per expert
-on (runs 175-177: ``moe_specs.decode_config_for``): the activations no longer sit in every warp's registers,
+on (runs 175-177: ``moe_heuristics.decode_config_for``): the activations no longer sit in every warp's registers,
 so a block can hold all of an expert's routes and each weight is converted once. ``BN`` 128 (two warpgroups
 on 8 warps sharing the operand buffers; native scales only) is a sweep variant that did not pay (run 173).
 """
@@ -91,7 +91,7 @@ SIGNATURE = {n: t for n, t in _GEMM_SIGNATURE.items() if t != "constexpr"} | {
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
     "WG": "constexpr",  # 0: mma.sync, activations in registers; 1: wgmma, activations in shared memory
     "XR": "constexpr",  # wgmma: 1, the activations are stored relabelled (copied by cp.async into the operand)
-    # 1: a few-token call without an alignment (moe_specs.ROUTED_TOKENS), block b is route b (``block_expert``: the
+    # 1: a few-token call without an alignment (moe_heuristics.ROUTED_TOKENS), block b is route b (``block_expert``: the
     # route ids, int64 with IDS64): programs of routes outside [0, num_experts) exit
     "ROUTED": "constexpr",
     "IDS64": "constexpr",
