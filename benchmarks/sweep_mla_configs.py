@@ -24,8 +24,9 @@ from timing import capture, l2_flush_buffer, replay_times
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference
 from csf_kernels import runtime
+from csf_kernels.mla.heuristics import decode_config
 from csf_kernels.mla.layout import HEAD_DIM, VALUE_DIM
-from csf_kernels.mla.specs import DecodeConfig, decode_config
+from csf_kernels.mla.specs import DecodeConfig
 
 # head block, warps, stages, waves (programs per SM the split policy aims at), operand type; runs 19-20
 # also tried 2 stages, 32-candidate steps and a 128-register cap (all slower; see mla_specs.py). The Gluon

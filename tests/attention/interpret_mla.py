@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from csf_attention import MLACaps, SparseMLADecoder, dequantize_records, pack_query, plan, sparse_mla_reference
-from csf_kernels.mla.specs import triton_decode_config
+from csf_kernels.mla.heuristics import triton_decode_config
 from tests.attention.mla_cases import late_maximum_inputs, mla_inputs, rel_err, worst_group_err
 from tests.interpreter import run_launch
 

@@ -11,8 +11,9 @@ from csf_attention import MLACaps, SparseMLADecoder, plan
 from csf_attention.plan import SHARED_SM_MIN_CHUNKS
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import load_catalog
+from csf_kernels.mla.heuristics import decode_config, triton_decode_config
 from csf_kernels.mla.layout import VALUE_DIM
-from csf_kernels.mla.specs import DecodeConfig, decode_config, triton_decode_config
+from csf_kernels.mla.specs import DecodeConfig
 from tests.attention.mla_cases import mla_inputs
 
 

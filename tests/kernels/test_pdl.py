@@ -42,9 +42,10 @@ def test_every_sparse_mla_catalog_program_is_a_dependent_launch():
     pytest.importorskip("triton")
     from csf_kernels.aot.compile_triton import compile_triton
     from csf_kernels.catalog import load_catalog
+    from csf_kernels.mla.heuristics import catalog_configs
     from csf_kernels.mla.specs import MLA_MERGE, merge_spec, sparse_mla_specs
 
-    specs = sparse_mla_specs(load_catalog().sparse_mla)
+    specs = sparse_mla_specs(catalog_configs(load_catalog().sparse_mla))
     assert specs and all(s.fact["PDL"] == 1 for s in specs)
     merge = merge_spec("bfloat16", sink=True, lse=True)
     assert merge.kernel == MLA_MERGE.kernel and compile_triton(merge).launch["pdl"] is True

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from csf_kernels.mla.heuristics import decode_config
 from csf_kernels.mla.layout import CHUNK, PAGE_SIZE, VALUE_DIM
-from csf_kernels.mla.specs import PARTIAL_DTYPES, DecodeConfig, decode_config, decode_spec, merge_spec
+from csf_kernels.mla.specs import PARTIAL_DTYPES, DecodeConfig, decode_spec, merge_spec
 from csf_kernels.runtime import device
 from csf_kernels.runtime.programs import ProgramSpec
 

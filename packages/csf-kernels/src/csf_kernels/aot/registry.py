@@ -20,6 +20,7 @@ from csf_kernels.expand.specs import (
     row_image_layout,
     stage_decoder_spec,
 )
+from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
 from csf_kernels.moe.specs import moe_geometry_specs
 from csf_kernels.runtime.programs import ProgramSpec
@@ -52,7 +53,7 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
     for fmt in sorted({g.fmt.name for g in catalog.moe}):
         for spec in format_expansion_specs(catalog_format(fmt)):
             out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
-    for spec in sparse_mla_specs(catalog.sparse_mla):
+    for spec in sparse_mla_specs(catalog_configs(catalog.sparse_mla)):
         out.setdefault(spec.key, (spec, []))[1].append("sparse_mla")
     if cute:
         for geo in catalog.moe:

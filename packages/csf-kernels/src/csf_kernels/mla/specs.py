@@ -22,11 +22,9 @@ __all__ = [
     "PARTIAL_DTYPES",
     "QUERY_MODES",
     "DecodeConfig",
-    "decode_config",
     "decode_spec",
     "merge_spec",
     "sparse_mla_specs",
-    "triton_decode_config",
 ]
 
 MLA_DECODE = TritonFamily(
@@ -143,55 +141,6 @@ class DecodeConfig:
         return self.engine in ("triton", "wgmma", "wide")
 
 
-# Chosen on the H200 by benchmarks/sweep_mla_configs.py (run 19, validation/README.md): the time per
-# program hardly depends on its head block (gathering and converting records dominates), so the
-# widest block that divides the heads wins (64 heads: 3.7x over 16-head blocks at 128 heads); 16 heads
-# gain a little from two 4-warp programs per SM. Tried and slower (run 20): walking a chunk 32
-# candidates a step (1.3-2x: the per-step latency chain, not the record registers, bounds a program),
-# capping registers at 128 for two 8-warp programs per SM (1.1-1.3x, spills), 2 pipeline stages except
-# for 8-warp 16-head blocks (0.9x there, 1.1-1.3x slower elsewhere). Operands (run 55, side by side):
-# float16 0.81-0.92x the bf16 time on the mma.sync blocks (16, 32); on the 64-head wgmma block float16
-# is 1.3-2x slower (runs 53-54: the computed query spills as a register operand), so it keeps bf16.
-# Regrouping the converted latent: 5% faster on 4-warp programs, 5-16% slower on 8-warp ones (run 56).
-_TRITON_BY_HEAD_BLOCK = {
-    64: DecodeConfig(64, 8, 1, 1, operand="bfloat16"),
-    32: DecodeConfig(32, 8, 1, 1),
-    16: DecodeConfig(16, 4, 1, 2, regroup=True),
-}
-# The Gluon programs (side by side, runs 104-110): the two-warpgroup wgmma program for 32-head blocks
-# (kernels/mla_decode_wgmma.py) is 1.06-1.14x faster than the 8-warp mma.sync one at 32 heads, and as two or
-# four blocks 1.04-1.18x faster than the Triton 64-head wgmma program at 64 and 128 heads (s_q 2 included),
-# (since run 162 it finishes single-split outputs itself, as the Triton program did); at 16 heads the 4-warp
-# mma.sync program (kernels/mla_decode_mma.py, two per SM) wins at batch 128 (88 vs 93-97 us) and, planned one
-# per SM at batch 32 (csf_attention.plan), there too (33-34 vs 34.7; run 202). 64 and 128 heads run 64-head
-# blocks with heads on wgmma's M
-# (kernels/mla_decode_wide.py; each version swept beside the one before, runs 191-197): 1.2-1.7x faster than
-# 32-head wgmma blocks (bench_mla run 200 vs the run-192 sweep: b128 h128 s_q 2 567 vs 964 us, b128 h64 156 vs
-# 249, b32 h64 59 vs 72). See docs/perf-notes.md
-_BY_HEAD_BLOCK = {
-    64: DecodeConfig(64, 4, 1, 1, operand="bfloat16", engine="wide"),
-    32: DecodeConfig(32, 4, 1, 1, engine="wgmma"),
-    16: DecodeConfig(16, 4, 1, 2, engine="gluon"),
-}
-
-
-def _widest(table: dict[int, DecodeConfig], heads: int) -> DecodeConfig:
-    if heads <= 0 or heads % 16:
-        raise ValueError(f"sparse MLA decode needs a positive multiple of 16 heads per rank, got {heads}")
-    return next(c for block, c in table.items() if heads % block == 0)
-
-
-def decode_config(heads: int) -> DecodeConfig:
-    """The decode config for ``heads`` heads per rank: the widest measured head block dividing them."""
-    return _widest(_BY_HEAD_BLOCK, heads)
-
-
-def triton_decode_config(heads: int) -> DecodeConfig:
-    """The best measured Triton-engine config for ``heads`` (runs in Triton's CPU interpreter; the
-    side-by-side arm of the Gluon program in sweeps)."""
-    return _widest(_TRITON_BY_HEAD_BLOCK, heads)
-
-
 QUERY_MODES = {"bf16": 0, "bf16_quantized": 1, "packed": 2}  # see kernels/mla_decode.py
 
 
@@ -259,12 +208,12 @@ def merge_spec(partial_dtype: str = "float32", *, sink: bool = False, lse: bool 
     )
 
 
-def sparse_mla_specs(sparse_mla: dict) -> list[ProgramSpec]:
-    """Every program the catalog's sparse-MLA entry needs: each decode config's programs for every query
-    form (split, for both partial dtypes; and direct, with every finishing option) and every merge."""
+def sparse_mla_specs(configs) -> list[ProgramSpec]:
+    """Every program decode ``configs`` need (the catalog's: :func:`csf_kernels.mla.heuristics.catalog_configs`):
+    each config's programs for every query form (split, for both partial dtypes; and direct, with every finishing
+    option) and every merge."""
     specs: dict[str, ProgramSpec] = {}
-    configs = sorted({decode_config(h) for h in sparse_mla.get("heads", ())}, key=repr)
-    for config in configs:
+    for config in sorted(set(configs), key=repr):
         for query in QUERY_MODES:
             for dtype in PARTIAL_DTYPES:
                 s = decode_spec(config, dtype, query)
