@@ -89,9 +89,9 @@ def test_kernels_parts_import_only_what_they_may(part):
                 assert other in ALLOWED[part], f"{module} imports {dep}: {part} may import only {sorted(ALLOWED[part])}"
 
 
-def test_every_operation_has_its_host_api_specs_and_device_code():
+def test_every_operation_has_its_host_api_specs_policy_and_device_code():
     for op in OPERATIONS:
-        for piece in ("launch.py", "specs.py", "kernels/__init__.py"):
+        for piece in ("launch.py", "specs.py", "heuristics.py", "kernels/__init__.py"):
             assert (KERNELS / op / piece).is_file(), f"csf_kernels/{op}/{piece}"
 
 

@@ -7,10 +7,10 @@ import torch
 
 from csf_codec import MXFP4, NVFP4, encode_inline
 from csf_codec.synthetic import synthetic_scale_plane
+from csf_kernels.expand.heuristics import auto_engine
 from csf_kernels.expand.launch import (
     DIVIDEND_LIMIT,
     ENGINES,
-    auto_engine,
     division_magic,
     exception_caps,
     inline_expansion_launches,

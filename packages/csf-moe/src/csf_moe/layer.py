@@ -56,7 +56,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.expand.launch import LETS_NEXT_IN, expansion_engine, inline_expansion_launches
+from csf_kernels.expand.heuristics import expansion_engine
+from csf_kernels.expand.launch import LETS_NEXT_IN, inline_expansion_launches
 from csf_kernels.expand.layer import ForkJoin, side_stream
 from csf_kernels.expand.specs import ROW_BLOCK_MAX_WHOLE_COLS
 from csf_kernels.moe.launch import (

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from csf_codec import InlineScales, ScaleFormat
+from csf_codec import InlineScales
 from csf_codec.inline import exception_capacity
 from csf_codec.tile_layout import TILE_COLS
 from csf_kernels import runtime
 from csf_kernels.expand.compact_tables import CompactTables
+from csf_kernels.expand.heuristics import expansion_engine
 from csf_kernels.expand.specs import (
     RowImageLayout,
     compact_spec,
@@ -40,7 +41,6 @@ __all__ = [
     "bind_expand_inline",
     "expand_compact",
     "expand_inline",
-    "expansion_engine",
     "inline_expansion_launches",
 ]
 
@@ -88,38 +88,6 @@ def _expert_ids(experts: torch.Tensor | None, num_experts: int, device: torch.de
 # csf_kernels.cute (inline_row_expander, narrow_row_expander); "row_block": the per-shape row-block expander
 # (csf_kernels.expand.kernels.cute_row_block_expander); "auto" (the default): see auto_engine
 ENGINES = ("auto", "triton", "cute", "row_block")
-# Triton's tile programs store rows in pieces of this many bytes or more to stay ahead of the CuTe row images
-_TRITON_MIN_STORE = 8
-
-
-def auto_engine(cols: int, nbytes: int, out_ptr: int, fmt: ScaleFormat | None = None) -> str:
-    """The engine "auto" takes for a ``cols``-column plane of ``nbytes`` bytes at ``out_ptr`` on a GPU.
-
-    The row-block expander where it covers the plane and the AOT cache holds its program for this shape (the
-    catalog's planes; ``fmt`` names the format): DS4.1-TP4's W13 28.3 us (Triton 34.8, CuTe row images 37.2)
-    and W2 18.7 us (CuTe 26.8, Triton 34.1), runs 124-131. Otherwise CuTe where it covers the plane and either
-    the rows are narrow (one column group of at most 8 full tiles, one warp per row block) or Triton could only
-    store them in pieces under 8 bytes (gpt-oss's 90-byte rows, 2-byte stores: 648 vs 58 us per layer, run 83);
-    Triton for rows it stores 8 or 16 bytes at a time."""
-    if fmt is not None and row_block_covers(cols, nbytes, out_ptr):
-        if runtime.is_cached(row_block_expander_spec(fmt, cols)):
-            return "row_block"
-    layout = row_image_layout(cols, nbytes, out_ptr)
-    if layout is None:
-        return "triton"
-    if layout.per_warp and layout.groups == 1:
-        return "cute"
-    return "cute" if inline_store_bytes(cols, out_ptr) < _TRITON_MIN_STORE else "triton"
-
-
-def expansion_engine(inline: InlineScales, out: torch.Tensor) -> str:
-    """The engine "auto" takes to expand ``inline`` into ``out`` (CPU tensors only run in Triton's interpreter:
-    tests)."""
-    if not out.is_cuda:
-        return "triton"
-    return auto_engine(inline.geometry.cols, out.numel(), out.data_ptr(), inline.fmt)
-
-
 # when a row-block expansion launched dependently waits for its predecessor (inline_expansion_launches), in the
 # order of the program's ``pdl`` argument (1, 2; 0: a plain launch)
 WAITS = ("first", "last")
