@@ -18,14 +18,19 @@ are imaged in groups of 32-byte row segments: whole sectors.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.nvgpu import cpasync
 
 from csf_codec.tile_layout import slot_to_row
-from csf_kernels.expand.kernels.cute_row_expander import STORES, THREADS, image_bytes, record_stage_bytes
+from csf_kernels.expand.kernels.cute_row_expander import (
+    STORES,
+    THREADS,
+    RowImageExpander,
+    image_bytes,
+    record_stage_bytes,
+)
 from csf_kernels.record.cute import (
     CHUNK_BYTES,
     HEADER_BYTES,
@@ -53,7 +58,7 @@ def warp_region_words(max_record_bytes: int, max_tail_bytes: int) -> tuple[int, 
     return stage // 4, image_bytes(NARROW_GROUP_TILES) // 4
 
 
-class NarrowRowExpander:
+class NarrowRowExpander(RowImageExpander):
     """One warp per row block; arguments as :class:`~csf_kernels.expand.kernels.cute_row_expander.InlineRowExpander`."""
 
     def __init__(self, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int):
@@ -74,59 +79,6 @@ class NarrowRowExpander:
     def shared_bytes(self) -> int:
         stage, image = warp_region_words(self.max_record_bytes, self.max_tail_bytes)
         return 4 * WARPS * (stage + image)
-
-    @cute.jit
-    def __call__(
-        self,
-        base_ref: cute.Tensor,
-        base_delta: cute.Tensor,
-        records: cute.Tensor,
-        tail: cute.Tensor,
-        raw: cute.Tensor,
-        tail_raw: cute.Tensor,
-        out: cute.Tensor,
-        expert_ids: cute.Tensor,
-        blocks_per_expert: Int32,
-        blocks_per_group: Int32,
-        row_group: Int32,
-        rows_per_expert: Int32,
-        cols: Int32,
-        full_tiles: Int32,
-        record_words: Int32,
-        tail_words: Int32,
-        num_experts: Int32,
-        groups: Int32,
-        flat: Int32,
-        blocks_per_cta: Int32,
-        block_runs: Int32,
-        stream: cuda.CUstream,
-    ):
-        self.kernel(
-            base_ref,
-            base_delta,
-            records,
-            tail,
-            raw,
-            tail_raw,
-            out,
-            expert_ids,
-            blocks_per_expert,
-            blocks_per_group,
-            row_group,
-            rows_per_expert,
-            cols,
-            full_tiles,
-            record_words,
-            tail_words,
-            num_experts,
-            groups,
-            flat,
-            blocks_per_cta,
-        ).launch(
-            grid=(block_runs, groups, cute.size(expert_ids, mode=[0])),
-            block=(THREADS, 1, 1),
-            stream=stream,
-        )
 
     @cute.kernel
     def kernel(

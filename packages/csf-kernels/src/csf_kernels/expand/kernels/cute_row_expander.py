@@ -63,6 +63,7 @@ __all__ = [
     "THREADS",
     "WIDE_GROUP_TILES",
     "InlineRowExpander",
+    "RowImageExpander",
     "image_bytes",
     "record_stage_bytes",
 ]
@@ -85,37 +86,10 @@ def record_stage_bytes(group_tiles: int, max_record_bytes: int, max_tail_bytes: 
     return group_tiles * max_record_bytes + max_tail_bytes
 
 
-class InlineRowExpander:
-    """The row-image expansion for ``GT`` full tiles per column group and one base-delta width.
-
-    Arguments of the compiled function, in order (tensors compact row-major, 16-byte aligned):
-    ``base_ref`` u8 [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR] (the records' bytes),
-    ``tail`` u32 [NT] (tail records' bytes; any 16 bytes without a tail), ``raw`` u32 [NRAW, 128],
-    ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids`` i32 [NE]; then int32 scalars
-    ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``, ``cols``, ``full_tiles``,
-    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``num_experts``, ``groups``, ``flat``; the stream.
-    Grid: (row blocks per expert x column groups, routed experts).
-    """
-
-    def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int):
-        if group_tiles != WIDE_GROUP_TILES:  # narrow planes: NarrowRowExpander
-            raise ValueError(f"the CTA-wide expander takes groups of {WIDE_GROUP_TILES} full tiles; got {group_tiles}")
-        if delta_bits not in (4, 8):
-            raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
-        if store not in STORES:
-            raise ValueError(f"image words are stored {STORES} bytes at a time; got {store}")
-        for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
-            if n % CHUNK_BYTES or n <= 0:
-                raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
-        # a lying header may ask for 4-bit selectors (256 bytes) in any record: the reads stay in the staging
-        # buffer (garbage, never out of bounds) when the last tile's record plus 256 bytes fit it
-        if max_record_bytes + max_tail_bytes < 64 * 4:
-            raise ValueError("the record staging buffer cannot hold a tile's widest selectors")
-        self.group_tiles = group_tiles
-        self.delta_bits = delta_bits
-        self.max_record_bytes = max_record_bytes
-        self.max_tail_bytes = max_tail_bytes
-        self.store = store
+class RowImageExpander:
+    """The launch both row-image expanders share: one argument list (see :class:`InlineRowExpander`), the grid
+    (row-block runs x column groups x routed experts) and ``THREADS`` threads a CTA; each subclass's ``kernel``
+    takes the same arguments but the last two."""
 
     @cute.jit
     def __call__(
@@ -169,6 +143,39 @@ class InlineRowExpander:
             block=(THREADS, 1, 1),
             stream=stream,
         )
+
+
+class InlineRowExpander(RowImageExpander):
+    """The row-image expansion for ``GT`` full tiles per column group and one base-delta width.
+
+    Arguments of the compiled function, in order (tensors compact row-major, 16-byte aligned):
+    ``base_ref`` u8 [RB], ``base_delta`` u8 [RB, 16 * delta bits], ``records`` u32 [NR] (the records' bytes),
+    ``tail`` u32 [NT] (tail records' bytes; any 16 bytes without a tail), ``raw`` u32 [NRAW, 128],
+    ``tail_raw`` u8 [NTR], ``out`` u32 [NO] (the plane's bytes), ``expert_ids`` i32 [NE]; then int32 scalars
+    ``blocks_per_expert``, ``blocks_per_group``, ``row_group``, ``rows_per_expert``, ``cols``, ``full_tiles``,
+    ``record_words`` (S / 4), ``tail_words`` (S_tail / 4), ``num_experts``, ``groups``, ``flat``; the stream.
+    Grid: (row blocks per expert x column groups, routed experts).
+    """
+
+    def __init__(self, group_tiles: int, delta_bits: int, max_record_bytes: int, max_tail_bytes: int, store: int):
+        if group_tiles != WIDE_GROUP_TILES:  # narrow planes: NarrowRowExpander
+            raise ValueError(f"the CTA-wide expander takes groups of {WIDE_GROUP_TILES} full tiles; got {group_tiles}")
+        if delta_bits not in (4, 8):
+            raise ValueError(f"base deltas are 4 or 8 bits wide; got {delta_bits}")
+        if store not in STORES:
+            raise ValueError(f"image words are stored {STORES} bytes at a time; got {store}")
+        for what, n in (("record", max_record_bytes), ("tail record", max_tail_bytes)):
+            if n % CHUNK_BYTES or n <= 0:
+                raise ValueError(f"the largest {what} must be a positive multiple of 16 bytes; got {n}")
+        # a lying header may ask for 4-bit selectors (256 bytes) in any record: the reads stay in the staging
+        # buffer (garbage, never out of bounds) when the last tile's record plus 256 bytes fit it
+        if max_record_bytes + max_tail_bytes < 64 * 4:
+            raise ValueError("the record staging buffer cannot hold a tile's widest selectors")
+        self.group_tiles = group_tiles
+        self.delta_bits = delta_bits
+        self.max_record_bytes = max_record_bytes
+        self.max_tail_bytes = max_tail_bytes
+        self.store = store
 
     @cute.kernel
     def kernel(
