@@ -16,10 +16,10 @@ Ordering, with slot ``s = (i + 1) % 2``:
   (otherwise the call expands for itself, as without the prefetcher);
 - under CUDA-graph capture the prefetcher steps aside entirely: the call runs as it would without it.
 
-Measured on the H200 (``benchmarks/bench_prefetch.py``, run 25, DS4.1-TP4, 640 and 1024 tokens): no gain
-(0.995-1.006x a self-expanding pass, within run-to-run noise): the expansion is about 4% of a prefill layer
-and, being instruction-bound, competes with the attention for the same SMs. The engines leave it off unless
-``CSF_EXPANSION_PREFETCH`` is set.
+It measures no gain over a self-expanding pass (``benchmarks/bench_prefetch.py``; the figures are in
+``validation/log.md``): the expansion is a small share of a prefill layer and, being instruction-bound,
+competes with the attention for the same SMs. The engines leave it off unless ``CSF_EXPANSION_PREFETCH`` is
+set.
 
 Memory: two full-layer plane pairs (W13 + W2 native scales of the layer shape in use). Host cost: the
 expansion programs are bound once per (layer, slot), not per call (``runtime.BindingCache``).

@@ -19,9 +19,10 @@ _INDEX_ATTR = "csf_moe_index"
 
 
 def prefetch_enabled() -> bool:
-    """Side-stream expansion of the next layer's scales (``CSF_EXPANSION_PREFETCH``). Off by default: on the
-    H200 it measured no gain (``benchmarks/bench_prefetch.py``, run 25: the expansion is ~4% of a prefill
-    layer and competes with attention for the same SMs), and it holds two full-layer scale planes."""
+    """Side-stream expansion of the next layer's scales (``CSF_EXPANSION_PREFETCH``). Off by default: it
+    measures no gain (``benchmarks/bench_prefetch.py``; see :mod:`csf_moe.prefetch`: the expansion is a small
+    share of a prefill layer and competes with attention for the same SMs), and it holds two full-layer scale
+    planes."""
     return env.flag(PREFETCH_SWITCH, default=False)
 
 

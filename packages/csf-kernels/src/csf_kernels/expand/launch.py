@@ -120,7 +120,8 @@ def inline_expansion_launches(
     ``lets_next_in``: when that dependent launch lets the kernel after it in, as its CTAs start ("start") or as
     they finish their work ("end": the next kernel's CTAs then do not sit on the SMs beside this grid's). Under
     CUDA-graph capture that holds across streams too: a dependent launch joined to this one on another stream
-    gets a dependent-launch edge from it (run 291)."""
+    gets a dependent-launch edge from it (``docs/perf-notes.md``, "An expansion lets FC1 in only as its CTAs
+    finish")."""
     if engine not in ENGINES:
         raise ValueError(f"expand_inline: engine must be one of {ENGINES}, got {engine!r}")
     if wait not in WAITS:
@@ -220,8 +221,8 @@ def _row_expander_launch(
     return runtime.Launch(spec, (runs, layout.groups, experts.numel()), args)
 
 
-# CTAs per SM of the row-block grid (twice what stays resident, so early finishers take more blocks): DS4.1-TP4
-# W13 28.3 us at 16, 30.7 at 8, 29.2 at one block per CTA; W2 18.7 at 16 and 8, 19.5 at one per warp (run 131)
+# CTAs per SM of the row-block grid (twice what stays resident, so early finishers take more blocks): measured
+# faster than 8 or one block a CTA (the row-block expander's CTA sweep, ``validation/log.md``)
 ROW_BLOCK_CTAS_PER_SM = 16
 
 

@@ -1,11 +1,10 @@
 """A layer's scale planes (W13 and W2) expanded concurrently, on two streams that fork and join.
 
-Each plane's expansion is one grid whose last CTAs leave SMs idle while they finish (ncu, run 136: the SMs of
-DS4.1-TP4's W2 expansion were idle 20% of its time, W13's 10%). Launched side by side, the second plane's CTAs
-take the SMs the first plane's tail leaves, and the layer costs about what its work does: 37.9 us for
-DS4.1-TP4 against 40.8 us with the planes in sequence (run 137). The largest plane goes to the caller's
-current stream, the others to a side stream that first waits for everything queued on the current stream
-and is joined back before the call returns, so the caller sees one stream's ordering; under CUDA-graph
+Each plane's expansion is one grid whose last CTAs leave SMs idle while they finish. Launched side by side, the second
+plane's CTAs take the SMs the first plane's tail leaves, so the layer costs about what its work does and measures
+faster than the planes in sequence (``docs/perf-notes.md``, "A layer's two planes expand on two streams"). The largest
+plane goes to the caller's current stream, the others to a side stream that first waits for everything queued on the
+current stream and is joined back before the call returns, so the caller sees one stream's ordering; under CUDA-graph
 capture the fork and the join become the graph's edges.
 """
 

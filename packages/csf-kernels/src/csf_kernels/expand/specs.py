@@ -30,7 +30,8 @@ __all__ = [
 
 # full tiles per program by store width (bytes), preferred first: 16-byte stores need 4 consecutive tiles of
 # a row in one thread, 8-byte stores 2; 16 tiles give each row 64 bytes per program, so a write request to
-# the L2 carries two sectors (sweep, run 46: DS4.1 W13 34.9 us on 16 tiles, 38.5 on 8, 42.4 on 32)
+# the L2 carries two sectors (measured faster than 8 or 32, whose masked waste costs more;
+# ``docs/archive/perf-log.md``, "Scale expansion, DS4.1-TP4 layer")
 TILES_BY_STORE = {16: (16, 8, 4), 8: (2,), 4: (8, 4), 2: (8, 4), 1: (8, 4)}
 # warps by full tiles per program (eight 32-bit words per thread; 16 tiles: sixteen; two for tail-only
 # planes)
@@ -38,8 +39,8 @@ _WARPS_BY_TILES = {16: 2, 8: 4, 4: 2, 2: 1, 1: 2}
 
 
 def _narrow_warps(tail_cols: int) -> int:
-    """Narrow planes: row pairs (2-column tails) on one warp (sweep, run 49: DS4.1 W2 34.1 us on 1, 36.0 on
-    2, 61.5 on 4), rows of halves on two (run 44: 38.8 us on 2, 54.0 on 4)."""
+    """Narrow planes: row pairs (2-column tails) on one warp, rows of halves on two: the warp counts a sweep
+    measured fastest (``docs/archive/perf-log.md``, "Scale expansion, DS4.1-TP4 layer")."""
     return 1 if tail_cols == 2 else 2
 
 

@@ -14,16 +14,15 @@ are the word bits of weight ``i``'s (mantissa, exponent low, exponent high, sign
 (``kernels/moe_gemm.py``) spells these shifts and masks literally; tests/kernels/test_fp4_words.py holds
 it to the constants here.
 
-The words are also stored in **panel order** within each block of ``PANEL_ROWS`` (64) rows of an expert:
-panels of one GEMM K step (``PANEL_SCALE_BLOCKS`` scale blocks: 64 bytes a row for MXFP4, 32 for NVFP4) one
-after another, each a [64 rows, panel bytes] row-major tile; a last panel narrower where the row ends mid-step.
-A program of a GEMM reads 64 rows x one K step, so each step is one contiguous 4 KB (2 KB) tile, and the
-eight lanes of a 16-byte access phase (two rows of four 16-byte quads, the MMA fragments' order) read 128
-contiguous bytes (16-byte panels of 64 rows, tried first, split each phase into four one-sector requests:
-slower than rows). The decode GEMM went from 0.57 to 0.77 of copy bandwidth on gpt-oss at 128 tokens
-(docs/perf-notes.md, runs 205-209). The word of row ``r`` at byte ``b`` of its row lies at
-:func:`panel_offset` (which the kernels spell out). The shape is unchanged ([..., rows, row_bytes]), so
-weights can be rearranged where they are.
+The words are also stored in **panel order** within each block of ``PANEL_ROWS`` (64) rows of an expert: panels of
+one GEMM K step (``PANEL_SCALE_BLOCKS`` scale blocks: 64 bytes a row for MXFP4, 32 for NVFP4) one after another,
+each a [64 rows, panel bytes] row-major tile; a last panel narrower where the row ends mid-step. A program of a GEMM
+reads 64 rows x one K step, so each step is one contiguous 4 KB (2 KB) tile, and the eight lanes of a 16-byte access
+phase (two rows of four 16-byte quads, the MMA fragments' order) read 128 contiguous bytes (16-byte column panels of
+64 rows would split each phase into four one-sector requests). Tiles stream at nearly copy bandwidth where
+checkpoint row order does not (``docs/perf-notes.md``, "Weights are stored as one row-major tile per K step of a
+64-row block"). The word of row ``r`` at byte ``b`` of its row lies at :func:`panel_offset` (which the kernels spell
+out). The shape is unchanged ([..., rows, row_bytes]), so weights can be rearranged where they are.
 """
 
 from __future__ import annotations

@@ -300,8 +300,8 @@ def gemm_launch(
     if config.engine == "gluon":
         args += (e, *fin_args)  # num_experts: the range of valid route ids (ROUTED); FIN's inputs
     # decode programs reading records: the largest shared-memory carveout, or the driver may fit fewer of them on
-    # an SM than their registers allow (run 272: gpt-oss's one-token FC1, 720 programs, ran in two waves; native
-    # programs measured no different with it)
+    # an SM than their registers allow and run a one-token FC1 in two waves (docs/perf-notes.md, "Except where FC1
+    # runs few K steps"); native programs measure no different with it, so they keep the driver's choice
     return Launch(spec, grid, args, prefer_shared=source is ScaleRead.RECORDS and config.engine == "gluon")
 
 

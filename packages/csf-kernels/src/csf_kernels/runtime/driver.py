@@ -121,8 +121,7 @@ class Driver:
     def prefer_shared(self, function: int, entry: str) -> None:
         """Ask for the largest shared-memory carveout for the function with handle ``function`` (all its launches):
         left to choose, the driver may configure an SM with less shared memory than the programs its registers
-        would fit need (run 272: a one-token FC1 on records, 720 programs at 7 an SM by registers, ran in two
-        waves)."""
+        would fit need, and a grid sized to fill the SMs once then runs in two waves."""
         with _lock:
             if function in self._preferring:
                 return

@@ -1,12 +1,12 @@
 """Keep one region of device memory in the L2 cache's persisting set-aside (Hopper's L2 residency control).
 
-Why: an inline MoE call that expands its routed experts' scales writes them into scratch planes that its GEMMs
-then read back. Against native's calls that is the planes' bytes written and read again on top of the records
-read, 1.25x the native planes' bytes of DRAM traffic more (inline 3-8% slower than native at 8-512 tokens,
-``docs/perf-notes.md``). The planes are a per-call temporary at the same addresses for every layer (one scratch
-per device, ``csf_serving_adapters.scratch``), so with their accesses marked persisting the expansion's writes
-stay in L2, the GEMMs' reads hit, and no persisting line is written back: the next call's expansion overwrites
-it.
+Why: an inline MoE call that expands its routed experts' scales writes them into scratch planes that its GEMMs then
+read back. Against native's calls that is the planes' bytes written and read again on top of the records read, 1.25x
+the native planes' bytes of DRAM traffic more (the reason inline is slower than native at 8-512 tokens:
+``docs/perf-notes.md``, "Inline plans expand scales; the GEMM reads a native-layout plane"). The planes are a
+per-call temporary at the same addresses for every layer (one scratch per device, ``csf_serving_adapters.scratch``),
+so with their accesses marked persisting the expansion's writes stay in L2, the GEMMs' reads hit, and no persisting
+line is written back: the next call's expansion overwrites it.
 
 How: a set-aside for persisting lines (``cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE)``, a setting of this
 process's context, only ever raised here) and an access policy window over the region, set on the streams a call

@@ -29,8 +29,9 @@ def placeholder(device: torch.device) -> torch.Tensor:
 
 class BindingCache:
     """Bound launch sets of a caller, the least recently used dropped beyond ``capacity``: binding resolves
-    programs and marshals arguments (~100 us of host time), so a call whose key (shapes, pointers, options)
-    was seen before replays the same bound launches."""
+    programs and marshals arguments, which costs far more host time than the launches (``docs/perf-notes.md``,
+    "Bind once, launch many"), so a call whose key (shapes, pointers, options) was seen before replays the same
+    bound launches."""
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity

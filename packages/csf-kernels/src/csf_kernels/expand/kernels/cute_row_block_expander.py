@@ -1,23 +1,24 @@
 """CuTe DSL: the row-block expansion of one plane shape, 128-row blocks imaged in shared memory (build time only:
 imports cutlass).
 
-The row-image expanders (``cute_row_expander``, ``cute_narrow_row_expander``)
-take the column count, tile count and image pitch at run time, and ran issue-bound at ~190 warp instructions
-per tile (ncu, runs 61-72): loops of run-time length, live-row predicates, 16-bit image stores and per-block
-address arithmetic. Here the plane's column count is compile-time (the catalog builds one program per plane
-shape), so a warp's walk over its tiles is unrolled four tiles at a time, every image offset is a constant plus
-the lane's row offset, rows of 16-byte multiple width are imaged with one 16-byte store per row and four tiles,
-and rows past the row group are imaged like any other (never copied out) instead of being predicated away.
+The row-image expanders (``cute_row_expander``, ``cute_narrow_row_expander``) take the column count, tile count and
+image pitch at run time, which makes them issue-bound: loops of run-time length, live-row predicates, 16-bit image
+stores and per-block address arithmetic fill their instruction stream. Here the plane's column count is compile-time
+(the catalog builds one program per plane shape), so a warp's walk over its tiles is unrolled four tiles at a time,
+every image offset is a constant plus the lane's row offset, rows of 16-byte multiple width are imaged with one
+16-byte store per row and four tiles, and rows past the row group are imaged like any other (never copied out)
+instead of being predicated away.
 
 Two forms, by the plane's shape (:func:`~csf_kernels.expand.specs.row_block_group_tiles`):
 
 * whole rows (at most 8 full tiles and a tail, or wider rows no group size divides; DS4.1-TP4's W2): one warp
   per row block, with its own image; no CTA barrier;
 * column groups (rows wider than 8 tiles; W13's 160 columns: five groups of 8 tiles; gpt-oss's 90: two of 11, the
-  second with the tail): one warp per group, the CTA's warps imaging the block's whole rows together so the
-  copy-out stores whole 128-byte lines (ncu run 123: the per-warp 32-byte row segments kept the L2 78% busy at
-  30 us), with a CTA barrier before and after each image. Splitting rows that are not 16-byte multiples halves
-  the serial decode a warp does per block, which bounds a few-expert expansion's latency.
+  second with the tail): one warp per group, the CTA's warps imaging the block's whole rows together so the copy-out
+  stores whole 128-byte lines (per-warp 32-byte row segments keep the L2 busy: ``docs/perf-notes.md``, "One warp per
+  row block where a block's rows fit its image"), with a CTA barrier before and after each image. Splitting rows
+  that are not 16-byte multiples halves the serial decode a warp does per block, which bounds a few-expert
+  expansion's latency.
 
 For each block a warp stages its records, tail record and base deltas into its own shared-memory region
 (``cp.async``), decodes the full tiles four at a time (lane ``g`` owns quad ``g``, format section 5), patches
@@ -135,9 +136,9 @@ class RowBlockExpander:
         return stage, image
 
     def resident_ctas(self) -> int:
-        """CTAs per SM the registers are budgeted for: 32 warps (at most 64 registers a thread; ncu, runs
-        121-122) for a warp per block; for a CTA per block, as many as its shared memory allows up to 35 warps
-        (the CTA's warps wait on each other at its barriers: more of them hide the latency; run 134)."""
+        """CTAs per SM the registers are budgeted for: 32 warps (at most 64 registers a thread) for a warp per
+        block; for a CTA per block, as many as its shared memory allows up to 35 warps (the CTA's warps wait on
+        each other at its barriers: more of them hide the latency)."""
         if not self.shared:
             return 32 // self.warps
         return min(35 // self.warps, (227 * 1024) // (self.shared_bytes() + 1024))
@@ -254,8 +255,9 @@ class RowBlockExpander:
         s_img8 = cute.recast_tensor(s_img32, Uint8)
         # this warp's staging region (words): records, tail record, two base-delta rows. Records and tail
         # records of at most half the largest size (DS4.1's: 96 and 48 of 192 and 176 bytes) leave room for a
-        # second item's, which is then fetched a whole item ahead (ncu, run 135: the wait for records fetched
-        # during the copy-out stalled the warps 11% of the time); larger ones are fetched during the copy-out.
+        # second item's, which is then fetched a whole item ahead (a wait for records fetched during the
+        # copy-out is the warps' top stall; ``docs/perf-notes.md``, "A block's global loads are issued an item
+        # ahead"); larger ones are fetched during the copy-out.
         rw0 = warp * (stage_bytes // 4)
         tail_w0 = rw0 + gt * self.max_record_bytes // 4
         delta_w0 = rw0 + (stage_bytes - 2 * _DELTA_ROW) // 4
@@ -303,10 +305,11 @@ class RowBlockExpander:
         quad_rows = [slot_to_row(4 * lane + k) for k in range(4)]
 
         # a warp's items: (routed expert slot, row block, column group). Each global round trip is issued a
-        # stage before its first use (ncu, run 134: the dependent expert id -> reference byte loads of the next
-        # item stalled the warps 15% of the time): the expert id of the item after next is loaded while this
-        # item is decoded, the next item's reference byte and records while this one is copied out. An id
-        # outside [0, E) is graph padding: nothing read or written.
+        # stage before its first use (the kernel is bound by each item's dependent expert id -> reference byte
+        # -> records loads, not by DRAM; ``docs/perf-notes.md``, "A block's global loads are issued an item
+        # ahead"): the expert id of the item after next is loaded while this item is decoded, the next item's
+        # reference byte and records while this one is copied out. An id outside [0, E) is graph padding:
+        # nothing read or written.
         item = bx * self.warps + warp
         g = Int32(0)  # the warp's column group
         if cutlass.const_expr(self.shared):
@@ -523,8 +526,8 @@ class RowBlockExpander:
     def stage(self, copy_atom, sources, s_chunks, rb, g, counts, buffer, lane):
         """Queue the 16-byte copies of row block ``rb``'s column group ``g``: its full-tile records (a pass over
         the lanes), the tail record (planes with a tail: the last group; the low lanes) and the base deltas (the top
-        lanes), each a predicated copy rather than a branch per lane (ncu, run 136: the branchy single pass cost
-        ~60 warp instructions a block)."""
+        lanes), each a predicated copy rather than a branch per lane (a three-way branch per lane costs more warp
+        instructions a block)."""
         records, tail, deltas = sources
         rec_n, tail_n = counts
         rw0, tail_w0, delta_w0 = buffer

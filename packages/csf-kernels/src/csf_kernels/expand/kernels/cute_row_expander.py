@@ -1,11 +1,11 @@
 """CuTe DSL: expand inline CSF tiles into the native scale plane through a shared-memory image of whole rows
 (build time only: imports cutlass).
 
-Why this shape: the Triton expansion writes each thread's decoded words straight to global memory, so rows of
-18 or 160 bytes leave partial 32-byte sectors that the L2 merges (its write traffic, not DRAM, limited it at
-47% of copy bandwidth; ``docs/perf-notes.md``). Here a CTA decodes every tile of one 128-row block (or of one
-128-column group of it) into shared memory laid out like the plane itself, then copies the image out with
-16-byte stores by consecutive threads: whole sectors, one pass.
+Why this shape: the Triton expansion writes each thread's decoded words straight to global memory, so rows of 18 or
+160 bytes leave partial 32-byte sectors that the L2 merges (its write traffic, not DRAM, limits it;
+``docs/archive/perf-log.md``, "Scale expansion, DS4.1-TP4 layer"). Here a CTA decodes every tile of one 128-row
+block (or of one 128-column group of it) into shared memory laid out like the plane itself, then copies the image
+out with 16-byte stores by consecutive threads: whole sectors, one pass.
 
 One CTA of 128 threads per (run of row blocks, column group, routed expert); for each row block of its run:
 

@@ -172,8 +172,8 @@ def _store_narrow_rows(words, out, row0, rows, ok, cols, CT: tl.constexpr, HALVE
     most ``HALVES`` = 2 * CT 16-bit halves; every full tile in this program) from ``words`` [32, 4, CT]
     as halves, lanes along a row's halves and then along consecutive rows (the quad index), so a store
     instruction writes consecutive whole rows. Stored a tile word at a time, 18-byte rows put one
-    partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM bandwidth). Narrow rows
-    with a tail take ``_store_row_pairs``."""
+    partial L2 sector per lane, which makes the store L2-bound with DRAM nearly idle. Narrow rows with a
+    tail take ``_store_row_pairs``."""
     tl.static_assert(HALVES == 2 * CT, "a narrow program's tiles hold its whole rows")
     w = tl.permute(words, (1, 0, 2))  # [k, q, t]: the quad index (consecutive rows) next to the columns
     halves = tl.reshape(tl.join(w & 0xFFFF, (w >> 16) & 0xFFFF), [4, 32, 2 * CT])
@@ -191,8 +191,8 @@ def _store_row_pairs(rb, within, row0, row_group, live, class_tiles, cols, th, t
     q + 1 of the same slot k, and together one aligned run of 2 * class_tiles + 1 words: row A's tile
     words, then A's tail with B's first two columns and B's words shifted by half a word (B decoded
     twice, a tile apart). Two stores per pair, each a contiguous run: stored a tile word at a time,
-    18-byte rows put one partial L2 sector per lane (ncu, run 42: DS4.1's W2 L2-bound at 3% of DRAM
-    bandwidth)."""
+    18-byte rows put one partial L2 sector per lane, which makes the store L2-bound with DRAM nearly
+    idle."""
     qa = 2 * tl.arange(0, 16)[:, None, None]  # row A of each pair (even rows)
     qb = qa + 1
     ba = _quad_bases(rb, qa, base_ref, base_delta, DB)

@@ -4,8 +4,9 @@ One program per (query row, head). out = sum_s w_s o_s / (sum_s w_s + exp(sink -
 exp(lse_s - M), M the largest of the split maxima and the sink. A row with no live candidate gets zeros
 and lse = -inf. The returned lse covers the keys only (the sink scales the output, as FlashMLA's does).
 
-The merge sits on a call's critical path after its decode (run 252: it ended 3.3-4.6 us after the decode
-at 2-4 splits, loading each split's lse and then its partial row in turn), so its loads are issued together:
+The merge sits on a call's critical path after its decode, and loading each split's lse and then its partial
+row in turn makes it a chain of dependent round trips (``docs/perf-notes.md``, "The merge loads every split's
+lse in one vector load"), so its loads are issued together:
 every split's lse for the maximum in one vector load, and the partial rows four splits a round, the first
 round beside that load (the partials do not depend on the maximum). The sums still add split by split in
 order, so the bits are those of a split-by-split merge (and a single split's are the decode's direct finish).

@@ -22,8 +22,9 @@ rope part (bf16 in the record) is a bf16 product.
   in units of the chunk's largest k_top (rescaled exactly when the unit changes, while successive
   chunks' units lie within 2**100 of each other), so the probabilities lie in [0, 1] (11 significant
   bits down to 2**-14) and the MMA accumulates in place. A computed (not loaded) query would be wgmma's
-  register operand, 64 x 512 per warpgroup, and spill: the reason the 64-head programs keep bf16
-  (run 54: 1.3-1.4x slower in float16 even with the query staged through memory).
+  register operand, 64 x 512 per warpgroup, and spill: the reason the 64-head programs keep bf16 (float16
+  measures slower even with the query staged through memory; ``docs/archive/perf-log.md``, "The Gluon
+  program for 16 and 32 heads").
 
 With one split per row (``DIRECT``) the program finishes the output itself with the merge's own helpers
 (``mla_finish``): the same bits as the float32-partial merge, without the partials' round trip.
@@ -116,9 +117,9 @@ def _latent(rec, live, N: tl.constexpr, F16: tl.constexpr, REGROUP: tl.constexpr
 
     Without ``REGROUP`` Triton moves the conversion past the byte tile's layout changes, once per MMA
     operand, pairing bytes of different records with PRMTs for the value product's operand. An identity
-    split and join after the conversion keeps it in one place (SASS: 27% fewer instructions per chunk on
-    16-head 4-warp programs); measured 5% faster on 4-warp programs and 5-16% slower on 8-warp ones (run
-    56), so the decode config chooses it."""
+    split and join after the conversion keeps it in one place (fewer SASS instructions per chunk); it measures
+    faster on 4-warp programs and slower on 8-warp ones (``docs/archive/perf-log.md``, "The Gluon program for
+    16 and 32 heads"), so the decode config chooses it."""
     d = tl.arange(0, LATENT)
     g = tl.arange(0, GROUPS)
     raw = tl.load(rec[:, None] + d[None, :], mask=live[:, None], other=0)

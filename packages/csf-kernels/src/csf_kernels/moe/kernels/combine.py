@@ -3,9 +3,10 @@
 In float32 (deterministic: no atomics), rounded once to bf16, in one of two forms (``TK``). Up to a few
 tokens (``TK`` > 0: slots padded to a power of two) a program loads the ``k`` slots of its token together as
 one [TK, BH] tile, so a call waits on one round of loads per split rather than one per slot and split (at
-one token those rounds were the whole kernel's latency). For more tokens (``TK`` = 0) a program walks the
+one token those rounds are the whole kernel's latency). For more tokens (``TK`` = 0) a program walks the
 slots in order over wide rows: enough programs in flight that their latencies overlap, where the tile form's
-four-times-as-many narrow programs and cross-warp sums ran 1.5-5x slower (run 164). ``y`` is the FC2 output:
+four-times-as-many narrow programs and cross-warp sums measure slower (``docs/perf-notes.md``, "The combine
+takes a token's slots as one tile up to 32 tokens"). ``y`` is the FC2 output:
 bf16 ``[pairs, H]`` with global scale and bias applied, or (``PARTIAL``) the float32 partials of a
 split-K FC2 ``[splits, pairs, H]``, summed here in split order before the global scale and bias. A slot
 whose expert id lies outside [0, E) (vLLM's graph padding) contributes exactly nothing: its ``y`` row

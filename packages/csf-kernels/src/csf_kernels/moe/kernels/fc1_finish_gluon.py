@@ -19,10 +19,10 @@ from csf_kernels.moe.kernels.gemm import SWIGLU_ALPHA, SWIGLU_LIMIT
 # K steps of a fused FC2 program's range held as activations (bf16: 2 KB MXFP4, 1 KB NVFP4); csf_moe plans such
 # programs' splits so that no range is longer (moe_specs.FIN_STEPS mirrors it)
 FIN_STEPS = gl.constexpr(8)
-# partial splits loaded together in whole rounds; the rest a split at a time. SASS of DS4.1's one-token FC2 (72
-# registers): 9 of a whole round's 16 loads a thread in flight at once (a round masked by the split count: ~3), a
-# split's 4 all in flight. Runs 282-283: one-token calls 0.2-0.9 us faster chained on seven catalog geometries,
-# gpt-oss's (two splits, uncapped at 80 registers) 0.2-0.3 us slower
+# partial splits loaded together in whole rounds; the rest a split at a time. In the SASS of a one-token FC2 (72
+# registers) ptxas keeps about half of a whole round's 16 loads a thread in flight, far fewer of a round masked by
+# the split count, and all 4 of a split's; measured faster than masked rounds of four, rounds of two or copies
+# through cp.async (docs/perf-notes.md, "FC2 finishes FC1 in few-token routed calls")
 _SPLITS_PER_ROUND = gl.constexpr(4)
 _ALPHA = gl.constexpr(SWIGLU_ALPHA.value)
 _LIMIT = gl.constexpr(SWIGLU_LIMIT.value)
@@ -56,7 +56,7 @@ def fc1_finish_to_shared(
             row = ((s0 + u) * pairs + route).to(gl.int64) * (2 * N)
             acc_a += gl.load(part + row + n, mask=nm, other=0.0)
             acc_b += gl.load(part + row + N + n, mask=nm, other=0.0)
-    for s in range(whole, splits):  # the rest a split a round (masked slots are not free: run 279)
+    for s in range(whole, splits):  # the rest a split a round (masked slots are not free)
         row = (s * pairs + route).to(gl.int64) * (2 * N)
         acc_a += gl.load(part + row + n, mask=nm, other=0.0)
         acc_b += gl.load(part + row + N + n, mask=nm, other=0.0)

@@ -29,8 +29,9 @@ the product path is shared, so outputs are bit-identical across sources.
 step's weight words are copied into shared memory by ``cp.async`` (each thread copies the words it will
 read back itself) together with the block's activations (copied once per program, read by every warp:
 one CTA barrier per step), ``STAGES - 1`` steps ahead; ``AHEAD`` loads the native scale bytes one step
-early (two registers). Loading the next step's weight words into registers instead measured no gain
-(runs 78 and 82b: registers); the staged form does at 128 and more tokens (run 151, ``moe_specs``).
+early (two registers). Loading the next step's weight words into registers instead gains nothing (it costs
+registers); the staged form gains at 128 and more tokens (``docs/perf-notes.md``, "Operands are staged through
+shared memory, 3 stages deep").
 
 ``WG`` runs the same A fragments (the relabelled weights, bit for bit the mma.sync operand) through
 ``wgmma`` m64nBMk16 with the block's activations as the shared-memory B operand: each step the program
@@ -40,9 +41,10 @@ them. ``XR`` (``moe_specs.GemmConfig.relabelled``): the activations are stored i
 (``csf_kernels.moe.relabel``: the layer relabels FC1's input, the FC1 finish writes FC2's so, rows padded to whole
 K steps), so each stage's activations are copied by ``cp.async`` straight into the operand, with the weight
 words: no register pass, no 4-byte stores, no second operand buffer. That form pays from 5 routes per expert
-on (runs 175-177: ``moe_heuristics.decode_config_for``): the activations no longer sit in every warp's registers,
-so a block can hold all of an expert's routes and each weight is converted once. ``BN`` 128 (two warpgroups
-on 8 warps sharing the operand buffers; native scales only) is a sweep variant that did not pay (run 173).
+on (``moe_heuristics.decode_config_for``; ``docs/perf-notes.md``, "The tile follows the routes per expert"): the
+activations do not sit in every warp's registers, so a block can hold all of an expert's routes and each
+weight is converted once. ``BN`` 128 (two warpgroups on 8 warps sharing the operand buffers; native scales
+only) is a sweep variant, not in the catalog: it measures no faster.
 """
 
 from __future__ import annotations
