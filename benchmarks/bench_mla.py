@@ -8,7 +8,7 @@ two query rows per element. Counted as FlashMLA's tests count: FLOPs = 2 * rows 
 512); bytes = unique retrieved records x 656. Median of CUDA-graph replays, L2 flushed before each. Also
 per call of a chain: one graph of ``CHAIN_CALLS`` calls back to back, each with candidates of its own drawn
 the same way, L2 flushed before each replay, its time divided by the calls: the decode as it runs inside a
-model's graph, where the replay's own start (about 5 us) is paid once per step, not once per layer.
+model's graph, where the replay's own start is paid once per step, not once per layer.
 FlashMLA is not installed on the device machine: its figures are quoted from the notes, and each row
 gives the time ratio csf / FlashMLA. Correctness: every configuration's output against the float32
 reference on a subset of rows (the reference is too large for all of them).

@@ -10,7 +10,7 @@ H200 by scripts/stage_triton_kernels.sh). Median of CUDA-graph replays, L2 flush
 inputs rotated over several routings, the arms' replays interleaved. Up to ``CHAIN_MAX_TOKENS`` tokens also per
 call of a chain: one graph of ``CHAIN_CALLS`` calls back to back, each on a routing of its own, L2 flushed before
 each replay, its time divided by the calls: a layer as it runs inside a model's graph, where the replay's own
-start (about 5 us, run 230: ``probe_call_chain.py``) is paid once per step, not once per layer. Effective
+start (``probe_call_chain.py`` measures it) is paid once per step, not once per layer. Effective
 bandwidth counts the FP4 values and the scale bytes (as the arm stores them) of the experts actually routed to;
 TFLOP/s counts 2 * routes * (3 N H). Correctness: the csf arms' outputs are compared bit for bit on every input,
 and against the float32 reference where it is affordable.
@@ -52,7 +52,8 @@ ALL_GEOMETRIES = [
     ("kimi-k2", 16, "nvfp4"),
 ]
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
-# routings a token count's replays rotate over (--input-sets; run 227: 1, 4 and 16 give the same figures)
+# routings a token count's replays rotate over (--input-sets; 1, 4 and 16 measure the same: docs/archive/perf-log.md,
+# "FC2 finishes FC1 at few tokens, and what is left at one token")
 INPUT_SETS = 4
 REFERENCE_MAX_TOKENS = 128
 CHAIN_CALLS = 8
@@ -80,10 +81,10 @@ ARMS = {
 # chains them, W2's letting FC1 in as its CTAs start; "inline_waits_first" chains them, FC1 waiting before it copies;
 # "inline_l2" keeps the planes it expands in L2's persisting set-aside (runtime.l2_residency; every other arm is
 # timed with no persisting line resident: ``without_other_arms_l2_lines``).
-# Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form before run 266;
-# csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records, W2's
-# expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run few K
-# steps: csf_moe.plan.FC1_RECORDS_STEPS); "inline_expand_all_3" / "_4" expand every expert's scales from 3 / 4
+# Plan arguments only: "inline_both_planes" expands both planes before FC1 at one token too (the form FC1 on records
+# replaces; csf_moe.plan.FC1_RECORDS_TOKENS); "inline_fc1_records_4" runs that one-token form (FC1 on W13's records,
+# W2's expansion beside it) up to 4 tokens, "inline_fc1_records_1" at one token only (not where FC1's programs run
+# few K steps: csf_moe.plan.FC1_RECORDS_STEPS); "inline_expand_all_3" / "_4" expand every expert's scales from 3 / 4
 # routes per expert instead of 2 (csf_moe.plan.EXPAND_ALL_ROUTES_PER_EXPERT)
 BIND = {
     "inline_forked": dict(chain_expansions=False),
@@ -243,8 +244,8 @@ def bench_geometry(
             outs[PEER_ARM] = [torch.empty_like(x) for x, _, _ in sets]
             calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
             graphs[PEER_ARM] = [capture(call) for call in calls]
-        # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit: runs
-        # 234-250 at gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
+        # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit, as at
+        # gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
         samples_of = {arm: [] for arm in timed}
         for _ in range(max(1, reps // input_sets)):
             for i in range(input_sets):

@@ -5,8 +5,8 @@
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
 programs launch as programmatic dependents (``moe_specs.MOE_PDL``): a program's span starts when it is let in
-early and so includes its wait for the one before (run 227: gpt-oss's one-token combine "takes" 11 us of a
-35 us call); sum the spans of programs that run one after another with care.
+early and so includes its wait for the one before (a one-token combine's span can cover a third of the call);
+sum the spans of programs that run one after another with care.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Why a chain of calls can cost more per call than one call alone (bench_moe, run 282: DS4.1 NVFP4 inline at 32
-tokens, 475 us a call chained against 387 single; native 301 / 301).
+"""Why a chain of calls can cost more per call than one call alone (the figure it looks into, from bench_moe's
+run 282: DS4.1 NVFP4 inline at 32 tokens, 475 us a call chained against 387 single; native 301 / 301).
 
     python3 benchmarks/probe_chained_calls.py --out chained.json --models deepseek-v4.1-flash:4:nvfp4 --tokens 8,32
 

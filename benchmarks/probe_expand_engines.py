@@ -3,7 +3,8 @@
     python3 benchmarks/probe_expand_engines.py --out engines.json [--tokens 1,2,4]
 
 An inline plan's few-token call expands its routed experts' W13 and W2 scales (side by side, forked) before
-FC1; at one token that costs 1.2-1.3x native (run 236). For the routed experts of T tokens (``T * top_k``
+FC1, a cost native's calls do not have (``docs/archive/perf-log.md``, "Records decoded into a scratch plane in the
+GEMM's prologue"). For the routed experts of T tokens (``T * top_k``
 distinct experts, drawn at random), each plane alone and both forked, with every engine the AOT cache holds
 a program for ("auto" is what the layer runs); each replay after an L2 flush. Every engine's plane is
 compared byte for byte with the codec's decode. Programs from the AOT cache (frozen): an engine whose

@@ -1,4 +1,4 @@
-"""Why W2's expansion beside a one-token FC1 on records hides on some geometries and not on gpt-oss (runs 267-268).
+"""Why W2's expansion beside a one-token FC1 on records hides on some geometries and not on gpt-oss.
 
     python3 benchmarks/probe_w2_beside_fc1.py --out w2-beside-fc1.json
 
@@ -10,7 +10,8 @@ an L2 flush: FC1 alone, the expansion alone, FC1 then the expansion, the whole c
 spans from torch's profiler (with dependent launches a span includes a program's wait for its predecessor).
 Last, FC1's function asked for the largest shared-memory carveout (``beside_fc1_carveout_max``), and native's
 call and FC1 alone without and with that preference on its GEMMs; each FC1's grid and the driver's occupancy.
-Outputs are the call's on the scratch the layer left behind: only the timing is of interest here.
+Outputs are the call's on the scratch the layer left behind: only the timing is of interest here. The findings:
+``docs/archive/perf-log.md``, "One-token FC1 on W13's records, W2's expansion beside it".
 """
 
 from __future__ import annotations

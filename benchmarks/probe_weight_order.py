@@ -5,7 +5,7 @@
 Each program reads what one decode GEMM program reads (64 rows of one expert, one K step at a time: 64
 bytes a row for MXFP4) from gpt-oss-120b-sized experts (128 x 5760 rows x 1440 bytes), with the rows
 stored as checkpoints store them (a step is 64 runs of 64 bytes, one per row), as 16-byte panels of the
-64-row block (a step is one 4 KB run, each 16-byte column of it 64 rows long: run 207's "panels") or as the
+64-row block (a step is one 4 KB run, each 16-byte column of it 64 rows long: the "panels" arm) or as the
 GEMMs store them (csf_kernels.moe.fp4_words: a step is one row-major [64 rows, 64 bytes] tile, so a warp's
 8-lane access phase reads 128 contiguous bytes). Arms alternate within each round, beside the device's copy
 ceiling. No correctness state: the arms compute nothing but an XOR of what they read.

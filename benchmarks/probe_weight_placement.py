@@ -2,11 +2,13 @@
 
     python3 benchmarks/probe_weight_placement.py --out placement.json [--model gpt-oss-120b --tp 1 --copies 6]
 
-bench_moe prepares a copy of the weights per arm, and at gpt-oss's 8192 tokens one copy has run ~10% slower than
-the others with the same launches (runs 234-248); run 250 found it was when a copy was timed, not where it lay
-(hence bench_moe's interleaved arms). Here: ``--copies`` layers of one inline plan, each with its own
-prepared weights, the same inputs, timed in turn (CUDA-graph replays after an L2 flush), each copy's tensors'
-addresses reported (offsets within 2 MiB pages and 1 GiB), and every copy's output compared with the first's.
+bench_moe prepares a copy of the weights per arm, and at gpt-oss's 8192 tokens one copy can time slower than the
+others with the same launches. This probe separates where a copy lies from when it is timed: the slowdown follows the
+time (a slow episode of the device), not the placement, hence bench_moe's interleaved arms (``docs/perf-notes.md``,
+"Benchmarks interleave their arms and compare trees in one call"). Here: ``--copies`` layers of one inline plan,
+each with its own prepared weights, the same inputs, timed in turn (CUDA-graph replays after an L2 flush), each
+copy's tensors' addresses reported (offsets within 2 MiB pages and 1 GiB), and every copy's output compared with the
+first's.
 """
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ CATALOG_DECODE = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST)
 
 def _configs(kind: str, catalog_prefill: bool = False):
     if kind == "decode":
-        # runs 19-38 swept the Triton decode tiles (widths, warps, stages, prefetch: 64 x 16 on 4 warps, 1
-        # stage won); now the two engines of that tile side by side
-        # (run 78: the Gluon engine's weight prefetch loses 2-14%)
-        # (the catalog's blocks by routes per expert: csf_kernels.moe.specs.decode_config_for)
+        # the catalog's blocks (by routes per expert: csf_kernels.moe.specs.decode_config_for), then the two
+        # engines of the Triton decode tile side by side (64 x 16 on 4 warps, 1 stage: the fastest Triton tile;
+        # docs/archive/perf-log.md, "History"). The Gluon engine's weight prefetch is not swept: it measures
+        # slower (docs/archive/perf-log.md, "The Gluon decode GEMM")
         yield from CATALOG_DECODE
         yield DECODE_MMA_SYNC
         yield DECODE_TRITON

@@ -1,6 +1,6 @@
 """Pack the AOT cache built for this tree's kernel sources into aot_cache/carry.tgz, for the GPU machine.
 
-The tree and the unpacked cache together pass the device tool's 64 MiB (validation/README.md, run 162), so the
+The tree and the unpacked cache together pass the device tool's 64 MiB (``validation/README.md``), so the
 device call carries the archive and unpacks it first: ``mkdir -p aot_cache && tar xzf aot_cache/carry.tgz -C
 aot_cache``. Only the current cache key's folder goes in: older keys in the root are not what this tree loads.
 

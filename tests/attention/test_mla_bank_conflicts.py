@@ -60,8 +60,8 @@ CASES = {
     "wgmma: 16 heads' scores exchanged": (ACC(16), mla_decode_wgmma._exchange_layout(16), [64, 16], gl.float32),
     # the 16-head program: a latent group's codes as the scores' B operand, and their copies, on 4 and 8 warps
     # (rows of 512 bytes, probed as 128: the swizzle acts within 128 bytes). Its value loads are 2-way
-    # conflicted (see the last test): a linear layout free of conflicts for all three measured 3% slower
-    # (run 201, docs/perf-notes.md)
+    # conflicted (see the last test): a linear layout free of conflicts for all three measures slower
+    # (docs/perf-notes.md, "Hot shared-memory accesses are free of bank conflicts")
     **{
         f"mma: {what} ({w} warps)": (layout(w), STAGED_LATENT, [64, 128], gl.uint8, w)
         for w in (4, 8)
@@ -79,12 +79,11 @@ def test_hot_shared_accesses_are_free_of_bank_conflicts(case):
 
 
 def test_the_probe_sees_a_conflict_where_there_is_one():
-    """Layouts the programs had, each measured by ncu on the H200 with excess shared wavefronts: the
-    128-byte-swizzled pair layout of the wide converter (the two halves of a lane's 32 bytes on the same banks
-    of two swizzle rows), plain rows of 32 floats under a wgmma accumulator (every row on one bank), the
-    128-byte NVMMA swizzle under it (rows 4 apart on one bank), and the 16-head program's value loads from
-    rows swizzled by the row modulo 8 (rows 8 apart on one bank; kept, see above). The probe must count
-    each."""
+    """Layouts with excess shared wavefronts, each confirmed by ncu: the 128-byte-swizzled pair layout of the wide
+    converter (the two halves of a lane's 32 bytes on the same banks of two swizzle rows), plain rows of 32 floats
+    under a wgmma accumulator (every row on one bank), the 128-byte NVMMA swizzle under it (rows 4 apart on one
+    bank), and the 16-head program's value loads from rows swizzled by the row modulo 8 (rows 8 apart on one bank;
+    kept, see above). The probe must count each."""
     wide_before = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     assert bank_conflicts(wide_before, WIDE_KEYS, [64, 64], gl.int32) == 1
     plain = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])

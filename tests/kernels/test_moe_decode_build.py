@@ -65,7 +65,7 @@ def _sass(cubin: bytes) -> str:
 def test_wgmma_blocks_build_with_activations_in_shared_memory(fmt, source):
     """wgmma blocks: the weights' A fragments are mma.sync's (the relabelling is proven trivial against the
     wgmma layout too), the activations are two operand buffers of the block, stored relabelled by the program
-    (the form before run 175, a sweep variant); the weight words stay staged."""
+    (a sweep variant: the catalog's blocks read activations stored relabelled); the weight words stay staged."""
     config = dataclasses.replace(DECODE_WIDE, relabelled=False)
     assert config.mma == "wgmma" and config.bm == 32
     art = compile_triton(gemm_spec(fmt, source, fc1=True, activation="silu", bias=False, config=config))

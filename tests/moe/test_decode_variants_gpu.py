@@ -1,6 +1,6 @@
 """The decode GEMM's operand pipelines change where operands wait, never the bits: the catalog's staged
 programs (three K steps through shared memory) against each step's operands loaded straight into
-registers (``word_stages=1``, the form before run 151; mma.sync blocks only: the wgmma blocks' relabelled
+registers (``word_stages=1``, the unstaged form; mma.sync blocks only: the wgmma blocks' relabelled
 activations arrive staged) and a two-stage pipeline without the scales ahead.
 
 The variants are not in the AOT cache, so they compile (Triton's JIT) in a subprocess: the frozen tests'

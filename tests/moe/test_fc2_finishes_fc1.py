@@ -120,8 +120,9 @@ def test_routed_expansions_chain_on_the_current_stream_where_both_planes_wait_as
 def test_routed_expansions_fork_where_w13s_rows_take_a_cta_per_block(monkeypatch, hidden):
     """W13 rows wider than a warp's image (NVFP4 at hidden 2560: 160 columns, chained; 3584: 224, as Kimi-K2
     MXFP4's) take a CTA per row block, and those calls fork their routed experts' expansions instead of chaining
-    them (runs 281, 290-292); both let FC1 in only as their CTAs finish: the join's edge into FC1 is a
-    dependent-launch edge under graph capture, and FC1 let in beside W2's forked CTAs ran 1.7x longer (run 291)."""
+    them; both let FC1 in only as their CTAs finish: the join's edge into FC1 is a dependent-launch edge under
+    graph capture, and FC1 let in beside W2's forked CTAs runs longer (``docs/perf-notes.md``, "Routed experts'
+    expansions are chained as dependent launches" and "An expansion lets FC1 in only as its CTAs finish")."""
     _row_block_expansions(monkeypatch)
     shape = dict(experts=4, hidden=hidden, intermediate=64, top_k=2)
     geo, layer = _layer("nvfp4", "inline", shape=shape, max_tokens=4, seed=5, fc1_records_tokens=0)
@@ -163,7 +164,7 @@ def test_one_token_runs_fc1_on_the_records_and_w2s_expansion_beside_it(monkeypat
     assert kernels == ["moe.gemm_decode", "expand.row_blocks", "moe.gemm_decode", "moe.combine"]
     fc1, w2_expansion, fc2, _ = launches
     assert (fc1.spec.fact["SRC"], fc1.spec.fact["EARLY"], fc1.spec.fact["FIN"]) == (1, 0, 0)  # records
-    assert fc1.prefer_shared and not fc2.prefer_shared  # the records programs' carveout (run 272)
+    assert fc1.prefer_shared and not fc2.prefer_shared  # the records programs' carveout
     assert (fc2.spec.fact["SRC"], fc2.spec.fact["FIN"]) == (0, 1)  # a native plane: W2's expanded one
     assert w2_expansion.args[6].data_ptr() == layer.w2_plane.data_ptr()
     assert w2_expansion.args[7].data_ptr() == ids.data_ptr()  # the route ids list the experts
@@ -193,8 +194,8 @@ def test_dependent_launches_off_expand_both_planes_first(monkeypatch):
 def test_w2s_expansion_lets_fc1_in_only_as_its_ctas_finish_where_every_experts_scales_expand(monkeypatch, pdl):
     """From EXPAND_ALL_ROUTES_PER_EXPERT routes per expert: W13's on the side stream from the call's start; W2's on
     the current stream, FC1 right behind it. As row-block dependent launches both wait first and let FC1 in only
-    as their CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start was spread unevenly over the
-    SMs (runs 285-291)."""
+    as their CTAs finish (pdl 1 + LETS_DEPENDENT_IN_LAST): FC1 let in as they start is spread unevenly over the
+    SMs."""
     _row_block_expansions(monkeypatch)
     monkeypatch.setitem(runtime_settings._settings, "pdl", pdl != "0")
     geo, layer = _layer("mxfp4", "inline")

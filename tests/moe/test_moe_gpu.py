@@ -209,7 +209,7 @@ def test_one_token_fc1_on_records_is_bit_identical_eager_and_in_graphs(model, tp
     assert layers["inline"].plan.bucket_for(1).fc1_reads_records
     x, ids, w = synthetic_routing(geo, 1, torch.Generator(device="cuda").manual_seed(SEED))
     fc1 = layers["inline"].launches(x, ids, w, torch.empty_like(x))[0]
-    assert fc1.prefer_shared and fc1.spec.fact["SRC"] == 1  # the records programs' carveout (run 272)
+    assert fc1.prefer_shared and fc1.spec.fact["SRC"] == 1  # the records programs' carveout
     fc1.bind(geo.name)
     drv = runtime.driver.driver()
     attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT

@@ -45,7 +45,7 @@ def test_fc1_reads_records_at_one_token_and_where_its_programs_run_few_steps():
         for other in (plan(geo, 64, scale_source="native"), plan(geo, 64, scale_source="expanded"),
                       plan(geo, 64, fc1_records_tokens=0)):  # fmt: skip
             assert not any(b.fc1_reads_records for b in other.buckets)
-    assert short_somewhere  # (Qwen3-30B MXFP4's two tokens: 8 steps a program, run 277)
+    assert short_somewhere  # (Qwen3-30B MXFP4's two tokens: 8 steps a program)
     qwen = plan(load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4"), 64)
     deepseek = plan(load_catalog().moe_geometry("deepseek-v4.1-flash", 4, "mxfp4"), 64)
     assert qwen.bucket_for(2).fc1_records_tokens == 2 and deepseek.bucket_for(2).fc1_records_tokens == 0
@@ -88,8 +88,8 @@ def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_coun
 
 def test_a_plans_tiles_keep_reading_routes_as_blocks_whatever_the_module_settings_later(monkeypatch):
     """Whether a config reads routes as blocks is the config's own (``GemmConfig.routed``): a plan made on the
-    catalog's one-token tiles makes the same programs after the module's tiles change (run 225: a test swapping
-    them between plans had a bound plan's routed programs refused)."""
+    catalog's one-token tiles makes the same programs after the module's tiles change (otherwise a test swapping
+    them between plans would have a bound plan's routed programs refused)."""
     import dataclasses
 
     from csf_kernels.moe import specs as moe_specs

@@ -1,5 +1,5 @@
 """The catalog's wgmma blocks (16, 32 and 64 routes) reading relabelled activations (``GemmConfig.relabelled``)
-against the same programs relabelling in registers (the form before run 175, not in the AOT cache): the same
+against the same programs relabelling in registers (a sweep variant, not in the AOT cache): the same
 bits, on geometries with whole and partial K steps (gpt-oss: 2880 = 22.5 steps of 128), every scale source
 the GEMM reads. JIT in a subprocess (the frozen tests' zero-compilation check in this process stays whole)."""
 
