@@ -29,8 +29,8 @@ from csf_kernels.mla.layout import HEAD_DIM, VALUE_DIM
 from csf_kernels.mla.specs import DecodeConfig
 
 # head block, warps, stages, waves (programs per SM the split policy aims at), operand type; 2 stages,
-# 32-candidate steps and a 128-register cap are not candidates: each measures slower (see csf_kernels.mla.specs).
-# The Gluon programs (16 and 32 heads) first, then the Triton ones
+# 32-candidate steps and a 128-register cap are not candidates: each measures slower (docs/archive/perf-log.md,
+# "The wgmma program in two warpgroups"). The Gluon programs (16 and 32 heads) first, then the Triton ones
 CANDIDATES = [
     DecodeConfig(16, 4, 1, 2, engine="gluon"),
     DecodeConfig(16, 8, 1, 1, engine="gluon"),

@@ -45,7 +45,7 @@ CATALOG_DECODE = (DECODE_NARROW, DECODE, DECODE_WIDE, DECODE_WIDEST)
 
 def _configs(kind: str, catalog_prefill: bool = False):
     if kind == "decode":
-        # the catalog's blocks (by routes per expert: csf_kernels.moe.specs.decode_config_for), then the two
+        # the catalog's blocks (by routes per expert: csf_kernels.moe.heuristics.decode_config_for), then the two
         # engines of the Triton decode tile side by side (64 x 16 on 4 warps, 1 stage: the fastest Triton tile;
         # docs/archive/perf-log.md, "History"). The Gluon engine's weight prefetch is not swept: it measures
         # slower (docs/archive/perf-log.md, "The Gluon decode GEMM")
