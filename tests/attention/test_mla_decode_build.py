@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from csf_kernels.aot.compile_triton import compile_triton
 from csf_kernels.aot.cute_export import find_cuobjdump
+from csf_kernels.mla.heuristics import decode_config
 from csf_kernels.mla.specs import (
     MLA_DECODE_MMA,
     MLA_DECODE_WGMMA,
@@ -26,7 +27,6 @@ from csf_kernels.mla.specs import (
     PARTIAL_DTYPES,
     QUERY_MODES,
     DecodeConfig,
-    decode_config,
     decode_spec,
 )
 
