@@ -21,10 +21,9 @@ __all__ = ["MODES", "SHARED_SM_MIN_CHUNKS", "MLACaps", "MLAPlan", "MLAScratch", 
 
 MODES = ("decode",)
 _ALIGN = 256  # scratch region alignment (bytes)
-# A second program per SM (waves 2, the 16-head program) runs each SM ~8% faster, but every split costs a
-# prologue, a partial and its merge: it pays only while a split keeps 16 chunks or more (run 203, top-k 2048,
-# us at one / two programs per SM: b32 34.2 / 37.9 at 8 / 4 chunks, b16 24.4 / 30.0, b64 54.5 / 54.7 at 16 / 8,
-# b48 52.4 / 49.5, b96 93.5 / 85.2 and b128 95.5 / 88.0 at 16-32)
+# A second program per SM (waves 2, the 16-head program) runs each SM faster, but every split costs a prologue, a
+# partial and its merge: it pays only while a split keeps 16 chunks or more (docs/perf-notes.md, "Splits: one
+# program per SM unless each split keeps 16 chunks")
 SHARED_SM_MIN_CHUNKS = 16
 
 
@@ -90,8 +89,7 @@ class MLAPlan:
         planned for, or more where its programs outnumber that many waves. The decode launches so that no SM
         takes more (``csf_kernels.runtime.shared_for_at_most``): a program that fits twice on an SM would
         otherwise share one, beside whatever the kernel before it left resident, at twice its time, while
-        another SM idles (run 253: 8-call chains at b32 h16 took 37-44 us a call instead of 29 in most replays
-        once the merge before each decode held more registers)."""
+        another SM idles (measured in chained decodes: docs/archive/perf-log.md)."""
         splits, waves = self._policy(rows)
         programs = rows * self.head_blocks * splits
         return max(waves, -(-programs // self.caps.sm_count))

@@ -10,30 +10,26 @@ GEMMs read the routes as blocks, :meth:`MoEPlan.reads_routes_as_blocks`, with no
 lists the routed experts whose scales the call expands; int32 ids list them themselves), and in buckets of such
 calls FC2 finishes FC1 itself, ``BucketPlan.fc2_finishes_fc1``: FC1 -> FC2 -> combine).
 
-The expansion's planes run beside other work. Few routes per expert, the routed experts' (listed by the alignment or
-the route ids): where both planes take the row-block expander with whole rows a warp (W13 rows of at most
-``ROW_BLOCK_MAX_WHOLE_COLS`` columns: every catalog W13 but DS4.1-TP4 NVFP4's 320, Kimi-K2's and DeepSeek-V3's 224
-and 448, whose blocks take a CTA each and whose chained form lost at 2-4 tokens, run 281) and dependent launches are
-on, chained on the current stream: W13's, then W2's waiting for W13's only before it exits (so they run side by
-side), letting FC1 in only as its CTAs finish their work (``fc1_let_in``: FC1's CTAs let in as they start sit on the
-SMs beside the expansions and run slower, run 241), and FC1, a dependent launch of W2's, copies its first weight
-steps before it waits (``early_fc1``). Otherwise, or bound with ``chain_expansions=False``, W13's on the current
-stream beside W2's on the device's side stream (``csf_kernels.expand.layer``), forked after the align launches and
-joined before FC1. Under CUDA-graph capture the fork's and the join's edges into a dependent launch are
-dependent-launch edges too (the side stream's expansion started before the align program ended, run 291), so each
-row-block expansion FC1 follows or joins lets it in only as its CTAs finish, as W2's does when chained: FC1's
-programs let in beside an expansion's CTAs are spread unevenly over the SMs (runs 241, 286-291). Runs 242-247
-measured the chained form as fast as the forked one (within 1 us) or faster (by up to 20 us) at the peer geometries'
-1-32 tokens, except DS4.1's 4 tokens (2-5 us slower) and gpt-oss's 32 in runs 242 and 244 (4-6 us slower; 6 us
-faster in run 247, with the 90-column planes in column groups). From ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per
-expert, every expert's, forked at the call's start: W13's beside the alignment, the relabelling and W2's, both
-letting FC1 in only as their CTAs finish.
+What a call of an expanding bucket expands, and how, is the plan's decision (:class:`~csf_moe.plan.
+ExpansionSchedule`, :meth:`~csf_moe.plan.MoEPlan.expansion_schedule`); the layer executes it:
 
-One-token calls of an inline plan, and routed calls whose FC1 programs run few K steps (``BucketPlan.
-fc1_records_tokens``; int32 ids; dependent launches on), expand only W2's plane: FC1 reads W13's CSF records
-itself, and W2's expansion is launched after it, waiting for FC1 only before it exits and letting FC2 in as its
-CTAs start, so it runs beside FC1 and no expansion stands before FC1; FC2 (finishing FC1) reads the expanded W2
-plane after its wait (runs 266-277: ``plan.FC1_RECORDS_TOKENS``, ``plan.FC1_RECORDS_STEPS``).
+* ``ROUTED_CHAINED`` (few routes per expert, both planes on the row-block expander with whole rows a warp, dependent
+  launches on): the routed experts' planes on the current stream, W13's then W2's, which waits for W13's only
+  before it exits (so they run side by side) and lets FC1 in only as its CTAs finish (``fc1_let_in``); FC1, a
+  dependent launch of W2's, copies its first weight steps before it waits (``early_fc1``).
+* ``ROUTED_FORKED`` (otherwise, or bound with ``chain_expansions=False``): W13's on the current stream beside W2's on
+  the device's side stream (``csf_kernels.expand.layer``), forked after the align launches, joined before FC1.
+* ``ALL_EXPERTS`` (from ``EXPAND_ALL_ROUTES_PER_EXPERT`` routes per expert): every expert's planes, forked at the
+  call's start, W13's beside the alignment, the relabelling and W2's.
+* ``FC1_ON_RECORDS`` (one-token calls, and routed calls whose FC1 programs run few K steps; int32 ids): FC1 reads
+  W13's CSF records itself and W2's expansion is launched after it, waiting for FC1 only before it exits and letting
+  FC2 in as its CTAs start, so no expansion stands before FC1; FC2 (finishing FC1) reads the expanded W2 plane.
+* ``GIVEN_PLANES``: planes the caller expanded ahead of the call (below).
+
+Under CUDA-graph capture the fork's and the join's edges into a dependent launch are dependent-launch edges too, so
+each row-block expansion FC1 follows or joins lets it in only as its CTAs finish: FC1's programs let in beside an
+expansion's CTAs are spread unevenly over the SMs and run slower (docs/perf-notes.md, "An expansion lets FC1 in
+only as its CTAs finish").
 
 A bucket that expands may instead read planes expanded ahead of the call (``scale_planes``, written by
 :meth:`MoELayer.expansion_launches`, e.g. on a side stream by :mod:`csf_moe.prefetch`).
@@ -41,7 +37,7 @@ A bucket that expands may instead read planes expanded ahead of the call (``scal
 Bound with ``l2_resident_scales`` (``CSF_L2_SCALES``), a call that expands into the layer's planes runs with an L2
 access policy window over them (``runtime.l2_residency``): the expansion's writes and the GEMMs' reads of the
 planes (all of them where the planes fit L2's set-aside, a fraction otherwise) persist in L2 instead of going to DRAM
-(opt in; not yet measured).
+(opt in; not yet measured on a GPU).
 
 Every launch goes on torch's current stream (an expansion on the side stream forked from it and joined
 back) with arguments marshalled once per (T, input addresses), so a call allocates nothing but its output (or

@@ -86,39 +86,21 @@ class PlaneExpansion:
         return self.chain and self.w13_whole_rows and self.w13_dependent and self.w2_dependent
 
 
-# routes per expert (T * k / E) up to which the decode tile configuration runs. Runs 97-98 (H200, native,
-# the Gluon decode GEMM vs the best prefill tiles; us): at 16 routes per expert the decode GEMM wins on
-# every geometry measured (Qwen3-30B T=256 292 vs 351, gpt-oss-120b T=512 1327 vs 1755, DS4.1-TP4 T=1024
-# 1481 vs 1969, Qwen3-Next T=819 769 vs 962), at 32 the prefill tiles (Qwen3-30B T=512 511 vs 360,
-# DS4.1-TP4 T=2048 2725 vs 2039, Qwen3-Next T=1638 1413 vs 1036).
-# Since run 175 the decode buckets above 8 routes per expert run wgmma blocks (16, 32, 64 routes) reading
-# relabelled activations, which beat the prefill tiles at every count measured, up to 1024 routes per expert
-# (Qwen3-30B T = 16384: 5311 vs 5707 us; the figures: csf_kernels.moe.specs.DECODE). Above that the prefill
-# tiles run (not measured there).
+# routes per expert (T * k / E) up to which the decode tile configurations run (their wgmma blocks measured
+# faster than the prefill tiles at every count up to this; docs/perf-notes.md, "The tile follows the routes per
+# expert"); the prefill tiles above.
 DECODE_ROUTES_PER_EXPERT = 1024
-# tokens above which an inline plan expands its routed experts' scales once per call and runs the
-# native-scale GEMM. Run 84 (H200, bench_moe, T = 1 / 8 / 32 / 128 / 512, expanded vs inline): DS4.1-TP4
-# 47.3 / 146 / 399 / 797 / 1028 vs 47.8 / 192 / 515 / 1089 / 1411 us, Qwen3-30B 41.7 / 105 / 171 / 209 /
-# 373 vs 39.4 / 121 / 218 / 270 / 372, gpt-oss 64.1 / 235 / 564 / 878 / 1826 vs 68.0 / 284 / 751 / 1203 /
-# 1809: reading records inline pays at one token at most. Prefill buckets always expand (run 12: up to 1.3x).
-# Run 157 (faster expansion and native GEMM), T = 1, expanded vs records read in the GEMM: DS4.1-TP4 40.7 vs
-# 46.8 us, Qwen3-30B 35.8 vs 38.8, gpt-oss 59.1 vs 63.2: now the expansion pays at every token count.
+# tokens above which an inline plan expands its routed experts' scales once per call and runs the GEMMs on native-
+# layout planes: 0, since the expansion measures faster than records read in the GEMM at every token count
+# (docs/perf-notes.md, "Inline plans expand scales; the GEMM reads a native-layout plane").
 INLINE_TOKEN_LIMIT = 0
 # tokens up to which an inline plan's expanding routed calls (FC2 finishing FC1, int32 route ids) run FC1 on
-# W13's records and expand only W2's scales, beside FC1, so no expansion stands before FC1. H200, bench_moe, us
-# single / chained per call, this form vs both planes expanded first, one token (runs 267-269): DS4.1-TP4
-# 28.0-28.4 / 24.2-24.5 vs 28.8-29.1 / 24.8-25.1, Qwen3-30B 21.6-21.7 / 18.1-18.4 vs 24.2-24.8 / 20.6-20.7
-# (native 24.8 / 21.0, 19.8-20.3 / 16.4); gpt-oss lost (42.0-42.4 / 35.0-35.5 vs 39.8-40.6 / 34.6-34.7) until its
-# FC1 ran in one wave (run 272: the records programs launched with the largest shared-memory carveout,
-# csf_kernels.moe.launch.gemm_launch; probe call 38.7 us vs 41.6). Run 277: faster at one token on all eight catalog
-# geometries measured (single 0.7-8.0 us, chained 0-5 us, or equal).
+# W13's records and expand only W2's scales, beside FC1, so that no expansion stands before FC1 (measured faster
+# at one token on every catalog geometry; docs/perf-notes.md, "Except where FC1 runs few K steps").
 FC1_RECORDS_TOKENS = 1
 # ... and in the routed buckets past it whose FC1 programs each run at most this many K steps: the records'
-# decode adds work to every step (~100 instructions a step, perf notes), the W13 expansion it replaces costs about
-# the same whatever the steps. Runs 276-277, two tokens, us single / chained, this form vs both planes first:
-# Qwen3-30B MXFP4 (8 steps) 29.1-29.3 / 24.5-24.6 vs 31.4 / 27.1-27.2, Qwen3-Next (8) 26.0 / 22.6 vs 28.2 / 24.1,
-# Kimi-K2 MXFP4 (7) 27.4 / 25.3 vs 29.9 / 26.0; DS4.1-TP4 MXFP4 (14 steps) 36.8-37.3 / 35.1 vs 37.8-38.0 / 32.5,
-# Kimi-K2 NVFP4 (14) 31.0 / 29.9 vs 35.8 / 29.9; at four tokens (14-28 steps) chained 0.4-5.3 us slower everywhere.
+# decode adds work to every step, while the W13 expansion it replaces costs about the same whatever the steps, so
+# it pays only where FC1's programs are short (same section).
 FC1_RECORDS_STEPS = 8
 # routes per expert (T * k / E) from which an expanding call expands every expert's scales, concurrently with
 # the routing's alignment (nothing to wait for), instead of the routed experts' after it: from 2 routes per

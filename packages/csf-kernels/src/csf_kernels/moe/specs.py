@@ -121,7 +121,7 @@ ALIGN_CHUNK = 1024
 SCATTER_CHUNK = 256
 COMBINE_COLUMNS = 1024
 # calls of up to this many tokens combine a token's slots as one [TK, 256] tile (32 registers a thread at 16
-# slots); run 164: 2.0-3.5 us against 4.1-6.4 up to 32 tokens, 1.5-5x slower at 512
+# slots): faster where tokens are few, slower past them (docs/perf-notes.md, "The combine takes a token's slots")
 COMBINE_TILE_TOKENS = 32
 COMBINE_TILE_COLUMNS = 256
 FINISH_COLUMNS = 512
@@ -201,62 +201,29 @@ class GemmConfig:
         return -(-self.tiled_rows(n_out, fc1) // self.bn)
 
 
-# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound.
-# Chosen by benchmarks/sweep_moe_configs.py on the H200 (validation/README.md, runs 12, 19, 23): 32- or
-# 128-row decode tiles lose to 64, and so do 2-3 pipeline stages for decode (run 19: 1.2-1.6x slower)
-# and a weight prefetch for decode (run 23: 1.07-1.35x slower);
-# since the programs are compiled aligned (run 17), prefill gains 1.2x from 64 x 64 tiles on 4 warps.
-# Since weights are loaded as 32-bit words (run 31), 3 stages pipeline them through shared memory with
-# wide loads: prefill no longer gains from a register prefetch (1-4% slower), decode still loses with
-# 2-4 stages (1.0-1.1x slower than 1).
-# The Gluon decode program (operands in registers, no shared memory or barriers) replaces the Triton
-# one on GPUs; DECODE_TRITON remains for Triton's CPU interpreter and side-by-side sweeps.
-# Run 78 (DS4.1-TP4, native, T = 1..512): Gluon 0.70-0.80x the Triton engine's time; loading the next
-# K step's weights first costs it 2-14% (more registers, fewer programs per SM): off.
-# Run 80 (same layer): with FC1 tiled over all its rows, 8-route blocks (56 registers, 9 programs per SM)
-# beat 16-route ones up to 2 routes per expert (T = 1 / 8 / 32 / 128: 39.6 / 130 / 348 / 694 us against
-# 42.6 / 145 / 375 / 775) and lose at 8 (T = 512: 1043 against 954).
-# Run 151 (DS4.1-TP4 / gpt-oss-120b / Qwen3-30B, T = 1..512, sweeps side by side): the operands of three K
-# steps in flight through shared memory (cp.async: weights per thread, activations per program) with the
-# scale bytes a step ahead beat loading each step's operands into registers as it comes: 0.91x / 0.81x /
-# 0.79x at T = 512 (16-route blocks), 0.98x / 0.93x / 0.90x at T = 128; within +-3% below, except Qwen3 at
-# T = 8 (0.91x).
-# Run 155 (staged programs, one-multiply conversion; us, 8-route / 16-route blocks): 8-route blocks win up to 8
-# routes per expert: gpt-oss T = 128 (4 per expert) 770 / 805, Qwen3-30B T = 128 (8) 171 / 178, DS4.1 T = 512
-# (8) 910 / 906 (a tie). Run 156: register caps for more programs per SM (56, 48) gain nothing.
-# Since run 175 they run up to 4 routes per expert, where the wgmma blocks below lose to them (run 177, us,
-# 8-route mma.sync / 8-route wgmma (77 registers) / 16-route wgmma): gpt-oss T = 128 754 / 795 / 778, Qwen3-30B
-# T = 64 144 / 148 / 155, DS4.1 T = 256 749 / 751 / 786.
-# Inline records decoded from loads made a step ahead (moe_gemm_decode._inline_ahead) take 91 registers in routed FC1
-# programs and 128 in FC2 programs finishing FC1, against native's 64 and 78; capped at 72 they do not spill (SASS)
-# and keep 7 programs per SM.
+# decode: few routes per expert, memory bound (the MMA's N is the routes); prefill: compute bound. Each config
+# is the measured fastest for its routes per expert (docs/perf-notes.md, "Fused MoE"; the sweeps behind each choice
+# are in docs/archive/perf-log.md). The decode tiles are Gluon programs staging three K steps of weights and
+# activations through shared memory by cp.async, with the scale bytes a step ahead; DECODE_TRITON remains for
+# Triton's CPU interpreter and side-by-side sweeps. 8-route mma.sync blocks serve up to 4 routes per expert, where
+# wgmma blocks lose to them; reading inline records a step ahead takes more registers, capped at 72 without spills
+# so that 7 programs still fit an SM.
 DECODE_NARROW = GemmConfig(
     name="decode", bm=8, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3, ahead=True,
     routed=True, inline_max_registers=72,
 )  # fmt: skip
 # The wgmma blocks (above 4 routes per expert) read activations stored in the weights' relabelled K order
-# (``relabelled``: csf_kernels.moe.relabel), copied by cp.async straight into their operand stages. Sweeps side by
-# side (runs 175-177, us, native scales, all bit-identical; per expert = T * k / E: gpt-oss and Qwen3-30B
-# 128 experts, top 4 and 8; DS4.1-TP4 384, top 6):
-# - 5-8 routes per expert, 16-route blocks (8-route mma.sync / 16-route mma.sync at 72 registers / 16-route
-#   wgmma / 32-route wgmma): DS4.1 T = 512 878 / 909 / 829 / 931, gpt-oss T = 256 829 / 839 / 822 / 881,
-#   Qwen3-30B T = 128 170 / 176 / 161 / 179;
-# - 9-64, 32-route blocks (16-route mma.sync / 32-route wgmma relabelling in registers, capped at 96 / 16-route
-#   wgmma / 32-route wgmma): at 16 per expert DS4.1 T = 1024 1182 / 1132 / 1033 / 995, gpt-oss T = 512 1016 /
-#   1016 / 969 / 940, Qwen3-30B T = 256 217 / 214 / 191 / 186; at 32 Qwen3-30B T = 512 346 / 283 / 295 / 243,
-#   DS4.1 T = 2048 1948 / 1589 / 1633 / 1377, gpt-oss T = 1024 1678 / 1318 / 1421 / 1209; at 64 gpt-oss T = 2048
-#   3072 / 2243 / 2560 / 1960 (64-route wgmma 1998);
-# - above 64, 64-route blocks (128 registers) against 32-route ones and the prefill tiles: Qwen3-30B T = 2048
-#   696 / 732 / 836, T = 4096 1349 / 1432 / 1568, T = 16384 (1024 per expert) 5311 / - / 5707; DS4.1 T = 8192
-#   4448 / 4630 / 4999, T = 16384 8611 / - / 9144; gpt-oss T = 4096 3527 / 3700 / 4235, T = 16384 14287 / - /
-#   15139.
+# (``relabelled``: csf_kernels.moe.relabel), copied by cp.async straight into their operand stages: 16-route blocks
+# at 5-8 routes per expert, 32-route blocks at 9-64, 64-route blocks above (measured fastest at each, up to 1024
+# routes per expert, against mma.sync blocks and the prefill tiles; docs/perf-notes.md, "The tile follows the routes
+# per expert").
 DECODE = GemmConfig(
     name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True, engine="gluon", word_stages=3,
     ahead=True, mma="wgmma", relabelled=True,
 )  # fmt: skip
 DECODE_WIDE = replace(DECODE, bm=32)
 DECODE_WIDEST = replace(DECODE, bm=64)
-# the mma.sync form of 16-route blocks (72 registers: 7 programs per SM), planned before run 175; sweeps only
+# the mma.sync form of 16-route blocks (72 registers: 7 programs per SM); sweeps only
 DECODE_MMA_SYNC = replace(DECODE, mma="mma_sync", relabelled=False, max_registers=72)
 DECODE_TRITON = GemmConfig(name="decode", bm=16, bn=64, num_warps=4, num_stages=1, split_k=True)
 PREFILL = GemmConfig(name="prefill", bm=64, bn=64, num_warps=4, num_stages=3, split_k=False)
