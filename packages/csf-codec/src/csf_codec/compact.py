@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .bitfields import pack_fields, packed_nbytes, unpack_fields
+from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
 from .container import Envelope, open_envelope, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
@@ -184,6 +186,23 @@ def encode_compact(
     """
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
+    if rows.device.type == "cpu":
+        width, secs = encode_sections_np(rows.numpy(), tuple(widths))
+        body = torch.from_numpy(np.concatenate(secs))
+        sections = tuple(int(p.size) for p in secs)
+    else:
+        width, body, sections = _encode_torch(rows, widths)
+    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
+    if verify:
+        back = decode_compact(out.payload, name=name)
+        if not torch.equal(back, rows.view(shape)):
+            raise VerificationError(name, "compact encoding does not decode to the native bytes")
+    return out
+
+
+def _encode_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> tuple[int, torch.Tensor, tuple[int, ...]]:
+    """The compact body in torch, on the plane's device (the numpy path's reference on the CPU)."""
     r, c = rows.shape
     bases = row_bases_for_widths(rows, widths)
     spans = list(_row_spans(r, c))
@@ -205,15 +224,7 @@ def encode_compact(
             parts[2 + i].append(t)
     empty = torch.zeros(0, dtype=torch.uint8, device=rows.device)
     pieces = [torch.cat(p) if p else empty for p in parts]
-    body = torch.cat(pieces)
-    sections = tuple(int(p.numel()) for p in pieces)
-    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
-    if verify:
-        back = decode_compact(out.payload, name=name)
-        if not torch.equal(back, plane.view(torch.uint8) if plane.dtype != torch.uint8 else plane):
-            raise VerificationError(name, "compact encoding does not decode to the native bytes")
-    return out
+    return width, torch.cat(pieces), tuple(int(p.numel()) for p in pieces)
 
 
 def read_compact_header(payload: torch.Tensor, *, name: str = "scales") -> CompactHeader:
@@ -322,9 +333,25 @@ def decode_compact(
     """
     lay = compact_layout(payload, name=name, expected_shape=expected_shape)
     r, c, w = lay.rows, lay.cols, lay.width
-    bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
+    if lay.codes.device.type == "cpu":
+        bases = torch.from_numpy(scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy()))
+    else:
+        bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+    if lay.codes.device.type == "cpu":
+        flat = decode_rows_np(
+            bases.numpy(),
+            lay.selectors.numpy(),
+            lay.counts.numpy(),
+            lay.exceptions.numpy(),
+            lay.chunk_offsets.numpy(),
+            r,
+            c,
+            w,
+            name,
+        )
+        return torch.from_numpy(flat).reshape(lay.shape)
     counts = lay.counts.to(torch.int64)
     flat = torch.empty(r * c, dtype=torch.uint8, device=lay.codes.device)
     for a, b in _row_spans(r, c):
