@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .bitfields import pack_fields, unpack_fields
 from .container import Envelope, open_envelope, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
+from .inline_np import ClassPlan, decode_class_np, encode_class_np
 from .planes import as_rows
 from .rowbase import row_bases
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
@@ -321,6 +323,37 @@ def _encode_plane(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int 
     return out
 
 
+def _class_plans(geo: InlineGeometry) -> list[ClassPlan]:
+    plans = [ClassPlan(0, geo.full_col_tiles, TILE_COLS)]
+    if geo.tail_cols:
+        plans.append(ClassPlan(geo.full_col_tiles * TILE_COLS, 1, geo.tail_cols))
+    return plans
+
+
+def _record_sizes(fmt: ScaleFormat, cols: int, forced: int | None) -> tuple[int, ...]:
+    sizes = record_bytes_choices(fmt, cols) if forced is None else (forced,)
+    if any(s % 16 or exception_capacity(1, s, cols) < 0 for s in sizes):
+        raise ValueError(f"record size must be a multiple of 16 that holds a selector mode; got {sizes}")
+    return sizes
+
+
+def _encode_plane_np(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int | None):
+    """:func:`_encode_plane` on the CPU, in numpy (:mod:`csf_codec.inline_np`); same bytes."""
+    x, base, brn = rows.numpy(), base_slot.numpy(), br.numpy()
+    valid = brn >= 0
+    out = []
+    for k, plan in enumerate(_class_plans(geo)):
+        sizes = _record_sizes(fmt, plan.cols, None if k else record_bytes)
+        if plan.count == 0 or geo.row_blocks == 0:
+            s = sizes[0]  # no tiles: every size costs nothing, the smallest wins
+            empty = torch.zeros(0, s, dtype=torch.uint8)
+            out.append((s, empty, torch.zeros(0, TILE_ROWS * plan.cols, dtype=torch.uint8)))
+            continue
+        s, rec, raw = encode_class_np(x, brn, base, valid, plan, CANDIDATE_WINDOWS[fmt.name], sizes, exception_capacity)
+        out.append((s, torch.from_numpy(rec), torch.from_numpy(raw)))
+    return out
+
+
 def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.Tensor, name: str) -> torch.Tensor:
     """Rebuild [T, 128 tc] native bytes of one column class, validating every record."""
     dev = records.device
@@ -395,7 +428,10 @@ def encode_inline(
     geo = InlineGeometry.for_shape(shape, row_group, name=name)
     ref, delta, br = _block_bases(rows, geo, fmt)
     base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    encoded = _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+    if rows.device.type == "cpu":
+        encoded = _encode_plane_np(rows, geo, base_slot, br, fmt, record_bytes)
+    else:
+        encoded = _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
     s, records, raw = encoded[0]
     dev = rows.device
     tail_s, tail = 0, torch.zeros(0, dtype=torch.uint8, device=dev)
@@ -442,6 +478,8 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
     delta = _unpack_deltas(inline.base_delta, inline.fmt)
     br = geo.block_rows(dev)
     base_slot = inline.base_ref[:, None].to(torch.int32) + delta.to(torch.int32)
+    if dev.type == "cpu":
+        return _decode_np(inline, geo, base_slot, br, name)
     rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=dev)
     parts = [(inline.records.reshape(rb, -1), inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
     if tcol:
@@ -467,6 +505,23 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
             start = i * geo.full_col_tiles * TILE_COLS
             rows[span_br[slot_valid], start : start + block.shape[2]] = block[slot_valid]
     return rows.view(inline.shape)
+
+
+def _decode_np(inline: InlineScales, geo: InlineGeometry, base_slot, br, name: str) -> torch.Tensor:
+    out = np.empty((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+    brn, base = br.numpy(), base_slot.numpy()
+    valid = brn >= 0
+    parts = [
+        (inline.records, inline.record_bytes, inline.raw),
+        (inline.tail, inline.tail_record_bytes, inline.tail_raw),
+    ]
+    for plan, (rec, s, raw) in zip(_class_plans(geo), parts, strict=False):
+        if plan.count == 0 or geo.row_blocks == 0:
+            continue
+        records = rec.numpy().reshape(-1, s)
+        raw_tiles = raw.numpy().reshape(-1, TILE_ROWS * plan.cols)
+        decode_class_np(out, records, raw_tiles, brn, base, valid, plan, s, exception_capacity, name)
+    return torch.from_numpy(out).view(inline.shape)
 
 
 def inline_from_payload(payload: torch.Tensor, *, name: str = "scales") -> InlineScales:

@@ -49,60 +49,88 @@ def row_bases(rows: torch.Tensor, width: int) -> torch.Tensor:
     return row_bases_for_widths(rows, (width,))[width]
 
 
-_FAST_RANGE = 16  # rows whose bytes span fewer values take the level-count path
 _SCALES_PER_PASS = 1 << 20
 
 
 def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
     """:func:`row_bases_for_widths` on a uint8 [R, C] numpy array, by whole-array byte passes.
 
-    For a row of minimum ``m`` whose bytes span fewer than 16 values, ``le[k]`` (how many bytes are
-    ``<= m + k``) for the few levels present gives every window count: the window at ``m + j`` holds
+    For a row of minimum ``m`` whose bytes span ``L <= 32`` values, ``le[k]`` (how many bytes are
+    ``<= m + k``) for ``k < L`` gives every window count: the window at ``m + j`` holds
     ``le[j + 2**w - 1] - le[j - 1]``; windows starting below ``m - 2**w + 1`` or above the row's maximum
-    hold nothing. Wider rows (rare: NaN bytes, zero rows beside normal ones) take the histogram path.
+    hold nothing. Rows are grouped by spread so that narrow rows pay for few levels; wider rows (NaN
+    bytes, zero rows beside normal ones, NVFP4 rows with outlier blocks) take a full histogram.
     """
     r, c = rows.shape
     out = {w: np.zeros(r, dtype=np.uint8) for w in widths}
     if c == 0 or r == 0:
         return out
     step = max(1, _SCALES_PER_PASS // c)
-    count_t = np.int16 if c < 1 << 15 else np.int64
-    cp = -(-c // 8) * 8
 
     def one(start: int) -> None:
         x = rows[start : start + step]
         lo, hi = _row_min_max(x)
         spread = hi - lo
-        fast = spread < _FAST_RANGE
-        levels = int(spread[fast].max()) + 1 if fast.any() else 0
-        rel = np.full((x.shape[0], cp), 255, dtype=np.uint8)
-        np.subtract(x, lo[:, None], out=rel[:, :c])
-        # le[k] = bytes <= lo + k; below lo none, from the row's own maximum on all C
-        le = [row_counts(rel <= k).astype(count_t) for k in range(levels - 1)]
-        full = np.full(x.shape[0], c, dtype=count_t)
-        lo16 = lo.astype(np.int16)
-        for w in widths:
-            span = 1 << w
-            best_n = np.full(x.shape[0], -1, dtype=count_t)
-            best_j = np.zeros(x.shape[0], dtype=np.int16)
-            for j in range(-(span - 1), max(levels, 1)):
-                top, below = j + span - 1, j - 1
-                n = le[top] if top < len(le) else full
-                if below >= 0:
-                    n = n - (le[below] if below < len(le) else full)
-                b_ok = (lo16 + j >= 0) & (lo16 + j <= 256 - span)
-                better = b_ok & (n > best_n)  # strict: the smallest base wins ties
-                best_n[better] = n[better]
-                best_j[better] = j
-            out[w][start : start + x.shape[0]] = (lo16 + best_j).astype(np.uint8)
-        if not fast.all():
-            slow = np.flatnonzero(~fast)
-            got = _row_bases_torch(torch.from_numpy(np.ascontiguousarray(x[slow])), widths)
+        groups = np.searchsorted(np.array(_SPREAD_GROUPS), spread, side="right")
+        for g in range(len(_SPREAD_GROUPS) + 1):
+            pick = None if (groups == g).all() else np.flatnonzero(groups == g)
+            if pick is not None and not pick.size:
+                continue
+            xs, los = (x, lo) if pick is None else (x[pick], lo[pick])
+            if g == len(_SPREAD_GROUPS):
+                got = _histogram_bases(xs, widths)
+            else:
+                got = _level_bases(xs, los, int(spread.max() if pick is None else spread[pick].max()) + 1, widths)
             for w in widths:
-                out[w][start + slow] = got[w].numpy()
+                if pick is None:
+                    out[w][start : start + x.shape[0]] = got[w]
+                else:
+                    out[w][start + pick] = got[w]
 
     map_spans(one, range(0, r, step))
     return out
+
+
+_SPREAD_GROUPS = (3, 31)  # rows spreading over at most 4, 32 values; wider rows: histogram
+
+
+def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    n_rows, c = x.shape
+    count_t = np.int16 if c < 1 << 15 else np.int64
+    cp = -(-c // 8) * 8
+    rel = np.full((n_rows, cp), 255, dtype=np.uint8)
+    np.subtract(x, lo[:, None], out=rel[:, :c])
+    # le[k] = bytes <= lo + k; below lo none, from the row's own maximum on all C
+    le = [row_counts(rel <= k).astype(count_t) for k in range(levels - 1)]
+    full = np.full(n_rows, c, dtype=count_t)
+    lo16 = lo.astype(np.int16)
+    lo_min, lo_max = int(lo.min()), int(lo.max())
+    out = {}
+    for w in widths:
+        span = 1 << w
+        best_n = np.full(n_rows, -1, dtype=count_t)
+        best_j = np.zeros(n_rows, dtype=np.int16)
+        for j in range(-(span - 1), levels):
+            top, below = j + span - 1, j - 1
+            n = le[top] if top < len(le) else full
+            if below >= 0:
+                n = n - (le[below] if below < len(le) else full)
+            if lo_min + j < 0 or lo_max + j > 256 - span:  # some rows would start outside the byte range
+                n = np.where((lo16 + j >= 0) & (lo16 + j <= 256 - span), n, -1)
+            better = n > best_n  # strict: the smallest base wins ties
+            np.copyto(best_n, n, where=better)
+            np.copyto(best_j, j, where=better)
+        out[w] = (lo16 + best_j).astype(np.uint8)
+    return out
+
+
+def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Bases of wide rows from full 256-bin histograms (one bincount over row-offset keys)."""
+    n = x.shape[0]
+    keys = (np.arange(n, dtype=np.int64) << 8)[:, None] + x
+    cum = np.zeros((n, 257), dtype=np.int32)
+    np.cumsum(np.bincount(keys.reshape(-1), minlength=n << 8).reshape(n, 256), axis=1, out=cum[:, 1:])
+    return {w: (cum[:, 1 << w :] - cum[:, : 257 - (1 << w)]).argmax(axis=1).astype(np.uint8) for w in widths}
 
 
 def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
