@@ -26,4 +26,7 @@ def as_rows(plane: torch.Tensor, *, name: str = "scales") -> tuple[torch.Tensor,
         raise ShapeMismatchError(name, f"a scale plane is [N, KB] or [E, N, KB]; got shape {tuple(plane.shape)}")
     data = as_scale_bytes(plane, name=name).contiguous()
     shape = tuple(int(d) for d in plane.shape)
-    return data.reshape(-1, shape[-1]), shape
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return data.reshape(rows, shape[-1]), shape  # explicit: -1 is ambiguous for empty planes
