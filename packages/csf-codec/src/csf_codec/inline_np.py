@@ -97,8 +97,8 @@ def _valid_positions(valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
 
 
 def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
-    """A span's biased offsets of one class (see :func:`_biased`), and per window and tile the exceptions
-    it leaves (int32 [K, T]) and whether it stays in the byte range for every real row (bool [K, T])."""
+    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
+    stays in the byte range for every real row (bool [K, T])."""
     e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
     size = TILE_ROWS * plan.cols
     le = {k: group_counts((e <= k).reshape(-1), size) for k in _levels(windows)}
@@ -112,7 +112,7 @@ def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
         n.append((nvalid - inside).astype(np.int32))
         ok = ((bmin + o >= 0) & (bmax + o + (1 << w) - 1 <= 255)) | ~valid.any(axis=1)
         legal.append(np.repeat(ok, plan.count))
-    return e, np.stack(n), np.stack(legal)
+    return np.stack(n), np.stack(legal)
 
 
 def _raw_count(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> int:
@@ -135,9 +135,11 @@ def _native(rows, br, plan: ClassPlan, tile, pos) -> np.ndarray:
     return np.where(row >= 0, got, 0).astype(np.uint8)
 
 
-def build_records(rows, br, e, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
-    """The S-byte records of a span's tiles of one class (``e``: their biased offsets), and its raw tiles."""
+def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
+    """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
+    again rather than kept from the first pass: the plane's memory stays bounded by a span."""
     size = TILE_ROWS * plan.cols
+    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
     header = np.zeros(e.shape[0], dtype=np.uint32)
@@ -178,23 +180,23 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
         spans,
     )
     size = TILE_ROWS * plan.cols
-    n = np.concatenate([st[1] for st in stats], axis=1)
-    legal = np.concatenate([st[2] for st in stats], axis=1)
+    n = np.concatenate([st[0] for st in stats], axis=1)
+    legal = np.concatenate([st[1] for st in stats], axis=1)
 
     def caps(s: int) -> np.ndarray:
         return np.array([capacity(w, s, plan.cols) for w, _ in windows], dtype=np.int64)
 
     s = min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
     best, raw = choose(n, legal, caps(s))
-    bounds = np.cumsum([0] + [st[0].shape[0] for st in stats])
+    bounds = np.cumsum([0] + [st[0].shape[1] for st in stats])
     raw_before = [int(raw[: bounds[i]].sum()) for i in range(len(stats))]
 
     def build(i: int):
         a, b = spans[i]
         t0, t1 = bounds[i], bounds[i + 1]
-        e, sb, vb = stats[i][0], base[a:b], valid[a:b]
-        pick, go_raw = best[t0:t1], raw[t0:t1]
-        return build_records(rows, br[a:b], e, sb, vb, plan, pick, go_raw, s, windows, caps(s), raw_before[i])
+        span_tiles = (best[t0:t1], raw[t0:t1])
+        cap = caps(s)
+        return build_records(rows, br[a:b], base[a:b], valid[a:b], plan, *span_tiles, s, windows, cap, raw_before[i])
 
     built = map_spans(build, range(len(spans)))
     records = np.concatenate([r for r, _ in built]) if built else np.zeros((0, s), dtype=np.uint8)
