@@ -100,28 +100,26 @@ def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, 
     cp = -(-c // 8) * 8
     rel = np.full((n_rows, cp), 255, dtype=np.uint8)
     np.subtract(x, lo[:, None], out=rel[:, :c])
-    # le[k] = bytes <= lo + k; below lo none, from the row's own maximum on all C
-    le = [row_counts(rel <= k).astype(count_t) for k in range(levels - 1)]
-    full = np.full(n_rows, c, dtype=count_t)
-    lo16 = lo.astype(np.int16)
-    lo_min, lo_max = int(lo.min()), int(lo.max())
+    # le[:, 16 + k] = bytes <= lo + k: none below lo, all C from the row's own maximum on
+    le = np.empty((n_rows, 2 * _PAD + levels), dtype=count_t)
+    le[:, :_PAD] = 0
+    le[:, _PAD + levels - 1 :] = c
+    for k in range(levels - 1):
+        le[:, _PAD + k] = row_counts(rel <= k)
     out = {}
     for w in widths:
         span = 1 << w
-        best_n = np.full(n_rows, -1, dtype=count_t)
-        best_j = np.zeros(n_rows, dtype=np.int16)
-        for j in range(-(span - 1), levels):
-            top, below = j + span - 1, j - 1
-            n = le[top] if top < len(le) else full
-            if below >= 0:
-                n = n - (le[below] if below < len(le) else full)
-            if lo_min + j < 0 or lo_max + j > 256 - span:  # some rows would start outside the byte range
-                n = np.where((lo16 + j >= 0) & (lo16 + j <= 256 - span), n, -1)
-            better = n > best_n  # strict: the smallest base wins ties
-            np.copyto(best_n, n, where=better)
-            np.copyto(best_j, j, where=better)
-        out[w] = (lo16 + best_j).astype(np.uint8)
+        j = np.arange(-(span - 1), levels)  # relative bases that can hold anything
+        counts = le[:, _PAD + j[0] + span - 1 : _PAD + j[-1] + span] - le[:, _PAD + j[0] - 1 : _PAD + j[-1]]
+        if int(lo.min()) + j[0] < 0 or int(lo.max()) + j[-1] > 256 - span:  # some would leave the byte range
+            b = lo.astype(np.int16)[:, None] + j[None, :].astype(np.int16)
+            counts = np.where((b >= 0) & (b <= 256 - span), counts, -1)
+        best = counts.argmax(axis=1)  # the first maximum: the smallest base wins ties
+        out[w] = (lo.astype(np.int16) + j[best]).astype(np.uint8)
     return out
+
+
+_PAD = 16  # le columns below lo and above the widest window's top
 
 
 def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
