@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import CorruptPayloadError
 from .swar import group_counts, map_spans, pack_bits, unpack_bits
-from .tile_layout import TILE_COLS, TILE_ROWS
+from .tile_layout import TILE_COLS, TILE_ROWS, slot_to_row
 
 __all__ = ["ClassPlan", "decode_class_np", "encode_class_np"]
 
@@ -44,9 +44,30 @@ def block_spans(row_blocks: int, cols: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, row_blocks)) for a in range(0, row_blocks, step)]
 
 
+_SLOT_ROWS = np.array([slot_to_row(s) for s in range(TILE_ROWS)], dtype=np.int64)
+# row = 64 half + 16 warp + 8 pair + quad; slot = 32 warp + 4 quad + 2 half + pair: a block's rows as
+# [half, warp, pair, quad] axes, put in slot order by a transpose
+_ROW_AXES = (2, 4, 2, 8)
+_SLOT_ORDER = (1, 3, 0, 2)
+
+
+def _whole_blocks(br: np.ndarray) -> int | None:
+    """The first row when the span's blocks are whole consecutive 128-row blocks (no padding), else None."""
+    first = int(br[0, 0]) if br.size else -1
+    if first < 0 or not np.array_equal(br, first + TILE_ROWS * np.arange(br.shape[0])[:, None] + _SLOT_ROWS):
+        return None
+    return first
+
+
 def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarray:
     """Native bytes [blocks * count, 128 * tc] of one class, slot * tc + column order; padding reads 0."""
     nb = br.shape[0]
+    first = _whole_blocks(br)
+    if first is not None:  # a transpose, no gather
+        cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
+        x = cols.reshape(nb, *_ROW_AXES, plan.count, plan.cols)
+        tiles = x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6)
+        return np.ascontiguousarray(tiles).reshape(nb * plan.count, TILE_ROWS * plan.cols)
     real = br >= 0
     first, last = int(br[real].min()), int(br[real].max())  # a span's blocks cover consecutive rows
     idx = np.where(real, br - first, 0).reshape(-1)
@@ -267,6 +288,15 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
 
 def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan) -> None:
     nb = br.shape[0]
+    first = _whole_blocks(br)
+    if first is not None:  # the inverse transpose of _gather_tiles
+        dst = out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
+        src = vals.reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), plan.cols)
+        inverse = [0] * 4
+        for i, a in enumerate(_SLOT_ORDER):
+            inverse[a] = i
+        dst.reshape(nb, *_ROW_AXES, plan.count, plan.cols)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
+        return
     keep = br >= 0
     if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word
         words = vals.view(np.uint32).reshape(nb, plan.count, TILE_ROWS).transpose(0, 2, 1)
