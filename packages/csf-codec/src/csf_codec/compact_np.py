@@ -92,7 +92,7 @@ def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
 def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
     """The width and five body sections of the compact form of a uint8 [R, C] plane."""
     r, c = rows.shape
-    bases: dict[int, np.ndarray] = {}
+    bases = row_bases_np(rows, widths)  # one pass: the level counts are shared by every width
     codes: dict[int, np.ndarray] = {}
     spans = row_spans(r, c)
     lens = _chunk_lengths(r * c)
@@ -112,11 +112,9 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
         return head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
 
     best = None
-    for i, w in enumerate(sorted(widths)):
+    for w in sorted(widths):
         if best is not None and lower_bound(w) > best[0]:
             continue
-        if w not in bases:  # the remaining widths share one pass over the plane
-            bases.update(row_bases_np(rows, tuple(sorted(widths))[i:]) if best else row_bases_np(rows, (w,)))
         codes[w] = base_codes_np(bases[w])
         n = size(w)
         if best is None or n < best[0]:

@@ -91,7 +91,7 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
     return out
 
 
-_SPREAD_GROUPS = (3, 31)  # rows spreading over at most 4, 32 values; wider rows: histogram
+_SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wider rows: histogram
 
 
 def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
