@@ -51,6 +51,14 @@ _ROW_AXES = (2, 4, 2, 8)
 _SLOT_ORDER = (1, 3, 0, 2)
 
 
+def _words(cols: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns), so that
+    transposes move whole tile rows; a view whenever the last axis is contiguous."""
+    if plan.cols == TILE_COLS and cols.strides[1] == 1:
+        return cols.view(np.uint32)
+    return cols[..., None]
+
+
 def _whole_blocks(br: np.ndarray) -> int | None:
     """The first row when the span's blocks are whole consecutive 128-row blocks (no padding), else None."""
     first = int(br[0, 0]) if br.size else -1
@@ -65,9 +73,10 @@ def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarr
     first = _whole_blocks(br)
     if first is not None:  # a transpose, no gather
         cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
-        x = cols.reshape(nb, *_ROW_AXES, plan.count, plan.cols)
-        tiles = x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6)
-        return np.ascontiguousarray(tiles).reshape(nb * plan.count, TILE_ROWS * plan.cols)
+        unit = _words(cols, plan)
+        x = unit.reshape(nb, *_ROW_AXES, plan.count, -1)
+        tiles = np.ascontiguousarray(x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6))
+        return tiles.view(np.uint8).reshape(nb * plan.count, TILE_ROWS * plan.cols)
     real = br >= 0
     first, last = int(br[real].min()), int(br[real].max())  # a span's blocks cover consecutive rows
     idx = np.where(real, br - first, 0).reshape(-1)
@@ -290,12 +299,12 @@ def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan)
     nb = br.shape[0]
     first = _whole_blocks(br)
     if first is not None:  # the inverse transpose of _gather_tiles
-        dst = out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
-        src = vals.reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), plan.cols)
+        dst = _words(out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols], plan)
+        src = vals.view(dst.dtype).reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), -1)
         inverse = [0] * 4
         for i, a in enumerate(_SLOT_ORDER):
             inverse[a] = i
-        dst.reshape(nb, *_ROW_AXES, plan.count, plan.cols)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
+        dst.reshape(nb, *_ROW_AXES, plan.count, -1)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
         return
     keep = br >= 0
     if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word
