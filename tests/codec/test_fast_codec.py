@@ -231,3 +231,61 @@ def test_down_projection_regime_is_dense_near_and_clustered_by_row():
     assert int(near.sum()) >= 0.85 * int(exc.sum())
     per_row = exc.sum(dim=1).sort(descending=True).values
     assert float(per_row[: len(per_row) // 4].sum()) >= 0.55 * float(per_row.sum())  # uniform would give ~0.3
+
+
+def _sealed_compact(plane, secs, width):
+    from csf_codec.container import Envelope, seal
+    from csf_codec.formats import scale_format
+
+    env = Envelope(
+        magic=b"CSFc",
+        fmt=scale_format(MXFP4),
+        param=width,
+        shape=tuple(plane.shape),
+        extra=0,
+        sections=tuple(int(s.size) for s in secs),
+    )
+    return seal(env, torch.from_numpy(np.concatenate(secs)))
+
+
+def test_raw_chunks_must_be_canonical():
+    from csf_codec.compact_np import encode_sections_np
+
+    g = torch.Generator().manual_seed(11)
+    plane = synthetic_scale_plane((1, 256, 16), MXFP4, DOWN_PROJ_DENSE, seed=12)
+    plane[0, :16] = torch.randint(0, 256, (16, 16), generator=g).to(torch.uint8)  # chunk 0 goes raw
+    width, secs = encode_sections_np(plane.reshape(-1, 16).numpy(), (1, 2, 4))
+    assert width == 1 and secs[3][0] == 255 and secs[3][1] != 255
+    assert torch.equal(decode_compact(_sealed_compact(plane, secs, width)), plane)
+
+    flipped = [s.copy() for s in secs]
+    flipped[2][0] ^= 1  # a selector bit inside the raw chunk: the stored bytes would still decode
+    with pytest.raises(CorruptPayloadError, match="raw chunk's selectors"):
+        decode_compact(_sealed_compact(plane, flipped, width))
+
+    listed = [s.copy() for s in secs]  # chunk 1 stored raw although its exceptions fit a list
+    n1 = int(secs[3][1])
+    start = 256  # chunk 0 is raw: 256 bytes
+    listed[3][1] = 255
+    listed[4] = np.concatenate([secs[4][:start], plane.reshape(-1)[256:512].numpy(), secs[4][start + 2 * n1 :]])
+    with pytest.raises(CorruptPayloadError, match="few enough exceptions"):
+        decode_compact(_sealed_compact(plane, listed, width))
+
+
+def test_torch_decoder_checks_raw_chunks_too():
+    """The GPU payloads' decoder, run on the CPU: same planes, same refusals."""
+    from csf_codec.compact import _decode_torch, _scan_bases
+    from csf_codec.compact_np import encode_sections_np
+
+    def decode(payload):
+        lay = compact_layout(payload)
+        bases = _scan_bases(lay.base_codes, lay.base_codes == 3, lay.escapes)
+        return _decode_torch(lay, bases, "scales")
+
+    for _, fmt, plane, _ in PLANES:
+        assert torch.equal(decode(encode_compact(plane, fmt).payload), plane)
+    plane = torch.randint(0, 256, (1, 64, 16), generator=torch.Generator().manual_seed(2)).to(torch.uint8)
+    width, secs = encode_sections_np(plane.reshape(-1, 16).numpy(), (1, 2, 4))
+    secs[2][0] ^= 1  # field 0 of a raw chunk
+    with pytest.raises(CorruptPayloadError, match="raw chunk's selectors"):
+        decode(_sealed_compact(plane, secs, width))

@@ -352,6 +352,12 @@ def decode_compact(
             name,
         )
         return torch.from_numpy(flat).reshape(lay.shape)
+    return _decode_torch(lay, bases, name)
+
+
+def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:
+    """The decoder in torch, on the payload's device (the path for GPU payloads)."""
+    r, c, w = lay.rows, lay.cols, lay.width
     counts = lay.counts.to(torch.int64)
     flat = torch.empty(r * c, dtype=torch.uint8, device=lay.codes.device)
     for a, b in _row_spans(r, c):
@@ -403,7 +409,19 @@ def _patch_span(vals, fields, bases, c, w, counts, raw, chunk_len, offsets, exc,
         lens = chunk_len[raw_chunks]
         ch = torch.repeat_interleave(raw_chunks, lens)
         within = torch.arange(int(lens.sum()), device=dev) - _exclusive_cumsum(lens).repeat_interleave(lens)
-        vals[ch * CHUNK_SCALES + within] = exc[offsets[ch] + within].to(torch.int32)
+        where = ch * CHUNK_SCALES + within
+        native = exc[offsets[ch] + within].to(torch.int32)
+        d = native - bases[where // c]
+        inside = (d >= 0) & (d < (1 << w))
+        if bool((fields[where].to(torch.int32) != torch.where(inside, d, 0)).any()):
+            raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
+        outside = torch.zeros(raw_chunks.numel(), dtype=torch.int64, device=dev)
+        outside.index_add_(
+            0, torch.repeat_interleave(torch.arange(raw_chunks.numel(), device=dev), lens), (~inside).long()
+        )
+        if bool((2 * outside < lens).any()):
+            raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
+        vals[where] = native
 
 
 def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,25 @@ def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
             packed[lo : lo + n] = flat[k * CHUNK : k * CHUNK + n]
 
 
+def _raw_chunks(vals, fields, exceptions, offsets, ids, lens, top: int, name: str) -> None:
+    """Copy a span's raw chunks into ``vals`` (which holds base + selector there), checking that they are
+    canonical: their selectors are what a listed chunk's would be, and their exceptions fill half or more."""
+    n = lens[ids]
+    total = int(n.sum())
+    within = np.arange(total) - np.repeat(exclusive_cumsum(n), n)
+    where = np.repeat(ids * CHUNK, n) + within
+    native = exceptions[np.repeat(offsets[ids], n) + within]
+    field = fields[where]
+    d = native - (vals[where] - field)  # uint8: scale - base
+    inside = d <= top
+    if (field != np.where(inside, d, 0)).any():
+        raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
+    outside = np.add.reduceat(~inside, exclusive_cumsum(n)) if total else n
+    if (2 * outside < n).any():
+        raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
+    vals[where] = native
+
+
 def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
     """The width and five body sections of the compact form of a uint8 [R, C] plane."""
     r, c = rows.shape
@@ -196,7 +215,9 @@ def decode_rows_np(
             if ((val - vals[where]) <= top).any():  # uint8: vals holds the base there; inside iff v - base <= top
                 raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
             vals[where] = val
-        copy_chunks(exceptions, off, vals, np.flatnonzero(raw), ln, to_chunks=True)
+        ids = np.flatnonzero(raw)
+        if ids.size:
+            _raw_chunks(vals, fields, exceptions, off, ids, ln, top, name)
 
     map_spans(span, row_spans(rows, cols))
     return out
