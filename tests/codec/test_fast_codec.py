@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -289,3 +290,69 @@ def test_torch_decoder_checks_raw_chunks_too():
     secs[2][0] ^= 1  # field 0 of a raw chunk
     with pytest.raises(CorruptPayloadError, match="raw chunk's selectors"):
         decode(_sealed_compact(plane, secs, width))
+
+
+def _inline_decoders():
+    """The CPU decoder, and the torch one that GPU payloads take, run on the CPU."""
+
+    def torch_path(inline):
+        saved = inline_mod._decode_np
+        inline_mod._decode_np = lambda inl, geo, base, br, name: inline_mod._decode_torch(
+            inl, geo, base, br, _parts(inl, geo), name
+        )
+        try:
+            return decode_inline(inline)
+        finally:
+            inline_mod._decode_np = saved
+
+    return [("numpy", decode_inline), ("torch", torch_path)]
+
+
+def _parts(inline, geo):
+    tiles = 128 * geo.tail_cols
+    parts = [(inline.records.reshape(geo.row_blocks, -1), inline.record_bytes, inline.raw.reshape(-1, 512))]
+    if geo.tail_cols:
+        parts.append(
+            (inline.tail.reshape(geo.row_blocks, -1), inline.tail_record_bytes, inline.tail_raw.reshape(-1, tiles))
+        )
+    return parts
+
+
+@pytest.mark.parametrize("decoder", _inline_decoders(), ids=lambda d: d[0])
+def test_inline_unused_bytes_must_be_zero(decoder):
+    _, decode = decoder
+    plane = synthetic_scale_plane((2, 200, 18), MXFP4, DOWN_PROJ_DENSE, seed=13)  # padding: 200 = 128 + 72
+    plane[0, :128, :4] = torch.randint(0, 256, (128, 4), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+    inline = encode_inline(plane, MXFP4)
+    assert torch.equal(decode(inline), plane)
+    s = inline.record_bytes
+    h = inline.headers()[: inline.records.reshape(-1, s).shape[0]]
+    sel_tile = int(((h & 3) != 3).nonzero()[0, 0])
+    raw_tile = int(((h & 3) == 3).nonzero()[0, 0])
+
+    def mutated(where, value=1):
+        recs = inline.records.clone().reshape(-1, s)
+        recs[where] = value
+        return replace(inline, records=recs.view_as(inline.records))
+
+    with pytest.raises(CorruptPayloadError, match="unused exception slots or padding"):
+        decode(mutated((sel_tile, s - 5)))  # the byte before the header: past every value slot
+    with pytest.raises(CorruptPayloadError, match="besides its header"):
+        decode(mutated((raw_tile, 0)))
+    ft = inline.geometry.full_col_tiles  # block 1 of expert 0 holds rows 128..199, then padding
+    pad_tile = next(t for t in range(ft, 2 * ft) if int(h[t] & 3) != 3)
+    w = inline_mod.MODE_WIDTH[int(h[pad_tile] & 3)]
+    bit = 127 * 4 * w  # slot 127 is the block's row 127 (global 255): padding; column 0
+    with pytest.raises(CorruptPayloadError, match="padding slot's selector"):
+        decode(mutated((pad_tile, bit // 8), 1 << (bit % 8)))
+    delta = inline.base_delta.clone()
+    delta[1, 127 // 2] |= 0xF0  # slot 127: the high nibble of byte 63
+    with pytest.raises(CorruptPayloadError, match="base delta"):
+        decode(replace(inline, base_delta=delta))
+
+
+@pytest.mark.parametrize("decoder", _inline_decoders(), ids=lambda d: d[0])
+def test_both_inline_decoders_restore_every_plane(decoder):
+    _, decode = decoder
+    for _, fmt, plane, group in PLANES:
+        assert torch.equal(decode(encode_inline(plane, fmt, row_group=group)), plane)

@@ -377,7 +377,17 @@ def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.T
         if bool((valid & ((lo < 0) | (lo + (1 << w) - 1 > 255))).any()):
             raise CorruptPayloadError(name, "a tile window leaves the byte range")
         sb = selector_bytes(w, tc)
+        rest = records[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
+        unused = torch.arange(cap, device=dev)[None, :] >= cnt[:, None]
+        if bool(
+            rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
+            or rest[:, 2 * cap : 3 * cap][unused].any()
+            or rest[:, 3 * cap :].any()
+        ):
+            raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
         fields = unpack_fields(records[sel, :sb], w, TILE_ROWS * tc).to(torch.int32)
+        if bool(fields[~valid].any()):
+            raise CorruptPayloadError(name, "a padding slot's selector is not zero")
         vals = lo + fields
         total = int(cnt.sum())
         if total:
@@ -401,7 +411,11 @@ def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.T
     raw_idx = h[raw_sel] >> 2  # enumerated in order across the plane: checked by decode_inline
     if bool((raw_idx >= raw.shape[0]).any()):
         raise CorruptPayloadError(name, "a raw tile index points past the raw tiles")
+    if bool(records[raw_sel, : s - _HEADER].any()):
+        raise CorruptPayloadError(name, "a raw tile's record holds bytes besides its header")
     out[raw_sel] = raw[raw_idx].to(torch.int32)
+    if bool(out[raw_sel][~cls.valid[raw_sel]].any()):
+        raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
     return out.to(torch.uint8)
 
 
@@ -477,21 +491,29 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
             raise ShapeMismatchError(name, f"raw tiles of shape {tuple(raw.shape)} do not hold {tc}-column tiles")
     delta = _unpack_deltas(inline.base_delta, inline.fmt)
     br = geo.block_rows(dev)
+    if bool(delta[br < 0].any()):
+        raise CorruptPayloadError(name, "a padding slot's base delta is not zero")
     base_slot = inline.base_ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    if dev.type == "cpu":
-        return _decode_np(inline, geo, base_slot, br, name)
-    rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=dev)
-    parts = [(inline.records.reshape(rb, -1), inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
+    full = inline.records.reshape(rb, geo.full_col_tiles * inline.record_bytes)  # no -1: empty planes
+    parts = [(full, inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
     if tcol:
-        parts.append(
-            (inline.tail.reshape(rb, -1), inline.tail_record_bytes, inline.tail_raw.reshape(-1, TILE_ROWS * tcol))
-        )
+        tail_raw = inline.tail_raw.reshape(-1, TILE_ROWS * tcol)
+        parts.append((inline.tail.reshape(rb, inline.tail_record_bytes), inline.tail_record_bytes, tail_raw))
     for rec, s, raw in parts:
         h = rec.reshape(-1, s)[:, -_HEADER:].to(torch.int64) if rec.numel() else torch.zeros(0, 4, dtype=torch.int64)
         h = h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24)
         raw_idx = h[(h & 3) == MODE_RAW] >> 2
         if raw_idx.numel() != raw.shape[0] or not torch.equal(raw_idx, torch.arange(raw_idx.numel(), device=h.device)):
             raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    if dev.type == "cpu":
+        return _decode_np(inline, geo, base_slot, br, name)
+    return _decode_torch(inline, geo, base_slot, br, parts, name)
+
+
+def _decode_torch(inline: InlineScales, geo: InlineGeometry, base_slot, br, parts, name: str) -> torch.Tensor:
+    """The decoder in torch, on the payload's device (the path for GPU payloads); ``parts``: each column
+    class's (records, S, raw tiles), their raw indices checked."""
+    rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=inline.records.device)
     for a, b in _block_spans(geo):
         span_br = br[a:b]
         slot_valid = span_br >= 0

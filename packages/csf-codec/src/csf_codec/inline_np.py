@@ -262,7 +262,17 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
             if ((bmin[blk] + o < 0) | (bmax[blk] + o + (1 << w) - 1 > 255)).any():
                 raise CorruptPayloadError(name, "a tile window leaves the byte range")
             sb = size * w // 8
+            rest = rec[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
+            unused = np.arange(cap)[None, :] >= cnt[:, None]
+            if (
+                rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
+                or rest[:, 2 * cap : 3 * cap][unused].any()
+                or rest[:, 3 * cap :].any()
+            ):
+                raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
             fields = unpack_bits(np.ascontiguousarray(rec[sel, :sb]).reshape(-1), w, sel.size * size)
+            if vpos is not None and fields.reshape(sel.size, size)[~vpos[sel]].any():
+                raise CorruptPayloadError(name, "a padding slot's selector is not zero")
             lo = (b32[blk] + o[:, None]).astype(np.uint8)  # padding slots wrap harmlessly: they are dropped
             v = (fields.reshape(sel.size, TILE_ROWS, plan.cols) + lo[:, :, None]).reshape(sel.size, size)
             total = int(cnt.sum())
@@ -289,7 +299,11 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
         raw_idx = h[raw_sel] >> 2
         if (raw_idx >= raw.shape[0]).any():
             raise CorruptPayloadError(name, "a raw tile index points past the raw tiles")
+        if rec[raw_sel, : s - _HEADER].any():
+            raise CorruptPayloadError(name, "a raw tile's record holds bytes besides its header")
         vals[raw_sel] = raw[raw_idx]
+        if vpos is not None and vals[raw_sel][~vpos[raw_sel]].any():
+            raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
         _scatter(out, vals, br[a:b], plan)
 
     map_spans(span, block_spans(br.shape[0], out.shape[1]))
