@@ -339,6 +339,8 @@ def test_inline_unused_bytes_must_be_zero(decoder):
         decode(mutated((sel_tile, s - 5)))  # the byte before the header: past every value slot
     with pytest.raises(CorruptPayloadError, match="besides its header"):
         decode(mutated((raw_tile, 0)))
+    with pytest.raises(CorruptPayloadError, match="enumerate the raw tiles"):
+        decode(mutated((raw_tile, s - 4), int(inline.records.reshape(-1, s)[raw_tile, s - 4]) + 4))  # index + 1
     ft = inline.geometry.full_col_tiles  # block 1 of expert 0 holds rows 128..199, then padding
     pad_tile = next(t for t in range(ft, 2 * ft) if int(h[t] & 3) != 3)
     w = inline_mod.MODE_WIDTH[int(h[pad_tile] & 3)]
