@@ -358,3 +358,10 @@ def test_both_inline_decoders_restore_every_plane(decoder):
     _, decode = decoder
     for _, fmt, plane, group in PLANES:
         assert torch.equal(decode(encode_inline(plane, fmt, row_group=group)), plane)
+
+
+@pytest.mark.parametrize("width", [0, 3, 5, 8])
+def test_numpy_row_bases_take_any_width(width):
+    x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)
+    x[:150] = (100 + x[:150] % 6).to(torch.uint8)  # narrow rows beside wide ones
+    assert np.array_equal(row_bases_np(x.numpy(), (width,))[width], _row_bases_torch(x, (width,))[width].numpy())

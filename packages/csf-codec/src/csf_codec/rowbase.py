@@ -72,6 +72,8 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
         lo, hi = _row_min_max(x)
         spread = hi - lo
         groups = np.searchsorted(np.array(_SPREAD_GROUPS), spread, side="right")
+        if max(widths) > 4:  # windows wider than the level table's padding: histograms for every row
+            groups[:] = len(_SPREAD_GROUPS)
         for g in range(len(_SPREAD_GROUPS) + 1):
             pick = None if (groups == g).all() else np.flatnonzero(groups == g)
             if pick is not None and not pick.size:
