@@ -65,12 +65,12 @@ PLANES = list(_planes())
 
 def _torch_inline(plane, fmt, group):
     """The torch encoder on the CPU: the reference the GPU path runs."""
-    numpy_path = inline_mod._encode_plane_np
-    inline_mod._encode_plane_np = inline_mod._encode_plane
+    numpy_path = inline_mod._encode_storage_np
+    inline_mod._encode_storage_np = inline_mod._encode_storage_torch
     try:
         return encode_inline(plane, fmt, row_group=group, verify=False)
     finally:
-        inline_mod._encode_plane_np = numpy_path
+        inline_mod._encode_storage_np = numpy_path
 
 
 @pytest.mark.parametrize("case", PLANES, ids=[p[0] for p in PLANES])
@@ -296,26 +296,9 @@ def _inline_decoders():
     """The CPU decoder, and the torch one that GPU payloads take, run on the CPU."""
 
     def torch_path(inline):
-        saved = inline_mod._decode_np
-        inline_mod._decode_np = lambda inl, geo, base, br, name: inline_mod._decode_torch(
-            inl, geo, base, br, _parts(inl, geo), name
-        )
-        try:
-            return decode_inline(inline)
-        finally:
-            inline_mod._decode_np = saved
+        return inline_mod._decode_torch(inline, inline.geometry, "scales")
 
     return [("numpy", decode_inline), ("torch", torch_path)]
-
-
-def _parts(inline, geo):
-    tiles = 128 * geo.tail_cols
-    parts = [(inline.records.reshape(geo.row_blocks, -1), inline.record_bytes, inline.raw.reshape(-1, 512))]
-    if geo.tail_cols:
-        parts.append(
-            (inline.tail.reshape(geo.row_blocks, -1), inline.tail_record_bytes, inline.tail_raw.reshape(-1, tiles))
-        )
-    return parts
 
 
 @pytest.mark.parametrize("decoder", _inline_decoders(), ids=lambda d: d[0])

@@ -28,6 +28,7 @@ whose base lies more than 15 above its block's reference is clamped; its scales 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,8 @@ from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline_np import ClassPlan, decode_class_np, encode_class_np
 from .planes import as_rows
-from .rowbase import row_bases
+from .rowbase import row_bases, row_bases_np
+from .swar import unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
 
 __all__ = [
@@ -171,6 +173,30 @@ def _block_bases(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat):
     delta = (slot_base.to(torch.int16) - ref[:, None].to(torch.int16)).clamp(0, (1 << bits) - 1)
     delta = torch.where(valid, delta, torch.zeros_like(delta))
     return ref, delta.to(torch.uint8), br
+
+
+@functools.lru_cache(maxsize=16)
+def _block_rows_np(geo: InlineGeometry) -> np.ndarray:
+    """:meth:`InlineGeometry.block_rows` as numpy, once per geometry (planes of one shape repeat)."""
+    out = geo.block_rows().numpy()
+    out.flags.writeable = False
+    return out
+
+
+def _block_bases_np(rows: np.ndarray, geo: InlineGeometry, fmt: ScaleFormat):
+    """:func:`_block_bases` in numpy, for CPU planes: (reference, deltas, block rows)."""
+    br = _block_rows_np(geo)
+    valid = br >= 0
+    natural = row_bases_np(rows, (fmt.row_base_width,))[fmt.row_base_width]
+    slot_base = natural[np.maximum(br, 0)] if natural.size else np.zeros(br.shape, dtype=np.uint8)
+    slot_base = np.where(valid, slot_base, slot_base[:, :1])  # padding repeats slot 0: the reference stays
+    bits = DELTA_BITS[fmt.name]
+    if geo.row_blocks and bits < 8:
+        ref = row_bases_np(slot_base, (bits,))[bits]
+    else:
+        ref = np.zeros(slot_base.shape[0], dtype=np.uint8)
+    delta = np.clip(slot_base.astype(np.int16) - ref[:, None], 0, (1 << bits) - 1)
+    return ref, np.where(valid, delta, 0).astype(np.uint8), br
 
 
 def _pack_deltas(delta: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
@@ -339,7 +365,7 @@ def _record_sizes(fmt: ScaleFormat, cols: int, forced: int | None) -> tuple[int,
 
 def _encode_plane_np(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int | None):
     """:func:`_encode_plane` on the CPU, in numpy (:mod:`csf_codec.inline_np`); same bytes."""
-    x, base, brn = rows.numpy(), base_slot.numpy(), br.numpy()
+    x, base, brn = rows, base_slot, br
     valid = brn >= 0
     out = []
     for k, plan in enumerate(_class_plans(geo)):
@@ -352,6 +378,21 @@ def _encode_plane_np(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: i
         s, rec, raw = encode_class_np(x, brn, base, valid, plan, CANDIDATE_WINDOWS[fmt.name], sizes, exception_capacity)
         out.append((s, torch.from_numpy(rec), torch.from_numpy(raw)))
     return out
+
+
+def _encode_storage_torch(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat, record_bytes: int | None):
+    """Reference, deltas and each column class's (S, records, raw tiles), in torch on the plane's device."""
+    ref, delta, br = _block_bases(rows, geo, fmt)
+    base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
+    return ref, delta, _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+
+
+def _encode_storage_np(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat, record_bytes: int | None):
+    """:func:`_encode_storage_torch` for CPU planes, in numpy; the same bytes."""
+    ref, delta, br = _block_bases_np(rows.numpy(), geo, fmt)
+    base_slot = ref[:, None].astype(np.int32) + delta
+    encoded = _encode_plane_np(rows.numpy(), geo, base_slot, br, fmt, record_bytes)
+    return torch.from_numpy(ref), torch.from_numpy(delta), encoded
 
 
 def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.Tensor, name: str) -> torch.Tensor:
@@ -440,12 +481,8 @@ def encode_inline(
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
     geo = InlineGeometry.for_shape(shape, row_group, name=name)
-    ref, delta, br = _block_bases(rows, geo, fmt)
-    base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    if rows.device.type == "cpu":
-        encoded = _encode_plane_np(rows, geo, base_slot, br, fmt, record_bytes)
-    else:
-        encoded = _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+    encode = _encode_storage_np if rows.device.type == "cpu" else _encode_storage_torch
+    ref, delta, encoded = encode(rows, geo, fmt, record_bytes)
     s, records, raw = encoded[0]
     dev = rows.device
     tail_s, tail = 0, torch.zeros(0, dtype=torch.uint8, device=dev)
@@ -489,6 +526,13 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
     for raw, tc in ((inline.raw, TILE_COLS), (inline.tail_raw, tcol)):
         if raw.numel() and (raw.dim() != 2 or raw.shape[1] != TILE_ROWS * tc):
             raise ShapeMismatchError(name, f"raw tiles of shape {tuple(raw.shape)} do not hold {tc}-column tiles")
+    return (_decode_np if dev.type == "cpu" else _decode_torch)(inline, geo, name)
+
+
+def _decode_torch(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Tensor:
+    """The decoder in torch, on the storage's device (the path for GPU payloads)."""
+    dev = inline.records.device
+    rb, tcol = geo.row_blocks, geo.tail_cols
     delta = _unpack_deltas(inline.base_delta, inline.fmt)
     br = geo.block_rows(dev)
     if bool(delta[br < 0].any()):
@@ -505,14 +549,6 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
         raw_idx = h[(h & 3) == MODE_RAW] >> 2
         if raw_idx.numel() != raw.shape[0] or not torch.equal(raw_idx, torch.arange(raw_idx.numel(), device=h.device)):
             raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
-    if dev.type == "cpu":
-        return _decode_np(inline, geo, base_slot, br, name)
-    return _decode_torch(inline, geo, base_slot, br, parts, name)
-
-
-def _decode_torch(inline: InlineScales, geo: InlineGeometry, base_slot, br, parts, name: str) -> torch.Tensor:
-    """The decoder in torch, on the payload's device (the path for GPU payloads); ``parts``: each column
-    class's (records, S, raw tiles), their raw indices checked."""
     rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=inline.records.device)
     for a, b in _block_spans(geo):
         span_br = br[a:b]
@@ -529,15 +565,32 @@ def _decode_torch(inline: InlineScales, geo: InlineGeometry, base_slot, br, part
     return rows.view(inline.shape)
 
 
-def _decode_np(inline: InlineScales, geo: InlineGeometry, base_slot, br, name: str) -> torch.Tensor:
-    out = np.empty((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
-    brn, base = br.numpy(), base_slot.numpy()
+def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Tensor:
+    """:func:`decode_inline` for CPU storage, in numpy, with the same checks."""
+    brn = _block_rows_np(geo)
     valid = brn >= 0
+    packed = inline.base_delta.numpy()
+    bits = DELTA_BITS[inline.fmt.name]
+    delta = packed if bits == 8 else unpack_bits(packed.reshape(-1), bits, packed.size * 8 // bits)
+    delta = delta.reshape(geo.row_blocks, TILE_ROWS)
+    if delta[~valid].any():
+        raise CorruptPayloadError(name, "a padding slot's base delta is not zero")
+    base = inline.base_ref.numpy().astype(np.int32)[:, None] + delta
+    out = np.empty((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
     parts = [
         (inline.records, inline.record_bytes, inline.raw),
         (inline.tail, inline.tail_record_bytes, inline.tail_raw),
     ]
-    for plan, (rec, s, raw) in zip(_class_plans(geo), parts, strict=False):
+    plans = _class_plans(geo)
+    for plan, (rec, s, raw) in zip(plans, parts, strict=False):
+        if plan.count == 0 or geo.row_blocks == 0:
+            continue
+        records = rec.numpy().reshape(-1, s)
+        h = np.ascontiguousarray(records[:, s - _HEADER :]).view("<u4").reshape(-1)
+        raw_idx = h[(h & 3) == MODE_RAW] >> 2
+        if raw_idx.size != raw.shape[0] or (raw_idx != np.arange(raw_idx.size)).any():
+            raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    for plan, (rec, s, raw) in zip(plans, parts, strict=False):
         if plan.count == 0 or geo.row_blocks == 0:
             continue
         records = rec.numpy().reshape(-1, s)
