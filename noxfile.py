@@ -77,7 +77,7 @@ def _run_benchmark(session: nox.Session, name: str) -> None:
 
 @nox.session
 def bench_codec(session: nox.Session) -> None:
-    """Both forms' ratios and CPU encode/decode throughput on the DS4.1-TP4 planes, as JSON."""
+    """Both forms' ratios against the entropy bound, CPU throughput and peak memory per regime, as JSON."""
     _run_benchmark(session, "codec")
 
 

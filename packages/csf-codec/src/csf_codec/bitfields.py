@@ -35,7 +35,7 @@ def pack_fields(fields: torch.Tensor, width: int) -> torch.Tensor:
     f = fields.to(torch.uint8)
     if pad:
         f = torch.nn.functional.pad(f, (0, pad))
-    f = f.reshape(*f.shape[:-1], -1, per_byte).to(torch.int32)
+    f = f.reshape(*f.shape[:-1], f.shape[-1] // per_byte, per_byte).to(torch.int32)  # no -1: empty planes
     shifts = torch.arange(per_byte, device=f.device, dtype=torch.int32) * width
     return (f << shifts).sum(dim=-1).to(torch.uint8)
 
@@ -46,4 +46,4 @@ def unpack_fields(packed: torch.Tensor, width: int, count: int) -> torch.Tensor:
     shifts = torch.arange(per_byte, device=packed.device, dtype=torch.int32) * width
     mask = (1 << width) - 1
     f = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & mask
-    return f.reshape(*packed.shape[:-1], -1)[..., :count].to(torch.uint8)
+    return f.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count].to(torch.uint8)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .bitfields import pack_fields, packed_nbytes, unpack_fields
+from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
 from .container import Envelope, open_envelope, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
@@ -184,6 +186,23 @@ def encode_compact(
     """
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
+    if rows.device.type == "cpu":
+        width, secs = encode_sections_np(rows.numpy(), tuple(widths))
+        body = torch.from_numpy(np.concatenate(secs))
+        sections = tuple(int(p.size) for p in secs)
+    else:
+        width, body, sections = _encode_torch(rows, widths)
+    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
+    if verify:
+        back = decode_compact(out.payload, name=name)
+        if not torch.equal(back, rows.view(shape)):
+            raise VerificationError(name, "compact encoding does not decode to the native bytes")
+    return out
+
+
+def _encode_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> tuple[int, torch.Tensor, tuple[int, ...]]:
+    """The compact body in torch, on the plane's device (the numpy path's reference on the CPU)."""
     r, c = rows.shape
     bases = row_bases_for_widths(rows, widths)
     spans = list(_row_spans(r, c))
@@ -205,15 +224,7 @@ def encode_compact(
             parts[2 + i].append(t)
     empty = torch.zeros(0, dtype=torch.uint8, device=rows.device)
     pieces = [torch.cat(p) if p else empty for p in parts]
-    body = torch.cat(pieces)
-    sections = tuple(int(p.numel()) for p in pieces)
-    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
-    if verify:
-        back = decode_compact(out.payload, name=name)
-        if not torch.equal(back, plane.view(torch.uint8) if plane.dtype != torch.uint8 else plane):
-            raise VerificationError(name, "compact encoding does not decode to the native bytes")
-    return out
+    return width, torch.cat(pieces), tuple(int(p.numel()) for p in pieces)
 
 
 def read_compact_header(payload: torch.Tensor, *, name: str = "scales") -> CompactHeader:
@@ -322,9 +333,31 @@ def decode_compact(
     """
     lay = compact_layout(payload, name=name, expected_shape=expected_shape)
     r, c, w = lay.rows, lay.cols, lay.width
-    bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
+    if lay.codes.device.type == "cpu":
+        bases = torch.from_numpy(scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy()))
+    else:
+        bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+    if lay.codes.device.type == "cpu":
+        flat = decode_rows_np(
+            bases.numpy(),
+            lay.selectors.numpy(),
+            lay.counts.numpy(),
+            lay.exceptions.numpy(),
+            lay.chunk_offsets.numpy(),
+            r,
+            c,
+            w,
+            name,
+        )
+        return torch.from_numpy(flat).reshape(lay.shape)
+    return _decode_torch(lay, bases, name)
+
+
+def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:
+    """The decoder in torch, on the payload's device (the path for GPU payloads)."""
+    r, c, w = lay.rows, lay.cols, lay.width
     counts = lay.counts.to(torch.int64)
     flat = torch.empty(r * c, dtype=torch.uint8, device=lay.codes.device)
     for a, b in _row_spans(r, c):
@@ -376,7 +409,19 @@ def _patch_span(vals, fields, bases, c, w, counts, raw, chunk_len, offsets, exc,
         lens = chunk_len[raw_chunks]
         ch = torch.repeat_interleave(raw_chunks, lens)
         within = torch.arange(int(lens.sum()), device=dev) - _exclusive_cumsum(lens).repeat_interleave(lens)
-        vals[ch * CHUNK_SCALES + within] = exc[offsets[ch] + within].to(torch.int32)
+        where = ch * CHUNK_SCALES + within
+        native = exc[offsets[ch] + within].to(torch.int32)
+        d = native - bases[where // c]
+        inside = (d >= 0) & (d < (1 << w))
+        if bool((fields[where].to(torch.int32) != torch.where(inside, d, 0)).any()):
+            raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
+        outside = torch.zeros(raw_chunks.numel(), dtype=torch.int64, device=dev)
+        outside.index_add_(
+            0, torch.repeat_interleave(torch.arange(raw_chunks.numel(), device=dev), lens), (~inside).long()
+        )
+        if bool((2 * outside < lens).any()):
+            raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
+        vals[where] = native
 
 
 def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:

@@ -28,16 +28,20 @@ whose base lies more than 15 above its block's reference is clamped; its scales 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .bitfields import pack_fields, unpack_fields
 from .container import Envelope, open_envelope, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
+from .inline_np import ClassPlan, decode_class_np, encode_class_np
 from .planes import as_rows
-from .rowbase import row_bases
+from .rowbase import row_bases, row_bases_np
+from .swar import unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
 
 __all__ = [
@@ -169,6 +173,30 @@ def _block_bases(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat):
     delta = (slot_base.to(torch.int16) - ref[:, None].to(torch.int16)).clamp(0, (1 << bits) - 1)
     delta = torch.where(valid, delta, torch.zeros_like(delta))
     return ref, delta.to(torch.uint8), br
+
+
+@functools.lru_cache(maxsize=16)
+def _block_rows_np(geo: InlineGeometry) -> np.ndarray:
+    """:meth:`InlineGeometry.block_rows` as numpy, once per geometry (planes of one shape repeat)."""
+    out = geo.block_rows().numpy()
+    out.flags.writeable = False
+    return out
+
+
+def _block_bases_np(rows: np.ndarray, geo: InlineGeometry, fmt: ScaleFormat):
+    """:func:`_block_bases` in numpy, for CPU planes: (reference, deltas, block rows)."""
+    br = _block_rows_np(geo)
+    valid = br >= 0
+    natural = row_bases_np(rows, (fmt.row_base_width,))[fmt.row_base_width]
+    slot_base = natural[np.maximum(br, 0)] if natural.size else np.zeros(br.shape, dtype=np.uint8)
+    slot_base = np.where(valid, slot_base, slot_base[:, :1])  # padding repeats slot 0: the reference stays
+    bits = DELTA_BITS[fmt.name]
+    if geo.row_blocks and bits < 8:
+        ref = row_bases_np(slot_base, (bits,))[bits]
+    else:
+        ref = np.zeros(slot_base.shape[0], dtype=np.uint8)
+    delta = np.clip(slot_base.astype(np.int16) - ref[:, None], 0, (1 << bits) - 1)
+    return ref, np.where(valid, delta, 0).astype(np.uint8), br
 
 
 def _pack_deltas(delta: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
@@ -321,6 +349,52 @@ def _encode_plane(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int 
     return out
 
 
+def _class_plans(geo: InlineGeometry) -> list[ClassPlan]:
+    plans = [ClassPlan(0, geo.full_col_tiles, TILE_COLS)]
+    if geo.tail_cols:
+        plans.append(ClassPlan(geo.full_col_tiles * TILE_COLS, 1, geo.tail_cols))
+    return plans
+
+
+def _record_sizes(fmt: ScaleFormat, cols: int, forced: int | None) -> tuple[int, ...]:
+    sizes = record_bytes_choices(fmt, cols) if forced is None else (forced,)
+    if any(s % 16 or exception_capacity(1, s, cols) < 0 for s in sizes):
+        raise ValueError(f"record size must be a multiple of 16 that holds a selector mode; got {sizes}")
+    return sizes
+
+
+def _encode_plane_np(rows, geo, base_slot, br, fmt: ScaleFormat, record_bytes: int | None):
+    """:func:`_encode_plane` on the CPU, in numpy (:mod:`csf_codec.inline_np`); same bytes."""
+    x, base, brn = rows, base_slot, br
+    valid = brn >= 0
+    out = []
+    for k, plan in enumerate(_class_plans(geo)):
+        sizes = _record_sizes(fmt, plan.cols, None if k else record_bytes)
+        if plan.count == 0 or geo.row_blocks == 0:
+            s = sizes[0]  # no tiles: every size costs nothing, the smallest wins
+            empty = torch.zeros(0, s, dtype=torch.uint8)
+            out.append((s, empty, torch.zeros(0, TILE_ROWS * plan.cols, dtype=torch.uint8)))
+            continue
+        s, rec, raw = encode_class_np(x, brn, base, valid, plan, CANDIDATE_WINDOWS[fmt.name], sizes, exception_capacity)
+        out.append((s, torch.from_numpy(rec), torch.from_numpy(raw)))
+    return out
+
+
+def _encode_storage_torch(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat, record_bytes: int | None):
+    """Reference, deltas and each column class's (S, records, raw tiles), in torch on the plane's device."""
+    ref, delta, br = _block_bases(rows, geo, fmt)
+    base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
+    return ref, delta, _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+
+
+def _encode_storage_np(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat, record_bytes: int | None):
+    """:func:`_encode_storage_torch` for CPU planes, in numpy; the same bytes."""
+    ref, delta, br = _block_bases_np(rows.numpy(), geo, fmt)
+    base_slot = ref[:, None].astype(np.int32) + delta
+    encoded = _encode_plane_np(rows.numpy(), geo, base_slot, br, fmt, record_bytes)
+    return torch.from_numpy(ref), torch.from_numpy(delta), encoded
+
+
 def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.Tensor, name: str) -> torch.Tensor:
     """Rebuild [T, 128 tc] native bytes of one column class, validating every record."""
     dev = records.device
@@ -344,7 +418,17 @@ def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.T
         if bool((valid & ((lo < 0) | (lo + (1 << w) - 1 > 255))).any()):
             raise CorruptPayloadError(name, "a tile window leaves the byte range")
         sb = selector_bytes(w, tc)
+        rest = records[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
+        unused = torch.arange(cap, device=dev)[None, :] >= cnt[:, None]
+        if bool(
+            rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
+            or rest[:, 2 * cap : 3 * cap][unused].any()
+            or rest[:, 3 * cap :].any()
+        ):
+            raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
         fields = unpack_fields(records[sel, :sb], w, TILE_ROWS * tc).to(torch.int32)
+        if bool(fields[~valid].any()):
+            raise CorruptPayloadError(name, "a padding slot's selector is not zero")
         vals = lo + fields
         total = int(cnt.sum())
         if total:
@@ -368,7 +452,11 @@ def _decode_class(cls: _ColumnClass, records: torch.Tensor, s: int, raw: torch.T
     raw_idx = h[raw_sel] >> 2  # enumerated in order across the plane: checked by decode_inline
     if bool((raw_idx >= raw.shape[0]).any()):
         raise CorruptPayloadError(name, "a raw tile index points past the raw tiles")
+    if bool(records[raw_sel, : s - _HEADER].any()):
+        raise CorruptPayloadError(name, "a raw tile's record holds bytes besides its header")
     out[raw_sel] = raw[raw_idx].to(torch.int32)
+    if bool(out[raw_sel][~cls.valid[raw_sel]].any()):
+        raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
     return out.to(torch.uint8)
 
 
@@ -393,9 +481,8 @@ def encode_inline(
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
     geo = InlineGeometry.for_shape(shape, row_group, name=name)
-    ref, delta, br = _block_bases(rows, geo, fmt)
-    base_slot = ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    encoded = _encode_plane(rows, geo, base_slot, br, fmt, record_bytes)
+    encode = _encode_storage_np if rows.device.type == "cpu" else _encode_storage_torch
+    ref, delta, encoded = encode(rows, geo, fmt, record_bytes)
     s, records, raw = encoded[0]
     dev = rows.device
     tail_s, tail = 0, torch.zeros(0, dtype=torch.uint8, device=dev)
@@ -439,21 +526,30 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
     for raw, tc in ((inline.raw, TILE_COLS), (inline.tail_raw, tcol)):
         if raw.numel() and (raw.dim() != 2 or raw.shape[1] != TILE_ROWS * tc):
             raise ShapeMismatchError(name, f"raw tiles of shape {tuple(raw.shape)} do not hold {tc}-column tiles")
+    return (_decode_np if dev.type == "cpu" else _decode_torch)(inline, geo, name)
+
+
+def _decode_torch(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Tensor:
+    """The decoder in torch, on the storage's device (the path for GPU payloads)."""
+    dev = inline.records.device
+    rb, tcol = geo.row_blocks, geo.tail_cols
     delta = _unpack_deltas(inline.base_delta, inline.fmt)
     br = geo.block_rows(dev)
+    if bool(delta[br < 0].any()):
+        raise CorruptPayloadError(name, "a padding slot's base delta is not zero")
     base_slot = inline.base_ref[:, None].to(torch.int32) + delta.to(torch.int32)
-    rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=dev)
-    parts = [(inline.records.reshape(rb, -1), inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
+    full = inline.records.reshape(rb, geo.full_col_tiles * inline.record_bytes)  # no -1: empty planes
+    parts = [(full, inline.record_bytes, inline.raw.reshape(-1, TILE_ROWS * TILE_COLS))]
     if tcol:
-        parts.append(
-            (inline.tail.reshape(rb, -1), inline.tail_record_bytes, inline.tail_raw.reshape(-1, TILE_ROWS * tcol))
-        )
+        tail_raw = inline.tail_raw.reshape(-1, TILE_ROWS * tcol)
+        parts.append((inline.tail.reshape(rb, inline.tail_record_bytes), inline.tail_record_bytes, tail_raw))
     for rec, s, raw in parts:
         h = rec.reshape(-1, s)[:, -_HEADER:].to(torch.int64) if rec.numel() else torch.zeros(0, 4, dtype=torch.int64)
         h = h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24)
         raw_idx = h[(h & 3) == MODE_RAW] >> 2
         if raw_idx.numel() != raw.shape[0] or not torch.equal(raw_idx, torch.arange(raw_idx.numel(), device=h.device)):
             raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    rows = torch.empty(geo.experts * geo.rows, geo.cols, dtype=torch.uint8, device=inline.records.device)
     for a, b in _block_spans(geo):
         span_br = br[a:b]
         slot_valid = span_br >= 0
@@ -467,6 +563,40 @@ def decode_inline(inline: InlineScales, *, name: str = "scales") -> torch.Tensor
             start = i * geo.full_col_tiles * TILE_COLS
             rows[span_br[slot_valid], start : start + block.shape[2]] = block[slot_valid]
     return rows.view(inline.shape)
+
+
+def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Tensor:
+    """:func:`decode_inline` for CPU storage, in numpy, with the same checks."""
+    brn = _block_rows_np(geo)
+    valid = brn >= 0
+    packed = inline.base_delta.numpy()
+    bits = DELTA_BITS[inline.fmt.name]
+    delta = packed if bits == 8 else unpack_bits(packed.reshape(-1), bits, packed.size * 8 // bits)
+    delta = delta.reshape(geo.row_blocks, TILE_ROWS)
+    if delta[~valid].any():
+        raise CorruptPayloadError(name, "a padding slot's base delta is not zero")
+    base = inline.base_ref.numpy().astype(np.int32)[:, None] + delta
+    out = np.empty((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+    parts = [
+        (inline.records, inline.record_bytes, inline.raw),
+        (inline.tail, inline.tail_record_bytes, inline.tail_raw),
+    ]
+    plans = _class_plans(geo)
+    for plan, (rec, s, raw) in zip(plans, parts, strict=False):
+        if plan.count == 0 or geo.row_blocks == 0:
+            continue
+        records = rec.numpy().reshape(-1, s)
+        h = np.ascontiguousarray(records[:, s - _HEADER :]).view("<u4").reshape(-1)
+        raw_idx = h[(h & 3) == MODE_RAW] >> 2
+        if raw_idx.size != raw.shape[0] or (raw_idx != np.arange(raw_idx.size)).any():
+            raise CorruptPayloadError(name, "raw tile indices do not enumerate the raw tiles in order")
+    for plan, (rec, s, raw) in zip(plans, parts, strict=False):
+        if plan.count == 0 or geo.row_blocks == 0:
+            continue
+        records = rec.numpy().reshape(-1, s)
+        raw_tiles = raw.numpy().reshape(-1, TILE_ROWS * plan.cols)
+        decode_class_np(out, records, raw_tiles, brn, base, valid, plan, s, exception_capacity, name)
+    return torch.from_numpy(out).view(inline.shape)
 
 
 def inline_from_payload(payload: torch.Tensor, *, name: str = "scales") -> InlineScales:

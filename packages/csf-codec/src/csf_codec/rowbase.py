@@ -8,9 +8,12 @@ row's own bytes, so slicing rows (tensor parallelism along N) never changes a ro
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["row_bases", "row_bases_for_widths"]
+from .swar import map_spans, row_counts
+
+__all__ = ["row_bases", "row_bases_for_widths", "row_bases_np"]
 
 _ROWS_PER_CHUNK = 1 << 15  # bounds the [rows, 256] histogram to 32 MiB of int32
 
@@ -19,6 +22,12 @@ def row_bases_for_widths(rows: torch.Tensor, widths: tuple[int, ...]) -> dict[in
     """Bases (uint8 [R]) of a uint8 [R, C] plane for each offset width, from one histogram pass."""
     if rows.dtype != torch.uint8 or rows.dim() != 2:
         raise TypeError(f"row_bases expects a uint8 [rows, columns] tensor, got {rows.dtype} {tuple(rows.shape)}")
+    if rows.device.type == "cpu":
+        return {w: torch.from_numpy(b) for w, b in row_bases_np(rows.numpy(), widths).items()}
+    return _row_bases_torch(rows, widths)
+
+
+def _row_bases_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> dict[int, torch.Tensor]:
     out = {w: torch.empty(rows.shape[0], dtype=torch.uint8, device=rows.device) for w in widths}
     if rows.shape[1] == 0:
         for t in out.values():
@@ -38,3 +47,98 @@ def row_bases_for_widths(rows: torch.Tensor, widths: tuple[int, ...]) -> dict[in
 
 def row_bases(rows: torch.Tensor, width: int) -> torch.Tensor:
     return row_bases_for_widths(rows, (width,))[width]
+
+
+_SCALES_PER_PASS = 1 << 20
+
+
+def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """:func:`row_bases_for_widths` on a uint8 [R, C] numpy array, by whole-array byte passes.
+
+    For a row of minimum ``m`` whose bytes span ``L <= 32`` values, ``le[k]`` (how many bytes are
+    ``<= m + k``) for ``k < L`` gives every window count: the window at ``m + j`` holds
+    ``le[j + 2**w - 1] - le[j - 1]``; windows starting below ``m - 2**w + 1`` or above the row's maximum
+    hold nothing. Rows are grouped by spread so that narrow rows pay for few levels; wider rows (NaN
+    bytes, zero rows beside normal ones, NVFP4 rows with outlier blocks) take a full histogram.
+    """
+    r, c = rows.shape
+    out = {w: np.zeros(r, dtype=np.uint8) for w in widths}
+    if c == 0 or r == 0:
+        return out
+    step = max(1, _SCALES_PER_PASS // c)
+
+    def one(start: int) -> None:
+        x = rows[start : start + step]
+        lo, hi = _row_min_max(x)
+        spread = hi - lo
+        groups = np.searchsorted(np.array(_SPREAD_GROUPS), spread, side="right")
+        if max(widths) > 4:  # windows wider than the level table's padding: histograms for every row
+            groups[:] = len(_SPREAD_GROUPS)
+        for g in range(len(_SPREAD_GROUPS) + 1):
+            pick = None if (groups == g).all() else np.flatnonzero(groups == g)
+            if pick is not None and not pick.size:
+                continue
+            xs, los = (x, lo) if pick is None else (x[pick], lo[pick])
+            if g == len(_SPREAD_GROUPS):
+                got = _histogram_bases(xs, widths)
+            else:
+                got = _level_bases(xs, los, int(spread.max() if pick is None else spread[pick].max()) + 1, widths)
+            for w in widths:
+                if pick is None:
+                    out[w][start : start + x.shape[0]] = got[w]
+                else:
+                    out[w][start + pick] = got[w]
+
+    map_spans(one, range(0, r, step))
+    return out
+
+
+_SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wider rows: histogram
+
+
+def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    n_rows, c = x.shape
+    count_t = np.int16 if c < 1 << 15 else np.int64
+    cp = -(-c // 8) * 8
+    rel = np.full((n_rows, cp), 255, dtype=np.uint8)
+    np.subtract(x, lo[:, None], out=rel[:, :c])
+    # le[:, 16 + k] = bytes <= lo + k: none below lo, all C from the row's own maximum on
+    le = np.empty((n_rows, 2 * _PAD + levels), dtype=count_t)
+    le[:, :_PAD] = 0
+    le[:, _PAD + levels - 1 :] = c
+    for k in range(levels - 1):
+        le[:, _PAD + k] = row_counts(rel <= k)
+    out = {}
+    for w in widths:
+        span = 1 << w
+        j = np.arange(-(span - 1), levels)  # relative bases that can hold anything
+        counts = le[:, _PAD + j[0] + span - 1 : _PAD + j[-1] + span] - le[:, _PAD + j[0] - 1 : _PAD + j[-1]]
+        if int(lo.min()) + j[0] < 0 or int(lo.max()) + j[-1] > 256 - span:  # some would leave the byte range
+            b = lo.astype(np.int16)[:, None] + j[None, :].astype(np.int16)
+            counts = np.where((b >= 0) & (b <= 256 - span), counts, -1)
+        best = counts.argmax(axis=1)  # the first maximum: the smallest base wins ties
+        out[w] = (lo.astype(np.int16) + j[best]).astype(np.uint8)
+    return out
+
+
+_PAD = 16  # le columns below lo and above the widest window's top
+
+
+def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Bases of wide rows from full 256-bin histograms (one bincount over row-offset keys)."""
+    n = x.shape[0]
+    keys = (np.arange(n, dtype=np.int64) << 8)[:, None] + x
+    cum = np.zeros((n, 257), dtype=np.int32)
+    np.cumsum(np.bincount(keys.reshape(-1), minlength=n << 8).reshape(n, 256), axis=1, out=cum[:, 1:])
+    return {w: (cum[:, 1 << w :] - cum[:, : 257 - (1 << w)]).argmax(axis=1).astype(np.uint8) for w in widths}
+
+
+def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row minimum and maximum; narrow rows go column by column (numpy's row reductions are slow there)."""
+    if x.shape[1] > 32:
+        return x.min(axis=1), x.max(axis=1)
+    lo, hi = x[:, 0].copy(), x[:, 0].copy()
+    for i in range(1, x.shape[1]):
+        np.minimum(lo, x[:, i], out=lo)
+        np.maximum(hi, x[:, i], out=hi)
+    return lo, hi

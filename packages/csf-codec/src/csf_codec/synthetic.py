@@ -7,7 +7,9 @@ correlated) + an occasional outlier shift.
 - MXFP4 (E8M0 bytes): the row's base byte is round(row_base_center + magnitude). Each scale is base or base+1
   with probability ``in_window_fraction`` (base+1 with a per-row share around ``upper_fraction``); the rest are
   exceptions drawn independently per scale, so they spread over the 128x4 tiles instead of clumping: mostly
-  base-1 / base+2, a few far (base-6..base-2, base+3..base+4).
+  base-1 / base+2, a few far (base-6..base-2, base+3..base+4). With ``exception_row_sigma`` > 0 the exception
+  rate is per row instead: the plane's rate times a log-normal factor of mean 1 (log-std sigma, capped at
+  half the row), so exceptions cluster in some rows, as in real down projections.
 - NVFP4 (E4M3 bytes): simulated, not knob-fitted. Each block amax is row sigma * (max of 16 |N(0,1)|, sampled by
   inverse CDF) with a heavy-tail boost on a few blocks; it goes through exactly the cast quantize_nvfp4 uses,
   amax / 6 / global -> clamp [2**-6, 448] -> E4M3, with the global scale set so that tensor amax / median row
@@ -29,6 +31,7 @@ from .fp4 import E4M3_MAX, E4M3_NAN_BYTE, E8M0_NAN_BYTE, float_to_e4m3_bytes
 from .rowbase import row_bases
 
 __all__ = [
+    "DOWN_PROJ_DENSE",
     "EXCEPTION_DENSE",
     "NVFP4_TYPICAL",
     "SEED_REGIME",
@@ -60,6 +63,7 @@ class PlaneStats:
     row_base_center: float = 120.0  # E8M0 byte of a typical row base (2**-7)
     near_exception_share: float = 0.9  # exceptions at base-1 or base+2; the rest are far
     low_exception_share: float = 0.6  # of the near exceptions, the share at base-1
+    exception_row_sigma: float = 0.0  # log-std of a row's exception rate around the plane's (0: one rate)
 
     # NVFP4 (E4M3) scale bytes.
     nvfp4_amax_ratio: float = 24.0  # tensor amax / median row sigma; sets the global scale
@@ -89,6 +93,8 @@ class PlaneStats:
             raise ValueError(f"PlaneStats.outlier_row_shift must be 0 <= lo <= hi, got {self.outlier_row_shift}")
         if min(self.zero_rows, self.clamped_rows, self.nan_scales) < 0:
             raise ValueError("PlaneStats: special-content counts must be >= 0")
+        if self.exception_row_sigma < 0:
+            raise ValueError(f"PlaneStats.exception_row_sigma must be >= 0, got {self.exception_row_sigma}")
         if self.nvfp4_amax_ratio <= 0:
             raise ValueError(f"PlaneStats.nvfp4_amax_ratio must be > 0, got {self.nvfp4_amax_ratio}")
 
@@ -97,6 +103,10 @@ class PlaneStats:
 SEED_REGIME = PlaneStats(in_window_fraction=0.995)
 # Harder: 2% exceptions, present in nearly every 128x4 tile.
 EXCEPTION_DENSE = PlaneStats(in_window_fraction=0.98)
+# Real down projections: 4% of scales outside [base, base + 1], 90% of them at base-1 / base+2, clustered by
+# row (a row's rate is log-normal around 4%, log-std 1: the busiest quarter of the rows holds two thirds to
+# three quarters of the exceptions).
+DOWN_PROJ_DENSE = PlaneStats(in_window_fraction=0.96, exception_row_sigma=1.0)
 # NVFP4 with Gaussian-ish weights; outlier rows 1-2 binades up (more would saturate at 448).
 NVFP4_TYPICAL = PlaneStats(outlier_row_shift=(1, 2))
 # SEED_REGIME plus every kind of special row, for codec edge cases.
@@ -200,8 +210,15 @@ def _mxfp4_rows(magnitude: torch.Tensor, kb: int, stats: PlaneStats, gen: torch.
     # arithmetic below is then plain uint8 with no clamping. Rows at the range ends are special content.
     base = (stats.row_base_center + magnitude).round().clamp(6, 250).to(torch.uint8)
     upper = stats.upper_fraction + stats.upper_fraction_spread * (2 * torch.rand(rows, generator=gen) - 1)
-    upper_t = _threshold(stats.in_window_fraction * upper.clamp(0.0, 1.0)).unsqueeze(1)
-    exception_t = _threshold(stats.in_window_fraction)
+    in_window: torch.Tensor | float = stats.in_window_fraction
+    if stats.exception_row_sigma > 0:  # drawn only then: the other presets keep their planes
+        sigma = stats.exception_row_sigma
+        factor = torch.exp(sigma * torch.randn(rows, generator=gen) - sigma * sigma / 2)
+        in_window = 1.0 - ((1.0 - stats.in_window_fraction) * factor).clamp(max=0.5)
+    upper_t = _threshold(in_window * upper.clamp(0.0, 1.0)).unsqueeze(1)
+    exception_t = _threshold(in_window)
+    if exception_t.dim():
+        exception_t = exception_t.unsqueeze(1)
     near_low_t = _threshold(stats.near_exception_share * stats.low_exception_share)
     near_t = _threshold(stats.near_exception_share)
 
@@ -210,7 +227,7 @@ def _mxfp4_rows(magnitude: torch.Tensor, kb: int, stats: PlaneStats, gen: torch.
         draw = _random_int16((sl.stop - sl.start) * kb, gen).view(-1, kb)
         out = plane[sl]
         torch.add(base[sl].unsqueeze(1), draw < upper_t[sl], out=out)  # base, or base+1 below the row's share
-        where = (draw >= exception_t).view(-1).nonzero().squeeze(1)
+        where = (draw >= (exception_t[sl] if exception_t.dim() else exception_t)).view(-1).nonzero().squeeze(1)
         if where.numel():
             kind = _random_int16(where.numel(), gen)
             far = _FAR_OFFSETS[torch.randint(len(_FAR_OFFSETS), (where.numel(),), generator=gen)]

@@ -1,0 +1,330 @@
+"""The inline form's CPU encoder and decoder, as whole-array numpy passes over spans of row blocks.
+
+Byte-identical to the torch code in :mod:`csf_codec.inline` (the path for other devices). A tile's
+bytes are gathered in slot order once, four columns at a time as uint32 words. Window choice needs,
+per tile and candidate window, the exceptions it leaves: they come from a few level counts of the
+biased offset ``e = scale - base + 8`` (``le[k]`` = positions with ``e <= k``), since every candidate
+window ``[o, o + 2**w - 1]`` holds ``le[o + 2**w + 7] - le[o + 7]`` positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CorruptPayloadError
+from .swar import group_counts, map_spans, pack_bits, unpack_bits
+from .tile_layout import TILE_COLS, TILE_ROWS, slot_to_row
+
+__all__ = ["ClassPlan", "decode_class_np", "encode_class_np"]
+
+_BIAS = 8
+_FAR = 255  # biased offset of padding slots and of offsets outside [-8, 246]: inside no window
+_HEADER = 4
+_EXCEPTION = 3
+_MODE_RAW = 3
+_WIDTH_MODE = {1: 0, 2: 1, 4: 2}
+_MODE_WIDTH = {0: 1, 1: 2, 2: 4}
+_SCALES_PER_SPAN = 1 << 20
+_TRUST = 28  # e is exact below _TRUST + _BIAS
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """One column class (full 4-column tiles, or the tail tile) of a plane."""
+
+    start: int  # first column
+    count: int  # tiles per row block
+    cols: int  # tc
+
+
+def block_spans(row_blocks: int, cols: int) -> list[tuple[int, int]]:
+    step = max(1, _SCALES_PER_SPAN // (TILE_ROWS * max(cols, 1)))
+    return [(a, min(a + step, row_blocks)) for a in range(0, row_blocks, step)]
+
+
+_SLOT_ROWS = np.array([slot_to_row(s) for s in range(TILE_ROWS)], dtype=np.int64)
+# row = 64 half + 16 warp + 8 pair + quad; slot = 32 warp + 4 quad + 2 half + pair: a block's rows as
+# [half, warp, pair, quad] axes, put in slot order by a transpose
+_ROW_AXES = (2, 4, 2, 8)
+_SLOT_ORDER = (1, 3, 0, 2)
+
+
+def _words(cols: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns), so that
+    transposes move whole tile rows; a view whenever the last axis is contiguous."""
+    if plan.cols == TILE_COLS and cols.strides[1] == 1:
+        return cols.view(np.uint32)
+    return cols[..., None]
+
+
+def _whole_blocks(br: np.ndarray) -> int | None:
+    """The first row when the span's blocks are whole consecutive 128-row blocks (no padding), else None."""
+    first = int(br[0, 0]) if br.size else -1
+    if first < 0 or not np.array_equal(br, first + TILE_ROWS * np.arange(br.shape[0])[:, None] + _SLOT_ROWS):
+        return None
+    return first
+
+
+def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """Native bytes [blocks * count, 128 * tc] of one class, slot * tc + column order; padding reads 0."""
+    nb = br.shape[0]
+    first = _whole_blocks(br)
+    if first is not None:  # a transpose, no gather
+        cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
+        unit = _words(cols, plan)
+        x = unit.reshape(nb, *_ROW_AXES, plan.count, -1)
+        tiles = np.ascontiguousarray(x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6))
+        return tiles.view(np.uint8).reshape(nb * plan.count, TILE_ROWS * plan.cols)
+    real = br >= 0
+    first, last = int(br[real].min()), int(br[real].max())  # a span's blocks cover consecutive rows
+    idx = np.where(real, br - first, 0).reshape(-1)
+    cols = rows[first : last + 1, plan.start : plan.start + plan.count * plan.cols]
+    if plan.cols == TILE_COLS:
+        words = np.ascontiguousarray(cols).view(np.uint32)[idx]  # a row's four columns per word
+        if not real.all():
+            words[~real.reshape(-1)] = 0
+        tiles = words.reshape(nb, TILE_ROWS, plan.count).transpose(0, 2, 1)
+        return np.ascontiguousarray(tiles).view(np.uint8).reshape(nb * plan.count, -1)
+    picked = cols[idx]
+    if not real.all():
+        picked[~real.reshape(-1)] = 0
+    return picked.reshape(nb, TILE_ROWS * plan.cols)
+
+
+def _biased(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """e = scale - base + 8 as uint8, exact for offsets in [-8, 27] (every candidate window lies there);
+    other offsets read 36 or more, padding reads 255.
+
+    The uint8 wrap can only bring offsets of 248 and more (rows based below 8) or of -229 and less (rows
+    based above 227) into that range; in blocks holding such rows those positions are set to 255.
+    """
+    nb = base.shape[0]
+    size = TILE_ROWS * plan.cols
+    t = tiles.reshape(nb, plan.count, size)
+    b = np.repeat(base.astype(np.uint8), plan.cols, axis=1)[:, None, :]  # [nb, 1, 128 tc]: contiguous rows
+    e = t - b
+    e += np.uint8(_BIAS)
+    pad = np.flatnonzero(~valid.all(axis=1))
+    if pad.size:
+        e[pad] = np.where(np.repeat(valid[pad], plan.cols, axis=1)[:, None, :], e[pad], np.uint8(_FAR))
+    fix = np.flatnonzero((base.min(axis=1) < _BIAS) | (base.max(axis=1) > 255 - _TRUST))
+    if fix.size:  # a true offset in [-8, 27] has e < 8 exactly when the scale lies below its base
+        ef, tf, bf = e[fix], t[fix], b[fix]
+        e[fix] = np.where((ef < _TRUST + _BIAS) & ((ef < _BIAS) != (tf < bf)), np.uint8(_FAR), ef)
+    return e.reshape(tiles.shape)
+
+
+def _levels(windows) -> list[int]:
+    return sorted({o + _BIAS - 1 for _, o in windows} | {o + (1 << w) - 1 + _BIAS for w, o in windows})
+
+
+def _valid_positions(valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """bool [blocks * count, 128 * tc]: which positions of each tile hold a real row."""
+    v = np.repeat(valid, plan.cols, axis=1)
+    return np.repeat(v, plan.count, axis=0)
+
+
+def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
+    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
+    stays in the byte range for every real row (bool [K, T])."""
+    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+    size = TILE_ROWS * plan.cols
+    le = {k: group_counts((e <= k).reshape(-1), size) for k in _levels(windows)}
+    nvalid = np.repeat(valid.sum(axis=1) * plan.cols, plan.count)
+    b = base.astype(np.int32)
+    bmin = np.where(valid, b, 1 << 20).min(axis=1)
+    bmax = np.where(valid, b, -(1 << 20)).max(axis=1)
+    n, legal = [], []
+    for w, o in windows:
+        inside = le[o + (1 << w) - 1 + _BIAS] - le[o + _BIAS - 1]
+        n.append((nvalid - inside).astype(np.int32))
+        ok = ((bmin + o >= 0) & (bmax + o + (1 << w) - 1 <= 255)) | ~valid.any(axis=1)
+        legal.append(np.repeat(ok, plan.count))
+    return np.stack(n), np.stack(legal)
+
+
+def _raw_count(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> int:
+    return int((~(legal & (n <= caps[:, None])).any(axis=0)).sum())
+
+
+def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each tile's window (fewest exceptions that fit, then list order) and which tiles go raw."""
+    k = n.shape[0]
+    fits = legal & (n <= caps[:, None])
+    key = np.where(fits, n.astype(np.int64) * k + np.arange(k)[:, None], 1 << 40)
+    return key.argmin(axis=0), ~fits.any(axis=0)
+
+
+def _native(rows, br, plan: ClassPlan, tile, pos) -> np.ndarray:
+    """Native bytes at positions ``pos`` of tiles ``tile`` of a span (padding reads 0)."""
+    slot, col = np.divmod(pos, plan.cols)
+    row = br[tile // plan.count, slot]
+    got = rows[np.maximum(row, 0), plan.start + (tile % plan.count) * plan.cols + col]
+    return np.where(row >= 0, got, 0).astype(np.uint8)
+
+
+def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
+    """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
+    again rather than kept from the first pass: the plane's memory stays bounded by a span."""
+    size = TILE_ROWS * plan.cols
+    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+    vpos = None if valid.all() else _valid_positions(valid, plan)
+    records = np.zeros((e.shape[0], s), dtype=np.uint8)
+    header = np.zeros(e.shape[0], dtype=np.uint32)
+    for k, (w, o) in enumerate(windows):
+        sel = np.flatnonzero((best == k) & ~raw)
+        if not sel.size:
+            continue
+        f = e[sel] - np.uint8(o + _BIAS)
+        outside = f >= (1 << w)
+        f[outside] = 0
+        if vpos is not None:
+            outside &= vpos[sel]
+        sb = size * w // 8
+        records[sel, :sb] = pack_bits(f.reshape(-1), w).reshape(sel.size, sb)
+        cap = int(caps[k])
+        idx = np.flatnonzero(outside)
+        t, p = np.divmod(idx, size)
+        nk = np.bincount(t, minlength=sel.size)
+        rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
+        rt = sel[t]
+        records[rt, sb + 2 * rank] = (p & 0xFF).astype(np.uint8)
+        records[rt, sb + 2 * rank + 1] = (p >> 8).astype(np.uint8)
+        records[rt, sb + 2 * cap + rank] = _native(rows, br, plan, rt, p)
+        header[sel] = _WIDTH_MODE[w] | (nk.astype(np.uint32) << 2) | np.uint32((o & 0xFF) << 8)
+    raw_ids = np.flatnonzero(raw)
+    header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
+    records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
+    every = np.arange(size)
+    raw_tiles = _native(rows, br, plan, np.repeat(raw_ids, size), np.tile(every, raw_ids.size))
+    return records, raw_tiles.reshape(raw_ids.size, size)
+
+
+def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
+    """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
+    spans = block_spans(br.shape[0], rows.shape[1])
+    stats = map_spans(
+        lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
+        spans,
+    )
+    size = TILE_ROWS * plan.cols
+    n = np.concatenate([st[0] for st in stats], axis=1)
+    legal = np.concatenate([st[1] for st in stats], axis=1)
+
+    def caps(s: int) -> np.ndarray:
+        return np.array([capacity(w, s, plan.cols) for w, _ in windows], dtype=np.int64)
+
+    s = min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
+    best, raw = choose(n, legal, caps(s))
+    bounds = np.cumsum([0] + [st[0].shape[1] for st in stats])
+    raw_before = [int(raw[: bounds[i]].sum()) for i in range(len(stats))]
+
+    def build(i: int):
+        a, b = spans[i]
+        t0, t1 = bounds[i], bounds[i + 1]
+        span_tiles = (best[t0:t1], raw[t0:t1])
+        cap = caps(s)
+        return build_records(rows, br[a:b], base[a:b], valid[a:b], plan, *span_tiles, s, windows, cap, raw_before[i])
+
+    built = map_spans(build, range(len(spans)))
+    records = np.concatenate([r for r, _ in built]) if built else np.zeros((0, s), dtype=np.uint8)
+    raws = np.concatenate([r for _, r in built]) if built else np.zeros((0, size), dtype=np.uint8)
+    return s, records, raws
+
+
+def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int, capacity, name: str) -> None:
+    """Decode one column class's records (all row blocks) into ``out`` (uint8 [R, C]), validating each."""
+    size = TILE_ROWS * plan.cols
+    b32 = base.astype(np.int32)
+    bmin = np.where(valid, b32, 1 << 20).min(axis=1)
+    bmax = np.where(valid, b32, -(1 << 20)).max(axis=1)
+
+    def span(sp: tuple[int, int]) -> None:
+        a, b = sp
+        rec = records[a * plan.count : b * plan.count]
+        h = np.ascontiguousarray(rec[:, s - _HEADER :]).view("<u4").reshape(-1).astype(np.int64)
+        mode = h & 3
+        vals = np.empty((rec.shape[0], size), dtype=np.uint8)
+        vpos = None if valid[a:b].all() else _valid_positions(valid[a:b], plan)
+        for m, w in _MODE_WIDTH.items():
+            sel = np.flatnonzero(mode == m)
+            if not sel.size:
+                continue
+            hs = h[sel]
+            cnt = (hs >> 2) & 63
+            o = (((hs >> 8) & 0xFF) ^ 0x80) - 0x80
+            cap = capacity(w, s, plan.cols)
+            if cap < 0 or (hs >> 16).any() or (cnt > cap).any():
+                raise CorruptPayloadError(name, f"a {w}-bit tile header is impossible for {s}-byte records")
+            blk = a + sel // plan.count
+            if ((bmin[blk] + o < 0) | (bmax[blk] + o + (1 << w) - 1 > 255)).any():
+                raise CorruptPayloadError(name, "a tile window leaves the byte range")
+            sb = size * w // 8
+            rest = rec[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
+            unused = np.arange(cap)[None, :] >= cnt[:, None]
+            if (
+                rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
+                or rest[:, 2 * cap : 3 * cap][unused].any()
+                or rest[:, 3 * cap :].any()
+            ):
+                raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
+            fields = unpack_bits(np.ascontiguousarray(rec[sel, :sb]).reshape(-1), w, sel.size * size)
+            if vpos is not None and fields.reshape(sel.size, size)[~vpos[sel]].any():
+                raise CorruptPayloadError(name, "a padding slot's selector is not zero")
+            lo = (b32[blk] + o[:, None]).astype(np.uint8)  # padding slots wrap harmlessly: they are dropped
+            v = (fields.reshape(sel.size, TILE_ROWS, plan.cols) + lo[:, :, None]).reshape(sel.size, size)
+            total = int(cnt.sum())
+            if total:
+                t = np.repeat(np.arange(sel.size), cnt)
+                rank = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+                rt = sel[t]
+                pos = rec[rt, sb + 2 * rank].astype(np.int64) | (rec[rt, sb + 2 * rank + 1].astype(np.int64) << 8)
+                val = rec[rt, sb + 2 * cap + rank]
+                if (pos >= size).any():
+                    raise CorruptPayloadError(name, "an exception position lies outside its tile")
+                g = t * size + pos
+                if (g[1:] <= g[:-1]).any():
+                    raise CorruptPayloadError(name, "exception positions are not strictly ascending")
+                pad = ~vpos[rt, pos] if vpos is not None else np.zeros(total, dtype=bool)
+                if (pad | (fields[g] != 0)).any():
+                    raise CorruptPayloadError(name, "an exception sits on padding or on a non-zero selector")
+                flat = v.reshape(-1)
+                if ((val - flat[g]) < (1 << w)).any():  # flat holds the window's low end there
+                    raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
+                flat[g] = val
+            vals[sel] = v
+        raw_sel = np.flatnonzero(mode == _MODE_RAW)
+        raw_idx = h[raw_sel] >> 2
+        if (raw_idx >= raw.shape[0]).any():
+            raise CorruptPayloadError(name, "a raw tile index points past the raw tiles")
+        if rec[raw_sel, : s - _HEADER].any():
+            raise CorruptPayloadError(name, "a raw tile's record holds bytes besides its header")
+        vals[raw_sel] = raw[raw_idx]
+        if vpos is not None and vals[raw_sel][~vpos[raw_sel]].any():
+            raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
+        _scatter(out, vals, br[a:b], plan)
+
+    map_spans(span, block_spans(br.shape[0], out.shape[1]))
+
+
+def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan) -> None:
+    nb = br.shape[0]
+    first = _whole_blocks(br)
+    if first is not None:  # the inverse transpose of _gather_tiles
+        dst = _words(out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols], plan)
+        src = vals.view(dst.dtype).reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), -1)
+        inverse = [0] * 4
+        for i, a in enumerate(_SLOT_ORDER):
+            inverse[a] = i
+        dst.reshape(nb, *_ROW_AXES, plan.count, -1)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
+        return
+    keep = br >= 0
+    if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word
+        words = vals.view(np.uint32).reshape(nb, plan.count, TILE_ROWS).transpose(0, 2, 1)
+        c0 = plan.start // TILE_COLS
+        out.view(np.uint32)[br[keep], c0 : c0 + plan.count] = words[keep]
+        return
+    tiles = vals.reshape(nb, plan.count, TILE_ROWS, plan.cols).transpose(0, 2, 1, 3).reshape(nb, TILE_ROWS, -1)
+    out[br[keep], plan.start : plan.start + plan.count * plan.cols] = tiles[keep]
