@@ -40,7 +40,7 @@ from csf_codec.synthetic import (
 )
 
 from .planes_for_tests import clustered_plane, special_rows
-from .test_corrupt_payloads import _reseal
+from .planes_for_tests import reseal as _reseal
 
 REGIMES = {"seed": SEED_REGIME, "dense": EXCEPTION_DENSE, "down_proj": DOWN_PROJ_DENSE, "special": SPECIAL_CONTENT}
 
@@ -235,7 +235,7 @@ def test_down_projection_regime_is_dense_near_and_clustered_by_row():
 
 
 def _sealed_compact(plane, secs, width):
-    from csf_codec.container import Envelope, seal
+    from csf_codec.container import Envelope, plane_digest, seal
     from csf_codec.formats import scale_format
 
     env = Envelope(
@@ -246,7 +246,7 @@ def _sealed_compact(plane, secs, width):
         extra=0,
         sections=tuple(int(s.size) for s in secs),
     )
-    return seal(env, torch.from_numpy(np.concatenate(secs)))
+    return seal(env, torch.from_numpy(np.concatenate(secs)), digest=plane_digest(plane))
 
 
 def test_raw_chunks_must_be_canonical():

@@ -26,7 +26,7 @@ import torch
 
 from .bitfields import pack_fields, packed_nbytes, unpack_fields
 from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
-from .container import Envelope, open_envelope, seal
+from .container import Envelope, open_envelope, plane_digest, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .planes import as_rows
@@ -193,7 +193,7 @@ def encode_compact(
     else:
         width, body, sections = _encode_torch(rows, widths)
     env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-    out = CompactScales(payload=seal(env, body), shape=shape, fmt=fmt, width=width)
+    out = CompactScales(payload=seal(env, body, digest=plane_digest(rows)), shape=shape, fmt=fmt, width=width)
     if verify:
         back = decode_compact(out.payload, name=name)
         if not torch.equal(back, rows.view(shape)):

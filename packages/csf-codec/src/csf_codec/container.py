@@ -94,31 +94,17 @@ def _pack(env: Envelope, body_host: bytes, digest: bytes) -> bytes:
     return head + struct.pack("<I", _crc(head))
 
 
-def _restore(payload: torch.Tensor, magic: bytes) -> torch.Tensor:
-    """The plane a freshly sealed payload decodes to (the decoders import this module, hence the late import)."""
-    if magic == _COMPACT:
-        from .compact import decode_compact
-
-        return decode_compact(payload, name="seal")
-    from .inline import decode_inline, inline_from_payload
-
-    return decode_inline(inline_from_payload(payload, name="seal"), name="seal")
-
-
 def seal(env: Envelope, body: torch.Tensor, *, digest: bytes | None = None) -> torch.Tensor:
     """Prefix ``body`` (uint8 1-D, any device) with its header; returns the payload on body's device.
 
-    ``digest`` is the SHA-256 of the native plane the body encodes (:func:`plane_digest`). An encoder that
-    has the plane passes it; without one (or ``env.digest``), the body is decoded once here to compute it.
+    ``digest`` is the SHA-256 of the native plane the body encodes (:func:`plane_digest`, or ``env.digest``): the
+    encoder, which has the plane, passes it.
     """
     if len(env.sections) > 5 or sum(env.sections) != body.numel():
         raise AssertionError("section lengths do not add up to the body")
     digest = digest or env.digest or None
     body_host = body.cpu().numpy().tobytes()
-    if digest is None:
-        draft = torch.frombuffer(bytearray(_pack(env, body_host, bytes(DIGEST_BYTES))), dtype=torch.uint8)
-        digest = plane_digest(_restore(torch.cat([draft.to(body.device), body]), env.magic))
-    if len(digest) != DIGEST_BYTES:
+    if digest is None or len(digest) != DIGEST_BYTES:
         raise AssertionError("a plane digest is 32 bytes of SHA-256")
     header = torch.frombuffer(bytearray(_pack(env, body_host, digest)), dtype=torch.uint8).to(body.device)
     return torch.cat([header, body])

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .bitfields import pack_fields, unpack_fields
-from .container import Envelope, open_envelope, seal
+from .container import Envelope, open_envelope, plane_digest, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline_np import ClassPlan, decode_class_np, encode_class_np
@@ -153,7 +153,8 @@ class InlineScales:
         )
         extra = self.row_group | (self.record_bytes // 16) << 20 | (self.tail_record_bytes // 16) << 26
         env = Envelope(magic=MAGIC, fmt=self.fmt, param=0, shape=self.shape, extra=extra, sections=sizes)
-        return seal(env, torch.cat([p.reshape(-1) for p in parts]))
+        digest = plane_digest(decode_inline(self))  # the plane these records restore
+        return seal(env, torch.cat([p.reshape(-1) for p in parts]), digest=digest)
 
 
 # ----------------------------------------------------------------------------------------------- bases

@@ -123,6 +123,7 @@ def plane_report(
             raw_tiles=0,
             tiles=0,
             entropy_bits_per_scale=0.0,
+            offset_entropy_bits_per_scale=0.0,
             entropy_bound_ratio=None,
         )
     compact = encode_compact(plane, fmt, name=name)
