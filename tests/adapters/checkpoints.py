@@ -8,14 +8,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from csf_codec import NVFP4
+from csf_codec import CSF_FORMAT_VERSION, NVFP4
 from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
 
 PREFIX = "model.layers.0.mlp.experts"
 NV_QUANT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 # the quantization_config of a checkpoint written by `csf compress`, from an MXFP4 and a ModelOpt NVFP4 one
-MX_CONFIG = {"quant_method": "mxfp4", "csf": {"format_version": 1, "scale_format": "mxfp4", "tensors": 2}}
-NV_CONFIG = NV_QUANT | {"csf": {"format_version": 1, "scale_format": "nvfp4", "tensors": 6}}
+MX_CONFIG = {
+    "quant_method": "mxfp4",
+    "csf": {"format_version": CSF_FORMAT_VERSION, "scale_format": "mxfp4", "tensors": 2},
+}
+NV_CONFIG = NV_QUANT | {"csf": {"format_version": CSF_FORMAT_VERSION, "scale_format": "nvfp4", "tensors": 6}}
 
 
 def expert_tensors(*, experts: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
