@@ -28,7 +28,7 @@ from timing import capture, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_codec import MXFP4, encode_compact, encode_inline
 from csf_codec.synthetic import SEED_REGIME, synthetic_scale_plane
-from csf_kernels import runtime
+from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.expand.compact_tables import compact_tables
 from csf_kernels.expand.launch import expand_compact, expand_inline, inline_expansion_launches
@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--expansion-only", action="store_true", help="skip program-load and launch timings")
     a = ap.parse_args()
+    env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read here, at the edge
     runtime.freeze()
     flush = l2_flush_buffer()
     copy = copy_bandwidth(a.reps, flush)

@@ -30,7 +30,7 @@ from provenance import provenance
 from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_attention import MLACaps, bind, plan, sparse_mla_reference, write_kv
-from csf_kernels import runtime
+from csf_kernels import env, runtime
 from csf_kernels.mla.layout import HEAD_DIM, LATENT, PAGE_SIZE, RECORD_BYTES, ROPE, VALUE_DIM
 
 SEQ = 32768
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
+    env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read here, at the edge
     runtime.freeze()
     flush = l2_flush_buffer()
     copy = copy_bandwidth(a.reps, flush)

@@ -35,7 +35,7 @@ from peer_triton_kernels import status as triton_kernels_status
 from provenance import provenance
 from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay_times
 
-from csf_kernels import runtime
+from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
@@ -337,6 +337,7 @@ def main() -> None:
     )
     ap.add_argument("--peer-path", default=str(DEFAULT_PEER_PATH), help="a staged triton_kernels' parent folder")
     a = ap.parse_args()
+    env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read here, at the edge
     asked = a.arms.split(",")
     arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM)))
     peer = PEER_ARM in asked
