@@ -123,9 +123,13 @@ def read_binary(cache_dir: Path, entry: ProgramEntry, spec: ProgramSpec) -> byte
     try:
         mode = os.lstat(programs).st_mode
     except OSError as e:
-        raise CacheIntegrityError(f"{programs}: the cache's programs folder is unreadable ({e.strerror})") from None
+        raise CacheIntegrityError(
+            f"{programs}: unreadable, so is the binary of {_label(spec)} ({e.strerror})"
+        ) from None
     if not stat.S_ISDIR(mode):
-        raise CacheIntegrityError(f"{programs}: the cache's programs folder is not a directory (a link?)")
+        raise CacheIntegrityError(
+            f"{programs}: the programs folder, holding the binary of {_label(spec)}, is not a directory (a link?)"
+        )
     path = cache_dir / entry.file
     data = read_regular_file(path, f"the binary of {_label(spec)}")
     if len(data) != entry.nbytes:

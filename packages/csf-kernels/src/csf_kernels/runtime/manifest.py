@@ -68,9 +68,10 @@ def read_regular_file(path: Path, what: str) -> bytes:
         raise CacheIntegrityError(f"{path}: {what} is missing") from None
     except OSError as e:  # ELOOP: a symbolic link
         raise CacheIntegrityError(f"{path}: {what} is not a regular file ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheIntegrityError(f"{path}: {what} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CacheIntegrityError(f"{path}: {what} is not a regular file")
         return f.read()
 
 
