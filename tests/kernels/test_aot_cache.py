@@ -428,19 +428,14 @@ def _tamper_cases():
         t.reseal(a)
         return a
 
-    def cute_binary_in_cubin_slot_resealed(t):
-        a = t.keys(kind="triton_cubin")[0]
-        b = t.keys(kind="cute_so")[0]
-        _swap_binary_copy_sha(t, a, b)
-        t.reseal(a)
-        return a
+    def other_kind_resealed(slot: str, binary: str):
+        def tamper(t):
+            a, b = t.keys(kind=slot)[0], t.keys(kind=binary)[0]
+            _swap_binary_copy_sha(t, a, b)
+            t.reseal(a)
+            return a
 
-    def cubin_in_cute_slot_resealed(t):
-        a = t.keys(kind="cute_so")[0]
-        b = t.keys(kind="triton_cubin")[0]
-        _swap_binary_copy_sha(t, a, b)
-        t.reseal(a)
-        return a
+        return tamper
 
     def cute_metadata_of_another_object_resealed(t):
         a = t.keys(kind="cute_so")[0]
@@ -537,8 +532,8 @@ def _tamper_cases():
         "launch_facts_edited": (launch_facts_edited, "altered after the build"),
         "other_kernel_binary_resealed": (other_kernel_binary_resealed, "defines no kernel expand_inline_tiles"),
         "other_cute_program_resealed": (other_cute_program_resealed, "does not export"),
-        "cute_binary_in_cubin_slot_resealed": (cute_binary_in_cubin_slot_resealed, "is not a cubin"),
-        "cubin_in_cute_slot_resealed": (cubin_in_cute_slot_resealed, "is not a shared object"),
+        "cute_binary_in_cubin_slot_resealed": (other_kind_resealed("triton_cubin", "cute_so"), "is not a cubin"),
+        "cubin_in_cute_slot_resealed": (other_kind_resealed("cute_so", "triton_cubin"), "is not a shared object"),
         "cute_metadata_of_another_object_resealed": (cute_metadata_of_another_object_resealed, "another shared object"),
         "triton_version_resealed": (triton_version_resealed, "triton 3.5.0.*nox -s aot_build"),
         "kind_edited": (kind_edited, "unknown kind 'ptx'"),
