@@ -255,3 +255,381 @@ def test_cubin_loading_and_argument_marshalling(monkeypatch):
     assert ctypes.cast(bound.argv[2], ctypes.POINTER(ctypes.c_int64)).contents.value == 1 << 40
     with pytest.raises(TypeError, match="takes 3 arguments"):
         prog.bind((1,), t)
+
+
+# ------------------------------------------------------------------------ what an adversary with write access does
+#
+# Each case below tampers with a copy of the tiny cache and must end in CacheIntegrityError naming the file and the
+# program before the driver or the dynamic loader sees a byte (both stubbed: the loaders record what they are given).
+
+
+class Tampered:
+    """A copy of the built cache to tamper with, and its tiny catalog's specs."""
+
+    def __init__(self, built: Path, root: Path, tiny_catalog: Path):
+        import shutil
+
+        from csf_kernels.catalog import load_catalog
+
+        self.dir = root / built.name
+        shutil.copytree(built, self.dir)
+        self.root = root
+        self.doc = json.loads((self.dir / "manifest.json").read_text())
+        self.specs = {k: s for k, (s, _) in catalog_specs(load_catalog(tiny_catalog)).items()}
+
+    def keys(self, kernel: str | None = None, kind: str | None = None) -> list[str]:
+        return sorted(
+            k
+            for k, e in self.doc["programs"].items()
+            if (kernel is None or e["spec"]["kernel"] == kernel) and (kind is None or e["kind"] == kind)
+        )
+
+    def entry(self, key: str) -> dict:
+        return self.doc["programs"][key]
+
+    def reseal(self, key: str) -> None:
+        """What a careful forger does after editing an entry: recompute its seal."""
+        from csf_kernels.runtime.manifest import ProgramEntry
+
+        e = ProgramEntry.from_json(key, self.entry(key))
+        self.entry(key)["entry_sha256"] = e.seal()
+
+    def save(self) -> None:
+        (self.dir / "manifest.json").write_text(json.dumps(self.doc, indent=1, sort_keys=True))
+
+    def load(self, key: str):
+        """Resolve and load the program filed under ``key`` as ``runtime.program`` does."""
+        self.save()
+        cache = ProgramCache(self.root)
+        spec = self.specs[key]
+        return cache.load(spec, cache.entry(spec), device=0)
+
+
+@pytest.fixture
+def tampered(built, tiny_catalog, tmp_path) -> Tampered:
+    return Tampered(built, tmp_path, tiny_catalog)
+
+
+@pytest.fixture
+def loaders(monkeypatch):
+    """Stand-ins for the driver (cubins) and the device load of a CuTe program; records what they were handed."""
+    from csf_kernels import runtime
+    from csf_kernels.runtime.cute_so import CuteSharedObject
+
+    seen: list[tuple[str, bytes]] = []
+
+    class Driver:
+        def ensure_context(self, device):
+            pass
+
+        def load_function(self, data, entry, shared):
+            seen.append((entry, bytes(data)))
+            return "module", 0x1234
+
+    monkeypatch.setattr(runtime.loaded, "driver", lambda: Driver())
+    monkeypatch.setattr(CuteSharedObject, "load", lambda self, device=None: seen.append((self.name, b"")))
+    return seen
+
+
+def _two_of_one_family(t: Tampered) -> tuple[str, str]:
+    """Two specializations of one Triton kernel: the same entry symbol, other facts."""
+    a, b = t.keys("expand.inline_tiles")[:2]
+    assert t.entry(a)["launch"]["entry"] == t.entry(b)["launch"]["entry"]
+    return a, b
+
+
+def test_an_intact_cache_loads_the_bytes_it_checked(tampered, loaders):
+    from csf_kernels.runtime.cute_so import CuteSharedObject
+
+    for key in tampered.keys():
+        prog = tampered.load(key)
+        e = tampered.entry(key)
+        if e["kind"] == "triton_cubin":
+            assert loaders[-1] == (e["launch"]["entry"], (tampered.dir / e["file"]).read_bytes())
+            assert prog.spec.key == key
+        else:
+            # loaded by the real dynamic loader from a private copy of the checked bytes: the entry points resolve
+            assert isinstance(prog, CuteSharedObject) and prog.meta == e["launch"]
+            assert os.readlink(f"/proc/self/fd/{prog._image_fd}").startswith("/memfd:")
+    assert len(loaders) == len(tampered.keys())
+
+
+def test_a_shared_object_runs_from_the_checked_bytes_not_the_file(tampered, tmp_path):
+    from csf_kernels.runtime.cute_so import CuteSharedObject
+
+    key = tampered.keys(kind="cute_so")[0]
+    e = tampered.entry(key)
+    data = (tampered.dir / e["file"]).read_bytes()
+    gone = tmp_path / "never-written.so"  # the path only names the program
+    prog = CuteSharedObject(gone, metadata=e["launch"], image=data)
+    assert prog._init is not None and prog.path == gone
+
+
+def _swap_binary_copy_sha(t: Tampered, a: str, b: str) -> None:
+    """Binary of ``b`` copied over ``a``'s file, ``b``'s sha256 and size copied into ``a``'s entry."""
+    (t.dir / t.entry(a)["file"]).write_bytes((t.dir / t.entry(b)["file"]).read_bytes())
+    t.entry(a)["sha256"], t.entry(a)["bytes"] = t.entry(b)["sha256"], t.entry(b)["bytes"]
+
+
+def _tamper_cases():
+    """name -> (tamper(t) returning the key to load, what the refusal says)."""
+
+    def other_specialization_binary(t):
+        a, b = _two_of_one_family(t)
+        _swap_binary_copy_sha(t, a, b)
+        return a
+
+    def other_specialization_file_field(t):
+        a, b = _two_of_one_family(t)
+        for name in ("file", "sha256", "bytes"):
+            t.entry(a)[name] = t.entry(b)[name]
+        t.reseal(a)
+        return a
+
+    def entry_copied_under_another_key(t):
+        a, b = _two_of_one_family(t)
+        t.doc["programs"][a] = dict(t.entry(b))
+        return a
+
+    def recorded_fact_edited(t):
+        a, _ = _two_of_one_family(t)
+        facts = t.entry(a)["spec"]["facts"]
+        facts["S"] = facts["S"] + 1
+        t.reseal(a)
+        return a
+
+    def recorded_fact_added(t):
+        a, _ = _two_of_one_family(t)
+        t.entry(a)["spec"]["facts"]["EXTRA"] = 1
+        t.reseal(a)
+        return a
+
+    def version_edited(t):
+        a, _ = _two_of_one_family(t)
+        t.entry(a)["spec"]["version"] += 1
+        t.reseal(a)
+        return a
+
+    def launch_facts_edited(t):
+        a, _ = _two_of_one_family(t)
+        t.entry(a)["launch"]["block"] = [1024, 1, 1]
+        return a
+
+    def other_kernel_binary_resealed(t):
+        a = t.keys("expand.inline_tiles")[0]
+        b = next(k for k in t.keys(kind="triton_cubin") if t.entry(k)["launch"]["entry"] != "expand_inline_tiles")
+        _swap_binary_copy_sha(t, a, b)
+        t.reseal(a)
+        return a
+
+    def other_cute_program_resealed(t):
+        a, b = t.keys(kind="cute_so")[:2]
+        _swap_binary_copy_sha(t, a, b)
+        t.reseal(a)
+        return a
+
+    def other_kind_resealed(slot: str, binary: str):
+        def tamper(t):
+            a, b = t.keys(kind=slot)[0], t.keys(kind=binary)[0]
+            _swap_binary_copy_sha(t, a, b)
+            t.reseal(a)
+            return a
+
+        return tamper
+
+    def cute_metadata_of_another_object_resealed(t):
+        a = t.keys(kind="cute_so")[0]
+        t.entry(a)["launch"]["sha256"]["so"] = "0" * 64
+        t.reseal(a)
+        return a
+
+    def triton_version_resealed(t):
+        a = t.keys(kind="triton_cubin")[0]
+        t.entry(a)["launch"]["triton"] = "3.5.0"
+        t.reseal(a)
+        return a
+
+    def kind_edited(t):
+        a = t.keys(kind="triton_cubin")[0]
+        t.entry(a)["kind"] = "ptx"
+        t.reseal(a)
+        return a
+
+    def path_outside_the_cache(t):
+        a = t.keys(kind="triton_cubin")[0]
+        outside = t.root / "outside.cubin"
+        outside.write_bytes((t.dir / t.entry(a)["file"]).read_bytes())
+        t.entry(a)["file"] = "../outside.cubin"
+        t.reseal(a)
+        return a
+
+    def symlink_to_identical_bytes(t):
+        a = t.keys(kind="triton_cubin")[0]
+        f = t.dir / t.entry(a)["file"]
+        elsewhere = t.root / "elsewhere.cubin"
+        elsewhere.write_bytes(f.read_bytes())
+        f.unlink()
+        f.symlink_to(elsewhere)
+        return a
+
+    def directory_in_the_binary_s_place(t):
+        a = t.keys(kind="cute_so")[0]
+        f = t.dir / t.entry(a)["file"]
+        f.unlink()
+        f.mkdir()
+        return a
+
+    def fifo_in_the_binary_s_place(t):
+        a = t.keys(kind="triton_cubin")[0]
+        f = t.dir / t.entry(a)["file"]
+        f.unlink()
+        os.mkfifo(f)
+        return a
+
+    def programs_folder_is_a_link(t):
+        a = t.keys(kind="triton_cubin")[0]
+        (t.dir / "programs").rename(t.root / "programs-elsewhere")
+        (t.dir / "programs").symlink_to(t.root / "programs-elsewhere")
+        return a
+
+    def truncated(t):
+        a = t.keys(kind="triton_cubin")[0]
+        f = t.dir / t.entry(a)["file"]
+        f.write_bytes(f.read_bytes()[:-100])
+        return a
+
+    def truncated_with_size_and_sha_recorded(t):
+        from csf_kernels.runtime.manifest import sha256_bytes
+
+        a = t.keys(kind="cute_so")[0]
+        f = t.dir / t.entry(a)["file"]
+        data = f.read_bytes()[:4096]
+        f.write_bytes(data)
+        t.entry(a)["sha256"], t.entry(a)["bytes"] = sha256_bytes(data), len(data)
+        t.reseal(a)
+        return a
+
+    def missing(t):
+        a = t.keys(kind="triton_cubin")[0]
+        (t.dir / t.entry(a)["file"]).unlink()
+        return a
+
+    def byte_flipped(t):
+        a = t.keys(kind="cute_so")[0]
+        f = t.dir / t.entry(a)["file"]
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+        return a
+
+    return {
+        "other_specialization_binary": (other_specialization_binary, "altered after the build"),
+        "other_specialization_file_field": (other_specialization_file_field, "names the binary"),
+        "entry_copied_under_another_key": (entry_copied_under_another_key, "hashes to"),
+        "recorded_fact_edited": (recorded_fact_edited, "hashes to"),
+        "recorded_fact_added": (recorded_fact_added, "hashes to"),
+        "version_edited": (version_edited, "hashes to"),
+        "launch_facts_edited": (launch_facts_edited, "altered after the build"),
+        "other_kernel_binary_resealed": (other_kernel_binary_resealed, "defines no kernel expand_inline_tiles"),
+        "other_cute_program_resealed": (other_cute_program_resealed, "does not export"),
+        "cute_binary_in_cubin_slot_resealed": (other_kind_resealed("triton_cubin", "cute_so"), "is not a cubin"),
+        "cubin_in_cute_slot_resealed": (other_kind_resealed("cute_so", "triton_cubin"), "is not a shared object"),
+        "cute_metadata_of_another_object_resealed": (cute_metadata_of_another_object_resealed, "another shared object"),
+        "triton_version_resealed": (triton_version_resealed, "triton 3.5.0.*nox -s aot_build"),
+        "kind_edited": (kind_edited, "unknown kind 'ptx'"),
+        "path_outside_the_cache": (path_outside_the_cache, r"names the binary '\.\./outside\.cubin'"),
+        "symlink_to_identical_bytes": (symlink_to_identical_bytes, "not a regular file"),
+        "directory_in_the_binary_s_place": (directory_in_the_binary_s_place, "not a regular file"),
+        "fifo_in_the_binary_s_place": (fifo_in_the_binary_s_place, "not a regular file"),
+        "programs_folder_is_a_link": (
+            programs_folder_is_a_link,
+            "the programs folder, holding the binary of .* is not a directory",
+        ),
+        "truncated": (truncated, "truncated or replaced"),
+        "truncated_with_size_and_sha_recorded": (truncated_with_size_and_sha_recorded, "does not export"),
+        "missing": (missing, "is missing"),
+        "byte_flipped": (byte_flipped, "sha256 of the binary"),
+    }
+
+
+TAMPER_CASES = _tamper_cases()
+
+
+@pytest.mark.parametrize("case", sorted(TAMPER_CASES))
+def test_tampering_is_refused_before_any_load(tampered, loaders, case):
+    tamper, says = TAMPER_CASES[case]
+    key = tamper(tampered)
+    with pytest.raises(CacheIntegrityError, match=says) as err:
+        tampered.load(key)
+    msg = str(err.value)
+    assert str(tampered.dir) in msg, msg  # names the file
+    assert f"[key {key}]" in msg, msg  # and the program
+    assert loaders == [], "a tampered binary reached the driver or the loader"
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d.update(toolchain={**d["toolchain"], "triton": "3.5.0"}), "built with .*nox -s aot_build"),
+        (lambda d: d.update(target={"arch": "sm_100a", "compute_capability": [10, 0]}), "built for target"),
+        (lambda d: d.update(csf_format=d["csf_format"] + 1), "built for CSF format"),
+        (lambda d: d.update(cache_key="0" * 20), "other sources"),
+        (lambda d: d.update(csf_aot_manifest=1), "manifest version 1, this runtime reads 2.*nox -s aot_build"),
+        (lambda d: d.update(extra=1), r"malformed manifest \(missing \[\], unknown \['extra'\]"),
+        (lambda d: d.pop("toolchain"), r"malformed manifest \(missing \['toolchain'\]"),
+        (lambda d: d.update(programs=[]), r"programs is a list"),
+        (lambda d: next(iter(d["programs"].values())).update(bytes="12"), "malformed entry for program .*bytes"),
+        (lambda d: next(iter(d["programs"].values())).update(sha256="X" * 64), "malformed entry .*sha256"),
+        (lambda d: next(iter(d["programs"].values())).pop("entry_sha256"), r"missing \['entry_sha256'\]"),
+        (lambda d: next(iter(d["programs"].values())).update(note=""), r"unknown \['note'\]"),
+        (lambda d: d["programs"].update(x=[]), "malformed entry for program x: the entry is a list"),
+    ],
+)
+def test_a_manifest_built_for_something_else_or_malformed_is_refused(tampered, edit, says):
+    edit(tampered.doc)
+    tampered.save()
+    with pytest.raises(CacheIntegrityError, match=says) as err:
+        ProgramCache(tampered.root).manifest()
+    assert str(tampered.dir / "manifest.json") in str(err.value)
+
+
+@pytest.mark.parametrize("what", ["not json", "a list", "a link", "a directory"])
+def test_an_unreadable_manifest_is_refused(tampered, what):
+    path = tampered.dir / "manifest.json"
+    if what == "not json":
+        path.write_bytes(b"\x00not json")
+    elif what == "a list":
+        path.write_text("[]")
+    elif what == "a link":
+        path.rename(tampered.root / "manifest.json")
+        path.symlink_to(tampered.root / "manifest.json")
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(CacheIntegrityError, match=str(path)):
+        ProgramCache(tampered.root).manifest()
+
+
+def test_every_catalog_program_has_its_own_key():
+    """Distinct specializations are distinguishable: over the whole catalog, each key is the sha256-derived key of
+    its spec's canonical JSON (kernel, version, every fact) and no two specs share one."""
+    import hashlib
+
+    from csf_kernels.catalog import load_catalog
+
+    specs = catalog_specs(load_catalog())
+    for key, (spec, _) in specs.items():
+        doc = {"kernel": spec.kernel, "version": spec.version, "facts": dict(spec.facts)}
+        assert key == spec.key == hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+    assert len({s.canonical() for s, _ in specs.values()}) == len(specs) > 500
+
+
+def test_specs_that_share_a_key_are_refused(monkeypatch):
+    from csf_kernels.catalog import load_catalog
+    from csf_kernels.runtime.programs import ProgramSpec
+
+    monkeypatch.setattr(ProgramSpec, "key", property(lambda self: "0" * 24))  # every spec collides
+    with pytest.raises(ValueError, match=r"share the key 0{24}"):
+        catalog_specs(load_catalog())
+    with pytest.raises(ValueError, match="named twice"):
+        ProgramSpec(kernel="k", version=1, facts=(("a", 1), ("a", 2)))

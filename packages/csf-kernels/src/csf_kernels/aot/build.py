@@ -22,12 +22,11 @@ from csf_kernels.aot.compile import compile_program
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import CATALOG_PATH, load_catalog
 from csf_kernels.runtime import config
-from csf_kernels.runtime.manifest import Manifest, ProgramEntry, sha256_bytes
+from csf_kernels.runtime.integrity import check_entry, check_identity
+from csf_kernels.runtime.manifest import EXTENSIONS, Manifest, ProgramEntry, sha256_bytes
 from csf_kernels.runtime.toolchain import TARGET, TOOLCHAIN, cache_key, installed_toolchain, sources_hash
 
 __all__ = ["build_cache", "main"]
-
-_EXTENSION = {"triton_cubin": ".cubin", "cute_so": ".so"}
 
 
 def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int = 1, progress: bool = True) -> Path:
@@ -58,9 +57,9 @@ def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int 
                 disable=not progress,
             )
             for (pkey, (spec, geos)), art in bar:
-                name = f"programs/{pkey}{_EXTENSION[art.kind]}"
+                name = f"programs/{pkey}{EXTENSIONS[art.kind]}"
                 (tmp / name).write_bytes(art.data)
-                entries[pkey] = ProgramEntry(
+                entries[pkey] = entry = ProgramEntry.sealed(
                     key=pkey,
                     spec={"kernel": spec.kernel, "version": spec.version, "facts": spec.fact},
                     kind=art.kind,
@@ -70,6 +69,9 @@ def build_cache(out_root: Path, *, catalog_path: Path = CATALOG_PATH, jobs: int 
                     launch=art.launch,
                     geometries=tuple(sorted(set(geos))),
                 )
+                # never write an entry the runtime would refuse
+                check_entry(tmp, entry, spec)
+                check_identity(entry, art.data, f"{name}: the binary of {spec.describe()}")
         manifest = Manifest(
             cache_key=key,
             sources_sha256=sources_hash(),

@@ -49,20 +49,29 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
     out: dict[str, tuple[ProgramSpec, list[str]]] = {}
     for geo in catalog.moe:
         for spec in geometry_specs(geo, cute=cute):
-            out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+            _add(out, spec, geo.name)
     for fmt in sorted({g.fmt.name for g in catalog.moe}):
         for spec in format_expansion_specs(catalog_format(fmt)):
-            out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+            _add(out, spec, f"any/{fmt}")
     for spec in sparse_mla_specs(catalog_configs(catalog.sparse_mla)):
-        out.setdefault(spec.key, (spec, []))[1].append("sparse_mla")
+        _add(out, spec, "sparse_mla")
     if cute:
         for geo in catalog.moe:
             for s in record_bytes_choices(geo.fmt, TILE_COLS):
                 spec = stage_decoder_spec(geo.fmt, s)
-                out.setdefault(spec.key, (spec, []))[1].append(geo.name)
+                _add(out, spec, geo.name)
         for fmt in sorted({g.fmt.name for g in catalog.moe}):
             for gt in ROW_EXPANDER_GROUP_TILES:
                 for store in ROW_EXPANDER_STORES:
                     spec = row_expander_spec(catalog_format(fmt), gt, store)
-                    out.setdefault(spec.key, (spec, []))[1].append(f"any/{fmt}")
+                    _add(out, spec, f"any/{fmt}")
     return out
+
+
+def _add(out: dict[str, tuple[ProgramSpec, list[str]]], spec: ProgramSpec, geometry: str) -> None:
+    """File ``spec`` under its key for ``geometry``: a key is one program, so two distinct specs under one key (a
+    collision, or a fact the key does not see) would serve one's binary for the other: refused."""
+    held, geos = out.setdefault(spec.key, (spec, []))
+    if held != spec:
+        raise ValueError(f"programs {held.describe()} and {spec.describe()} share the key {spec.key}")
+    geos.append(geometry)

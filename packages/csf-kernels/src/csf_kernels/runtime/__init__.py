@@ -5,7 +5,8 @@ stream (so CUDA graphs capture them), frozen while serving. Nothing here imports
 |---|---|
 | ``config`` | the settings: frozen, dependent launches, the cache directory (set once by the process's edge) |
 | ``programs`` | program specs (the compile key), Triton families, the alignment contract |
-| ``toolchain``, ``manifest`` | what a cache is built for; its manifest and integrity checks |
+| ``toolchain``, ``manifest`` | what a cache is built for; its manifest (strictly parsed, entries sealed) |
+| ``integrity`` | what the runtime checks before it trusts a cache, an entry, a binary |
 | ``cache`` | the cache opened and checked; programs resolved by spec and loaded |
 | ``driver``, ``loaded``, ``cute_so`` | driver calls; a loaded Triton cubin or CuTe shared object and its bound launch |
 | ``launch`` | :class:`Launch` (what callers hold), :class:`BindingCache`, ``placeholder`` |

@@ -8,7 +8,7 @@ sets the AOT build's compilers; counted by :func:`compilations`). Nothing here i
 
 from __future__ import annotations
 
-import tempfile
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +17,11 @@ import torch
 
 from csf_kernels.runtime import config
 from csf_kernels.runtime.cute_so import CuteSharedObject
+from csf_kernels.runtime.integrity import check_built_for, check_entry, read_binary
 from csf_kernels.runtime.loaded import LoadedProgram
-from csf_kernels.runtime.manifest import Artifact, CacheIntegrityError, Manifest, ProgramEntry, sha256_bytes
+from csf_kernels.runtime.manifest import BUILD_COMMAND, Artifact, Manifest, ProgramEntry
 from csf_kernels.runtime.programs import ProgramSpec
-from csf_kernels.runtime.toolchain import TARGET, cache_key, sources_hash
+from csf_kernels.runtime.toolchain import cache_key
 
 __all__ = [
     "BUILD_COMMAND",
@@ -33,7 +34,6 @@ __all__ = [
     "set_compiler",
 ]
 
-BUILD_COMMAND = "nox -s aot_build"
 _lock = threading.RLock()
 _state = {"compilations": 0}
 
@@ -63,28 +63,24 @@ def compilations() -> int:
 
 
 class ProgramCache:
-    """One ``aot_cache/<key>/`` directory: manifest checked on open, each binary checked on load."""
+    """One ``aot_cache/<key>/`` directory: manifest checked on open, each entry on first use, each binary on load
+    (``runtime.integrity``)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.key = cache_key()
         self.dir = self.root / self.key
         self._manifest: Manifest | None = None
+        self._checked: set[str] = set()  # keys of entries that passed check_entry
         self._loaded: dict[tuple[int, str], LoadedProgram] = {}
 
     def manifest(self) -> Manifest | None:
         if self._manifest is None:
             path = self.dir / "manifest.json"
-            if not path.exists():
+            if not os.path.lexists(path):
                 return None
             m = Manifest.read(path)
-            if m.cache_key != self.key or m.sources_sha256 != sources_hash():
-                raise CacheIntegrityError(
-                    f"{self.dir}: the cache was built for other sources (manifest key {m.cache_key}, expected "
-                    f"{self.key}); rebuild it with `{BUILD_COMMAND}`"
-                )
-            if m.target != TARGET:
-                raise CacheIntegrityError(f"{self.dir}: built for target {m.target}, this runtime needs {TARGET}")
+            check_built_for(m, self.dir, self.key)
             self._manifest = m
         return self._manifest
 
@@ -98,19 +94,18 @@ class ProgramCache:
         if m is None:
             return None
         e = m.programs.get(spec.key)
-        if e is not None and (e.spec.get("kernel"), e.spec.get("version")) != (spec.kernel, spec.version):
-            raise CacheIntegrityError(f"{self.dir}: manifest entry {spec.key} does not describe {spec.describe()}")
+        if e is not None and spec.key not in self._checked:
+            check_entry(self.dir, e, spec)
+            self._checked.add(spec.key)
         return e
 
     def load(self, spec: ProgramSpec, entry: ProgramEntry, device: int):
-        path = self.dir / entry.file
-        data = path.read_bytes() if path.exists() else None
-        if data is None:
-            raise CacheIntegrityError(f"{self.dir}: {entry.file} listed in the manifest is missing")
-        if sha256_bytes(data) != entry.sha256:
-            raise CacheIntegrityError(f"{path}: sha256 does not match the manifest (tampered?)")
+        """Load an entry's binary, entry checked again: the bytes checked are the bytes handed to the driver or the
+        dynamic loader."""
+        check_entry(self.dir, entry, spec)
+        data = read_binary(self.dir, entry, spec)
         if entry.kind == "cute_so":
-            prog = CuteSharedObject(path, metadata=entry.launch)
+            prog = CuteSharedObject(self.dir / entry.file, metadata=entry.launch, image=data)
             prog.load(device)
             return prog
         return LoadedProgram.from_cubin(spec, data, entry.launch, device)
@@ -167,8 +162,6 @@ def _compile(spec: ProgramSpec, cache: ProgramCache, geometry: str | None, devic
     art = _compiler[0](spec)
     if art.kind == "triton_cubin":
         return LoadedProgram.from_cubin(spec, art.data, art.launch, device)
-    path = Path(tempfile.mkdtemp(prefix="csf-jit-")) / f"{spec.key}.so"
-    path.write_bytes(art.data)
-    prog = CuteSharedObject(path, metadata=art.launch)
+    prog = CuteSharedObject(Path(f"<compiled {spec.key}.so>"), metadata=art.launch, image=art.data)
     prog.load(device)
     return prog

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,22 @@ def _metadata_path(so_path: Path) -> Path:
     raise CuteSOError(f"no launch metadata next to {so_path}: expected {stem.removeprefix('lib')}.json")
 
 
+_MFD_EXEC = getattr(os, "MFD_EXEC", 0x10)  # executable memfd (Linux >= 6.3 may make them noexec by default)
+
+
+def _private_copy(image: bytes, name: str) -> int:
+    """A memfd holding ``image``, for ``dlopen("/proc/self/fd/N")``. It stays open for the process's life: the
+    loader matches later loads by path and by inode, so neither may ever be reused for another library."""
+    try:
+        fd = os.memfd_create(f"csf:{name}", os.MFD_CLOEXEC | _MFD_EXEC)
+    except OSError:  # kernels before 6.3 know no MFD_EXEC (and their memfds are executable)
+        fd = os.memfd_create(f"csf:{name}", os.MFD_CLOEXEC)
+    view = memoryview(image)
+    while view:
+        view = view[os.write(fd, view) :]
+    return fd
+
+
 def _struct_type(arg: dict) -> type[ctypes.Structure]:
     fields = []
     for name, ctype, count in arg["c_fields"]:
@@ -64,9 +81,11 @@ def _struct_type(arg: dict) -> type[ctypes.Structure]:
 class CuteSharedObject:
     """One exported CuTe DSL program: ``prog(*tensors)`` launches it on torch's current stream."""
 
-    def __init__(self, so_path: str | Path, metadata: dict | None = None):
+    def __init__(self, so_path: str | Path, metadata: dict | None = None, *, image: bytes | None = None):
+        """``image``: the shared object's bytes, already checked; they are loaded from a private in-memory copy
+        (``so_path`` only names them), so what runs is what was checked whatever happens to the file."""
         self.path = Path(so_path)
-        if not self.path.is_file():
+        if image is None and not self.path.is_file():
             raise CuteSOError(f"CuTe shared object {self.path} does not exist")
         if metadata is None:
             meta_path = _metadata_path(self.path)
@@ -76,7 +95,12 @@ class CuteSharedObject:
                 raise CuteSOError(f"cannot read the launch metadata {meta_path} of {self.path}: {e}") from e
         self.meta = metadata
         try:
-            self._lib = ctypes.CDLL(str(self.path.resolve()))
+            self._image_fd = None if image is None else _private_copy(image, self.path.name)
+        except OSError as e:
+            raise CuteSOError(f"cannot copy CuTe shared object {self.path} to memory: {e}") from e
+        where = str(self.path.resolve()) if image is None else f"/proc/self/fd/{self._image_fd}"
+        try:
+            self._lib = ctypes.CDLL(where)
         except OSError as e:
             raise CuteSOError(f"cannot load CuTe shared object {self.path}: {e}") from e
         syms = metadata.get("symbols", {})

@@ -14,14 +14,23 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ALIGNMENT",
+    "KEY_CHARS",
     "MisalignedArgumentError",
     "ProgramSpec",
     "TritonFamily",
     "assumed_multiples",
     "check_multiples",
     "is_triton",
+    "program_key",
     "triton_family",
 ]
+
+KEY_CHARS = 24  # hex digits of a program key: 96 bits of the sha256 of its spec's canonical JSON
+
+
+def program_key(canonical: str) -> str:
+    """The key of a spec given its canonical JSON (what the AOT cache files a program under)."""
+    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_CHARS]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +38,12 @@ class ProgramSpec:
     kernel: str  # dotted id, e.g. "expand.inline_tiles"
     version: int
     facts: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # the key hashes the facts as a JSON object: a repeated name would collapse two specs into one key
+        names = [name for name, _ in self.facts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.kernel}: a fact is named twice in {names}")
 
     @classmethod
     def of(cls, kernel: str, version: int, **facts: object) -> ProgramSpec:
@@ -43,7 +58,7 @@ class ProgramSpec:
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(self.canonical().encode()).hexdigest()[:24]
+        return program_key(self.canonical())
 
     def describe(self) -> str:
         facts = ", ".join(f"{k}={v}" for k, v in self.facts)

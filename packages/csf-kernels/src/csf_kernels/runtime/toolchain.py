@@ -1,7 +1,7 @@
 """What a cache is built for: the pinned toolchain, the target, and the hash of the kernel sources.
 
 The runtime derives the same cache key from the installed package files without importing triton or
-cutlass, so a cache built for other sources, another toolchain or another target is never picked up.
+cutlass, so a cache built for other sources, another toolchain, target or manifest format is never picked up.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
+
+from csf_kernels.runtime.manifest import MANIFEST_VERSION
 
 __all__ = ["TARGET", "TOOLCHAIN", "cache_key", "installed_toolchain", "sources_hash"]
 
@@ -49,7 +51,13 @@ def sources_hash() -> str:
 def cache_key() -> str:
     from csf_codec import CSF_FORMAT_VERSION
 
-    doc = {"sources": sources_hash(), "toolchain": TOOLCHAIN, "target": TARGET, "csf_format": CSF_FORMAT_VERSION}
+    doc = {
+        "sources": sources_hash(),
+        "toolchain": TOOLCHAIN,
+        "target": TARGET,
+        "csf_format": CSF_FORMAT_VERSION,
+        "manifest": MANIFEST_VERSION,  # a new manifest format is a new cache (builders rebuild a key they lack)
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:20]
 
 
