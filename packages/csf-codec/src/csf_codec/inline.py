@@ -40,6 +40,7 @@ from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline_np import ClassPlan, decode_class_np, encode_class_np
 from .planes import as_rows
+from .record_layout import DELTA_BITS, EXCEPTION_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, MODE_RAW, MODE_WIDTH
 from .rowbase import row_bases, row_bases_np
 from .swar import unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
@@ -57,13 +58,9 @@ __all__ = [
 ]
 
 MAGIC = b"CSFi"
-MODE_RAW = 3
-MODE_WIDTH = {0: 1, 1: 2, 2: 4}
 _WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
-_HEADER = 4
-_EXCEPTION = 3  # u16 position + u8 value
-MAX_EXCEPTIONS = 63
-DELTA_BITS = {"mxfp4": 4, "nvfp4": 8}
+_HEADER = HEADER_BYTES
+_EXCEPTION = EXCEPTION_BYTES  # u16 position + u8 value
 _ROW_GROUP_MASK = (1 << 20) - 1  # the envelope packs row group and both record sizes into one u32
 
 # (width, origin) windows the encoder tries, relative to the row base; the decoder accepts any legal one.

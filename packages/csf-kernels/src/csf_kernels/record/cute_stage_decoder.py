@@ -45,7 +45,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from csf_kernels import record
+from csf_codec.inline import exception_capacity as codec_exception_capacity
 from csf_kernels.record.cute import header_count, header_mode, header_raw_index
 
 __all__ = [
@@ -75,7 +75,7 @@ def check_record_bytes(record_bytes: int) -> int:
 
 def exception_capacity(width: int, record_bytes: int) -> int:
     """Exceptions an S-byte full-tile record holds with selectors of this width (negative: mode impossible)."""
-    return min(record.MAX_EXCEPTIONS, (record_bytes - record.HEADER_BYTES - 64 * width) // record.EXCEPTION_BYTES)
+    return codec_exception_capacity(width, record_bytes)
 
 
 def _spread_mask(width: int) -> tuple[tuple[int, int], ...]:
