@@ -42,6 +42,8 @@ __all__ = [
     "gemm_words",
     "panel_bytes",
     "panel_offset",
+    "place_bits",
+    "unplace_bits",
 ]
 
 PANEL_SCALE_BLOCKS = 4  # a panel's width in scale blocks: one K step of the GEMMs
@@ -94,6 +96,17 @@ def _permute(words: torch.Tensor, moves: dict[int, int]) -> torch.Tensor:
     for left, mask in moves.items():
         out |= (w << left if left >= 0 else w >> -left) & mask
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
+
+
+def place_bits(words: torch.Tensor) -> torch.Tensor:
+    """Checkpoint words (int32, nibble ``i`` = weight ``i``) -> the same words with bits permuted for conversion
+    (no panel reordering: for layouts that arrange words themselves)."""
+    return _permute(words, _moves(True))
+
+
+def unplace_bits(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`place_bits`."""
+    return _permute(words, _moves(False))
 
 
 def panel_bytes(block_size: int) -> int:

@@ -1,0 +1,112 @@
+"""The MoE engine's operand panels: FP4 weights and their scale bytes rearranged so that a stage of the engine's
+GEMM is one contiguous copy and each consumer thread reads its wgmma A fragments with one 16-byte load.
+
+Terms (``docs/moe-engine.md`` §4.3): a *step* is 64 values of K (two MXFP4 scale blocks); a *row block* is 64
+weight rows, the M of one ``wgmma.m64nNk16``; a consumer warpgroup converts one row block per step.
+
+**Weight panel** ``uint64 [steps, row blocks, 256]`` (2048 bytes a row block and step). Within one, thread ``t``
+of the warpgroup (warp ``w = t // 32``, lane ``l``, ``g = l // 4``, ``q = l % 4``) owns bytes ``16 t .. 16 t + 15``:
+four 32-bit words, word ``j`` for K slice ``j`` (16 values) of the step. Word ``j`` holds eight E2M1 values, in
+nibble order, of rows ``r0 = 16 w + g`` and ``r1 = r0 + 8`` at ``k = 16 j + 2 q``::
+
+    (r0, k) (r0, k+1) (r1, k) (r1, k+1) (r0, k+8) (r0, k+9) (r1, k+8) (r1, k+9)
+
+which is the order of the wgmma A fragment's four bf16 pairs (PTX ``a0 .. a7``), with each word's bits then
+permuted as :func:`csf_kernels.moe.fp4_words.gemm_words` places them (pair ``p`` = nibbles ``2p, 2p+1``). A
+thread's 16 bytes are contiguous and the warp's 32 threads read 512 contiguous bytes: no bank conflicts.
+
+**Scale panel** ``uint8 [steps, rows * 2]``: the step's two E8M0 bytes of each row, rows in order, so that a
+stage of ``M`` rows is ``2 M`` contiguous bytes.
+
+Rows past the matrix's end (to a whole row block) and K past its end (to a whole step) are zero weights with
+scale byte 127 (1.0): they contribute exact zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from csf_kernels.moe.fp4_words import place_bits, unplace_bits
+
+__all__ = [
+    "PANEL_STEP_K",
+    "ROW_BLOCK",
+    "engine_scale_panel",
+    "engine_weight_panel",
+    "panel_scales_to_plane",
+    "panel_words_to_plane",
+]
+
+PANEL_STEP_K = 64  # K values a step: two MXFP4 scale blocks, one 128-byte swizzle row of bf16 activations
+ROW_BLOCK = 64  # weight rows a consumer warpgroup converts a step (the M of wgmma)
+_NEUTRAL_SCALE = 127  # E8M0 1.0 for padding
+
+
+def _fragment_index() -> torch.Tensor:
+    """[128 threads, 4 slices, 8 nibbles] -> (row in the block, k in the step), as one flat index r * 64 + k."""
+    t = torch.arange(128).view(128, 1, 1)
+    j = torch.arange(4).view(1, 4, 1)
+    n = torch.arange(8).view(1, 1, 8)
+    w, lane = t // 32, t % 32
+    g, q = lane // 4, lane % 4
+    row = 16 * w + g + 8 * ((n // 2) % 2)  # nibbles 2, 3, 6, 7: row r1
+    k = 16 * j + 2 * q + (n % 2) + 8 * (n // 4)  # nibbles 4..7: k + 8
+    return row * PANEL_STEP_K + k
+
+
+def _padded(t: torch.Tensor, rows: int, cols: int, fill: int) -> torch.Tensor:
+    if t.shape == (rows, cols):
+        return t
+    out = torch.full((rows, cols), fill, dtype=t.dtype, device=t.device)
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+def _shape(rows: int, k: int) -> tuple[int, int]:
+    return -(-rows // ROW_BLOCK), -(-k // PANEL_STEP_K)
+
+
+def engine_weight_panel(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint FP4 bytes ``[rows, K / 2]`` (value ``2i`` in byte ``i``'s low nibble) -> the weight panel
+    ``uint64 [steps, row blocks, 256]`` (see the module docstring)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"packed FP4 weights must be uint8 [rows, K / 2]; got {packed.dtype} {tuple(packed.shape)}")
+    rows, k = packed.shape[0], packed.shape[1] * 2
+    blocks, steps = _shape(rows, k)
+    nib = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(rows, k)
+    nib = _padded(nib, blocks * ROW_BLOCK, steps * PANEL_STEP_K, 0)
+    # [blocks, 64, steps, 64] -> [steps, blocks, 64 * 64] (row, k) flat
+    tiles = nib.view(blocks, ROW_BLOCK, steps, PANEL_STEP_K).permute(2, 0, 1, 3).reshape(steps, blocks, -1)
+    frag = tiles[:, :, _fragment_index().reshape(-1).to(nib.device)].view(steps, blocks, 128, 4, 8).to(torch.int64)
+    words = (frag << (4 * torch.arange(8, device=nib.device))).sum(-1)  # nibble n at bits 4n..4n+3
+    signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    placed = place_bits(signed.view(-1))
+    return placed.view(torch.uint8).view(steps, blocks, 2048).view(torch.int64).view(torch.uint64)
+
+
+def panel_words_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`engine_weight_panel` (for tests): the checkpoint bytes ``[rows, K / 2]``."""
+    blocks, steps = _shape(rows, k)
+    words = unplace_bits(panel.contiguous().view(torch.int32).view(-1)).to(torch.int64) & 0xFFFFFFFF
+    nib = (words.view(steps, blocks, 128 * 4, 1) >> (4 * torch.arange(8, device=panel.device))) & 0xF
+    flat = torch.empty(steps, blocks, ROW_BLOCK * PANEL_STEP_K, dtype=torch.int64, device=panel.device)
+    flat[:, :, _fragment_index().reshape(-1).to(panel.device)] = nib.view(steps, blocks, -1)
+    full = flat.view(steps, blocks, ROW_BLOCK, PANEL_STEP_K).permute(1, 2, 0, 3).reshape(blocks * ROW_BLOCK, -1)
+    full = full[:rows, :k].to(torch.uint8)
+    return full[:, 0::2] | (full[:, 1::2] << 4)
+
+
+def engine_scale_panel(scales: torch.Tensor) -> torch.Tensor:
+    """E8M0 scale bytes ``[rows, K / 32]`` -> the scale panel ``uint8 [steps, row blocks * 64 * 2]``."""
+    if scales.dtype != torch.uint8 or scales.dim() != 2:
+        raise ValueError(f"scales must be uint8 [rows, K / 32]; got {scales.dtype} {tuple(scales.shape)}")
+    rows, k = scales.shape[0], scales.shape[1] * 32
+    blocks, steps = _shape(rows, k)
+    full = _padded(scales, blocks * ROW_BLOCK, steps * 2, _NEUTRAL_SCALE)
+    return full.view(blocks * ROW_BLOCK, steps, 2).permute(1, 0, 2).reshape(steps, -1).contiguous()
+
+
+def panel_scales_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`engine_scale_panel` (for tests)."""
+    steps = panel.shape[0]
+    return panel.view(steps, -1, 2).permute(1, 0, 2).reshape(-1, steps * 2)[:rows, : k // 32]
