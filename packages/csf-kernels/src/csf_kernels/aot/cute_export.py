@@ -65,6 +65,8 @@ __all__ = [
     "build_row_expander",
     "build_stage_decoder",
     "build_stage_decoders",
+    "engine_dense_name",
+    "engine_dense_program",
     "find_cuobjdump",
     "parse_header",
     "row_block_expander_name",
@@ -289,6 +291,36 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
+def engine_dense_name(tile_n: int) -> str:
+    return f"csf_engine_dense_n{int(tile_n)}"
+
+
+def engine_dense_program(tile_n: int) -> CuteProgram:
+    """The engine's dense FP4 x bf16 GEMM (``moe/kernels/engine_dense.py``) for ``tile_n`` tokens a tile."""
+    from csf_kernels.moe.kernels.engine_dense import TILE_K, TILE_M, DenseFp4Gemm
+
+    kernel = DenseFp4Gemm(tile_n)  # validates
+
+    def factory():
+        return DenseFp4Gemm(tile_n)
+
+    return CuteProgram(
+        name=engine_dense_name(tile_n),
+        program="engine_dense",
+        factory=factory,
+        tensors=(
+            ("w_panel", "uint64", ("KS", "RB", 256)),
+            ("s_panel", "uint8", ("KS", "R2")),
+            ("x", "bfloat16", ("N", "K")),
+            ("out", "bfloat16", ("N", "R")),
+        ),
+        scalars=("ctas",),
+        divisible=(("K", TILE_K), ("R", TILE_M), ("R2", 2 * TILE_M), ("RB", 2)),
+        launch=(("grid", (1, 1, "ctas")), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
+        facts=(("tile_n", tile_n), ("stages", kernel.stages)),
+    )
+
+
 # ----------------------------------------------------------------------------------------------- header
 
 
@@ -453,7 +485,13 @@ def _fake_args(prog: CuteProgram):
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    dtypes = {"uint8": cutlass.Uint8, "uint32": cutlass.Uint32, "int32": cutlass.Int32}
+    dtypes = {
+        "uint8": cutlass.Uint8,
+        "uint32": cutlass.Uint32,
+        "int32": cutlass.Int32,
+        "uint64": cutlass.Uint64,
+        "bfloat16": cutlass.BFloat16,
+    }
     divisible = dict(prog.divisible)
     syms = {}
     fakes = []

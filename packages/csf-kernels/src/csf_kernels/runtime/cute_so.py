@@ -36,7 +36,14 @@ from csf_kernels.runtime.driver import current_raw_stream
 
 __all__ = ["BoundCuteLaunch", "CuteSOError", "CuteSharedObject", "TensorRef", "load_cute_so"]
 
-_DTYPES = {"uint8": torch.uint8, "uint32": torch.uint32, "int32": torch.int32, "uint16": torch.uint16}
+_DTYPES = {
+    "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "int32": torch.int32,
+    "uint64": torch.uint64,
+    "bfloat16": torch.bfloat16,
+}
 _CTYPES = {"void *": ctypes.c_void_p, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64}
 
 

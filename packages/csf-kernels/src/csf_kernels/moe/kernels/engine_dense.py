@@ -1,0 +1,333 @@
+"""The engine's dense FP4 x bf16 GEMM (``docs/moe-engine.md`` step 1): persistent, warp-specialized, with the FP4
+weights converted in the consumers' registers into wgmma A fragments.
+
+    out[n, r] = sum_k x[n, k] * bf16(w[r, k] * 2 ** (s[r, k // 32] - 127))
+
+Operands (CuTe DSL tensors, compact row-major): ``w_panel`` uint64 ``[steps, R / 64, 256]`` and ``s_panel`` uint8
+``[steps, 2 R]`` (:mod:`csf_kernels.moe.engine_panels`), ``x`` bf16 ``[N, K]``, ``out`` bf16 ``[N, R]``; ``R`` a
+multiple of the tile's 128 rows, ``K = 64 * steps``.
+
+Roles, one CTA per SM walking output tiles ``(128 weight rows, TILE_N tokens)``:
+
+* warpgroup 0, warp 0: the producer. Per K step it copies the tile's weight panel (4 KB), scale bytes (256 B) and
+  activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by TMA, all
+  completing on the stage's mbarrier.
+* warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, tokens its N). Per K
+  slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
+  A registers, multiplying each pair by 2**126 (placement) and the row's scale, then issues
+  ``wgmma.m64n{TILE_N}k16`` with A from registers and B from the stage. A registers are double-buffered: slice
+  ``j + 1`` converts while ``wgmma(j)`` runs (``wait_group(1)`` keeps one in flight).
+* the epilogue: the consumers round the fp32 accumulators to bf16, ``stmatrix`` them into a shared subtile and warp
+  4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
+from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
+from csf_kernels.moe.kernels.engine_dense_asm import FACTOR_PTX, PAIR_PTX
+
+__all__ = ["TILE_K", "TILE_M", "DenseFp4Gemm"]
+
+_PANEL_WORDS = 256  # uint64 words of one row block's step in the weight panel
+_SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
+
+
+def _asm_u32(asm: str, *args) -> cutlass.Uint32:
+    return cutlass.Uint32(
+        llvm.inline_asm(
+            cutlass.Uint32.mlir_type,
+            [cutlass.Uint32(a).ir_value() for a in args],
+            asm,
+            "=r" + ",r" * len(args),
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+class DenseFp4Gemm:
+    """One compiled program: ``TILE_N`` tokens a tile (64, 128 or 256), ``stages`` deep ring (default: as many as
+    fit). Call signature: ``(w_panel, s_panel, x, out, ctas, stream)``; ``ctas`` persistent CTAs (the SM count)."""
+
+    def __init__(self, tile_n: int = 256, stages: int = 0):
+        if tile_n not in (64, 128, 256):
+            raise ValueError(f"TILE_N must be 64, 128 or 256; got {tile_n}")
+        self.tile_n = tile_n
+        self.tile_shape_mnk = (TILE_M, tile_n, TILE_K)
+        self.acc_dtype = cutlass.Float32
+        self.atom_layout_mnk = (2, 1, 1)
+        self.threads = 3 * 128
+        self.epi_tile = (TILE_M, 32)
+        self.epi_stages = 2
+        stage_bytes = TILE_M * TILE_K // 2 + 2 * TILE_M + tile_n * TILE_K * 2
+        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * 2 * self.epi_stages
+        fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024) // stage_bytes
+        self.stages = stages or min(fit, 8)
+        if not 2 <= self.stages <= fit:
+            raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
+        self.a_tx = TILE_M * TILE_K // 2
+        self.s_tx = 2 * TILE_M
+        self.b_tx = tile_n * TILE_K * 2
+
+    def shared_bytes(self) -> int:
+        return _SMEM_BYTES
+
+    @cute.jit
+    def __call__(
+        self,
+        w_panel: cute.Tensor,
+        s_panel: cute.Tensor,
+        x: cute.Tensor,
+        out: cute.Tensor,
+        ctas: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        bf16 = cutlass.BFloat16
+        # operand views: weights (256 words, row blocks, steps), scales (2 R, steps), activations (N, K) K-major,
+        # output (R, N): rows contiguous (M-major C)
+        m_a = cute.make_tensor(w_panel.iterator, cute.select(w_panel.layout, mode=[2, 1, 0]))
+        m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[1, 0]))
+        m_b = x
+        m_c = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 0]))
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            bf16,
+            bf16,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            self.acc_dtype,
+            self.atom_layout_mnk,
+            tiler_mn=(64, self.tile_n),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+        a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, self.stages))
+        s_smem = cute.make_layout((2 * TILE_M, 1, self.stages))
+        b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
+        b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
+        b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
+        c_layout = cutlass.tensor_utils.LayoutEnum.from_tensor(m_c)
+        c_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(c_layout, bf16, self.epi_tile[0]), bf16
+        )
+        epi_smem = cute.tile_to_shape(c_atom, (*self.epi_tile, self.epi_stages), order=(1, 0, 2))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, tma_m_a = cpasync.make_tiled_tma_atom(
+            g2s, m_a, cute.slice_(a_smem, (None, None, None, 0)), (_PANEL_WORDS, 2, 1)
+        )
+        tma_s, tma_m_s = cpasync.make_tiled_tma_atom(g2s, m_s, cute.slice_(s_smem, (None, None, 0)), (2 * TILE_M, 1))
+        tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
+            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
+        )
+        tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
+        )
+
+        tiles_m = cute.ceil_div(cute.size(m_c, mode=[0]), TILE_M)
+        tiles_n = cute.ceil_div(cute.size(m_c, mode=[1]), self.tile_n)
+        sched = utils.PersistentTileSchedulerParams((tiles_m, tiles_n, 1), (1, 1, 1))
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, ctas)
+
+        @cute.struct
+        class SharedStorage:
+            bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            s_a: cute.struct.Align[cute.struct.MemRange[cutlass.Uint64, cute.cosize(a_smem)], 1024]
+            s_s: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(s_smem)], 1024]
+            s_b: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b_smem)], 1024]
+            s_c: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(epi_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.c_layout = c_layout
+        kernel = self.kernel(
+            tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, sched,
+        )  # fmt: skip
+        kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        m_a: cute.Tensor,
+        tma_s: cute.CopyAtom,
+        m_s: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        m_b: cute.Tensor,
+        tma_c: cute.CopyAtom,
+        m_c: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem: cute.Layout,
+        s_smem: cute.Layout,
+        b_smem: cute.ComposedLayout,
+        epi_smem: cute.ComposedLayout,
+        sched: utils.PersistentTileSchedulerParams,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_s)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_c)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
+            tx_count=self.a_tx + self.s_tx + self.b_tx,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        s_a = storage.s_a.get_tensor(a_smem)
+        s_s = storage.s_s.get_tensor(s_smem)
+        s_b = storage.s_b.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
+
+        g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1), (None, None, None))  # (256, 2, 1, 1, RT, KS)
+        g_s = cute.local_tile(m_s, (2 * TILE_M, 1), (None, None))  # (256, 1, RT, KS)
+        g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, NT, KS)
+        g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, NT)
+        one = cute.make_layout(1)
+        t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 3), cute.group_modes(g_a, 0, 3))
+        t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 2), cute.group_modes(g_s, 0, 2))
+        t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
+        k_steps = cute.size(g_b, mode=[3])
+
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(40)
+        if warp == 0:
+            tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+            work = tiles.initial_work_tile_info()
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            while work.is_valid_tile:
+                tm, tn, _ = work.tile_idx
+                for k in cutlass.range(k_steps, unroll=1):
+                    ring.producer_acquire(state)
+                    bar = ring.producer_get_barrier(state)
+                    cute.copy(tma_a, t_ag[(None, 0, tm, k)], t_as[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_s, t_sg[(None, tm, k)], t_ss[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, t_bg[(None, tn, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
+                    ring.producer_commit(state)
+                    state.advance()
+                tiles.advance_to_next_work()
+                work = tiles.get_current_work()
+            ring.producer_tail(state)
+
+        if wg > 0:
+            cute.arch.setmaxregister_increase(232)
+            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, sched, k_steps, tidx, warp, wg)
+
+    @cute.jit
+    def consume(self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, sched, k_steps, tidx, warp, wg):
+        t = tidx % 128
+        row_block = wg - 1
+        lane = t % 32
+        r0 = row_block * 64 + (t // 32) * 16 + lane // 4  # this thread's rows in the tile: r0 and r0 + 8
+        thr_mma = tiled_mma.get_slice(tidx - 128)
+        t_cs_b = thr_mma.partition_B(s_b)
+        t_cr_b = tiled_mma.make_fragment_B(t_cs_b)  # (MMA, MMA_N, MMA_K = 4, stages)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, self.tile_n)), self.acc_dtype)
+        frag = [
+            tiled_mma.make_fragment_A(thr_mma.partition_shape_A((TILE_M, 16))),
+            tiled_mma.make_fragment_A(thr_mma.partition_shape_A((TILE_M, 16))),
+        ]
+        frag_words = [cute.recast_tensor(f, cutlass.Uint32) for f in frag]
+        s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, stages)
+        words = cute.make_rmem_tensor((4,), cutlass.Uint32)
+
+        # epilogue partitions (as CUTLASS's Hopper persistent GEMM)
+        c_store = sm90_utils.sm90_get_smem_store_op(
+            self.c_layout, elem_ty_d=cutlass.BFloat16, elem_ty_acc=self.acc_dtype
+        )
+        c_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.BFloat16
+        )
+        r2s = cute.make_tiled_copy_S(c_store, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+        thr_r2s = r2s.get_slice(tidx - 128)
+        t_rs_s = thr_r2s.partition_D(s_c)
+        t_rs_acc = r2s.retile(acc)
+        rd_shape = cute.shape(thr_r2s.partition_S(s_c))
+        t_rs_d = cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, self.acc_dtype)
+        t_rs_out = cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, cutlass.BFloat16)
+        per_sub = cute.size(t_rs_d)
+        epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=256)
+        store_ring = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256)
+        )
+
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        while work.is_valid_tile:
+            tm, tn, _ = work.tile_idx
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for _ in cutlass.range(k_steps, unroll=1):
+                ring.consumer_wait(read)
+                stage = read.index
+                for i in cutlass.range_constexpr(4):
+                    words[i] = s_words[(t * 4 + i, row_block, 0, stage)]
+                f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, stage)]))
+                f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, stage)]))
+                f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, stage)]))
+                f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, stage)]))
+                for j in cutlass.range_constexpr(4):
+                    f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
+                    f1 = f1a if j < 2 else f1b
+                    dst = frag_words[j % 2]
+                    dst[0] = _asm_u32(PAIR_PTX[0], words[j], f0)
+                    dst[1] = _asm_u32(PAIR_PTX[1], words[j], f1)
+                    dst[2] = _asm_u32(PAIR_PTX[2], words[j], f0)
+                    dst[3] = _asm_u32(PAIR_PTX[3], words[j], f1)
+                    warpgroup.fence()
+                    cute.gemm(tiled_mma, acc, frag[j % 2][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
+                    warpgroup.commit_group()
+                    # one wgmma stays in flight while the next slice converts, but not across the loop's back
+                    # edge: ptxas cannot prove the next step's first conversion safe there and would serialize
+                    # every wgmma of the loop
+                    warpgroup.wait_group(1 if j < 3 else 0)
+                ring.consumer_release(read)
+                read.advance()
+
+            # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
+            g_c_tile = cute.zipped_divide(g_c[(None, None, tm, tn)], self.epi_tile)
+            b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
+            subtiles = cute.size(g_c_tile, mode=[1])
+            done = tiles.num_tiles_executed * subtiles
+            for e in cutlass.range_constexpr(subtiles):
+                for v in cutlass.range_constexpr(per_sub):
+                    t_rs_d[v] = t_rs_acc[e * per_sub + v]
+                t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
+                buf = (done + e) % self.epi_stages
+                cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epi_bar.arrive_and_wait()
+                if warp == 4:
+                    cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
+                    store_ring.producer_commit()
+                    store_ring.producer_acquire()
+                epi_bar.arrive_and_wait()
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+        store_ring.producer_tail()
