@@ -66,7 +66,7 @@ def _check(out, x, w):
 @pytest.mark.parametrize("tile_n", [128, 256])
 @pytest.mark.parametrize(
     "rows,k,n",
-    [(256, 2880, 300), (384, 128, 64), (128, 64, 1), (1152, 2880, 1000)],
+    [(256, 2880, 300), (384, 128, 64), (128, 64, 1), (1152, 2880, 1000), (2880, 2880, 77), (64, 192, 5)],
     ids=lambda v: str(v),
 )
 def test_matches_reference(rows, k, n, tile_n):

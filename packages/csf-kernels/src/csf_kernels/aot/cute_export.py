@@ -315,7 +315,7 @@ def engine_dense_program(tile_n: int) -> CuteProgram:
             ("out", "bfloat16", ("N", "R")),
         ),
         scalars=("ctas",),
-        divisible=(("K", TILE_K), ("R", TILE_M), ("R2", 2 * TILE_M), ("RB", 2)),
+        divisible=(("K", TILE_K), ("R", TILE_M // 2), ("R2", TILE_M)),  # R: whole row blocks of 64
         launch=(("grid", (1, 1, "ctas")), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
         facts=(("tile_n", tile_n), ("stages", kernel.stages)),
     )
