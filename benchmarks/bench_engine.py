@@ -27,9 +27,9 @@ from timing import capture, copy_bandwidth, l2_flush_buffer, replay_times
 
 from csf_codec.quantize import dequantize_mxfp4
 from csf_kernels import env, runtime
-from csf_kernels.moe.engine import dense_fp4_gemm_launch
+from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_DENSE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_TILE_N
 
 # (weight rows R, tokens N, K): the gate's square problem, then gpt-oss's FC1 (2N rows) and FC2 per expert at the
 # routes an expert sees at 8192 tokens (256) and at 512 (16)
@@ -95,7 +95,7 @@ def bench_shape(rows: int, n: int, k: int, reps: int, flush, peak: float, peer: 
               f"err/tol {worst:.2f}", flush=True)  # fmt: skip
 
     w_panel, s_panel = engine_weight_panel(packed).cuda(), engine_scale_panel(scales).cuda()
-    for tile_n in ENGINE_DENSE_TILE_N:
+    for tile_n in ENGINE_TILE_N:
         out = torch.empty(n, rows, dtype=torch.bfloat16, device="cuda")
         bound_launch = dense_fp4_gemm_launch(w_panel, s_panel, x, out, tile_n=tile_n).bind("bench_engine")
         record(f"engine_n{tile_n}", bound_launch, out)
@@ -113,11 +113,86 @@ def bench_shape(rows: int, n: int, k: int, reps: int, flush, peak: float, peer: 
     return {"rows": rows, "tokens": n, "k": k, "flops": flops, "arms": arms}
 
 
+# the peer geometries' per-rank experts (E, hidden H, intermediate N, top-k), as bench_moe's peers
+GROUPED = (("gpt-oss-120b", 128, 2880, 2880, 4), ("DS4.1-TP4", 384, 5120, 576, 6), ("Qwen3-30B-A3B", 128, 2048, 768, 8))
+
+
+def _random_panels(experts: int, rows: int, k: int, g: torch.Generator):
+    """Random MXFP4 experts, their panels (built on the GPU) and, for checking, expert 0 dequantized."""
+    w_panel = torch.empty(experts, k // 64, rows // 64, 256, dtype=torch.uint64, device="cuda")
+    s_panel = torch.empty(experts, k // 64, 2 * rows, dtype=torch.uint8, device="cuda")
+    first = None
+    for e in range(experts):
+        packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+        scales = torch.randint(118, 130, (rows, k // 32), dtype=torch.uint8, device="cuda", generator=g)
+        w_panel[e] = engine_weight_panel(packed)
+        s_panel[e] = engine_scale_panel(scales)
+        if e == 0:
+            first = dequantize_mxfp4(packed.cpu(), scales.cpu()).to(torch.bfloat16).cuda()
+    return w_panel, s_panel, first
+
+
+def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak) -> dict:
+    """FC1 (2N rows over H) and FC2 (H rows over N) of one MoE layer as the engine's grouped GEMMs on a uniform
+    top-k routing: routes sorted into blocks of each expert (host-side, not timed), GEMMs alone (no gather,
+    activation or combine: what the engine's fused epilogues will add)."""
+    g = torch.Generator(device="cuda").manual_seed(tokens * 131 + experts)
+    w13, s13, w13_0 = _random_panels(experts, 2 * inter, hidden, g)
+    w2, s2, w2_0 = _random_panels(experts, hidden, inter, g)
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices.reshape(-1)
+    counts = torch.bincount(ids, minlength=experts).tolist()
+    routes_per_expert = tokens * top_k / experts
+    tile_n = min(t for t in ENGINE_TILE_N if t >= min(routes_per_expert, max(ENGINE_TILE_N)))
+    block_expert = [e for e, c in enumerate(counts) for _ in range(-(-c // tile_n))]
+    blocks = len(block_expert)
+    be = torch.tensor(block_expert, dtype=torch.int32, device="cuda")
+    meta = torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    rows_x = blocks * tile_n
+    x1 = torch.randn(rows_x, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    x2 = torch.randn(rows_x, inter, device="cuda", generator=g).to(torch.bfloat16)
+    out1 = torch.empty(rows_x, 2 * inter, dtype=torch.bfloat16, device="cuda")
+    out2 = torch.empty(rows_x, hidden, dtype=torch.bfloat16, device="cuda")
+    fc1 = grouped_fp4_gemm_launch(w13, s13, x1, out1, be, meta, tile_n=tile_n).bind(name)
+    fc2 = grouped_fp4_gemm_launch(w2, s2, x2, out2, be, meta, tile_n=tile_n).bind(name)
+    fc1()
+    fc2()
+    torch.cuda.synchronize()
+    checks = {}
+    b0 = block_expert.index(0)
+    for label, x, w, out in (("fc1", x1, w13_0, out1), ("fc2", x2, w2_0, out2)):
+        sl = slice(b0 * tile_n, (b0 + 1) * tile_n)
+        ref = x[sl].float() @ w.float().T
+        checks[label] = _within(out[sl], ref, x[sl].float().abs() @ w.float().abs().T)
+    useful = 6.0 * tokens * top_k * hidden * inter
+    arms = {}
+    for label, fn in (("fc1", fc1), ("fc2", fc2), ("fc1+fc2", lambda: (fc1(), fc2()))):
+        t = replay_times(capture(fn), reps, flush)
+        arms[label] = {"samples_s": t, "median_us": statistics.median(t) * 1e6}
+    med = arms["fc1+fc2"]["median_us"] / 1e6
+    print(f"  {name} T={tokens} blocks of {tile_n} ({blocks}): fc1 {arms['fc1']['median_us']:.1f} us, "
+          f"fc2 {arms['fc2']['median_us']:.1f} us, both {med * 1e6:.1f} us, {useful / med / 1e12:.0f} useful TFLOP/s, "
+          f"err/tol {max(checks.values()):.2f}", flush=True)  # fmt: skip
+    return {
+        "geometry": name,
+        "tokens": tokens,
+        "tile_n": tile_n,
+        "blocks": blocks,
+        "useful_flops": useful,
+        "useful_TFLOPs": useful / med / 1e12,
+        "of_bf16_peak": useful / med / 1e12 / peak,
+        "worst_error_over_tolerance": checks,
+        "correct": max(checks.values()) <= 1.0,
+        "arms": arms,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--peer-path", default=str(Path(__file__).resolve().parents[1] / ".peers"))
+    ap.add_argument("--tokens", default="2048,8192", help="token counts of the grouped (MoE layer) GEMMs")
+    ap.add_argument("--skip-dense", action="store_true")
     a = ap.parse_args()
     env.configure_runtime()
     runtime.freeze()
@@ -137,10 +212,17 @@ def main() -> None:
         "compilations_while_frozen": runtime.compilations(),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    for shape in SHAPES:  # the JSON is rewritten after each shape: a failure later keeps what ran
+    doc["grouped"] = grouped = []
+    for shape in () if a.skip_dense else SHAPES:  # the JSON is rewritten after each: a failure keeps what ran
         results.append(bench_shape(*shape, a.reps, flush, peak["median_TFLOPs"], peer_status["importable"]))
         doc["compilations_while_frozen"] = runtime.compilations()
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    for geo in GROUPED:
+        for tokens in (int(t) for t in a.tokens.split(",")):
+            grouped.append(bench_grouped(*geo, tokens, a.reps, flush, peak["median_TFLOPs"]))
+            doc["compilations_while_frozen"] = runtime.compilations()
+            Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

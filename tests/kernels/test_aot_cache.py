@@ -66,7 +66,7 @@ def test_build_writes_a_keyed_directory_with_checked_binaries(built):
             assert e.launch["params"] == [t for t in signature.values() if t != "constexpr"]
         else:
             # expanders and decoders: 4 warps; the engine: a producer and two consumer warpgroups
-            want = [384, 1, 1] if e.launch["program"] == "engine_dense" else [128, 1, 1]
+            want = [384, 1, 1] if e.launch["program"] == "engine_gemm" else [128, 1, 1]
             assert e.kind == "cute_so" and e.launch["launch"]["block"] == want
     assert {e.kind for e in m.programs.values()} == {"triton_cubin", "cute_so"}
     assert not [p for p in built.parent.iterdir() if p.name.startswith(".")], "temporary build folders left behind"

@@ -1,5 +1,5 @@
 """The engine's operand panels: lossless rearrangements, and a torch model of the consumers' conversion (the PTX of
-``moe/kernels/engine_dense.py`` spelled as integer and bf16 arithmetic) reproduces the dequantized weights bit for bit
+``moe/kernels/engine_gemm.py`` spelled as integer and bf16 arithmetic) reproduces the dequantized weights bit for bit
 at the (row, K) positions PTX's wgmma A fragment layout gives each thread."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from csf_kernels.moe.engine_panels import (
     panel_scales_to_plane,
     panel_words_to_plane,
 )
-from csf_kernels.moe.kernels.engine_dense_asm import FACTOR_BITS, PAIR_OPS
+from csf_kernels.moe.kernels.engine_convert import FACTOR_BITS, PAIR_OPS
 
 SEED = int.from_bytes(os.urandom(3), "little")
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)

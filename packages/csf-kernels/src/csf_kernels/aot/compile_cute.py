@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from csf_kernels.expand.specs import CUTE_ROW_BLOCK_EXPANDER, CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
-from csf_kernels.moe.engine_specs import ENGINE_DENSE
+from csf_kernels.moe.engine_specs import ENGINE_GEMM
 from csf_kernels.runtime.manifest import Artifact
 from csf_kernels.runtime.programs import ProgramSpec
 
@@ -16,7 +16,7 @@ __all__ = ["compile_cute"]
 def compile_cute(spec: ProgramSpec) -> Artifact:
     from csf_kernels.aot.cute_export import (
         build_cute_program,
-        engine_dense_program,
+        engine_gemm_program,
         row_block_expander_program,
         row_expander_program,
         stage_decoder_program,
@@ -31,8 +31,8 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         )
     elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
-    elif spec.kernel == ENGINE_DENSE:
-        prog = engine_dense_program(int(facts["TN"]))
+    elif spec.kernel == ENGINE_GEMM:
+        prog = engine_gemm_program(int(facts["TN"]))
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

@@ -65,8 +65,8 @@ __all__ = [
     "build_row_expander",
     "build_stage_decoder",
     "build_stage_decoders",
-    "engine_dense_name",
-    "engine_dense_program",
+    "engine_gemm_name",
+    "engine_gemm_program",
     "find_cuobjdump",
     "parse_header",
     "row_block_expander_name",
@@ -291,32 +291,34 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_dense_name(tile_n: int) -> str:
-    return f"csf_engine_dense_n{int(tile_n)}"
+def engine_gemm_name(tile_n: int) -> str:
+    return f"csf_engine_gemm_n{int(tile_n)}"
 
 
-def engine_dense_program(tile_n: int) -> CuteProgram:
-    """The engine's dense FP4 x bf16 GEMM (``moe/kernels/engine_dense.py``) for ``tile_n`` tokens a tile."""
-    from csf_kernels.moe.kernels.engine_dense import TILE_K, TILE_M, DenseFp4Gemm
+def engine_gemm_program(tile_n: int) -> CuteProgram:
+    """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block."""
+    from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = DenseFp4Gemm(tile_n)  # validates
+    kernel = GroupedFp4Gemm(tile_n)  # validates
 
     def factory():
-        return DenseFp4Gemm(tile_n)
+        return GroupedFp4Gemm(tile_n)
 
     return CuteProgram(
-        name=engine_dense_name(tile_n),
-        program="engine_dense",
+        name=engine_gemm_name(tile_n),
+        program="engine_gemm",
         factory=factory,
         tensors=(
-            ("w_panel", "uint64", ("KS", "RB", 256)),
-            ("s_panel", "uint8", ("KS", "R2")),
-            ("x", "bfloat16", ("N", "K")),
-            ("out", "bfloat16", ("N", "R")),
+            ("w_panel", "uint64", ("E", "KS", "RB", 256)),
+            ("s_panel", "uint8", ("E", "KS", "R2")),
+            ("x", "bfloat16", ("NX", "K")),
+            ("out", "bfloat16", ("NX", "R")),
+            ("block_expert", "int32", ("MB",)),
+            ("meta", "int32", ("NM",)),
         ),
         scalars=("ctas",),
         divisible=(("K", TILE_K), ("R", TILE_M // 2), ("R2", TILE_M)),  # R: whole row blocks of 64
-        launch=(("grid", (1, 1, "ctas")), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
+        launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
         facts=(("tile_n", tile_n), ("stages", kernel.stages)),
     )
 

@@ -7,33 +7,56 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
-from csf_kernels.moe.engine_specs import ENGINE_DENSE_TILE_N, ENGINE_TILE_M, engine_dense_spec
+from csf_kernels.moe.engine_specs import ENGINE_TILE_M, ENGINE_TILE_N, engine_gemm_spec
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["dense_fp4_gemm_launch"]
+__all__ = ["dense_fp4_gemm_launch", "grouped_fp4_gemm_launch"]
+
+
+def grouped_fp4_gemm_launch(
+    w_panel: torch.Tensor,
+    s_panel: torch.Tensor,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    block_expert: torch.Tensor,
+    meta: torch.Tensor,
+    *,
+    tile_n: int,
+) -> runtime.Launch:
+    """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
+    ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
+    (``w_panel`` uint64 ``[E, K / 64, R / 64, 256]``, ``s_panel`` uint8 ``[E, K / 64, 2 R]``), ``x`` bf16
+    ``[NX, K]``, ``out`` bf16 ``[NX, R]``, ``block_expert`` int32 ``[max blocks]``, ``meta`` int32 (device data,
+    so a captured graph replays with new routings). Blocks of experts outside ``[0, E)`` compute zeros."""
+    if tile_n not in ENGINE_TILE_N:
+        raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
+    if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
+        raise TypeError("x and out must be 2-D bf16 tensors")
+    if block_expert.dtype != torch.int32 or meta.dtype != torch.int32 or block_expert.dim() != 1 or meta.numel() < 1:
+        raise TypeError("block_expert and meta must be int32 vectors (meta holds at least the block count)")
+    rows_x, k = x.shape
+    rows = out.shape[1]
+    experts, steps, blocks = w_panel.shape[:3]
+    if out.shape[0] != rows_x or k != steps * PANEL_STEP_K or rows != blocks * ROW_BLOCK:
+        raise ValueError(
+            f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
+            "(K = 64 x steps, R = 64 x row blocks)"
+        )
+    if tuple(s_panel.shape) != (experts, steps, 2 * rows):
+        raise ValueError(f"scale panel {tuple(s_panel.shape)} is not [{experts}, {steps}, {2 * rows}]")
+    units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
+    ctas = max(1, min(num_sms(x.device), units))
+    return runtime.Launch(engine_gemm_spec(tile_n), (ctas, 1, 1), (w_panel, s_panel, x, out, block_expert, meta, ctas))
 
 
 def dense_fp4_gemm_launch(
     w_panel: torch.Tensor, s_panel: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, tile_n: int = 256
 ) -> runtime.Launch:
-    """``out[n, r] = x[n, :] . bf16(w[r, :] * scale)``: the engine's dense GEMM over panels from
-    :mod:`csf_kernels.moe.engine_panels` (``w_panel`` uint64 ``[K / 64, R / 64, 256]``, ``s_panel`` uint8
-    ``[K / 64, 2 R]``), ``x`` bf16 ``[N, K]``, ``out`` bf16 ``[N, R]``. ``R`` is a multiple of 64 (a row block);
-    a last tile of 64 rows reads zeros past the panels' end and stores nothing there."""
-    if tile_n not in ENGINE_DENSE_TILE_N:
-        raise ValueError(f"tile_n must be one of {ENGINE_DENSE_TILE_N}; got {tile_n}")
-    if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
-        raise TypeError("x and out must be 2-D bf16 tensors")
-    n, k = x.shape
-    rows = out.shape[1]
-    steps, blocks = w_panel.shape[0], w_panel.shape[1]
-    if out.shape[0] != n or k != steps * PANEL_STEP_K or rows != blocks * ROW_BLOCK:
-        raise ValueError(
-            f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
-            "(K = 64 x steps, R = 64 x row blocks)"
-        )
-    if tuple(s_panel.shape) != (steps, 2 * rows):
-        raise ValueError(f"scale panel {tuple(s_panel.shape)} is not [{steps}, {2 * rows}]")
-    tiles = -(-rows // ENGINE_TILE_M) * -(-n // tile_n)
-    ctas = max(1, min(num_sms(x.device), tiles))
-    return runtime.Launch(engine_dense_spec(tile_n), (1, 1, ctas), (w_panel, s_panel, x, out, ctas))
+    """``out[n, r] = x[n, :] . bf16(w[r, :] * scale)``: the grouped GEMM with one expert (``w_panel`` ``[K / 64,
+    R / 64, 256]``, ``s_panel`` ``[K / 64, 2 R]``) and ``ceil(N / tile_n)`` blocks. The block map it makes lives as
+    long as the launch."""
+    n = x.shape[0]
+    blocks = max(1, -(-n // tile_n))
+    block_expert = torch.zeros(blocks, dtype=torch.int32, device=x.device)
+    meta = torch.tensor([blocks], dtype=torch.int32, device=x.device)
+    return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n)

@@ -12,7 +12,7 @@ import torch
 
 from csf_codec.quantize import dequantize_mxfp4
 from csf_kernels import runtime
-from csf_kernels.moe.engine import dense_fp4_gemm_launch
+from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
 
 from ..cuda_graphs import replay_allocating_nothing
@@ -108,3 +108,57 @@ def test_graph_replay_equals_eager():
     x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
     replay_allocating_nothing(graph)
     _check(out, x, w)
+
+
+def _experts(experts: int, rows: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
+    scales = torch.randint(112, 132, (experts, rows, k // 32), dtype=torch.uint8, generator=g)
+    w = torch.stack([dequantize_mxfp4(packed[e], scales[e]) for e in range(experts)]).to(torch.bfloat16)
+    w_panel = torch.stack([engine_weight_panel(packed[e]) for e in range(experts)])
+    s_panel = torch.stack([engine_scale_panel(scales[e]) for e in range(experts)])
+    return w_panel.cuda(), s_panel.cuda(), w.cuda()
+
+
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
+    experts, rows, k, max_blocks = 5, 320, 640, 9
+    w_panel, s_panel, w = _experts(experts, rows, k, SEED + tile_n)
+    g = torch.Generator().manual_seed(SEED)
+    x = (torch.randn(max_blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    ids = [3, 0, 0, -1, 4, experts, 2, 1, 3]  # -1 and E: outside the panels, inert
+    used = 7  # blocks 7 and 8 are past meta[0]: never stored
+    block_expert = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    meta = torch.tensor([used], dtype=torch.int32, device="cuda")
+    out = torch.full((max_blocks * tile_n, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+    runtime.freeze()
+    try:
+        launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n)
+        bound = launch.bind("engine grouped test")
+    finally:
+        runtime.unfreeze()
+    bound()
+    torch.cuda.synchronize()
+    for b, e in enumerate(ids):
+        got = out[b * tile_n : (b + 1) * tile_n]
+        if b >= used:
+            assert torch.isnan(got.float()).all(), f"block {b} past meta[0] was written"
+        elif not 0 <= e < experts:
+            assert torch.equal(got.float(), torch.zeros_like(got.float())), f"invalid block {b} not zero"
+        else:
+            _check(got, x[b * tile_n : (b + 1) * tile_n], w[e])
+
+    # a captured launch follows new block maps and counts (device data)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        bound()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            bound()
+    block_expert.copy_(torch.tensor([1, 2, 3, 4, 0, 0, 1, 2, 3], dtype=torch.int32))
+    meta.fill_(max_blocks)
+    out.fill_(float("nan"))
+    replay_allocating_nothing(graph)
+    for b, e in enumerate(block_expert.tolist()):
+        _check(out[b * tile_n : (b + 1) * tile_n], x[b * tile_n : (b + 1) * tile_n], w[e])

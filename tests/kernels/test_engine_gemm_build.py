@@ -1,4 +1,4 @@
-"""The engine's dense FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
+"""The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
 for zero wgmmas after each one instead of one)."""
 
@@ -16,7 +16,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 from csf_kernels.aot import cute_export as export
 
 
-@pytest.fixture(scope="module", params=[128, 256])
+@pytest.fixture(scope="module", params=[64, 128, 256])
 def built(request, tmp_path_factory):
     if shutil.which(os.environ.get("CC", "gcc")) is None:
         pytest.skip("no C compiler (gcc) to link the shared object")
@@ -28,7 +28,7 @@ def built(request, tmp_path_factory):
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
     out = tmp_path_factory.mktemp(f"engine{request.param}")
-    meta = export.build_cute_program(export.engine_dense_program(request.param), out)
+    meta = export.build_cute_program(export.engine_gemm_program(request.param), out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return request.param, meta, sass
 
@@ -49,6 +49,15 @@ def test_wgmma_pipelined(built):
 
 def test_metadata(built):
     tile_n, meta, _ = built
-    assert meta["program"] == "engine_dense" and meta["tile_n"] == tile_n
-    assert [a["name"] for a in meta["args"]] == ["w_panel", "s_panel", "x", "out", "ctas", "stream"]
+    assert meta["program"] == "engine_gemm" and meta["tile_n"] == tile_n
+    assert [a["name"] for a in meta["args"]] == [
+        "w_panel",
+        "s_panel",
+        "x",
+        "out",
+        "block_expert",
+        "meta",
+        "ctas",
+        "stream",
+    ]
     assert Path(meta["paths"]["so"]).stat().st_size > 0

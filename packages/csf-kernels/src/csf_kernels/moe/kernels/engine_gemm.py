@@ -1,22 +1,25 @@
-"""The engine's dense FP4 x bf16 GEMM (``docs/moe-engine.md`` step 1): persistent, warp-specialized, with the FP4
+"""The engine's grouped FP4 x bf16 GEMM (``docs/moe-engine.md`` §4): persistent, warp-specialized, with the FP4
 weights converted in the consumers' registers into wgmma A fragments.
 
-    out[n, r] = sum_k x[n, k] * bf16(w[r, k] * 2 ** (s[r, k // 32] - 127))
+    out[b * TILE_N + i, r] = sum_k x[b * TILE_N + i, k] * bf16(w[e_b, r, k] * 2 ** (s[e_b, r, k // 32] - 127))
 
-Operands (CuTe DSL tensors, compact row-major): ``w_panel`` uint64 ``[steps, R / 64, 256]`` and ``s_panel`` uint8
-``[steps, 2 R]`` (:mod:`csf_kernels.moe.engine_panels`), ``x`` bf16 ``[N, K]``, ``out`` bf16 ``[N, R]``; ``R`` a
-multiple of the tile's 128 rows, ``K = 64 * steps``.
+for every route block ``b < meta[0]`` of ``TILE_N`` rows, ``e_b = block_expert[b]`` (blocks whose expert is outside
+``[0, E)`` are skipped: nothing read, nothing stored). A dense GEMM is one expert and ``ceil(N / TILE_N)`` blocks.
 
-Roles, one CTA per SM walking output tiles ``(128 weight rows, TILE_N tokens)``:
+Operands (CuTe DSL tensors, compact row-major): ``w_panel`` uint64 ``[E, steps, R / 64, 256]`` and ``s_panel`` uint8
+``[E, steps, 2 R]`` (:mod:`csf_kernels.moe.engine_panels`), ``x`` bf16 ``[NX, K]`` (rows in block order), ``out``
+bf16 ``[NX, R]``, ``block_expert`` int32 ``[max blocks]``, ``meta`` int32 (``meta[0]``: blocks in use); ``R`` a
+multiple of 64, ``K = 64 * steps``. Rows past ``NX`` read as zeros and are never stored.
 
-* warpgroup 0, warp 0: the producer. Per K step it copies the tile's weight panel (4 KB), scale bytes (256 B) and
+Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index by the grid's stride:
+
+* warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B) and
   activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by TMA, all
   completing on the stage's mbarrier.
-* warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, tokens its N). Per K
+* warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
-  A registers, multiplying each pair by 2**126 (placement) and the row's scale, then issues
-  ``wgmma.m64n{TILE_N}k16`` with A from registers and B from the stage. A registers are double-buffered: slice
-  ``j + 1`` converts while ``wgmma(j)`` runs (``wait_group(1)`` keeps one in flight).
+  A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
+  registers and B from the stage, one wgmma left in flight while the next slice converts.
 * the epilogue: the consumers round the fp32 accumulators to bf16, ``stmatrix`` them into a shared subtile and warp
   4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous).
 """
@@ -27,7 +30,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -35,9 +37,9 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_dense_asm import FACTOR_PTX, PAIR_PTX
+from csf_kernels.moe.kernels.engine_convert import FACTOR_PTX, PAIR_PTX
 
-__all__ = ["TILE_K", "TILE_M", "DenseFp4Gemm"]
+__all__ = ["TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
 _PANEL_WORDS = 256  # uint64 words of one row block's step in the weight panel
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
@@ -57,9 +59,10 @@ def _asm_u32(asm: str, *args) -> cutlass.Uint32:
     )
 
 
-class DenseFp4Gemm:
-    """One compiled program: ``TILE_N`` tokens a tile (64, 128 or 256), ``stages`` deep ring (default: as many as
-    fit). Call signature: ``(w_panel, s_panel, x, out, ctas, stream)``; ``ctas`` persistent CTAs (the SM count)."""
+class GroupedFp4Gemm:
+    """One compiled program: ``TILE_N`` routes a block (64, 128 or 256), ``stages`` deep ring (default: as many as
+    fit). Call signature: ``(w_panel, s_panel, x, out, block_expert, meta, ctas, stream)``; ``ctas`` persistent
+    CTAs (the SM count)."""
 
     def __init__(self, tile_n: int = 256, stages: int = 0):
         if tile_n not in (64, 128, 256):
@@ -91,14 +94,16 @@ class DenseFp4Gemm:
         s_panel: cute.Tensor,
         x: cute.Tensor,
         out: cute.Tensor,
+        block_expert: cute.Tensor,
+        meta: cute.Tensor,
         ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         bf16 = cutlass.BFloat16
-        # operand views: weights (256 words, row blocks, steps), scales (2 R, steps), activations (N, K) K-major,
-        # output (R, N): rows contiguous (M-major C)
-        m_a = cute.make_tensor(w_panel.iterator, cute.select(w_panel.layout, mode=[2, 1, 0]))
-        m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[1, 0]))
+        # operand views: weights (256 words, row blocks, steps, experts), scales (2 R, steps, experts), activations
+        # (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
+        m_a = cute.make_tensor(w_panel.iterator, cute.select(w_panel.layout, mode=[3, 2, 1, 0]))
+        m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[2, 1, 0]))
         m_b = x
         m_c = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 0]))
 
@@ -113,8 +118,8 @@ class DenseFp4Gemm:
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-        a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, self.stages))
-        s_smem = cute.make_layout((2 * TILE_M, 1, self.stages))
+        a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
+        s_smem = cute.make_layout((2 * TILE_M, 1, 1, self.stages))
         b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
         b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
@@ -126,20 +131,17 @@ class DenseFp4Gemm:
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_m_a = cpasync.make_tiled_tma_atom(
-            g2s, m_a, cute.slice_(a_smem, (None, None, None, 0)), (_PANEL_WORDS, 2, 1)
+            g2s, m_a, cute.slice_(a_smem, (None, None, None, None, 0)), (_PANEL_WORDS, 2, 1, 1)
         )
-        tma_s, tma_m_s = cpasync.make_tiled_tma_atom(g2s, m_s, cute.slice_(s_smem, (None, None, 0)), (2 * TILE_M, 1))
+        tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
+            g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (2 * TILE_M, 1, 1)
+        )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
             g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
         )
         tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
         )
-
-        tiles_m = cute.ceil_div(cute.size(m_c, mode=[0]), TILE_M)
-        tiles_n = cute.ceil_div(cute.size(m_c, mode=[1]), self.tile_n)
-        sched = utils.PersistentTileSchedulerParams((tiles_m, tiles_n, 1), (1, 1, 1))
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, ctas)
 
         @cute.struct
         class SharedStorage:
@@ -153,9 +155,11 @@ class DenseFp4Gemm:
         self.c_layout = c_layout
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, sched,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta,
         )  # fmt: skip
-        kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream)
+        kernel.launch(
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
+        )
 
     @cute.kernel
     def kernel(
@@ -173,7 +177,8 @@ class DenseFp4Gemm:
         s_smem: cute.Layout,
         b_smem: cute.ComposedLayout,
         epi_smem: cute.ComposedLayout,
-        sched: utils.PersistentTileSchedulerParams,
+        block_expert: cute.Tensor,
+        meta: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -201,15 +206,19 @@ class DenseFp4Gemm:
         s_b = storage.s_b.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
 
-        g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1), (None, None, None))  # (256, 2, 1, 1, RT, KS)
-        g_s = cute.local_tile(m_s, (2 * TILE_M, 1), (None, None))  # (256, 1, RT, KS)
-        g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, NT, KS)
-        g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, NT)
+        g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
+        g_s = cute.local_tile(m_s, (2 * TILE_M, 1, 1), (None, None, None))  # (256, 1, 1, RT, KS, E)
+        g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, blocks, KS)
+        g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
-        t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 3), cute.group_modes(g_a, 0, 3))
-        t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 2), cute.group_modes(g_s, 0, 2))
+        t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 4), cute.group_modes(g_a, 0, 4))
+        t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 3), cute.group_modes(g_s, 0, 3))
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
+        tiles_m = cute.size(g_c, mode=[2])
+        # blocks in use (device data: a graph replays with new routings), never past the rows x holds
+        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_c, mode=[3]), cute.size(block_expert)))
+        units = blocks * tiles_m
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -217,29 +226,31 @@ class DenseFp4Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
-            tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-            work = tiles.initial_work_tile_info()
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            while work.is_valid_tile:
-                tm, tn, _ = work.tile_idx
+            u = cute.arch.block_idx()[0]
+            while u < units:
+                b = u // tiles_m
+                tm = u - b * tiles_m
+                # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a
+                # block the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
+                e = block_expert[b]
                 for k in cutlass.range(k_steps, unroll=1):
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
-                    cute.copy(tma_a, t_ag[(None, 0, tm, k)], t_as[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_s, t_sg[(None, tm, k)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, t_bg[(None, tn, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
                     ring.producer_commit(state)
                     state.advance()
-                tiles.advance_to_next_work()
-                work = tiles.get_current_work()
+                u += cute.arch.grid_dim()[0]
             ring.producer_tail(state)
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
-            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, sched, k_steps, tidx, warp, wg)
+            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg)
 
     @cute.jit
-    def consume(self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, sched, k_steps, tidx, warp, wg):
+    def consume(self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg):
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -253,7 +264,7 @@ class DenseFp4Gemm:
             tiled_mma.make_fragment_A(thr_mma.partition_shape_A((TILE_M, 16))),
         ]
         frag_words = [cute.recast_tensor(f, cutlass.Uint32) for f in frag]
-        s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, stages)
+        s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
         # epilogue partitions (as CUTLASS's Hopper persistent GEMM)
@@ -276,22 +287,23 @@ class DenseFp4Gemm:
             num_stages=self.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256)
         )
 
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        while work.is_valid_tile:
-            tm, tn, _ = work.tile_idx
+        done = cutlass.Int32(0)  # tiles this CTA has stored: the epilogue's buffer parity
+        u = cute.arch.block_idx()[0]
+        while u < units:
+            b = u // tiles_m
+            tm = u - b * tiles_m
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for _ in cutlass.range(k_steps, unroll=1):
                 ring.consumer_wait(read)
                 stage = read.index
                 for i in cutlass.range_constexpr(4):
-                    words[i] = s_words[(t * 4 + i, row_block, 0, stage)]
-                f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, stage)]))
-                f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, stage)]))
-                f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, stage)]))
-                f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, stage)]))
+                    words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
+                f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
+                f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
+                f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
+                f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
                 for j in cutlass.range_constexpr(4):
                     f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
                     f1 = f1a if j < 2 else f1b
@@ -311,15 +323,14 @@ class DenseFp4Gemm:
                 read.advance()
 
             # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
-            g_c_tile = cute.zipped_divide(g_c[(None, None, tm, tn)], self.epi_tile)
+            g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
             b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
             subtiles = cute.size(g_c_tile, mode=[1])
-            done = tiles.num_tiles_executed * subtiles
             for e in cutlass.range_constexpr(subtiles):
                 for v in cutlass.range_constexpr(per_sub):
                     t_rs_d[v] = t_rs_acc[e * per_sub + v]
                 t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
-                buf = (done + e) % self.epi_stages
+                buf = (done * subtiles + e) % self.epi_stages
                 cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_bar.arrive_and_wait()
@@ -328,6 +339,6 @@ class DenseFp4Gemm:
                     store_ring.producer_commit()
                     store_ring.producer_acquire()
                 epi_bar.arrive_and_wait()
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            done += 1
+            u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
