@@ -39,6 +39,7 @@ from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
+from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
@@ -96,6 +97,9 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # OpenAI's triton_kernels (peer_triton_kernels.py), opt in with --arms where it is importable: MXFP4 geometries only,
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
+# csf_moe.engine_layer (the engine's grouped GEMMs, unfused glue, native MXFP4 scales), opt in with --arms; its
+# error is checked against the float32 reference at every token count
+ENGINE_ARM = "engine"
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -209,14 +213,18 @@ def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPU
 
 
 def bench_geometry(
-    model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS, peer=False
-) -> dict:
+    model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS, peer=False,
+    engine=False,
+) -> dict:  # fmt: skip
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
-    timed = (*arms, PEER_ARM) if peer_layer is not None else arms
+    engine_layer = None
+    if engine and geo.fmt.name == "mxfp4":
+        engine_layer = EngineMoE(engine_weights(data.reference(), geo.activation), geo.top_k)
+    timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *((ENGINE_ARM,) if engine_layer else ()))
     per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(99)
@@ -244,6 +252,10 @@ def bench_geometry(
             outs[PEER_ARM] = [torch.empty_like(x) for x, _, _ in sets]
             calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
             graphs[PEER_ARM] = [capture(call) for call in calls]
+        if engine_layer is not None:
+            outs[ENGINE_ARM] = [torch.full_like(x, float("nan")) for x, _, _ in sets]
+            calls = [engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[ENGINE_ARM], strict=True)]
+            graphs[ENGINE_ARM] = [capture(call) for call in calls]
         # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit, as at
         # gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
         samples_of = {arm: [] for arm in timed}
@@ -288,6 +300,18 @@ def bench_geometry(
         if peer_layer is not None:
             row["arms"][PEER_ARM] = _peer_row(peer_layer, sets, chain, outs[PEER_ARM], samples_of[PEER_ARM],
                                               per_expert, row, reps, flush, copy_gbps, flops, peak_tflops)  # fmt: skip
+        if engine_layer is not None:
+            med = statistics.median(samples_of[ENGINE_ARM])
+            x, ids, w = sets[0]
+            want = moe_reference(x, data.reference(), w, ids, kind=geo.activation)
+            row["arms"][ENGINE_ARM] = {
+                "median_s": med,
+                "samples_s": samples_of[ENGINE_ARM],
+                "TFLOPs": flops / med / 1e12,
+                "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
+                "rel_error_vs_float32": float((outs[ENGINE_ARM][0].float() - want).norm() / want.norm()),
+                "over_peer": med / row["arms"][PEER_ARM]["median_s"] if PEER_ARM in row["arms"] else None,
+            }
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
@@ -333,14 +357,17 @@ def main() -> None:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--input-sets", type=int, default=INPUT_SETS, help="routings each token count rotates over")
     ap.add_argument(
-        "--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join((*ARMS, PEER_ARM))} (native always runs)"
+        "--arms",
+        default=",".join(DEFAULT_ARMS),
+        help=f"of {', '.join((*ARMS, PEER_ARM, ENGINE_ARM))} (native always runs)",
     )
     ap.add_argument("--peer-path", default=str(DEFAULT_PEER_PATH), help="a staged triton_kernels' parent folder")
     a = ap.parse_args()
     env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read here, at the edge
     asked = a.arms.split(",")
-    arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM)))
+    arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM, ENGINE_ARM)))
     peer = PEER_ARM in asked
+    engine = ENGINE_ARM in asked
     peer_status = triton_kernels_status(a.peer_path if Path(a.peer_path, "triton_kernels").is_dir() else None)
     if peer and not peer_status["importable"]:
         ap.error(f"--arms {PEER_ARM}: {peer_status['why']}")
@@ -363,7 +390,7 @@ def main() -> None:
         "input_sets": a.input_sets,
         "results": [
             bench_geometry(
-                *g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms, peer
+                *g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms, peer, engine
             )
             for g in geos
         ],

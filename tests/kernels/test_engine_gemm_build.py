@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the engine cannot be compiled here")
 
 from csf_kernels.aot import cute_export as export
+from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 
 @pytest.fixture(scope="module", params=[64, 128, 256])
@@ -43,8 +44,10 @@ def test_no_spills_and_register_split(built):
 
 def test_wgmma_pipelined(built):
     tile_n, _, sass = built
-    assert sass.count(f"HGMMA.64x{tile_n}x16.F32.BF16") == 4  # one per K slice of a step, A from registers
-    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass  # one wgmma left in flight while the next slice converts
+    # one wgmma per K slice, A from registers: a group of STEP_GROUP steps, then the one-step remainder loop
+    assert sass.count(f"HGMMA.64x{tile_n}x16.F32.BF16") == 4 * (STEP_GROUP + 1)
+    # one wgmma left in flight while the next slice converts, except at each loop's last slice
+    assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 4 * (STEP_GROUP + 1) - 2
 
 
 def test_metadata(built):

@@ -22,7 +22,7 @@ from csf_kernels.expand.specs import (
 )
 from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
-from csf_kernels.moe.engine_specs import engine_specs
+from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_specs
 from csf_kernels.moe.specs import moe_geometry_specs
 from csf_kernels.runtime.programs import ProgramSpec
 
@@ -39,7 +39,7 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
             specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
         if cute and row_block_covers(shape[-1], prod(shape)):
             specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
-    return specs + moe_geometry_specs(geo)
+    return specs + moe_geometry_specs(geo) + engine_geometry_specs(geo)
 
 
 def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[ProgramSpec, list[str]]]:

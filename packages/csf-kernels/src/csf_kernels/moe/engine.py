@@ -7,10 +7,17 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
-from csf_kernels.moe.engine_specs import ENGINE_TILE_M, ENGINE_TILE_N, engine_gemm_spec
+from csf_kernels.moe.engine_specs import (
+    ENGINE_TILE_M,
+    ENGINE_TILE_N,
+    engine_act_spec,
+    engine_combine_spec,
+    engine_gather_spec,
+    engine_gemm_spec,
+)
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["dense_fp4_gemm_launch", "grouped_fp4_gemm_launch"]
+__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "gather_launch", "grouped_fp4_gemm_launch"]
 
 
 def grouped_fp4_gemm_launch(
@@ -60,3 +67,47 @@ def dense_fp4_gemm_launch(
     block_expert = torch.zeros(blocks, dtype=torch.int32, device=x.device)
     meta = torch.tensor([blocks], dtype=torch.int32, device=x.device)
     return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n)
+
+
+def gather_launch(
+    x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, inverse: torch.Tensor, *,
+    top_k: int, bm: int,
+) -> runtime.Launch:  # fmt: skip
+    """FC1's input in block order (``xs [slots, H]``) and each route's slot (``inverse [pairs]``)."""
+    pairs, hidden = inverse.numel(), x.shape[1]
+    if xs.shape[1] != hidden or sorted_ids.numel() != xs.shape[0] or pairs != x.shape[0] * top_k:
+        raise ValueError(f"gather: x {tuple(x.shape)}, xs {tuple(xs.shape)}, {sorted_ids.numel()} slots, "
+                         f"{pairs} routes of top-{top_k} disagree")  # fmt: skip
+    args = (x, sorted_ids, meta, xs, inverse, hidden, top_k, pairs)
+    return runtime.Launch(engine_gather_spec(bm), (xs.shape[0],), args)
+
+
+def act_launch(
+    h: torch.Tensor, block_expert: torch.Tensor, meta: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor, *,
+    num_experts: int, bm: int, activation: str,
+) -> runtime.Launch:  # fmt: skip
+    """FC2's input ``a [slots, N]`` from FC1's ``h [slots, 2N]`` (bias, then the activation)."""
+    inter = a.shape[1]
+    if h.shape != (a.shape[0], 2 * inter) or block_expert.numel() * bm < a.shape[0]:
+        raise ValueError(f"activation: h {tuple(h.shape)}, a {tuple(a.shape)}, {block_expert.numel()} blocks")
+    spec = engine_act_spec(bm, activation, bias is not None)
+    grid = (a.shape[0], -(-inter // spec.fact["BN"]))
+    b = bias if bias is not None else runtime.placeholder(h.device)
+    return runtime.Launch(spec, grid, (h, block_expert, meta, b, a, inter, num_experts))
+
+
+def combine_launch(
+    y: torch.Tensor, inverse: torch.Tensor, bias: torch.Tensor | None, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, out: torch.Tensor, *, num_experts: int,
+) -> runtime.Launch:  # fmt: skip
+    """``out[t] = sum_j w[t, j] * (y[inverse[t k + j]] + b2[e_j])`` (routes of experts outside [0, E) skipped)."""
+    tokens, top_k = topk_ids.shape
+    hidden = out.shape[1]
+    if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape or y.shape[1] != hidden:
+        raise ValueError("combine: topk_weights must be float32 like topk_ids' shape; y and out share H")
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
+        raise TypeError("topk_ids must be contiguous int32 or int64")
+    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None)
+    grid = (tokens, -(-hidden // spec.fact["BH"]))
+    b = bias if bias is not None else runtime.placeholder(y.device)
+    return runtime.Launch(spec, grid, (y, inverse, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))

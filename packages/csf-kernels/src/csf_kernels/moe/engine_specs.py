@@ -6,16 +6,29 @@ one expert, a dense GEMM; one program per route-block size, every shape at run t
 
 from __future__ import annotations
 
-from csf_kernels.runtime.programs import ProgramSpec
+import math
+
+from csf_kernels.catalog import MoEGeometry
+from csf_kernels.moe.specs import MOE_PDL, align_forms, align_plan_spec, align_scatter_spec
+from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
+    "ENGINE_ACT",
+    "ENGINE_COMBINE",
+    "ENGINE_GATHER",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
     "ENGINE_TILE_N",
+    "engine_act_spec",
+    "engine_combine_spec",
+    "engine_gather_spec",
     "engine_gemm_spec",
+    "engine_geometry_specs",
+    "engine_serves",
     "engine_specs",
+    "engine_tile_n",
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
@@ -23,6 +36,66 @@ ENGINE_GEMM_VERSION = 1
 ENGINE_TILE_N = (64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 128  # weight rows a CTA tile: two consumer warpgroups of 64
 ENGINE_TILE_K = 64  # K a stage (csf_kernels.moe.engine_panels.PANEL_STEP_K)
+
+
+_GLUE = "csf_kernels.moe.kernels.engine_glue"
+ENGINE_GATHER = TritonFamily(
+    kernel="moe.engine_gather", version=1, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
+    num_warps=4,
+)  # fmt: skip
+ENGINE_ACT = TritonFamily(
+    kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
+)
+ENGINE_COMBINE = TritonFamily(
+    kernel="moe.engine_combine", version=1, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    num_warps=4,
+)  # fmt: skip
+GATHER_COLUMNS = 1024
+ACT_COLUMNS = 1024
+COMBINE_COLUMNS = 1024
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
+
+
+def engine_serves(geo: MoEGeometry) -> bool:
+    """Whether the engine serves a geometry: MXFP4 weights (NVFP4 is step 7 of the build plan)."""
+    return geo.fmt.name == "mxfp4"
+
+
+def engine_tile_n(routes_per_expert: float) -> int:
+    """Routes a block for a call: the smallest program tile holding the mean routes of an expert (the largest past
+    it), as the peer picks its ``block_m``."""
+    fits = [t for t in ENGINE_TILE_N if t >= routes_per_expert]
+    return min(fits) if fits else max(ENGINE_TILE_N)
+
+
+def engine_gather_spec(bm: int) -> ProgramSpec:
+    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, BH=GATHER_COLUMNS, PDL=MOE_PDL,
+                          num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
+
+
+def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
+    return ProgramSpec.of(ENGINE_ACT.kernel, ENGINE_ACT.version, BM=bm, BN=ACT_COLUMNS, ACT=ACTIVATIONS[activation],
+                          HAS_BIAS=int(bias), PDL=MOE_PDL, num_warps=ENGINE_ACT.num_warps)  # fmt: skip
+
+
+def engine_combine_spec(ids64: bool, bias: bool) -> ProgramSpec:
+    return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
+                          BH=COMBINE_COLUMNS, PDL=MOE_PDL, num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
+
+
+def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
+    """The engine layer's Triton programs for a geometry (its alignment at every block size, gather, activation,
+    combine); the GEMMs themselves serve every geometry (:func:`engine_specs`)."""
+    if not engine_serves(geo):
+        return []
+    specs = []
+    for bm in ENGINE_TILE_N:
+        for ids64 in (False, True):
+            specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
+        specs += [engine_gather_spec(bm), engine_act_spec(bm, geo.activation, geo.bias)]
+    for ids64 in (False, True):
+        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
+    return specs
 
 
 def engine_gemm_spec(tile_n: int) -> ProgramSpec:

@@ -41,6 +41,7 @@ from csf_kernels.moe.kernels.engine_convert import FACTOR_PTX, PAIR_PTX
 
 __all__ = ["TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
+STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
 _PANEL_WORDS = 256  # uint64 words of one row block's step in the weight panel
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 
@@ -288,6 +289,7 @@ class GroupedFp4Gemm:
         )
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         done = cutlass.Int32(0)  # tiles this CTA has stored: the epilogue's buffer parity
         u = cute.arch.block_idx()[0]
         while u < units:
@@ -295,31 +297,26 @@ class GroupedFp4Gemm:
             tm = u - b * tiles_m
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for _ in cutlass.range(k_steps, unroll=1):
+            # STEP_GROUP steps a loop iteration: the pipeline drains (wait for zero wgmmas) once a group, at the
+            # loop's back edge; the remainder steps run one a group
+            groups = k_steps // STEP_GROUP
+            for _ in cutlass.range(groups, unroll=1):
+                for g in cutlass.range_constexpr(STEP_GROUP):
+                    ring.consumer_wait(read)
+                    self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
+                                   row_block, r0, g == STEP_GROUP - 1)  # fmt: skip
+                    if g > 0:  # the previous step's wgmmas completed (its stage is free)
+                        ring.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                ring.consumer_release(release)
+                release.advance()
+            for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
                 ring.consumer_wait(read)
-                stage = read.index
-                for i in cutlass.range_constexpr(4):
-                    words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
-                f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
-                f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
-                f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
-                f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
-                for j in cutlass.range_constexpr(4):
-                    f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
-                    f1 = f1a if j < 2 else f1b
-                    dst = frag_words[j % 2]
-                    dst[0] = _asm_u32(PAIR_PTX[0], words[j], f0)
-                    dst[1] = _asm_u32(PAIR_PTX[1], words[j], f1)
-                    dst[2] = _asm_u32(PAIR_PTX[2], words[j], f0)
-                    dst[3] = _asm_u32(PAIR_PTX[3], words[j], f1)
-                    warpgroup.fence()
-                    cute.gemm(tiled_mma, acc, frag[j % 2][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
-                    warpgroup.commit_group()
-                    # one wgmma stays in flight while the next slice converts, but not across the loop's back
-                    # edge: ptxas cannot prove the next step's first conversion safe there and would serialize
-                    # every wgmma of the loop
-                    warpgroup.wait_group(1 if j < 3 else 0)
-                ring.consumer_release(read)
+                self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
+                               row_block, r0, True)  # fmt: skip
+                ring.consumer_release(release)
+                release.advance()
                 read.advance()
 
             # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
@@ -342,3 +339,27 @@ class GroupedFp4Gemm:
             done += 1
             u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
+
+    def _mma_step(self, tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, last):
+        """One K step of a consumer (traced inline): its four weight words and scale factors from the stage, then
+        per K slice the conversion into A registers and the wgmma. One wgmma stays in flight while the next slice
+        converts; the ``last`` step of a group waits for all (ptxas cannot prove a conversion safe across the
+        loop's back edge and would serialize every wgmma of the loop otherwise)."""
+        for i in range(4):
+            words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
+        f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
+        f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
+        f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
+        f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
+        for j in range(4):
+            f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
+            f1 = f1a if j < 2 else f1b
+            dst = frag_words[j % 2]
+            dst[0] = _asm_u32(PAIR_PTX[0], words[j], f0)
+            dst[1] = _asm_u32(PAIR_PTX[1], words[j], f1)
+            dst[2] = _asm_u32(PAIR_PTX[2], words[j], f0)
+            dst[3] = _asm_u32(PAIR_PTX[3], words[j], f1)
+            warpgroup.fence()
+            cute.gemm(tiled_mma, acc, frag[j % 2][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0 if last and j == 3 else 1)

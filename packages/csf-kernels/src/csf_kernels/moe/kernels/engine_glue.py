@@ -1,0 +1,139 @@
+"""Triton: the engine layer's passes around its grouped GEMMs (``docs/moe-engine.md`` §4.6), until the GEMMs'
+epilogues absorb them.
+
+* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // k]`` (zeros for a block's empty
+  slots), and each route's slot, ``inverse[route] = s``.
+* ``engine_act``: FC1's bf16 output ``h [slots, 2N]`` -> FC2's input ``a [slots, N]``: the block's expert's bias,
+  then SiLU-and-mul (W13 rows [gate; up]) or gpt-oss's clamped SwiGLU (rows interleaved), in float32, rounded once.
+* ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[inverse[t k + j]] + b2[e_j])`` in float32, slots in order, a
+  slot whose expert id lies outside [0, E) contributing nothing (its inverse is never read).
+
+Every program first checks its slot against the blocks in use (``meta[0]``, device data: graph-safe).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from csf_kernels.runtime.pdl import await_predecessor
+
+SIGNATURE_GATHER = {
+    "x": "*bf16",
+    "sorted_ids": "*i32",
+    "meta": "*i32",
+    "xs": "*bf16",
+    "inverse": "*i32",
+    "hidden": "i32",
+    "top_k": "i32",
+    "pairs": "i32",
+    "BM": "constexpr",
+    "BH": "constexpr",
+    "PDL": "constexpr",
+}
+
+SIGNATURE_ACT = {
+    "h": "*bf16",
+    "block_expert": "*i32",
+    "meta": "*i32",
+    "bias": "*fp32",
+    "a": "*bf16",
+    "inter": "i32",
+    "num_experts": "i32",
+    "BM": "constexpr",
+    "BN": "constexpr",
+    "ACT": "constexpr",  # 0: silu ([gate; up]), 1: gpt-oss's clamped SwiGLU (gate, up interleaved)
+    "HAS_BIAS": "constexpr",
+    "PDL": "constexpr",
+}
+
+SIGNATURE_COMBINE = {
+    "y": "*bf16",
+    "inverse": "*i32",
+    "bias": "*fp32",
+    "topk_ids": "*i32",
+    "topk_weights": "*fp32",
+    "out": "*bf16",
+    "hidden": "i32",
+    "top_k": "i32",
+    "num_experts": "i32",
+    "IDS64": "constexpr",
+    "HAS_BIAS": "constexpr",
+    "BH": "constexpr",
+    "PDL": "constexpr",
+}
+
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+
+
+@triton.jit
+def engine_gather(x, sorted_ids, meta, xs, inverse, hidden, top_k, pairs, BM: tl.constexpr, BH: tl.constexpr,
+                  PDL: tl.constexpr):  # fmt: skip
+    await_predecessor(PDL)
+    s = tl.program_id(0)
+    if s >= tl.load(meta) * BM:
+        return
+    route = tl.load(sorted_ids + s)
+    live = (route >= 0) & (route < pairs)
+    row = tl.where(live, route, 0) // top_k
+    cols = tl.arange(0, BH)
+    for c in range(0, hidden, BH):
+        m = c + cols < hidden
+        v = tl.load(x + row.to(tl.int64) * hidden + c + cols, mask=m & live, other=0.0)
+        tl.store(xs + s.to(tl.int64) * hidden + c + cols, v, mask=m)
+    if live:
+        tl.store(inverse + route, s)
+
+
+@triton.jit
+def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.constexpr, BN: tl.constexpr,
+               ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    await_predecessor(PDL)
+    s = tl.program_id(0)
+    if s >= tl.load(meta) * BM:
+        return
+    e = tl.load(block_expert + s // BM)
+    e = tl.where((e >= 0) & (e < num_experts), e, 0).to(tl.int64)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    m = n < inter
+    row = h + s.to(tl.int64) * 2 * inter
+    if ACT == 0:
+        gi, ui = n, inter + n
+    else:
+        gi, ui = 2 * n, 2 * n + 1
+    gate = tl.load(row + gi, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(row + ui, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        gate += tl.load(bias + e * 2 * inter + gi, mask=m, other=0.0)
+        up += tl.load(bias + e * 2 * inter + ui, mask=m, other=0.0)
+    if ACT == 0:
+        v = gate * tl.sigmoid(gate) * up
+    else:
+        gate = tl.minimum(gate, SWIGLU_LIMIT)
+        up = tl.minimum(tl.maximum(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+        v = gate * tl.sigmoid(SWIGLU_ALPHA * gate) * (up + 1.0)
+    tl.store(a + s.to(tl.int64) * inter + n, v.to(tl.bfloat16), mask=m)
+
+
+@triton.jit
+def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    await_predecessor(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = c < hidden
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in range(0, top_k):
+        route = t * top_k + j
+        if IDS64:
+            e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route)
+        else:
+            e = tl.load(topk_ids + route)
+        live = (e >= 0) & (e < num_experts)
+        slot = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
+        v = tl.load(y + slot * hidden + c, mask=m & live, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            v += tl.load(bias + tl.where(live, e, 0).to(tl.int64) * hidden + c, mask=m & live, other=0.0)
+        acc += tl.where(live, tl.load(topk_weights + route) * v, 0.0)
+    tl.store(out + t * hidden + c, acc.to(tl.bfloat16), mask=m)

@@ -1,0 +1,127 @@
+"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4, native
+scales. Not yet a plan of :mod:`csf_moe.plan` (the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as
+the ``engine`` arm beside today's layer and the peer.
+
+A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer), gather
+FC1's input in block order, FC1 as a grouped GEMM ``[slots, 2N]`` (bf16), bias and activation into ``[slots, N]``,
+FC2 as a grouped GEMM ``[slots, H]``, then the top-k weighted sum with FC2's bias. Routes of experts outside
+``[0, E)`` join no block and contribute nothing. Every buffer is allocated when a token count is bound; a bound
+call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
+from csf_kernels.moe.engine_specs import engine_tile_n
+from csf_kernels.moe.launch import align_launches, max_blocks_for
+from csf_kernels.moe.specs import experts_bins
+
+from .reference import QuantizedExperts
+
+__all__ = ["EngineMoE", "EngineWeights", "engine_weights"]
+
+
+@dataclass(frozen=True, eq=False)
+class EngineWeights:
+    """One layer's experts as the engine reads them: weight and scale panels of W13 (rows in the activation's
+    layout) and W2, float32 biases."""
+
+    w13: torch.Tensor  # uint64 [E, H / 64, 2N / 64, 256]
+    s13: torch.Tensor  # uint8 [E, H / 64, 4N]
+    w2: torch.Tensor  # uint64 [E, N / 64, H / 64, 256]
+    s2: torch.Tensor  # uint8 [E, N / 64, 2H]
+    b13: torch.Tensor | None
+    b2: torch.Tensor | None
+    activation: str
+
+    @property
+    def experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def hidden(self) -> int:
+        return self.w2.shape[2] * 64
+
+    @property
+    def inter(self) -> int:
+        return self.w2.shape[1] * 64
+
+
+def _panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.stack([engine_weight_panel(values[e]) for e in range(values.shape[0])])
+    s = torch.stack([engine_scale_panel(scales[e]) for e in range(scales.shape[0])])
+    return w, s
+
+
+def engine_weights(experts: QuantizedExperts, activation: str) -> EngineWeights:
+    """Panels of MXFP4 experts (on their device); W13 rows as ``activation`` reads them (``csf_moe.reference``)."""
+    if experts.fmt != "mxfp4":
+        raise NotImplementedError(f"the engine layer serves MXFP4 weights; got {experts.fmt}")
+    for name, t in (("W13", experts.w13), ("W2", experts.w2)):
+        if t.shape[1] % 64 or (2 * t.shape[2]) % 64:
+            raise ValueError(f"{name} {tuple(t.shape)}: the engine needs rows and K in whole multiples of 64")
+    w13, s13 = _panels(experts.w13, experts.w13_scale)
+    w2, s2 = _panels(experts.w2, experts.w2_scale)
+    b13 = None if experts.b13 is None else experts.b13.float().contiguous()
+    b2 = None if experts.b2 is None else experts.b2.float().contiguous()
+    return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation)
+
+
+class EngineMoE:
+    """The engine layer of one set of weights; :meth:`call` binds a token count's buffers and launches."""
+
+    def __init__(self, weights: EngineWeights, top_k: int):
+        self.weights = weights
+        self.top_k = top_k
+
+    def call(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor):
+        """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
+        change between runs; their shapes may not), its buffers allocated now."""
+        w = self.weights
+        tokens = x.shape[0]
+        pairs = tokens * self.top_k
+        experts = w.experts
+        bm = engine_tile_n(pairs / experts)
+        blocks = max_blocks_for(pairs, experts, bm)
+        dev = x.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        cursor = torch.empty(experts_bins(experts), **i32)
+        block_expert = torch.empty(blocks, **i32)
+        active = torch.empty(min(pairs, experts), **i32)
+        meta = torch.empty(4, **i32)
+        sorted_ids = torch.empty(blocks * bm, **i32)
+        inverse = torch.empty(pairs, **i32)
+        bf16 = dict(dtype=torch.bfloat16, device=dev)
+        xs = torch.empty(blocks * bm, w.hidden, **bf16)
+        h = torch.empty(blocks * bm, 2 * w.inter, **bf16)
+        a = torch.empty(blocks * bm, w.inter, **bf16)
+        y = torch.empty(blocks * bm, w.hidden, **bf16)
+        weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+        scratch = dict(
+            cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
+        )
+        launches = [
+            *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
+            gather_launch(x, sorted_ids, meta, xs, inverse, top_k=self.top_k, bm=bm),
+            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm),
+            act_launch(h, block_expert, meta, w.b13, a, num_experts=experts, bm=bm, activation=w.activation),
+            grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm),
+            combine_launch(y, inverse, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
+        ]
+        bound = [launch.bind("engine layer") for launch in launches]
+        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, xs, h, a, y, weights32)
+
+        def run() -> torch.Tensor:
+            if weights32 is not topk_weights:
+                weights32.copy_(topk_weights)
+            for launch in bound:
+                launch()
+            return out
+
+        run.buffers = keep  # alive as long as the function
+        return run

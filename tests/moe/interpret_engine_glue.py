@@ -1,0 +1,98 @@
+"""The engine layer's passes around its GEMMs in Triton's CPU interpreter (a subprocess entry point): align, gather,
+activation and combine, with torch standing in for the two grouped GEMMs (bf16 outputs in block order), against a
+per-token torch model of the same roundings; padding route ids contribute nothing.
+
+Usage: python -m tests.moe.interpret_engine_glue SEED -> prints "ok <cases>" or exits non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch
+from csf_kernels.moe.engine_specs import engine_tile_n
+from csf_kernels.moe.launch import align_launches, max_blocks_for
+from csf_kernels.moe.specs import experts_bins
+from csf_moe.reference import activation
+from tests.interpreter import run_launch
+
+
+def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: int, act: str, bias: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=1).indices.to(torch.int32).contiguous()
+    ids[0, 0] = -1  # graph padding
+    if tokens > 1:
+        ids[-1, -1] = experts
+    wts = torch.rand(tokens, top_k, generator=g)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(torch.bfloat16)
+    b13 = torch.randn(experts, 2 * inter, generator=g) if bias else None
+    b2 = torch.randn(experts, hidden, generator=g) if bias else None
+    pairs = tokens * top_k
+    bm = engine_tile_n(pairs / experts)
+    blocks = max_blocks_for(pairs, experts, bm)
+    poison = torch.iinfo(torch.int32).min
+    i32 = dict(dtype=torch.int32)
+    s = {
+        "cursor": torch.full((experts_bins(experts),), poison, **i32),
+        "block_expert": torch.full((blocks,), poison, **i32),
+        "active_experts": torch.full((min(pairs, experts),), poison, **i32),
+        "meta": torch.full((4,), poison, **i32),
+        "sorted_ids": torch.full((blocks * bm,), poison, **i32),
+    }
+    for launch in align_launches(ids, num_experts=experts, bm=bm, **s):
+        run_launch(launch)
+    xs = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
+    inverse = torch.full((pairs,), poison, **i32)
+    run_launch(gather_launch(x, s["sorted_ids"], s["meta"], xs, inverse, top_k=top_k, bm=bm))
+    used = int(s["meta"][0])
+    h = torch.full((blocks * bm, 2 * inter), float("nan"), dtype=torch.bfloat16)
+    for b in range(used):  # the FC1 GEMM's stand-in: bf16 rows in block order
+        e = int(s["block_expert"][b])
+        rows = slice(b * bm, (b + 1) * bm)
+        h[rows] = (xs[rows].float() @ w13[e].float().T).to(torch.bfloat16)
+    a = torch.full((blocks * bm, inter), float("nan"), dtype=torch.bfloat16)
+    run_launch(act_launch(h, s["block_expert"], s["meta"], b13, a, num_experts=experts, bm=bm, activation=act))
+    y = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
+    for b in range(used):
+        e = int(s["block_expert"][b])
+        rows = slice(b * bm, (b + 1) * bm)
+        y[rows] = (a[rows].float() @ w2[e].float().T).to(torch.bfloat16)
+    out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16)
+    run_launch(combine_launch(y, inverse, b2, ids, wts, out, num_experts=experts))
+
+    want = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            if not 0 <= e < experts:
+                continue
+            hh = (x[t].float() @ w13[e].float().T).to(torch.bfloat16).float()
+            if bias:
+                hh = hh + b13[e]
+            aa = activation(hh[None], act)[0].to(torch.bfloat16).float()
+            yy = (aa @ w2[e].float().T).to(torch.bfloat16).float()
+            if bias:
+                yy = yy + b2[e]
+            want[t] += wts[t, j] * yy
+    err = (out.float() - want).abs().max().item()
+    scale = want.abs().max().item()
+    assert err <= 1e-2 * scale + 1e-3, (tokens, experts, act, bias, err, scale)
+
+
+def main(seed: int) -> None:
+    cases = [
+        (1, 8, 128, 64, 2, "silu", False),
+        (40, 8, 128, 128, 3, "swiglu_oai", True),
+        (300, 4, 64, 64, 2, "silu", True),
+    ]
+    for case in cases:
+        _case(seed, *case)
+    print(f"ok {len(cases)}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
