@@ -63,8 +63,8 @@ SIGNATURE_COMBINE = {
     "PDL": "constexpr",
 }
 
-SWIGLU_ALPHA = 1.702
-SWIGLU_LIMIT = 7.0
+SWIGLU_ALPHA = tl.constexpr(1.702)
+SWIGLU_LIMIT = tl.constexpr(7.0)
 
 
 @triton.jit
