@@ -124,4 +124,5 @@ class EngineMoE:
             return out
 
         run.buffers = keep  # alive as long as the function
+        run.launches = tuple(zip((launch.spec.kernel for launch in launches), bound, strict=True))
         return run
