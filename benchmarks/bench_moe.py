@@ -241,6 +241,7 @@ def bench_geometry(
                 "unique_experts_mean": statistics.mean(int(torch.unique(c[1]).numel()) for c in chain),
             }
         outs, chain_outs, graphs = {}, {}, {}
+        engine_calls = None
         for arm in arms:
             layer = layers[arm]
             graphs[arm], outs[arm] = [], []
@@ -252,10 +253,12 @@ def bench_geometry(
             outs[PEER_ARM] = [torch.empty_like(x) for x, _, _ in sets]
             calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
             graphs[PEER_ARM] = [capture(call) for call in calls]
-        if engine_layer is not None:
+        if engine_layer is not None:  # its calls own the buffers its graphs replay on: kept until the graphs go
             outs[ENGINE_ARM] = [torch.full_like(x, float("nan")) for x, _, _ in sets]
-            calls = [engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[ENGINE_ARM], strict=True)]
-            graphs[ENGINE_ARM] = [capture(call) for call in calls]
+            engine_calls = [
+                engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[ENGINE_ARM], strict=True)
+            ]
+            graphs[ENGINE_ARM] = [capture(call) for call in engine_calls]
         # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit, as at
         # gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
         samples_of = {arm: [] for arm in timed}
@@ -265,6 +268,7 @@ def bench_geometry(
                     without_other_arms_l2_lines(layers, arm)
                     samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
         del graphs
+        engine_calls = None
         for arm in arms:
             layer = layers[arm]
             samples = samples_of[arm]
