@@ -45,17 +45,18 @@ def block_spans(row_blocks: int, cols: int) -> list[tuple[int, int]]:
 
 
 _SLOT_ROWS = np.array([slot_to_row(s) for s in range(TILE_ROWS)], dtype=np.int64)
-# row = 64 half + 16 warp + 8 pair + quad; slot = 32 warp + 4 quad + 2 half + pair: a block's rows as
-# [half, warp, pair, quad] axes, put in slot order by a transpose
-_ROW_AXES = (2, 4, 2, 8)
-_SLOT_ORDER = (1, 3, 0, 2)
+_ROW_SLOTS = np.argsort(_SLOT_ROWS)  # the inverse permutation: each row's slot
+
+
+_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32}  # a tile row of tc columns as one element
 
 
 def _words(cols: np.ndarray, plan: ClassPlan) -> np.ndarray:
-    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns), so that
-    transposes move whole tile rows; a view whenever the last axis is contiguous."""
-    if plan.cols == TILE_COLS and cols.strides[1] == 1:
-        return cols.view(np.uint32)
+    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns, uint16
+    for a two-column tail), so that transposes move whole tile rows rather than bytes; a view whenever
+    the last axis is contiguous."""
+    if plan.cols in _WORD and cols.strides[1] == 1:
+        return cols.view(_WORD[plan.cols])
     return cols[..., None]
 
 
@@ -73,9 +74,9 @@ def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarr
     first = _whole_blocks(br)
     if first is not None:  # a transpose, no gather
         cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
-        unit = _words(cols, plan)
-        x = unit.reshape(nb, *_ROW_AXES, plan.count, -1)
-        tiles = np.ascontiguousarray(x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6))
+        # tile rows to the last axis but one (long inner copies), then into slot order along it
+        unit = _words(cols, plan).reshape(nb, TILE_ROWS, plan.count, -1)
+        tiles = np.take(np.ascontiguousarray(unit.transpose(0, 2, 1, 3)), _SLOT_ROWS, axis=2)
         return tiles.view(np.uint8).reshape(nb * plan.count, TILE_ROWS * plan.cols)
     real = br >= 0
     first, last = int(br[real].min()), int(br[real].max())  # a span's blocks cover consecutive rows
@@ -314,11 +315,9 @@ def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan)
     first = _whole_blocks(br)
     if first is not None:  # the inverse transpose of _gather_tiles
         dst = _words(out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols], plan)
-        src = vals.view(dst.dtype).reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), -1)
-        inverse = [0] * 4
-        for i, a in enumerate(_SLOT_ORDER):
-            inverse[a] = i
-        dst.reshape(nb, *_ROW_AXES, plan.count, -1)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
+        src = vals.view(dst.dtype).reshape(nb, plan.count, TILE_ROWS, -1)
+        by_row = np.take(src, _ROW_SLOTS, axis=2)
+        dst.reshape(nb, TILE_ROWS, plan.count, -1)[...] = by_row.transpose(0, 2, 1, 3)
         return
     keep = br >= 0
     if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word
