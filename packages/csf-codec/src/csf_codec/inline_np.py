@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import CorruptPayloadError
+from .record_layout import MAX_EXCEPTIONS
 from .swar import group_counts, map_spans, pack_bits, unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, slot_to_row
 
@@ -249,6 +250,9 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
         mode = h & 3
         vals = np.empty((rec.shape[0], size), dtype=np.uint8)
         vpos = None if valid[a:b].all() else _valid_positions(valid[a:b], plan)
+        # each position's row base, as bytes: padding slots and forged bases wrap, and are dropped or
+        # refused by the window check before a value is kept
+        base_pos = np.repeat(base[a:b].astype(np.uint8), plan.cols, axis=1)
         for m, w in _MODE_WIDTH.items():
             sel = np.flatnonzero(mode == m)
             if not sel.size:
@@ -264,18 +268,13 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
                 raise CorruptPayloadError(name, "a tile window leaves the byte range")
             sb = size * w // 8
             rest = rec[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
-            unused = np.arange(cap)[None, :] >= cnt[:, None]
-            if (
-                rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
-                or rest[:, 2 * cap : 3 * cap][unused].any()
-                or rest[:, 3 * cap :].any()
-            ):
+            if np.logical_and(rest, cnt[:, None] <= _slot_of_byte(cap, rest.shape[1])).any():
                 raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
             fields = unpack_bits(np.ascontiguousarray(rec[sel, :sb]).reshape(-1), w, sel.size * size)
             if vpos is not None and fields.reshape(sel.size, size)[~vpos[sel]].any():
                 raise CorruptPayloadError(name, "a padding slot's selector is not zero")
-            lo = (b32[blk] + o[:, None]).astype(np.uint8)  # padding slots wrap harmlessly: they are dropped
-            v = (fields.reshape(sel.size, TILE_ROWS, plan.cols) + lo[:, :, None]).reshape(sel.size, size)
+            v = fields.reshape(sel.size, size) + base_pos[sel // plan.count]
+            v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
             total = int(cnt.sum())
             if total:
                 t = np.repeat(np.arange(sel.size), cnt)
@@ -308,6 +307,13 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
         _scatter(out, vals, br[a:b], plan)
 
     map_spans(span, block_spans(br.shape[0], out.shape[1]))
+
+
+def _slot_of_byte(cap: int, length: int) -> np.ndarray:
+    """For each byte after a record's selectors, the exception slot it belongs to (position bytes, then
+    value bytes; :data:`MAX_EXCEPTIONS` for bytes no field uses): unused while the count is <= it."""
+    k = np.arange(length)
+    return np.where(k < 2 * cap, k // 2, np.where(k < 3 * cap, k - 2 * cap, MAX_EXCEPTIONS))
 
 
 def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan) -> None:
