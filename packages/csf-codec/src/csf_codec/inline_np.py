@@ -159,21 +159,15 @@ def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarr
     return key.argmin(axis=0), ~fits.any(axis=0)
 
 
-def _native(rows, br, plan: ClassPlan, tile, pos) -> np.ndarray:
-    """Native bytes at positions ``pos`` of tiles ``tile`` of a span (padding reads 0)."""
-    slot, col = np.divmod(pos, plan.cols)
-    row = br[tile // plan.count, slot]
-    got = rows[np.maximum(row, 0), plan.start + (tile % plan.count) * plan.cols + col]
-    return np.where(row >= 0, got, 0).astype(np.uint8)
-
-
 def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
     """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
     again rather than kept from the first pass: the plane's memory stays bounded by a span."""
     size = TILE_ROWS * plan.cols
-    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+    tiles = _gather_tiles(rows, br, plan)
+    e = _biased(tiles, base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
+    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
     header = np.zeros(e.shape[0], dtype=np.uint32)
     for k, (w, o) in enumerate(windows):
         sel = np.flatnonzero((best == k) & ~raw)
@@ -181,7 +175,10 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
             continue
         f = e[sel] - np.uint8(o + _BIAS)
         outside = f >= (1 << w)
-        f[outside] = 0
+        if w == 1:
+            f = f == 1  # packed as bits: outside fields are 0
+        else:
+            np.multiply(f, ~outside, out=f)
         if vpos is not None:
             outside &= vpos[sel]
         sb = size * w // 8
@@ -191,17 +188,14 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
         t, p = np.divmod(idx, size)
         nk = np.bincount(t, minlength=sel.size)
         rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
-        rt = sel[t]
-        records[rt, sb + 2 * rank] = (p & 0xFF).astype(np.uint8)
-        records[rt, sb + 2 * rank + 1] = (p >> 8).astype(np.uint8)
-        records[rt, sb + 2 * cap + rank] = _native(rows, br, plan, rt, p)
+        after = sel[t] * s + sb  # each exception's record, at its first byte after the selectors
+        pos16[after // 2 + rank] = p
+        flat[after + 2 * cap + rank] = tiles.reshape(-1)[sel[t] * size + p]
         header[sel] = _WIDTH_MODE[w] | (nk.astype(np.uint32) << 2) | np.uint32((o & 0xFF) << 8)
     raw_ids = np.flatnonzero(raw)
     header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
     records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
-    every = np.arange(size)
-    raw_tiles = _native(rows, br, plan, np.repeat(raw_ids, size), np.tile(every, raw_ids.size))
-    return records, raw_tiles.reshape(raw_ids.size, size)
+    return records, tiles[raw_ids]
 
 
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
