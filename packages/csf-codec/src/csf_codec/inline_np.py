@@ -200,7 +200,7 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
 
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
     """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
-    spans = block_spans(br.shape[0], rows.shape[1])
+    spans = block_spans(br.shape[0], plan.count * plan.cols)  # a span holds about as many scales per class
     stats = map_spans(
         lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
         spans,
@@ -233,9 +233,8 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
 def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int, capacity, name: str) -> None:
     """Decode one column class's records (all row blocks) into ``out`` (uint8 [R, C]), validating each."""
     size = TILE_ROWS * plan.cols
-    b32 = base.astype(np.int32)
-    bmin = np.where(valid, b32, 1 << 20).min(axis=1)
-    bmax = np.where(valid, b32, -(1 << 20)).max(axis=1)
+    bmin = np.where(valid, base, 1 << 14).min(axis=1)  # base: int16 [blocks, 128]
+    bmax = np.where(valid, base, -(1 << 14)).max(axis=1)
 
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
@@ -300,7 +299,7 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
             raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
         _scatter(out, vals, br[a:b], plan)
 
-    map_spans(span, block_spans(br.shape[0], out.shape[1]))
+    map_spans(span, block_spans(br.shape[0], plan.count * plan.cols))
 
 
 def _slot_of_byte(cap: int, length: int) -> np.ndarray:
