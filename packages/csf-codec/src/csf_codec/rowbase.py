@@ -100,22 +100,11 @@ _SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wi
 
 
 def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
-    """Bases of rows spanning at most ``levels`` values, computed with rows along the last axis: numpy
-    reduces short rows one at a time, so the level counts and the choice of window run column against
-    column over the transposed rows."""
-    n_rows, c = x.shape
-    count_t = np.uint8 if c < 1 << 8 else np.int32
-    rel = np.ascontiguousarray(x.T)
-    rel -= lo  # bytes relative to the row's minimum: no wrap
-    # le[16 + k] = bytes <= lo + k: none below lo, all C from the row's own maximum on
-    le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
-    le[:_PAD] = 0
-    le[_PAD + levels - 1 :] = c
-    flags = np.empty(rel.shape, dtype=bool)
-    for k in range(levels - 1):
-        np.less_equal(rel, k, out=flags)
-        np.add.reduce(flags, axis=0, dtype=count_t, out=le[_PAD + k])
-    key_t = np.int16 if c < 1 << 9 else np.int32
+    """Bases of rows spanning at most ``levels`` values, from their level counts; the window is chosen
+    with rows along the last axis (numpy reduces short rows one at a time), by one maximum per row."""
+    c = x.shape[1]
+    le = _level_counts(x, lo, levels)
+    key_t = np.int16 if c < 1 << 9 else np.int32 if c < 1 << 25 else np.int64
     out = {}
     for w in widths:
         span = 1 << w
@@ -132,6 +121,24 @@ def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, 
 
 
 _PAD = 16  # le columns below lo and above the widest window's top
+
+
+def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
+    """``le`` [2 * _PAD + levels, rows]: ``le[_PAD + k]`` = a row's bytes <= lo + k; none below lo, all C
+    from the row's own maximum on. Counted over the transposed rows, column against column, in the
+    narrowest count type that holds C."""
+    n_rows, c = x.shape
+    count_t = np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
+    rel = np.ascontiguousarray(x.T)
+    rel -= lo  # bytes relative to the row's minimum: no wrap
+    le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
+    le[:_PAD] = 0
+    le[_PAD + levels - 1 :] = c
+    flags = np.empty(rel.shape, dtype=bool)
+    for k in range(levels - 1):
+        np.less_equal(rel, k, out=flags)
+        np.add.reduce(flags, axis=0, dtype=count_t, out=le[_PAD + k])
+    return le
 
 
 def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
