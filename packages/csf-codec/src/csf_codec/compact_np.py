@@ -145,7 +145,7 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
         x = rows[a:b]
         flat = x.reshape(-1)
         d, outside = _outside(x, bases[width][a:b], width)
-        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, 0, d).astype(np.uint8), width)
+        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, np.uint8(0), d), width)
         n = group_counts(outside, CHUNK)
         ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
         raw = 2 * n >= ln
