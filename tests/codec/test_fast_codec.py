@@ -343,6 +343,21 @@ def test_both_inline_decoders_restore_every_plane(decoder):
         assert torch.equal(decode(encode_inline(plane, fmt, row_group=group)), plane)
 
 
+@pytest.mark.parametrize("cols", [127, 128, 255, 256, 600])
+def test_numpy_row_bases_match_the_histogram_on_wide_rows(cols):
+    """Wide rows change the numpy path's layout (no transpose from 128 columns) and count types (from 256
+    columns, and from 512 for the window keys)."""
+    g = torch.Generator().manual_seed(cols)
+    x = (120 + torch.randint(0, 4, (200, cols), generator=g)).to(torch.uint8)
+    x[::3] = (x[::3] + torch.randint(0, 30, (1, cols), generator=g)).to(torch.uint8)  # 4 to 32 levels
+    x[::7, : cols // 2] = 0  # a wide row: histogram
+    x[1] = 121  # one value: the window below it wins the tie
+    got = row_bases_np(x.numpy(), (1, 2, 4))
+    want = _row_bases_torch(x, (1, 2, 4))
+    for w in (1, 2, 4):
+        assert np.array_equal(got[w], want[w].numpy())
+
+
 @pytest.mark.parametrize("width", [0, 3, 5, 8])
 def test_numpy_row_bases_take_any_width(width):
     x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)

@@ -26,7 +26,7 @@ import torch
 
 from .bitfields import pack_fields, packed_nbytes, unpack_fields
 from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
-from .container import Envelope, open_envelope, plane_digest, seal
+from .container import HEADER_BYTES, Envelope, open_envelope, plane_digest, seal, seal_in_place
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .planes import as_rows
@@ -188,12 +188,16 @@ def encode_compact(
     rows, shape = as_rows(plane, name=name)
     if rows.device.type == "cpu":
         width, secs = encode_sections_np(rows.numpy(), tuple(widths))
-        body = torch.from_numpy(np.concatenate(secs))
         sections = tuple(int(p.size) for p in secs)
+        payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
+        np.concatenate(secs, out=payload[HEADER_BYTES:])
+        env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+        sealed = seal_in_place(env, torch.from_numpy(payload), digest=plane_digest(rows))
     else:
         width, body, sections = _encode_torch(rows, widths)
-    env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-    out = CompactScales(payload=seal(env, body, digest=plane_digest(rows)), shape=shape, fmt=fmt, width=width)
+        env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+        sealed = seal(env, body, digest=plane_digest(rows))
+    out = CompactScales(payload=sealed, shape=shape, fmt=fmt, width=width)
     if verify:
         back = decode_compact(out.payload, name=name)
         if not torch.equal(back, rows.view(shape)):

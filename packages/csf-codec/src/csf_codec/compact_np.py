@@ -46,17 +46,22 @@ def base_codes_np(bases: np.ndarray) -> np.ndarray:
 
 
 def scan_bases_np(codes: np.ndarray, escapes: np.ndarray) -> np.ndarray:
-    """Row bases (int32) from 2-bit codes: each row adds its step to the last escaped base above it."""
+    """Row bases (int32) from 2-bit codes: each row adds its step to the last escaped base above it.
+
+    One running sum of the steps, corrected at each escape by the difference between its stored base
+    and the sum reached there; row 0 of every segment escapes, so the escapes are few and every row's
+    correction comes from one of them.
+    """
     r = codes.size
     if r == 0:
         return np.zeros(0, dtype=np.int32)
-    step = np.array([0, 1, -1, 0], dtype=np.int32)[codes]
-    cum = np.cumsum(step, dtype=np.int32)
-    is_esc = codes == _ESCAPE
-    last = np.maximum.accumulate(np.where(is_esc, np.arange(r, dtype=np.int32), -1))
-    value = np.zeros(r, dtype=np.int32)
-    value[is_esc] = escapes
-    return value[last] + cum - cum[last]
+    step = (codes == _UP).astype(np.int32)
+    step -= codes == _DOWN
+    at = np.flatnonzero(codes == _ESCAPE)  # row 0 among them
+    reached = np.cumsum(step, dtype=np.int32)[at]
+    gap = escapes.astype(np.int32) - reached  # what each escape's run must add to the running sum
+    step[at] += np.diff(gap, prepend=0)
+    return np.cumsum(step, dtype=np.int32)
 
 
 def _chunk_lengths(scales: int) -> np.ndarray:
@@ -145,7 +150,7 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
         x = rows[a:b]
         flat = x.reshape(-1)
         d, outside = _outside(x, bases[width][a:b], width)
-        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, 0, d).astype(np.uint8), width)
+        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, np.uint8(0), d), width)
         n = group_counts(outside, CHUNK)
         ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
         raw = 2 * n >= ln

@@ -41,6 +41,7 @@ __all__ = [
     "open_envelope",
     "plane_digest",
     "seal",
+    "seal_in_place",
     "stored_digest",
 ]
 
@@ -75,7 +76,7 @@ def plane_digest(plane: torch.Tensor) -> bytes:
     return hashlib.sha256(memoryview(data.numpy())).digest()
 
 
-def _pack(env: Envelope, body_host: bytes, digest: bytes) -> bytes:
+def _pack(env: Envelope, body_host, digest: bytes) -> bytes:
     dims = tuple(env.shape) + (0,) * (3 - len(env.shape))
     head = _HEAD.pack(
         env.magic,
@@ -100,14 +101,23 @@ def seal(env: Envelope, body: torch.Tensor, *, digest: bytes | None = None) -> t
     ``digest`` is the SHA-256 of the native plane the body encodes (:func:`plane_digest`, or ``env.digest``): the
     encoder, which has the plane, passes it.
     """
+    payload = torch.empty(HEADER_BYTES + body.numel(), dtype=torch.uint8, device=body.device)
+    payload[HEADER_BYTES:] = body
+    return seal_in_place(env, payload, digest=digest)
+
+
+def seal_in_place(env: Envelope, payload: torch.Tensor, *, digest: bytes | None = None) -> torch.Tensor:
+    """:func:`seal` for a payload whose body is already in place after ``HEADER_BYTES`` unwritten bytes
+    (an encoder that writes its sections there saves a copy of the body); writes the header, returns it."""
+    body = payload[HEADER_BYTES:]
     if len(env.sections) > 5 or sum(env.sections) != body.numel():
         raise AssertionError("section lengths do not add up to the body")
     digest = digest or env.digest or None
-    body_host = body.cpu().numpy().tobytes()
     if digest is None or len(digest) != DIGEST_BYTES:
         raise AssertionError("a plane digest is 32 bytes of SHA-256")
-    header = torch.frombuffer(bytearray(_pack(env, body_host, digest)), dtype=torch.uint8).to(body.device)
-    return torch.cat([header, body])
+    head = _pack(env, body.contiguous().cpu().numpy(), digest)  # CPU: a view, no copy
+    payload[:HEADER_BYTES] = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(payload.device)
+    return payload
 
 
 def stored_digest(payload: torch.Tensor) -> bytes:

@@ -388,7 +388,7 @@ def _encode_storage_torch(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFor
 def _encode_storage_np(rows: torch.Tensor, geo: InlineGeometry, fmt: ScaleFormat, record_bytes: int | None):
     """:func:`_encode_storage_torch` for CPU planes, in numpy; the same bytes."""
     ref, delta, br = _block_bases_np(rows.numpy(), geo, fmt)
-    base_slot = ref[:, None].astype(np.int32) + delta
+    base_slot = ref[:, None].astype(np.int16) + delta  # int16: a per-row table stays small beside the plane
     encoded = _encode_plane_np(rows.numpy(), geo, base_slot, br, fmt, record_bytes)
     return torch.from_numpy(ref), torch.from_numpy(delta), encoded
 
@@ -573,7 +573,7 @@ def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Te
     delta = delta.reshape(geo.row_blocks, TILE_ROWS)
     if delta[~valid].any():
         raise CorruptPayloadError(name, "a padding slot's base delta is not zero")
-    base = inline.base_ref.numpy().astype(np.int32)[:, None] + delta
+    base = inline.base_ref.numpy().astype(np.int16)[:, None] + delta  # up to 510
     out = np.empty((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
     parts = [
         (inline.records, inline.record_bytes, inline.raw),

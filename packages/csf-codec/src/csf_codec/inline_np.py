@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import CorruptPayloadError
+from .record_layout import MAX_EXCEPTIONS
 from .swar import group_counts, map_spans, pack_bits, unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, slot_to_row
 
@@ -45,17 +46,18 @@ def block_spans(row_blocks: int, cols: int) -> list[tuple[int, int]]:
 
 
 _SLOT_ROWS = np.array([slot_to_row(s) for s in range(TILE_ROWS)], dtype=np.int64)
-# row = 64 half + 16 warp + 8 pair + quad; slot = 32 warp + 4 quad + 2 half + pair: a block's rows as
-# [half, warp, pair, quad] axes, put in slot order by a transpose
-_ROW_AXES = (2, 4, 2, 8)
-_SLOT_ORDER = (1, 3, 0, 2)
+_ROW_SLOTS = np.argsort(_SLOT_ROWS)  # the inverse permutation: each row's slot
+
+
+_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32}  # a tile row of tc columns as one element
 
 
 def _words(cols: np.ndarray, plan: ClassPlan) -> np.ndarray:
-    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns), so that
-    transposes move whole tile rows; a view whenever the last axis is contiguous."""
-    if plan.cols == TILE_COLS and cols.strides[1] == 1:
-        return cols.view(np.uint32)
+    """A class's columns with a tile row's ``tc`` bytes as one element (uint32 for four columns, uint16
+    for a two-column tail), so that transposes move whole tile rows rather than bytes; a view whenever
+    the last axis is contiguous."""
+    if plan.cols in _WORD and cols.strides[1] == 1:
+        return cols.view(_WORD[plan.cols])
     return cols[..., None]
 
 
@@ -73,9 +75,9 @@ def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarr
     first = _whole_blocks(br)
     if first is not None:  # a transpose, no gather
         cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
-        unit = _words(cols, plan)
-        x = unit.reshape(nb, *_ROW_AXES, plan.count, -1)
-        tiles = np.ascontiguousarray(x.transpose(0, 5, *(1 + a for a in _SLOT_ORDER), 6))
+        # tile rows to the last axis but one (long inner copies), then into slot order along it
+        unit = _words(cols, plan).reshape(nb, TILE_ROWS, plan.count, -1)
+        tiles = np.take(np.ascontiguousarray(unit.transpose(0, 2, 1, 3)), _SLOT_ROWS, axis=2)
         return tiles.view(np.uint8).reshape(nb * plan.count, TILE_ROWS * plan.cols)
     real = br >= 0
     first, last = int(br[real].min()), int(br[real].max())  # a span's blocks cover consecutive rows
@@ -157,21 +159,15 @@ def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarr
     return key.argmin(axis=0), ~fits.any(axis=0)
 
 
-def _native(rows, br, plan: ClassPlan, tile, pos) -> np.ndarray:
-    """Native bytes at positions ``pos`` of tiles ``tile`` of a span (padding reads 0)."""
-    slot, col = np.divmod(pos, plan.cols)
-    row = br[tile // plan.count, slot]
-    got = rows[np.maximum(row, 0), plan.start + (tile % plan.count) * plan.cols + col]
-    return np.where(row >= 0, got, 0).astype(np.uint8)
-
-
 def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
     """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
     again rather than kept from the first pass: the plane's memory stays bounded by a span."""
     size = TILE_ROWS * plan.cols
-    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+    tiles = _gather_tiles(rows, br, plan)
+    e = _biased(tiles, base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
+    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
     header = np.zeros(e.shape[0], dtype=np.uint32)
     for k, (w, o) in enumerate(windows):
         sel = np.flatnonzero((best == k) & ~raw)
@@ -179,7 +175,10 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
             continue
         f = e[sel] - np.uint8(o + _BIAS)
         outside = f >= (1 << w)
-        f[outside] = 0
+        if w == 1:
+            f = f == 1  # packed as bits: outside fields are 0
+        else:
+            np.multiply(f, ~outside, out=f)
         if vpos is not None:
             outside &= vpos[sel]
         sb = size * w // 8
@@ -189,22 +188,19 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
         t, p = np.divmod(idx, size)
         nk = np.bincount(t, minlength=sel.size)
         rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
-        rt = sel[t]
-        records[rt, sb + 2 * rank] = (p & 0xFF).astype(np.uint8)
-        records[rt, sb + 2 * rank + 1] = (p >> 8).astype(np.uint8)
-        records[rt, sb + 2 * cap + rank] = _native(rows, br, plan, rt, p)
+        after = sel[t] * s + sb  # each exception's record, at its first byte after the selectors
+        pos16[after // 2 + rank] = p
+        flat[after + 2 * cap + rank] = tiles.reshape(-1)[sel[t] * size + p]
         header[sel] = _WIDTH_MODE[w] | (nk.astype(np.uint32) << 2) | np.uint32((o & 0xFF) << 8)
     raw_ids = np.flatnonzero(raw)
     header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
     records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
-    every = np.arange(size)
-    raw_tiles = _native(rows, br, plan, np.repeat(raw_ids, size), np.tile(every, raw_ids.size))
-    return records, raw_tiles.reshape(raw_ids.size, size)
+    return records, tiles[raw_ids]
 
 
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
     """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
-    spans = block_spans(br.shape[0], rows.shape[1])
+    spans = block_spans(br.shape[0], plan.count * plan.cols)  # a span holds about as many scales per class
     stats = map_spans(
         lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
         spans,
@@ -237,9 +233,8 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
 def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int, capacity, name: str) -> None:
     """Decode one column class's records (all row blocks) into ``out`` (uint8 [R, C]), validating each."""
     size = TILE_ROWS * plan.cols
-    b32 = base.astype(np.int32)
-    bmin = np.where(valid, b32, 1 << 20).min(axis=1)
-    bmax = np.where(valid, b32, -(1 << 20)).max(axis=1)
+    bmin = np.where(valid, base, 1 << 14).min(axis=1)  # base: int16 [blocks, 128]
+    bmax = np.where(valid, base, -(1 << 14)).max(axis=1)
 
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
@@ -248,6 +243,9 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
         mode = h & 3
         vals = np.empty((rec.shape[0], size), dtype=np.uint8)
         vpos = None if valid[a:b].all() else _valid_positions(valid[a:b], plan)
+        # each position's row base, as bytes: padding slots and forged bases wrap, and are dropped or
+        # refused by the window check before a value is kept
+        base_pos = np.repeat(base[a:b].astype(np.uint8), plan.cols, axis=1)
         for m, w in _MODE_WIDTH.items():
             sel = np.flatnonzero(mode == m)
             if not sel.size:
@@ -263,18 +261,13 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
                 raise CorruptPayloadError(name, "a tile window leaves the byte range")
             sb = size * w // 8
             rest = rec[sel, sb : s - _HEADER]  # positions, values, then bytes no field uses
-            unused = np.arange(cap)[None, :] >= cnt[:, None]
-            if (
-                rest[:, : 2 * cap].reshape(-1, cap, 2)[unused].any()
-                or rest[:, 2 * cap : 3 * cap][unused].any()
-                or rest[:, 3 * cap :].any()
-            ):
+            if np.logical_and(rest, cnt[:, None] <= _slot_of_byte(cap, rest.shape[1])).any():
                 raise CorruptPayloadError(name, "a record's unused exception slots or padding are not zero")
             fields = unpack_bits(np.ascontiguousarray(rec[sel, :sb]).reshape(-1), w, sel.size * size)
             if vpos is not None and fields.reshape(sel.size, size)[~vpos[sel]].any():
                 raise CorruptPayloadError(name, "a padding slot's selector is not zero")
-            lo = (b32[blk] + o[:, None]).astype(np.uint8)  # padding slots wrap harmlessly: they are dropped
-            v = (fields.reshape(sel.size, TILE_ROWS, plan.cols) + lo[:, :, None]).reshape(sel.size, size)
+            v = fields.reshape(sel.size, size) + base_pos[sel // plan.count]
+            v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
             total = int(cnt.sum())
             if total:
                 t = np.repeat(np.arange(sel.size), cnt)
@@ -306,7 +299,14 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
             raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
         _scatter(out, vals, br[a:b], plan)
 
-    map_spans(span, block_spans(br.shape[0], out.shape[1]))
+    map_spans(span, block_spans(br.shape[0], plan.count * plan.cols))
+
+
+def _slot_of_byte(cap: int, length: int) -> np.ndarray:
+    """For each byte after a record's selectors, the exception slot it belongs to (position bytes, then
+    value bytes; :data:`MAX_EXCEPTIONS` for bytes no field uses): unused while the count is <= it."""
+    k = np.arange(length)
+    return np.where(k < 2 * cap, k // 2, np.where(k < 3 * cap, k - 2 * cap, MAX_EXCEPTIONS))
 
 
 def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan) -> None:
@@ -314,11 +314,9 @@ def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan)
     first = _whole_blocks(br)
     if first is not None:  # the inverse transpose of _gather_tiles
         dst = _words(out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols], plan)
-        src = vals.view(dst.dtype).reshape(nb, plan.count, *(_ROW_AXES[a] for a in _SLOT_ORDER), -1)
-        inverse = [0] * 4
-        for i, a in enumerate(_SLOT_ORDER):
-            inverse[a] = i
-        dst.reshape(nb, *_ROW_AXES, plan.count, -1)[...] = src.transpose(0, *(2 + i for i in inverse), 1, 6)
+        src = vals.view(dst.dtype).reshape(nb, plan.count, TILE_ROWS, -1)
+        by_row = np.take(src, _ROW_SLOTS, axis=2)
+        dst.reshape(nb, TILE_ROWS, plan.count, -1)[...] = by_row.transpose(0, 2, 1, 3)
         return
     keep = br >= 0
     if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word

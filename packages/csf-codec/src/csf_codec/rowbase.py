@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .swar import map_spans, row_counts
+from .swar import map_spans
 
 __all__ = ["row_bases", "row_bases_for_widths", "row_bases_np"]
 
@@ -55,11 +55,13 @@ _SCALES_PER_PASS = 1 << 20
 def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
     """:func:`row_bases_for_widths` on a uint8 [R, C] numpy array, by whole-array byte passes.
 
-    For a row of minimum ``m`` whose bytes span ``L <= 32`` values, ``le[k]`` (how many bytes are
-    ``<= m + k``) for ``k < L`` gives every window count: the window at ``m + j`` holds
+    A row whose bytes span fewer than ``2**w`` values fits one window whole, so its base is the smallest
+    such window's start, ``max(0, max - 2**w + 1)``: most rows are settled by their minimum and maximum.
+    For the others, of minimum ``m`` and bytes spanning ``L <= 32`` values, ``le[k]`` (how many bytes
+    are ``<= m + k``) for ``k < L`` gives every window count: the window at ``m + j`` holds
     ``le[j + 2**w - 1] - le[j - 1]``; windows starting below ``m - 2**w + 1`` or above the row's maximum
-    hold nothing. Rows are grouped by spread so that narrow rows pay for few levels; wider rows (NaN
-    bytes, zero rows beside normal ones, NVFP4 rows with outlier blocks) take a full histogram.
+    hold nothing. Those rows are grouped by spread so that narrow rows pay for few levels; wider rows
+    (NaN bytes, zero rows beside normal ones, NVFP4 rows with outlier blocks) take a full histogram.
     """
     r, c = rows.shape
     out = {w: np.zeros(r, dtype=np.uint8) for w in widths}
@@ -70,24 +72,25 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
     def one(start: int) -> None:
         x = rows[start : start + step]
         lo, hi = _row_min_max(x)
-        spread = hi - lo
+        for w in widths:  # every row that one window holds whole; the others are overwritten below
+            out[w][start : start + x.shape[0]] = np.maximum(hi, (1 << w) - 1) - ((1 << w) - 1)
+        hard = np.flatnonzero(hi - lo >= 1 << min(widths))
+        if not hard.size:
+            return
+        x, lo, spread = x[hard], lo[hard], hi[hard] - lo[hard]
         groups = np.searchsorted(np.array(_SPREAD_GROUPS), spread, side="right")
         if max(widths) > 4:  # windows wider than the level table's padding: histograms for every row
             groups[:] = len(_SPREAD_GROUPS)
         for g in range(len(_SPREAD_GROUPS) + 1):
-            pick = None if (groups == g).all() else np.flatnonzero(groups == g)
-            if pick is not None and not pick.size:
+            pick = np.flatnonzero(groups == g)
+            if not pick.size:
                 continue
-            xs, los = (x, lo) if pick is None else (x[pick], lo[pick])
             if g == len(_SPREAD_GROUPS):
-                got = _histogram_bases(xs, widths)
+                got = _histogram_bases(x[pick], widths)
             else:
-                got = _level_bases(xs, los, int(spread.max() if pick is None else spread[pick].max()) + 1, widths)
+                got = _level_bases(x[pick], lo[pick], int(spread[pick].max()) + 1, widths)
             for w in widths:
-                if pick is None:
-                    out[w][start : start + x.shape[0]] = got[w]
-                else:
-                    out[w][start + pick] = got[w]
+                out[w][start + hard[pick]] = got[w]
 
     map_spans(one, range(0, r, step))
     return out
@@ -97,31 +100,45 @@ _SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wi
 
 
 def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
-    n_rows, c = x.shape
-    count_t = np.int16 if c < 1 << 15 else np.int64
-    cp = -(-c // 8) * 8
-    rel = np.full((n_rows, cp), 255, dtype=np.uint8)
-    np.subtract(x, lo[:, None], out=rel[:, :c])
-    # le[:, 16 + k] = bytes <= lo + k: none below lo, all C from the row's own maximum on
-    le = np.empty((n_rows, 2 * _PAD + levels), dtype=count_t)
-    le[:, :_PAD] = 0
-    le[:, _PAD + levels - 1 :] = c
-    for k in range(levels - 1):
-        le[:, _PAD + k] = row_counts(rel <= k)
+    """Bases of rows spanning at most ``levels`` values, from their level counts; the window is chosen
+    with rows along the last axis (numpy reduces short rows one at a time), by one maximum per row."""
+    c = x.shape[1]
+    le = _level_counts(x, lo, levels)
+    key_t = np.int16 if c < 1 << 9 else np.int32 if c < 1 << 25 else np.int64
     out = {}
     for w in widths:
         span = 1 << w
-        j = np.arange(-(span - 1), levels)  # relative bases that can hold anything
-        counts = le[:, _PAD + j[0] + span - 1 : _PAD + j[-1] + span] - le[:, _PAD + j[0] - 1 : _PAD + j[-1]]
+        j = np.arange(-(span - 1), levels)  # relative bases that can hold anything; fewer than 64
+        counts = le[_PAD + j[0] + span - 1 : _PAD + j[-1] + span] - le[_PAD + j[0] - 1 : _PAD + j[-1]]
+        # one maximum over count * 64 + (63 - index): the most scales, then the smallest base
+        key = counts.astype(key_t) * key_t(64) + (63 - np.arange(j.size, dtype=key_t))[:, None]
         if int(lo.min()) + j[0] < 0 or int(lo.max()) + j[-1] > 256 - span:  # some would leave the byte range
-            b = lo.astype(np.int16)[:, None] + j[None, :].astype(np.int16)
-            counts = np.where((b >= 0) & (b <= 256 - span), counts, -1)
-        best = counts.argmax(axis=1)  # the first maximum: the smallest base wins ties
+            b = lo.astype(np.int16)[None, :] + j[:, None].astype(np.int16)
+            key[(b < 0) | (b > 256 - span)] = -1
+        best = 63 - (key.max(axis=0) & 63)
         out[w] = (lo.astype(np.int16) + j[best]).astype(np.uint8)
     return out
 
 
 _PAD = 16  # le columns below lo and above the widest window's top
+
+
+def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
+    """``le`` [2 * _PAD + levels, rows]: ``le[_PAD + k]`` = a row's bytes <= lo + k; none below lo, all C
+    from the row's own maximum on. Counted over the transposed rows, column against column, in the
+    narrowest count type that holds C."""
+    n_rows, c = x.shape
+    count_t = np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
+    rel = np.ascontiguousarray(x.T)
+    rel -= lo  # bytes relative to the row's minimum: no wrap
+    le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
+    le[:_PAD] = 0
+    le[_PAD + levels - 1 :] = c
+    flags = np.empty(rel.shape, dtype=bool)
+    for k in range(levels - 1):
+        np.less_equal(rel, k, out=flags)
+        np.add.reduce(flags, axis=0, dtype=count_t, out=le[_PAD + k])
+    return le
 
 
 def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
@@ -134,11 +151,12 @@ def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.nda
 
 
 def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row minimum and maximum; narrow rows go column by column (numpy's row reductions are slow there)."""
-    if x.shape[1] > 32:
+    """Per-row minimum and maximum. numpy reduces short rows one at a time, so rows of fewer than
+    :data:`_NARROW` columns are transposed first and reduced column against column."""
+    if x.shape[1] >= _NARROW:
         return x.min(axis=1), x.max(axis=1)
-    lo, hi = x[:, 0].copy(), x[:, 0].copy()
-    for i in range(1, x.shape[1]):
-        np.minimum(lo, x[:, i], out=lo)
-        np.maximum(hi, x[:, i], out=hi)
-    return lo, hi
+    cols = np.ascontiguousarray(x.T)
+    return cols.min(axis=0), cols.max(axis=0)
+
+
+_NARROW = 128

@@ -1,4 +1,4 @@
-"""Whole-array byte arithmetic in numpy: counting flags in rows or fixed-size groups, and bit fields.
+"""Whole-array byte arithmetic in numpy: counting flags in fixed-size groups, and bit fields.
 
 Counting sums flag bytes eight at a time as uint64 words (each byte lane counts at most 255 flags),
 then folds the lanes; this is several times faster than numpy's per-row reductions over bytes.
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["group_counts", "map_spans", "pack_bits", "row_counts", "unpack_bits"]
+__all__ = ["group_counts", "map_spans", "pack_bits", "unpack_bits"]
 
 WORKERS = max(1, min(2, os.cpu_count() or 1))  # numpy releases the GIL in whole-array operations
 
@@ -26,7 +26,6 @@ def map_spans(fn: Callable, spans: Iterable) -> list:
         return list(pool.map(fn, spans))
 
 
-_LANE_MAX = 255
 _LO8 = np.uint64(0x00FF00FF00FF00FF)
 _ONES16 = np.uint64(0x0001000100010001)
 
@@ -49,21 +48,6 @@ def group_counts(flags: np.ndarray, group: int) -> np.ndarray:
     if n % group:
         out[full] = int(np.count_nonzero(flags[full * group :]))
     return out
-
-
-def row_counts(flags: np.ndarray) -> np.ndarray:
-    """Set flags per row of a 2-D bool/uint8 array, as int64."""
-    rows, cols = flags.shape
-    flags = flags.view(np.uint8)
-    if cols % 8 or cols > 8 * _LANE_MAX or not flags.flags.c_contiguous:
-        return np.count_nonzero(flags, axis=1).astype(np.int64)
-    words = flags.view(np.uint64).reshape(rows, cols // 8)
-    if cols >= 64:
-        return _fold(words.sum(axis=1))
-    acc = words[:, 0].copy()
-    for i in range(1, cols // 8):
-        acc += words[:, i]
-    return _fold(acc)
 
 
 def pack_bits(fields: np.ndarray, width: int) -> np.ndarray:
