@@ -211,7 +211,7 @@ class CsfMoECore:
         return entry
 
     def process_weights_after_loading(self, layer) -> None:
-        from csf_moe import LocalRoutes, bind
+        from csf_moe import bind
 
         device = self.values(layer, "w13").device
         if device.type != "cuda":
@@ -223,15 +223,22 @@ class CsfMoECore:
         scratch = SCRATCH.get(device, p.scratch_bytes)
         bound = bind(p, w, scratch, l2_resident_scales=env.flag(env.L2_SCALES))  # resolves every program
         setattr(layer, BOUND_ATTR, bound)
-        expert_map = self.global_expert_map(layer)
-        if expert_map is not None:  # buffers allocated now, so the mapping in apply is captured in CUDA graphs
-            setattr(layer, LOCAL_ROUTES_ATTR, LocalRoutes(expert_map.to(device), p.max_pairs))
+        self.map_routes(layer, p.max_pairs, device)
         MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
         self.prefetch = prefetch_enabled()  # read here, not on every forward call
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
         runtime.freeze()
         entry = self.release_native(layer, w)
         logger.debug("csf: %s keeps %d of %d scale bytes", entry.layer, entry.stored_bytes, entry.native_bytes)
+
+    def map_routes(self, layer, max_pairs: int, device: torch.device) -> None:
+        """Where the engine routes with the model's expert ids: the layer's LocalRoutes, its buffers allocated now
+        on ``device``, so that the mapping in ``apply`` is captured in CUDA graphs."""
+        from csf_moe import LocalRoutes
+
+        expert_map = self.global_expert_map(layer)
+        if expert_map is not None:
+            setattr(layer, LOCAL_ROUTES_ATTR, LocalRoutes(expert_map.to(device), max_pairs))
 
     def bound_layer(self, layer):
         bound = getattr(layer, BOUND_ATTR, None)
