@@ -42,6 +42,8 @@ def make_experts(
     top_k: int = 2,
     tp: int = 1,
     rank: int = 0,
+    ep: int = 1,
+    ep_rank: int = 0,
     activation: str = "silu",
     with_bias: bool = False,
     gemm1_alpha: float | None = None,
@@ -49,9 +51,11 @@ def make_experts(
     device: str = "cpu",
     **server_args,
 ) -> FusedMoE:
-    """One FusedMoE layer as TP rank ``rank`` of ``tp`` builds it (``inter`` is the unsharded size)."""
-    ranks = dict(tp_size=tp, tp_rank=rank, attn_tp_size=tp, attn_tp_rank=rank)
-    ranks |= dict(moe_tp_size=tp, moe_tp_rank=rank, moe_ep_size=1, moe_ep_rank=0)
+    """One FusedMoE layer as MoE TP rank ``rank`` of ``tp`` and EP rank ``ep_rank`` of ``ep`` builds it (``inter`` is
+    the unsharded size; ``--tp-size tp * ep --ep-size ep``)."""
+    world, me = tp * ep, ep_rank * tp + rank
+    ranks = dict(tp_size=world, tp_rank=me, attn_tp_size=world, attn_tp_rank=me)
+    ranks |= dict(moe_tp_size=tp, moe_tp_rank=rank, moe_ep_size=ep, moe_ep_rank=ep_rank)
     with get_context().override_server_args(**server_args), get_parallel().override(**ranks), torch.device(device):
         return FusedMoE(
             num_experts=experts,

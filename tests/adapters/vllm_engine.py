@@ -13,7 +13,7 @@ from unittest import mock
 import torch
 import vllm.model_executor.model_loader.default_loader as default_loader
 import vllm.model_executor.model_loader.weight_utils as weight_utils
-from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
+from vllm.config import CompilationConfig, DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 from vllm.config.model import ModelConfig
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
@@ -44,12 +44,24 @@ def make_experts(
     activation: str = "silu",
     device: str = "cpu",
     capture_sizes: list[int] | None = None,
+    ep: bool = False,
+    dp: int = 1,
+    dp_rank: int = 0,
+    **parallel,
 ) -> RoutedExperts:
-    """One RoutedExperts layer as TP rank ``rank`` of ``tp`` builds it (``inter`` is the unsharded size)."""
+    """One RoutedExperts layer as TP rank ``rank`` of ``tp`` (and DP rank ``dp_rank`` of ``dp``) builds it (``inter``
+    is the unsharded size); ``ep``: with ``--enable-expert-parallel`` (EP over all ``tp * dp`` ranks);
+    ``parallel``: other ParallelConfig fields (``all2all_backend``, ``enable_eplb``)."""
     compilation = CompilationConfig(cudagraph_capture_sizes=capture_sizes) if capture_sizes else CompilationConfig()
+    par = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep)
+    for field, value in parallel.items():  # set unvalidated: ParallelConfig refuses EPLB on a machine without GPUs
+        setattr(par, field, value)
     vllm_config = VllmConfig(device_config=DeviceConfig(device=device), compilation_config=compilation)
+    vllm_config.parallel_config = par  # set after construction: VllmConfig checks a world size against the host
     rank_of = "vllm.model_executor.layers.fused_moe.config.get_tensor_model_parallel_rank"
-    with set_current_vllm_config(vllm_config), mock.patch(rank_of, return_value=rank), torch.device(device):
+    dp_group = "vllm.model_executor.layers.fused_moe.config.get_dp_group"
+    with (set_current_vllm_config(vllm_config), mock.patch(rank_of, return_value=rank),
+          mock.patch(dp_group, return_value=SimpleNamespace(rank_in_group=dp_rank)), torch.device(device)):  # fmt: skip
         runner = FusedMoEFactory(
             num_experts=experts,
             top_k=top_k,
@@ -58,7 +70,7 @@ def make_experts(
             params_dtype=torch.bfloat16,
             quant_config=quant_config,
             tp_size=tp,
-            dp_size=1,
+            dp_size=dp,
             pcp_size=1,
             prefix=PREFIX,
             has_bias=has_bias,

@@ -1,4 +1,4 @@
-"""The geometry catalog (``catalog.yaml``): the model geometries csf serves, per TP rank and format."""
+"""The geometry catalog (``catalog.yaml``): the model geometries csf serves, per TP or EP rank and format."""
 
 from __future__ import annotations
 
@@ -15,21 +15,33 @@ CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
 @dataclass(frozen=True, kw_only=True)
 class MoEGeometry:
-    """One MoE layer as one TP rank holds it."""
+    """One MoE layer as one rank holds it: ``intermediate / tp`` of every expert's width, for ``experts``
+    local experts (the model's ``experts * ep`` split over ``ep`` expert-parallel ranks)."""
 
     model: str
     tp: int
     fmt: ScaleFormat
-    experts: int
+    experts: int  # this rank's (local) experts
     hidden: int
     intermediate: int  # per rank
     top_k: int
     activation: str = "silu"  # "silu" (SiLU-and-mul) or "swiglu_oai" (gpt-oss's clamped SwiGLU)
     bias: bool = False  # W13 and W2 carry per-expert biases (gpt-oss)
+    ep: int = 1  # expert-parallel ranks the model's experts are split over
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.ep < 1:
+            raise ValueError(f"{self.model}: tp={self.tp} and ep={self.ep} must be positive")
 
     @property
     def name(self) -> str:
-        return f"{self.model}/tp{self.tp}/{self.fmt.name}"
+        ep = f"/ep{self.ep}" if self.ep > 1 else ""
+        return f"{self.model}/tp{self.tp}{ep}/{self.fmt.name}"
+
+    @property
+    def global_experts(self) -> int:
+        """The model's routed experts (route ids range over these; this rank computes ``experts`` of them)."""
+        return self.experts * self.ep
 
     @property
     def w13_scale_shape(self) -> tuple[int, int, int]:
@@ -54,26 +66,32 @@ class Catalog:
     sparse_mla: dict
     token_buckets: tuple[int, ...]
 
-    def moe_geometry(self, model: str, tp: int, fmt: str) -> MoEGeometry:
+    def moe_geometry(self, model: str, tp: int, fmt: str, ep: int = 1) -> MoEGeometry:
         for g in self.moe:
-            if (g.model, g.tp, g.fmt.name) == (model, tp, fmt):
+            if (g.model, g.tp, g.ep, g.fmt.name) == (model, tp, ep, fmt):
                 return g
-        raise KeyError(f"{model} tp{tp} {fmt} is not in the geometry catalog {CATALOG_PATH}")
+        raise KeyError(f"{model} tp{tp} ep{ep} {fmt} is not in the geometry catalog {CATALOG_PATH}")
 
 
 def _moe_entries(raw: list[dict]) -> tuple[MoEGeometry, ...]:
+    """Each model at each of its ``tp`` sizes (every expert, 1/tp of the width) and ``ep`` sizes (1/ep of the
+    experts at full width, as both engines split them under expert parallelism)."""
     out = []
     for m in raw:
-        for tp in m["tp"]:
+        ranks = [(tp, 1) for tp in m["tp"]] + [(1, ep) for ep in m.get("ep", ())]
+        for tp, ep in ranks:
             if m["intermediate"] % tp:
                 raise ValueError(f"{m['name']}: intermediate {m['intermediate']} does not split over tp {tp}")
+            if m["experts"] % ep:
+                raise ValueError(f"{m['name']}: {m['experts']} experts do not split over ep {ep}")
             for f in m["formats"]:
                 out.append(
                     MoEGeometry(
                         model=m["name"],
                         tp=tp,
+                        ep=ep,
                         fmt=scale_format(f),
-                        experts=m["experts"],
+                        experts=m["experts"] // ep,
                         hidden=m["hidden"],
                         intermediate=m["intermediate"] // tp,
                         top_k=m["top_k"],

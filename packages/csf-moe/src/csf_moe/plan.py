@@ -192,8 +192,9 @@ class MoEPlan:
 
     def expands_all_experts(self, tokens: int) -> bool:
         """Whether an expanding call of ``tokens`` tokens expands every expert's scales, concurrently with the
-        routing's alignment, rather than the routed experts' after it."""
-        return tokens * self.top_k >= self.expand_all_routes_per_expert * self.geometry.experts
+        routing's alignment, rather than the routed experts' after it (routes per expert over the model's experts:
+        an expert-parallel rank gets about 1/ep of the routes for 1/ep of the experts)."""
+        return tokens * self.top_k >= self.expand_all_routes_per_expert * self.geometry.global_experts
 
     def expansion_schedule(
         self, tokens: int, planes: PlaneExpansion, *, ids_list_experts: bool, planes_given: bool = False
@@ -354,8 +355,8 @@ def plan(
         raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")
     if scale_source not in SCALE_SOURCES:
         raise ValueError(f"scale_source must be one of {SCALE_SOURCES}, got {scale_source!r}")
-    if not 0 < top_k <= geometry.experts:
-        raise ValueError(f"top_k={top_k} must lie in [1, {geometry.experts}]")
+    if not 0 < top_k <= geometry.global_experts:
+        raise ValueError(f"top_k={top_k} must lie in [1, {geometry.global_experts}]")
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
     if expand_all_routes_per_expert <= 0:
@@ -366,10 +367,13 @@ def plan(
             "multiples of 32 (the GEMM programs are compiled for 16-byte aligned rows)"
         )
     sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
+    # tiles follow the routes per expert, which an expert-parallel rank shares with the whole layer (about 1/ep of
+    # the routes for 1/ep of the experts); the blocks and scratch take every route as local (the worst case)
+    density = geometry.global_experts
     plans = []
     for smallest, t in zip([1] + [s + 1 for s in sizes[:-1]], sizes, strict=True):  # each bucket's calls
-        if t * top_k <= decode_routes_per_expert * geometry.experts:
-            config = decode_config or decode_config_for(t * top_k, geometry.experts)
+        if t * top_k <= decode_routes_per_expert * density:
+            config = decode_config or decode_config_for(t * top_k, density)
         else:
             config = prefill_config
         expand = scale_source == "expanded" or (

@@ -21,13 +21,25 @@ from .checkpoint_config import COMPRESSED_TENSORS
 from .layer_order import MOE_ORDER, prefetch_enabled, prefetcher
 from .scratch import SharedScratch
 
-__all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "MODELOPT_NAMES", "SCRATCH", "CsfMoECore", "ParamNames",
-           "param_names"]  # fmt: skip
+__all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "LOCAL_ROUTES_ATTR", "MODELOPT_NAMES", "SCRATCH", "CsfMoECore",
+           "ParamNames", "param_names", "plan_rank_layer"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer, kept on the engine's MoE module
+LOCAL_ROUTES_ATTR = "csf_local_routes"  # its csf_moe.LocalRoutes where the engine hands it the model's route ids
 SCRATCH = SharedScratch()
+
+
+def plan_rank_layer(geometry: MoEGeometry, max_tokens: int, capture_sizes: tuple[int, ...] = ()):
+    """The plan a served rank's layer runs: inline CSF scales, the catalog's token buckets and the engine's
+    CUDA-graph sizes up to ``max_tokens``. With :func:`csf_moe.prepare_weights` on the rank's tensors (as
+    :func:`csf_moe.shard_weights` slices them, or the engine's loader wrote them) it builds the layer an adapter
+    serves."""
+    from csf_moe import plan
+
+    buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *capture_sizes) if t <= max_tokens}))
+    return plan(geometry, max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,14 @@ class CsfMoECore:
     def tp_size(self) -> int:
         raise NotImplementedError
 
+    def ep_size(self) -> int:
+        raise NotImplementedError
+
+    def global_expert_map(self, layer) -> torch.Tensor | None:
+        """int32 [model's experts] -> local id or -1, where the engine hands ``apply`` the model's route ids (None:
+        it hands the rank's own)."""
+        return None
+
     def top_k(self) -> int:
         raise NotImplementedError
 
@@ -130,6 +150,7 @@ class CsfMoECore:
         return MoEGeometry(
             model=getattr(layer, "layer_name", None) or self.engine,
             tp=self.tp_size(),
+            ep=self.ep_size(),
             fmt=self.fmt,
             experts=self.num_experts,
             hidden=self.hidden_size,
@@ -152,11 +173,9 @@ class CsfMoECore:
 
     def prepare(self, layer):
         """Plan the layer and build its weights (inline CSF scales) on the weights' device; no binding."""
-        from csf_moe import plan, prepare_weights
+        from csf_moe import prepare_weights
 
-        max_tokens = self.max_tokens()
-        buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *self.capture_sizes) if t <= max_tokens}))
-        p = plan(self.geometry(layer), max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
+        p = plan_rank_layer(self.geometry(layer), self.max_tokens(), self.capture_sizes)
         g13, g2 = self._global_scales(layer) if self.fmt.name == "nvfp4" else (None, None)
         w = prepare_weights(
             p,
@@ -204,12 +223,22 @@ class CsfMoECore:
         scratch = SCRATCH.get(device, p.scratch_bytes)
         bound = bind(p, w, scratch, l2_resident_scales=env.flag(env.L2_SCALES))  # resolves every program
         setattr(layer, BOUND_ATTR, bound)
+        self.map_routes(layer, p.max_pairs, device)
         MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
         self.prefetch = prefetch_enabled()  # read here, not on every forward call
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
         runtime.freeze()
         entry = self.release_native(layer, w)
         logger.debug("csf: %s keeps %d of %d scale bytes", entry.layer, entry.stored_bytes, entry.native_bytes)
+
+    def map_routes(self, layer, max_pairs: int, device: torch.device) -> None:
+        """Where the engine routes with the model's expert ids: the layer's LocalRoutes, its buffers allocated now
+        on ``device``, so that the mapping in ``apply`` is captured in CUDA graphs."""
+        from csf_moe import LocalRoutes
+
+        expert_map = self.global_expert_map(layer)
+        if expert_map is not None:
+            setattr(layer, LOCAL_ROUTES_ATTR, LocalRoutes(expert_map.to(device), max_pairs))
 
     def bound_layer(self, layer):
         bound = getattr(layer, BOUND_ATTR, None)
@@ -218,10 +247,15 @@ class CsfMoECore:
         return bound
 
     def run_experts(self, layer, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The layer's MoE output for the engine's routing. Calls that expand scales (above the inline
-        token limit) read an expansion made on a side stream while the engine ran attention, and start
-        the next layer's when ``CSF_EXPANSION_PREFETCH`` is set (see csf_moe.prefetch and layer_order)."""
+        """The layer's MoE output for the engine's routing (this rank's experts' share of it under expert
+        parallelism: the model's route ids go through the layer's LocalRoutes, other ranks' experts are skipped).
+        Calls that expand scales (above the inline token limit) read an expansion made on a side stream while the
+        engine ran attention, and start the next layer's when ``CSF_EXPANSION_PREFETCH`` is set (see
+        csf_moe.prefetch and layer_order)."""
         bound = self.bound_layer(layer)
+        local_routes = getattr(layer, LOCAL_ROUTES_ATTR, None)
+        if local_routes is not None:
+            topk_ids = local_routes(topk_ids)
         if not self.prefetch:
             return bound.run(x, topk_ids, topk_weights)
         index = MOE_ORDER.index(layer)

@@ -6,6 +6,10 @@ TP-slices checkpoint tensors (native, or decoded from ``X.csf`` by :mod:`.weight
 After loading, the layer is planned, its scales re-encoded as inline CSF records on the GPU, bound to a shared
 scratch buffer, and the native scale planes are released (:mod:`csf_serving_adapters.moe_core`). ``apply`` runs
 the bound csf-moe layer on SGLang's standard top-k output (no MoeRunner).
+
+Under expert parallelism (``--ep-size``) SGLang creates the rank's local experts, its loader keeps only theirs,
+and its standard dispatcher hands ``apply`` local route ids (-1 for other ranks' experts, which csf-moe skips);
+the ranks' outputs are all-reduced as for SGLang's own FP4 methods.
 """
 
 from __future__ import annotations
@@ -84,6 +88,32 @@ def _server_token_limits() -> tuple[int, tuple[int, ...]]:
     return int(prefill or DEFAULT_MAX_TOKENS), tuple(sorted({int(t) for t in sizes or () if int(t) > 0}))
 
 
+def _check_expert_parallel(ep_size: int) -> None:
+    """Expert parallelism as SGLang runs it around csf: its standard dispatcher maps the model's route ids to the
+    rank's (-1: another rank's expert, skipped by csf-moe) and the ranks' outputs are all-reduced. The all-to-all
+    backends hand tokens to their own expert kernels; EPLB and redundant experts move or copy experts at run time."""
+    if ep_size <= 1:
+        return
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+    from sglang.srt.runtime_context import get_exec
+
+    moe = get_exec().moe  # the server's MoE options (the flags' a2a backend is derived from them)
+    for backend in (get_moe_a2a_backend().value, getattr(moe, "moe_a2a_backend", None) or "none"):
+        if backend != "none":
+            raise NotImplementedError(
+                f"csf: expert parallelism with --moe-a2a-backend {backend} (its dispatch feeds expert kernels csf "
+                "does not provide); serve --ep-size with --moe-a2a-backend none"
+            )
+    for option, value in (("--enable-eplb", getattr(moe, "enable_eplb", False)),
+                          ("--ep-num-redundant-experts", getattr(moe, "ep_num_redundant_experts", 0)),
+                          ("--elastic-ep-backend", getattr(moe, "elastic_ep_backend", None))):  # fmt: skip
+        if value:
+            raise NotImplementedError(
+                f"csf: {option} places or moves experts at run time; csf's compressed experts stay where they "
+                f"were loaded (serve --ep-size without {option})"
+            )
+
+
 class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
     engine = "sglang"
     scale_quant_method = "group"
@@ -107,6 +137,9 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
 
     def tp_size(self) -> int:
         return self._tp_size
+
+    def ep_size(self) -> int:
+        return self._ep_size
 
     def top_k(self) -> int:
         return self._top_k
@@ -132,12 +165,11 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         if self.activation == "swiglu_oai":
             patch_gpt_oss_loading()  # gpt-oss's model loads its experts through the "mxfp4" path: let csf in
         self._with_bias = bool(with_bias)
-        if layer.moe_ep_size > 1:
-            raise NotImplementedError("csf: expert parallelism is not supported yet (tensor parallel only)")
+        _check_expert_parallel(layer.moe_ep_size)
         if cfg.apply_router_weight_on_input:
             raise NotImplementedError("csf: apply_router_weight_on_input (router weight on the input) is not supported")
         extra_weight_attrs.pop("moe_intermediate_size", None)
-        self._top_k, self._tp_size = cfg.top_k, layer.moe_tp_size
+        self._top_k, self._tp_size, self._ep_size = cfg.top_k, layer.moe_tp_size, layer.moe_ep_size
         if "weight_loader" in extra_weight_attrs:
             extra_weight_attrs["weight_loader"] = _whole_tensor_loading(extra_weight_attrs["weight_loader"])
         # read here, while SGLang's server args are current: the largest prefill forward and the decode batch sizes

@@ -5,6 +5,11 @@ NVFP4 MoE methods, so ``RoutedExperts.weight_loader`` TP-slices checkpoint tenso
 ``X.csf`` by :mod:`.weight_iterators`) exactly as it does for them. After loading, the layer is planned,
 its scales re-encoded as inline CSF records on the GPU, bound to a shared scratch buffer, and the native scale
 planes are released (:mod:`csf_serving_adapters.moe_core`; the ledger records what each layer gave back).
+
+Under expert parallelism (``--enable-expert-parallel``) vLLM creates the rank's local experts and its loader keeps
+only theirs; ``apply`` gets the model's route ids, mapped through ``layer.expert_map`` (other ranks' experts
+become ids the layer skips), and vLLM sums the ranks' outputs as it does its own FP4 methods' (all-reduce, or the
+allgather_reducescatter backend's reduce-scatter under data parallelism).
 """
 
 from __future__ import annotations
@@ -28,6 +33,29 @@ _ACTIVATIONS = {
 }
 
 
+# all-to-all backends whose dispatch and combine vLLM runs around a method without a modular kernel (csf's): the
+# all-gather of the tokens before and the reduce-scatter after, under data or sequence parallelism
+_SERVED_ALL2ALL = ("allgather_reducescatter",)
+
+
+def _check_expert_parallel(par) -> None:
+    """Expert parallelism as vLLM runs it around csf: every rank computes its experts' share of the tokens it is
+    given, summed by the all-reduce (EP over TP ranks) or the all-gather / reduce-scatter backend (with DP)."""
+    if not par.use_ep:
+        return
+    if par.enable_eplb:
+        raise NotImplementedError(
+            "csf: --enable-eplb moves experts between ranks at run time; csf's experts stay where they were "
+            "loaded (serve with --enable-expert-parallel and without --enable-eplb)"
+        )
+    if par.use_passthrough_all2all or (par.use_all2all_kernels and par.all2all_backend not in _SERVED_ALL2ALL):
+        raise NotImplementedError(
+            f"csf: expert parallelism with --all2all-backend {par.all2all_backend} (its kernels dispatch tokens to "
+            f"expert kernels csf does not provide); csf serves {', '.join(_SERVED_ALL2ALL)}, or EP over "
+            "tensor-parallel ranks without data parallelism"
+        )
+
+
 class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
     engine = "vllm"
     scale_quant_method = "block"
@@ -48,11 +76,17 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         if act not in _ACTIVATIONS:
             raise NotImplementedError(f"csf: MoE activation {act!r} (supported: {sorted(_ACTIVATIONS)})")
         self.activation, self.w13_layout = _ACTIVATIONS[act]
-        if moe.moe_parallel_config.use_ep:
-            raise NotImplementedError("csf: expert parallelism is not supported yet (tensor parallel only)")
+        _check_expert_parallel(moe.moe_parallel_config)
 
     def tp_size(self) -> int:
         return self.moe.tp_size
+
+    def ep_size(self) -> int:
+        return self.moe.moe_parallel_config.ep_size
+
+    def global_expert_map(self, layer: RoutedExperts) -> torch.Tensor | None:
+        # vLLM routes with the model's expert ids; its own FP4 methods pass this map to their kernels
+        return layer.expert_map if self.moe.moe_parallel_config.use_ep else None
 
     def top_k(self) -> int:
         return self.moe.experts_per_token
