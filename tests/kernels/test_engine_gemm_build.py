@@ -17,7 +17,7 @@ from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 
-@pytest.fixture(scope="module", params=[64, 128, 256])
+@pytest.fixture(scope="module", params=[16, 32, 64, 128, 256])
 def built(request, tmp_path_factory):
     if shutil.which(os.environ.get("CC", "gcc")) is None:
         pytest.skip("no C compiler (gcc) to link the shared object")

@@ -14,6 +14,7 @@ from csf_codec.quantize import dequantize_mxfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
+from csf_kernels.moe.engine_specs import ENGINE_TILE_N
 
 from ..cuda_graphs import replay_allocating_nothing
 
@@ -63,7 +64,7 @@ def _check(out, x, w):
     assert worst <= 1.0, f"max error {worst:.2f}x the tolerance"
 
 
-@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
 @pytest.mark.parametrize(
     "rows,k,n",
     [(256, 2880, 300), (384, 128, 64), (128, 64, 1), (1152, 2880, 1000), (2880, 2880, 77), (64, 192, 5)],
@@ -120,7 +121,7 @@ def _experts(experts: int, rows: int, k: int, seed: int):
     return w_panel.cuda(), s_panel.cuda(), w.cuda()
 
 
-@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
 def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
     experts, rows, k, max_blocks = 5, 320, 640, 9
     w_panel, s_panel, w = _experts(experts, rows, k, SEED + tile_n)

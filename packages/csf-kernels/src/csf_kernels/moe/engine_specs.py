@@ -33,7 +33,7 @@ __all__ = [
 
 ENGINE_GEMM = "moe.engine_gemm"
 ENGINE_GEMM_VERSION = 1
-ENGINE_TILE_N = (64, 128, 256)  # routes a block: the programs the cache holds
+ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 128  # weight rows a CTA tile: two consumer warpgroups of 64
 ENGINE_TILE_K = 64  # K a stage (csf_kernels.moe.engine_panels.PANEL_STEP_K)
 

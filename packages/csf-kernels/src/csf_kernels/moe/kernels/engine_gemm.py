@@ -61,19 +61,19 @@ def _asm_u32(asm: str, *args) -> cutlass.Uint32:
 
 
 class GroupedFp4Gemm:
-    """One compiled program: ``TILE_N`` routes a block (64, 128 or 256), ``stages`` deep ring (default: as many as
+    """One compiled program: ``TILE_N`` routes a block (16 to 256), ``stages`` deep ring (default: as many as
     fit). Call signature: ``(w_panel, s_panel, x, out, block_expert, meta, ctas, stream)``; ``ctas`` persistent
     CTAs (the SM count)."""
 
     def __init__(self, tile_n: int = 256, stages: int = 0):
-        if tile_n not in (64, 128, 256):
-            raise ValueError(f"TILE_N must be 64, 128 or 256; got {tile_n}")
+        if tile_n not in (16, 32, 64, 128, 256):
+            raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         self.tile_n = tile_n
         self.tile_shape_mnk = (TILE_M, tile_n, TILE_K)
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
-        self.epi_tile = (TILE_M, 32)
+        self.epi_tile = (TILE_M, min(32, tile_n))
         self.epi_stages = 2
         stage_bytes = TILE_M * TILE_K // 2 + 2 * TILE_M + tile_n * TILE_K * 2
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * 2 * self.epi_stages
