@@ -346,7 +346,7 @@ def bench_geometry(
         if chain:
             print("         chained per call: " + "  ".join(
                 f"{arm} {a[arm]['chain_median_s_per_call'] * 1e6:7.1f} us ({a[arm]['chain_fraction_of_copy']:.2f})"
-                for arm in timed), flush=True)  # fmt: skip
+                for arm in timed if "chain_median_s_per_call" in a[arm]), flush=True)  # fmt: skip
         rows.append(row)
     del layers, data
     torch.cuda.empty_cache()
