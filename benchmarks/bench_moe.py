@@ -97,9 +97,10 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # OpenAI's triton_kernels (peer_triton_kernels.py), opt in with --arms where it is importable: MXFP4 geometries only,
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
-# csf_moe.engine_layer (the engine's grouped GEMMs, unfused glue, native MXFP4 scales), opt in with --arms; its
+# csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 scales), opt in with
+# --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own; their
 # error is checked against the float32 reference at every token count
-ENGINE_ARM = "engine"
+ENGINE_ARMS = {"engine": True, "engine_unfused": False}  # arm -> FC1's activation in its epilogue
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -214,17 +215,19 @@ def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPU
 
 def bench_geometry(
     model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS, peer=False,
-    engine=False,
+    engine=(),
 ) -> dict:  # fmt: skip
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
     data = synthetic_layer(geo, seed=1234, device="cuda")
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
-    engine_layer = None
-    if engine and geo.fmt.name == "mxfp4":
-        engine_layer = EngineMoE(engine_weights(data.reference(), geo.activation), geo.top_k)
-    timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *((ENGINE_ARM,) if engine_layer else ()))
+    engines = {
+        arm: EngineMoE(engine_weights(data.reference(), geo.activation, fused=ENGINE_ARMS[arm]), geo.top_k)
+        for arm in engine
+        if geo.fmt.name == "mxfp4"
+    }
+    timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *engines)
     per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(99)
@@ -241,7 +244,7 @@ def bench_geometry(
                 "unique_experts_mean": statistics.mean(int(torch.unique(c[1]).numel()) for c in chain),
             }
         outs, chain_outs, graphs = {}, {}, {}
-        engine_calls = None
+        engine_calls = {}
         for arm in arms:
             layer = layers[arm]
             graphs[arm], outs[arm] = [], []
@@ -253,12 +256,13 @@ def bench_geometry(
             outs[PEER_ARM] = [torch.empty_like(x) for x, _, _ in sets]
             calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
             graphs[PEER_ARM] = [capture(call) for call in calls]
-        if engine_layer is not None:  # its calls own the buffers its graphs replay on: kept until the graphs go
-            outs[ENGINE_ARM] = [torch.full_like(x, float("nan")) for x, _, _ in sets]
-            engine_calls = [
-                engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[ENGINE_ARM], strict=True)
+        # an engine arm's calls own the buffers its graphs replay on: kept until the graphs are gone
+        for arm, engine_layer in engines.items():
+            outs[arm] = [torch.full_like(x, float("nan")) for x, _, _ in sets]
+            engine_calls[arm] = [
+                engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[arm], strict=True)
             ]
-            graphs[ENGINE_ARM] = [capture(call) for call in engine_calls]
+            graphs[arm] = [capture(call) for call in engine_calls[arm]]
         # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit, as at
         # gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
         samples_of = {arm: [] for arm in timed}
@@ -268,7 +272,7 @@ def bench_geometry(
                     without_other_arms_l2_lines(layers, arm)
                     samples_of[arm] += replay_times(graphs[arm][i], 1, flush)
         del graphs
-        engine_calls = None
+        engine_calls = {}
         for arm in arms:
             layer = layers[arm]
             samples = samples_of[arm]
@@ -304,16 +308,16 @@ def bench_geometry(
         if peer_layer is not None:
             row["arms"][PEER_ARM] = _peer_row(peer_layer, sets, chain, outs[PEER_ARM], samples_of[PEER_ARM],
                                               per_expert, row, reps, flush, copy_gbps, flops, peak_tflops)  # fmt: skip
-        if engine_layer is not None:
-            med = statistics.median(samples_of[ENGINE_ARM])
+        for arm in engines:
+            med = statistics.median(samples_of[arm])
             x, ids, w = sets[0]
             want = moe_reference(x, data.reference(), w, ids, kind=geo.activation)
-            row["arms"][ENGINE_ARM] = {
+            row["arms"][arm] = {
                 "median_s": med,
-                "samples_s": samples_of[ENGINE_ARM],
+                "samples_s": samples_of[arm],
                 "TFLOPs": flops / med / 1e12,
                 "fraction_of_bf16_peak": flops / med / 1e12 / peak_tflops,
-                "rel_error_vs_float32": float((outs[ENGINE_ARM][0].float() - want).norm() / want.norm()),
+                "rel_error_vs_float32": float((outs[arm][0].float() - want).norm() / want.norm()),
                 "over_peer": med / row["arms"][PEER_ARM]["median_s"] if PEER_ARM in row["arms"] else None,
             }
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
@@ -363,15 +367,15 @@ def main() -> None:
     ap.add_argument(
         "--arms",
         default=",".join(DEFAULT_ARMS),
-        help=f"of {', '.join((*ARMS, PEER_ARM, ENGINE_ARM))} (native always runs)",
+        help=f"of {', '.join((*ARMS, PEER_ARM, *ENGINE_ARMS))} (native always runs)",
     )
     ap.add_argument("--peer-path", default=str(DEFAULT_PEER_PATH), help="a staged triton_kernels' parent folder")
     a = ap.parse_args()
     env.configure_runtime()  # CSF_FROZEN, CSF_AOT_CACHE, CSF_PDL: read here, at the edge
     asked = a.arms.split(",")
-    arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM, ENGINE_ARM)))
+    arms = ("native", *(arm for arm in asked if arm not in ("native", PEER_ARM, *ENGINE_ARMS)))
     peer = PEER_ARM in asked
-    engine = ENGINE_ARM in asked
+    engine = tuple(arm for arm in asked if arm in ENGINE_ARMS)
     peer_status = triton_kernels_status(a.peer_path if Path(a.peer_path, "triton_kernels").is_dir() else None)
     if peer and not peer_status["importable"]:
         ap.error(f"--arms {PEER_ARM}: {peer_status['why']}")

@@ -17,7 +17,11 @@ from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 
-@pytest.fixture(scope="module", params=[16, 32, 64, 128, 256])
+VARIANTS = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
+            (128, 1, False), (256, 2, True)]  # (routes a block, fused activation, bias)  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}")
 def built(request, tmp_path_factory):
     if shutil.which(os.environ.get("CC", "gcc")) is None:
         pytest.skip("no C compiler (gcc) to link the shared object")
@@ -28,10 +32,11 @@ def built(request, tmp_path_factory):
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    out = tmp_path_factory.mktemp(f"engine{request.param}")
-    meta = export.build_cute_program(export.engine_gemm_program(request.param), out)
+    tile_n, act, bias = request.param
+    out = tmp_path_factory.mktemp(f"engine{tile_n}")
+    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias), out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
-    return request.param, meta, sass
+    return tile_n, meta, sass
 
 
 def test_no_spills_and_register_split(built):
@@ -58,6 +63,7 @@ def test_metadata(built):
         "s_panel",
         "x",
         "out",
+        "bias",
         "block_expert",
         "meta",
         "ctas",

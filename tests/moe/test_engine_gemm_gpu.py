@@ -111,14 +111,24 @@ def test_graph_replay_equals_eager():
     _check(out, x, w)
 
 
-def _experts(experts: int, rows: int, k: int, seed: int):
+def _random_experts(experts: int, rows: int, k: int, seed: int):
+    """Packed FP4 values [E, rows, K / 2] and E8M0 scales [E, rows, K / 32] (CPU), and their dequantized bf16 (GPU)."""
     g = torch.Generator().manual_seed(seed)
     packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
     scales = torch.randint(112, 132, (experts, rows, k // 32), dtype=torch.uint8, generator=g)
     w = torch.stack([dequantize_mxfp4(packed[e], scales[e]) for e in range(experts)]).to(torch.bfloat16)
-    w_panel = torch.stack([engine_weight_panel(packed[e]) for e in range(experts)])
-    s_panel = torch.stack([engine_scale_panel(scales[e]) for e in range(experts)])
-    return w_panel.cuda(), s_panel.cuda(), w.cuda()
+    return packed, scales, w.cuda()
+
+
+def _panels(packed: torch.Tensor, scales: torch.Tensor):
+    w_panel = torch.stack([engine_weight_panel(packed[e]) for e in range(packed.shape[0])])
+    s_panel = torch.stack([engine_scale_panel(scales[e]) for e in range(scales.shape[0])])
+    return w_panel.cuda(), s_panel.cuda()
+
+
+def _experts(experts: int, rows: int, k: int, seed: int):
+    packed, scales, w = _random_experts(experts, rows, k, seed)
+    return (*_panels(packed, scales), w)
 
 
 @pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
@@ -163,3 +173,45 @@ def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
     replay_allocating_nothing(graph)
     for b, e in enumerate(block_expert.tolist()):
         _check(out[b * tile_n : (b + 1) * tile_n], x[b * tile_n : (b + 1) * tile_n], w[e])
+
+
+@pytest.mark.parametrize(("activation", "with_bias"), [("silu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("tile_n", [16, 128, 256])
+def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, tile_n):
+    """FC1 with its activation in the epilogue: W13 in engine order, each output the activation of the bf16-exact
+    weights' products in float32 (one bf16 rounding, of the activated value)."""
+    from csf_kernels.moe.engine_panels import fc1_engine_rows
+    from csf_moe.reference import activation as reference_activation
+
+    experts, inter, k, max_blocks = 3, 160, 384, 5  # 2N = 320 rows: a last tile of 64
+    packed, scales, w = _random_experts(experts, 2 * inter, k, SEED + tile_n)  # rows in W13's own order
+    perm = fc1_engine_rows(inter, interleaved=activation == "swiglu_oai")
+    eng_panel, eng_scales = _panels(packed[:, perm], scales[:, perm])
+    g = torch.Generator().manual_seed(SEED + 3)
+    bias = (torch.randn(experts, 2 * inter, generator=g) * 0.5).cuda() if with_bias else None
+    x = (torch.randn(max_blocks * tile_n, k, generator=g)).to(torch.bfloat16).cuda()
+    block_expert = torch.tensor([2, 0, 1, -1, 2], dtype=torch.int32, device="cuda")
+    meta = torch.tensor([max_blocks], dtype=torch.int32, device="cuda")
+    out = torch.full((max_blocks * tile_n, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    runtime.freeze()
+    try:
+        eng_bias = None if bias is None else bias[:, perm.cuda()].contiguous()
+        launch = grouped_fp4_gemm_launch(eng_panel, eng_scales, x, out, block_expert, meta, tile_n=tile_n,
+                                         activation=activation, bias=eng_bias)  # fmt: skip
+        bound = launch.bind("engine fused activation test")
+    finally:
+        runtime.unfreeze()
+    bound()
+    torch.cuda.synchronize()
+    for b, e in enumerate(block_expert.tolist()):
+        rows = slice(b * tile_n, (b + 1) * tile_n)
+        if not 0 <= e < experts:
+            continue  # computes the activation of zeros (and of a clamped expert's bias): unread by the layer
+        h = x[rows].float() @ w[e].float().T
+        if bias is not None:
+            h = h + bias[e]
+        want = reference_activation(h, activation)
+        err = (out[rows].float() - want).abs()
+        tol = want.abs() * 2.0**-7 + 1e-2 * (x[rows].float().abs() @ w[e].float().abs().T).max(dim=1).values[:, None]
+        assert torch.isfinite(out[rows].float()).all(), f"block {b}: unwritten outputs"
+        assert (err <= tol).all(), f"block {b}: max error {err.max().item():.3e}"

@@ -21,12 +21,13 @@ TOKENS = (1, 7, 300, 1500, 5000)  # blocks of 64 routes up to 64 a expert, then 
 REL_TOL = 2e-2  # the layer rounds FC1's output, the activation and FC2's output to bf16 once each
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-act", "act-pass"])
 @pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
-def test_engine_layer_matches_the_reference(model, tp, fmt):
+def test_engine_layer_matches_the_reference(model, tp, fmt, fused):
     geo = load_catalog().moe_geometry(model, tp, fmt)
     data = synthetic_layer(geo, seed=SEED % 1000, device="cuda")
     ref = data.reference()
-    layer = EngineMoE(engine_weights(ref, geo.activation), geo.top_k)
+    layer = EngineMoE(engine_weights(ref, geo.activation, fused=fused), geo.top_k)
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in TOKENS:
         x, ids, w = synthetic_routing(geo, t, gen)

@@ -3,8 +3,9 @@ scales. Not yet a plan of :mod:`csf_moe.plan` (the adapters serve :mod:`csf_moe.
 the ``engine`` arm beside today's layer and the peer.
 
 A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer), gather
-FC1's input in block order, FC1 as a grouped GEMM ``[slots, 2N]`` (bf16), bias and activation into ``[slots, N]``,
-FC2 as a grouped GEMM ``[slots, H]``, then the top-k weighted sum with FC2's bias. Routes of experts outside
+FC1's input in block order, FC1 as a grouped GEMM whose epilogue adds W13's bias and applies the activation into
+``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass), FC2 as a grouped GEMM
+``[slots, H]``, then the top-k weighted sum with FC2's bias. Routes of experts outside
 ``[0, E)`` join no block and contribute nothing. Every buffer is allocated when a token count is bound; a bound
 call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
-from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
+from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
 from csf_kernels.moe.engine_specs import engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
@@ -38,6 +39,7 @@ class EngineWeights:
     b13: torch.Tensor | None
     b2: torch.Tensor | None
     activation: str
+    fused: bool  # W13's rows (and b13) in engine order: FC1's epilogue applies the activation
 
     @property
     def experts(self) -> int:
@@ -58,18 +60,24 @@ def _panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, t
     return w, s
 
 
-def engine_weights(experts: QuantizedExperts, activation: str) -> EngineWeights:
-    """Panels of MXFP4 experts (on their device); W13 rows as ``activation`` reads them (``csf_moe.reference``)."""
+def engine_weights(experts: QuantizedExperts, activation: str, *, fused: bool = True) -> EngineWeights:
+    """Panels of MXFP4 experts (on their device); W13 rows as ``activation`` reads them (``csf_moe.reference``),
+    rearranged into engine order where FC1's epilogue applies the activation (``fused``)."""
     if experts.fmt != "mxfp4":
         raise NotImplementedError(f"the engine layer serves MXFP4 weights; got {experts.fmt}")
     for name, t in (("W13", experts.w13), ("W2", experts.w2)):
         if t.shape[1] % 64 or (2 * t.shape[2]) % 64:
             raise ValueError(f"{name} {tuple(t.shape)}: the engine needs rows and K in whole multiples of 64")
-    w13, s13 = _panels(experts.w13, experts.w13_scale)
+    v13, sc13, b13 = experts.w13, experts.w13_scale, experts.b13
+    if fused:
+        perm = fc1_engine_rows(v13.shape[1] // 2, interleaved=activation == "swiglu_oai").to(v13.device)
+        v13, sc13 = v13[:, perm], sc13[:, perm]
+        b13 = None if b13 is None else b13[:, perm]
+    w13, s13 = _panels(v13, sc13)
     w2, s2 = _panels(experts.w2, experts.w2_scale)
-    b13 = None if experts.b13 is None else experts.b13.float().contiguous()
+    b13 = None if b13 is None else b13.float().contiguous()
     b2 = None if experts.b2 is None else experts.b2.float().contiguous()
-    return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation)
+    return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation, fused=fused)
 
 
 class EngineMoE:
@@ -78,6 +86,17 @@ class EngineMoE:
     def __init__(self, weights: EngineWeights, top_k: int):
         self.weights = weights
         self.top_k = top_k
+
+    def _fc1(self, xs, h, a, block_expert, meta, bm) -> list:
+        """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass."""
+        w = self.weights
+        if w.fused:
+            return [grouped_fp4_gemm_launch(w.w13, w.s13, xs, a, block_expert, meta, tile_n=bm,
+                                            activation=w.activation, bias=w.b13)]  # fmt: skip
+        return [
+            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm),
+            act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
+        ]
 
     def call(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor):
         """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
@@ -98,7 +117,7 @@ class EngineMoE:
         inverse = torch.empty(pairs, **i32)
         bf16 = dict(dtype=torch.bfloat16, device=dev)
         xs = torch.empty(blocks * bm, w.hidden, **bf16)
-        h = torch.empty(blocks * bm, 2 * w.inter, **bf16)
+        h = None if w.fused else torch.empty(blocks * bm, 2 * w.inter, **bf16)
         a = torch.empty(blocks * bm, w.inter, **bf16)
         y = torch.empty(blocks * bm, w.hidden, **bf16)
         weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
@@ -108,8 +127,7 @@ class EngineMoE:
         launches = [
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
             gather_launch(x, sorted_ids, meta, xs, inverse, top_k=self.top_k, bm=bm),
-            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm),
-            act_launch(h, block_expert, meta, w.b13, a, num_experts=experts, bm=bm, activation=w.activation),
+            *self._fc1(xs, h, a, block_expert, meta, bm),
             grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm),
             combine_launch(y, inverse, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
         ]

@@ -291,35 +291,37 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int) -> str:
-    return f"csf_engine_gemm_n{int(tile_n)}"
+def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False) -> str:
+    return f"csf_engine_gemm_n{int(tile_n)}" + (f"_act{int(act)}" if act else "") + ("_bias" if bias else "")
 
 
-def engine_gemm_program(tile_n: int) -> CuteProgram:
-    """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block."""
+def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False) -> CuteProgram:
+    """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block, its
+    epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's clamped SwiGLU)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias)  # validates
 
     def factory():
-        return GroupedFp4Gemm(tile_n)
+        return GroupedFp4Gemm(tile_n, act=act, bias=bias)
 
     return CuteProgram(
-        name=engine_gemm_name(tile_n),
+        name=engine_gemm_name(tile_n, act, bias),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
             ("s_panel", "uint8", ("E", "KS", "R2")),
             ("x", "bfloat16", ("NX", "K")),
-            ("out", "bfloat16", ("NX", "R")),
+            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("bias", "float32", ("EB", "RBI")),
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
         ),
         scalars=("ctas",),
-        divisible=(("K", TILE_K), ("R", TILE_M // 2), ("R2", TILE_M)),  # R: whole row blocks of 64
+        divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M)),  # R: whole row blocks of 64
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
-        facts=(("tile_n", tile_n), ("stages", kernel.stages)),
+        facts=(("tile_n", tile_n), ("stages", kernel.stages), ("act", act), ("bias", int(bias))),
     )
 
 
@@ -493,6 +495,7 @@ def _fake_args(prog: CuteProgram):
         "int32": cutlass.Int32,
         "uint64": cutlass.Uint64,
         "bfloat16": cutlass.BFloat16,
+        "float32": cutlass.Float32,
     }
     divisible = dict(prog.divisible)
     syms = {}

@@ -29,12 +29,18 @@ def grouped_fp4_gemm_launch(
     meta: torch.Tensor,
     *,
     tile_n: int,
+    activation: str | None = None,
+    bias: torch.Tensor | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
     (``w_panel`` uint64 ``[E, K / 64, R / 64, 256]``, ``s_panel`` uint8 ``[E, K / 64, 2 R]``), ``x`` bf16
     ``[NX, K]``, ``out`` bf16 ``[NX, R]``, ``block_expert`` int32 ``[max blocks]``, ``meta`` int32 (device data,
-    so a captured graph replays with new routings). Blocks of experts outside ``[0, E)`` compute zeros."""
+    so a captured graph replays with new routings). Blocks of experts outside ``[0, E)`` compute zeros.
+
+    ``activation`` (FC1): the epilogue applies it, ``bias`` (float32 ``[E, R]``) added first, and ``out`` has
+    ``R / 2`` columns; W13's rows must then be in engine order (:func:`~csf_kernels.moe.engine_panels.
+    fc1_engine_rows`), the bias too."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
@@ -42,9 +48,12 @@ def grouped_fp4_gemm_launch(
     if block_expert.dtype != torch.int32 or meta.dtype != torch.int32 or block_expert.dim() != 1 or meta.numel() < 1:
         raise TypeError("block_expert and meta must be int32 vectors (meta holds at least the block count)")
     rows_x, k = x.shape
-    rows = out.shape[1]
     experts, steps, blocks = w_panel.shape[:3]
-    if out.shape[0] != rows_x or k != steps * PANEL_STEP_K or rows != blocks * ROW_BLOCK:
+    rows = blocks * ROW_BLOCK
+    if bias is not None and (activation is None or bias.dtype != torch.float32 or bias.shape != (experts, rows)):
+        raise ValueError(f"bias must be float32 [{experts}, {rows}] and come with an activation")
+    out_cols = rows if activation is None else rows // 2
+    if out.shape != (rows_x, out_cols) or k != steps * PANEL_STEP_K:
         raise ValueError(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
             "(K = 64 x steps, R = 64 x row blocks)"
@@ -53,7 +62,19 @@ def grouped_fp4_gemm_launch(
         raise ValueError(f"scale panel {tuple(s_panel.shape)} is not [{experts}, {steps}, {2 * rows}]")
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
-    return runtime.Launch(engine_gemm_spec(tile_n), (ctas, 1, 1), (w_panel, s_panel, x, out, block_expert, meta, ctas))
+    spec = engine_gemm_spec(tile_n, activation, bias is not None)
+    b = bias if bias is not None else _no_bias(x.device)
+    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, s_panel, x, out, b, block_expert, meta, ctas))
+
+
+_NO_BIAS: dict[torch.device, torch.Tensor] = {}
+
+
+def _no_bias(device: torch.device) -> torch.Tensor:
+    """The float32 [1, 4] stand-in for a GEMM without bias (never read)."""
+    if device not in _NO_BIAS:
+        _NO_BIAS[device] = torch.zeros(1, 4, dtype=torch.float32, device=device)
+    return _NO_BIAS[device]
 
 
 def dense_fp4_gemm_launch(

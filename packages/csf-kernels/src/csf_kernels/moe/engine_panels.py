@@ -29,10 +29,12 @@ import torch
 from csf_kernels.moe.fp4_words import place_bits, unplace_bits
 
 __all__ = [
+    "FC1_SLAB",
     "PANEL_STEP_K",
     "ROW_BLOCK",
     "engine_scale_panel",
     "engine_weight_panel",
+    "fc1_engine_rows",
     "panel_scales_to_plane",
     "panel_words_to_plane",
 ]
@@ -40,6 +42,7 @@ __all__ = [
 PANEL_STEP_K = 64  # K values a step: two MXFP4 scale blocks, one 128-byte swizzle row of bf16 activations
 ROW_BLOCK = 64  # weight rows a consumer warpgroup converts a step (the M of wgmma)
 _NEUTRAL_SCALE = 127  # E8M0 1.0 for padding
+FC1_SLAB = 8  # outputs a slab of 16 engine rows: a wgmma accumulator thread holds rows r and r + 8 of each
 
 
 def _fragment_index() -> torch.Tensor:
@@ -110,3 +113,15 @@ def panel_scales_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tenso
     """Inverse of :func:`engine_scale_panel` (for tests)."""
     steps = panel.shape[0]
     return panel.view(steps, -1, 2).permute(1, 0, 2).reshape(-1, steps * 2)[:rows, : k // 32]
+
+
+def fc1_engine_rows(inter: int, interleaved: bool) -> torch.Tensor:
+    """W13's rows in engine order, for FC1 with its activation in the GEMM's epilogue: ``perm`` (int64 ``[2N]``)
+    such that engine row ``j`` is W13's row ``perm[j]``. Each slab of 16 engine rows holds the gate rows of 8
+    outputs, then their up rows, so the thread holding accumulator row ``r`` holds ``r + 8`` too: output ``n``'s
+    gate and up. W13's own order is [gate; up] (SiLU) or ``interleaved`` gate, up pairs (gpt-oss)."""
+    if inter % FC1_SLAB:
+        raise ValueError(f"FC1's fused activation needs N a multiple of {FC1_SLAB}; got {inter}")
+    n = torch.arange(inter).view(-1, FC1_SLAB)
+    gate, up = (2 * n, 2 * n + 1) if interleaved else (n, inter + n)
+    return torch.cat((gate, up), dim=1).reshape(-1)

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
-ENGINE_GEMM_VERSION = 1
+ENGINE_GEMM_VERSION = 2
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 128  # weight rows a CTA tile: two consumer warpgroups of 64
 ENGINE_TILE_K = 64  # K a stage (csf_kernels.moe.engine_panels.PANEL_STEP_K)
@@ -93,15 +93,21 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs += [engine_gather_spec(bm), engine_act_spec(bm, geo.activation, geo.bias)]
+        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias))  # FC1 with its activation fused
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
 
 
-def engine_gemm_spec(tile_n: int) -> ProgramSpec:
+def engine_gemm_spec(tile_n: int, activation: str | None = None, bias: bool = False) -> ProgramSpec:
+    """The grouped GEMM for ``tile_n`` routes a block; ``activation``: FC1's, fused into its epilogue (with W13's
+    ``bias``), else the plain bf16 GEMM."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
-    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n)
+    if bias and activation is None:
+        raise ValueError("the engine GEMM adds a bias only with a fused activation")
+    act = 0 if activation is None else 1 + ACTIVATIONS[activation]
+    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias))
 
 
 def engine_specs() -> list[ProgramSpec]:

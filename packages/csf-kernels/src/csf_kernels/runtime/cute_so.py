@@ -43,6 +43,7 @@ _DTYPES = {
     "int32": torch.int32,
     "uint64": torch.uint64,
     "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
 }
 _CTYPES = {"void *": ctypes.c_void_p, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64}
 

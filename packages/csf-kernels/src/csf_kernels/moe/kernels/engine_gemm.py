@@ -39,9 +39,12 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_convert import FACTOR_PTX, PAIR_PTX
 
-__all__ = ["TILE_K", "TILE_M", "GroupedFp4Gemm"]
+__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
 STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
+ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
+SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
+SWIGLU_LIMIT = 7.0
 _PANEL_WORDS = 256  # uint64 words of one row block's step in the weight panel
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 
@@ -60,15 +63,25 @@ def _asm_u32(asm: str, *args) -> cutlass.Uint32:
     )
 
 
+def _sigmoid(x):
+    return 1.0 / (1.0 + cute.math.exp(-x, fastmath=False))
+
+
 class GroupedFp4Gemm:
     """One compiled program: ``TILE_N`` routes a block (16 to 256), ``stages`` deep ring (default: as many as
-    fit). Call signature: ``(w_panel, s_panel, x, out, block_expert, meta, ctas, stream)``; ``ctas`` persistent
-    CTAs (the SM count)."""
+    fit), ``act``: the epilogue stores the bf16 GEMM (``ACT_NONE``) or FC1's activation of it (``out`` then has
+    ``R / 2`` columns; W13's rows in engine order, :func:`csf_kernels.moe.engine_panels.fc1_engine_rows`), adding
+    ``bias`` (float32 ``[E, R]`` in engine row order) first. Call signature: ``(w_panel, s_panel, x, out, bias,
+    block_expert, meta, ctas, stream)``; ``bias`` is unread without it; ``ctas`` persistent CTAs (the SM count)."""
 
-    def __init__(self, tile_n: int = 256, stages: int = 0):
+    def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False):
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
+        if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
+            raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
         self.tile_n = tile_n
+        self.act = act
+        self.bias = bias
         self.tile_shape_mnk = (TILE_M, tile_n, TILE_K)
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
@@ -95,6 +108,7 @@ class GroupedFp4Gemm:
         s_panel: cute.Tensor,
         x: cute.Tensor,
         out: cute.Tensor,
+        bias: cute.Tensor,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
         ctas: cutlass.Int32,
@@ -156,7 +170,7 @@ class GroupedFp4Gemm:
         self.c_layout = c_layout
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
@@ -180,6 +194,8 @@ class GroupedFp4Gemm:
         epi_smem: cute.ComposedLayout,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        out: cute.Tensor,
+        bias: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -216,9 +232,9 @@ class GroupedFp4Gemm:
         t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 3), cute.group_modes(g_s, 0, 3))
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
-        tiles_m = cute.size(g_c, mode=[2])
+        tiles_m = cute.size(g_a, mode=[5])
         # blocks in use (device data: a graph replays with new routings), never past the rows x holds
-        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_c, mode=[3]), cute.size(block_expert)))
+        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_b, mode=[2]), cute.size(block_expert)))
         units = blocks * tiles_m
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -248,10 +264,14 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
-            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg)
+            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
+                         out, bias, block_expert, cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
-    def consume(self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg):
+    def consume(
+        self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias,
+        block_expert, experts,
+    ):  # fmt: skip
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -319,23 +339,26 @@ class GroupedFp4Gemm:
                 release.advance()
                 read.advance()
 
-            # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
-            g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
-            b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
-            subtiles = cute.size(g_c_tile, mode=[1])
-            for e in cutlass.range_constexpr(subtiles):
-                for v in cutlass.range_constexpr(per_sub):
-                    t_rs_d[v] = t_rs_acc[e * per_sub + v]
-                t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
-                buf = (done * subtiles + e) % self.epi_stages
-                cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_bar.arrive_and_wait()
-                if warp == 4:
-                    cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
-                    store_ring.producer_commit()
-                    store_ring.producer_acquire()
-                epi_bar.arrive_and_wait()
+            if cutlass.const_expr(self.act == ACT_NONE):
+                # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
+                g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
+                b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
+                subtiles = cute.size(g_c_tile, mode=[1])
+                for e in cutlass.range_constexpr(subtiles):
+                    for v in cutlass.range_constexpr(per_sub):
+                        t_rs_d[v] = t_rs_acc[e * per_sub + v]
+                    t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
+                    buf = (done * subtiles + e) % self.epi_stages
+                    cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_bar.arrive_and_wait()
+                    if warp == 4:
+                        cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
+                        store_ring.producer_commit()
+                        store_ring.producer_acquire()
+                    epi_bar.arrive_and_wait()
+            else:
+                self._activation_epilogue(acc, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
@@ -363,3 +386,35 @@ class GroupedFp4Gemm:
             cute.gemm(tiled_mma, acc, frag[j % 2][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
             warpgroup.commit_group()
             warpgroup.wait_group(0 if last and j == 3 else 1)
+
+    @cute.jit
+    def _activation_epilogue(self, acc, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):
+        """FC1's activation from the accumulators (traced inline): W13's rows are in engine order, so a thread's
+        rows ``r0`` and ``r0 + 8`` are the gate and the up row of one output column ``n``; its accumulator values
+        ``4 c + i`` (``i``: column parity, then row + 8) are routes ``8 c + 2 q + (i % 2)`` of the block. bf16 stores
+        straight to ``out [NX, R / 2]``, past its end predicated off."""
+        e = block_expert[b]
+        e = cutlass.min(cutlass.max(e, 0), experts - 1)  # an invalid block computes zeros; its bias index stays in
+        rows = cute.size(bias, mode=[1])
+        n = tm * (TILE_M // 2) + row_block * 32 + (t // 32) * 8 + lane // 4
+        gate_bias = cutlass.Float32(0.0)
+        up_bias = cutlass.Float32(0.0)
+        if cutlass.const_expr(self.bias):
+            gate_bias = bias[(e, cutlass.min(tm * TILE_M + r0, rows - 1))]
+            up_bias = bias[(e, cutlass.min(tm * TILE_M + r0 + 8, rows - 1))]
+        tokens = cute.size(out, mode=[0])
+        columns = cute.size(out, mode=[1])
+        q = lane % 4
+        for c in cutlass.range_constexpr(self.tile_n // 8):
+            for i in cutlass.range_constexpr(2):
+                gate = acc[4 * c + i] + gate_bias
+                up = acc[4 * c + 2 + i] + up_bias
+                if cutlass.const_expr(self.act == ACT_SILU):
+                    v = gate * _sigmoid(gate) * up
+                else:
+                    gate = cutlass.min(gate, SWIGLU_LIMIT)
+                    up = cutlass.min(cutlass.max(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+                    v = gate * _sigmoid(SWIGLU_ALPHA * gate) * (up + 1.0)
+                token = b * self.tile_n + 8 * c + 2 * q + i
+                if token < tokens and n < columns:
+                    out[(token, n)] = v.to(cutlass.BFloat16)
