@@ -88,8 +88,8 @@ from csf_codec import scale_format
 from csf_kernels import runtime
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_moe import LocalRoutes, RankShard, bind, local_expert_map, prepare_weights, shard_weights
-from csf_moe.reference import QuantizedExperts, interleave_gate_up, moe_reference
-from csf_moe.synthetic import synthetic_layer, synthetic_routing
+from csf_moe.reference import moe_reference
+from csf_moe.synthetic import SyntheticLayer, synthetic_layer, synthetic_routing
 from csf_serving_adapters.moe_core import plan_rank_layer
 
 MULTICAST_OFF = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")  # set above
@@ -165,18 +165,8 @@ class ReferenceStandIn:
         self.plan = plan_rank_layer(geo, max_tokens)
         self.scale_bytes = prepare_weights(self.plan, **tensors).scale_bytes()
         self.activation = geo.activation
-        swap = interleave_gate_up if geo.activation == "swiglu_oai" else (lambda t: t)
-        self.experts = QuantizedExperts(
-            fmt=geo.fmt.name,
-            w13=swap(tensors["w13"]),
-            w13_scale=swap(tensors["w13_scale"]),
-            w2=tensors["w2"],
-            w2_scale=tensors["w2_scale"],
-            w13_global_scale=tensors["w13_global_scale"],
-            w2_global_scale=tensors["w2_global_scale"],
-            b13=swap(tensors["w13_bias"]),
-            b2=tensors["w2_bias"],
-        )
+        # the reference's view of the rank's tensors (gpt-oss's activation reads W13 interleaved)
+        self.experts = SyntheticLayer(geometry=geo, **tensors).reference()
 
     def numerics(self, tokens: int):
         return None  # the reference's arithmetic does not depend on the plan's buckets
