@@ -7,6 +7,7 @@ Sets TRITON_INTERPRET and works around two defects of Triton 3.6's interpreter:
   (exact: what the tensor cores compute, up to accumulation order);
 * so does bf16 elementwise arithmetic (``a * b`` on bf16 tensors): computed here in float32 and rounded
   to nearest even, as the GPU does;
+* ``.to(tl.bfloat16)`` of float32 truncates (the GPU's ``cvt.rn`` rounds to nearest even): rounded here;
 * narrowing float32 to E4M3 drops the carry when the mantissa rounds up into the next binade (127.3 ->
   64): done here with torch's float8_e4m3fn conversion (round to nearest even, as the GPU's cvt.rn).
 """
@@ -78,6 +79,17 @@ def _create_fp_to_fp(self, src, dst_type, rounding_mode):
 
 _create_fp_to_fp_orig = _interpreter.InterpreterBuilder.create_fp_to_fp
 _interpreter.InterpreterBuilder.create_fp_to_fp = _create_fp_to_fp
+
+
+def _cast_impl(self, src, dst_type):
+    if dst_type.scalar == tl.bfloat16 and src.dtype.scalar == tl.float32:
+        return _interpreter.TensorHandle(_f32_to_bf16_bits(src.data), tl.bfloat16)
+    return _cast_impl_orig(self, src, dst_type)
+
+
+_cast_impl_orig = _interpreter.InterpreterBuilder.cast_impl
+_interpreter.InterpreterBuilder.cast_impl = _cast_impl
+_interpreter.InterpreterBuilder.create_fp_trunc = _cast_impl
 
 
 # constants selecting PTX inline assembly, which the interpreter cannot run: their portable twins (PDL's

@@ -16,7 +16,6 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
-
 VARIANTS = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
             (128, 1, False), (256, 2, True)]  # (routes a block, fused activation, bias)  # fmt: skip
 
