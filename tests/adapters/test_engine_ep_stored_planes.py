@@ -12,10 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from csf_codec.checkpoint import compress_checkpoint
 from csf_serving_adapters.stored_planes import stored_planes
 
-from .checkpoints import NV_QUANT, PREFIX, expert_tensors, write_checkpoint
+from .checkpoints import PREFIX, nv_csf_pair, shard_files
 from .ep_ranks import CASES, EP, expected_rank_params
 from .tp_shards import params, same
 
@@ -30,23 +29,7 @@ def _registered(engine):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ep-ckpt")
-    native = write_checkpoint(root / "native", expert_tensors(experts=E, hidden=H, inter=N), NV_QUANT)
-    return native, compress_checkpoint(native, root / "csf", progress=False).dst
-
-
-@pytest.fixture
-def wrapped(engine):
-    """The CSF-aware iterators installed for the test, and the process left as it was found."""
-    was = engine.weight_iterators.installed()
-    engine.weight_iterators.install()
-    yield
-    if not was:
-        engine.weight_iterators.uninstall()
-
-
-def _files(root) -> list[str]:
-    return sorted(str(p) for p in root.glob("*.safetensors"))
+    return nv_csf_pair(tmp_path_factory.mktemp("ep-ckpt"), experts=E, hidden=H, inter=N)
 
 
 def _config(engine, root):
@@ -62,7 +45,7 @@ def _original_iterator(engine):
 def test_ep_ranks_load_their_slice_of_a_stored_csf_checkpoint(pair, engine, wrapped, case):
     native, csf = pair
     # the scale planes really are stored as CSF payloads, so loading must decode them
-    planes = stored_planes(_files(csf))
+    planes = stored_planes(shard_files(csf))
     assert {p.name for p in planes.values()} == {
         f"{PREFIX}.{e}.{proj}.weight_scale" for e in range(E) for proj in ("gate_proj", "up_proj", "down_proj")
     }
@@ -70,13 +53,13 @@ def test_ep_ranks_load_their_slice_of_a_stored_csf_checkpoint(pair, engine, wrap
     assert cfg.entry is not None and cfg.scale_format == "nvfp4"
     # the single-rank layer, from the native checkpoint through the engine's unwrapped iterator
     whole = engine.make_experts(cfg, experts=E, hidden=H, inter=N)
-    engine.load_expert_tensors(whole, _original_iterator(engine)(_files(native), *engine.iterator_args), E)
+    engine.load_expert_tensors(whole, _original_iterator(engine)(shard_files(native), *engine.iterator_args), E)
     single = params(whole)
-    ckpt = {n: t for f in _files(native) for n, t in load_file(f).items()}
+    ckpt = {n: t for f in shard_files(native) for n, t in load_file(f).items()}
     iterate = engine.loader.safetensors_weights_iterator  # as the engine's DefaultModelLoader calls it
     for kwargs, shard in CASES[engine.name][case]:
         layer = engine.make_experts(cfg, experts=E, hidden=H, inter=N, **kwargs)
-        loaded = engine.load_expert_tensors(layer, iterate(_files(csf), *engine.iterator_args), E)
+        loaded = engine.load_expert_tensors(layer, iterate(shard_files(csf), *engine.iterator_args), E)
         assert loaded == {n for n, _ in layer.named_parameters()}
         assert layer.w13_weight.shape[0] == E // EP  # the rank's local experts only
         got, want = params(layer), expected_rank_params(single, shard)

@@ -22,7 +22,7 @@ from csf_serving_adapters.sglang.config import CsfConfig
 from csf_serving_adapters.sglang.gpt_oss import patch_gpt_oss_loading
 from csf_serving_adapters.stored_planes import stored_planes
 
-from .checkpoints import MX_CONFIG, NV_CONFIG, write_checkpoint
+from .checkpoints import MX_CONFIG, NV_CONFIG, shard_files, write_checkpoint
 from .ep_ranks import CASES, EP
 from .sglang_engine import make_experts
 from .tp_shards import params, same
@@ -134,7 +134,7 @@ def test_gpt_oss_load_weights_sees_mxfp4_for_csf_mxfp4_configs_only(config, path
 
 
 @pytest.fixture
-def wrapped():
+def csf_iterators():
     """SGLang's safetensors iterators CSF-aware for the test, and the process left as it was found."""
     was = weight_iterators.installed()
     weight_iterators.install()
@@ -149,14 +149,14 @@ def _load(layer, weights) -> set[str]:
 
 
 @pytest.mark.parametrize("case", ["without_tp", "with_tp"])
-def test_ep_ranks_load_their_slice_of_a_stored_csf_checkpoint(tmp_path, wrapped, case):
+def test_ep_ranks_load_their_slice_of_a_stored_csf_checkpoint(tmp_path, csf_iterators, case):
     """gpt-oss's fused MXFP4 planes (every expert in one tensor) stored as CSF, read through SGLang's CSF-aware
     iterator and its model's EP/TP slicing: each rank holds its experts' slice of the single-rank layer and of
     the checkpoint (values, decoded scale planes, biases)."""
     ckpt = _checkpoint(torch.Generator().manual_seed(7), real_scales=True)
     native = write_checkpoint(tmp_path / "native", ckpt, {"quant_method": "mxfp4"})
     csf = compress_checkpoint(native, tmp_path / "csf", progress=False).dst
-    files = sorted(str(p) for p in csf.glob("*.safetensors"))
+    files = shard_files(csf)
     planes = {p.name for p in stored_planes(files).values()}
     assert planes == {f"{EXPERTS}.gate_up_proj_scales", f"{EXPERTS}.down_proj_scales"}  # loading must decode them
     whole = _layer()
