@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from csf_codec import CSF_FORMAT_VERSION, NVFP4
+from csf_codec.checkpoint import compress_checkpoint
 from csf_codec.synthetic import synthetic_fp4_values, synthetic_scale_plane
 
 PREFIX = "model.layers.0.mlp.experts"
@@ -51,3 +52,15 @@ def write_checkpoint(root: Path, tensors: dict[str, torch.Tensor], quant: dict[s
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
     (root / "config.json").write_text(json.dumps({"model_type": "csf_test_moe", "quantization_config": quant}))
     return root
+
+
+def nv_csf_pair(root: Path, *, experts: int, hidden: int, inter: int) -> tuple[Path, Path]:
+    """A ModelOpt NVFP4 checkpoint of :func:`expert_tensors` under ``root / "native"`` and what ``csf compress``
+    makes of it under ``root / "csf"`` (scale planes stored as CSF payloads)."""
+    native = write_checkpoint(root / "native", expert_tensors(experts=experts, hidden=hidden, inter=inter), NV_QUANT)
+    return native, compress_checkpoint(native, root / "csf", progress=False).dst
+
+
+def shard_files(root: Path) -> list[str]:
+    """A checkpoint directory's safetensors shards, as a loader lists them."""
+    return sorted(str(p) for p in root.glob("*.safetensors"))

@@ -1,4 +1,5 @@
-"""The ``engine`` fixture: a test that takes it runs once per serving engine (skipped where not installed)."""
+"""The ``engine`` fixture: a test that takes it runs once per serving engine (skipped where not installed); and
+``wrapped``: the engine's safetensors iterators CSF-aware for the test."""
 
 from __future__ import annotations
 
@@ -10,3 +11,13 @@ from .engines import ENGINES, Engine, engine_named
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request) -> Engine:
     return engine_named(request.param)
+
+
+@pytest.fixture
+def wrapped(engine):
+    """The wrapper installed for the test, and the process left as it was found."""
+    was = engine.weight_iterators.installed()
+    engine.weight_iterators.install()
+    yield
+    if not was:
+        engine.weight_iterators.uninstall()

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 from csf_codec import MXFP4, NVFP4
 from csf_serving_adapters.accounting import LEDGER
+from csf_serving_adapters.moe_core import LOCAL_ROUTES_ATTR, ROUTE_BUFFERS
 
 from .engines import engine_named, only
 from .ep_ranks import CASES, EP, expected_rank_params, rank_forward, reference_bound_layer, sglang_dispatch
@@ -87,6 +88,23 @@ def test_vllm_maps_the_models_route_ids_through_its_expert_map(engine):
         assert method.global_expert_map(layer) is layer.expert_map
         local = [i - 2 * shard.ep_rank if 2 * shard.ep_rank <= i < 2 * shard.ep_rank + 2 else -1 for i in range(E)]
         assert layer.expert_map.tolist() == local
+
+
+@only("vllm")
+def test_vllm_layers_route_maps_share_the_devices_buffers_and_keep_their_own_ids(engine):
+    """As process_weights_after_loading maps them: every layer's LocalRoutes writes the device's one buffer set,
+    grown to the largest layer's routes, and each maps through its own layer's expert_map."""
+    (a, shard_a), (b, shard_b) = _rank_layers(engine, MXFP4, "with_tp")[1]  # two layers (ranks 0 and 1's maps)
+    for layer, pairs in ((a, 6), (b, 4 * E)):
+        layer.quant_method.map_routes(layer, pairs, torch.device("cpu"))
+    ra, rb = (getattr(layer, LOCAL_ROUTES_ATTR) for layer in (a, b))
+    assert ra.buffers is rb.buffers is ROUTE_BUFFERS.get("cpu", 0) and ra.buffers.max_pairs >= 4 * E
+    ids = torch.tensor([[0, 3], [2, 1], [-1, E]], dtype=torch.int32)
+    for routes, shard in ((ra, shard_a), (rb, shard_b)):
+        held = shard.experts(E)
+        want = [[i - held.start if i in held else -1 for i in row] for row in ids.tolist()]
+        got = routes(ids)
+        assert got.tolist() == want and got.data_ptr() == ra.buffers.local.data_ptr()
 
 
 @only("sglang")

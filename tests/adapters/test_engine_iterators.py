@@ -7,9 +7,7 @@ import json
 import pytest
 import torch
 
-from csf_codec.checkpoint import compress_checkpoint
-
-from .checkpoints import NV_QUANT, expert_tensors, write_checkpoint
+from .checkpoints import nv_csf_pair, shard_files
 
 E, H, N = 4, 256, 128
 # the iterators each engine's DefaultModelLoader calls, with the keyword arguments it passes them here
@@ -24,23 +22,7 @@ ITERATORS = {
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    native = write_checkpoint(root / "native", expert_tensors(experts=E, hidden=H, inter=N), NV_QUANT)
-    return native, compress_checkpoint(native, root / "csf", progress=False).dst
-
-
-@pytest.fixture
-def wrapped(engine):
-    """The wrapper installed for the test, and the process left as it was found."""
-    was = engine.weight_iterators.installed()
-    engine.weight_iterators.install()
-    yield
-    if not was:
-        engine.weight_iterators.uninstall()
-
-
-def _files(root) -> list[str]:
-    return sorted(str(p) for p in root.glob("*.safetensors"))
+    return nv_csf_pair(tmp_path_factory.mktemp("ckpt"), experts=E, hidden=H, inter=N)
 
 
 def _raw(t: torch.Tensor) -> bytes:
@@ -58,8 +40,8 @@ def _original(engine, name):
 def test_the_engines_iterators_yield_the_native_tensors_of_a_csf_checkpoint(pair, engine, wrapped, iterator):
     native, csf = pair
     args, kwargs = engine.iterator_args, ITERATORS[engine.name][iterator]
-    want = dict(_original(engine, iterator)(_files(native), *args, **kwargs))
-    got = dict(getattr(engine.loader, iterator)(_files(csf), *args, **kwargs))  # as DefaultModelLoader calls it
+    want = dict(_original(engine, iterator)(shard_files(native), *args, **kwargs))
+    got = dict(getattr(engine.loader, iterator)(shard_files(csf), *args, **kwargs))  # as DefaultModelLoader calls it
     assert got.keys() == want.keys()
     for name, t in want.items():
         assert (got[name].dtype, got[name].shape, _raw(got[name])) == (t.dtype, t.shape, _raw(t)), name
@@ -67,7 +49,7 @@ def test_the_engines_iterators_yield_the_native_tensors_of_a_csf_checkpoint(pair
 
 def test_without_the_wrapper_the_engine_would_see_csf_names(pair, engine, wrapped):
     _, csf = pair
-    names = {n for n, _ in _original(engine, "safetensors_weights_iterator")(_files(csf), *engine.iterator_args)}
+    names = {n for n, _ in _original(engine, "safetensors_weights_iterator")(shard_files(csf), *engine.iterator_args)}
     assert any(n.endswith(".weight_scale.csf") for n in names)
     engine.weight_iterators.uninstall()
     try:
@@ -88,9 +70,9 @@ def test_a_csf_checkpoint_loads_into_every_rank_exactly_as_its_native_original(p
     for rank in range(tp):
         a = engine.make_experts(cfg_native, experts=E, hidden=H, inter=N, tp=tp, rank=rank)
         b = engine.make_experts(cfg_csf, experts=E, hidden=H, inter=N, tp=tp, rank=rank)
-        native_pairs = _original(engine, "safetensors_weights_iterator")(_files(native), *engine.iterator_args)
+        native_pairs = _original(engine, "safetensors_weights_iterator")(shard_files(native), *engine.iterator_args)
         loaded_a = engine.load_expert_tensors(a, native_pairs, E)
-        loaded_b = engine.load_expert_tensors(b, iterate(_files(csf), *engine.iterator_args), E)
+        loaded_b = engine.load_expert_tensors(b, iterate(shard_files(csf), *engine.iterator_args), E)
         assert loaded_a == loaded_b == {n for n, _ in b.named_parameters()}
         for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
             assert _raw(pa.data) == _raw(pb.data), f"rank {rank}/{tp}: {name}"

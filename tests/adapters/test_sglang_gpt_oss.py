@@ -1,6 +1,6 @@
 """gpt-oss through SGLang 0.5.23 with csf (CPU): csf's MoE method takes gpt-oss's clamped SwiGLU, biases and
-interleaved rows, and the model's own MXFP4 expert-loading path (TP slicing of whole tensors) fills csf's
-parameters at 1 and 2 tensor-parallel ranks."""
+interleaved rows, and the model's own MXFP4 expert-loading path (TP and EP slicing of whole tensors) fills csf's
+parameters at 1 and 2 tensor-parallel ranks, and at 2 expert-parallel ranks from a stored CSF checkpoint."""
 
 from __future__ import annotations
 
@@ -11,14 +11,21 @@ import torch
 
 pytest.importorskip("sglang")
 
+from sglang.srt.model_loader import loader
 from sglang.srt.models.gpt_oss import GptOssForCausalLM
 
-from csf_serving_adapters.sglang import register
+from csf_codec import MXFP4
+from csf_codec.checkpoint import compress_checkpoint
+from csf_codec.synthetic import synthetic_scale_plane
+from csf_serving_adapters.sglang import register, weight_iterators
 from csf_serving_adapters.sglang.config import CsfConfig
 from csf_serving_adapters.sglang.gpt_oss import patch_gpt_oss_loading
+from csf_serving_adapters.stored_planes import stored_planes
 
-from .checkpoints import MX_CONFIG, NV_CONFIG
+from .checkpoints import MX_CONFIG, NV_CONFIG, shard_files, write_checkpoint
+from .ep_ranks import CASES, EP
 from .sglang_engine import make_experts
+from .tp_shards import params, same
 
 E, H, N = 4, 256, 128  # N: unsharded intermediate size
 GPT_OSS = dict(activation="silu", with_bias=True, gemm1_alpha=1.702, gemm1_clamp_limit=7.0)
@@ -50,18 +57,22 @@ def test_other_clamped_swiglus_are_refused():
         _layer(gemm1_alpha=1.5)
 
 
-def _checkpoint(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """gpt-oss's MXFP4 expert tensors as its checkpoints store them (every expert, unsharded)."""
+def _checkpoint(gen: torch.Generator, real_scales: bool = False) -> dict[str, torch.Tensor]:
+    """gpt-oss's MXFP4 expert tensors as its checkpoints store them (every expert, unsharded); ``real_scales``:
+    scale planes of a trained model's statistics (which ``csf compress`` stores as CSF), else random bytes."""
 
     def u8(*shape):
         return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
 
+    def scales(*shape):
+        return synthetic_scale_plane(shape, MXFP4, seed=int(u8(1))) if real_scales else u8(*shape)
+
     return {
         f"{EXPERTS}.gate_up_proj_blocks": u8(E, 2 * N, H // 32, 16),
-        f"{EXPERTS}.gate_up_proj_scales": u8(E, 2 * N, H // 32),
+        f"{EXPERTS}.gate_up_proj_scales": scales(E, 2 * N, H // 32),
         f"{EXPERTS}.gate_up_proj_bias": torch.randn(E, 2 * N, generator=gen).to(torch.bfloat16),
         f"{EXPERTS}.down_proj_blocks": u8(E, H, N // 32, 16),
-        f"{EXPERTS}.down_proj_scales": u8(E, H, N // 32),
+        f"{EXPERTS}.down_proj_scales": scales(E, H, N // 32),
         f"{EXPERTS}.down_proj_bias": torch.randn(E, H, generator=gen).to(torch.bfloat16),
     }
 
@@ -120,3 +131,64 @@ def test_gpt_oss_load_weights_sees_mxfp4_for_csf_mxfp4_configs_only(config, path
     GptOssForCausalLM.load_weights(model, [])
     assert calls == [(path, "mxfp4" if path == "mxfp4" else csf.get_name())]
     assert model.quant_config is csf  # restored after loading
+
+
+@pytest.fixture
+def csf_iterators():
+    """SGLang's safetensors iterators CSF-aware for the test, and the process left as it was found."""
+    was = weight_iterators.installed()
+    weight_iterators.install()
+    yield
+    if not was:
+        weight_iterators.uninstall()
+
+
+def _load(layer, weights) -> set[str]:
+    model = _Model(layer, SimpleNamespace(intermediate_size=N, num_local_experts=E))
+    return GptOssForCausalLM._load_mxfp4_experts_weights(model, weights)
+
+
+@pytest.mark.parametrize("case", ["without_tp", "with_tp"])
+def test_ep_ranks_load_their_slice_of_a_stored_csf_checkpoint(tmp_path, csf_iterators, case):
+    """gpt-oss's fused MXFP4 planes (every expert in one tensor) stored as CSF, read through SGLang's CSF-aware
+    iterator and its model's EP/TP slicing: each rank holds its experts' slice of the single-rank layer and of
+    the checkpoint (values, decoded scale planes, biases)."""
+    ckpt = _checkpoint(torch.Generator().manual_seed(7), real_scales=True)
+    native = write_checkpoint(tmp_path / "native", ckpt, {"quant_method": "mxfp4"})
+    csf = compress_checkpoint(native, tmp_path / "csf", progress=False).dst
+    files = shard_files(csf)
+    planes = {p.name for p in stored_planes(files).values()}
+    assert planes == {f"{EXPERTS}.gate_up_proj_scales", f"{EXPERTS}.down_proj_scales"}  # loading must decode them
+    whole = _layer()
+    _load(whole, iter(ckpt.items()))
+    single = params(whole)
+    for kwargs, shard in CASES["sglang"][case]:
+        layer = _layer(**kwargs)
+        assert layer.w13_weight.shape[0] == E // EP  # the rank's local experts only
+        loaded = _load(layer, loader.safetensors_weights_iterator(files))  # as SGLang's DefaultModelLoader calls it
+        assert {name.rsplit(".", 1)[-1] for name in loaded} == {n for n, _ in layer.named_parameters()}
+        held, n, t = shard.experts(E), N // shard.tp, shard.tp_rank
+        experts = slice(held.start, held.stop)
+        rows = slice(2 * t * n, 2 * (t + 1) * n)  # interleaved gate/up rows: a rank's rows are contiguous
+        cols, blocks = slice(t * n // 2, (t + 1) * n // 2), slice(t * n // 32, (t + 1) * n // 32)
+        bias2 = ckpt[f"{EXPERTS}.down_proj_bias"][experts]
+        want = {  # from the checkpoint
+            "w13_weight": ckpt[f"{EXPERTS}.gate_up_proj_blocks"].view(E, 2 * N, -1)[experts, rows],
+            "w13_weight_scale": ckpt[f"{EXPERTS}.gate_up_proj_scales"][experts, rows],
+            "w13_weight_bias": ckpt[f"{EXPERTS}.gate_up_proj_bias"][experts, rows],
+            "w2_weight": ckpt[f"{EXPERTS}.down_proj_blocks"].view(E, H, N // 2)[experts, :, cols],
+            "w2_weight_scale": ckpt[f"{EXPERTS}.down_proj_scales"][experts, :, blocks],
+            "w2_weight_bias": bias2 if t == 0 else torch.zeros_like(bias2),  # added once over the TP ranks
+        }
+        from_single = {
+            "w13_weight": single["w13_weight"][experts, rows],
+            "w13_weight_scale": single["w13_weight_scale"][experts, rows],
+            "w13_weight_bias": single["w13_weight_bias"][experts, rows],
+            "w2_weight": single["w2_weight"][experts, :, cols],
+            "w2_weight_scale": single["w2_weight_scale"][experts, :, blocks],
+            "w2_weight_bias": single["w2_weight_bias"][experts] if t == 0 else torch.zeros_like(bias2),
+        }
+        got = params(layer)
+        assert got.keys() == want.keys() == from_single.keys()
+        for name in want:
+            assert same(got[name], want[name]) and same(got[name], from_single[name]), f"{case} {shard}: {name}"

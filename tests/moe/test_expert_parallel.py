@@ -1,5 +1,6 @@
 """Expert- and tensor-parallel ranks on the CPU: the catalog's EP geometries and their AOT programs, a rank's
-slice, the route-id map (allocation-free, invalid ids inert) and ranks' reference outputs summing to the whole."""
+slice, the route-id map (allocation-free, invalid ids inert, one buffer set for every layer's map) and ranks'
+reference outputs summing to the whole."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from csf_codec import scale_format
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import MoEGeometry, load_catalog
-from csf_moe import LocalRoutes, RankShard, local_expert_map, plan, shard_weights
+from csf_moe import LocalRoutes, RankShard, RouteBuffers, local_expert_map, plan, shard_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
@@ -85,6 +86,26 @@ def test_local_routes_map_into_one_buffer_and_keep_invalid_ids_inert(ids_dtype):
         routes(torch.zeros(5, 3, dtype=ids_dtype))
     with pytest.raises(ValueError, match="int32 or int64"):
         routes(ids.to(torch.int16))
+
+
+def test_layers_maps_share_one_buffer_set_sized_for_the_largest_and_keep_their_own_ids():
+    buffers = RouteBuffers("cpu", max_pairs=4)
+    # two layers of one device: their placements differ, the second plans more routes than the first
+    first = LocalRoutes(local_expert_map(8, RankShard(ep=2, ep_rank=1)), max_pairs=6, buffers=buffers)
+    second = LocalRoutes(torch.tensor([-1, 0, -1, 1, -1, 2, -1, 3], dtype=torch.int32), max_pairs=12, buffers=buffers)
+    assert first.buffers is second.buffers is buffers and buffers.max_pairs == 12  # grown, while layers are built
+    ids = torch.tensor([[4, 1], [7, 8], [5, -1]], dtype=torch.int64)
+    a = first(ids)
+    assert a.tolist() == [[0, -1], [3, -1], [1, -1]]  # the first layer consumes its map here
+    b = second(torch.cat((ids, ids)).to(torch.int32))
+    assert b.tolist() == [[-1, 0], [3, -1], [2, -1]] * 2
+    # one buffer: the second map wrote where the first had (the first layer had read it by then)
+    assert a.data_ptr() == b.data_ptr() == buffers.local.data_ptr()
+    assert first(ids).tolist() == [[0, -1], [3, -1], [1, -1]]
+    with pytest.raises(ValueError, match="exceed the 6"):  # each map keeps its own layer's limit
+        first(torch.zeros(7, dtype=torch.int32))
+    with pytest.raises(ValueError, match="route buffers on"):
+        LocalRoutes(torch.zeros(8, dtype=torch.int32, device="meta"), max_pairs=2, buffers=buffers)
 
 
 def test_local_routes_follow_any_placement():

@@ -8,7 +8,7 @@ Routing helpers compute (topk_weights, topk_ids) as vLLM and SGLang do; :mod:`cs
 the float32 layer every kernel is tested against.
 """
 
-from .expert_parallel import LocalRoutes, RankShard, local_expert_map, shard_weights
+from .expert_parallel import LocalRoutes, RankShard, RouteBuffers, local_expert_map, shard_weights
 from .layer import MoELayer, bind
 from .plan import SCALE_SOURCES, BucketPlan, MoEPlan, plan
 from .prefetch import ExpansionPrefetcher
@@ -24,6 +24,7 @@ __all__ = [
     "MoEPlan",
     "MoEWeights",
     "RankShard",
+    "RouteBuffers",
     "bind",
     "fused_topk",
     "grouped_topk",

@@ -7,7 +7,7 @@ gate and up halves of W13 and the columns of W2, as both engines' weight loaders
 engine (:func:`csf_moe.plan` -> :func:`csf_moe.prepare_weights` -> :func:`csf_moe.bind`), and
 :class:`LocalRoutes` turns the model's route ids into the rank's: another rank's expert becomes -1, an id the
 layer's programs skip (computed by nobody, contributing exactly zero), so summing every rank's output (the
-engines' all-reduce) gives the whole layer's.
+engines' all-reduce) gives the whole layer's. The maps of a device's layers share one :class:`RouteBuffers`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from csf_kernels.catalog import MoEGeometry
 
-__all__ = ["LocalRoutes", "RankShard", "local_expert_map", "shard_weights"]
+__all__ = ["LocalRoutes", "RankShard", "RouteBuffers", "local_expert_map", "shard_weights"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,30 +94,74 @@ def shard_weights(whole: dict[str, torch.Tensor | None], shard: RankShard) -> di
     return out
 
 
+def _device(d: torch.device | str) -> torch.device:
+    """``d`` with its index (``cuda`` is the current CUDA device), so that two names of one device compare equal."""
+    d = torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+class RouteBuffers:
+    """The working memory of :class:`LocalRoutes` maps on one device: the clamped ids (in int32 and int64, the
+    engines' id dtypes) and the local ids, for up to ``max_pairs`` routes (16 bytes a route pair).
+
+    A map's result is read by its layer before the next layer runs (both on the current stream), so one set serves
+    every layer's map: give each layer's map the same object. :meth:`reserve` grows it to the largest layer's pairs
+    while layers are built, before any CUDA graph is captured; maps read the buffers at each call, so every map
+    uses the grown set."""
+
+    def __init__(self, device: torch.device | str, max_pairs: int = 1) -> None:
+        self.device = _device(device)
+        self._retired: list[tuple[dict[torch.dtype, torch.Tensor], torch.Tensor]] = []
+        self._allocate(max(max_pairs, 1))
+
+    def _allocate(self, pairs: int) -> None:
+        self.index = {dt: torch.empty(pairs, dtype=dt, device=self.device) for dt in (torch.int32, torch.int64)}
+        self.local = torch.empty(pairs, dtype=torch.int32, device=self.device)
+
+    @property
+    def max_pairs(self) -> int:
+        return self.local.numel()
+
+    def reserve(self, pairs: int) -> None:
+        """Room for ``pairs`` routes. Growing is refused while a CUDA graph is being captured (the capture would
+        record an allocation)."""
+        if pairs <= self.max_pairs:
+            return
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"route buffers of {self.max_pairs} pairs cannot grow to {pairs} during CUDA graph "
+                               "capture; reserve them before capturing")  # fmt: skip
+        # a graph captured before this growth replays on the old buffers' addresses: keep them alive
+        self._retired.append((self.index, self.local))
+        self._allocate(pairs)
+
+
 class LocalRoutes:
     """The model's route ids -> one rank's, without allocating: graph-capturable, for every call up to
     ``max_pairs`` routes. Ids outside ``[0, len(expert_map))`` (an engine's padding) stay outside the rank's
     experts: they are clamped to one of two sentinel rows of the table, never read out of bounds.
 
-    The result is a view of a buffer this object owns, rewritten by the next call (the layer consumes it first:
-    both run on the current stream)."""
+    The result is a view of ``buffers`` (a set of the map's own where none is given, or one shared by every layer's
+    map on the device: see :class:`RouteBuffers`), rewritten by the next call of any map sharing them (the layer
+    consumes it first: both run on the current stream)."""
 
-    def __init__(self, expert_map: torch.Tensor, max_pairs: int) -> None:
+    def __init__(self, expert_map: torch.Tensor, max_pairs: int, buffers: RouteBuffers | None = None) -> None:
         if expert_map.dim() != 1 or expert_map.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"expert_map must be a 1-D integer tensor, got {expert_map.dtype} "
                              f"{tuple(expert_map.shape)}")  # fmt: skip
         n, dev = expert_map.numel(), expert_map.device
+        if buffers is None:
+            buffers = RouteBuffers(dev, max_pairs)
+        elif buffers.device != _device(dev):
+            raise ValueError(f"route buffers on {buffers.device}, the expert map on {dev}")
+        buffers.reserve(max(max_pairs, 1))  # now, before any capture
+        self.buffers = buffers
         self.global_experts = n
-        # table[id + 1] for id clamped to [-1, n]: both ends -1
+        self.max_pairs = max(max_pairs, 1)
+        # table[id + 1] for id clamped to [-1, n]: both ends -1 (the layer's own: placements may differ by layer)
         self.table = torch.full((n + 2,), -1, dtype=torch.int32, device=dev)
         self.table[1 : n + 1] = expert_map.to(torch.int32)
-        # the clamped ids, in the engine's id dtype (int32 or int64: both allocated here, never during a call)
-        self._index = {dt: torch.empty(max(max_pairs, 1), dtype=dt, device=dev) for dt in (torch.int32, torch.int64)}
-        self._local = torch.empty(max(max_pairs, 1), dtype=torch.int32, device=dev)
-
-    @property
-    def max_pairs(self) -> int:
-        return self._local.numel()
 
     def __call__(self, topk_ids: torch.Tensor) -> torch.Tensor:
         """int32, ``topk_ids``'s shape: each id's local id, -1 for another rank's expert or an invalid id."""
@@ -126,9 +170,9 @@ class LocalRoutes:
             raise ValueError(f"{pairs} routes exceed the {self.max_pairs} this map was sized for")
         if topk_ids.device != self.table.device:
             raise ValueError(f"route ids on {topk_ids.device}, the expert map on {self.table.device}")
-        if topk_ids.dtype not in self._index:
+        if topk_ids.dtype not in self.buffers.index:
             raise ValueError(f"route ids must be int32 or int64, got {topk_ids.dtype}")
-        index, local = self._index[topk_ids.dtype][:pairs], self._local[:pairs]
+        index, local = self.buffers.index[topk_ids.dtype][:pairs], self.buffers.local[:pairs]
         torch.clamp(topk_ids.reshape(-1), min=-1, max=self.global_experts, out=index)
         index.add_(1)
         torch.index_select(self.table, 0, index, out=local)

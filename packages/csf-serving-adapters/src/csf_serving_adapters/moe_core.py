@@ -19,16 +19,17 @@ from csf_kernels.catalog import MoEGeometry, load_catalog
 from .accounting import LEDGER, LayerScaleMemory
 from .checkpoint_config import COMPRESSED_TENSORS
 from .layer_order import MOE_ORDER, prefetch_enabled, prefetcher
-from .scratch import SharedScratch
+from .scratch import SharedRouteBuffers, SharedScratch
 
-__all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "LOCAL_ROUTES_ATTR", "MODELOPT_NAMES", "SCRATCH", "CsfMoECore",
-           "ParamNames", "param_names", "plan_rank_layer"]  # fmt: skip
+__all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "LOCAL_ROUTES_ATTR", "MODELOPT_NAMES", "ROUTE_BUFFERS", "SCRATCH",
+           "CsfMoECore", "ParamNames", "param_names", "plan_rank_layer"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer, kept on the engine's MoE module
 LOCAL_ROUTES_ATTR = "csf_local_routes"  # its csf_moe.LocalRoutes where the engine hands it the model's route ids
 SCRATCH = SharedScratch()
+ROUTE_BUFFERS = SharedRouteBuffers()  # the working memory of every layer's LocalRoutes, per device
 
 
 def plan_rank_layer(geometry: MoEGeometry, max_tokens: int, capture_sizes: tuple[int, ...] = ()):
@@ -232,13 +233,15 @@ class CsfMoECore:
         logger.debug("csf: %s keeps %d of %d scale bytes", entry.layer, entry.stored_bytes, entry.native_bytes)
 
     def map_routes(self, layer, max_pairs: int, device: torch.device) -> None:
-        """Where the engine routes with the model's expert ids: the layer's LocalRoutes, its buffers allocated now
-        on ``device``, so that the mapping in ``apply`` is captured in CUDA graphs."""
+        """Where the engine routes with the model's expert ids: the layer's LocalRoutes, writing the device's shared
+        route buffers (grown now, while layers are processed after loading and before the engine captures CUDA
+        graphs, so that the mapping in ``apply`` is captured allocating nothing)."""
         from csf_moe import LocalRoutes
 
         expert_map = self.global_expert_map(layer)
         if expert_map is not None:
-            setattr(layer, LOCAL_ROUTES_ATTR, LocalRoutes(expert_map.to(device), max_pairs))
+            buffers = ROUTE_BUFFERS.get(device, max_pairs)
+            setattr(layer, LOCAL_ROUTES_ATTR, LocalRoutes(expert_map.to(device), max_pairs, buffers))
 
     def bound_layer(self, layer):
         bound = getattr(layer, BOUND_ATTR, None)
