@@ -4,8 +4,6 @@ for zero wgmmas after each one instead of one)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,18 +14,15 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
+from .test_stage_decoder_build import _toolchain_or_skip
+
 VARIANTS = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
             (128, 1, False), (256, 2, True)]  # (routes a block, fused activation, bias)  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}")
 def built(request, tmp_path_factory):
-    if shutil.which(os.environ.get("CC", "gcc")) is None:
-        pytest.skip("no C compiler (gcc) to link the shared object")
-    try:
-        export._cudart_static()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")

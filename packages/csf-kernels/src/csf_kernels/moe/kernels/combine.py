@@ -46,6 +46,16 @@ SIGNATURE = {
 
 
 @triton.jit
+def route_expert(topk_ids, route, num_experts, IDS64: tl.constexpr):
+    """(expert id, live) of route ``route``: ids outside [0, E) (graph padding) are not live."""
+    if IDS64:
+        e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route)
+    else:
+        e = tl.load(topk_ids + route)
+    return e, (e >= 0) & (e < num_experts)
+
+
+@triton.jit
 def moe_combine(
     y,
     part,
@@ -78,11 +88,7 @@ def moe_combine(
         acc = tl.zeros([BH], dtype=tl.float32)
         for j in range(0, top_k):
             route = t * top_k + j
-            if IDS64:
-                e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route)
-            else:
-                e = tl.load(topk_ids + route)
-            live = (e >= 0) & (e < num_experts)
+            e, live = route_expert(topk_ids, route, num_experts, IDS64)
             wt = tl.load(topk_weights + route)
             if PARTIAL:
                 es = tl.where(live, e, 0).to(tl.int64)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from csf_kernels.moe.kernels.combine import route_expert
 from csf_kernels.runtime.pdl import await_predecessor
 
 SIGNATURE_GATHER = {
@@ -126,11 +127,7 @@ def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k,
     acc = tl.zeros([BH], dtype=tl.float32)
     for j in range(0, top_k):
         route = t * top_k + j
-        if IDS64:
-            e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route)
-        else:
-            e = tl.load(topk_ids + route)
-        live = (e >= 0) & (e < num_experts)
+        e, live = route_expert(topk_ids, route, num_experts, IDS64)
         slot = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
         v = tl.load(y + slot * hidden + c, mask=m & live, other=0.0).to(tl.float32)
         if HAS_BIAS:
