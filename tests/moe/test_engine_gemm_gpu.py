@@ -16,7 +16,7 @@ from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launc
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
 from csf_kernels.moe.engine_specs import ENGINE_TILE_N
 
-from ..cuda_graphs import replay_allocating_nothing
+from ..cuda_graphs import captured, replay_allocating_nothing
 
 pytestmark = pytest.mark.gpu
 
@@ -95,15 +95,8 @@ def test_graph_replay_equals_eager():
     w_panel, s_panel, x, w = _operands(rows, k, n, SEED + 7)
     out, bound = _run(w_panel, s_panel, x, rows, 256)
     eager = out.clone()
+    graph = captured(bound)
     out.fill_(float("nan"))
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        bound()  # warm up on the capture stream
-        torch.cuda.synchronize()
-        out.fill_(float("nan"))
-        with torch.cuda.graph(graph, stream=stream):
-            bound()
     replay_allocating_nothing(graph)
     assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
     x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
@@ -160,13 +153,7 @@ def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
             _check(got, x[b * tile_n : (b + 1) * tile_n], w[e])
 
     # a captured launch follows new block maps and counts (device data)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        bound()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            bound()
+    graph = captured(bound)
     block_expert.copy_(torch.tensor([1, 2, 3, 4, 0, 0, 1, 2, 3], dtype=torch.int32))
     meta.fill_(max_blocks)
     out.fill_(float("nan"))

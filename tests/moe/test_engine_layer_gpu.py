@@ -12,7 +12,7 @@ from csf_kernels.catalog import load_catalog
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
-from tests.cuda_graphs import replay_allocating_nothing
+from tests.cuda_graphs import captured, replay_allocating_nothing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")
@@ -50,13 +50,7 @@ def test_engine_layer_replays_new_routings_in_a_graph():
     x, ids, w = synthetic_routing(geo, 700, gen)
     out = torch.full_like(x, float("nan"))
     run = layer.call(x, ids, w, out)
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
+    graph = captured(run)
     x2, ids2, w2 = synthetic_routing(geo, 700, gen)
     x.copy_(x2), ids.copy_(ids2), w.copy_(w2)
     out.fill_(float("nan"))
