@@ -229,12 +229,10 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
 
 def graph_check(rank: Rank, x, ids, w, eager, reduced) -> dict:
     """The layer alone, and the layer then the all-reduce, captured and replayed (every rank together)."""
+    from timing import capture
+
     out = torch.empty_like(x)
-    rank.run(x, ids, w, out=out)  # bind outside capture (eager warm-up, as engines do)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        rank.run(x, ids, w, out=out)
+    g = capture(lambda: rank.run(x, ids, w, out=out))  # an eager warm-up binds outside capture, as engines do
     out.zero_()
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]

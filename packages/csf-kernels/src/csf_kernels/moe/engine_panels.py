@@ -31,6 +31,7 @@ from csf_kernels.moe.fp4_words import place_bits, unplace_bits
 __all__ = [
     "FC1_SLAB",
     "PANEL_STEP_K",
+    "PANEL_WORDS",
     "ROW_BLOCK",
     "engine_scale_panel",
     "engine_weight_panel",
@@ -41,6 +42,8 @@ __all__ = [
 
 PANEL_STEP_K = 64  # K values a step: two MXFP4 scale blocks, one 128-byte swizzle row of bf16 activations
 ROW_BLOCK = 64  # weight rows a consumer warpgroup converts a step (the M of wgmma)
+PANEL_BYTES = ROW_BLOCK * PANEL_STEP_K // 2  # one row block's step of FP4 values: 2048
+PANEL_WORDS = PANEL_BYTES // 8  # the same as the uint64 words a TMA box of the panel counts
 _NEUTRAL_SCALE = 127  # E8M0 1.0 for padding
 FC1_SLAB = 8  # outputs a slab of 16 engine rows: a wgmma accumulator thread holds rows r and r + 8 of each
 
@@ -84,7 +87,7 @@ def engine_weight_panel(packed: torch.Tensor) -> torch.Tensor:
     words = (frag << (4 * torch.arange(8, device=nib.device))).sum(-1)  # nibble n at bits 4n..4n+3
     signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     placed = place_bits(signed.view(-1))
-    return placed.view(torch.uint8).view(steps, blocks, 2048).view(torch.int64).view(torch.uint64)
+    return placed.view(torch.uint8).view(steps, blocks, PANEL_BYTES).view(torch.int64).view(torch.uint64)
 
 
 def panel_words_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from csf_kernels.catalog import MoEGeometry
+from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
 from csf_kernels.moe.specs import MOE_PDL, align_forms, align_plan_spec, align_scatter_spec
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
@@ -34,8 +35,8 @@ __all__ = [
 ENGINE_GEMM = "moe.engine_gemm"
 ENGINE_GEMM_VERSION = 2
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
-ENGINE_TILE_M = 128  # weight rows a CTA tile: two consumer warpgroups of 64
-ENGINE_TILE_K = 64  # K a stage (csf_kernels.moe.engine_panels.PANEL_STEP_K)
+ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
+ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 
 
 _GLUE = "csf_kernels.moe.kernels.engine_glue"

@@ -35,6 +35,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_convert import FACTOR_PTX, PAIR_PTX
@@ -45,7 +46,6 @@ STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains o
 ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
 SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
 SWIGLU_LIMIT = 7.0
-_PANEL_WORDS = 256  # uint64 words of one row block's step in the weight panel
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 
 
@@ -82,7 +82,6 @@ class GroupedFp4Gemm:
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
-        self.tile_shape_mnk = (TILE_M, tile_n, TILE_K)
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
@@ -97,9 +96,6 @@ class GroupedFp4Gemm:
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = 2 * TILE_M
         self.b_tx = tile_n * TILE_K * 2
-
-    def shared_bytes(self) -> int:
-        return _SMEM_BYTES
 
     @cute.jit
     def __call__(
