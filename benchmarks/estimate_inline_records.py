@@ -67,7 +67,8 @@ def main() -> None:
     rows = []
     for regime, fmt, stats in REGIMES:
         k = 2 if fmt is NVFP4 else 1
-        for proj, shape, group in (("w13", (args.experts, 1152, 160 * k), 576), ("w2", (args.experts, 5120, 18 * k), None)):
+        planes = (("w13", (args.experts, 1152, 160 * k), 576), ("w2", (args.experts, 5120, 18 * k), None))
+        for proj, shape, group in planes:
             plane = synthetic_scale_plane(shape, fmt, stats)
             flat = plane.reshape(-1, shape[-1])
             bound_bits = conditional_offset_entropy(flat, row_bases(flat, fmt.row_base_width))

@@ -11,6 +11,8 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
+SLOWEST = 25
+
 
 def _git(*args: str) -> str:
     try:
@@ -46,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    failed, skipped_gpu = [], 0
+    failed, skipped_gpu, times = [], 0, []
     path = Path(a.junit)
     if path.exists():
         for suite in ET.parse(path).getroot().iter("testsuite"):
@@ -55,6 +57,7 @@ def main() -> None:
         for case in ET.parse(path).getroot().iter("testcase"):
             if case.find("failure") is not None or case.find("error") is not None:
                 failed.append(f"{case.get('classname')}::{case.get('name')}")
+            times.append((float(case.get("time") or 0.0), f"{case.get('classname')}::{case.get('name')}"))
             sk = case.find("skipped")
             if sk is not None and "CUDA" in (sk.get("message") or ""):
                 skipped_gpu += 1
@@ -71,6 +74,9 @@ def main() -> None:
         "counts": {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]},
         "gpu_tests_skipped_for_lack_of_cuda": skipped_gpu,
         "failed": failed,
+        "seconds": round(sum(t for t, _ in times), 1),
+        # where a device call's time goes: the next run's timeout and what to make faster
+        "slowest": [{"seconds": round(t, 2), "test": name} for t, name in sorted(times, reverse=True)[:SLOWEST]],
     }
     Path(a.out).write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("outcome", "counts", "commit")}))
