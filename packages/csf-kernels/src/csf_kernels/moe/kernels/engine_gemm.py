@@ -92,7 +92,7 @@ class GroupedFp4Gemm:
         self.fmt = fmt
         self.nvfp4 = fmt == "nvfp4"
         s_bytes = panel_scales(fmt).per_step * TILE_M  # a stage's scale bytes
-        # NVFP4's panel is read as one uint32 a row (a TMA box of 512 uint8 would pass the 256-element limit)
+        # NVFP4's panel is read as one uint32 a row (a TMA box of 512 uint8 would exceed the 256-element limit)
         self.s_dtype = cutlass.Uint32 if self.nvfp4 else cutlass.Uint8
         self.s_elems = s_bytes * 8 // self.s_dtype.width
         self.acc_dtype = cutlass.Float32
