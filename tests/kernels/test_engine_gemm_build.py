@@ -17,21 +17,11 @@ from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-# (routes a block, fused activation, bias, format)
-VARIANTS = [
-    (16, 0, False, "mxfp4"),
-    (32, 0, False, "mxfp4"),
-    (64, 0, False, "mxfp4"),
-    (128, 0, False, "mxfp4"),
-    (256, 0, False, "mxfp4"),
-    (16, 2, True, "mxfp4"),
-    (128, 1, False, "mxfp4"),
-    (256, 2, True, "mxfp4"),
-    (16, 0, False, "nvfp4"),
-    (256, 0, False, "nvfp4"),
-    (128, 1, False, "nvfp4"),
-    (256, 2, True, "nvfp4"),
-]
+# (routes a block, fused activation, bias) of each format
+_MXFP4 = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
+          (128, 1, False), (256, 2, True)]  # fmt: skip
+_NVFP4 = [(16, 0, False), (256, 0, False), (128, 1, False), (256, 2, True)]
+VARIANTS = [(*v, "mxfp4") for v in _MXFP4] + [(*v, "nvfp4") for v in _NVFP4]
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}")
