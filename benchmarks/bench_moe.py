@@ -1,6 +1,6 @@
 """Fused MoE figures on the H200, from the AOT cache (frozen): JSON with provenance.
 
-    python3 benchmarks/bench_moe.py --out FILE [--geometries all] [--tokens 1,8,32,...]
+    python3 benchmarks/bench_moe.py --out FILE [--geometries peers|nvfp4|all] [--tokens 1,8,32,...]
 
 Per geometry and token count, arms side by side in one process: csf with native scales, with CSF
 expanded into scratch before each call, with CSF stored inline as planned (its routed experts' scales
@@ -37,6 +37,7 @@ from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay
 
 from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
+from csf_kernels.moe.engine_specs import engine_serves
 from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.engine_layer import EngineMoE, engine_weights
@@ -52,6 +53,11 @@ ALL_GEOMETRIES = [
     ("kimi-k2", 16, "mxfp4"),
     ("kimi-k2", 16, "nvfp4"),
 ]
+# the peer geometries the catalog lists in NVFP4 (gpt-oss ships MXFP4 only): no triton_kernels arm, so their rows are
+# read against csf's own MXFP4 figures of the same geometries (--geometries nvfp4 runs both formats)
+NVFP4_GEOMETRIES = [("deepseek-v4.1-flash", 4, "mxfp4"), ("deepseek-v4.1-flash", 4, "nvfp4"),
+                    ("qwen3-30b-a3b", 1, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4")]  # fmt: skip
+GEOMETRY_SETS = {"peers": PEER_GEOMETRIES, "nvfp4": NVFP4_GEOMETRIES, "all": ALL_GEOMETRIES}
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 # routings a token count's replays rotate over (--input-sets; 1, 4 and 16 measure the same: docs/archive/perf-log.md,
 # "FC2 finishes FC1 at few tokens, and what is left at one token")
@@ -97,8 +103,8 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # OpenAI's triton_kernels (peer_triton_kernels.py), opt in with --arms where it is importable: MXFP4 geometries only,
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
-# csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 scales), opt in with
-# --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own; their
+# csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 or NVFP4 scales), opt
+# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own; their
 # error is checked against the float32 reference at every token count
 ENGINE_ARMS = {"engine": True, "engine_unfused": False}  # arm -> FC1's activation in its epilogue
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
@@ -225,7 +231,7 @@ def bench_geometry(
     engines = {
         arm: EngineMoE(engine_weights(data.reference(), geo.activation, fused=ENGINE_ARMS[arm]), geo.top_k)
         for arm in engine
-        if geo.fmt.name == "mxfp4"
+        if engine_serves(geo)
     }
     timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *engines)
     per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
@@ -361,7 +367,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--geometries", choices=("peers", "all"), default="peers")
+    ap.add_argument("--geometries", choices=tuple(GEOMETRY_SETS), default="peers")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--input-sets", type=int, default=INPUT_SETS, help="routings each token count rotates over")
     ap.add_argument(
@@ -388,7 +394,7 @@ def main() -> None:
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
     peak = bf16_peak(a.reps, flush)
     print(f"bf16 GEMM peak {peak['median_TFLOPs']:.0f} TFLOP/s", flush=True)
-    geos = PEER_GEOMETRIES if a.geometries == "peers" else ALL_GEOMETRIES
+    geos = GEOMETRY_SETS[a.geometries]
     doc = {
         "benchmark": "bench_moe",
         "provenance": provenance(),

@@ -1,6 +1,7 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
-for zero wgmmas after each one instead of one)."""
+for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike; NVFP4 programs convert E4M3 factors and
+multiply by the global scale, MXFP4 programs do neither."""
 
 from __future__ import annotations
 
@@ -16,19 +17,22 @@ from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-VARIANTS = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
-            (128, 1, False), (256, 2, True)]  # (routes a block, fused activation, bias)  # fmt: skip
+# (routes a block, fused activation, bias) of each format
+_MXFP4 = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
+          (128, 1, False), (256, 2, True)]  # fmt: skip
+_NVFP4 = [(16, 0, False), (256, 0, False), (128, 1, False), (256, 2, True)]
+VARIANTS = [(*v, "mxfp4") for v in _MXFP4] + [(*v, "nvfp4") for v in _NVFP4]
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}")
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}")
 def built(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias = request.param
+    tile_n, act, bias, fmt = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias), out)
+    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt), out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
@@ -49,6 +53,18 @@ def test_wgmma_pipelined(built):
     assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 4 * (STEP_GROUP + 1) - 2
 
 
+def test_scale_conversion_and_global_scale_by_format(built):
+    tile_n, meta, sass = built
+    nv = meta["fmt"] == "nvfp4"
+    # NVFP4: each step unpacks two rows' scale words (two E4M3 pairs each) and widens eight factors; the
+    # epilogue multiplies every accumulator by the expert's global scale. MXFP4: none of it.
+    steps = STEP_GROUP + 1
+    assert sass.count("F2FP.F16.E4M3.UNPACK_B") == (4 * steps if nv else 0)
+    assert sass.count("HADD2.F32") == (8 * steps if nv else 0)
+    if meta["act"] == 0:  # the plain epilogue multiplies nothing else: a thread's 64 x TILE_N / 128 accumulators
+        assert sass.count("FMUL") == (tile_n // 2 if nv else 0)
+
+
 def test_metadata(built):
     tile_n, meta, _ = built
     assert meta["program"] == "engine_gemm" and meta["tile_n"] == tile_n
@@ -58,9 +74,12 @@ def test_metadata(built):
         "x",
         "out",
         "bias",
+        "gscale",
         "block_expert",
         "meta",
         "ctas",
         "stream",
     ]
+    scales = next(a for a in meta["args"] if a["name"] == "s_panel")
+    assert scales["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
     assert Path(meta["paths"]["so"]).stat().st_size > 0

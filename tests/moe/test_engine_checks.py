@@ -5,18 +5,26 @@ from __future__ import annotations
 import pytest
 import torch
 
+from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_launch, grouped_fp4_gemm_launch
-from csf_kernels.moe.engine_panels import fc1_engine_rows
-from csf_kernels.moe.engine_specs import ENGINE_TILE_N, engine_gemm_spec, engine_tile_n
+from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
+from csf_kernels.moe.engine_specs import (
+    ENGINE_TILE_N,
+    engine_gemm_spec,
+    engine_geometry_specs,
+    engine_serves,
+    engine_specs,
+    engine_tile_n,
+)
 from csf_moe.engine_layer import engine_weights
 from csf_moe.reference import QuantizedExperts
 
 E, R, K, NX = 2, 128, 128, 64
 
 
-def _operands(rows=R, k=K, out_cols=R):
+def _operands(rows=R, k=K, out_cols=R, per_step=2):
     w = torch.zeros(E, k // 64, rows // 64, 256, dtype=torch.uint64)
-    s = torch.zeros(E, k // 64, 2 * rows, dtype=torch.uint8)
+    s = torch.zeros(E, k // 64, per_step * rows, dtype=torch.uint8)
     x = torch.zeros(NX, k, dtype=torch.bfloat16)
     out = torch.zeros(NX, out_cols, dtype=torch.bfloat16)
     be = torch.zeros(NX // 16, dtype=torch.int32)
@@ -29,6 +37,34 @@ def test_a_well_formed_call_makes_a_launch():
     assert launch.spec == engine_gemm_spec(16) and launch.grid[0] >= 1
     fused = grouped_fp4_gemm_launch(*_operands(out_cols=R // 2), tile_n=16, activation="silu")
     assert fused.spec.fact["ACT"] == 1
+
+
+def test_an_nvfp4_call_passes_its_scale_words_and_global_scales():
+    w, s, x, out, be, meta = _operands(per_step=4)
+    g = torch.ones(E, dtype=torch.float32)
+    launch = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=32, fmt="nvfp4", global_scale=g)
+    assert launch.spec == engine_gemm_spec(32, fmt="nvfp4") and launch.spec.fact["FMT"] == "nvfp4"
+    words = launch.args[1]
+    assert words.dtype == torch.uint32 and tuple(words.shape) == (E, K // 64, R)  # one word of 4 E4M3 bytes a row
+    assert words.data_ptr() == s.data_ptr() and launch.args[5] is g
+    mx = grouped_fp4_gemm_launch(*_operands(), tile_n=32)
+    assert mx.spec.fact["FMT"] == "mxfp4" and mx.args[1].dtype == torch.uint8 and mx.args[5].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "per_step, fmt, g, error",
+    [
+        (4, "nvfp4", None, "nvfp4 weights take a global scale"),
+        (2, "mxfp4", torch.ones(E), "mxfp4 weights take no global scale"),
+        (2, "nvfp4", torch.ones(E), "nvfp4 scale panel"),  # MXFP4's two bytes a row a step
+        (4, "nvfp4", torch.ones(E + 1), "global_scale must be float32"),
+        (4, "nvfp4", torch.ones(E, dtype=torch.float64), "global_scale must be float32"),
+        (4, "fp8", None, "scales; got 'fp8'"),
+    ],
+)
+def test_bad_format_calls_are_refused(per_step, fmt, g, error):
+    with pytest.raises(ValueError, match=error):
+        grouped_fp4_gemm_launch(*_operands(per_step=per_step), tile_n=16, fmt=fmt, global_scale=g)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +104,8 @@ def test_dense_and_glue_checks():
 def test_specs_and_block_choice():
     with pytest.raises(ValueError, match="routes a block"):
         engine_gemm_spec(48)
+    with pytest.raises(ValueError, match="serves"):
+        engine_gemm_spec(16, fmt="fp8")
     with pytest.raises(ValueError, match="only with a fused activation"):
         engine_gemm_spec(16, None, bias=True)
     assert [engine_tile_n(r) for r in (0.1, 16, 17, 200, 5000)] == [16, 16, 32, 256, max(ENGINE_TILE_N)]
@@ -87,13 +125,47 @@ def test_fc1_engine_rows_is_a_permutation_pairing_gate_and_up():
         fc1_engine_rows(12, False)
 
 
-def test_engine_weights_refuse_nvfp4_and_ragged_shapes():
-    def experts(fmt, rows, k):
-        z = torch.zeros(1, rows, k // 2, dtype=torch.uint8)
-        return QuantizedExperts(fmt=fmt, w13=z, w13_scale=torch.zeros(1, rows, k // 32, dtype=torch.uint8), w2=z,
-                                w2_scale=torch.zeros(1, rows, k // 32, dtype=torch.uint8))  # fmt: skip
+def _experts(fmt, rows, k, **globals_):
+    block = 16 if fmt == "nvfp4" else 32
+    z = torch.zeros(2, rows, k // 2, dtype=torch.uint8)
+    sc = torch.arange(2 * rows * (k // block)).remainder(127).to(torch.uint8).view(2, rows, k // block)
+    return QuantizedExperts(fmt=fmt, w13=z, w13_scale=sc, w2=z, w2_scale=sc, **globals_)
 
-    with pytest.raises(NotImplementedError, match="MXFP4"):
-        engine_weights(experts("nvfp4", 128, 128), "silu")
+
+def test_engine_weights_refuse_bad_formats_missing_global_scales_and_ragged_shapes():
+    with pytest.raises(NotImplementedError, match="serves"):
+        engine_weights(_experts("fp8", 128, 128), "silu")
+    with pytest.raises(ValueError, match="w13_global_scale"):
+        engine_weights(_experts("nvfp4", 128, 128), "silu")
+    with pytest.raises(ValueError, match="3 values for 2 experts"):
+        engine_weights(_experts("nvfp4", 128, 128, w13_global_scale=torch.ones(3), w2_global_scale=torch.ones(3)),
+                       "silu")  # fmt: skip
     with pytest.raises(ValueError, match="multiples of 64"):
-        engine_weights(experts("mxfp4", 96, 128), "silu")
+        engine_weights(_experts("mxfp4", 96, 128), "silu")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_engine_weights_of_nvfp4_experts(fused):
+    g13, g2 = torch.tensor([0.5, 2.0]), torch.tensor([3.0, 0.25])
+    ex = _experts("nvfp4", 128, 192, w13_global_scale=g13, w2_global_scale=g2)
+    w = engine_weights(ex, "silu", fused=fused)
+    assert w.fmt == "nvfp4" and torch.equal(w.g13, g13) and torch.equal(w.g2, g2)
+    assert tuple(w.s13.shape) == (2, 3, 4 * 128) and tuple(w.s2.shape) == (2, 3, 4 * 128)
+    perm = fc1_engine_rows(64, interleaved=False) if fused else torch.arange(128)
+    assert torch.equal(panel_scales_to_plane(w.s13[1], 128, 192, "nvfp4"), ex.w13_scale[1][perm])
+    assert torch.equal(panel_scales_to_plane(w.s2[0], 128, 192, "nvfp4"), ex.w2_scale[0])
+    mx = engine_weights(_experts("mxfp4", 128, 192), "silu", fused=fused)
+    assert mx.fmt == "mxfp4" and mx.g13 is None and mx.g2 is None and tuple(mx.s13.shape) == (2, 3, 2 * 128)
+
+
+def test_catalog_nvfp4_geometries_get_engine_programs():
+    catalog = load_catalog()
+    nv = [g for g in catalog.moe if g.fmt.name == "nvfp4"]
+    assert nv and all(engine_serves(g) for g in nv)
+    for geo in nv:
+        fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
+        assert [s.fact["TN"] for s in fc1] == list(ENGINE_TILE_N)
+        assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
+    plain = engine_specs()
+    assert {(s.fact["FMT"], s.fact["TN"]) for s in plain} == {(f, t) for f in ("mxfp4", "nvfp4") for t in ENGINE_TILE_N}
+    assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)

@@ -1,7 +1,9 @@
-"""The engine's dense FP4 x bf16 GEMM on the GPU (AOT-built, frozen): agrees with a float32 reference on the
-dequantized weights to accumulation rounding, writes every output, is deterministic, and replays in a CUDA graph.
+"""The engine's dense FP4 x bf16 GEMM on the GPU (AOT-built, frozen), MXFP4 and NVFP4: agrees with a float32
+reference on the dequantized weights to accumulation rounding, writes every output, is deterministic, and replays in a
+CUDA graph.
 
-Fresh random data every run (the seed is in the test ids); outputs are poisoned with NaN before each launch."""
+Fresh random data every run (the seed is in the test ids); outputs are poisoned with NaN before each launch. NVFP4's
+global scales are not powers of two, so a GEMM that skipped or misplaced them fails the tolerance."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import pytest
 import torch
 
-from csf_codec.quantize import dequantize_mxfp4
+from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
@@ -21,31 +23,63 @@ from ..cuda_graphs import captured, replay_allocating_nothing
 pytestmark = pytest.mark.gpu
 
 SEED = int.from_bytes(os.urandom(3), "little")
+FORMATS = ("mxfp4", "nvfp4")
+_BLOCK = {"mxfp4": 32, "nvfp4": 16}
+_NAN = {"mxfp4": 255, "nvfp4": 0x7F}
 
 
-def _operands(rows: int, k: int, n: int, seed: int, nan_row: int | None = None):
+def _scales(fmt: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Random scale bytes with each format's edges: MXFP4 2**-127 (a subnormal product) and bytes > 128; NVFP4
+    zero, the smallest subnormal, 448 and negative scales (E4M3's sign bit)."""
+    k_blocks = shape[-1]
+    if fmt == "mxfp4":
+        s = torch.randint(112, 132, shape, dtype=torch.uint8, generator=g)
+        s[..., 0, 0], s[..., 1, -1], s[..., 2, k_blocks // 2] = 0, 140, 129
+        return s
+    s = torch.randint(0x20, 0x48, shape, dtype=torch.uint8, generator=g)  # 2**-4 .. 2**1.75
+    s[..., 0, 0], s[..., 1, -1], s[..., 2, k_blocks // 2], s[..., 3, 1], s[..., 4, 2] = 0x00, 0x01, 0x7E, 0xB8, 0x80
+    return s
+
+
+def _global_scales(experts: int, g: torch.Generator) -> torch.Tensor:
+    """NVFP4 per-expert global scales as quantizers make them (amax / (6 * 448)): not powers of two."""
+    return torch.rand(experts, generator=g) * 2.0**-6 + 2.0**-7
+
+
+def _dequantized(fmt: str, packed: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor | None) -> torch.Tensor:
+    """The weights the kernel multiplies: MXFP4 rounded once to bf16; NVFP4 the codec's float32 dequantization
+    (the block products are exact in bf16; the global scale lands on the float32 accumulator)."""
+    if fmt == "mxfp4":
+        return dequantize_mxfp4(packed, scales).to(torch.bfloat16)
+    return dequantize_nvfp4(packed, scales, gscale)
+
+
+def _operands(rows: int, k: int, n: int, seed: int, nan_row: int | None = None, fmt: str = "mxfp4"):
     g = torch.Generator().manual_seed(seed)
     packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=g)
-    scales = torch.randint(112, 132, (rows, k // 32), dtype=torch.uint8, generator=g)
-    scales[0, 0], scales[1, -1], scales[2, k // 64] = 0, 140, 129  # 2**-127 (subnormal product), bytes > 128
+    scales = _scales(fmt, (rows, k // _BLOCK[fmt]), g)
     if nan_row is not None:
-        scales[nan_row, 1] = 255
+        scales[nan_row, 1] = _NAN[fmt]
+    gscale = _global_scales(1, g) if fmt == "nvfp4" else None
     x = (torch.randn(n, k, generator=g) * 2.0).to(torch.bfloat16)
-    w = dequantize_mxfp4(packed, scales).to(torch.bfloat16)  # the weights the kernel multiplies, rounded once
+    w = _dequantized(fmt, packed, scales, gscale)
     dev = "cuda"
     return (
         engine_weight_panel(packed).to(dev),
-        engine_scale_panel(scales).to(dev),
+        engine_scale_panel(scales, fmt).to(dev),
         x.to(dev),
         w.to(dev),
+        None if gscale is None else gscale.to(dev),
     )
 
 
-def _run(w_panel, s_panel, x, rows, tile_n):
+def _run(w_panel, s_panel, x, rows, tile_n, gscale=None):
     out = torch.full((x.shape[0], rows), float("nan"), dtype=torch.bfloat16, device=x.device)
+    fmt = "mxfp4" if gscale is None else "nvfp4"
     runtime.freeze()
     try:
-        bound = dense_fp4_gemm_launch(w_panel, s_panel, x, out, tile_n=tile_n).bind("engine dense test")
+        launch = dense_fp4_gemm_launch(w_panel, s_panel, x, out, tile_n=tile_n, fmt=fmt, global_scale=gscale)
+        bound = launch.bind("engine dense test")
     finally:
         runtime.unfreeze()
     bound()
@@ -64,36 +98,39 @@ def _check(out, x, w):
     assert worst <= 1.0, f"max error {worst:.2f}x the tolerance"
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
 @pytest.mark.parametrize(
     "rows,k,n",
     [(256, 2880, 300), (384, 128, 64), (128, 64, 1), (1152, 2880, 1000), (2880, 2880, 77), (64, 192, 5)],
     ids=lambda v: str(v),
 )
-def test_matches_reference(rows, k, n, tile_n):
-    w_panel, s_panel, x, w = _operands(rows, k, n, SEED + rows + n)
+def test_matches_reference(rows, k, n, tile_n, fmt):
+    w_panel, s_panel, x, w, gscale = _operands(rows, k, n, SEED + rows + n, fmt=fmt)
     before = runtime.compilations()
-    out, _ = _run(w_panel, s_panel, x, rows, tile_n)
+    out, _ = _run(w_panel, s_panel, x, rows, tile_n, gscale)
     _check(out, x, w)
-    out2, _ = _run(w_panel, s_panel, x, rows, tile_n)
+    out2, _ = _run(w_panel, s_panel, x, rows, tile_n, gscale)
     assert torch.equal(out.view(torch.int16), out2.view(torch.int16)), "not deterministic"
     assert runtime.compilations() == before
 
 
-def test_nan_scale_poisons_only_its_row():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nan_scale_poisons_only_its_row(fmt):
     rows, k, n = 256, 640, 96
-    w_panel, s_panel, x, w = _operands(rows, k, n, SEED, nan_row=77)
-    out, _ = _run(w_panel, s_panel, x, rows, 128)
+    w_panel, s_panel, x, w, gscale = _operands(rows, k, n, SEED, nan_row=77, fmt=fmt)
+    out, _ = _run(w_panel, s_panel, x, rows, 128, gscale)
     assert torch.isnan(out[:, 77].float()).all()
     keep = torch.ones(rows, dtype=torch.bool, device=out.device)
     keep[77] = False
     _check(out[:, keep], x, w[keep])
 
 
-def test_graph_replay_equals_eager():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_graph_replay_equals_eager(fmt):
     rows, k, n = 512, 1024, 512
-    w_panel, s_panel, x, w = _operands(rows, k, n, SEED + 7)
-    out, bound = _run(w_panel, s_panel, x, rows, 256)
+    w_panel, s_panel, x, w, gscale = _operands(rows, k, n, SEED + 7, fmt=fmt)
+    out, bound = _run(w_panel, s_panel, x, rows, 256, gscale)
     eager = out.clone()
     graph = captured(bound)
     out.fill_(float("nan"))
@@ -102,32 +139,38 @@ def test_graph_replay_equals_eager():
     x.copy_(torch.randn_like(x, dtype=torch.float32).to(torch.bfloat16))
     replay_allocating_nothing(graph)
     _check(out, x, w)
+    if gscale is not None:  # the global scale is device data too: doubling it doubles every output exactly
+        before = out.clone()
+        gscale.mul_(2.0)
+        replay_allocating_nothing(graph)
+        assert torch.equal(out.float(), before.float() * 2)
 
 
-def _random_experts(experts: int, rows: int, k: int, seed: int):
-    """Packed FP4 values [E, rows, K / 2] and E8M0 scales [E, rows, K / 32] (CPU), and their dequantized bf16 (GPU)."""
+def _random_experts(experts: int, rows: int, k: int, seed: int, fmt: str = "mxfp4"):
+    """Packed FP4 values [E, rows, K / 2] and scale bytes [E, rows, K / block] (CPU), NVFP4's global scales and the
+    dequantized weights (GPU)."""
     g = torch.Generator().manual_seed(seed)
     packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
-    scales = torch.randint(112, 132, (experts, rows, k // 32), dtype=torch.uint8, generator=g)
-    w = torch.stack([dequantize_mxfp4(packed[e], scales[e]) for e in range(experts)]).to(torch.bfloat16)
-    return packed, scales, w.cuda()
+    scales = _scales(fmt, (experts, rows, k // _BLOCK[fmt]), g)
+    gscale = _global_scales(experts, g) if fmt == "nvfp4" else None
+    w = torch.stack(
+        [_dequantized(fmt, packed[e], scales[e], None if gscale is None else gscale[e]) for e in range(experts)]
+    )
+    return packed, scales, None if gscale is None else gscale.cuda(), w.cuda()
 
 
-def _panels(packed: torch.Tensor, scales: torch.Tensor):
+def _panels(packed: torch.Tensor, scales: torch.Tensor, fmt: str = "mxfp4"):
     w_panel = torch.stack([engine_weight_panel(packed[e]) for e in range(packed.shape[0])])
-    s_panel = torch.stack([engine_scale_panel(scales[e]) for e in range(scales.shape[0])])
+    s_panel = torch.stack([engine_scale_panel(scales[e], fmt) for e in range(scales.shape[0])])
     return w_panel.cuda(), s_panel.cuda()
 
 
-def _experts(experts: int, rows: int, k: int, seed: int):
-    packed, scales, w = _random_experts(experts, rows, k, seed)
-    return (*_panels(packed, scales), w)
-
-
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
-def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
+def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n, fmt):
     experts, rows, k, max_blocks = 5, 320, 640, 9
-    w_panel, s_panel, w = _experts(experts, rows, k, SEED + tile_n)
+    packed, scales, gscale, w = _random_experts(experts, rows, k, SEED + tile_n, fmt)
+    w_panel, s_panel = _panels(packed, scales, fmt)
     g = torch.Generator().manual_seed(SEED)
     x = (torch.randn(max_blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
     ids = [3, 0, 0, -1, 4, experts, 2, 1, 3]  # -1 and E: outside the panels, inert
@@ -137,7 +180,8 @@ def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
     out = torch.full((max_blocks * tile_n, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
     runtime.freeze()
     try:
-        launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n)
+        launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n, fmt=fmt,
+                                         global_scale=gscale)  # fmt: skip
         bound = launch.bind("engine grouped test")
     finally:
         runtime.unfreeze()
@@ -162,18 +206,23 @@ def test_grouped_blocks_use_their_expert_and_invalid_ones_compute_zeros(tile_n):
         _check(out[b * tile_n : (b + 1) * tile_n], x[b * tile_n : (b + 1) * tile_n], w[e])
 
 
-@pytest.mark.parametrize(("activation", "with_bias"), [("silu", False), ("swiglu_oai", True)])
+# the catalog's fused FC1 programs: gpt-oss's (MXFP4 only) and the SiLU geometries' (both formats)
+FUSED = [("silu", False, "mxfp4"), ("swiglu_oai", True, "mxfp4"), ("silu", False, "nvfp4")]
+
+
+@pytest.mark.parametrize(("activation", "with_bias", "fmt"), FUSED, ids=["-".join(map(str, c)) for c in FUSED])
 @pytest.mark.parametrize("tile_n", [16, 128, 256])
-def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, tile_n):
+def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, fmt, tile_n):
     """FC1 with its activation in the epilogue: W13 in engine order, each output the activation of the bf16-exact
-    weights' products in float32 (one bf16 rounding, of the activated value)."""
+    weights' products in float32 (NVFP4: times the expert's global scale), one bf16 rounding, of the activated
+    value."""
     from csf_kernels.moe.engine_panels import fc1_engine_rows
     from csf_moe.reference import activation as reference_activation
 
     experts, inter, k, max_blocks = 3, 160, 384, 5  # 2N = 320 rows: a last tile of 64
-    packed, scales, w = _random_experts(experts, 2 * inter, k, SEED + tile_n)  # rows in W13's own order
+    packed, scales, gscale, w = _random_experts(experts, 2 * inter, k, SEED + tile_n, fmt)  # W13's own row order
     perm = fc1_engine_rows(inter, interleaved=activation == "swiglu_oai")
-    eng_panel, eng_scales = _panels(packed[:, perm], scales[:, perm])
+    eng_panel, eng_scales = _panels(packed[:, perm], scales[:, perm], fmt)
     g = torch.Generator().manual_seed(SEED + 3)
     bias = (torch.randn(experts, 2 * inter, generator=g) * 0.5).cuda() if with_bias else None
     x = (torch.randn(max_blocks * tile_n, k, generator=g)).to(torch.bfloat16).cuda()
@@ -183,8 +232,9 @@ def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, 
     runtime.freeze()
     try:
         eng_bias = None if bias is None else bias[:, perm.cuda()].contiguous()
+        scales = dict(fmt=fmt, global_scale=gscale)
         launch = grouped_fp4_gemm_launch(eng_panel, eng_scales, x, out, block_expert, meta, tile_n=tile_n,
-                                         activation=activation, bias=eng_bias)  # fmt: skip
+                                         activation=activation, bias=eng_bias, **scales)  # fmt: skip
         bound = launch.bind("engine fused activation test")
     finally:
         runtime.unfreeze()

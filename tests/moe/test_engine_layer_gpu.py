@@ -1,5 +1,6 @@
 """The engine layer (``csf_moe.engine_layer``: grouped FP4 GEMMs with gather, activation and combine passes) on the
-GPU from the AOT cache, frozen: the float32 reference at every block size, padding routes inert, graph replay."""
+GPU from the AOT cache, frozen: the float32 reference at every block size, padding routes inert, graph replay; MXFP4
+on the three peer geometries, NVFP4 (global scales in the GEMMs' epilogues) on Qwen3-30B-A3B."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from tests.cuda_graphs import captured, replay_allocating_nothing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")
-GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4")]
+GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4"),
+              ("qwen3-30b-a3b", 1, "nvfp4")]  # fmt: skip
 TOKENS = (1, 7, 300, 1500, 5000)  # blocks of 64 routes up to 64 a expert, then 128 and 256
 REL_TOL = 2e-2  # the layer rounds FC1's output, the activation and FC2's output to bf16 once each
 
@@ -41,8 +43,9 @@ def test_engine_layer_matches_the_reference(model, tp, fmt, fused):
         assert err < REL_TOL, f"seed {SEED} {geo.name} T={t}: relative error {err:.3e}"
 
 
-def test_engine_layer_replays_new_routings_in_a_graph():
-    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_engine_layer_replays_new_routings_in_a_graph(fmt):
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, fmt)
     data = synthetic_layer(geo, seed=SEED % 1000, device="cuda")
     ref = data.reference()
     layer = EngineMoE(engine_weights(ref, geo.activation), geo.top_k)

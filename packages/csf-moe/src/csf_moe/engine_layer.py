@@ -1,6 +1,7 @@
-"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4, native
-scales. Not yet a plan of :mod:`csf_moe.plan` (the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as
-the ``engine`` arm beside today's layer and the peer.
+"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4 or NVFP4
+(per-expert global scales applied in the GEMMs' epilogues), native scales. Not yet a plan of :mod:`csf_moe.plan`
+(the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm beside today's layer and the
+peer.
 
 A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer), gather
 FC1's input in block order, FC1 as a grouped GEMM whose epilogue adds W13's bias and applies the activation into
@@ -18,7 +19,7 @@ import torch
 
 from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
-from csf_kernels.moe.engine_specs import engine_tile_n
+from csf_kernels.moe.engine_specs import ENGINE_FORMATS, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 
@@ -30,16 +31,19 @@ __all__ = ["EngineMoE", "EngineWeights", "engine_weights"]
 @dataclass(frozen=True, eq=False)
 class EngineWeights:
     """One layer's experts as the engine reads them: weight and scale panels of W13 (rows in the activation's
-    layout) and W2, float32 biases."""
+    layout) and W2, float32 biases, NVFP4's float32 global scales."""
 
     w13: torch.Tensor  # uint64 [E, H / 64, 2N / 64, 256]
-    s13: torch.Tensor  # uint8 [E, H / 64, 4N]
+    s13: torch.Tensor  # uint8 [E, H / 64, 2N b]: b scale bytes a row a step (MXFP4 2, NVFP4 4)
     w2: torch.Tensor  # uint64 [E, N / 64, H / 64, 256]
-    s2: torch.Tensor  # uint8 [E, N / 64, 2H]
+    s2: torch.Tensor  # uint8 [E, N / 64, H b]
     b13: torch.Tensor | None
     b2: torch.Tensor | None
     activation: str
     fused: bool  # W13's rows (and b13) in engine order: FC1's epilogue applies the activation
+    fmt: str = "mxfp4"
+    g13: torch.Tensor | None = None  # NVFP4: float32 [E]
+    g2: torch.Tensor | None = None
 
     @property
     def experts(self) -> int:
@@ -54,30 +58,45 @@ class EngineWeights:
         return self.w2.shape[1] * 64
 
 
-def _panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _panels(values: torch.Tensor, scales: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.stack([engine_weight_panel(values[e]) for e in range(values.shape[0])])
-    s = torch.stack([engine_scale_panel(scales[e]) for e in range(scales.shape[0])])
+    s = torch.stack([engine_scale_panel(scales[e], fmt) for e in range(scales.shape[0])])
     return w, s
 
 
+def _global_scale(g: torch.Tensor | None, experts: int, name: str) -> torch.Tensor:
+    if g is None:
+        raise ValueError(f"NVFP4 experts need {name} (float32 per expert)")
+    g = g.to(torch.float32).reshape(-1)
+    if g.numel() != experts:
+        raise ValueError(f"{name}: {g.numel()} values for {experts} experts")
+    return g.contiguous()
+
+
 def engine_weights(experts: QuantizedExperts, activation: str, *, fused: bool = True) -> EngineWeights:
-    """Panels of MXFP4 experts (on their device); W13 rows as ``activation`` reads them (``csf_moe.reference``),
-    rearranged into engine order where FC1's epilogue applies the activation (``fused``)."""
-    if experts.fmt != "mxfp4":
-        raise NotImplementedError(f"the engine layer serves MXFP4 weights; got {experts.fmt}")
+    """Panels of MXFP4 or NVFP4 experts (on their device; NVFP4's global scales passed through); W13 rows as
+    ``activation`` reads them (``csf_moe.reference``), rearranged into engine order where FC1's epilogue applies the
+    activation (``fused``)."""
+    fmt = experts.fmt
+    if fmt not in ENGINE_FORMATS:
+        raise NotImplementedError(f"the engine layer serves {ENGINE_FORMATS} weights; got {fmt}")
     for name, t in (("W13", experts.w13), ("W2", experts.w2)):
         if t.shape[1] % 64 or (2 * t.shape[2]) % 64:
             raise ValueError(f"{name} {tuple(t.shape)}: the engine needs rows and K in whole multiples of 64")
+    nv = fmt == "nvfp4"
+    g13 = _global_scale(experts.w13_global_scale, experts.experts, "w13_global_scale") if nv else None
+    g2 = _global_scale(experts.w2_global_scale, experts.experts, "w2_global_scale") if nv else None
     v13, sc13, b13 = experts.w13, experts.w13_scale, experts.b13
     if fused:
         perm = fc1_engine_rows(v13.shape[1] // 2, interleaved=activation == "swiglu_oai").to(v13.device)
         v13, sc13 = v13[:, perm], sc13[:, perm]
         b13 = None if b13 is None else b13[:, perm]
-    w13, s13 = _panels(v13, sc13)
-    w2, s2 = _panels(experts.w2, experts.w2_scale)
+    w13, s13 = _panels(v13, sc13, fmt)
+    w2, s2 = _panels(experts.w2, experts.w2_scale, fmt)
     b13 = None if b13 is None else b13.float().contiguous()
     b2 = None if experts.b2 is None else experts.b2.float().contiguous()
-    return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation, fused=fused)
+    return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation, fused=fused, fmt=fmt,
+                         g13=g13, g2=g2)  # fmt: skip
 
 
 class EngineMoE:
@@ -90,11 +109,12 @@ class EngineMoE:
     def _fc1(self, xs, h, a, block_expert, meta, bm) -> list:
         """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass."""
         w = self.weights
+        scales = dict(fmt=w.fmt, global_scale=w.g13)
         if w.fused:
             return [grouped_fp4_gemm_launch(w.w13, w.s13, xs, a, block_expert, meta, tile_n=bm,
-                                            activation=w.activation, bias=w.b13)]  # fmt: skip
+                                            activation=w.activation, bias=w.b13, **scales)]  # fmt: skip
         return [
-            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm),
+            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm, **scales),
             act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
         ]
 
@@ -128,7 +148,7 @@ class EngineMoE:
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
             gather_launch(x, sorted_ids, meta, xs, inverse, top_k=self.top_k, bm=bm),
             *self._fc1(xs, h, a, block_expert, meta, bm),
-            grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm),
+            grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm, fmt=w.fmt, global_scale=w.g2),
             combine_launch(y, inverse, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
         ]
         bound = [launch.bind("engine layer") for launch in launches]

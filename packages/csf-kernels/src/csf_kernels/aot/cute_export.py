@@ -291,37 +291,47 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False) -> str:
-    return f"csf_engine_gemm_n{int(tile_n)}" + (f"_act{int(act)}" if act else "") + ("_bias" if bias else "")
+def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> str:
+    return (
+        f"csf_engine_gemm_n{int(tile_n)}"
+        + (f"_act{int(act)}" if act else "")
+        + ("_bias" if bias else "")
+        + ("" if fmt == "mxfp4" else f"_{fmt}")
+    )
 
 
-def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False) -> CuteProgram:
-    """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block, its
-    epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's clamped SwiGLU)."""
+def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> CuteProgram:
+    """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
+    ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
+    clamped SwiGLU)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)  # validates
 
     def factory():
-        return GroupedFp4Gemm(tile_n, act=act, bias=bias)
+        return GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)
 
+    # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes a row
+    scales = ("s_panel", "uint32", ("E", "KS", "RW")) if fmt == "nvfp4" else ("s_panel", "uint8", ("E", "KS", "R2"))
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias),
+        name=engine_gemm_name(tile_n, act, bias, fmt),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
-            ("s_panel", "uint8", ("E", "KS", "R2")),
+            scales,
             ("x", "bfloat16", ("NX", "K")),
             ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
             ("bias", "float32", ("EB", "RBI")),
+            ("gscale", "float32", ("EG",)),
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
         ),
         scalars=("ctas",),
-        divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M)),  # R: whole row blocks of 64
+        # R: whole row blocks of 64
+        divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
-        facts=(("tile_n", tile_n), ("stages", kernel.stages), ("act", act), ("bias", int(bias))),
+        facts=(("tile_n", tile_n), ("stages", kernel.stages), ("act", act), ("bias", int(bias)), ("fmt", fmt)),
     )
 
 

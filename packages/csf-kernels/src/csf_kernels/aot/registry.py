@@ -22,7 +22,7 @@ from csf_kernels.expand.specs import (
 )
 from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
-from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_specs
+from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_serves, engine_specs
 from csf_kernels.moe.specs import moe_geometry_specs
 from csf_kernels.runtime.programs import ProgramSpec
 
@@ -61,7 +61,7 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
             for s in record_bytes_choices(geo.fmt, TILE_COLS):
                 spec = stage_decoder_spec(geo.fmt, s)
                 _add(out, spec, geo.name)
-        for spec in engine_specs():
+        for spec in engine_specs(sorted({g.fmt.name for g in catalog.moe if engine_serves(g)})):
             _add(out, spec, "engine")
         for fmt in sorted({g.fmt.name for g in catalog.moe}):
             for gt in ROW_EXPANDER_GROUP_TILES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
+from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK, panel_scales
 from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_M,
     ENGINE_TILE_N,
@@ -31,18 +31,22 @@ def grouped_fp4_gemm_launch(
     tile_n: int,
     activation: str | None = None,
     bias: torch.Tensor | None = None,
+    fmt: str = "mxfp4",
+    global_scale: torch.Tensor | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
-    (``w_panel`` uint64 ``[E, K / 64, R / 64, 256]``, ``s_panel`` uint8 ``[E, K / 64, 2 R]``), ``x`` bf16
-    ``[NX, K]``, ``out`` bf16 ``[NX, R]``, ``block_expert`` int32 ``[max blocks]``, ``meta`` int32 (device data,
-    so a captured graph replays with new routings). Blocks of experts outside ``[0, E)`` compute zeros.
+    (``w_panel`` uint64 ``[E, K / 64, R / 64, 256]``, ``s_panel`` uint8 ``[E, K / 64, b R]``, ``b`` 2 for
+    ``fmt`` MXFP4, 4 for NVFP4), ``x`` bf16 ``[NX, K]``, ``out`` bf16 ``[NX, R]``, ``block_expert`` int32 ``[max
+    blocks]``, ``meta`` int32 (device data, so a captured graph replays with new routings). Blocks of experts outside
+    ``[0, E)`` compute zeros. NVFP4 needs ``global_scale`` (float32 ``[E]``): each output times its expert's.
 
     ``activation`` (FC1): the epilogue applies it, ``bias`` (float32 ``[E, R]``) added first, and ``out`` has
     ``R / 2`` columns; W13's rows must then be in engine order (:func:`~csf_kernels.moe.engine_panels.
     fc1_engine_rows`), the bias too."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
+    per_step = panel_scales(fmt).per_step
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
         raise TypeError("x and out must be 2-D bf16 tensors")
     if block_expert.dtype != torch.int32 or meta.dtype != torch.int32 or block_expert.dim() != 1 or meta.numel() < 1:
@@ -58,36 +62,49 @@ def grouped_fp4_gemm_launch(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
             "(K = 64 x steps, R = 64 x row blocks)"
         )
-    if tuple(s_panel.shape) != (experts, steps, 2 * rows):
-        raise ValueError(f"scale panel {tuple(s_panel.shape)} is not [{experts}, {steps}, {2 * rows}]")
+    if s_panel.dtype != torch.uint8 or tuple(s_panel.shape) != (experts, steps, per_step * rows):
+        raise ValueError(
+            f"{fmt} scale panel {s_panel.dtype} {tuple(s_panel.shape)} is not uint8 [{experts}, {steps}, "
+            f"{per_step * rows}]"
+        )
+    nv = fmt == "nvfp4"
+    if nv != (global_scale is not None):
+        raise ValueError(f"{fmt} weights take {'a' if nv else 'no'} global scale")
+    if nv and (global_scale.dtype != torch.float32 or tuple(global_scale.shape) != (experts,)):
+        raise ValueError(f"global_scale must be float32 [{experts}]; got {global_scale.dtype} "
+                         f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
-    spec = engine_gemm_spec(tile_n, activation, bias is not None)
-    b = bias if bias is not None else _no_bias(x.device)
-    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, s_panel, x, out, b, block_expert, meta, ctas))
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt)
+    b = bias if bias is not None else _unread(x.device)
+    g = global_scale if nv else _unread(x.device)[0]
+    s = s_panel.view(torch.uint32) if nv else s_panel  # NVFP4: one word of four E4M3 bytes a row a step
+    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, s, x, out, b, g, block_expert, meta, ctas))
 
 
-_NO_BIAS: dict[torch.device, torch.Tensor] = {}
+_UNREAD: dict[torch.device, torch.Tensor] = {}
 
 
-def _no_bias(device: torch.device) -> torch.Tensor:
-    """The float32 [1, 4] stand-in for a GEMM without bias (never read)."""
-    if device not in _NO_BIAS:
-        _NO_BIAS[device] = torch.zeros(1, 4, dtype=torch.float32, device=device)
-    return _NO_BIAS[device]
+def _unread(device: torch.device) -> torch.Tensor:
+    """The float32 [1, 4] stand-in for a GEMM's bias or (its row) global scale where it has none (never read)."""
+    if device not in _UNREAD:
+        _UNREAD[device] = torch.zeros(1, 4, dtype=torch.float32, device=device)
+    return _UNREAD[device]
 
 
 def dense_fp4_gemm_launch(
-    w_panel: torch.Tensor, s_panel: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, tile_n: int = 256
-) -> runtime.Launch:
+    w_panel: torch.Tensor, s_panel: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, tile_n: int = 256,
+    fmt: str = "mxfp4", global_scale: torch.Tensor | None = None,
+) -> runtime.Launch:  # fmt: skip
     """``out[n, r] = x[n, :] . bf16(w[r, :] * scale)``: the grouped GEMM with one expert (``w_panel`` ``[K / 64,
-    R / 64, 256]``, ``s_panel`` ``[K / 64, 2 R]``) and ``ceil(N / tile_n)`` blocks. The block map it makes lives as
-    long as the launch."""
+    R / 64, 256]``, ``s_panel`` ``[K / 64, b R]``, NVFP4's ``global_scale`` float32 ``[1]``) and ``ceil(N /
+    tile_n)`` blocks. The block map it makes lives as long as the launch."""
     n = x.shape[0]
     blocks = max(1, -(-n // tile_n))
     block_expert = torch.zeros(blocks, dtype=torch.int32, device=x.device)
     meta = torch.tensor([blocks], dtype=torch.int32, device=x.device)
-    return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n)
+    return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n,
+                                   fmt=fmt, global_scale=global_scale)  # fmt: skip
 
 
 def gather_launch(

@@ -1,8 +1,8 @@
 """The MoE engine's operand panels: FP4 weights and their scale bytes rearranged so that a stage of the engine's
 GEMM is one contiguous copy and each consumer thread reads its wgmma A fragments with one 16-byte load.
 
-Terms (``docs/moe-engine.md`` §4.3): a *step* is 64 values of K (two MXFP4 scale blocks); a *row block* is 64
-weight rows, the M of one ``wgmma.m64nNk16``; a consumer warpgroup converts one row block per step.
+Terms (``docs/moe-engine.md`` §4.3): a *step* is 64 values of K (two MXFP4 scale blocks, four NVFP4 ones); a *row
+block* is 64 weight rows, the M of one ``wgmma.m64nNk16``; a consumer warpgroup converts one row block per step.
 
 **Weight panel** ``uint64 [steps, row blocks, 256]`` (2048 bytes a row block and step). Within one, thread ``t``
 of the warpgroup (warp ``w = t // 32``, lane ``l``, ``g = l // 4``, ``q = l % 4``) owns bytes ``16 t .. 16 t + 15``:
@@ -13,29 +13,36 @@ nibble order, of rows ``r0 = 16 w + g`` and ``r1 = r0 + 8`` at ``k = 16 j + 2 q`
 
 which is the order of the wgmma A fragment's four bf16 pairs (PTX ``a0 .. a7``), with each word's bits then
 permuted as :func:`csf_kernels.moe.fp4_words.gemm_words` places them (pair ``p`` = nibbles ``2p, 2p+1``). A
-thread's 16 bytes are contiguous and the warp's 32 threads read 512 contiguous bytes: no bank conflicts.
+thread's 16 bytes are contiguous and the warp's 32 threads read 512 contiguous bytes: no bank conflicts. Slice
+``j`` spans K ``16 j .. 16 j + 15`` of the step: half of MXFP4 block ``j // 2``, all of NVFP4 block ``j``.
 
-**Scale panel** ``uint8 [steps, rows * 2]``: the step's two E8M0 bytes of each row, rows in order, so that a
-stage of ``M`` rows is ``2 M`` contiguous bytes.
+**Scale panel** ``uint8 [steps, rows * b]`` with ``b`` scale blocks a step (:class:`PanelScales`: MXFP4 two E8M0
+bytes, NVFP4 four E4M3 bytes): the step's bytes of each row, rows in order, so that a stage of ``M`` rows is ``b M``
+contiguous bytes (NVFP4: one 32-bit word a row, byte ``j`` for slice ``j``).
 
-Rows past the matrix's end (to a whole row block) and K past its end (to a whole step) are zero weights with
-scale byte 127 (1.0): they contribute exact zeros.
+Rows past the matrix's end (to a whole row block) and K past its end (to a whole step) are zero weights with the
+scale byte of 1.0 (E8M0 127, E4M3 0x38): they contribute exact zeros.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from csf_kernels.moe.fp4_words import place_bits, unplace_bits
 
 __all__ = [
+    "ENGINE_SCALES",
     "FC1_SLAB",
     "PANEL_STEP_K",
     "PANEL_WORDS",
     "ROW_BLOCK",
+    "PanelScales",
     "engine_scale_panel",
     "engine_weight_panel",
     "fc1_engine_rows",
+    "panel_scales",
     "panel_scales_to_plane",
     "panel_words_to_plane",
 ]
@@ -44,8 +51,30 @@ PANEL_STEP_K = 64  # K values a step: two MXFP4 scale blocks, one 128-byte swizz
 ROW_BLOCK = 64  # weight rows a consumer warpgroup converts a step (the M of wgmma)
 PANEL_BYTES = ROW_BLOCK * PANEL_STEP_K // 2  # one row block's step of FP4 values: 2048
 PANEL_WORDS = PANEL_BYTES // 8  # the same as the uint64 words a TMA box of the panel counts
-_NEUTRAL_SCALE = 127  # E8M0 1.0 for padding
 FC1_SLAB = 8  # outputs a slab of 16 engine rows: a wgmma accumulator thread holds rows r and r + 8 of each
+
+
+@dataclass(frozen=True)
+class PanelScales:
+    """A weight format's scale bytes as panels hold them."""
+
+    fmt: str  # the catalog's format name
+    block: int  # K values a scale byte covers
+    neutral: int  # the byte of 1.0, for padding
+
+    @property
+    def per_step(self) -> int:
+        """Scale bytes a row a step."""
+        return PANEL_STEP_K // self.block
+
+
+ENGINE_SCALES = {"mxfp4": PanelScales("mxfp4", 32, 127), "nvfp4": PanelScales("nvfp4", 16, 0x38)}  # E8M0, E4M3
+
+
+def panel_scales(fmt: str) -> PanelScales:
+    if fmt not in ENGINE_SCALES:
+        raise ValueError(f"the engine's panels hold {sorted(ENGINE_SCALES)} scales; got {fmt!r}")
+    return ENGINE_SCALES[fmt]
 
 
 def _fragment_index() -> torch.Tensor:
@@ -102,20 +131,23 @@ def panel_words_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor
     return full[:, 0::2] | (full[:, 1::2] << 4)
 
 
-def engine_scale_panel(scales: torch.Tensor) -> torch.Tensor:
-    """E8M0 scale bytes ``[rows, K / 32]`` -> the scale panel ``uint8 [steps, row blocks * 64 * 2]``."""
+def engine_scale_panel(scales: torch.Tensor, fmt: str = "mxfp4") -> torch.Tensor:
+    """Scale bytes ``[rows, K / block]`` of ``fmt`` -> the scale panel ``uint8 [steps, row blocks * 64 * b]``."""
+    kind = panel_scales(fmt)
     if scales.dtype != torch.uint8 or scales.dim() != 2:
-        raise ValueError(f"scales must be uint8 [rows, K / 32]; got {scales.dtype} {tuple(scales.shape)}")
-    rows, k = scales.shape[0], scales.shape[1] * 32
+        raise ValueError(f"scales must be uint8 [rows, K / {kind.block}]; got {scales.dtype} {tuple(scales.shape)}")
+    rows, k = scales.shape[0], scales.shape[1] * kind.block
     blocks, steps = _shape(rows, k)
-    full = _padded(scales, blocks * ROW_BLOCK, steps * 2, _NEUTRAL_SCALE)
-    return full.view(blocks * ROW_BLOCK, steps, 2).permute(1, 0, 2).reshape(steps, -1).contiguous()
+    b = kind.per_step
+    full = _padded(scales, blocks * ROW_BLOCK, steps * b, kind.neutral)
+    return full.view(blocks * ROW_BLOCK, steps, b).permute(1, 0, 2).reshape(steps, -1).contiguous()
 
 
-def panel_scales_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+def panel_scales_to_plane(panel: torch.Tensor, rows: int, k: int, fmt: str = "mxfp4") -> torch.Tensor:
     """Inverse of :func:`engine_scale_panel` (for tests)."""
-    steps = panel.shape[0]
-    return panel.view(steps, -1, 2).permute(1, 0, 2).reshape(-1, steps * 2)[:rows, : k // 32]
+    kind = panel_scales(fmt)
+    steps, b = panel.shape[0], kind.per_step
+    return panel.view(steps, -1, b).permute(1, 0, 2).reshape(-1, steps * b)[:rows, : k // kind.block]
 
 
 def fc1_engine_rows(inter: int, interleaved: bool) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The MoE engine's programs (``docs/moe-engine.md``): CuTe DSL, built ahead of time into shared objects.
 
 The grouped FP4 x bf16 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm`) serves route blocks of any expert and, with
-one expert, a dense GEMM; one program per route-block size, every shape at run time.
+one expert, a dense GEMM; one program per route-block size and weight format (a fact of its spec: the scale panel's
+bytes and conversion, NVFP4's global scale), every shape at run time.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import math
 
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
+from csf_kernels.moe.engine_panels import ENGINE_SCALES, PANEL_STEP_K, ROW_BLOCK
 from csf_kernels.moe.specs import MOE_PDL, align_forms, align_plan_spec, align_scatter_spec
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "ENGINE_ACT",
     "ENGINE_COMBINE",
+    "ENGINE_FORMATS",
     "ENGINE_GATHER",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
@@ -33,7 +35,8 @@ __all__ = [
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
-ENGINE_GEMM_VERSION = 2
+ENGINE_GEMM_VERSION = 3  # 3: the per-expert global scale argument (NVFP4)
+ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
@@ -58,8 +61,8 @@ ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
 
 def engine_serves(geo: MoEGeometry) -> bool:
-    """Whether the engine serves a geometry: MXFP4 weights (NVFP4 is step 7 of the build plan)."""
-    return geo.fmt.name == "mxfp4"
+    """Whether the engine serves a geometry: MXFP4 or NVFP4 weights."""
+    return geo.fmt.name in ENGINE_FORMATS
 
 
 def engine_tile_n(routes_per_expert: float) -> int:
@@ -94,23 +97,26 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs += [engine_gather_spec(bm), engine_act_spec(bm, geo.activation, geo.bias)]
-        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias))  # FC1 with its activation fused
+        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name))  # FC1 with its activation fused
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
 
 
-def engine_gemm_spec(tile_n: int, activation: str | None = None, bias: bool = False) -> ProgramSpec:
-    """The grouped GEMM for ``tile_n`` routes a block; ``activation``: FC1's, fused into its epilogue (with W13's
-    ``bias``), else the plain bf16 GEMM."""
+def engine_gemm_spec(tile_n: int, activation: str | None = None, bias: bool = False, fmt: str = "mxfp4") -> ProgramSpec:
+    """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
+    epilogue (with W13's ``bias``), else the plain bf16 GEMM."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
         raise ValueError("the engine GEMM adds a bias only with a fused activation")
+    if fmt not in ENGINE_FORMATS:
+        raise ValueError(f"the engine GEMM serves {ENGINE_FORMATS} weights; got {fmt!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
-    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias))
+    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt)
 
 
-def engine_specs() -> list[ProgramSpec]:
-    """Every engine program the AOT cache holds (they take every shape at run time)."""
-    return [engine_gemm_spec(tn) for tn in ENGINE_TILE_N]
+def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
+    """Every plain engine GEMM the AOT cache holds for weights of ``formats`` (they take every shape at run
+    time)."""
+    return [engine_gemm_spec(tn, fmt=fmt) for fmt in formats for tn in ENGINE_TILE_N]

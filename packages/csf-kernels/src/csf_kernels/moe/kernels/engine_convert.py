@@ -5,13 +5,20 @@ A placed word (:mod:`csf_kernels.moe.fp4_words`) gives its four bf16 pairs by a 
 (``PAIR_STEPS``); each pair is then multiplied by 2**126 (placement leaves the weight times 2**-126) and by its
 row's scale, a bf16 ``2**(s - 127)`` built from the E8M0 byte (``FACTOR_PTX``): each product rounds once, as the
 multiply of the exact bf16 weight by its scale rounds it.
+
+NVFP4's factor is its E4M3 scale byte's value in bf16 (``E4M3_FACTOR_PTX``: E4M3 -> f16 -> f32 -> bf16, each exact:
+4 significant bits, magnitudes 2**-9 .. 448; the NaN bytes 0x7F / 0xFF stay NaN). An E2M1 value (at most 2
+significant bits) times it has at most 6, so the product is exact in bf16 and the format's per-tensor global scale
+is left to the GEMM's epilogue, one float32 multiply of each output.
 """
 
 from __future__ import annotations
 
+import torch
+
 from csf_kernels.moe.fp4_words import PAIR3_MASKS, PAIR3_SHIFTS, PAIR_ROTATIONS, PLACED_MASK
 
-__all__ = ["FACTOR_BITS", "FACTOR_PTX", "PAIR_OPS", "PAIR_PTX", "TWO_POW_126_X2"]
+__all__ = ["E4M3_FACTOR_BITS", "E4M3_FACTOR_PTX", "FACTOR_BITS", "FACTOR_PTX", "PAIR_OPS", "PAIR_PTX", "TWO_POW_126_X2"]
 
 TWO_POW_126_X2 = 0x7E807E80  # bf16x2 (2**126, 2**126)
 
@@ -43,6 +50,20 @@ FACTOR_PTX = (
 )
 
 
+def _e4m3_factor(j: int) -> str:
+    """$0 = bf16x2 (twice) of E4M3 byte ``j`` of word $1 (an NVFP4 row's four scale bytes of a step)."""
+    half, part = ("lo", "hi")[j // 2], ("a", "b")[j % 2]
+    return (
+        "{\n.reg .b16 lo, hi, a, b;\n.reg .b32 h;\n.reg .f32 f;\nmov.b32 {lo, hi}, $1;\n"
+        f"cvt.rn.f16x2.e4m3x2 h, {half};\nmov.b32 {{a, b}}, h;\ncvt.f32.f16 f, {part};\n"
+        "cvt.rn.bf16x2.f32 $0, f, f;\n}"
+    )
+
+
+# E4M3_FACTOR_PTX[j]: the factor of slice j (NVFP4 block j of the step) from a row's 32-bit scale word
+E4M3_FACTOR_PTX = tuple(_e4m3_factor(j) for j in range(4))
+
+
 def _rotl(w, left: int):
     return ((w << left) | (w >> (32 - left))) & 0xFFFFFFFF if left else w
 
@@ -62,3 +83,13 @@ def FACTOR_BITS(s):
     """E8M0 bytes (int64 tensor) -> the bf16 bit pattern FACTOR_PTX puts in each half."""
     special = ((s + 1) & 255) < 2
     return (s << 7) | (special.to(s.dtype) << 6)
+
+
+def E4M3_FACTOR_BITS(s):
+    """E4M3 bytes (int64 tensor) -> the bf16 bit pattern E4M3_FACTOR_PTX puts in each half: the byte's value
+    (``(-1)**sign * 2**(e - 7) * (1 + m / 8)``, subnormal ``2**-6 * m / 8`` where ``e = 0``), NaN for 0x7F / 0xFF."""
+    sign = torch.where((s >> 7) & 1 == 1, -1.0, 1.0).to(torch.float64)
+    e, m = (s >> 3) & 15, (s & 7).to(torch.float64)
+    mag = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * torch.pow(2.0, (e - 7).to(torch.float64)))
+    val = torch.where((s & 0x7F) == 0x7F, float("nan"), sign * mag)
+    return val.to(torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF

@@ -1,21 +1,26 @@
 """The engine's grouped FP4 x bf16 GEMM (``docs/moe-engine.md`` §4): persistent, warp-specialized, with the FP4
 weights converted in the consumers' registers into wgmma A fragments.
 
-    out[b * TILE_N + i, r] = sum_k x[b * TILE_N + i, k] * bf16(w[e_b, r, k] * 2 ** (s[e_b, r, k // 32] - 127))
+    MXFP4: out[b * TILE_N + i, r] = sum_k x[b * TILE_N + i, k] * bf16(w[e_b, r, k] * 2 ** (s[e_b, r, k // 32] - 127))
+    NVFP4: out[b * TILE_N + i, r] = g[e_b] * sum_k x[b * TILE_N + i, k] * (w[e_b, r, k] * e4m3(s[e_b, r, k // 16]))
 
 for every route block ``b < meta[0]`` of ``TILE_N`` rows, ``e_b = block_expert[b]`` (blocks whose expert is outside
-``[0, E)`` are skipped: nothing read, nothing stored). A dense GEMM is one expert and ``ceil(N / TILE_N)`` blocks.
+``[0, E)`` compute zeros; blocks past ``meta[0]`` are never stored). A dense GEMM is one expert and
+``ceil(N / TILE_N)`` blocks. NVFP4's products are exact in bf16; its per-expert global scale ``g`` multiplies the
+float32 accumulator in the epilogue, read once a tile.
 
-Operands (CuTe DSL tensors, compact row-major): ``w_panel`` uint64 ``[E, steps, R / 64, 256]`` and ``s_panel`` uint8
-``[E, steps, 2 R]`` (:mod:`csf_kernels.moe.engine_panels`), ``x`` bf16 ``[NX, K]`` (rows in block order), ``out``
-bf16 ``[NX, R]``, ``block_expert`` int32 ``[max blocks]``, ``meta`` int32 (``meta[0]``: blocks in use); ``R`` a
-multiple of 64, ``K = 64 * steps``. Rows past ``NX`` read as zeros and are never stored.
+Operands (CuTe DSL tensors, compact row-major): ``w_panel`` uint64 ``[E, steps, R / 64, 256]`` and ``s_panel``
+(:mod:`csf_kernels.moe.engine_panels`: MXFP4 uint8 ``[E, steps, 2 R]``, NVFP4 the same bytes as uint32 ``[E, steps,
+R]``, one word of four E4M3 bytes a row), ``x`` bf16 ``[NX, K]`` (rows in block order), ``out`` bf16 ``[NX, R]``,
+``gscale`` float32 ``[E]`` (NVFP4; unread for MXFP4), ``block_expert`` int32 ``[max blocks]``, ``meta`` int32
+(``meta[0]``: blocks in use); ``R`` a multiple of 64, ``K = 64 * steps``. Rows past ``NX`` read as zeros and are
+never stored.
 
 Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index by the grid's stride:
 
-* warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B) and
-  activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by TMA, all
-  completing on the stage's mbarrier.
+* warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B;
+  NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
+  TMA, all completing on the stage's mbarrier.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
@@ -36,9 +41,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
+from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_convert import FACTOR_PTX, PAIR_PTX
+from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
 
 __all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
@@ -71,10 +77,11 @@ class GroupedFp4Gemm:
     """One compiled program: ``TILE_N`` routes a block (16 to 256), ``stages`` deep ring (default: as many as
     fit), ``act``: the epilogue stores the bf16 GEMM (``ACT_NONE``) or FC1's activation of it (``out`` then has
     ``R / 2`` columns; W13's rows in engine order, :func:`csf_kernels.moe.engine_panels.fc1_engine_rows`), adding
-    ``bias`` (float32 ``[E, R]`` in engine row order) first. Call signature: ``(w_panel, s_panel, x, out, bias,
-    block_expert, meta, ctas, stream)``; ``bias`` is unread without it; ``ctas`` persistent CTAs (the SM count)."""
+    ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``).
+    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, ctas, stream)``; ``bias`` is
+    unread without it, ``gscale`` for MXFP4; ``ctas`` persistent CTAs (the SM count)."""
 
-    def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False):
+    def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4"):
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
@@ -82,19 +89,25 @@ class GroupedFp4Gemm:
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
+        self.fmt = fmt
+        self.nvfp4 = fmt == "nvfp4"
+        s_bytes = panel_scales(fmt).per_step * TILE_M  # a stage's scale bytes
+        # NVFP4's panel is read as one uint32 a row (a TMA box of 512 uint8 would exceed the 256-element limit)
+        self.s_dtype = cutlass.Uint32 if self.nvfp4 else cutlass.Uint8
+        self.s_elems = s_bytes * 8 // self.s_dtype.width
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
         self.epi_tile = (TILE_M, min(32, tile_n))
         self.epi_stages = 2
-        stage_bytes = TILE_M * TILE_K // 2 + 2 * TILE_M + tile_n * TILE_K * 2
+        stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * 2 * self.epi_stages
         fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024) // stage_bytes
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         self.a_tx = TILE_M * TILE_K // 2
-        self.s_tx = 2 * TILE_M
+        self.s_tx = s_bytes
         self.b_tx = tile_n * TILE_K * 2
 
     @cute.jit
@@ -105,14 +118,15 @@ class GroupedFp4Gemm:
         x: cute.Tensor,
         out: cute.Tensor,
         bias: cute.Tensor,
+        gscale: cute.Tensor,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
         ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         bf16 = cutlass.BFloat16
-        # operand views: weights (256 words, row blocks, steps, experts), scales (2 R, steps, experts), activations
-        # (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
+        # operand views: weights (256 words, row blocks, steps, experts), scales (2 R bytes or R words, steps,
+        # experts), activations (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
         m_a = cute.make_tensor(w_panel.iterator, cute.select(w_panel.layout, mode=[3, 2, 1, 0]))
         m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[2, 1, 0]))
         m_b = x
@@ -130,7 +144,7 @@ class GroupedFp4Gemm:
         )
 
         a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
-        s_smem = cute.make_layout((2 * TILE_M, 1, 1, self.stages))
+        s_smem = cute.make_layout((self.s_elems, 1, 1, self.stages))
         b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
         b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
@@ -145,7 +159,7 @@ class GroupedFp4Gemm:
             g2s, m_a, cute.slice_(a_smem, (None, None, None, None, 0)), (_PANEL_WORDS, 2, 1, 1)
         )
         tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
-            g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (2 * TILE_M, 1, 1)
+            g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
         )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
             g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
@@ -158,7 +172,7 @@ class GroupedFp4Gemm:
         class SharedStorage:
             bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             s_a: cute.struct.Align[cute.struct.MemRange[cutlass.Uint64, cute.cosize(a_smem)], 1024]
-            s_s: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(s_smem)], 1024]
+            s_s: cute.struct.Align[cute.struct.MemRange[self.s_dtype, cute.cosize(s_smem)], 1024]
             s_b: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b_smem)], 1024]
             s_c: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(epi_smem)], 1024]
 
@@ -166,7 +180,7 @@ class GroupedFp4Gemm:
         self.c_layout = c_layout
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
@@ -192,6 +206,7 @@ class GroupedFp4Gemm:
         meta: cute.Tensor,
         out: cute.Tensor,
         bias: cute.Tensor,
+        gscale: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -220,7 +235,7 @@ class GroupedFp4Gemm:
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
-        g_s = cute.local_tile(m_s, (2 * TILE_M, 1, 1), (None, None, None))  # (256, 1, 1, RT, KS, E)
+        g_s = cute.local_tile(m_s, (self.s_elems, 1, 1), (None, None, None))  # (256 or 128, 1, 1, RT, KS, E)
         g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, blocks, KS)
         g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
@@ -261,12 +276,12 @@ class GroupedFp4Gemm:
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
             self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
-                         out, bias, block_expert, cute.size(m_a, mode=[3]))  # fmt: skip
+                         out, bias, gscale, block_expert, cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
         self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias,
-        block_expert, experts,
+        gscale, block_expert, experts,
     ):  # fmt: skip
         t = tidx % 128
         row_block = wg - 1
@@ -313,6 +328,9 @@ class GroupedFp4Gemm:
             tm = u - b * tiles_m
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            g_e = cutlass.Float32(1.0)  # NVFP4's global scale of the block's expert
+            if cutlass.const_expr(self.nvfp4):
+                g_e = self._global_scale(gscale, block_expert, b, experts)
             # STEP_GROUP steps a loop iteration: the pipeline drains (wait for zero wgmmas) once a group, at the
             # loop's back edge; the remainder steps run one a group
             groups = k_steps // STEP_GROUP
@@ -342,7 +360,10 @@ class GroupedFp4Gemm:
                 subtiles = cute.size(g_c_tile, mode=[1])
                 for e in cutlass.range_constexpr(subtiles):
                     for v in cutlass.range_constexpr(per_sub):
-                        t_rs_d[v] = t_rs_acc[e * per_sub + v]
+                        if cutlass.const_expr(self.nvfp4):
+                            t_rs_d[v] = t_rs_acc[e * per_sub + v] * g_e
+                        else:
+                            t_rs_d[v] = t_rs_acc[e * per_sub + v]
                     t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
                     buf = (done * subtiles + e) % self.epi_stages
                     cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
@@ -354,7 +375,7 @@ class GroupedFp4Gemm:
                         store_ring.producer_acquire()
                     epi_bar.arrive_and_wait()
             else:
-                self._activation_epilogue(acc, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
+                self._activation_epilogue(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
@@ -366,13 +387,21 @@ class GroupedFp4Gemm:
         loop's back edge and would serialize every wgmma of the loop otherwise)."""
         for i in range(4):
             words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
-        f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
-        f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
-        f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
-        f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
+        if self.nvfp4:  # rows r0, r0 + 8: a word of four E4M3 bytes each, byte j for slice j
+            s0 = s_s[(r0, 0, 0, stage)]
+            s1 = s_s[(r0 + 8, 0, 0, stage)]
+        else:
+            f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
+            f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
+            f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
+            f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
         for j in range(4):
-            f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
-            f1 = f1a if j < 2 else f1b
+            if self.nvfp4:
+                f0 = _asm_u32(E4M3_FACTOR_PTX[j], s0)
+                f1 = _asm_u32(E4M3_FACTOR_PTX[j], s1)
+            else:
+                f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
+                f1 = f1a if j < 2 else f1b
             dst = frag_words[j % 2]
             dst[0] = _asm_u32(PAIR_PTX[0], words[j], f0)
             dst[1] = _asm_u32(PAIR_PTX[1], words[j], f1)
@@ -384,11 +413,22 @@ class GroupedFp4Gemm:
             warpgroup.wait_group(0 if last and j == 3 else 1)
 
     @cute.jit
-    def _activation_epilogue(self, acc, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):
+    def _global_scale(self, gscale, block_expert, b, experts):
+        """NVFP4's global scale of block ``b``'s expert (1.0 for an invalid block, which computes zeros)."""
+        e = block_expert[b]
+        inside = cutlass.min(cutlass.max(e, 0), experts - 1)
+        g = gscale[inside]
+        if inside != e:
+            g = cutlass.Float32(1.0)
+        return g
+
+    @cute.jit
+    def _activation_epilogue(self, acc, g, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):
         """FC1's activation from the accumulators (traced inline): W13's rows are in engine order, so a thread's
         rows ``r0`` and ``r0 + 8`` are the gate and the up row of one output column ``n``; its accumulator values
-        ``4 c + i`` (``i``: column parity, then row + 8) are routes ``8 c + 2 q + (i % 2)`` of the block. bf16 stores
-        straight to ``out [NX, R / 2]``, past its end predicated off."""
+        ``4 c + i`` (``i``: column parity, then row + 8) are routes ``8 c + 2 q + (i % 2)`` of the block, each
+        times ``g`` (NVFP4's global scale) before the bias. bf16 stores straight to ``out [NX, R / 2]``, past its end
+        predicated off."""
         e = block_expert[b]
         e = cutlass.min(cutlass.max(e, 0), experts - 1)  # an invalid block computes zeros; its bias index stays in
         rows = cute.size(bias, mode=[1])
@@ -403,8 +443,13 @@ class GroupedFp4Gemm:
         q = lane % 4
         for c in cutlass.range_constexpr(self.tile_n // 8):
             for i in cutlass.range_constexpr(2):
-                gate = acc[4 * c + i] + gate_bias
-                up = acc[4 * c + 2 + i] + up_bias
+                gate = acc[4 * c + i]
+                up = acc[4 * c + 2 + i]
+                if cutlass.const_expr(self.nvfp4):
+                    gate = gate * g
+                    up = up * g
+                gate = gate + gate_bias
+                up = up + up_bias
                 if cutlass.const_expr(self.act == ACT_SILU):
                     v = gate * _sigmoid(gate) * up
                 else:
