@@ -46,6 +46,7 @@ def program_resources(cache: Path, entry: dict, cuobjdump: str | None) -> dict:
     if entry["kind"] == "cute_so":
         sass = launch["sass"]
         threads_dims, dynamic = launch["launch"]["block"], launch["launch"].get("dynamic_shared_bytes", 0)
+        dynamic = dynamic or launch.get("ring_shared_bytes", 0)  # programs that size it at launch record it
     else:
         sass = sass_facts(cache / entry["file"], cuobjdump) or {}
         threads_dims, dynamic = launch["block"], launch.get("shared", 0)

@@ -331,7 +331,15 @@ def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str 
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
-        facts=(("tile_n", tile_n), ("stages", kernel.stages), ("act", act), ("bias", int(bias)), ("fmt", fmt)),
+        # ring_shared_bytes: the launch sizes its own dynamic shared memory, so reports take it from here
+        facts=(
+            ("tile_n", tile_n),
+            ("stages", kernel.stages),
+            ("act", act),
+            ("bias", int(bias)),
+            ("fmt", fmt),
+            ("ring_shared_bytes", kernel.ring_bytes),
+        ),
     )
 
 

@@ -106,6 +106,8 @@ class GroupedFp4Gemm:
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
+        # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
+        self.ring_bytes = self.stages * stage_bytes + epi_bytes
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = s_bytes
         self.b_tx = tile_n * TILE_K * 2
