@@ -53,7 +53,8 @@ for i in "${!pids[@]}"; do
     fi
 done
 [ "$failed" = 0 ] || exit 1
-grep -h -E "registers|spill|Compiling entry" "$build"/obj/*.log | sed 's/^/  ptxas: /' | head -n 20 || true
+# the decode programs' resources (registers, spills): the figure that says the build is FlashMLA's intended one
+grep -h -E "Used [0-9]+ registers|spill stores" "$build"/obj/v32_persistent_h*.o.log | sed 's/^ */  ptxas: /' || true
 if [ "$objects_only" = 1 ]; then
     echo "build_flashmla: ${#objs[@]} objects for sm_90a in $(($(date +%s) - t0)) s (not linked: --objects)"
     exit 0
