@@ -33,6 +33,7 @@ fi
 rm -rf "$build" && mkdir -p "$build/obj" "$build/flash_mla"
 mapfile -t includes < <(flashmla_includes "$staged/flashmla" "$staged/cutlass")
 mapfile -t torch_flags < <(flashmla_torch_flags "$python")
+mapfile -t fallback < <(flashmla_cxx_fallback_includes "$python")
 pids=() objs=()
 for src in "${FLASHMLA_SOURCES[@]}"; do
     obj=$build/obj/$(basename "$src" .cu).o
@@ -41,8 +42,8 @@ for src in "${FLASHMLA_SOURCES[@]}"; do
     pids+=($!) objs+=("$obj")
 done
 obj=$build/obj/sparse_decode_api.o
-"${CXX:-g++}" -c "${FLASHMLA_CXX_FLAGS[@]}" "${includes[@]}" "${torch_flags[@]}" -I"$cuda/include" -fPIC \
-    "$FLASHMLA_SHIM" -o "$obj" >"$obj.log" 2>&1 &
+"${CXX:-g++}" -c "${FLASHMLA_CXX_FLAGS[@]}" "${includes[@]}" "${torch_flags[@]}" -I"$cuda/include" "${fallback[@]}" \
+    -fPIC "$FLASHMLA_SHIM" -o "$obj" >"$obj.log" 2>&1 &
 pids+=($!) objs+=("$obj")
 failed=0
 for i in "${!pids[@]}"; do

@@ -52,13 +52,14 @@ want=$(git -C "$cutlass_git" ls-tree -r --name-only "$cl_commit" include tools/u
 # the CUDA sources; the binding is host C++ (-MG: CUDA libraries' headers missing here are not FlashMLA's)
 mapfile -t includes < <(flashmla_includes "$work/fm" "$work/cl")
 mapfile -t torch_flags < <(flashmla_torch_flags "$python")
+mapfile -t fallback < <(flashmla_cxx_fallback_includes "$python")
 : >"$work/deps"
 for src in "${FLASHMLA_SOURCES[@]/#/$work/fm/}"; do
     nvcc -M "${FLASHMLA_NVCC_FLAGS[@]}" "${includes[@]}" "${torch_flags[@]}" "$src" >>"$work/deps" ||
         die "preprocessing $src failed"
 done
 "${CXX:-g++}" -M -MG "${FLASHMLA_CXX_FLAGS[@]}" "${includes[@]}" "${torch_flags[@]}" -I"$(flashmla_cuda_home)/include" \
-    "$FLASHMLA_SHIM" >>"$work/deps" || die "preprocessing $FLASHMLA_SHIM failed"
+    "${fallback[@]}" "$FLASHMLA_SHIM" >>"$work/deps" || die "preprocessing $FLASHMLA_SHIM failed"
 tr ' \\' '\n\n' <"$work/deps" | grep -E "^$work/(fm|cl)/" | sort -u >"$work/files"
 {
     printf '%s\n' "${FLASHMLA_SOURCES[@]/#/$work/fm/}" "${FLASHMLA_PYTHON[@]/#/$work/fm/}" "${FLASHMLA_EXTRA[@]/#/$work/fm/}"

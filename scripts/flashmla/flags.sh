@@ -56,3 +56,18 @@ flags += getattr(ext, "_get_pybind11_abi_build_flags", list)()
 print("\n".join(flags))
 PY
 }
+
+# flashmla_cxx_fallback_includes PYTHON: the CUDA library headers torch's CUDA headers include (cuSPARSE, cuBLAS,
+# cuSOLVER), from that Python's pip nvidia-* packages where it has them, searched after every other directory (for
+# the binding, a host compile): a toolkit without those libraries' headers still builds it
+flashmla_cxx_fallback_includes() {
+    "$1" -W ignore - <<'PY'
+import glob
+import importlib.util
+
+spec = importlib.util.find_spec("nvidia")
+for root in spec.submodule_search_locations if spec else []:
+    for inc in sorted(glob.glob(f"{root}/*/include")):
+        print(f"-idirafter\n{inc}")
+PY
+}
