@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from provenance import provenance
+
 from csf_codec.fp4 import e4m3_bytes_to_float
 from csf_codec.inline import clamped_row_bases
 from csf_codec.rowbase import row_bases
@@ -43,8 +45,6 @@ from csf_codec.synthetic import (
 from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine_panels import fc1_engine_rows
 from csf_kernels.moe.w4a8_operands import FOLD_MAX, FOLD_MIN, fold_mask, nvfp4_block_folds, tile_fold
-
-from provenance import provenance
 
 PEERS = (("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1))
 PRESETS = {

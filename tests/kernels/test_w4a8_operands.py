@@ -23,19 +23,11 @@ from csf_kernels.moe.w4a8_operands import (
     w4a8_weights,
 )
 
+from .e4m3_model import VALUES as TABLE
+from .e4m3_model import decode as _decode
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 OFFSETS = range(-140, 141)
-
-
-def _decode(b: int) -> float:
-    """An E4M3 byte's value from the bit layout (sign, 4 exponent bits biased 7, 3 mantissa bits; exponent 0 is
-    subnormal; 0x7F / 0xFF are NaN, never asked for here)."""
-    e, m = (b >> 3) & 15, b & 7
-    v = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-    return -v if b & 0x80 else v
-
-
-TABLE = {_decode(b) for b in range(256) if b & 0x7F != 0x7F}  # every finite E4M3 value
 
 
 def test_every_nibble_and_offset_against_float64():
