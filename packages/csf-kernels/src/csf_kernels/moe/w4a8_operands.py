@@ -122,14 +122,18 @@ class W4A8Weights:
     bases: torch.Tensor
     scales: torch.Tensor  # the E8M0 plane, for the promoted blocks' factors
 
-    def dequantize(self) -> torch.Tensor:
-        """float32 [..., R, K]: each weight as the kernel's operands give it, ``e4m3 * 2**(b - 127)`` for folded
-        blocks and ``e4m3 * 2**(s - b) * 2**(b - 127)`` for promoted ones (the factors applied in that order)."""
+    def operand(self) -> torch.Tensor:
+        """float32 [..., R, K]: what each weight contributes to the row's accumulator before the epilogue, the E4M3
+        value for folded blocks and ``e4m3 * 2**(s - b)`` (the promoted partial's factor) for the others."""
         w = e4m3_bytes_to_float(self.codes)
         block = w.shape[-1] // self.fold.shape[-1]
         promote = torch.where(self.fold, 1.0, promotion_factor(self.scales, self.bases))
-        w = w * promote.repeat_interleave(block, dim=-1)
-        return w * row_factor(self.bases)[..., None]
+        return w * promote.repeat_interleave(block, dim=-1)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [..., R, K]: each weight as the kernel's operands give it, :meth:`operand` times the epilogue's
+        ``2**(b - 127)``."""
+        return self.operand() * row_factor(self.bases)[..., None]
 
 
 def w4a8_weights(
