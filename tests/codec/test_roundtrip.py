@@ -102,3 +102,28 @@ def test_geometry_counts_tails():
     rows = geo.block_rows()
     assert int((rows[4] >= 0).sum()) == 64  # the 64-row group tail
     assert int((rows >= 0).sum()) == 384 * 1152
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_clamped_row_bases_are_the_stored_bases(fmt):
+    """A zero row among normal rows gets its block's clamped base; every row's base is base_ref + delta."""
+    from csf_codec import inline as inline_mod
+    from csf_codec.inline import clamped_row_bases
+    from csf_codec.rowbase import row_bases
+    from csf_codec.synthetic import SPECIAL_CONTENT, synthetic_scale_plane
+
+    plane = synthetic_scale_plane((3, 320, 12), fmt, SPECIAL_CONTENT, seed=5)
+    inline = encode_inline(plane, fmt, row_group=160)
+    delta = inline_mod._unpack_deltas(inline.base_delta, inline.fmt).to(torch.int16)
+    slot_base = inline.base_ref[:, None].to(torch.int16) + delta
+    br = inline.geometry.block_rows()
+    want = torch.zeros(plane.shape[0] * plane.shape[1], dtype=torch.int16)
+    want[br[br >= 0]] = slot_base[br >= 0]
+    got = clamped_row_bases(plane, fmt, row_group=160)
+    assert torch.equal(got.to(torch.int16), want)
+    natural = row_bases(plane.reshape(-1, 12), 1 if fmt == "mxfp4" else 4)
+    clamped = got != natural
+    if fmt == "mxfp4":  # zero and clamped rows leave their block's window (seeded: rows 7 and 501 among them)
+        assert bool(clamped[7]) and bool(clamped[501])
+    else:
+        assert not clamped.any()  # NVFP4 stores every row's base outright

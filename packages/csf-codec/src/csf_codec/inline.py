@@ -50,6 +50,7 @@ __all__ = [
     "MODE_RAW",
     "MODE_WIDTH",
     "InlineScales",
+    "clamped_row_bases",
     "decode_inline",
     "encode_inline",
     "exception_capacity",
@@ -195,6 +196,23 @@ def _block_bases_np(rows: np.ndarray, geo: InlineGeometry, fmt: ScaleFormat):
         ref = np.zeros(slot_base.shape[0], dtype=np.uint8)
     delta = np.clip(slot_base.astype(np.int16) - ref[:, None], 0, (1 << bits) - 1)
     return ref, np.where(valid, delta, 0).astype(np.uint8), br
+
+
+def clamped_row_bases(
+    plane: torch.Tensor, fmt: ScaleFormat | str, *, row_group: int | None = None, name: str = "scales"
+) -> torch.Tensor:
+    """uint8 [rows]: each row's base as the inline form stores it, ``base_ref + delta`` (a row whose own base
+    lies outside its block's window clamped into it), without encoding the records. These are the bases an engine
+    that moves the row base to its epilogue reads, whatever its scale source (``docs/moe-engine.md`` §4.5)."""
+    fmt = scale_format(fmt)
+    rows, shape = as_rows(plane, name=name)
+    geo = InlineGeometry.for_shape(shape, row_group, name=name)
+    ref, delta, br = _block_bases(rows, geo, fmt)
+    valid = br >= 0
+    base = ref[:, None].to(torch.int16) + delta.to(torch.int16)
+    out = torch.zeros(rows.shape[0], dtype=torch.uint8, device=rows.device)
+    out[br[valid].to(torch.int64)] = base[valid].to(torch.uint8)
+    return out
 
 
 def _pack_deltas(delta: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:

@@ -24,6 +24,7 @@ from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
 from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_serves, engine_specs
 from csf_kernels.moe.specs import moe_geometry_specs
+from csf_kernels.moe.w4a8_specs import w4a8_geometry_specs
 from csf_kernels.runtime.programs import ProgramSpec
 
 __all__ = ["catalog_specs", "geometry_specs"]
@@ -39,7 +40,7 @@ def geometry_specs(geo: MoEGeometry, *, cute: bool = True) -> list[ProgramSpec]:
             specs.append(row_expander_spec(geo.fmt, layout.group_tiles, layout.store))
         if cute and row_block_covers(shape[-1], prod(shape)):
             specs.append(row_block_expander_spec(geo.fmt, shape[-1]))
-    return specs + moe_geometry_specs(geo) + engine_geometry_specs(geo)
+    return specs + moe_geometry_specs(geo) + engine_geometry_specs(geo) + w4a8_geometry_specs(geo)
 
 
 def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[ProgramSpec, list[str]]]:

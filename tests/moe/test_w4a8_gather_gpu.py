@@ -1,0 +1,18 @@
+"""W4A8's gather-and-quantize programs on the GPU from the AOT cache, frozen: the FP8 bytes and scales of the
+hardware's division and E4M3 conversion equal the CPU torch references bit for bit (tests/moe/w4a8_gather_cases.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.moe.w4a8_gather_cases import CASES, run_case
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
+SEED = int.from_bytes(os.urandom(3), "little")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"T{c[0]}-E{c[1]}-H{c[2]}" for c in CASES])
+def test_w4a8_gather_matches_the_references(case):
+    run_case(SEED, *case, run=lambda launch: launch.bind("w4a8 gather test")(), device="cuda")
