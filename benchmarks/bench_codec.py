@@ -1,4 +1,5 @@
-"""Codec figures on the DeepSeek-V4.1-Flash TP4 layer planes, for each synthetic regime: both forms' ratios
+"""Codec figures on the DeepSeek-V4.1-Flash TP4 layer planes, for each synthetic regime: the compact and inline
+forms' and the engine records' (csf_codec.engine_records) ratios
 against the entropy bound H(delta | row base) (csf_codec.stats), CPU encode/decode throughput, and peak
 memory, written as JSON with provenance.
 
@@ -36,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from csf_codec import MXFP4, NVFP4, decode_compact, decode_inline, encode_compact, encode_inline, inline_from_payload
+from csf_codec.engine_records import EngineRecords, decode_engine_records, encode_engine_records
 from csf_codec.stats import plane_report
 from csf_codec.synthetic import (
     DOWN_PROJ_DENSE,
@@ -50,11 +52,11 @@ from csf_codec.synthetic import (
 REGIMES = [
     ("seed_regime", MXFP4, SEED_REGIME, None),
     ("exception_dense", MXFP4, EXCEPTION_DENSE, None),
-    ("down_proj_dense", MXFP4, DOWN_PROJ_DENSE, {"compact": 0.85, "inline": 0.65}),
+    ("down_proj_dense", MXFP4, DOWN_PROJ_DENSE, {"compact": 0.85, "inline": 0.65, "engine": 0.65}),
     ("nvfp4_typical", NVFP4, NVFP4_TYPICAL, None),
 ]
 SPEED_TARGETS = {"encode": 200.0, "decode": 500.0}  # MB/s of native scale-plane bytes
-OPS = ("encode_compact", "decode_compact", "encode_inline", "decode_inline")
+OPS = ("encode_compact", "decode_compact", "encode_inline", "decode_inline", "encode_engine", "decode_engine")
 
 
 def _planes(fmt, experts: int):
@@ -69,6 +71,10 @@ def _run(op: str, plane, fmt, name, group, payloads):
         return decode_compact(payloads["compact"], name=name)
     if op == "encode_inline":
         return encode_inline(plane, fmt, name=name, row_group=group, verify=False)
+    if op == "encode_engine":
+        return encode_engine_records(plane, fmt, name=name, row_group=group, verify=False)
+    if op == "decode_engine":
+        return decode_engine_records(payloads["engine"], name=name)
     return decode_inline(payloads["inline"], name=name)
 
 
@@ -92,11 +98,13 @@ def _plane_row(regime, fmt, stats, targets, proj, shape, group, repeats) -> dict
     rep = plane_report(plane, fmt, name=name, row_group=group)
     compact = encode_compact(plane, fmt, name=name, verify=False)
     inline = encode_inline(plane, fmt, name=name, row_group=group, verify=False)
-    payloads = {"compact": compact.payload, "inline": inline}
+    engine = encode_engine_records(plane, fmt, name=name, row_group=group, verify=False)
+    payloads = {"compact": compact.payload, "inline": inline, "engine": engine}
     runs = {op: _measure(repeats, op, plane, fmt, name, group, payloads) for op in OPS}
     exact = bool(
         torch.equal(runs["decode_compact"]["out"], plane)
         and torch.equal(runs["decode_inline"]["out"], plane)
+        and torch.equal(runs["decode_engine"]["out"], plane)
         and torch.equal(decode_inline(inline_from_payload(inline.to_payload(), name=name)), plane)
     )
     mb = plane.numel() / 1e6
@@ -108,6 +116,14 @@ def _plane_row(regime, fmt, stats, targets, proj, shape, group, repeats) -> dict
         **rep.as_dict(),
         "inline_mode_counts": inline.mode_counts(),
         "inline_tail_record_bytes": inline.tail_record_bytes,
+        "engine_bytes": engine.nbytes,
+        "engine_ratio": plane.numel() / engine.nbytes,
+        "engine_efficiency": (plane.numel() / engine.nbytes / rep.entropy_bound_ratio)
+        if rep.entropy_bound_ratio
+        else None,
+        "engine_mode_counts": engine.mode_counts(),
+        "engine_exceptions": engine.exceptions,
+        "engine_body_bytes": engine.body.numel(),
         "bit_exact": exact,
         "timing_s": {op: r["wall_s"] for op, r in runs.items()},
         "cpu_s": {op: r["cpu_s"] for op, r in runs.items()},
@@ -127,7 +143,7 @@ def _plane_row(regime, fmt, stats, targets, proj, shape, group, repeats) -> dict
 
 def _memory_child(op: str, path: str, group: str) -> None:
     """Child mode: load the plane or payload from ``path``, run ``op`` once, print the RSS growth (bytes)."""
-    data = torch.from_numpy(np.load(path))
+    data = _load_engine(path) if op == "decode_engine" else torch.from_numpy(np.load(path))
     fmt = MXFP4
     grp = int(group) or None
     if op.startswith("decode_inline"):
@@ -138,8 +154,24 @@ def _memory_child(op: str, path: str, group: str) -> None:
         "decode_compact": lambda: decode_compact(data),
         "encode_inline": lambda: encode_inline(data, fmt, row_group=grp, verify=False),
         "decode_inline": lambda: decode_inline(data),
+        "encode_engine": lambda: encode_engine_records(data, fmt, row_group=grp, verify=False),
+        "decode_engine": lambda: decode_engine_records(data),
     }[op]()
     print(_peak_rss() - base)
+
+
+_ENGINE_ARRAYS = ("base_ref", "base_delta", "block_start", "record_units", "body")
+
+
+def _save_engine(path: Path, rec: EngineRecords) -> None:
+    np.savez(path, shape=np.array(rec.shape), **{k: getattr(rec, k).numpy() for k in _ENGINE_ARRAYS})
+
+
+def _load_engine(path: str) -> EngineRecords:
+    with np.load(path) as z:
+        arrays = {k: torch.from_numpy(z[k]) for k in _ENGINE_ARRAYS}
+        shape = tuple(int(d) for d in z["shape"])
+    return EngineRecords(fmt=MXFP4, shape=shape, row_group=shape[-2], **arrays)
 
 
 def _status_kib(field: str) -> int:
@@ -165,6 +197,7 @@ def _large_plane(experts: int) -> dict:
     out = {"shape": list(shape), "scales": plane.numel(), "regime": "down_proj_dense", "format": "mxfp4"}
     with tempfile.TemporaryDirectory() as tmp:
         files = {"plane": Path(tmp) / "plane.npy", "compact": Path(tmp) / "c.npy", "inline": Path(tmp) / "i.npy"}
+        files["engine"] = Path(tmp) / "e.npz"
         timings = {}
         for op in OPS:
             t0 = time.perf_counter()
@@ -174,18 +207,23 @@ def _large_plane(experts: int) -> dict:
                 inline = encode_inline(plane, MXFP4, verify=False)
             elif op == "decode_compact":
                 ok_c = torch.equal(decode_compact(compact.payload), plane)
+            elif op == "encode_engine":
+                engine = encode_engine_records(plane, MXFP4, verify=False)
+            elif op == "decode_engine":
+                ok_e = torch.equal(decode_engine_records(engine), plane)
             else:
                 ok_i = torch.equal(decode_inline(inline), plane)
             timings[op] = time.perf_counter() - t0
-        out["bit_exact"] = bool(ok_c and ok_i)
+        out["bit_exact"] = bool(ok_c and ok_i and ok_e)
         out["wall_s"] = timings
         out["throughput_native_MBps"] = {op: plane.numel() / 1e6 / s for op, s in timings.items()}
         np.save(files["plane"], plane.numpy())
         np.save(files["compact"], compact.payload.numpy())
         np.save(files["inline"], inline.to_payload().numpy())
-        del compact, inline
+        _save_engine(files["engine"], engine)
+        del compact, inline, engine
         sources = {"encode_compact": "plane", "encode_inline": "plane", "decode_compact": "compact"}
-        sources["decode_inline"] = "inline"
+        sources.update(decode_inline="inline", encode_engine="plane", decode_engine="engine")
         rss = {}
         for op in OPS:
             cmd = [sys.executable, __file__, "--memory-child", op, str(files[sources[op]]), "0"]
@@ -214,20 +252,22 @@ def main() -> None:
     results, layers = [], []
     for regime, fmt, stats, targets in REGIMES:
         layer = {"regime": regime, "format": fmt.name, "native_bytes": 0, "compact_bytes": 0, "inline_bytes": 0}
+        layer["engine_bytes"] = 0
         for proj, shape, group in _planes(fmt, args.experts):
             row = _plane_row(regime, fmt, stats, targets, proj, shape, group, args.repeats)
             results.append(row)
-            for key in ("native_bytes", "compact_bytes", "inline_bytes"):
+            for key in ("native_bytes", "compact_bytes", "inline_bytes", "engine_bytes"):
                 layer[key] += row[key]
             mbps = row["throughput_native_MBps_median"]
             print(
                 f"{row['name']:24s} {fmt.name} {list(shape)} bound {row['entropy_bound_ratio'] or float('inf'):.2f}x "
                 f"compact {row['compact_ratio']:.2f}x ({row['compact_efficiency'] or 0:.0%}) inline "
-                f"{row['inline_ratio']:.2f}x ({row['inline_efficiency'] or 0:.0%}) exact={row['bit_exact']} MB/s "
+                f"{row['inline_ratio']:.2f}x ({row['inline_efficiency'] or 0:.0%}) engine {row['engine_ratio']:.2f}x "
+                f"({row['engine_efficiency'] or 0:.0%}) exact={row['bit_exact']} MB/s "
                 + " ".join(f"{op} {v:.0f}" for op, v in mbps.items()),
                 flush=True,
             )
-        for form in ("compact", "inline"):
+        for form in ("compact", "inline", "engine"):
             layer[f"{form}_ratio"] = layer["native_bytes"] / layer[f"{form}_bytes"]
         layers.append(layer)
 
@@ -244,7 +284,7 @@ def main() -> None:
         "plane): peak RSS growth of a fresh process over the loaded input / plane bytes",
         "experts": args.experts,
         "repeats": args.repeats,
-        "correctness": "every plane decoded bit-exactly from both forms"
+        "correctness": "every plane decoded bit-exactly from both forms and the engine records"
         if all(r["bit_exact"] for r in results) and (not large or large["bit_exact"])
         else "MISMATCH",
         "planes": results,

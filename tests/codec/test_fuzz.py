@@ -190,3 +190,52 @@ def test_csf_metadata_mutations(tmp_path):
         except CSFError:
             continue
         assert got == want, f"{op} {c!r} at {i} changed the records"
+
+
+def _engine_mutation(rec, rng: random.Random):
+    """One random change to engine records: body bytes, a length byte, a start, a base; lengths kept or not."""
+    from dataclasses import replace
+
+    kind = rng.choice(("body", "body", "body", "units", "start", "base", "truncate"))
+    if kind == "body":
+        body = rec.body.clone()
+        for _ in range(rng.randint(1, 3)):
+            body[rng.randrange(body.numel())] ^= 1 << rng.randrange(8)
+        return replace(rec, body=body)
+    if kind == "units":
+        units = rec.record_units.clone()
+        units.view(-1)[rng.randrange(units.numel())] = rng.choice((0, 1, 2, 33, 63, 255))
+        return replace(rec, record_units=units)
+    if kind == "start":
+        starts = rec.block_start.clone()
+        starts[rng.randrange(starts.numel())] += rng.choice((-16, 16, 1 << 40))
+        return replace(rec, block_start=starts)
+    if kind == "base":
+        part = rng.choice(("base_ref", "base_delta"))
+        t = getattr(rec, part).clone()
+        t.view(-1)[rng.randrange(t.numel())] ^= 1 << rng.randrange(8)
+        return replace(rec, **{part: t})
+    return replace(rec, body=rec.body[: rng.randrange(rec.body.numel())])
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+def test_engine_record_mutations(fmt):
+    """Engine records carry no digest (not a payload form yet): a change may give another plane, but only one whose
+    own encoding is exactly the changed records (canonical); anything else is a typed CSFError."""
+    from csf_codec.engine_records import decode_engine_records, encode_engine_records
+
+    plane = special_rows(clustered_plane((2, 70, 6), seed=3, exception_rate=0.08), seed=3)
+    rec = encode_engine_records(plane, fmt, row_group=35)
+    rng = random.Random(f"engine-{fmt.name}")
+    decoded = 0
+    for _ in range(ROUNDS):
+        bad = _engine_mutation(rec, rng)
+        try:
+            out = decode_engine_records(bad, name="p")
+        except CSFError:
+            continue
+        decoded += 1
+        again = encode_engine_records(out, fmt, row_group=35)
+        for part in ("base_ref", "base_delta", "block_start", "record_units", "body"):
+            assert torch.equal(getattr(again, part), getattr(bad, part)), f"non-canonical records accepted ({part})"
+    assert decoded < ROUNDS

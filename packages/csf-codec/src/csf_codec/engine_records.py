@@ -1,0 +1,247 @@
+"""Engine records: the inline form the MoE engine's inline scale source reads (``docs/csf-format.md`` section 6,
+``docs/moe-engine.md`` §4.8). In memory only; not a payload form yet.
+
+Tiles, slot order, row bases, base deltas and candidate windows are the inline form's (:mod:`csf_codec.inline`);
+only the records differ: each is as long as its tile needs, a multiple of 16 bytes (byte layout:
+:mod:`csf_codec.engine_record_layout`), and they follow each other, row block by row block, column tile by column
+tile (the tail tile last), in one body. Storage of one plane:
+
+* ``base_ref``     uint8 [row_blocks] and ``base_delta`` uint8 [row_blocks, 16 d]: as the inline form;
+* ``block_start``  int64 [row_blocks]: byte offset in ``body`` of each row block's first record (a u64);
+* ``record_units`` uint8 [row_blocks, col_tiles]: each record's length / 16;
+* ``body``         uint8 [bytes]: the records.
+
+The encoding is canonical: each tile takes the candidate window whose record is shortest (ties: list order), and
+goes raw only when no window's record is shorter than the raw one; the decoder refuses any other encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .engine_record_layout import (
+    ABOVE_CODES,
+    BELOW_CODES,
+    COUNT_MASK,
+    COUNT_SHIFT,
+    HEADER_BYTES,
+    MODE_RAW,
+    RECORD_ALIGN,
+    UNITS_MASK,
+)
+from .engine_records_np import build_records, choose_windows, decode_records, join_records, split_records
+from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
+from .formats import ScaleFormat, scale_format
+from .inline import (
+    CANDIDATE_WINDOWS,
+    _block_bases_np,
+    _block_rows_np,
+    _class_plans,
+    _pack_deltas,
+    delta_bytes,
+)
+from .inline_np import _gather_tiles, _scatter, block_spans
+from .planes import as_rows
+from .record_layout import DELTA_BITS
+from .swar import map_spans, unpack_bits
+from .tile_layout import TILE_ROWS, InlineGeometry
+
+__all__ = ["EngineRecords", "decode_engine_records", "encode_engine_records"]
+
+# Padding positions are counted at offset 0 (engine_records_np): no candidate window may make 0 an escape.
+assert all(o - BELOW_CODES <= 0 <= o + (1 << w) - 1 + ABOVE_CODES for ws in CANDIDATE_WINDOWS.values() for w, o in ws)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRecords:
+    fmt: ScaleFormat
+    shape: tuple[int, ...]
+    row_group: int
+    base_ref: torch.Tensor
+    base_delta: torch.Tensor
+    block_start: torch.Tensor
+    record_units: torch.Tensor
+    body: torch.Tensor
+
+    @property
+    def geometry(self) -> InlineGeometry:
+        return InlineGeometry.for_shape(self.shape, self.row_group)
+
+    @property
+    def nbytes(self) -> int:
+        """Everything the engine stores: bases, deltas, a u64 start a row block, a byte a record, the records."""
+        return int(
+            self.base_ref.numel()
+            + self.base_delta.numel()
+            + 8 * self.block_start.numel()
+            + self.record_units.numel()
+            + self.body.numel()
+        )
+
+    def record(self, block: int, col_tile: int) -> torch.Tensor:
+        """The bytes of one record (a view of the body)."""
+        units = self.record_units[block].to(torch.int64)
+        start = int(self.block_start[block]) + RECORD_ALIGN * int(units[:col_tile].sum())
+        return self.body[start : start + RECORD_ALIGN * int(units[col_tile])]
+
+    def headers(self) -> np.ndarray:
+        """uint32 header of every record, in body order."""
+        units = self.record_units.numpy().reshape(-1).astype(np.int64) * RECORD_ALIGN
+        starts = np.cumsum(units) - units
+        body = self.body.numpy()
+        h = [body[starts + i].astype(np.uint32) << (8 * i) for i in range(HEADER_BYTES)]
+        return h[0] | h[1] | h[2] | h[3] if starts.size else np.zeros(0, dtype=np.uint32)
+
+    def mode_counts(self) -> dict[str, int]:
+        modes = self.headers() & 3
+        return {name: int((modes == m).sum()) for m, name in enumerate(("sel1", "sel2", "sel4", "raw"))}
+
+    @property
+    def raw_tiles(self) -> int:
+        return int(((self.headers() & 3) == MODE_RAW).sum())
+
+    @property
+    def exceptions(self) -> int:
+        return int(((self.headers() >> COUNT_SHIFT) & COUNT_MASK).sum())
+
+
+def _spans(geo: InlineGeometry) -> list[tuple[int, int]]:
+    return block_spans(geo.row_blocks, geo.cols)
+
+
+def encode_engine_records(
+    plane: torch.Tensor,
+    fmt: ScaleFormat | str,
+    *,
+    row_group: int | None = None,
+    name: str = "scales",
+    verify: bool = True,
+) -> EngineRecords:
+    """Engine records of a native plane (uint8 [N, KB] or [E, N, KB]; a device plane is copied to the CPU).
+    ``verify`` (default) decodes the result, every rule checked, and compares it byte for byte with the plane."""
+    fmt = scale_format(fmt)
+    rows_t, shape = as_rows(plane, name=name)
+    rows = rows_t.cpu().numpy()
+    geo = InlineGeometry.for_shape(shape, row_group, name=name)
+    ref, delta, br = _block_bases_np(rows, geo, fmt)
+    base = ref[:, None].astype(np.int16) + delta
+    valid = br >= 0
+    plans = [p for p in _class_plans(geo) if p.count]
+    windows = CANDIDATE_WINDOWS[fmt.name]
+
+    def span(sp: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = sp
+        staged, units = [], []
+        for plan in plans:
+            tiles = _gather_tiles(rows, br[a:b], plan)
+            best, raw, u = choose_windows(tiles, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
+            staged.append(build_records(tiles, base[a:b], valid[a:b], plan, windows, best, raw, u))
+            units.append(u.reshape(b - a, plan.count))
+        u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
+        return u, join_records(staged, u, plans)
+
+    done = map_spans(span, _spans(geo))
+    units = np.concatenate([u for u, _ in done]) if done else np.zeros((0, geo.col_tiles), dtype=np.int64)
+    body = np.concatenate([r for _, r in done]) if done else np.zeros(0, dtype=np.uint8)
+    per_block = units.sum(axis=1) * RECORD_ALIGN
+    out = EngineRecords(
+        fmt=fmt,
+        shape=shape,
+        row_group=geo.row_group,
+        base_ref=torch.from_numpy(ref),
+        base_delta=_pack_deltas(torch.from_numpy(delta), fmt),
+        block_start=torch.from_numpy(np.cumsum(per_block) - per_block),
+        record_units=torch.from_numpy(units.astype(np.uint8)),
+        body=torch.from_numpy(body),
+    )
+    if verify and not torch.equal(decode_engine_records(out, name=name), rows_t.cpu().view(shape)):
+        raise VerificationError(name, "engine records do not decode to the native bytes")
+    return out
+
+
+def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
+    rb = geo.row_blocks
+    expect = {
+        "base_ref": (rec.base_ref, (rb,), torch.uint8),
+        "base_delta": (rec.base_delta, (rb, delta_bytes(rec.fmt)), torch.uint8),
+        "block_start": (rec.block_start, (rb,), torch.int64),
+        "record_units": (rec.record_units, (rb, geo.col_tiles), torch.uint8),
+    }
+    for part, (t, shape, dtype) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ShapeMismatchError(
+                name, f"engine {part} is {t.dtype} {tuple(t.shape)}; the {rec.shape} plane needs {dtype} {shape}"
+            )
+    if rec.body.dim() != 1 or rec.body.dtype != torch.uint8:
+        raise ShapeMismatchError(name, f"engine record body is {rec.body.dtype} {tuple(rec.body.shape)}, not 1-D uint8")
+
+
+def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.Tensor:
+    """The native plane (uint8, CPU) of engine records, refusing every encoding but the canonical one."""
+    geo = rec.geometry
+    _check_arrays(rec, geo, name)
+    units = rec.record_units.numpy().astype(np.int64)
+    if units.size and (units.min() < 1 or units.max() > UNITS_MASK):
+        raise CorruptPayloadError(name, "a record length of zero, or past the header's length field")
+    per_block = units.sum(axis=1) * RECORD_ALIGN
+    starts = rec.block_start.numpy()
+    if not np.array_equal(starts, np.cumsum(per_block) - per_block):
+        raise CorruptPayloadError(name, "row block starts disagree with the record lengths")
+    if int(per_block.sum()) != rec.body.numel():
+        raise CorruptPayloadError(
+            name, f"the records take {int(per_block.sum())} bytes; the body holds {rec.body.numel()}"
+        )
+    fmt = rec.fmt
+    bits = DELTA_BITS[fmt.name]
+    packed = rec.base_delta.numpy()
+    delta = packed if bits == 8 else unpack_bits(packed.reshape(-1), bits, packed.size * 8 // bits)
+    delta = delta.reshape(geo.row_blocks, TILE_ROWS)
+    base = rec.base_ref.numpy().astype(np.int16)[:, None] + delta
+    br = _block_rows_np(geo)
+    valid = br >= 0
+    plans = [p for p in _class_plans(geo) if p.count]
+    windows = CANDIDATE_WINDOWS[fmt.name]
+    body = rec.body.numpy()
+    out = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+
+    def span(sp: tuple[int, int]) -> None:
+        a, b = sp
+        seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
+        for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
+            u = units[a:b, _columns(plans, plan)].reshape(-1)
+            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, name)
+            best, raw, want = choose_windows(vals, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
+            if not _choice_matches(staged, best, raw, want, u, windows):
+                raise CorruptPayloadError(name, "a tile's record is not the shortest its candidate windows give")
+            _scatter(out, vals, br[a:b], plan)
+
+    map_spans(span, _spans(geo))
+    ref2, delta2, _ = _block_bases_np(out, geo, fmt)
+    if not (np.array_equal(ref2, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
+        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
+    return torch.from_numpy(out).view(rec.shape)
+
+
+def _columns(plans, plan) -> slice:
+    start = 0
+    for p in plans:
+        if p is plan:
+            return slice(start, start + p.count)
+        start += p.count
+    raise AssertionError("plan not among the plans")
+
+
+def _choice_matches(staged: np.ndarray, best, raw, want, units, windows) -> bool:
+    h = np.ascontiguousarray(staged[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
+    mode = h & 3
+    if not np.array_equal(mode == MODE_RAW, raw) or not np.array_equal(want, units):
+        return False
+    sel = np.flatnonzero(~raw)
+    w_of = np.array([w for w, _ in windows])[best[sel]]
+    o_of = np.array([o for _, o in windows])[best[sel]]
+    mode_of_w = np.array([0, 0, 1, 0, 2])[w_of]
+    origin = (((h[sel] >> 8) & 0xFF) ^ 0x80) - 0x80
+    return bool(np.array_equal(mode[sel], mode_of_w) and np.array_equal(origin, o_of))
