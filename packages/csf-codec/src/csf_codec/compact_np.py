@@ -1,22 +1,35 @@
 """The compact form's CPU encoder and decoder, as whole-array numpy passes over row spans.
 
 Byte-identical to the torch code in :mod:`csf_codec.compact` (which stays the path for other devices);
-spans of a multiple of 256 rows split every section on byte and chunk boundaries, so they are encoded
-and decoded independently, two at a time (numpy releases the GIL), and memory stays bounded by a span.
+spans of a multiple of 256 rows split every section on chunk boundaries, so they are encoded and decoded
+independently, two at a time (numpy releases the GIL), and memory stays bounded by a span. Only the
+exception section's bit streams cross spans: the encoder ors the spans' bytes together, and the decoder
+finds the far codes and escaped bytes after every span's position codes are read.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import CorruptPayloadError
 from .rowbase import row_bases_np
-from .swar import group_counts, map_spans, pack_bits, unpack_bits
+from .compact_code import (
+    CHUNK,
+    ESCAPE_CODE,
+    FAR_BITS,
+    LISTED_BITS,
+    LOW_BITS,
+    MAX_LISTED,
+    RAW,
+    exact_distances,
+    listed_cost_bits,
+)
+from .swar import gather_bits, group_counts, map_spans, pack_bits, scatter_bits, unpack_bits
 
-__all__ = ["base_codes_np", "decode_rows_np", "encode_sections_np", "exclusive_cumsum"]
+__all__ = ["ChunkTable", "base_codes_np", "chunk_table", "decode_rows_np", "encode_sections_np", "exclusive_cumsum"]
 
-CHUNK = 256
-RAW = 255
 SEGMENT_ROWS = 128
 _SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
 _SCALES_PER_SPAN = 1 << 20
@@ -72,11 +85,6 @@ def _chunk_lengths(scales: int) -> np.ndarray:
     return lens
 
 
-def _outside(x: np.ndarray, base: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    d = (x - base[:, None]).reshape(-1)  # uint8: below the base wraps past the window too
-    return d, d >= (1 << width)
-
-
 def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
     """Raw chunks ``ids`` between the plane (``flat``, chunk k at k*256) and ``packed`` (at ``offsets``)."""
     full = ids[lens[ids] == CHUNK]
@@ -94,23 +102,98 @@ def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
             packed[lo : lo + n] = flat[k * CHUNK : k * CHUNK + n]
 
 
-def _raw_chunks(vals, fields, exceptions, offsets, ids, lens, top: int, name: str) -> None:
-    """Copy a span's raw chunks into ``vals`` (which holds base + selector there), checking that they are
-    canonical: their selectors are what a listed chunk's would be, and their exceptions fill half or more."""
-    n = lens[ids]
-    total = int(n.sum())
-    within = np.arange(total) - np.repeat(exclusive_cumsum(n), n)
-    where = np.repeat(ids * CHUNK, n) + within
-    native = exceptions[np.repeat(offsets[ids], n) + within]
-    field = fields[where]
-    d = native - (vals[where] - field)  # uint8: scale - base
-    inside = d <= top
-    if (field != np.where(inside, d, 0)).any():
-        raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
-    outside = np.add.reduceat(~inside, exclusive_cumsum(n)) if total else n
-    if (2 * outside < n).any():
-        raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
-    vals[where] = native
+
+def distances(values: np.ndarray, bases: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(side, distance) of exception bytes from their rows' windows: side 1 above, 0 below."""
+    v, b = values.astype(np.int16), bases.astype(np.int16)
+    above = v > b
+    return above, np.where(above, v - b - ((1 << width) - 1), b - v)
+
+
+def exception_fields(side: np.ndarray, dist: np.ndarray, width: int) -> np.ndarray:
+    """The selector field an exception stores: its side, and its distance up to K + 1."""
+    return (side + (np.minimum(dist - 1, exact_distances(width)) << 1)).astype(np.uint8)
+
+
+def value_classes(dist: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(far, escaped) flags of exceptions by distance."""
+    k = exact_distances(width)
+    return dist >= k + 2, dist >= k + 2 + ESCAPE_CODE
+
+
+def raw_chunks(n: np.ndarray, far: np.ndarray, esc: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which chunks are stored raw: listing them would cost at least their native bytes."""
+    return (n > MAX_LISTED) | (listed_cost_bits(np.minimum(n, CHUNK), far, esc) >= 8 * lens)
+
+
+@dataclass(frozen=True)
+class _SpanExceptions:
+    """One row span's exceptions at one width: per chunk counts, and per exception its place and code."""
+
+    n: np.ndarray  # per chunk of the span
+    far: np.ndarray
+    esc: np.ndarray
+    idx: np.ndarray  # span-flat index of each exception, ascending
+    side: np.ndarray
+    dist: np.ndarray
+
+
+def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
+    c = x.shape[1]
+    outside = ((x - base[:, None]) >= (1 << width)).reshape(-1)  # uint8: below the base wraps past the window
+    n = group_counts(outside, CHUNK)
+    idx = np.flatnonzero(outside)
+    side, dist = distances(x.reshape(-1)[idx], base[idx // c], width)
+    far, esc = value_classes(dist, width)
+    ch = idx >> 8
+    return _SpanExceptions(
+        n, np.bincount(ch[far], minlength=n.size), np.bincount(ch[esc], minlength=n.size), idx, side, dist
+    )
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """Where each chunk's exceptions lie in the exception section, from the chunk counts alone."""
+
+    counts: np.ndarray  # int64 count bytes
+    raw: np.ndarray  # bool
+    lens: np.ndarray  # scales per chunk
+    listed: np.ndarray  # exceptions of listed chunks (0 for raw ones)
+    bit_offsets: np.ndarray  # listed chunks: their stream's first bit
+    raw_offsets: np.ndarray  # raw chunks: their native bytes' first byte
+    stream_bits: int  # the listed streams' bits
+    stream_bytes: int  # the listed streams, padded to a byte
+    raw_end: int  # the raw chunks' native bytes end here (far codes follow)
+
+
+def chunk_table(counts: np.ndarray, lens: np.ndarray) -> ChunkTable:
+    counts = counts.astype(np.int64)
+    raw = counts == RAW
+    listed = np.where(raw, 0, counts)
+    bits = LISTED_BITS[np.minimum(listed, CHUNK)]
+    bit_offsets = exclusive_cumsum(bits)
+    total = int(bit_offsets[-1] + bits[-1]) if bits.size else 0
+    stream_bytes = -(-total // 8)
+    raw_lens = np.where(raw, lens, 0)
+    raw_offsets = stream_bytes + exclusive_cumsum(raw_lens)
+    end = stream_bytes + int(raw_lens.sum())
+    return ChunkTable(counts, raw, lens, listed, bit_offsets, raw_offsets, total, stream_bytes, end)
+
+
+def _listed_fields(ex: _SpanExceptions, keep: np.ndarray, n: np.ndarray, bit0: np.ndarray, width: int):
+    """Bit offsets and values of the kept exceptions' position codes and far flags (see compact_code)."""
+    idx, dist = ex.idx[keep], ex.dist[keep]
+    ch = idx >> 8
+    rank = np.arange(idx.size) - exclusive_cumsum(n)[ch]
+    pos = idx & (CHUNK - 1)
+    cnt = n[ch]
+    low = LOW_BITS[cnt]
+    o = bit0[ch]
+    tail = o + cnt + (CHUNK >> low)
+    offsets = np.concatenate([o + (pos >> low) + rank, tail + rank * low, tail + cnt * low + rank])
+    far = value_classes(dist, width)[0]
+    values = np.concatenate([np.ones(idx.size, np.int64), pos & ((1 << low) - 1), far])
+    return offsets, values, far
 
 
 def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
@@ -122,107 +205,227 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     lens = _chunk_lengths(r * c)
     head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
 
-    def size(w: int) -> int:
-        def span_bytes(span: tuple[int, int]) -> int:
+    def exceptions(w: int) -> list[_SpanExceptions]:
+        return map_spans(lambda s: _span_exceptions(rows[s[0] : s[1]], bases[w][s[0] : s[1]], w), spans)
+
+    def cat(parts: list[_SpanExceptions], field: str) -> np.ndarray:
+        return np.concatenate([getattr(p, field) for p in parts]) if parts else np.zeros(0, np.int64)
+
+    def size(w: int, parts: list[_SpanExceptions]) -> int:
+        n, far, esc = cat(parts, "n"), cat(parts, "far"), cat(parts, "esc")
+        raw = raw_chunks(n, far, esc, lens)
+        listed = ~raw
+        bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
+        exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
+        return head - (-(-r // 4)) + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
+
+    def lower_bound(w: int) -> int:
+        """At most the payload at width w, from byte compares alone: a scale outside a window widened by
+        the distances a selector or a near code reach is far, or escaped; where the widened window wraps
+        around the byte range it counts too few, which keeps the bound low."""
+        k = exact_distances(w)
+
+        def span_bits(span: tuple[int, int]) -> int:
             a, b = span
-            n = group_counts(_outside(rows[a:b], bases[w][a:b], w)[1], CHUNK)
+            x, base = rows[a:b], bases[w][a:b, None]
+
+            def beyond(reach: int) -> np.ndarray:
+                return group_counts(((x - (base - np.uint8(reach))) >= (1 << w) + 2 * reach).reshape(-1), CHUNK)
+
+            n = beyond(0)
             ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
-            return int(np.where(2 * n >= ln, ln, 2 * n).sum())
+            cost = listed_cost_bits(np.minimum(n, CHUNK), beyond(k + 1), beyond(k + ESCAPE_CODE + 1))
+            return int(np.minimum(cost, 8 * ln).sum())
 
-        fixed = head - (-(-r // 4)) + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8)
-        return fixed + sum(map_spans(span_bytes, spans))
-
-    def lower_bound(w: int) -> int:  # every 128-row segment escapes once; exceptions cost >= 0
-        return head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
+        fixed = head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
+        return fixed + sum(map_spans(span_bits, spans)) // 8
 
     best = None
-    for w in sorted(widths):
-        if best is not None and lower_bound(w) > best[0]:
+    for lb, w in sorted((lower_bound(w), w) for w in widths):
+        if best is not None and (lb, w) > best[:2]:
             continue
         codes[w] = base_codes_np(bases[w])
-        n = size(w)
-        if best is None or n < best[0]:
-            best = (n, w)
-    width = best[1]
+        parts = exceptions(w)
+        n = size(w, parts)
+        if best is None or (n, w) < best[:2]:
+            best = (n, w, parts)
+    width, parts = best[1], best[2]
+    n, far, esc = cat(parts, "n"), cat(parts, "far"), cat(parts, "esc")
+    raw = raw_chunks(n, far, esc, lens)
+    counts = np.where(raw, RAW, n).astype(np.uint8)
+    table = chunk_table(counts, lens)
+    k = exact_distances(width)
 
-    def span_sections(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        a, b = span
+    def span_sections(i: int):
+        (a, b), ex = spans[i], parts[i]
         x = rows[a:b]
         flat = x.reshape(-1)
-        d, outside = _outside(x, bases[width][a:b], width)
-        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, np.uint8(0), d), width)
-        n = group_counts(outside, CHUNK)
-        ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
-        raw = 2 * n >= ln
-        chunk_bytes = np.where(raw, ln, 2 * n)
-        offsets = exclusive_cumsum(chunk_bytes)
-        exc = np.empty(int(chunk_bytes.sum()), dtype=np.uint8)
-        idx = np.flatnonzero(outside)
-        ch = idx >> 8
-        keep = ~raw[ch]
-        idx, ch = idx[keep], ch[keep]
-        listed = np.where(raw, 0, n)
-        rank = np.arange(idx.size) - exclusive_cumsum(listed)[ch]
-        exc[offsets[ch] + rank] = idx.astype(np.uint8)  # position within the chunk: the low byte
-        exc[offsets[ch] + n[ch] + rank] = flat[idx]
-        copy_chunks(exc, offsets, flat, np.flatnonzero(raw), ln, to_chunks=False)
-        return selectors, np.where(raw, RAW, n).astype(np.uint8), exc
+        base = bases[width][a:b]
+        if width == 1:  # in the window: the offset; an exception: its side, which is also scale > base
+            selectors = pack_bits((x > base[:, None]).reshape(-1), 1)
+        else:
+            u = x - base[:, None]
+            fields = np.where(u >= (1 << width), np.uint8(0), u).reshape(-1)
+            fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
+            selectors = pack_bits(fields, width)
+        c0 = a * c // CHUNK
+        sl = slice(c0, c0 + ex.n.size)
+        span_raw = table.raw[sl]
+        keep = ~span_raw[ex.idx >> 8]
+        bit0 = table.bit_offsets[sl]
+        start = int(bit0[0]) >> 3 if bit0.size else 0
+        end = table.stream_bits if sl.stop >= lens.size else int(table.bit_offsets[sl.stop])
+        offsets, values, far_l = _listed_fields(ex, keep, table.listed[sl], bit0 - 8 * start, width)
+        stream = scatter_bits(-(-end // 8) - start, offsets, values)
+        dist = ex.dist[keep][far_l]
+        far_codes = np.minimum(dist - (k + 2), ESCAPE_CODE)
+        escaped = flat[ex.idx[keep][far_l][far_codes == ESCAPE_CODE]]
+        raw_bytes = np.empty(int(table.lens[sl][span_raw].sum()), dtype=np.uint8)
+        copy_chunks(raw_bytes, exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)), flat, np.flatnonzero(span_raw), table.lens[sl], to_chunks=False)
+        return selectors, start, stream, far_codes, escaped, raw_bytes
 
-    parts = map_spans(span_sections, spans)
-    escapes = bases[width][codes[width] == _ESCAPE]
+    out = map_spans(span_sections, range(len(spans)))
+    streams = np.zeros(table.stream_bytes, dtype=np.uint8)
+    for _, start, stream, *_ in out:  # neighbouring spans may share a byte: or them in
+        streams[start : start + stream.size] |= stream
+    far_codes = np.concatenate([p[3] for p in out]) if out else np.zeros(0, np.int64)
+    far_bytes = scatter_bits(-(-FAR_BITS * far_codes.size // 8), FAR_BITS * np.arange(far_codes.size), far_codes)
     empty = np.zeros(0, dtype=np.uint8)
-    cat = [np.concatenate([p[i] for p in parts]) if parts else empty for i in range(3)]
-    return width, [pack_bits(codes[width], 2), escapes, *cat]
+    section = [streams] + [p[5] for p in out] + [far_bytes] + [p[4] for p in out]
+    escapes = bases[width][codes[width] == _ESCAPE]
+    selectors = np.concatenate([p[0] for p in out]) if out else empty
+    return width, [pack_bits(codes[width], 2), escapes, selectors, counts, np.concatenate(section)]
 
 
-def decode_rows_np(
-    bases: np.ndarray,
-    selectors: np.ndarray,
-    counts: np.ndarray,
-    exceptions: np.ndarray,
-    chunk_offsets: np.ndarray,
-    rows: int,
-    cols: int,
-    width: int,
-    name: str,
-) -> np.ndarray:
-    """The flat native plane from validated sections and row bases, checking every exception."""
+def _span_positions(stream: np.ndarray, table: ChunkTable, c0: int, c1: int, name: str):
+    """Decode the position codes and far flags of chunks [c0, c1): (plane-flat index, far flag, chunk)."""
+    n = table.listed[c0:c1]
+    has = np.flatnonzero(n)
+    if not has.size:
+        return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+    starts = table.bit_offsets[c0:c1][has]
+    cnt = n[has]
+    low = LOW_BITS[cnt]
+    tail = starts + cnt + (CHUNK >> low)  # where each chunk's unary buckets end
+    first = int(starts[0]) >> 3
+    last = int(tail[-1] + cnt[-1] * low[-1] + cnt[-1])
+    local = stream[first : -(-last // 8)]
+    ones = np.flatnonzero(np.unpackbits(local, bitorder="little")) + 8 * first
+    ones = ones[ones >= starts[0]]  # the first byte may end the previous span's stream
+    which = np.searchsorted(starts, ones, side="right") - 1
+    ones, which = ones[ones < tail[which]], which[ones < tail[which]]
+    if not np.array_equal(np.bincount(which, minlength=has.size), cnt):
+        raise CorruptPayloadError(name, "a chunk's position code does not hold its count of exceptions")
+    rank = np.arange(ones.size) - exclusive_cumsum(cnt)[which]
+    lw = low[which]
+    high = ones - starts[which] - rank
+    pos = (high << lw) | gather_bits(local, tail[which] + rank * lw - 8 * first, lw)
+    if (pos >= table.lens[c0:c1][has][which]).any():
+        raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
+    if ((which[1:] == which[:-1]) & (pos[1:] <= pos[:-1])).any():
+        raise CorruptPayloadError(name, "exception positions are not strictly ascending")
+    far = gather_bits(local, tail[which] + cnt[which] * lw + rank - 8 * first, 1).astype(bool)
+    chunk = (c0 + has)[which]
+    return chunk * CHUNK + pos, far, chunk
+
+
+def _values(field, base, far, codes, escaped, width: int, name: str) -> np.ndarray:
+    """Exception bytes from their selector fields, far flags, far codes (of the far ones, in order) and
+    escaped bytes, checking every rule of a canonical encoding."""
+    k = exact_distances(width)
+    side, step = field & 1, (field >> 1).astype(np.int16)
+    if (far & (step < k)).any():
+        raise CorruptPayloadError(name, "an exception placed by its selector is flagged far")
+    dist = step + 1 + far
+    code = np.zeros(field.size, np.int16)
+    code[far] = codes
+    dist += code
+    esc = np.zeros(field.size, bool)
+    esc[far] = codes == ESCAPE_CODE
+    base = base.astype(np.int16)
+    value = np.where(side == 1, base + ((1 << width) - 1) + dist, base - dist)
+    if esc.any():
+        got = escaped.astype(np.int16)
+        s, d = distances(escaped, base[esc], width)
+        if (s != side[esc]).any() or (d < k + 2 + ESCAPE_CODE).any():
+            raise CorruptPayloadError(name, "an escaped exception byte lies within reach of its far code")
+        value[esc] = got
+    if ((value < 0) | (value > 255)).any():
+        raise CorruptPayloadError(name, "an exception's value leaves the byte range")
+    return value.astype(np.uint8)
+
+
+def _check_raw(native, fields, base, lens_raw, width: int, name: str) -> None:
+    """A raw chunk is canonical: its selectors are the fields its native bytes give, and its exceptions
+    would not list in fewer bits than the native bytes."""
+    u = native - base
+    outside = u >= (1 << width)
+    side, dist = distances(native[outside], base[outside], width)
+    want = np.where(outside, np.uint8(0), u)
+    want[outside] = exception_fields(side, dist, width)
+    if (fields != want).any():
+        raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
+    chunk = np.repeat(np.arange(lens_raw.size), lens_raw)
+    far, esc = value_classes(dist, width)
+    n = np.bincount(chunk[outside], minlength=lens_raw.size)
+    nf = np.bincount(chunk[outside][far], minlength=lens_raw.size)
+    ne = np.bincount(chunk[outside][esc], minlength=lens_raw.size)
+    if (~raw_chunks(n, nf, ne, lens_raw)).any():
+        raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
+
+
+def decode_rows_np(bases, selectors, counts, exceptions, rows: int, cols: int, width: int, name: str) -> np.ndarray:
+    """The flat native plane from structurally validated sections and row bases, checking every exception."""
     total = rows * cols
     out = np.empty(total, dtype=np.uint8)
-    lens = _chunk_lengths(total)
-    counts = counts.astype(np.int64)
+    table = chunk_table(counts, _chunk_lengths(total))
     b8 = bases.astype(np.uint8)
-    top = (1 << width) - 1
-
-    def span(s: tuple[int, int]) -> None:
-        a, b = s
+    spans = row_spans(rows, cols)
+    bounds = [(a * cols // CHUNK, -(-b * cols // CHUNK)) for a, b in spans]
+    stream = exceptions[: table.stream_bytes]
+    if table.stream_bits % 8 and stream[-1] >> (table.stream_bits % 8):
+        raise CorruptPayloadError(name, "the padding after the position codes is not zero")
+    found = map_spans(lambda s: _span_positions(stream, table, *s, name), bounds)
+    fars = [int(f[1].sum()) for f in found]
+    n_far = sum(fars)
+    far_end = table.raw_end + -(-FAR_BITS * n_far // 8)
+    if far_end > exceptions.size:
+        raise CorruptPayloadError(name, f"exception section holds {exceptions.size} bytes, its codes need {far_end}")
+    far_stream = exceptions[table.raw_end : far_end]
+    codes = gather_bits(far_stream, FAR_BITS * np.arange(n_far), FAR_BITS)
+    if (FAR_BITS * n_far) % 8 and far_stream[-1] >> ((FAR_BITS * n_far) % 8):
+        raise CorruptPayloadError(name, "the padding after the far codes is not zero")
+    is_esc = codes == ESCAPE_CODE
+    if far_end + int(is_esc.sum()) != exceptions.size:
+        raise CorruptPayloadError(
+            name, f"exception section holds {exceptions.size} bytes, its codes need {far_end + int(is_esc.sum())}"
+        )
+    escaped = exceptions[far_end:]
+    far_at = exclusive_cumsum(np.array(fars, dtype=np.int64))
+    esc_at = np.concatenate([[0], np.cumsum(is_esc)])
+    def span(i: int) -> None:
+        a, b = spans[i]
         lo, hi = a * cols, b * cols
         fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
         vals = out[lo:hi]
         np.add(fields.reshape(b - a, cols), b8[a:b, None], out=vals.reshape(b - a, cols))
-        c0, c1 = lo // CHUNK, -(-hi // CHUNK)
-        n, ln, off = counts[c0:c1], lens[c0:c1], chunk_offsets[c0:c1]
-        raw = n == RAW
-        listed = np.where(raw, 0, n)
-        k = int(listed.sum())
-        if k:
-            at = np.arange(k)
-            pos = exceptions[np.repeat(off - exclusive_cumsum(listed), listed) + at].astype(np.int64)
-            val = exceptions[np.repeat(off - exclusive_cumsum(listed) + n, listed) + at]
-            if (pos >= np.repeat(ln, listed)).any():
-                raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
-            where = np.repeat(np.arange(0, n.size * CHUNK, CHUNK), listed) + pos
-            if (where[1:] <= where[:-1]).any():  # positions stay inside their chunks: ascending per chunk
-                raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-            field = fields[where]
-            if field.any():
-                raise CorruptPayloadError(name, "an exception's selector is not zero")
-            if ((val - vals[where]) <= top).any():  # uint8: vals holds the base there; inside iff v - base <= top
-                raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
-            vals[where] = val
-        ids = np.flatnonzero(raw)
+        where, far, _ = found[i]
+        if where.size:
+            f0, f1 = far_at[i], far_at[i] + fars[i]
+            local = where - lo
+            field = fields[local]
+            base = vals[local] - field
+            vals[local] = _values(field, base, far, codes[f0:f1], escaped[esc_at[f0] : esc_at[f1]], width, name)
+        c0, c1 = bounds[i]
+        ids = np.flatnonzero(table.raw[c0:c1])
         if ids.size:
-            _raw_chunks(vals, fields, exceptions, off, ids, ln, top, name)
+            n = table.lens[c0:c1][ids]
+            within = np.arange(int(n.sum())) - np.repeat(exclusive_cumsum(n), n)
+            at = np.repeat(ids * CHUNK, n) + within
+            native = exceptions[np.repeat(table.raw_offsets[c0:c1][ids], n) + within]
+            field = fields[at]
+            _check_raw(native, field, vals[at] - field, n, width, name)
+            vals[at] = native
 
-    map_spans(span, row_spans(rows, cols))
+    map_spans(span, range(len(spans)))
     return out

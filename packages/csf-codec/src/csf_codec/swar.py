@@ -1,5 +1,7 @@
 """Whole-array byte arithmetic in numpy: counting flags in fixed-size groups, and bit fields.
 
+Bit streams are LSB first: bit i of a stream is bit ``i % 8`` of byte ``i // 8``.
+
 Counting sums flag bytes eight at a time as uint64 words (each byte lane counts at most 255 flags),
 then folds the lanes; this is several times faster than numpy's per-row reductions over bytes.
 """
@@ -12,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["group_counts", "map_spans", "pack_bits", "unpack_bits"]
+__all__ = ["gather_bits", "group_counts", "map_spans", "pack_bits", "scatter_bits", "unpack_bits"]
 
 WORKERS = max(1, min(2, os.cpu_count() or 1))  # numpy releases the GIL in whole-array operations
 
@@ -75,3 +77,26 @@ def unpack_bits(packed: np.ndarray, width: int, count: int) -> np.ndarray:
     for i in range(per):
         np.bitwise_and(packed >> np.uint8(i * width), mask, out=out[:, i])
     return out.reshape(-1)[:count]
+
+
+def scatter_bits(nbytes: int, offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A bit stream of ``nbytes`` holding each value (< 256) at its bit offset, zeros elsewhere.
+
+    Fields must not overlap: then each byte's sum of shifted field parts is their bitwise or, which
+    ``np.bincount`` adds without a per-field loop."""
+    if not offsets.size:
+        return np.zeros(nbytes, dtype=np.uint8)
+    byte = offsets >> 3
+    shifted = values.astype(np.int64) << (offsets & 7)
+    out = np.bincount(byte, weights=shifted & 0xFF, minlength=nbytes + 1)
+    out[1:] += np.bincount(byte, weights=shifted >> 8, minlength=nbytes + 1)[:-1]
+    return out[:nbytes].astype(np.uint8)
+
+
+def gather_bits(stream: np.ndarray, offsets: np.ndarray, width) -> np.ndarray:
+    """The ``width``-bit fields (width <= 9, scalar or per field) at bit ``offsets`` of ``stream``, as
+    int64. Offsets must lie inside the stream; a field's bits past its end read as zero."""
+    byte = offsets >> 3
+    padded = np.concatenate([stream, np.zeros(2, dtype=np.uint8)])
+    word = padded[byte].astype(np.int64) | (padded[byte + 1].astype(np.int64) << 8)
+    return (word >> (offsets & 7)) & ((np.int64(1) << width) - 1)
