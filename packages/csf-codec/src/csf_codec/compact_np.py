@@ -138,6 +138,22 @@ class _SpanExceptions:
     dist: np.ndarray
 
 
+def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, a: int, b: int):
+    """Exceptions, far ones and escaped ones per chunk of rows [a, b), by byte compares alone: a scale is
+    far below its window when it is below ``base - K - 1`` (clipped at 0, which nothing is below), and
+    likewise above and for escapes."""
+    x, base = rows[a:b], bases[a:b].astype(np.int16)[:, None]
+    top, k = (1 << width) - 1, exact_distances(width)
+    n = group_counts(((x - base.astype(np.uint8)) > top).reshape(-1), CHUNK)
+
+    def beyond(reach: int) -> np.ndarray:
+        lo = np.maximum(base - reach, 0).astype(np.uint8)
+        hi = np.minimum(base + top + reach, 255).astype(np.uint8)
+        return group_counts(((x < lo) | (x > hi)).reshape(-1), CHUNK)
+
+    return n, beyond(k + 1), beyond(k + 1 + ESCAPE_CODE)
+
+
 def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
     c = x.shape[1]
     outside = ((x - base[:, None]) >= (1 << width)).reshape(-1)  # uint8: below the base wraps past the window
@@ -205,62 +221,41 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     lens = _chunk_lengths(r * c)
     head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
 
-    def exceptions(w: int) -> list[_SpanExceptions]:
-        return map_spans(lambda s: _span_exceptions(rows[s[0] : s[1]], bases[w][s[0] : s[1]], w), spans)
+    def counts(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(np.concatenate(p) for p in zip(*map_spans(lambda s: _chunk_counts(rows, bases[w], w, *s), spans)))
 
-    def cat(parts: list[_SpanExceptions], field: str) -> np.ndarray:
-        return np.concatenate([getattr(p, field) for p in parts]) if parts else np.zeros(0, np.int64)
-
-    def size(w: int, parts: list[_SpanExceptions]) -> int:
-        n, far, esc = cat(parts, "n"), cat(parts, "far"), cat(parts, "esc")
+    def size(w: int, n: np.ndarray, far: np.ndarray, esc: np.ndarray) -> int:
         raw = raw_chunks(n, far, esc, lens)
         listed = ~raw
         bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
         exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
         return head - (-(-r // 4)) + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
 
-    def lower_bound(w: int) -> int:
-        """At most the payload at width w, from byte compares alone: a scale outside a window widened by
-        the distances a selector or a near code reach is far, or escaped; where the widened window wraps
-        around the byte range it counts too few, which keeps the bound low."""
-        k = exact_distances(w)
-
-        def span_bits(span: tuple[int, int]) -> int:
-            a, b = span
-            x, base = rows[a:b], bases[w][a:b, None]
-
-            def beyond(reach: int) -> np.ndarray:
-                return group_counts(((x - (base - np.uint8(reach))) >= (1 << w) + 2 * reach).reshape(-1), CHUNK)
-
-            n = beyond(0)
-            ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
-            cost = listed_cost_bits(np.minimum(n, CHUNK), beyond(k + 1), beyond(k + ESCAPE_CODE + 1))
-            return int(np.minimum(cost, 8 * ln).sum())
-
-        fixed = head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
-        return fixed + sum(map_spans(span_bits, spans)) // 8
+    def lower_bound(w: int) -> int:  # every 128-row segment escapes once; exceptions cost >= 0
+        return head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
 
     best = None
-    for lb, w in sorted((lower_bound(w), w) for w in widths):
-        if best is not None and (lb, w) > best[:2]:
+    for w in sorted(widths):
+        if best is not None and lower_bound(w) > best[0]:
             continue
         codes[w] = base_codes_np(bases[w])
-        parts = exceptions(w)
-        n = size(w, parts)
-        if best is None or (n, w) < best[:2]:
-            best = (n, w, parts)
-    width, parts = best[1], best[2]
-    n, far, esc = cat(parts, "n"), cat(parts, "far"), cat(parts, "esc")
+        per_chunk = counts(w) if r * c else (np.zeros(0, np.int64),) * 3
+        n = size(w, *per_chunk)
+        if best is None or n < best[0]:
+            best = (n, w, per_chunk)
+    width = best[1]
+    n, far, esc = best[2]
     raw = raw_chunks(n, far, esc, lens)
     counts = np.where(raw, RAW, n).astype(np.uint8)
     table = chunk_table(counts, lens)
     k = exact_distances(width)
 
     def span_sections(i: int):
-        (a, b), ex = spans[i], parts[i]
+        a, b = spans[i]
         x = rows[a:b]
         flat = x.reshape(-1)
         base = bases[width][a:b]
+        ex = _span_exceptions(x, base, width)
         if width == 1:  # in the window: the offset; an exception: its side, which is also scale > base
             selectors = pack_bits((x > base[:, None]).reshape(-1), 1)
         else:
@@ -310,11 +305,18 @@ def _span_positions(stream: np.ndarray, table: ChunkTable, c0: int, c1: int, nam
     first = int(starts[0]) >> 3
     last = int(tail[-1] + cnt[-1] * low[-1] + cnt[-1])
     local = stream[first : -(-last // 8)]
-    ones = np.flatnonzero(np.unpackbits(local, bitorder="little")) + 8 * first
-    ones = ones[ones >= starts[0]]  # the first byte may end the previous span's stream
-    which = np.searchsorted(starts, ones, side="right") - 1
-    ones, which = ones[ones < tail[which]], which[ones < tail[which]]
-    if not np.array_equal(np.bincount(which, minlength=has.size), cnt):
+    # the unary buckets' bits alone (each chunk's low parts and flags follow its buckets)
+    spans = np.empty(2 * has.size + 1, dtype=np.int64)
+    spans[0] = starts[0] - 8 * first
+    spans[1::2] = tail - starts
+    spans[2:-1:2] = starts[1:] - (tail[:-1])
+    spans[-1] = 8 * local.size - (tail[-1] - 8 * first)
+    unary = np.repeat(np.tile(np.array([False, True]), has.size + 1)[: spans.size], spans)
+    ones = np.flatnonzero(np.unpackbits(local, bitorder="little") & unary) + 8 * first
+    if ones.size != int(cnt.sum()):
+        raise CorruptPayloadError(name, "a chunk's position code does not hold its count of exceptions")
+    which = np.repeat(np.arange(has.size), cnt)
+    if ((ones < starts[which]) | (ones >= tail[which])).any():  # sorted: then every chunk holds its count
         raise CorruptPayloadError(name, "a chunk's position code does not hold its count of exceptions")
     rank = np.arange(ones.size) - exclusive_cumsum(cnt)[which]
     lw = low[which]
