@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from csf_codec import FormatVersionError
+from csf_codec import CSF_FORMAT_VERSION, FormatVersionError
 from csf_codec.checkpoint import compress_checkpoint
 from csf_serving_adapters.accounting import LayerScaleMemory, ScaleMemoryLedger
 from csf_serving_adapters.checkpoint_config import base_quant_method, csf_entry, scale_format_of
