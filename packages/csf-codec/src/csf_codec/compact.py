@@ -246,12 +246,12 @@ def decode_compact(
             bases.numpy(), lay.selectors.numpy(), lay.counts.numpy(), lay.exceptions.numpy(), r, c, w, name
         )
         return torch.from_numpy(flat).reshape(lay.shape)
-    return _decode_torch(lay, bases, name).reshape(lay.shape)
+    return _decode_torch(lay, bases, name)
 
 
 def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:
     """The decoder in torch, on the payload's device (the path for GPU payloads)."""
-    return decode_torch(lay, bases, name)
+    return decode_torch(lay, bases, name).reshape(lay.shape)
 
 
 def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:
