@@ -73,7 +73,9 @@ def test_wrong_version_is_a_version_error():
         for version in (1, 2, 4):
             bad = payload.clone()
             bad[4:6] = torch.tensor([version, 0], dtype=torch.uint8)
-            with pytest.raises(FormatVersionError, match=rf"version {version}; this codec reads version 3: .*re-compress"):
+            with pytest.raises(
+                FormatVersionError, match=rf"version {version}; this codec reads version 3: .*re-compress"
+            ):
                 decode(reseal(bad), name=NAME)
         with pytest.raises(FormatVersionError, match="version 1"):  # a v1 header is shorter than a v2 one
             bad = payload[:80].clone()

@@ -25,6 +25,7 @@ from csf_codec import (
 )
 from csf_codec import inline as inline_mod
 from csf_codec.compact import _encode_torch, compact_layout
+from csf_codec.compact_code import LOW_BITS
 from csf_codec.container import HEADER_BYTES
 from csf_codec.rowbase import _row_bases_torch, row_bases, row_bases_np
 from csf_codec.stats import conditional_offset_entropy
@@ -174,7 +175,7 @@ def test_non_canonical_compact_bodies_are_refused():
     # a far flag set on a near exception: then a far code is missing, or a field disagrees
     chunk0 = int(lay.table.bit_offsets[0])
     n0 = int(lay.table.listed[0])
-    low = int(__import__("csf_codec.compact_code", fromlist=["LOW_BITS"]).LOW_BITS[n0])
+    low = int(LOW_BITS[n0])
     near = int((~listed.far[:n0]).nonzero()[0, 0])
     flag = chunk0 + n0 + (256 >> low) + n0 * low + near
     with pytest.raises(CorruptPayloadError):
@@ -184,7 +185,7 @@ def test_non_canonical_compact_bodies_are_refused():
     where = int(listed.where[0])
     sel = HEADER_BYTES + lay.codes.numel() + lay.escapes.numel() + where * lay.width // 8
     with pytest.raises(CorruptPayloadError, match="w2.scales"):
-        decode_compact(_flip(payload, sel, where * lay.width % 8), name="w2.scales")
+        decode_compact(_flip(payload, sel, (where * lay.width) % 8), name="w2.scales")
     # the padding after the position codes
     if stream_bits % 8:
         with pytest.raises(CorruptPayloadError, match="padding"):
@@ -201,7 +202,7 @@ def test_far_codes_and_escapes_are_canonical():
     r = pick // 32
     rows.view(-1)[pick] = (bases[r] - 30).clamp(min=0).to(torch.uint8)  # far below: escaped bytes
     payload = encode_compact(plane, MXFP4).payload
-    lay, listed = _listed(payload)
+    _, listed = _listed(payload)
     assert int(listed.far.sum()) > 0 and int((listed.codes == 7).sum()) > 0
     far_start = _exceptions_at(payload) + listed.far_start
     for byte in range(far_start, payload.numel()):

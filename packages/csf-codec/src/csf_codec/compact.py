@@ -126,7 +126,6 @@ def encode_compact(
     return out
 
 
-
 def _encode_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> tuple[int, torch.Tensor, tuple[int, ...]]:
     """The compact body in torch, on the plane's device (the numpy path's reference on the CPU)."""
     return encode_torch(rows, widths)
@@ -141,7 +140,6 @@ def _header(env: Envelope, name: str) -> CompactHeader:
     if env.param not in _WIDTHS:
         raise CorruptPayloadError(name, f"impossible offset width {env.param}")
     return CompactHeader(fmt=env.fmt, shape=env.shape, width=env.param, sections=env.sections, version=env.version)
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CorruptPayloadError
-from .rowbase import row_bases_np
 from .compact_code import (
     CHUNK,
     ESCAPE_CODE,
@@ -26,6 +24,8 @@ from .compact_code import (
     exact_distances,
     listed_cost_bits,
 )
+from .errors import CorruptPayloadError
+from .rowbase import row_bases_np
 from .swar import gather_bits, group_counts, map_spans, pack_bits, scatter_bits, unpack_bits
 
 __all__ = ["ChunkTable", "base_codes_np", "chunk_table", "decode_rows_np", "encode_sections_np", "exclusive_cumsum"]
@@ -100,7 +100,6 @@ def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
             flat[k * CHUNK : k * CHUNK + n] = packed[lo : lo + n]
         else:
             packed[lo : lo + n] = flat[k * CHUNK : k * CHUNK + n]
-
 
 
 def distances(values: np.ndarray, bases: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +221,8 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
 
     def counts(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(np.concatenate(p) for p in zip(*map_spans(lambda s: _chunk_counts(rows, bases[w], w, *s), spans)))
+        per_span = map_spans(lambda s: _chunk_counts(rows, bases[w], w, *s), spans)
+        return tuple(np.concatenate(p) for p in zip(*per_span, strict=True))
 
     def size(w: int, n: np.ndarray, far: np.ndarray, esc: np.ndarray) -> int:
         raw = raw_chunks(n, far, esc, lens)
@@ -276,7 +276,14 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
         far_codes = np.minimum(dist - (k + 2), ESCAPE_CODE)
         escaped = flat[ex.idx[keep][far_l][far_codes == ESCAPE_CODE]]
         raw_bytes = np.empty(int(table.lens[sl][span_raw].sum()), dtype=np.uint8)
-        copy_chunks(raw_bytes, exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)), flat, np.flatnonzero(span_raw), table.lens[sl], to_chunks=False)
+        copy_chunks(
+            raw_bytes,
+            exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)),
+            flat,
+            np.flatnonzero(span_raw),
+            table.lens[sl],
+            to_chunks=False,
+        )
         return selectors, start, stream, far_codes, escaped, raw_bytes
 
     out = map_spans(span_sections, range(len(spans)))
@@ -405,6 +412,7 @@ def decode_rows_np(bases, selectors, counts, exceptions, rows: int, cols: int, w
     escaped = exceptions[far_end:]
     far_at = exclusive_cumsum(np.array(fars, dtype=np.int64))
     esc_at = np.concatenate([[0], np.cumsum(is_esc)])
+
     def span(i: int) -> None:
         a, b = spans[i]
         lo, hi = a * cols, b * cols

@@ -135,7 +135,9 @@ def expand_compact_segments(
             buckets = 256 >> low
             tail = off + n + buckets  # bits: unary buckets [off, tail), low parts, then far flags
             at = off + bit_lane
-            byte = tl.load(exceptions + (at >> 3), mask=(bit_lane < n + buckets) & ((at >> 3) < exception_bytes), other=0)
+            byte = tl.load(
+                exceptions + (at >> 3), mask=(bit_lane < n + buckets) & ((at >> 3) < exception_bytes), other=0
+            )
             one = ((byte.to(tl.int32) >> (at & 7).to(tl.int32)) & 1) == 1
             rank = tl.cumsum(one.to(tl.int32), axis=0) - 1
             lo_at = tail + rank * low
@@ -156,7 +158,12 @@ def expand_compact_segments(
             fc_at = tl.load(far_offsets + ch) + 3 * far_rank
             fc_m = far & ((fc_at >> 3) < exception_bytes)
             fword = tl.load(exceptions + (fc_at >> 3), mask=fc_m, other=0).to(tl.int32)
-            fword |= tl.load(exceptions + (fc_at >> 3) + 1, mask=fc_m & ((fc_at >> 3) + 1 < exception_bytes), other=0).to(tl.int32) << 8
+            fword |= (
+                tl.load(exceptions + (fc_at >> 3) + 1, mask=fc_m & ((fc_at >> 3) + 1 < exception_bytes), other=0).to(
+                    tl.int32
+                )
+                << 8
+            )
             code = tl.where(far, (fword >> (fc_at & 7).to(tl.int32)) & 7, 0)
             esc = far & (code == 7)
             esc_at = tl.load(escape_offsets + ch) + tl.cumsum(esc.to(tl.int32), axis=0) - 1
