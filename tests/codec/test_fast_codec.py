@@ -184,7 +184,7 @@ def test_non_canonical_compact_bodies_are_refused():
     # range rule refuses it, by name
     where = int(listed.where[0])
     sel = HEADER_BYTES + lay.codes.numel() + lay.escapes.numel() + where * lay.width // 8
-    with pytest.raises(CorruptPayloadError, match="w2.scales"):
+    with pytest.raises(CorruptPayloadError, match=r"w2\.scales"):
         decode_compact(_flip(payload, sel, (where * lay.width) % 8), name="w2.scales")
     # the padding after the position codes
     if stream_bits % 8:
