@@ -300,11 +300,11 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
 
 
 def _span_positions(stream: np.ndarray, table: ChunkTable, c0: int, c1: int, name: str):
-    """Decode the position codes and far flags of chunks [c0, c1): (plane-flat index, far flag, chunk)."""
+    """Decode the position codes and far flags of chunks [c0, c1): (plane-flat index, far flag)."""
     n = table.listed[c0:c1]
     has = np.flatnonzero(n)
     if not has.size:
-        return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), np.zeros(0, bool)
     starts = table.bit_offsets[c0:c1][has]
     cnt = n[has]
     low = LOW_BITS[cnt]
@@ -334,8 +334,7 @@ def _span_positions(stream: np.ndarray, table: ChunkTable, c0: int, c1: int, nam
     if ((which[1:] == which[:-1]) & (pos[1:] <= pos[:-1])).any():
         raise CorruptPayloadError(name, "exception positions are not strictly ascending")
     far = gather_bits(local, tail[which] + cnt[which] * lw + rank - 8 * first, 1).astype(bool)
-    chunk = (c0 + has)[which]
-    return chunk * CHUNK + pos, far, chunk
+    return (c0 + has)[which] * CHUNK + pos, far
 
 
 def _values(field, base, far, codes, escaped, width: int, name: str) -> np.ndarray:
@@ -419,7 +418,7 @@ def decode_rows_np(bases, selectors, counts, exceptions, rows: int, cols: int, w
         fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
         vals = out[lo:hi]
         np.add(fields.reshape(b - a, cols), b8[a:b, None], out=vals.reshape(b - a, cols))
-        where, far, _ = found[i]
+        where, far = found[i]
         if where.size:
             f0, f1 = far_at[i], far_at[i] + fars[i]
             local = where - lo
