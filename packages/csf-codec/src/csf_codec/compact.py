@@ -29,12 +29,14 @@ import torch
 
 from .bitfields import packed_nbytes, unpack_fields
 from .compact_code import CHUNK, MAX_LISTED, RAW
-from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
+from .compact_decode_np import decode_rows_np
+from .compact_np import chunk_lengths_np, chunk_table, encode_sections_np, scan_bases_np
 from .compact_torch import ChunkTableT, chunk_lengths, chunk_table_torch, decode_torch, encode_torch
 from .container import HEADER_BYTES, Envelope, open_envelope, plane_digest, seal, seal_in_place
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .planes import as_rows
+from .swar import unpack_bits
 
 __all__ = [
     "CHUNK_SCALES",
@@ -186,20 +188,29 @@ def compact_layout(
     for i, (got, exp) in enumerate(zip(head.sections, want, strict=True)):
         if exp is not None and got != exp:
             raise CorruptPayloadError(name, f"section {i} holds {got} bytes, the geometry {shape} needs {exp}")
-    chunk_len = chunk_lengths(total, body.device)
     bounds = torch.tensor((0, *head.sections), dtype=torch.int64).cumsum(0).tolist()
     sec = [body[bounds[i] : bounds[i + 1]] for i in range(5)]
-
-    codes = unpack_fields(sec[0], 2, r)
+    # the per-row and per-chunk checks below read numpy arrays for CPU payloads (no torch intra-op thread
+    # handoffs, which stall on a shared machine) and tensors elsewhere: the same expressions serve both
+    host = body.device.type == "cpu"
+    if host:
+        codes = unpack_bits(sec[0].numpy(), 2, r)
+        counts, chunk_len = sec[3].numpy(), chunk_lengths_np(total)
+    else:
+        codes = unpack_fields(sec[0], 2, r)
+        counts, chunk_len = sec[3].to(torch.int64), chunk_lengths(total, body.device)
     if r and bool((codes[::SEGMENT_ROWS] != _ESCAPE).any()):
         raise CorruptPayloadError(name, "a 128-row segment does not start with an escaped base")
     escapes = int((codes == _ESCAPE).sum())
     if escapes != sec[1].numel():
         raise CorruptPayloadError(name, f"{escapes} escaped bases announced, {sec[1].numel()} stored")
-    counts = sec[3].to(torch.int64)
     if bool(((counts != RAW_CHUNK) & ((counts > chunk_len) | (counts > MAX_LISTED))).any()):
         raise CorruptPayloadError(name, "a chunk lists more exceptions than it has scales")
-    table = chunk_table_torch(counts, chunk_len)
+    if host:
+        table = ChunkTableT.from_numpy(chunk_table(counts, chunk_len))
+        codes = torch.from_numpy(codes)
+    else:
+        table = chunk_table_torch(counts, chunk_len)
     if table.raw_end > sec[4].numel():
         raise CorruptPayloadError(
             name, f"exception section holds {sec[4].numel()} bytes, its chunks need at least {table.raw_end}"
@@ -233,18 +244,16 @@ def decode_compact(
     """
     lay = compact_layout(payload, name=name, expected_shape=expected_shape)
     r, c, w = lay.rows, lay.cols, lay.width
-    if lay.codes.device.type == "cpu":
-        bases = torch.from_numpy(scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy()))
-    else:
+    if lay.codes.device.type != "cpu":
         bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
+        if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
+            raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+        return _decode_torch(lay, bases, name)
+    bases = scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy())
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
-    if lay.codes.device.type == "cpu":
-        flat = decode_rows_np(
-            bases.numpy(), lay.selectors.numpy(), lay.counts.numpy(), lay.exceptions.numpy(), r, c, w, name
-        )
-        return torch.from_numpy(flat).reshape(lay.shape)
-    return _decode_torch(lay, bases, name)
+    sec = (lay.selectors.numpy(), lay.table.numpy(), lay.exceptions.numpy())
+    return torch.from_numpy(decode_rows_np(bases, *sec, r, c, w, name)).reshape(lay.shape)
 
 
 def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:

@@ -1,10 +1,10 @@
-"""The compact form's CPU encoder and decoder, as whole-array numpy passes over row spans.
+"""The compact form's CPU encoder, as whole-array numpy passes over row spans, and the exception code's
+tables shared with the CPU decoder (:mod:`csf_codec.compact_decode_np`).
 
-Byte-identical to the torch code in :mod:`csf_codec.compact` (which stays the path for other devices);
-spans of a multiple of 256 rows split every section on chunk boundaries, so they are encoded and decoded
+Byte-identical to the torch code in :mod:`csf_codec.compact_torch` (which stays the path for other
+devices); spans of a multiple of 256 rows split every section on chunk boundaries, so they are encoded
 independently, two at a time (numpy releases the GIL), and memory stays bounded by a span. Only the
-exception section's bit streams cross spans: the encoder ors the spans' bytes together, and the decoder
-finds the far codes and escaped bytes after every span's position codes are read.
+exception section's bit streams cross spans: the encoder ors the spans' bytes together.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from .compact_code import (
     exact_distances,
     listed_cost_bits,
 )
-from .errors import CorruptPayloadError
 from .rowbase import row_bases_np
-from .swar import gather_bits, group_counts, map_spans, pack_bits, scatter_bits, unpack_bits
+from .swar import group_counts, map_spans, pack_bits, scatter_bits
 
-__all__ = ["ChunkTable", "base_codes_np", "chunk_table", "decode_rows_np", "encode_sections_np", "exclusive_cumsum"]
+__all__ = ["ChunkTable", "base_codes_np", "chunk_table", "encode_sections_np", "exclusive_cumsum"]
 
 SEGMENT_ROWS = 128
 _SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
@@ -77,7 +76,7 @@ def scan_bases_np(codes: np.ndarray, escapes: np.ndarray) -> np.ndarray:
     return np.cumsum(step, dtype=np.int32)
 
 
-def _chunk_lengths(scales: int) -> np.ndarray:
+def chunk_lengths_np(scales: int) -> np.ndarray:
     n = -(-scales // CHUNK)
     lens = np.full(n, CHUNK, dtype=np.int64)
     if n:
@@ -170,7 +169,6 @@ def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExcept
 class ChunkTable:
     """Where each chunk's exceptions lie in the exception section, from the chunk counts alone."""
 
-    counts: np.ndarray  # int64 count bytes
     raw: np.ndarray  # bool
     lens: np.ndarray  # scales per chunk
     listed: np.ndarray  # exceptions of listed chunks (0 for raw ones)
@@ -192,7 +190,7 @@ def chunk_table(counts: np.ndarray, lens: np.ndarray) -> ChunkTable:
     raw_lens = np.where(raw, lens, 0)
     raw_offsets = stream_bytes + exclusive_cumsum(raw_lens)
     end = stream_bytes + int(raw_lens.sum())
-    return ChunkTable(counts, raw, lens, listed, bit_offsets, raw_offsets, total, stream_bytes, end)
+    return ChunkTable(raw, lens, listed, bit_offsets, raw_offsets, total, stream_bytes, end)
 
 
 def _listed_fields(ex: _SpanExceptions, keep: np.ndarray, n: np.ndarray, bit0: np.ndarray, width: int):
@@ -217,7 +215,7 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     bases = row_bases_np(rows, widths)  # one pass: the level counts are shared by every width
     codes: dict[int, np.ndarray] = {}
     spans = row_spans(r, c)
-    lens = _chunk_lengths(r * c)
+    lens = chunk_lengths_np(r * c)
     head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
 
     def counts(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -297,144 +295,3 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     escapes = bases[width][codes[width] == _ESCAPE]
     selectors = np.concatenate([p[0] for p in out]) if out else empty
     return width, [pack_bits(codes[width], 2), escapes, selectors, counts, np.concatenate(section)]
-
-
-def _span_positions(stream: np.ndarray, table: ChunkTable, c0: int, c1: int, name: str):
-    """Decode the position codes and far flags of chunks [c0, c1): (plane-flat index, far flag)."""
-    n = table.listed[c0:c1]
-    has = np.flatnonzero(n)
-    if not has.size:
-        return np.zeros(0, np.int64), np.zeros(0, bool)
-    starts = table.bit_offsets[c0:c1][has]
-    cnt = n[has]
-    low = LOW_BITS[cnt]
-    tail = starts + cnt + (CHUNK >> low)  # where each chunk's unary buckets end
-    first = int(starts[0]) >> 3
-    last = int(tail[-1] + cnt[-1] * low[-1] + cnt[-1])
-    local = stream[first : -(-last // 8)]
-    # the unary buckets' bits alone (each chunk's low parts and flags follow its buckets)
-    spans = np.empty(2 * has.size + 1, dtype=np.int64)
-    spans[0] = starts[0] - 8 * first
-    spans[1::2] = tail - starts
-    spans[2:-1:2] = starts[1:] - (tail[:-1])
-    spans[-1] = 8 * local.size - (tail[-1] - 8 * first)
-    unary = np.repeat(np.tile(np.array([False, True]), has.size + 1)[: spans.size], spans)
-    ones = np.flatnonzero(np.unpackbits(local, bitorder="little") & unary) + 8 * first
-    if ones.size != int(cnt.sum()):
-        raise CorruptPayloadError(name, "a chunk's position code does not hold its count of exceptions")
-    which = np.repeat(np.arange(has.size), cnt)
-    if ((ones < starts[which]) | (ones >= tail[which])).any():  # sorted: then every chunk holds its count
-        raise CorruptPayloadError(name, "a chunk's position code does not hold its count of exceptions")
-    rank = np.arange(ones.size) - exclusive_cumsum(cnt)[which]
-    lw = low[which]
-    high = ones - starts[which] - rank
-    pos = (high << lw) | gather_bits(local, tail[which] + rank * lw - 8 * first, lw)
-    if (pos >= table.lens[c0:c1][has][which]).any():
-        raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
-    if ((which[1:] == which[:-1]) & (pos[1:] <= pos[:-1])).any():
-        raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-    far = gather_bits(local, tail[which] + cnt[which] * lw + rank - 8 * first, 1).astype(bool)
-    return (c0 + has)[which] * CHUNK + pos, far
-
-
-def _values(field, base, far, codes, escaped, width: int, name: str) -> np.ndarray:
-    """Exception bytes from their selector fields, far flags, far codes (of the far ones, in order) and
-    escaped bytes, checking every rule of a canonical encoding."""
-    k = exact_distances(width)
-    side, step = field & 1, (field >> 1).astype(np.int16)
-    if (far & (step < k)).any():
-        raise CorruptPayloadError(name, "an exception placed by its selector is flagged far")
-    dist = step + 1 + far
-    code = np.zeros(field.size, np.int16)
-    code[far] = codes
-    dist += code
-    esc = np.zeros(field.size, bool)
-    esc[far] = codes == ESCAPE_CODE
-    base = base.astype(np.int16)
-    value = np.where(side == 1, base + ((1 << width) - 1) + dist, base - dist)
-    if esc.any():
-        got = escaped.astype(np.int16)
-        s, d = distances(escaped, base[esc], width)
-        if (s != side[esc]).any() or (d < k + 2 + ESCAPE_CODE).any():
-            raise CorruptPayloadError(name, "an escaped exception byte lies within reach of its far code")
-        value[esc] = got
-    if ((value < 0) | (value > 255)).any():
-        raise CorruptPayloadError(name, "an exception's value leaves the byte range")
-    return value.astype(np.uint8)
-
-
-def _check_raw(native, fields, base, lens_raw, width: int, name: str) -> None:
-    """A raw chunk is canonical: its selectors are the fields its native bytes give, and its exceptions
-    would not list in fewer bits than the native bytes."""
-    u = native - base
-    outside = u >= (1 << width)
-    side, dist = distances(native[outside], base[outside], width)
-    want = np.where(outside, np.uint8(0), u)
-    want[outside] = exception_fields(side, dist, width)
-    if (fields != want).any():
-        raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
-    chunk = np.repeat(np.arange(lens_raw.size), lens_raw)
-    far, esc = value_classes(dist, width)
-    n = np.bincount(chunk[outside], minlength=lens_raw.size)
-    nf = np.bincount(chunk[outside][far], minlength=lens_raw.size)
-    ne = np.bincount(chunk[outside][esc], minlength=lens_raw.size)
-    if (~raw_chunks(n, nf, ne, lens_raw)).any():
-        raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
-
-
-def decode_rows_np(bases, selectors, counts, exceptions, rows: int, cols: int, width: int, name: str) -> np.ndarray:
-    """The flat native plane from structurally validated sections and row bases, checking every exception."""
-    total = rows * cols
-    out = np.empty(total, dtype=np.uint8)
-    table = chunk_table(counts, _chunk_lengths(total))
-    b8 = bases.astype(np.uint8)
-    spans = row_spans(rows, cols)
-    bounds = [(a * cols // CHUNK, -(-b * cols // CHUNK)) for a, b in spans]
-    stream = exceptions[: table.stream_bytes]
-    if table.stream_bits % 8 and stream[-1] >> (table.stream_bits % 8):
-        raise CorruptPayloadError(name, "the padding after the position codes is not zero")
-    found = map_spans(lambda s: _span_positions(stream, table, *s, name), bounds)
-    fars = [int(f[1].sum()) for f in found]
-    n_far = sum(fars)
-    far_end = table.raw_end + -(-FAR_BITS * n_far // 8)
-    if far_end > exceptions.size:
-        raise CorruptPayloadError(name, f"exception section holds {exceptions.size} bytes, its codes need {far_end}")
-    far_stream = exceptions[table.raw_end : far_end]
-    codes = gather_bits(far_stream, FAR_BITS * np.arange(n_far), FAR_BITS)
-    if (FAR_BITS * n_far) % 8 and far_stream[-1] >> ((FAR_BITS * n_far) % 8):
-        raise CorruptPayloadError(name, "the padding after the far codes is not zero")
-    is_esc = codes == ESCAPE_CODE
-    if far_end + int(is_esc.sum()) != exceptions.size:
-        raise CorruptPayloadError(
-            name, f"exception section holds {exceptions.size} bytes, its codes need {far_end + int(is_esc.sum())}"
-        )
-    escaped = exceptions[far_end:]
-    far_at = exclusive_cumsum(np.array(fars, dtype=np.int64))
-    esc_at = np.concatenate([[0], np.cumsum(is_esc)])
-
-    def span(i: int) -> None:
-        a, b = spans[i]
-        lo, hi = a * cols, b * cols
-        fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
-        vals = out[lo:hi]
-        np.add(fields.reshape(b - a, cols), b8[a:b, None], out=vals.reshape(b - a, cols))
-        where, far = found[i]
-        if where.size:
-            f0, f1 = far_at[i], far_at[i] + fars[i]
-            local = where - lo
-            field = fields[local]
-            base = vals[local] - field
-            vals[local] = _values(field, base, far, codes[f0:f1], escaped[esc_at[f0] : esc_at[f1]], width, name)
-        c0, c1 = bounds[i]
-        ids = np.flatnonzero(table.raw[c0:c1])
-        if ids.size:
-            n = table.lens[c0:c1][ids]
-            within = np.arange(int(n.sum())) - np.repeat(exclusive_cumsum(n), n)
-            at = np.repeat(ids * CHUNK, n) + within
-            native = exceptions[np.repeat(table.raw_offsets[c0:c1][ids], n) + within]
-            field = fields[at]
-            _check_raw(native, field, vals[at] - field, n, width, name)
-            vals[at] = native
-
-    map_spans(span, range(len(spans)))
-    return out

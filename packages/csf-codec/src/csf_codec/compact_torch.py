@@ -8,12 +8,13 @@ every rule checked) also gives the GPU expander its per-chunk tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from .bitfields import pack_fields, packed_nbytes, unpack_fields
 from .compact_code import CHUNK, ESCAPE_CODE, FAR_BITS, LISTED_BITS, LOW_BITS, MAX_LISTED, RAW, exact_distances
+from .compact_np import ChunkTable
 from .errors import CorruptPayloadError
 from .rowbase import row_bases_for_widths
 
@@ -99,6 +100,22 @@ class ChunkTableT:
     stream_bits: int
     stream_bytes: int
     raw_end: int
+
+    @classmethod
+    def from_numpy(cls, table: ChunkTable) -> ChunkTableT:
+        return cls(*(_as_torch(getattr(table, f.name)) for f in fields(cls)))
+
+    def numpy(self) -> ChunkTable:
+        """The same table as numpy arrays (CPU tables only; no copies)."""
+        return ChunkTable(*(_as_numpy(getattr(self, f.name)) for f in fields(self)))
+
+
+def _as_torch(x):
+    return torch.from_numpy(x) if hasattr(x, "dtype") else x
+
+
+def _as_numpy(x):
+    return x.numpy() if torch.is_tensor(x) else x
 
 
 def chunk_table_torch(counts: torch.Tensor, lens: torch.Tensor) -> ChunkTableT:

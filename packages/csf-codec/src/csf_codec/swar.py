@@ -14,7 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["gather_bits", "group_counts", "map_spans", "pack_bits", "scatter_bits", "unpack_bits"]
+__all__ = [
+    "POPCOUNT",
+    "gather_bits",
+    "group_counts",
+    "map_spans",
+    "pack_bits",
+    "range_mask",
+    "scatter_bits",
+    "unpack_bits",
+]
 
 WORKERS = max(1, min(2, os.cpu_count() or 1))  # numpy releases the GIL in whole-array operations
 
@@ -100,3 +109,24 @@ def gather_bits(stream: np.ndarray, offsets: np.ndarray, width) -> np.ndarray:
     padded = np.concatenate([stream, np.zeros(2, dtype=np.uint8)])
     word = padded[byte].astype(np.int64) | (padded[byte + 1].astype(np.int64) << 8)
     return (word >> (offsets & 7)) & ((np.int64(1) << width) - 1)
+
+
+POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)  # set bits by byte value
+
+
+def range_mask(starts: np.ndarray, ends: np.ndarray, nbytes: int) -> np.ndarray:
+    """uint8 [nbytes], the bits of the ranges ``[starts[i], ends[i])`` set. The ranges must be non-empty,
+    ascending, inside ``8 * nbytes`` bits and at least 8 bits apart, so that no byte holds bits of two.
+
+    Built from per-range writes and one running sum over the bytes, never an array per bit."""
+    sb, tb = starts >> 3, ends >> 3
+    edge = np.zeros(nbytes + 1, dtype=np.int8)
+    inner = tb > sb + 1  # whole bytes sb + 1 .. tb - 1 lie inside the range
+    edge[sb[inner] + 1] = 1
+    edge[tb[inner]] = -1
+    mask = np.cumsum(edge[:nbytes], dtype=np.int8).view(np.uint8) * np.uint8(0xFF)
+    head_end = np.minimum(ends, (sb + 1) << 3)
+    mask[sb] = ((1 << (head_end - starts)) - 1) << (starts & 7)
+    tail = (tb > sb) & (ends & 7 != 0)
+    mask[tb[tail]] = (1 << (ends[tail] & 7)) - 1
+    return mask
