@@ -10,6 +10,7 @@ exception section's bit streams cross spans: the encoder ors the spans' bytes to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -126,43 +127,70 @@ def raw_chunks(n: np.ndarray, far: np.ndarray, esc: np.ndarray, lens: np.ndarray
 
 @dataclass(frozen=True)
 class _SpanExceptions:
-    """One row span's exceptions at one width: per chunk counts, and per exception its place and code."""
+    """One row span's exceptions at one width: their places and codes, and the span's selector fields."""
 
-    n: np.ndarray  # per chunk of the span
-    far: np.ndarray
-    esc: np.ndarray
+    fields: np.ndarray  # uint8 per scale: the offset in the window, 0 at exceptions
     idx: np.ndarray  # span-flat index of each exception, ascending
     side: np.ndarray
     dist: np.ndarray
 
 
-def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, a: int, b: int):
-    """Exceptions, far ones and escaped ones per chunk of rows [a, b), by byte compares alone: a scale is
-    far below its window when it is below ``base - K - 1`` (clipped at 0, which nothing is below), and
-    likewise above and for escapes."""
-    x, base = rows[a:b], bases[a:b].astype(np.int16)[:, None]
+def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, span: tuple[int, int]):
+    """Exceptions, far ones and escaped ones per chunk of rows [a, b): scales more than 0, K + 1 and
+    K + 8 below or above their row's window.
+
+    From one pass ``d = x - base`` (mod 256): a scale lies outside the window widened by ``reach`` iff
+    ``d + reach`` (mod 256) exceeds ``top + 2 * reach``, for rows whose widened window stays inside the
+    byte range; the few rows near either end are recounted with their clipped window."""
+    x, base = rows[span[0] : span[1]], bases[span[0] : span[1]]
+    d = x - np.repeat(base, x.shape[1]).reshape(x.shape)
     top, k = (1 << width) - 1, exact_distances(width)
-    n = group_counts(((x - base.astype(np.uint8)) > top).reshape(-1), CHUNK)
+    out = []
+    for reach in (0, k + 1, k + 1 + ESCAPE_CODE):
+        flags = (d + np.uint8(reach)) > np.uint8(top + 2 * reach)
+        edge = np.flatnonzero((base < reach) | (base > 255 - top - reach))
+        if edge.size:  # outside [lo, hi] iff x - lo wraps past hi - lo
+            lo = np.maximum(base[edge].astype(np.int16) - reach, 0)
+            hi = np.minimum(base[edge].astype(np.int16) + top + reach, 255)
+            flags[edge] = (x[edge] - lo.astype(np.uint8)[:, None]) > (hi - lo).astype(np.uint8)[:, None]
+        out.append(group_counts(flags.reshape(-1), CHUNK))
+    return tuple(out)
 
-    def beyond(reach: int) -> np.ndarray:
-        lo = np.maximum(base - reach, 0).astype(np.uint8)
-        hi = np.minimum(base + top + reach, 255).astype(np.uint8)
-        return group_counts(((x < lo) | (x > hi)).reshape(-1), CHUNK)
 
-    return n, beyond(k + 1), beyond(k + 1 + ESCAPE_CODE)
+def _choose_width(rows, bases, widths, spans, lens) -> tuple[int, tuple[np.ndarray, ...], dict[int, np.ndarray]]:
+    """The width of the smallest payload (ties: the smaller) with its per-chunk (exceptions, far,
+    escaped) counts and the base codes of every width sized. Widths are sized in increasing order; one
+    whose selectors alone outweigh the best payload so far is not counted."""
+    r, c = rows.shape
+    codes: dict[int, np.ndarray] = {}
+    sections = -(-r // 4) + lens.size  # base codes and chunk counts: the same for every width
+    best = None
+    for w in sorted(widths):
+        if best is not None and sections + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8) > best[0]:
+            continue  # every 128-row segment escapes once, and exceptions cost >= 0
+        codes[w] = base_codes_np(bases[w])
+        per_span = (
+            map_spans(partial(_chunk_counts, rows, bases[w], w), spans) if r * c else [(np.zeros(0, np.int64),) * 3]
+        )
+        n, far, esc = (np.concatenate(p) for p in zip(*per_span, strict=True))
+        raw = raw_chunks(n, far, esc, lens)
+        listed = ~raw
+        bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
+        exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
+        size = sections + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
+        if best is None or size < best[0]:
+            best = (size, w, (n, far, esc))
+    return best[1], best[2], codes
 
 
 def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
     c = x.shape[1]
-    outside = ((x - base[:, None]) >= (1 << width)).reshape(-1)  # uint8: below the base wraps past the window
-    n = group_counts(outside, CHUNK)
+    u = (x - np.repeat(base, c).reshape(x.shape)).reshape(-1)  # below the base wraps past the window
+    outside = u >= (1 << width)
     idx = np.flatnonzero(outside)
     side, dist = distances(x.reshape(-1)[idx], base[idx // c], width)
-    far, esc = value_classes(dist, width)
-    ch = idx >> 8
-    return _SpanExceptions(
-        n, np.bincount(ch[far], minlength=n.size), np.bincount(ch[esc], minlength=n.size), idx, side, dist
-    )
+    u[outside] = 0
+    return _SpanExceptions(u, idx, side, dist)
 
 
 @dataclass(frozen=True)
@@ -213,36 +241,9 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
     """The width and five body sections of the compact form of a uint8 [R, C] plane."""
     r, c = rows.shape
     bases = row_bases_np(rows, widths)  # one pass: the level counts are shared by every width
-    codes: dict[int, np.ndarray] = {}
     spans = row_spans(r, c)
     lens = chunk_lengths_np(r * c)
-    head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
-
-    def counts(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        per_span = map_spans(lambda s: _chunk_counts(rows, bases[w], w, *s), spans)
-        return tuple(np.concatenate(p) for p in zip(*per_span, strict=True))
-
-    def size(w: int, n: np.ndarray, far: np.ndarray, esc: np.ndarray) -> int:
-        raw = raw_chunks(n, far, esc, lens)
-        listed = ~raw
-        bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
-        exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
-        return head - (-(-r // 4)) + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
-
-    def lower_bound(w: int) -> int:  # every 128-row segment escapes once; exceptions cost >= 0
-        return head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
-
-    best = None
-    for w in sorted(widths):
-        if best is not None and lower_bound(w) > best[0]:
-            continue
-        codes[w] = base_codes_np(bases[w])
-        per_chunk = counts(w) if r * c else (np.zeros(0, np.int64),) * 3
-        n = size(w, *per_chunk)
-        if best is None or n < best[0]:
-            best = (n, w, per_chunk)
-    width = best[1]
-    n, far, esc = best[2]
+    width, (n, far, esc), codes = _choose_width(rows, bases, widths, spans, lens)
     raw = raw_chunks(n, far, esc, lens)
     counts = np.where(raw, RAW, n).astype(np.uint8)
     table = chunk_table(counts, lens)
@@ -254,15 +255,11 @@ def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, 
         flat = x.reshape(-1)
         base = bases[width][a:b]
         ex = _span_exceptions(x, base, width)
-        if width == 1:  # in the window: the offset; an exception: its side, which is also scale > base
-            selectors = pack_bits((x > base[:, None]).reshape(-1), 1)
-        else:
-            u = x - base[:, None]
-            fields = np.where(u >= (1 << width), np.uint8(0), u).reshape(-1)
-            fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
-            selectors = pack_bits(fields, width)
+        fields = ex.fields
+        fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
+        selectors = pack_bits(fields, width)
         c0 = a * c // CHUNK
-        sl = slice(c0, c0 + ex.n.size)
+        sl = slice(c0, -(-b * c // CHUNK))
         span_raw = table.raw[sl]
         keep = ~span_raw[ex.idx >> 8]
         bit0 = table.bit_offsets[sl]
