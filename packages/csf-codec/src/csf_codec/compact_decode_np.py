@@ -18,7 +18,7 @@ import numpy as np
 from .compact_code import CHUNK, ESCAPE_CODE, FAR_BITS, LOW_BITS, exact_distances
 from .compact_np import ChunkTable, distances, exception_fields, exclusive_cumsum, raw_chunks, row_spans, value_classes
 from .errors import CorruptPayloadError
-from .swar import gather_bits, map_spans, range_mask, unpack_bits
+from .swar import gather_bits, map_spans, range_mask, set_bits, unpack_bits
 
 __all__ = ["decode_rows_np"]
 
@@ -84,7 +84,7 @@ def _positions(span: _SpanCodes, lens: np.ndarray, name: str) -> tuple[np.ndarra
     idx = (span.has * CHUNK)[which] + pos
     if (idx[1:] <= idx[:-1]).any():
         raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-    flags = np.flatnonzero(np.unpackbits(span.far_bits(), bitorder="little").view(bool))
+    flags = set_bits(span.far_bits())  # far flags are rare
     chunk = np.searchsorted(span.flags, flags, side="right") - 1
     return idx, before[chunk] + flags - span.flags[chunk]
 

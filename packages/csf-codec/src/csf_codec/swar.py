@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = [
-    "POPCOUNT",
     "gather_bits",
     "group_counts",
     "map_spans",
     "pack_bits",
     "range_mask",
     "scatter_bits",
+    "set_bits",
     "unpack_bits",
 ]
 
@@ -111,9 +111,6 @@ def gather_bits(stream: np.ndarray, offsets: np.ndarray, width) -> np.ndarray:
     return (word >> (offsets & 7)) & ((np.int64(1) << width) - 1)
 
 
-POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)  # set bits by byte value
-
-
 def range_mask(starts: np.ndarray, ends: np.ndarray, nbytes: int) -> np.ndarray:
     """uint8 [nbytes], the bits of the ranges ``[starts[i], ends[i])`` set. The ranges must be non-empty,
     ascending, inside ``8 * nbytes`` bits and at least 8 bits apart, so that no byte holds bits of two.
@@ -130,3 +127,11 @@ def range_mask(starts: np.ndarray, ends: np.ndarray, nbytes: int) -> np.ndarray:
     tail = (tb > sb) & (ends & 7 != 0)
     mask[tb[tail]] = (1 << (ends[tail] & 7)) - 1
     return mask
+
+
+def set_bits(data: np.ndarray) -> np.ndarray:
+    """Indices (int64, ascending) of the set bits of a byte string, LSB first. For sparse bits: only the
+    nonzero bytes are unpacked."""
+    nz = np.flatnonzero(data != 0)
+    row, col = np.nonzero(np.unpackbits(data[nz][:, None], axis=1, bitorder="little").view(bool))
+    return nz[row] * 8 + col
