@@ -135,25 +135,25 @@ def expand_compact_segments(
             buckets = 256 >> low
             tail = off + n + buckets  # bits: unary buckets [off, tail), low parts, then far flags
             at = off + bit_lane
-            byte = tl.load(
+            ubyte = tl.load(
                 exceptions + (at >> 3), mask=(bit_lane < n + buckets) & ((at >> 3) < exception_bytes), other=0
             )
-            one = ((byte.to(tl.int32) >> (at & 7).to(tl.int32)) & 1) == 1
-            rank = tl.cumsum(one.to(tl.int32), axis=0) - 1
-            lo_at = tail + rank * low
+            one = ((ubyte.to(tl.int32) >> (at & 7).to(tl.int32)) & 1) == 1
+            one_rank = tl.cumsum(one.to(tl.int32), axis=0) - 1
+            lo_at = tail + one_rank * low
             lo_m = one & ((lo_at >> 3) + 1 < exception_bytes)
             word = tl.load(exceptions + (lo_at >> 3), mask=one & ((lo_at >> 3) < exception_bytes), other=0).to(tl.int32)
             word |= tl.load(exceptions + (lo_at >> 3) + 1, mask=lo_m, other=0).to(tl.int32) << 8
-            pos = ((bit_lane - rank) << low) | ((word >> (lo_at & 7).to(tl.int32)) & ((1 << low) - 1))
-            fl_at = tail + n * low + rank
+            pos = ((bit_lane - one_rank) << low) | ((word >> (lo_at & 7).to(tl.int32)) & ((1 << low) - 1))
+            fl_at = tail + n * low + one_rank
             fl = tl.load(exceptions + (fl_at >> 3), mask=one & ((fl_at >> 3) < exception_bytes), other=0)
             far = one & (((fl.to(tl.int32) >> (fl_at & 7).to(tl.int32)) & 1) == 1)
             where = chunk0 + pos
             mine_exc = one & (pos < 256) & (where >= lo) & (where < hi)
-            bit = where * W
-            sel = tl.load(selectors + (bit >> 3), mask=mine_exc, other=0).to(tl.int32)
-            field = (sel >> (bit & 7).to(tl.int32)) & TOP
-            base = tl.load(out + where, mask=mine_exc, other=0).to(tl.int32) - field
+            sel_bit = where * W
+            sel = tl.load(selectors + (sel_bit >> 3), mask=mine_exc, other=0).to(tl.int32)
+            sel_field = (sel >> (sel_bit & 7).to(tl.int32)) & TOP
+            exc_base = tl.load(out + where, mask=mine_exc, other=0).to(tl.int32) - sel_field
             far_rank = tl.cumsum(far.to(tl.int32), axis=0) - 1
             fc_at = tl.load(far_offsets + ch) + 3 * far_rank
             fc_m = far & ((fc_at >> 3) < exception_bytes)
@@ -164,12 +164,12 @@ def expand_compact_segments(
                 )
                 << 8
             )
-            code = tl.where(far, (fword >> (fc_at & 7).to(tl.int32)) & 7, 0)
-            esc = far & (code == 7)
+            far_code = tl.where(far, (fword >> (fc_at & 7).to(tl.int32)) & 7, 0)
+            esc = far & (far_code == 7)
             esc_at = tl.load(escape_offsets + ch) + tl.cumsum(esc.to(tl.int32), axis=0) - 1
             escaped = tl.load(exceptions + esc_at, mask=esc & (esc_at < exception_bytes), other=0).to(tl.int32)
-            dist = (field >> 1) + 1 + far.to(tl.int32) + code
-            value = tl.where((field & 1) == 1, base + TOP + dist, base - dist)
-            value = tl.where(esc, escaped, value)
-            tl.store(out + where, value.to(tl.uint8), mask=mine_exc)
+            dist = (sel_field >> 1) + 1 + far.to(tl.int32) + far_code
+            exc_value = tl.where((sel_field & 1) == 1, exc_base + TOP + dist, exc_base - dist)
+            exc_value = tl.where(esc, escaped, exc_value)
+            tl.store(out + where, exc_value.to(tl.uint8), mask=mine_exc)
         ch += 1
