@@ -186,10 +186,9 @@ def _choose_width(rows, bases, widths, spans, lens) -> tuple[int, tuple[np.ndarr
 def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
     c = x.shape[1]
     u = (x - np.repeat(base, c).reshape(x.shape)).reshape(-1)  # below the base wraps past the window
-    outside = u >= (1 << width)
-    idx = np.flatnonzero(outside)
+    idx = np.flatnonzero(u >= (1 << width))
     side, dist = distances(x.reshape(-1)[idx], base[idx // c], width)
-    u[outside] = 0
+    u[idx] = 0
     return _SpanExceptions(u, idx, side, dist)
 
 
