@@ -22,6 +22,8 @@ deterministic torch, so it produces the same bytes on the CPU and on a GPU.
 
 from __future__ import annotations
 
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +48,7 @@ __all__ = [
     "CompactScales",
     "compact_layout",
     "decode_compact",
+    "decode_compact_digest",
     "encode_compact",
     "read_compact_header",
 ]
@@ -110,12 +113,14 @@ def encode_compact(
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
     if rows.device.type == "cpu":
-        width, secs = encode_sections_np(rows.numpy(), tuple(widths))
-        sections = tuple(int(p.size) for p in secs)
-        payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
-        np.concatenate(secs, out=payload[HEADER_BYTES:])
-        env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-        sealed = seal_in_place(env, torch.from_numpy(payload), digest=plane_digest(rows))
+        with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: the digest overlaps the encoding
+            digest = pool.submit(plane_digest, rows)
+            width, secs = encode_sections_np(rows.numpy(), tuple(widths))
+            sections = tuple(int(p.size) for p in secs)
+            payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
+            np.concatenate(secs, out=payload[HEADER_BYTES:])
+            env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+            sealed = seal_in_place(env, torch.from_numpy(payload), digest=digest.result())
     else:
         width, body, sections = encode_torch(rows, tuple(widths))
         env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
@@ -242,18 +247,34 @@ def decode_compact(
     Raises :class:`CorruptPayloadError`, :class:`FormatVersionError` or :class:`ShapeMismatchError`
     naming ``name``; every index is validated before use, so no input reads out of bounds.
     """
+    return decode_compact_digest(payload, name=name, expected_shape=expected_shape, digest=False)[0]
+
+
+def decode_compact_digest(
+    payload: torch.Tensor | CompactScales,
+    *,
+    name: str = "scales",
+    expected_shape: tuple[int, ...] | None = None,
+    digest: bool = True,
+) -> tuple[torch.Tensor, bytes | None]:
+    """:func:`decode_compact`, and the restored plane's SHA-256 (:func:`csf_codec.container.plane_digest`)
+    when ``digest``. On the CPU the plane is hashed span by span as the decoder finishes each span, so
+    hashing overlaps decoding."""
     lay = compact_layout(payload, name=name, expected_shape=expected_shape)
     r, c, w = lay.rows, lay.cols, lay.width
     if lay.codes.device.type != "cpu":
         bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
         if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
             raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
-        return _decode_torch(lay, bases, name)
+        plane = _decode_torch(lay, bases, name)
+        return plane, plane_digest(plane) if digest else None
     bases = scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy())
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+    hasher = hashlib.sha256() if digest else None
     sec = (lay.selectors.numpy(), lay.table.numpy(), lay.exceptions.numpy())
-    return torch.from_numpy(decode_rows_np(bases, *sec, r, c, w, name)).reshape(lay.shape)
+    plane = torch.from_numpy(decode_rows_np(bases, *sec, r, c, w, name, hasher)).reshape(lay.shape)
+    return plane, hasher.digest() if digest else None
 
 
 def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:

@@ -2,9 +2,9 @@
 
 A span's chunks have their position codes in the span's own bytes of the stream (the chunk counts say
 where, :class:`csf_codec.compact_np.ChunkTable`). The far codes and escaped bytes are shared by the
-plane, so a first pass counts each span's far flags (a popcount of their bit ranges, no per-exception
-work); then every span decodes its selectors, positions and exception values independently, two at a
-time, with memory bounded by a span.
+plane, so a first pass counts each chunk's far flags (one popcount of the stream masked to them, no
+per-exception work); then every span decodes its selectors, positions and exception values
+independently, two at a time, with memory bounded by a span, and is final when it returns.
 
 Per exception the decoder makes a small, fixed number of array passes: the unary buckets' ones are
 found in the stream masked to the buckets (a byte mask built per chunk, not per bit), each position's
@@ -18,7 +18,7 @@ import numpy as np
 from .compact_code import CHUNK, ESCAPE_CODE, FAR_BITS, LOW_BITS, exact_distances
 from .compact_np import ChunkTable, distances, exception_fields, exclusive_cumsum, raw_chunks, row_spans, value_classes
 from .errors import CorruptPayloadError
-from .swar import gather_bits, map_spans, range_mask, set_bits, unpack_bits
+from .swar import POPCOUNT, gather_bits, map_spans, range_mask, set_bits, unpack_bits
 
 __all__ = ["decode_rows_np"]
 
@@ -149,39 +149,36 @@ def _patch_raw(vals, fields, exceptions, table: ChunkTable, c0: int, c1: int, wi
     vals[at] = native
 
 
-def decode_rows_np(bases, selectors, table: ChunkTable, exceptions, rows: int, cols: int, width: int, name: str):
+def _far_before(stream: np.ndarray, table: ChunkTable) -> np.ndarray:
+    """int64 [chunks + 1]: the far flags set in the chunks before each chunk (the last: all of them),
+    from one popcount of the stream masked to the far flags; no byte holds two chunks' flags."""
+    listed = table.listed
+    has = np.flatnonzero(listed)
+    per_chunk = np.zeros(listed.size, dtype=np.int64)
+    if has.size:
+        cnt = listed[has]
+        low = LOW_BITS[cnt]
+        flags = table.bit_offsets[has] + cnt + (CHUNK >> low) + cnt * low
+        masked = stream & range_mask(flags, flags + cnt, stream.size)
+        per_chunk[has] = np.add.reduceat(POPCOUNT[masked], flags >> 3, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(per_chunk)])
+
+
+def decode_rows_np(
+    bases, selectors, table: ChunkTable, exceptions, rows: int, cols: int, width: int, name: str, hasher=None
+):
     """The flat native plane from structurally validated sections and row bases, checking every exception.
 
-    Spans write every listed exception as if it were near and return their far ones (plane index, side);
-    the far codes, shared by the plane, then move those to their values."""
+    ``hasher`` (a hashlib object), when given, is fed the plane's bytes in order, each span as soon as it
+    is final, so the digest is computed while later spans are decoded."""
     out = np.empty(rows * cols, dtype=np.uint8)
     b8 = bases.astype(np.uint8)
     spans = row_spans(rows, cols)
     stream = exceptions[: table.stream_bytes]
     if table.stream_bits % 8 and stream[-1] >> (table.stream_bits % 8):
         raise CorruptPayloadError(name, "the padding after the position codes is not zero")
-
-    def span(s: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        a, b = s
-        lo, hi = a * cols, b * cols  # lo is chunk c0's first scale: spans are whole 256-row blocks
-        c0, c1 = lo // CHUNK, -(-hi // CHUNK)
-        fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
-        vals = out[lo:hi]
-        np.add(fields, np.repeat(b8[a:b], cols), out=vals)
-        codes_of = _SpanCodes(stream, table, c0, c1)
-        far_at, far_above = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-        if codes_of.has.size:
-            idx, far = _positions(codes_of, table.lens[c0:c1], name)
-            field = fields[idx]
-            vals[idx] = _near_values(field, vals[idx], far, width, name)
-            far_at, far_above = lo + idx[far], (field[far] & 1) == 1
-        _patch_raw(vals, fields, exceptions, table, c0, c1, width, name)
-        return far_at, far_above
-
-    found = map_spans(span, spans)
-    far_at = np.concatenate([f[0] for f in found]) if found else np.zeros(0, dtype=np.int64)
-    above = np.concatenate([f[1] for f in found]) if found else np.zeros(0, dtype=bool)
-    n_far = far_at.size
+    far_before = _far_before(stream, table)
+    n_far = int(far_before[-1])
     far_end = table.raw_end + -(-FAR_BITS * n_far // 8)
     if far_end > exceptions.size:
         raise CorruptPayloadError(name, f"exception section holds {exceptions.size} bytes, its codes need {far_end}")
@@ -189,9 +186,33 @@ def decode_rows_np(bases, selectors, table: ChunkTable, exceptions, rows: int, c
     if (FAR_BITS * n_far) % 8 and far_stream[-1] >> ((FAR_BITS * n_far) % 8):
         raise CorruptPayloadError(name, "the padding after the far codes is not zero")
     codes = gather_bits(far_stream, FAR_BITS * np.arange(n_far), FAR_BITS)
-    need = far_end + int((codes == ESCAPE_CODE).sum())
+    is_esc = codes == ESCAPE_CODE
+    need = far_end + int(is_esc.sum())
     if need != exceptions.size:
         raise CorruptPayloadError(name, f"exception section holds {exceptions.size} bytes, its codes need {need}")
-    if n_far:
-        out[far_at] = _far_values(out[far_at], above, codes, exceptions[far_end:], width, name)
+    escaped = exceptions[far_end:]
+    esc_before = np.concatenate([[0], np.cumsum(is_esc)])
+
+    def span(s: tuple[int, int]) -> tuple[int, int]:
+        a, b = s
+        lo, hi = a * cols, b * cols  # lo is chunk c0's first scale: spans are whole 256-row blocks
+        c0, c1 = lo // CHUNK, -(-hi // CHUNK)
+        fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
+        vals = out[lo:hi]
+        np.add(fields, np.repeat(b8[a:b], cols), out=vals)
+        codes_of = _SpanCodes(stream, table, c0, c1)
+        if codes_of.has.size:
+            idx, far = _positions(codes_of, table.lens[c0:c1], name)
+            field = fields[idx]
+            vals[idx] = _near_values(field, vals[idx], far, width, name)
+            if far.size:
+                f0, f1 = far_before[c0], far_before[c1]
+                at = idx[far]
+                side = (field[far] & 1) == 1
+                esc = escaped[esc_before[f0] : esc_before[f1]]
+                vals[at] = _far_values(vals[at], side, codes[f0:f1], esc, width, name)
+        _patch_raw(vals, fields, exceptions, table, c0, c1, width, name)
+        return lo, hi
+
+    map_spans(span, spans, None if hasher is None else lambda done: hasher.update(out[done[0] : done[1]]))
     return out

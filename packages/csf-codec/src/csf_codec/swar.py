@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = [
+    "POPCOUNT",
     "gather_bits",
     "group_counts",
     "map_spans",
@@ -28,13 +29,23 @@ __all__ = [
 WORKERS = max(1, min(2, os.cpu_count() or 1))  # numpy releases the GIL in whole-array operations
 
 
-def map_spans(fn: Callable, spans: Iterable) -> list:
-    """``[fn(s) for s in spans]``, spread over :data:`WORKERS` threads, results in order."""
+def map_spans(fn: Callable, spans: Iterable, then: Callable | None = None) -> list:
+    """``[fn(s) for s in spans]``, spread over :data:`WORKERS` threads, results in order. ``then`` is
+    called on each result in order, in the calling thread, while later spans are still being worked on."""
     spans = list(spans)
+    out = []
     if WORKERS == 1 or len(spans) < 2:
-        return [fn(s) for s in spans]
+        for s in spans:
+            out.append(fn(s))
+            if then is not None:
+                then(out[-1])
+        return out
     with ThreadPoolExecutor(WORKERS) as pool:
-        return list(pool.map(fn, spans))
+        for got in pool.map(fn, spans):
+            out.append(got)
+            if then is not None:
+                then(got)
+    return out
 
 
 _LO8 = np.uint64(0x00FF00FF00FF00FF)
@@ -127,6 +138,9 @@ def range_mask(starts: np.ndarray, ends: np.ndarray, nbytes: int) -> np.ndarray:
     tail = (tb > sb) & (ends & 7 != 0)
     mask[tb[tail]] = (1 << (ends[tail] & 7)) - 1
     return mask
+
+
+POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)  # set bits by byte value
 
 
 def set_bits(data: np.ndarray) -> np.ndarray:
