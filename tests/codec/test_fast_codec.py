@@ -411,3 +411,18 @@ def test_numpy_row_bases_take_any_width(width):
     x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)
     x[:150] = (100 + x[:150] % 6).to(torch.uint8)  # narrow rows beside wide ones
     assert np.array_equal(row_bases_np(x.numpy(), (width,))[width], _row_bases_torch(x, (width,))[width].numpy())
+
+
+@pytest.mark.parametrize("fmt,width", [(MXFP4, 1), (NVFP4, 2), (NVFP4, 4)], ids=["w1", "w2", "w4"])
+def test_span_edges_inside_the_exception_streams(monkeypatch, fmt, width):
+    """Spans of 256 rows (the smallest), so that many span edges fall inside a byte of the position codes,
+    beside the previous span's far flags: both coders still agree with the plane and with torch."""
+    from csf_codec import compact_np
+
+    monkeypatch.setattr(compact_np, "_SCALES_PER_SPAN", 1)
+    plane = clustered_plane((4, 700, 16), seed=21, exception_rate=0.1)
+    assert len(compact_np.row_spans(2800, 16)) == 11
+    payload = encode_compact(plane, fmt, widths=(width,)).payload
+    width_t, body, _ = _encode_torch(plane.reshape(-1, 16), (width,))
+    assert width_t == width and torch.equal(payload[HEADER_BYTES:], body)
+    assert torch.equal(decode_compact(payload), plane)

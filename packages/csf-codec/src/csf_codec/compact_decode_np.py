@@ -50,18 +50,16 @@ class _SpanCodes:
         self.tail = self.start + self.cnt + (CHUNK >> self.low)  # each chunk's unary buckets end here
         self.flags = self.tail + self.cnt * self.low  # and its far flags start here
         end = int(self.flags[-1] + self.cnt[-1])
+        self.first = first
         self.bytes = stream[first : first - (-end // 8)]
 
     def unary_mask(self) -> np.ndarray:
         return range_mask(self.start, self.tail, self.bytes.size)
 
-    def far_bits(self) -> np.ndarray:
-        """The stream masked to the far flags."""
-        return self.bytes & range_mask(self.flags, self.flags + self.cnt, self.bytes.size)
 
-
-def _positions(span: _SpanCodes, lens: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(span-flat index of every exception, ascending; the indices into it of the far ones)."""
+def _positions(span: _SpanCodes, far_flags: np.ndarray, lens: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(span-flat index of every exception, ascending; the indices into it of the far ones), from the
+    span's codes and the plane's stream masked to its far flags."""
     cnt, low = span.cnt, span.low
     ones = np.flatnonzero(np.unpackbits(span.bytes & span.unary_mask(), bitorder="little").view(bool))
     before = np.cumsum(cnt) - cnt  # exceptions of the span before each chunk
@@ -84,7 +82,8 @@ def _positions(span: _SpanCodes, lens: np.ndarray, name: str) -> tuple[np.ndarra
     idx = (span.has * CHUNK)[which] + pos
     if (idx[1:] <= idx[:-1]).any():
         raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-    flags = set_bits(span.far_bits())  # far flags are rare
+    flags = set_bits(far_flags[span.first : span.first + span.bytes.size])  # far flags are rare
+    flags = flags[flags >= span.start[0]]  # the first byte may end the previous span's last chunk
     chunk = np.searchsorted(span.flags, flags, side="right") - 1
     return idx, before[chunk] + flags - span.flags[chunk]
 
@@ -149,19 +148,20 @@ def _patch_raw(vals, fields, exceptions, table: ChunkTable, c0: int, c1: int, wi
     vals[at] = native
 
 
-def _far_before(stream: np.ndarray, table: ChunkTable) -> np.ndarray:
-    """int64 [chunks + 1]: the far flags set in the chunks before each chunk (the last: all of them),
-    from one popcount of the stream masked to the far flags; no byte holds two chunks' flags."""
+def _far_flags(stream: np.ndarray, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+    """The stream masked to the far flags, and int64 [chunks + 1]: the flags set in the chunks before each
+    chunk (the last: all of them), one popcount of the masked stream; no byte holds two chunks' flags."""
     listed = table.listed
     has = np.flatnonzero(listed)
     per_chunk = np.zeros(listed.size, dtype=np.int64)
+    masked = np.zeros(stream.size, dtype=np.uint8)
     if has.size:
         cnt = listed[has]
         low = LOW_BITS[cnt]
         flags = table.bit_offsets[has] + cnt + (CHUNK >> low) + cnt * low
         masked = stream & range_mask(flags, flags + cnt, stream.size)
         per_chunk[has] = np.add.reduceat(POPCOUNT[masked], flags >> 3, dtype=np.int64)
-    return np.concatenate([[0], np.cumsum(per_chunk)])
+    return masked, np.concatenate([[0], np.cumsum(per_chunk)])
 
 
 def decode_rows_np(
@@ -177,7 +177,7 @@ def decode_rows_np(
     stream = exceptions[: table.stream_bytes]
     if table.stream_bits % 8 and stream[-1] >> (table.stream_bits % 8):
         raise CorruptPayloadError(name, "the padding after the position codes is not zero")
-    far_before = _far_before(stream, table)
+    far_flags, far_before = _far_flags(stream, table)
     n_far = int(far_before[-1])
     far_end = table.raw_end + -(-FAR_BITS * n_far // 8)
     if far_end > exceptions.size:
@@ -202,7 +202,7 @@ def decode_rows_np(
         np.add(fields, np.repeat(b8[a:b], cols), out=vals)
         codes_of = _SpanCodes(stream, table, c0, c1)
         if codes_of.has.size:
-            idx, far = _positions(codes_of, table.lens[c0:c1], name)
+            idx, far = _positions(codes_of, far_flags, table.lens[c0:c1], name)
             field = fields[idx]
             vals[idx] = _near_values(field, vals[idx], far, width, name)
             if far.size:
