@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from csf_codec import FormatVersionError
+from csf_codec import CSF_FORMAT_VERSION, FormatVersionError
 from csf_codec.checkpoint import compress_checkpoint
 from csf_serving_adapters.accounting import LayerScaleMemory, ScaleMemoryLedger
 from csf_serving_adapters.checkpoint_config import base_quant_method, csf_entry, scale_format_of
@@ -46,10 +46,10 @@ def test_native_configs_have_no_entry_and_their_base_format_is_known():
 
 
 def test_an_unknown_format_version_and_a_mixed_checkpoint_are_refused():
-    for old_or_new in (1, 3):
+    for old_or_new in (1, 2, 4):
         with pytest.raises(FormatVersionError, match="format_version"):
             csf_entry({"quant_method": "mxfp4", "csf": {"format_version": old_or_new, "scale_format": "mxfp4"}})
-    mixed = csf_entry({"csf": {"format_version": 2, "scale_format": "mxfp4,nvfp4", "tensors": 2}})
+    mixed = csf_entry({"csf": {"format_version": CSF_FORMAT_VERSION, "scale_format": "mxfp4,nvfp4", "tensors": 2}})
     assert mixed.scale_formats == ("mxfp4", "nvfp4")
     with pytest.raises(ValueError, match="mixes"):
         mixed.scale_format  # noqa: B018

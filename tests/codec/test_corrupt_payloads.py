@@ -66,13 +66,16 @@ def test_trailing_bytes_are_refused():
 
 
 def test_wrong_version_is_a_version_error():
-    """Version 1 payloads (76-byte header, no digest) and unknown future versions are refused by version."""
+    """Version 1 payloads (76-byte header, no digest), version 2 ones (the byte-list compact body) and
+    unknown future versions are refused by version, with the way out."""
     _, compact, inline = _payloads()
     for payload, decode in ((compact, decode_compact), (inline, inline_from_payload)):
-        for version in (1, 3):
+        for version in (1, 2, 4):
             bad = payload.clone()
             bad[4:6] = torch.tensor([version, 0], dtype=torch.uint8)
-            with pytest.raises(FormatVersionError, match=rf"version {version}; this codec reads version 2"):
+            with pytest.raises(
+                FormatVersionError, match=rf"version {version}; this codec reads version 3: .*re-compress"
+            ):
                 decode(reseal(bad), name=NAME)
         with pytest.raises(FormatVersionError, match="version 1"):  # a v1 header is shorter than a v2 one
             bad = payload[:80].clone()

@@ -25,6 +25,7 @@ from csf_codec import (
 )
 from csf_codec import inline as inline_mod
 from csf_codec.compact import _encode_torch, compact_layout
+from csf_codec.compact_code import LOW_BITS
 from csf_codec.container import HEADER_BYTES
 from csf_codec.rowbase import _row_bases_torch, row_bases, row_bases_np
 from csf_codec.stats import conditional_offset_entropy
@@ -134,41 +135,84 @@ def test_empty_planes_are_valid_payloads(shape, fmt):
     assert back.shape == shape and back.dtype == torch.uint8
 
 
-def _first_listed_exception(payload):
-    """(byte offset in the payload of the first listed chunk's exceptions, its count, the chunk index)."""
+def _listed(payload):
+    """The layout and the listed exceptions (flat index, far flag, chunk) of a compact payload."""
+    from csf_codec.compact_torch import listed_exceptions
+
     lay = compact_layout(payload)
-    listed = ((lay.counts > 0) & (lay.counts != 255)).nonzero().squeeze(1)
-    ch = int(listed[(lay.counts[listed] >= 2).nonzero()[0, 0]])
-    body = HEADER_BYTES + payload.numel() - HEADER_BYTES - lay.exceptions.numel()
-    return body + int(lay.chunk_offsets[ch]), int(lay.counts[ch]), ch, lay
+    return lay, listed_exceptions(lay.table, lay.exceptions, "scales")
+
+
+def _exceptions_at(payload):
+    """Byte offset in the payload of the exception section."""
+    return payload.numel() - compact_layout(payload).exceptions.numel()
+
+
+def _flip(payload, byte, bit):
+    bad = payload.clone()
+    bad[byte] = int(bad[byte]) ^ (1 << bit)
+    return _reseal(bad)
 
 
 def test_non_canonical_compact_bodies_are_refused():
+    """Each field of the exception code, changed, is refused with a typed error naming the tensor."""
     plane = synthetic_scale_plane((2, 300, 18), MXFP4, DOWN_PROJ_DENSE, seed=9)
     payload = encode_compact(plane, MXFP4).payload
-    at, n, ch, lay = _first_listed_exception(payload)
-    flat = plane.reshape(-1)
-    pos = int(payload[at])
-    row = (ch * 256 + pos) // plane.shape[-1]
-    base = int(best_row_bases(plane, lay.width).reshape(-1)[row])
+    lay, listed = _listed(payload)
+    exc0 = _exceptions_at(payload)
+    # every bit of the listed chunks' position codes and far flags: a typed error or the same plane
+    stream_bits = lay.table.stream_bits
+    caught = 0
+    for bit in range(0, stream_bits, 7):
+        try:
+            out = decode_compact(_flip(payload, exc0 + bit // 8, bit % 8), name="w2.scales")
+        except CorruptPayloadError as e:
+            assert "w2.scales" in str(e)
+            caught += 1
+            continue
+        assert torch.equal(out, plane)
+    assert caught > 0.9 * len(range(0, stream_bits, 7))
+    # a far flag set on a near exception: then a far code is missing, or a field disagrees
+    chunk0 = int(lay.table.bit_offsets[0])
+    n0 = int(lay.table.listed[0])
+    low = int(LOW_BITS[n0])
+    near = int((~listed.far[:n0]).nonzero()[0, 0])
+    flag = chunk0 + n0 + (256 >> low) + n0 * low + near
+    with pytest.raises(CorruptPayloadError):
+        decode_compact(_flip(payload, exc0 + flag // 8, flag % 8), name="w2.scales")
+    # an exception's side (its selector bit) flipped: the decoded value would differ; the digest or a
+    # range rule refuses it, by name
+    where = int(listed.where[0])
+    sel = HEADER_BYTES + lay.codes.numel() + lay.escapes.numel() + where * lay.width // 8
+    with pytest.raises(CorruptPayloadError, match=r"w2\.scales"):
+        decode_compact(_flip(payload, sel, (where * lay.width) % 8), name="w2.scales")
+    # the padding after the position codes
+    if stream_bits % 8:
+        with pytest.raises(CorruptPayloadError, match="padding"):
+            decode_compact(_flip(payload, exc0 + stream_bits // 8, 7), name="w2.scales")
 
-    inside = payload.clone()
-    inside[at + n] = base  # the exception's value is one its selector could express
-    with pytest.raises(CorruptPayloadError, match="repeats a value"):
-        decode_compact(_reseal(inside))
 
-    swapped = payload.clone()
-    swapped[at], swapped[at + 1] = payload[at + 1], payload[at]
-    with pytest.raises(CorruptPayloadError, match="ascending"):
-        decode_compact(_reseal(swapped))
-
-    selector = payload.clone()
-    bit = (ch * 256 + pos) * lay.width
-    sel_at = HEADER_BYTES + lay.codes.numel() + lay.escapes.numel() + bit // 8
-    selector[sel_at] = int(selector[sel_at]) | (1 << (bit % 8))
-    with pytest.raises(CorruptPayloadError, match="selector is not zero"):
-        decode_compact(_reseal(selector))
-    assert int(flat[ch * 256 + pos]) == int(payload[at + n])  # the located byte is that exception
+def test_far_codes_and_escapes_are_canonical():
+    """Far codes and escaped bytes: changing one is refused, never decoded to another plane."""
+    g = torch.Generator().manual_seed(4)
+    plane = synthetic_scale_plane((1, 512, 32), MXFP4, DOWN_PROJ_DENSE, seed=4)
+    rows = plane.view(-1, 32)
+    bases = best_row_bases(plane, 1).reshape(-1)
+    pick = torch.randint(0, rows.numel(), (40,), generator=g)
+    r = pick // 32
+    rows.view(-1)[pick] = (bases[r] - 30).clamp(min=0).to(torch.uint8)  # far below: escaped bytes
+    payload = encode_compact(plane, MXFP4).payload
+    _, listed = _listed(payload)
+    assert int(listed.far.sum()) > 0 and int((listed.codes == 7).sum()) > 0
+    far_start = _exceptions_at(payload) + listed.far_start
+    for byte in range(far_start, payload.numel()):
+        for bit in range(8):
+            try:
+                out = decode_compact(_flip(payload, byte, bit), name="far")
+            except CorruptPayloadError as e:
+                assert "far" in str(e)
+                continue
+            assert torch.equal(out, plane)
 
 
 def test_non_canonical_inline_records_are_refused():
@@ -264,13 +308,17 @@ def test_raw_chunks_must_be_canonical():
     with pytest.raises(CorruptPayloadError, match="raw chunk's selectors"):
         decode_compact(_sealed_compact(plane, flipped, width))
 
-    listed = [s.copy() for s in secs]  # chunk 1 stored raw although its exceptions fit a list
-    n1 = int(secs[3][1])
-    start = 256  # chunk 0 is raw: 256 bytes
+    quiet = plane.clone()
+    quiet[0, 16:32] = best_row_bases(plane)[0, 16:32, None].to(torch.uint8)  # chunk 1: no exceptions
+    width, secs = encode_sections_np(quiet.reshape(-1, 16).numpy(), (1, 2, 4))
+    lay = compact_layout(_sealed_compact(quiet, secs, width))
+    assert secs[3][1] == 0  # listed, with no bits: stored raw instead, it must be refused
+    listed = [s.copy() for s in secs]
     listed[3][1] = 255
-    listed[4] = np.concatenate([secs[4][:start], plane.reshape(-1)[256:512].numpy(), secs[4][start + 2 * n1 :]])
+    raw_at = lay.table.stream_bytes + 256  # after the streams and chunk 0's native bytes
+    listed[4] = np.concatenate([secs[4][:raw_at], quiet.reshape(-1)[256:512].numpy(), secs[4][raw_at:]])
     with pytest.raises(CorruptPayloadError, match="few enough exceptions"):
-        decode_compact(_sealed_compact(plane, listed, width))
+        decode_compact(_sealed_compact(quiet, listed, width))
 
 
 def test_torch_decoder_checks_raw_chunks_too():
@@ -363,3 +411,18 @@ def test_numpy_row_bases_take_any_width(width):
     x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)
     x[:150] = (100 + x[:150] % 6).to(torch.uint8)  # narrow rows beside wide ones
     assert np.array_equal(row_bases_np(x.numpy(), (width,))[width], _row_bases_torch(x, (width,))[width].numpy())
+
+
+@pytest.mark.parametrize("fmt,width", [(MXFP4, 1), (NVFP4, 2), (NVFP4, 4)], ids=["w1", "w2", "w4"])
+def test_span_edges_inside_the_exception_streams(monkeypatch, fmt, width):
+    """Spans of 256 rows (the smallest), so that many span edges fall inside a byte of the position codes,
+    beside the previous span's far flags: both coders still agree with the plane and with torch."""
+    from csf_codec import compact_np
+
+    monkeypatch.setattr(compact_np, "_SCALES_PER_SPAN", 1)
+    plane = clustered_plane((4, 700, 16), seed=21, exception_rate=0.1)
+    assert len(compact_np.row_spans(2800, 16)) == 11
+    payload = encode_compact(plane, fmt, widths=(width,)).payload
+    width_t, body, _ = _encode_torch(plane.reshape(-1, 16), (width,))
+    assert width_t == width and torch.equal(payload[HEADER_BYTES:], body)
+    assert torch.equal(decode_compact(payload), plane)

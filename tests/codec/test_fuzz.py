@@ -18,6 +18,7 @@ from csf_codec import (
     MXFP4,
     NVFP4,
     CSFError,
+    compact,
     decode_compact,
     decode_inline,
     encode_compact,
@@ -25,7 +26,9 @@ from csf_codec import (
     inline_from_payload,
 )
 from csf_codec.checkpoint import compress_checkpoint, tensor_sha256, verify_checkpoint
+from csf_codec.compact_torch import decode_torch, listed_exceptions
 from csf_codec.container import HEADER_BYTES
+from csf_codec.errors import CorruptPayloadError
 from csf_codec.safetensors_io import SafetensorsHeader, read_header, read_tensor_bytes
 from csf_codec.shard_schema import META_TENSORS, csf_records
 
@@ -78,6 +81,74 @@ def test_payload_mutations(form, fmt, forge):
         decoded += 1
         assert torch.equal(out, plane), "a mutated payload decoded to a different plane"
     assert decoded < ROUNDS  # the mutations do reach the checks
+
+
+def _streams_plane() -> torch.Tensor:
+    """Exceptions of every kind: near, far, escaped (the 200 jumps), in listed and in raw chunks."""
+    plane = special_rows(clustered_plane((3, 120, 16), seed=5, exception_rate=0.06), seed=5)
+    g = torch.Generator().manual_seed(5)
+    plane[1, 40:60] = torch.randint(0, 256, (20, 16), generator=g).to(torch.uint8)  # dense: raw chunks
+    return plane
+
+
+def _decode_torch_reference(payload: torch.Tensor) -> torch.Tensor:
+    """The torch decoder (the GPU path and the numpy decoder's reference), run on the CPU."""
+    lay = compact.compact_layout(payload, name="p")
+    bases = compact._scan_bases(lay.base_codes, lay.base_codes == 3, lay.escapes)
+    if lay.rows and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << lay.width)):
+        raise CorruptPayloadError("p", "a row base leaves the byte range of its window")
+    return decode_torch(lay, bases, "p").reshape(lay.shape)
+
+
+def _outcome(decode, payload):
+    try:
+        return decode(payload)
+    except CSFError:
+        return None
+
+
+@pytest.mark.parametrize("fmt,width", [(MXFP4, 1), (NVFP4, 2), (NVFP4, 4)], ids=["w1", "w2", "w4"])
+def test_compact_stream_mutations(fmt, width):
+    """Bit flips aimed at the version-3 compact body's parts (CRCs recomputed): position codes and far
+    flags, raw chunks, far codes, escaped bytes, chunk counts, exceptions' selector fields. The numpy
+    decoder and the torch reference agree on every mutated payload (both refuse it, or both give the
+    same plane), and the checked decode refuses it or restores the original plane."""
+    plane = _streams_plane()
+    payload = encode_compact(plane, fmt, widths=(width,)).payload
+    lay = compact.compact_layout(payload)
+    table = lay.table
+    listed = listed_exceptions(table, lay.exceptions, "p")
+    exc0 = payload.numel() - lay.exceptions.numel()
+    sel0 = exc0 - lay.counts.numel() - lay.selectors.numel()
+    fields = (sel0 * 8 + listed.where[:40] * width).tolist()
+    parts = {  # bit ranges of the payload
+        "positions": [(8 * exc0, 8 * exc0 + table.stream_bits)],
+        "raw": [(8 * (exc0 + table.stream_bytes), 8 * (exc0 + table.raw_end))],
+        "far codes": [(8 * (exc0 + listed.far_start), 8 * (exc0 + listed.escape_start))],
+        "escaped": [(8 * (exc0 + listed.escape_start), 8 * payload.numel())],
+        "counts": [(8 * (exc0 - lay.counts.numel()), 8 * exc0)],
+        "fields": [(f, f + width) for f in fields],
+    }
+    assert all(hi > lo for ranges in parts.values() for lo, hi in ranges), "the plane lacks a part"
+    blob = bytearray(payload.numpy().tobytes())
+    rng = random.Random(f"streams-{width}")
+    refused = dict.fromkeys(parts, 0)
+    for i in range(2 * ROUNDS):
+        part = list(parts)[i % len(parts)]
+        bad = bytearray(blob)
+        for _ in range(rng.randint(1, 2)):
+            lo, hi = rng.choice(parts[part])
+            bit = rng.randrange(lo, hi)
+            bad[bit // 8] ^= 1 << (bit % 8)
+        bad = reseal(torch.frombuffer(bad, dtype=torch.uint8).clone())
+        got = _outcome(lambda p: compact.decode_compact(p, name="p"), bad)
+        ref = _outcome(_decode_torch_reference, bad)
+        assert (got is None) == (ref is None), f"{part}: the numpy and torch decoders disagree on validity"
+        assert got is None or torch.equal(got, ref), f"{part}: the numpy and torch decoders disagree"
+        checked = _outcome(lambda p: decode_compact(p, name="p"), bad)
+        assert checked is None or torch.equal(checked, plane), f"{part}: a mutated payload decoded differently"
+        refused[part] += checked is None
+    assert all(refused.values()), f"some part's mutations never reach a check: {refused}"
 
 
 def _safetensors(tmp_path: Path) -> Path:

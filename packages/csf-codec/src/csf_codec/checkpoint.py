@@ -5,7 +5,7 @@ Layouts understood: a single ``*.safetensors`` file, or a directory holding eith
 index, its top-level ``*.safetensors`` files. Every other file of a directory (config.json aside, see below;
 tokenizer files, generation config, READMEs, subfolders) is copied byte for byte.
 
-Schema (``CSF_FORMAT_VERSION`` 2):
+Schema (``CSF_FORMAT_VERSION`` 3):
 
 * Each scale plane ``X`` recognised by :mod:`csf_codec.hf_naming` is stored, in the shard that held ``X``, as
   ``X.csf``: a uint8 1-D tensor holding the self-describing compact payload. Planes of rank > 3 are encoded as
@@ -18,7 +18,7 @@ Schema (``CSF_FORMAT_VERSION`` 2):
 * A directory output carries a completion record (:mod:`csf_codec.transaction`); every output is written
   under a temporary sibling and renamed into place whole.
 * config.json: when it has a ``quantization_config`` object, that object gains
-  ``"csf": {"format_version": 1, "scale_format": "mxfp4" | "nvfp4", "tensors": N}``. When it has none, the same
+  ``"csf": {"format_version": 3, "scale_format": "mxfp4" | "nvfp4", "tensors": N}``. When it has none, the same
   entry goes under a top-level ``"csf"`` key instead: inventing a ``quantization_config`` without a
   ``quant_method`` would make transformers refuse the model, while unknown top-level keys are ignored. A
   checkpoint mixing both formats records ``"scale_format": "mxfp4,nvfp4"``. Decompression removes the entry.

@@ -8,10 +8,13 @@ A plane of R rows (experts x N, flattened) and C scale columns is stored as five
    escape, so segments decode independently (one GPU program per segment).
 2. ``escapes``: the escaped base bytes, in row order.
 3. ``selectors``: R*C fields of ``width`` bits, row-major: scale = base + field for in-window scales.
+   An exception's field holds which side of the window its value lies on and, for w > 1, its distance
+   up to 2**(w-1) (:mod:`csf_codec.compact_code`).
 4. ``chunk counts``: the flat plane is cut into 256-scale chunks; one byte each: the number n of
-   exceptions (scales outside their row's window) when 2n < chunk length, else 255 = raw chunk.
-5. ``exceptions``: per chunk in order, n position bytes (ascending, within the chunk) then n value
-   bytes; or, for a raw chunk, the chunk's native bytes.
+   exceptions (scales outside their row's window), or 255 = raw chunk (where listing would not save).
+5. ``exceptions``: the listed chunks' position codes and far flags, bit-packed (each chunk's size a
+   function of its count, so any chunk is found by a prefix sum); the raw chunks' native bytes; the
+   far exceptions' 3-bit distance codes; the bytes of the farthest ones.
 
 The encoder picks the offset width (1, 2 or 4 bits) that gives the smallest payload. Encoding is plain
 deterministic torch, so it produces the same bytes on the CPU and on a GPU.
@@ -19,18 +22,23 @@ deterministic torch, so it produces the same bytes on the CPU and on a GPU.
 
 from __future__ import annotations
 
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .bitfields import pack_fields, packed_nbytes, unpack_fields
-from .compact_np import decode_rows_np, encode_sections_np, scan_bases_np
+from .bitfields import packed_nbytes, unpack_fields
+from .compact_code import CHUNK, MAX_LISTED, RAW
+from .compact_decode_np import decode_rows_np
+from .compact_np import chunk_lengths_np, chunk_table, encode_sections_np, scan_bases_np
+from .compact_torch import ChunkTableT, chunk_lengths, chunk_table_torch, decode_torch, encode_torch
 from .container import HEADER_BYTES, Envelope, open_envelope, plane_digest, seal, seal_in_place
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .planes import as_rows
-from .rowbase import row_bases_for_widths
+from .swar import unpack_bits
 
 __all__ = [
     "CHUNK_SCALES",
@@ -40,14 +48,15 @@ __all__ = [
     "CompactScales",
     "compact_layout",
     "decode_compact",
+    "decode_compact_digest",
     "encode_compact",
     "read_compact_header",
 ]
 
 MAGIC = b"CSFc"
 SEGMENT_ROWS = 128
-CHUNK_SCALES = 256
-RAW_CHUNK = 255
+CHUNK_SCALES = CHUNK
+RAW_CHUNK = RAW
 _SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
 _WIDTHS = (1, 2, 4)
 
@@ -89,89 +98,6 @@ class CompactScales:
         return n
 
 
-_SCALES_PER_PASS = 1 << 22  # encoders and decoders walk the plane in row spans of about this many scales
-
-
-def _row_spans(rows: int, cols: int):
-    """Row ranges of a multiple of 256 rows: every section (2-bit codes, w-bit selectors, 256-scale
-    chunks, 128-row segments) splits on their boundaries, so spans encode and decode independently."""
-    step = 256 * max(1, _SCALES_PER_PASS // (256 * max(cols, 1)))
-    for start in range(0, rows, step):
-        yield start, min(start + step, rows)
-
-
-@dataclass(frozen=True)
-class _Span:
-    """The exception structure of one row span for one offset width."""
-
-    outside: torch.Tensor  # bool [span rows * C]
-    counts: torch.Tensor  # int64 [chunks]
-    raw: torch.Tensor  # bool [chunks]
-    chunk_len: torch.Tensor  # int64 [chunks]
-    chunk_bytes: torch.Tensor  # int64 [chunks]
-
-
-def _chunk_lengths(total: int, device: torch.device) -> torch.Tensor:
-    n = (total + CHUNK_SCALES - 1) // CHUNK_SCALES
-    lens = torch.full((n,), CHUNK_SCALES, dtype=torch.int64, device=device)
-    if n:
-        lens[-1] = total - CHUNK_SCALES * (n - 1)
-    return lens
-
-
-def _base_codes(bases: torch.Tensor) -> torch.Tensor:
-    b = bases.to(torch.int16)
-    delta = torch.zeros_like(b)
-    delta[1:] = b[1:] - b[:-1]
-    codes = torch.full_like(bases, _ESCAPE)
-    codes[delta == 0] = _SAME
-    codes[delta == 1] = _UP
-    codes[delta == -1] = _DOWN
-    codes[::SEGMENT_ROWS] = _ESCAPE
-    return codes
-
-
-def _span(rows: torch.Tensor, bases: torch.Tensor, width: int) -> _Span:
-    d = rows.to(torch.int16) - bases.to(torch.int16)[:, None]
-    outside = ((d < 0) | (d >= (1 << width))).reshape(-1)
-    total = outside.numel()
-    chunk_len = _chunk_lengths(total, rows.device)
-    padded = torch.nn.functional.pad(outside, (0, chunk_len.numel() * CHUNK_SCALES - total))
-    counts = padded.view(-1, CHUNK_SCALES).sum(dim=1, dtype=torch.int64)
-    raw = 2 * counts >= chunk_len
-    return _Span(outside, counts, raw, chunk_len, torch.where(raw, chunk_len, 2 * counts))
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(x)
-    if x.numel() > 1:
-        out[1:] = x.cumsum(0)[:-1]
-    return out
-
-
-def _span_sections(rows: torch.Tensor, bases: torch.Tensor, sp: _Span, width: int) -> tuple[torch.Tensor, ...]:
-    """Selectors, chunk counts and exception bytes of one row span."""
-    flat = rows.reshape(-1)
-    dev = rows.device
-    d = (rows.to(torch.int16) - bases.to(torch.int16)[:, None]).reshape(-1)
-    selectors = pack_fields(torch.where(sp.outside, torch.zeros_like(d), d).to(torch.uint8), width)
-    counts = torch.where(sp.raw, torch.full_like(sp.counts, RAW_CHUNK), sp.counts).to(torch.uint8)
-    exc = torch.zeros(int(sp.chunk_bytes.sum()), dtype=torch.uint8, device=dev)
-    offsets = _exclusive_cumsum(sp.chunk_bytes)
-    chunk_of = torch.arange(flat.numel(), device=dev) // CHUNK_SCALES
-    in_raw = sp.raw[chunk_of] if flat.numel() else torch.zeros(0, dtype=torch.bool, device=dev)
-    raw_idx = in_raw.nonzero().squeeze(1)  # raw chunks: their native bytes
-    exc[offsets[chunk_of[raw_idx]] + raw_idx % CHUNK_SCALES] = flat[raw_idx]
-    # listed chunks: positions, then values (nonzero() is ordered, so ranks ascend within a chunk)
-    idx = (sp.outside & ~in_raw).nonzero().squeeze(1)
-    ch = chunk_of[idx]
-    listed = torch.where(sp.raw, torch.zeros_like(sp.counts), sp.counts)
-    rank = torch.arange(idx.numel(), device=dev) - _exclusive_cumsum(listed)[ch]
-    exc[offsets[ch] + rank] = (idx % CHUNK_SCALES).to(torch.uint8)
-    exc[offsets[ch] + sp.counts[ch] + rank] = flat[idx]
-    return selectors, counts, exc
-
-
 def encode_compact(
     plane: torch.Tensor,
     fmt: ScaleFormat | str,
@@ -187,14 +113,16 @@ def encode_compact(
     fmt = scale_format(fmt)
     rows, shape = as_rows(plane, name=name)
     if rows.device.type == "cpu":
-        width, secs = encode_sections_np(rows.numpy(), tuple(widths))
-        sections = tuple(int(p.size) for p in secs)
-        payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
-        np.concatenate(secs, out=payload[HEADER_BYTES:])
-        env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
-        sealed = seal_in_place(env, torch.from_numpy(payload), digest=plane_digest(rows))
+        with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: the digest overlaps the encoding
+            digest = pool.submit(plane_digest, rows)
+            width, secs = encode_sections_np(rows.numpy(), tuple(widths))
+            sections = tuple(int(p.size) for p in secs)
+            payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
+            np.concatenate(secs, out=payload[HEADER_BYTES:])
+            env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
+            sealed = seal_in_place(env, torch.from_numpy(payload), digest=digest.result())
     else:
-        width, body, sections = _encode_torch(rows, widths)
+        width, body, sections = encode_torch(rows, tuple(widths))
         env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
         sealed = seal(env, body, digest=plane_digest(rows))
     out = CompactScales(payload=sealed, shape=shape, fmt=fmt, width=width)
@@ -207,28 +135,7 @@ def encode_compact(
 
 def _encode_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> tuple[int, torch.Tensor, tuple[int, ...]]:
     """The compact body in torch, on the plane's device (the numpy path's reference on the CPU)."""
-    r, c = rows.shape
-    bases = row_bases_for_widths(rows, widths)
-    spans = list(_row_spans(r, c))
-
-    def size(w: int) -> int:
-        codes = _base_codes(bases[w])
-        n = packed_nbytes(r, 2) + int((codes == _ESCAPE).sum()) + packed_nbytes(r * c, w)
-        for a, b in spans:
-            sp = _span(rows[a:b], bases[w][a:b], w)
-            n += sp.counts.numel() + int(sp.chunk_bytes.sum())
-        return n
-
-    width = min(widths, key=lambda w: (size(w), w)) if len(widths) > 1 else widths[0]
-    codes = _base_codes(bases[width])
-    parts: list[list[torch.Tensor]] = [[pack_fields(codes, 2)], [bases[width][codes == _ESCAPE]], [], [], []]
-    for a, b in spans:
-        span_rows, span_bases = rows[a:b], bases[width][a:b]
-        for i, t in enumerate(_span_sections(span_rows, span_bases, _span(span_rows, span_bases, width), width)):
-            parts[2 + i].append(t)
-    empty = torch.zeros(0, dtype=torch.uint8, device=rows.device)
-    pieces = [torch.cat(p) if p else empty for p in parts]
-    return width, torch.cat(pieces), tuple(int(p.numel()) for p in pieces)
+    return encode_torch(rows, widths)
 
 
 def read_compact_header(payload: torch.Tensor, *, name: str = "scales") -> CompactHeader:
@@ -246,8 +153,9 @@ def _header(env: Envelope, name: str) -> CompactHeader:
 class CompactLayout:
     """A compact payload checked structurally, as views: what the decoder and the GPU expander read.
 
-    Everything here is validated (checksums, geometry, section sizes, segment escapes, chunk counts), so
-    offsets derived from it stay inside the payload.
+    Everything here is validated (checksums, geometry, section sizes, segment escapes, chunk counts, the
+    exception section long enough for the listed streams and raw chunks), so offsets derived from it stay
+    inside the payload.
     """
 
     fmt: ScaleFormat
@@ -261,9 +169,7 @@ class CompactLayout:
     counts: torch.Tensor  # section 4, uint8
     exceptions: torch.Tensor
     base_codes: torch.Tensor  # uint8 [rows], unpacked
-    raw: torch.Tensor  # bool [chunks]
-    chunk_len: torch.Tensor  # int64 [chunks]
-    chunk_offsets: torch.Tensor  # int64 [chunks]: where each chunk's bytes start in ``exceptions``
+    table: ChunkTableT  # where each chunk's exceptions lie in ``exceptions``
 
 
 def compact_layout(
@@ -287,24 +193,32 @@ def compact_layout(
     for i, (got, exp) in enumerate(zip(head.sections, want, strict=True)):
         if exp is not None and got != exp:
             raise CorruptPayloadError(name, f"section {i} holds {got} bytes, the geometry {shape} needs {exp}")
-    chunk_len = _chunk_lengths(total, body.device)
     bounds = torch.tensor((0, *head.sections), dtype=torch.int64).cumsum(0).tolist()
     sec = [body[bounds[i] : bounds[i + 1]] for i in range(5)]
-
-    codes = unpack_fields(sec[0], 2, r)
+    # the per-row and per-chunk checks below read numpy arrays for CPU payloads (no torch intra-op thread
+    # handoffs, which stall on a shared machine) and tensors elsewhere: the same expressions serve both
+    host = body.device.type == "cpu"
+    if host:
+        codes = unpack_bits(sec[0].numpy(), 2, r)
+        counts, chunk_len = sec[3].numpy(), chunk_lengths_np(total)
+    else:
+        codes = unpack_fields(sec[0], 2, r)
+        counts, chunk_len = sec[3].to(torch.int64), chunk_lengths(total, body.device)
     if r and bool((codes[::SEGMENT_ROWS] != _ESCAPE).any()):
         raise CorruptPayloadError(name, "a 128-row segment does not start with an escaped base")
     escapes = int((codes == _ESCAPE).sum())
     if escapes != sec[1].numel():
         raise CorruptPayloadError(name, f"{escapes} escaped bases announced, {sec[1].numel()} stored")
-    counts = sec[3].to(torch.int64)
-    raw = counts == RAW_CHUNK
-    if bool((~raw & (2 * counts >= chunk_len)).any()):
-        raise CorruptPayloadError(name, "a chunk lists more exceptions than a raw chunk would hold")
-    chunk_bytes = torch.where(raw, chunk_len, 2 * counts)
-    if int(chunk_bytes.sum()) != sec[4].numel():
+    if bool(((counts != RAW_CHUNK) & ((counts > chunk_len) | (counts > MAX_LISTED))).any()):
+        raise CorruptPayloadError(name, "a chunk lists more exceptions than it has scales")
+    if host:
+        table = ChunkTableT.from_numpy(chunk_table(counts, chunk_len))
+        codes = torch.from_numpy(codes)
+    else:
+        table = chunk_table_torch(counts, chunk_len)
+    if table.raw_end > sec[4].numel():
         raise CorruptPayloadError(
-            name, f"exception section holds {sec[4].numel()} bytes, chunk counts need {int(chunk_bytes.sum())}"
+            name, f"exception section holds {sec[4].numel()} bytes, its chunks need at least {table.raw_end}"
         )
     return CompactLayout(
         fmt=head.fmt,
@@ -318,9 +232,7 @@ def compact_layout(
         counts=sec[3],
         exceptions=sec[4],
         base_codes=codes,
-        raw=raw,
-        chunk_len=chunk_len,
-        chunk_offsets=_exclusive_cumsum(chunk_bytes),
+        table=table,
     )
 
 
@@ -335,97 +247,39 @@ def decode_compact(
     Raises :class:`CorruptPayloadError`, :class:`FormatVersionError` or :class:`ShapeMismatchError`
     naming ``name``; every index is validated before use, so no input reads out of bounds.
     """
+    return decode_compact_digest(payload, name=name, expected_shape=expected_shape, digest=False)[0]
+
+
+def decode_compact_digest(
+    payload: torch.Tensor | CompactScales,
+    *,
+    name: str = "scales",
+    expected_shape: tuple[int, ...] | None = None,
+    digest: bool = True,
+) -> tuple[torch.Tensor, bytes | None]:
+    """:func:`decode_compact`, and the restored plane's SHA-256 (:func:`csf_codec.container.plane_digest`)
+    when ``digest``. On the CPU the plane is hashed span by span as the decoder finishes each span, so
+    hashing overlaps decoding."""
     lay = compact_layout(payload, name=name, expected_shape=expected_shape)
     r, c, w = lay.rows, lay.cols, lay.width
-    if lay.codes.device.type == "cpu":
-        bases = torch.from_numpy(scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy()))
-    else:
+    if lay.codes.device.type != "cpu":
         bases = _scan_bases(lay.base_codes, lay.base_codes == _ESCAPE, lay.escapes)
+        if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
+            raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
+        plane = _decode_torch(lay, bases, name)
+        return plane, plane_digest(plane) if digest else None
+    bases = scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy())
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
-    if lay.codes.device.type == "cpu":
-        flat = decode_rows_np(
-            bases.numpy(),
-            lay.selectors.numpy(),
-            lay.counts.numpy(),
-            lay.exceptions.numpy(),
-            lay.chunk_offsets.numpy(),
-            r,
-            c,
-            w,
-            name,
-        )
-        return torch.from_numpy(flat).reshape(lay.shape)
-    return _decode_torch(lay, bases, name)
+    hasher = hashlib.sha256() if digest else None
+    sec = (lay.selectors.numpy(), lay.table.numpy(), lay.exceptions.numpy())
+    plane = torch.from_numpy(decode_rows_np(bases, *sec, r, c, w, name, hasher)).reshape(lay.shape)
+    return plane, hasher.digest() if digest else None
 
 
 def _decode_torch(lay: CompactLayout, bases: torch.Tensor, name: str) -> torch.Tensor:
     """The decoder in torch, on the payload's device (the path for GPU payloads)."""
-    r, c, w = lay.rows, lay.cols, lay.width
-    counts = lay.counts.to(torch.int64)
-    flat = torch.empty(r * c, dtype=torch.uint8, device=lay.codes.device)
-    for a, b in _row_spans(r, c):
-        lo, hi = a * c, b * c  # span spans are whole bytes of selectors and whole 256-scale chunks
-        fields = unpack_fields(lay.selectors[lo * w // 8 : -(-hi * w // 8)], w, hi - lo).to(torch.int32)
-        vals = (bases[a:b, None] + fields.view(b - a, c)).reshape(-1).to(torch.int32)
-        c0, c1 = lo // CHUNK_SCALES, -(-hi // CHUNK_SCALES)
-        _patch_span(
-            vals,
-            fields,
-            bases[a:b],
-            c,
-            w,
-            counts[c0:c1],
-            lay.raw[c0:c1],
-            lay.chunk_len[c0:c1],
-            lay.chunk_offsets[c0:c1],
-            lay.exceptions,
-            name,
-        )
-        flat[lo:hi] = vals.to(torch.uint8)
-    return flat.reshape(lay.shape)
-
-
-def _patch_span(vals, fields, bases, c, w, counts, raw, chunk_len, offsets, exc, name) -> None:
-    """Apply one row span's listed exceptions and raw chunks to its decoded values, validating each."""
-    dev = vals.device
-    listed = torch.where(raw, torch.zeros_like(counts), counts)
-    n_listed = int(listed.sum())
-    if n_listed:
-        ch = torch.repeat_interleave(torch.arange(counts.numel(), device=dev), listed)
-        rank = torch.arange(n_listed, device=dev) - _exclusive_cumsum(listed)[ch]
-        pos = exc[offsets[ch] + rank].to(torch.int64)
-        val = exc[offsets[ch] + counts[ch] + rank]
-        if bool((pos >= chunk_len[ch]).any()):
-            raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
-        if bool(((ch[1:] == ch[:-1]) & (pos[1:] <= pos[:-1])).any()):
-            raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-        where = ch * CHUNK_SCALES + pos
-        if bool((fields[where] != 0).any()):
-            raise CorruptPayloadError(name, "an exception's selector is not zero")
-        base = bases[where // c]
-        v = val.to(torch.int32)
-        if bool(((v >= base) & (v < base + (1 << w))).any()):
-            raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
-        vals[where] = v
-    raw_chunks = raw.nonzero().squeeze(1)
-    if raw_chunks.numel():
-        lens = chunk_len[raw_chunks]
-        ch = torch.repeat_interleave(raw_chunks, lens)
-        within = torch.arange(int(lens.sum()), device=dev) - _exclusive_cumsum(lens).repeat_interleave(lens)
-        where = ch * CHUNK_SCALES + within
-        native = exc[offsets[ch] + within].to(torch.int32)
-        d = native - bases[where // c]
-        inside = (d >= 0) & (d < (1 << w))
-        if bool((fields[where].to(torch.int32) != torch.where(inside, d, 0)).any()):
-            raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
-        outside = torch.zeros(raw_chunks.numel(), dtype=torch.int64, device=dev)
-        outside.index_add_(
-            0, torch.repeat_interleave(torch.arange(raw_chunks.numel(), device=dev), lens), (~inside).long()
-        )
-        if bool((2 * outside < lens).any()):
-            raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
-        vals[where] = native
+    return decode_torch(lay, bases, name).reshape(lay.shape)
 
 
 def _scan_bases(codes: torch.Tensor, is_esc: torch.Tensor, escapes: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,35 @@
-"""The compact form's CPU encoder and decoder, as whole-array numpy passes over row spans.
+"""The compact form's CPU encoder, as whole-array numpy passes over row spans, and the exception code's
+tables shared with the CPU decoder (:mod:`csf_codec.compact_decode_np`).
 
-Byte-identical to the torch code in :mod:`csf_codec.compact` (which stays the path for other devices);
-spans of a multiple of 256 rows split every section on byte and chunk boundaries, so they are encoded
-and decoded independently, two at a time (numpy releases the GIL), and memory stays bounded by a span.
+Byte-identical to the torch code in :mod:`csf_codec.compact_torch` (which stays the path for other
+devices); spans of a multiple of 256 rows split every section on chunk boundaries, so they are encoded
+independently, two at a time (numpy releases the GIL), and memory stays bounded by a span. Only the
+exception section's bit streams cross spans: the encoder ors the spans' bytes together.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import numpy as np
 
-from .errors import CorruptPayloadError
+from .compact_code import (
+    CHUNK,
+    ESCAPE_CODE,
+    FAR_BITS,
+    LISTED_BITS,
+    LOW_BITS,
+    MAX_LISTED,
+    RAW,
+    exact_distances,
+    listed_cost_bits,
+)
 from .rowbase import row_bases_np
-from .swar import group_counts, map_spans, pack_bits, unpack_bits
+from .swar import group_counts, map_spans, pack_bits, scatter_bits
 
-__all__ = ["base_codes_np", "decode_rows_np", "encode_sections_np", "exclusive_cumsum"]
+__all__ = ["ChunkTable", "base_codes_np", "chunk_table", "encode_sections_np", "exclusive_cumsum"]
 
-CHUNK = 256
-RAW = 255
 SEGMENT_ROWS = 128
 _SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
 _SCALES_PER_SPAN = 1 << 20
@@ -64,17 +77,12 @@ def scan_bases_np(codes: np.ndarray, escapes: np.ndarray) -> np.ndarray:
     return np.cumsum(step, dtype=np.int32)
 
 
-def _chunk_lengths(scales: int) -> np.ndarray:
+def chunk_lengths_np(scales: int) -> np.ndarray:
     n = -(-scales // CHUNK)
     lens = np.full(n, CHUNK, dtype=np.int64)
     if n:
         lens[-1] = scales - CHUNK * (n - 1)
     return lens
-
-
-def _outside(x: np.ndarray, base: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    d = (x - base[:, None]).reshape(-1)  # uint8: below the base wraps past the window too
-    return d, d >= (1 << width)
 
 
 def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
@@ -94,135 +102,192 @@ def copy_chunks(packed, offsets, flat, ids, lens, *, to_chunks: bool) -> None:
             packed[lo : lo + n] = flat[k * CHUNK : k * CHUNK + n]
 
 
-def _raw_chunks(vals, fields, exceptions, offsets, ids, lens, top: int, name: str) -> None:
-    """Copy a span's raw chunks into ``vals`` (which holds base + selector there), checking that they are
-    canonical: their selectors are what a listed chunk's would be, and their exceptions fill half or more."""
-    n = lens[ids]
-    total = int(n.sum())
-    within = np.arange(total) - np.repeat(exclusive_cumsum(n), n)
-    where = np.repeat(ids * CHUNK, n) + within
-    native = exceptions[np.repeat(offsets[ids], n) + within]
-    field = fields[where]
-    d = native - (vals[where] - field)  # uint8: scale - base
-    inside = d <= top
-    if (field != np.where(inside, d, 0)).any():
-        raise CorruptPayloadError(name, "a raw chunk's selectors differ from the scales it stores")
-    outside = np.add.reduceat(~inside, exclusive_cumsum(n)) if total else n
-    if (2 * outside < n).any():
-        raise CorruptPayloadError(name, "a raw chunk holds few enough exceptions to be listed")
-    vals[where] = native
+def distances(values: np.ndarray, bases: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(side, distance) of exception bytes from their rows' windows: side 1 above, 0 below."""
+    v, b = values.astype(np.int16), bases.astype(np.int16)
+    above = v > b
+    return above, np.where(above, v - b - ((1 << width) - 1), b - v)
+
+
+def exception_fields(side: np.ndarray, dist: np.ndarray, width: int) -> np.ndarray:
+    """The selector field an exception stores: its side, and its distance up to K + 1."""
+    return (side + (np.minimum(dist - 1, exact_distances(width)) << 1)).astype(np.uint8)
+
+
+def value_classes(dist: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(far, escaped) flags of exceptions by distance."""
+    k = exact_distances(width)
+    return dist >= k + 2, dist >= k + 2 + ESCAPE_CODE
+
+
+def raw_chunks(n: np.ndarray, far: np.ndarray, esc: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which chunks are stored raw: listing them would cost at least their native bytes."""
+    return (n > MAX_LISTED) | (listed_cost_bits(np.minimum(n, CHUNK), far, esc) >= 8 * lens)
+
+
+@dataclass(frozen=True)
+class _SpanExceptions:
+    """One row span's exceptions at one width: their places and codes, and the span's selector fields."""
+
+    fields: np.ndarray  # uint8 per scale: the offset in the window, 0 at exceptions
+    idx: np.ndarray  # span-flat index of each exception, ascending
+    side: np.ndarray
+    dist: np.ndarray
+
+
+def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, span: tuple[int, int]):
+    """Exceptions, far ones and escaped ones per chunk of rows [a, b): scales more than 0, K + 1 and
+    K + 8 below or above their row's window.
+
+    From one pass ``d = x - base`` (mod 256): a scale lies outside the window widened by ``reach`` iff
+    ``d + reach`` (mod 256) exceeds ``top + 2 * reach``, for rows whose widened window stays inside the
+    byte range; the few rows near either end are recounted with their clipped window."""
+    x, base = rows[span[0] : span[1]], bases[span[0] : span[1]]
+    d = x - np.repeat(base, x.shape[1]).reshape(x.shape)
+    top, k = (1 << width) - 1, exact_distances(width)
+    out = []
+    for reach in (0, k + 1, k + 1 + ESCAPE_CODE):
+        flags = (d + np.uint8(reach)) > np.uint8(top + 2 * reach)
+        edge = np.flatnonzero((base < reach) | (base > 255 - top - reach))
+        if edge.size:  # outside [lo, hi] iff x - lo wraps past hi - lo
+            lo = np.maximum(base[edge].astype(np.int16) - reach, 0)
+            hi = np.minimum(base[edge].astype(np.int16) + top + reach, 255)
+            flags[edge] = (x[edge] - lo.astype(np.uint8)[:, None]) > (hi - lo).astype(np.uint8)[:, None]
+        out.append(group_counts(flags.reshape(-1), CHUNK))
+    return tuple(out)
+
+
+def _choose_width(rows, bases, widths, spans, lens) -> tuple[int, tuple[np.ndarray, ...], dict[int, np.ndarray]]:
+    """The width of the smallest payload (ties: the smaller) with its per-chunk (exceptions, far,
+    escaped) counts and the base codes of every width sized. Widths are sized in increasing order; one
+    whose selectors alone outweigh the best payload so far is not counted."""
+    r, c = rows.shape
+    codes: dict[int, np.ndarray] = {}
+    sections = -(-r // 4) + lens.size  # base codes and chunk counts: the same for every width
+    best = None
+    for w in sorted(widths):
+        if best is not None and sections + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8) > best[0]:
+            continue  # every 128-row segment escapes once, and exceptions cost >= 0
+        codes[w] = base_codes_np(bases[w])
+        per_span = (
+            map_spans(partial(_chunk_counts, rows, bases[w], w), spans) if r * c else [(np.zeros(0, np.int64),) * 3]
+        )
+        n, far, esc = (np.concatenate(p) for p in zip(*per_span, strict=True))
+        raw = raw_chunks(n, far, esc, lens)
+        listed = ~raw
+        bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
+        exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
+        size = sections + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
+        if best is None or size < best[0]:
+            best = (size, w, (n, far, esc))
+    return best[1], best[2], codes
+
+
+def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
+    c = x.shape[1]
+    u = (x - np.repeat(base, c).reshape(x.shape)).reshape(-1)  # below the base wraps past the window
+    idx = np.flatnonzero(u >= (1 << width))
+    side, dist = distances(x.reshape(-1)[idx], base[idx // c], width)
+    u[idx] = 0
+    return _SpanExceptions(u, idx, side, dist)
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """Where each chunk's exceptions lie in the exception section, from the chunk counts alone."""
+
+    raw: np.ndarray  # bool
+    lens: np.ndarray  # scales per chunk
+    listed: np.ndarray  # exceptions of listed chunks (0 for raw ones)
+    bit_offsets: np.ndarray  # listed chunks: their stream's first bit
+    raw_offsets: np.ndarray  # raw chunks: their native bytes' first byte
+    stream_bits: int  # the listed streams' bits
+    stream_bytes: int  # the listed streams, padded to a byte
+    raw_end: int  # the raw chunks' native bytes end here (far codes follow)
+
+
+def chunk_table(counts: np.ndarray, lens: np.ndarray) -> ChunkTable:
+    counts = counts.astype(np.int64)
+    raw = counts == RAW
+    listed = np.where(raw, 0, counts)
+    bits = LISTED_BITS[np.minimum(listed, CHUNK)]
+    bit_offsets = exclusive_cumsum(bits)
+    total = int(bit_offsets[-1] + bits[-1]) if bits.size else 0
+    stream_bytes = -(-total // 8)
+    raw_lens = np.where(raw, lens, 0)
+    raw_offsets = stream_bytes + exclusive_cumsum(raw_lens)
+    end = stream_bytes + int(raw_lens.sum())
+    return ChunkTable(raw, lens, listed, bit_offsets, raw_offsets, total, stream_bytes, end)
+
+
+def _listed_fields(ex: _SpanExceptions, keep: np.ndarray, n: np.ndarray, bit0: np.ndarray, width: int):
+    """Bit offsets and values of the kept exceptions' position codes and far flags (see compact_code)."""
+    idx, dist = ex.idx[keep], ex.dist[keep]
+    ch = idx >> 8
+    rank = np.arange(idx.size) - exclusive_cumsum(n)[ch]
+    pos = idx & (CHUNK - 1)
+    cnt = n[ch]
+    low = LOW_BITS[cnt]
+    o = bit0[ch]
+    tail = o + cnt + (CHUNK >> low)
+    offsets = np.concatenate([o + (pos >> low) + rank, tail + rank * low, tail + cnt * low + rank])
+    far = value_classes(dist, width)[0]
+    values = np.concatenate([np.ones(idx.size, np.int64), pos & ((1 << low) - 1), far])
+    return offsets, values, far
 
 
 def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
     """The width and five body sections of the compact form of a uint8 [R, C] plane."""
     r, c = rows.shape
     bases = row_bases_np(rows, widths)  # one pass: the level counts are shared by every width
-    codes: dict[int, np.ndarray] = {}
     spans = row_spans(r, c)
-    lens = _chunk_lengths(r * c)
-    head = 2 * (-(-r // 4)) + lens.size  # base codes and chunk counts: the same for every width
+    lens = chunk_lengths_np(r * c)
+    width, (n, far, esc), codes = _choose_width(rows, bases, widths, spans, lens)
+    raw = raw_chunks(n, far, esc, lens)
+    counts = np.where(raw, RAW, n).astype(np.uint8)
+    table = chunk_table(counts, lens)
+    k = exact_distances(width)
 
-    def size(w: int) -> int:
-        def span_bytes(span: tuple[int, int]) -> int:
-            a, b = span
-            n = group_counts(_outside(rows[a:b], bases[w][a:b], w)[1], CHUNK)
-            ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
-            return int(np.where(2 * n >= ln, ln, 2 * n).sum())
-
-        fixed = head - (-(-r // 4)) + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8)
-        return fixed + sum(map_spans(span_bytes, spans))
-
-    def lower_bound(w: int) -> int:  # every 128-row segment escapes once; exceptions cost >= 0
-        return head - (-(-r // 4)) + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8)
-
-    best = None
-    for w in sorted(widths):
-        if best is not None and lower_bound(w) > best[0]:
-            continue
-        codes[w] = base_codes_np(bases[w])
-        n = size(w)
-        if best is None or n < best[0]:
-            best = (n, w)
-    width = best[1]
-
-    def span_sections(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        a, b = span
+    def span_sections(i: int):
+        a, b = spans[i]
         x = rows[a:b]
         flat = x.reshape(-1)
-        d, outside = _outside(x, bases[width][a:b], width)
-        selectors = pack_bits(d == 1 if width == 1 else np.where(outside, np.uint8(0), d), width)
-        n = group_counts(outside, CHUNK)
-        ln = lens[a * c // CHUNK : a * c // CHUNK + n.size]
-        raw = 2 * n >= ln
-        chunk_bytes = np.where(raw, ln, 2 * n)
-        offsets = exclusive_cumsum(chunk_bytes)
-        exc = np.empty(int(chunk_bytes.sum()), dtype=np.uint8)
-        idx = np.flatnonzero(outside)
-        ch = idx >> 8
-        keep = ~raw[ch]
-        idx, ch = idx[keep], ch[keep]
-        listed = np.where(raw, 0, n)
-        rank = np.arange(idx.size) - exclusive_cumsum(listed)[ch]
-        exc[offsets[ch] + rank] = idx.astype(np.uint8)  # position within the chunk: the low byte
-        exc[offsets[ch] + n[ch] + rank] = flat[idx]
-        copy_chunks(exc, offsets, flat, np.flatnonzero(raw), ln, to_chunks=False)
-        return selectors, np.where(raw, RAW, n).astype(np.uint8), exc
+        base = bases[width][a:b]
+        ex = _span_exceptions(x, base, width)
+        fields = ex.fields
+        fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
+        selectors = pack_bits(fields, width)
+        c0 = a * c // CHUNK
+        sl = slice(c0, -(-b * c // CHUNK))
+        span_raw = table.raw[sl]
+        keep = ~span_raw[ex.idx >> 8]
+        bit0 = table.bit_offsets[sl]
+        start = int(bit0[0]) >> 3 if bit0.size else 0
+        end = table.stream_bits if sl.stop >= lens.size else int(table.bit_offsets[sl.stop])
+        offsets, values, far_l = _listed_fields(ex, keep, table.listed[sl], bit0 - 8 * start, width)
+        stream = scatter_bits(-(-end // 8) - start, offsets, values)
+        dist = ex.dist[keep][far_l]
+        far_codes = np.minimum(dist - (k + 2), ESCAPE_CODE)
+        escaped = flat[ex.idx[keep][far_l][far_codes == ESCAPE_CODE]]
+        raw_bytes = np.empty(int(table.lens[sl][span_raw].sum()), dtype=np.uint8)
+        copy_chunks(
+            raw_bytes,
+            exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)),
+            flat,
+            np.flatnonzero(span_raw),
+            table.lens[sl],
+            to_chunks=False,
+        )
+        return selectors, start, stream, far_codes, escaped, raw_bytes
 
-    parts = map_spans(span_sections, spans)
-    escapes = bases[width][codes[width] == _ESCAPE]
+    out = map_spans(span_sections, range(len(spans)))
+    streams = np.zeros(table.stream_bytes, dtype=np.uint8)
+    for _, start, stream, *_ in out:  # neighbouring spans may share a byte: or them in
+        streams[start : start + stream.size] |= stream
+    far_codes = np.concatenate([p[3] for p in out]) if out else np.zeros(0, np.int64)
+    far_bytes = scatter_bits(-(-FAR_BITS * far_codes.size // 8), FAR_BITS * np.arange(far_codes.size), far_codes)
     empty = np.zeros(0, dtype=np.uint8)
-    cat = [np.concatenate([p[i] for p in parts]) if parts else empty for i in range(3)]
-    return width, [pack_bits(codes[width], 2), escapes, *cat]
-
-
-def decode_rows_np(
-    bases: np.ndarray,
-    selectors: np.ndarray,
-    counts: np.ndarray,
-    exceptions: np.ndarray,
-    chunk_offsets: np.ndarray,
-    rows: int,
-    cols: int,
-    width: int,
-    name: str,
-) -> np.ndarray:
-    """The flat native plane from validated sections and row bases, checking every exception."""
-    total = rows * cols
-    out = np.empty(total, dtype=np.uint8)
-    lens = _chunk_lengths(total)
-    counts = counts.astype(np.int64)
-    b8 = bases.astype(np.uint8)
-    top = (1 << width) - 1
-
-    def span(s: tuple[int, int]) -> None:
-        a, b = s
-        lo, hi = a * cols, b * cols
-        fields = unpack_bits(selectors[lo * width // 8 : -(-hi * width // 8)], width, hi - lo)
-        vals = out[lo:hi]
-        np.add(fields.reshape(b - a, cols), b8[a:b, None], out=vals.reshape(b - a, cols))
-        c0, c1 = lo // CHUNK, -(-hi // CHUNK)
-        n, ln, off = counts[c0:c1], lens[c0:c1], chunk_offsets[c0:c1]
-        raw = n == RAW
-        listed = np.where(raw, 0, n)
-        k = int(listed.sum())
-        if k:
-            at = np.arange(k)
-            pos = exceptions[np.repeat(off - exclusive_cumsum(listed), listed) + at].astype(np.int64)
-            val = exceptions[np.repeat(off - exclusive_cumsum(listed) + n, listed) + at]
-            if (pos >= np.repeat(ln, listed)).any():
-                raise CorruptPayloadError(name, "an exception position lies past the end of its chunk")
-            where = np.repeat(np.arange(0, n.size * CHUNK, CHUNK), listed) + pos
-            if (where[1:] <= where[:-1]).any():  # positions stay inside their chunks: ascending per chunk
-                raise CorruptPayloadError(name, "exception positions are not strictly ascending")
-            field = fields[where]
-            if field.any():
-                raise CorruptPayloadError(name, "an exception's selector is not zero")
-            if ((val - vals[where]) <= top).any():  # uint8: vals holds the base there; inside iff v - base <= top
-                raise CorruptPayloadError(name, "an exception repeats a value its selector could express")
-            vals[where] = val
-        ids = np.flatnonzero(raw)
-        if ids.size:
-            _raw_chunks(vals, fields, exceptions, off, ids, ln, top, name)
-
-    map_spans(span, row_spans(rows, cols))
-    return out
+    section = [streams] + [p[5] for p in out] + [far_bytes] + [p[4] for p in out]
+    escapes = bases[width][codes[width] == _ESCAPE]
+    selectors = np.concatenate([p[0] for p in out]) if out else empty
+    return width, [pack_bits(codes[width], 2), escapes, selectors, counts, np.concatenate(section)]

@@ -45,7 +45,7 @@ __all__ = [
     "stored_digest",
 ]
 
-CSF_FORMAT_VERSION = 2
+CSF_FORMAT_VERSION = 3
 DIGEST_BYTES = 32
 _HEAD = struct.Struct("<4sHBBB3s3II5Q32sI")
 HEADER_BYTES = _HEAD.size + 4
@@ -142,7 +142,9 @@ def open_envelope(
         (version,) = struct.unpack("<H", lead[4:6])
         if version != CSF_FORMAT_VERSION:
             raise FormatVersionError(
-                name, f"CSF format version {version}; this codec reads version {CSF_FORMAT_VERSION}"
+                name,
+                f"CSF format version {version}; this codec reads version {CSF_FORMAT_VERSION}: "
+                "decompress it with the csf version that wrote it and re-compress with this csf version",
             )
     if payload.numel() < HEADER_BYTES:
         raise CorruptPayloadError(

@@ -20,7 +20,11 @@ __all__ = ["check_digest", "decode_compact", "decode_payload", "inline_from_payl
 
 def check_digest(payload: torch.Tensor, plane: torch.Tensor, *, name: str = "scales") -> None:
     """Raise :class:`CorruptPayloadError` unless ``plane`` is the plane ``payload``'s digest names."""
-    if plane_digest(plane) != stored_digest(payload):
+    _check(payload, plane_digest(plane), name)
+
+
+def _check(payload: torch.Tensor, digest: bytes, name: str) -> None:
+    if digest != stored_digest(payload):
         raise CorruptPayloadError(
             name, "the restored plane does not match the payload's SHA-256 digest (damaged or forged payload)"
         )
@@ -34,8 +38,8 @@ def decode_compact(
 ) -> torch.Tensor:
     """:func:`csf_codec.compact.decode_compact`, then the plane digest check."""
     raw = payload.payload if isinstance(payload, _compact.CompactScales) else payload
-    plane = _compact.decode_compact(raw, name=name, expected_shape=expected_shape)
-    check_digest(raw, plane, name=name)
+    plane, digest = _compact.decode_compact_digest(raw, name=name, expected_shape=expected_shape)
+    _check(raw, digest, name)
     return plane
 
 

@@ -1,6 +1,6 @@
 """The CSF entries of a shard's ``__metadata__``: what each stored scale plane was, checked on read.
 
-A CSF shard's metadata holds ``csf.format_version`` (``"2"``), ``csf.tensors`` (canonical JSON: sorted
+A CSF shard's metadata holds ``csf.format_version`` (``"3"``), ``csf.tensors`` (canonical JSON: sorted
 keys, no spaces) and ``csf.tensors_sha256``, the SHA-256 of that canonical JSON. Each ``csf.tensors``
 entry is keyed by the stored tensor's name and has exactly the fields ``name``, ``dtype``, ``shape``,
 ``format``, ``values``, ``global_scale`` and ``stored``: ``"csf"`` for a compact payload stored as

@@ -1,6 +1,6 @@
 """The ``csf`` entry that ``csf compress`` adds to a checkpoint's config.json, read for the engines.
 
-``csf compress`` adds ``"csf": {"format_version": 1, "scale_format": "mxfp4" | "nvfp4", "tensors": N}`` to the
+``csf compress`` adds ``"csf": {"format_version": 3, "scale_format": "mxfp4" | "nvfp4", "tensors": N}`` to the
 ``quantization_config`` object (see :mod:`csf_codec.checkpoint`); the rest of that object is the checkpoint's
 own quantization (``quant_method`` "mxfp4" for gpt-oss, "modelopt" + ``quant_algo`` "NVFP4" for ModelOpt).
 """

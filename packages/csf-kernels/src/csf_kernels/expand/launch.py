@@ -372,6 +372,8 @@ def bind_expand_compact(
         (experts.numel() * segments_per_expert,),
         *sections,
         runtime.aligned(tables.chunk_offsets),
+        runtime.aligned(tables.far_offsets),
+        runtime.aligned(tables.escape_offsets),
         runtime.aligned(tables.segment_escapes),
         out,
         experts,
@@ -380,6 +382,7 @@ def bind_expand_compact(
         num_experts,
         tables.rows,
         shape[-1],
+        tables.exceptions.numel(),
     )
     return BoundExpansion(out, (launch,))
 
