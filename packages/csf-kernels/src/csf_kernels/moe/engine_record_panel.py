@@ -4,8 +4,8 @@ panel (:func:`csf_kernels.moe.engine_panels.engine_scale_panel`), as the produce
 stage's scale slots: read the record's header, build each slot's bytes from its row base, the window origin and
 its selector field, then overwrite the exceptions (a code's distance from the window, or the next escape byte).
 
-It trusts its records (the codec's decoder checks them at load). NVFP4's panel layout (4 bytes a row a step) is
-not in ``engine_panels`` yet; its twin comes with it.
+It trusts its records (the codec's decoder checks them at load). NVFP4's twin (its panel holds 4 bytes a row a
+step, ``engine_panels.panel_scales``) is not written yet.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def empty_scale_panel(records: EngineRecords) -> torch.Tensor:
 def decode_record_step(records: EngineRecords, block: int, step: int, panel: torch.Tensor) -> None:
     """Write K step ``step`` (64 K: two scale columns) of row block ``block``'s rows into ``panel[step]``."""
     if records.fmt.name != "mxfp4":
-        raise NotImplementedError("the NVFP4 scale panel is not defined yet (csf_kernels.moe.engine_panels)")
+        raise NotImplementedError("the NVFP4 twin of the record decoder is not written yet")
     geo = records.geometry
     col0 = step * _STEP_COLS
     tile = record_tile(records, block, col0 // TILE_COLS)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from csf_kernels.moe.kernels.engine_glue import slot_route
 from csf_kernels.runtime.pdl import await_predecessor
 
 _COMMON = {
@@ -39,15 +40,6 @@ PER_TOKEN_MIN_SCALE = tl.constexpr(1.0 / (448.0 * 512.0))  # vLLM's min_scaling_
 
 
 @triton.jit
-def _route_row(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
-    """(in use, live, token row, route) of slot ``s``."""
-    used = s < tl.load(meta) * BM
-    route = tl.load(sorted_ids + s, mask=used, other=-1)
-    live = used & (route >= 0) & (route < pairs)
-    return used, live, (tl.where(live, route, 0) // top_k).to(tl.int64), route
-
-
-@triton.jit
 def _e4m3_bytes(v):
     return tl.clamp(v, -E4M3_MAX, E4M3_MAX).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 
@@ -57,7 +49,7 @@ def engine_gather_fp8(x, sorted_ids, meta, xq, xscale, inverse, hidden, top_k, p
                       BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     s = tl.program_id(0)
-    used, live, row, route = _route_row(sorted_ids, meta, s, top_k, pairs, BM)
+    used, live, row, route = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
     if not used:
         return
     cols = tl.arange(0, BH)
@@ -82,7 +74,7 @@ def engine_gather_mxfp8(x, sorted_ids, meta, xq, xscale, inverse, hidden, top_k,
                         BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     s = tl.program_id(0)
-    used, live, row, route = _route_row(sorted_ids, meta, s, top_k, pairs, BM)
+    used, live, row, route = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
     if not used:
         return
     c = tl.program_id(1) * BH

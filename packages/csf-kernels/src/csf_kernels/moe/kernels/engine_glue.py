@@ -69,19 +69,26 @@ SWIGLU_LIMIT = tl.constexpr(7.0)
 
 
 @triton.jit
+def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
+    """(in use, live, token row as int64, route) of block-order slot ``s``: every gather's first step."""
+    used = s < tl.load(meta) * BM
+    route = tl.load(sorted_ids + s, mask=used, other=-1)
+    live = used & (route >= 0) & (route < pairs)
+    return used, live, (tl.where(live, route, 0) // top_k).to(tl.int64), route
+
+
+@triton.jit
 def engine_gather(x, sorted_ids, meta, xs, inverse, hidden, top_k, pairs, BM: tl.constexpr, BH: tl.constexpr,
                   PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     s = tl.program_id(0)
-    if s >= tl.load(meta) * BM:
+    used, live, row, route = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
+    if not used:
         return
-    route = tl.load(sorted_ids + s)
-    live = (route >= 0) & (route < pairs)
-    row = tl.where(live, route, 0) // top_k
     cols = tl.arange(0, BH)
     for c in range(0, hidden, BH):
         m = c + cols < hidden
-        v = tl.load(x + row.to(tl.int64) * hidden + c + cols, mask=m & live, other=0.0)
+        v = tl.load(x + row * hidden + c + cols, mask=m & live, other=0.0)
         tl.store(xs + s.to(tl.int64) * hidden + c + cols, v, mask=m)
     if live:
         tl.store(inverse + route, s)
