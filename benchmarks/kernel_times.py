@@ -1,6 +1,11 @@
 """Per-kernel device times of one fused-MoE layer call (torch's profiler, CUPTI), after warm-up calls.
 
     python3 benchmarks/kernel_times.py --model deepseek-v4.1-flash --tp 4 --tokens 1,8,32
+    python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 128,8192 --arms engine,triton_kernels \
+        --peer-path .peers
+
+Arms: the plan's layer with native or inline scales, the engine layer (``engine``: FC1's activation in its
+epilogue; ``engine_unfused``) and the triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
 
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import sys
 from pathlib import Path
@@ -20,22 +26,26 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from peer_triton_kernels import TritonKernelsMoE, import_triton_kernels
 from provenance import provenance
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
+from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
+ARMS = ("native", "inline", "engine", "engine_unfused", "triton_kernels")
 
-def kernel_times(layer, x, ids, w, calls: int) -> dict[str, float]:
-    """Mean device microseconds per call of each kernel name over ``calls`` calls."""
+
+def kernel_times(run, calls: int) -> dict[str, float]:
+    """Mean device microseconds per call of each kernel name over ``calls`` calls of ``run()``."""
     for _ in range(3):
-        layer.run(x, ids, w)
+        run()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            layer.run(x, ids, w)
+            run()
         torch.cuda.synchronize()
     times: dict[str, float] = collections.defaultdict(float)
     for ev in prof.events():
@@ -50,27 +60,46 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--fmt", default="mxfp4")
     ap.add_argument("--tokens", default="1,8,32")
-    ap.add_argument("--source", default="native", choices=("native", "inline"))
+    ap.add_argument("--arms", default="native", help=f"of {', '.join(ARMS)}")
+    ap.add_argument("--peer-path", default=None, help="a staged triton_kernels' parent folder")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    arms = a.arms.split(",")
+    if unknown := [arm for arm in arms if arm not in ARMS]:
+        ap.error(f"unknown arms {unknown}")
     runtime.freeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
     tokens = [int(t) for t in a.tokens.split(",")]
-    p = plan(geo, max(tokens), scale_source=a.source, buckets=tokens)
-    weights = prepare_weights(p, **synthetic_layer(geo, seed=1, device="cuda").weight_kwargs())
-    layer = bind(p, weights, torch.empty(p.scratch_bytes, dtype=torch.uint8, device="cuda"))
+    data = synthetic_layer(geo, seed=1, device="cuda")
     rows = []
-    for t in tokens:
-        x, ids, w = synthetic_routing(geo, t, torch.Generator(device="cuda").manual_seed(t))
-        times = kernel_times(layer, x, ids, w, a.calls)
-        rows.append({"tokens": t, "kernel_us": times, "total_us": sum(times.values())})
-        print(f"{geo.name} {a.source} T={t}: {sum(times.values()):.1f} us of kernels in {len(times)} kinds", flush=True)
-        for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:8.1f}  {name[:90]}", flush=True)
+    for arm in arms:
+        make_run = _arm(arm, geo, data, tokens, a.peer_path)
+        for t in tokens:
+            x, ids, w = synthetic_routing(geo, t, torch.Generator(device="cuda").manual_seed(t))
+            times = kernel_times(make_run(x, ids, w), a.calls)
+            rows.append({"arm": arm, "tokens": t, "kernel_us": times, "total_us": sum(times.values())})
+            print(f"{geo.name} {arm} T={t}: {sum(times.values()):.1f} us of kernels in {len(times)} kinds", flush=True)
+            for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+                print(f"  {us:8.1f}  {name[:90]}", flush=True)
     if a.out:
         doc = {"benchmark": "kernel_times", "provenance": provenance(), "geometry": geo.name, "rows": rows}
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _arm(arm: str, geo, data, tokens: list[int], peer_path: str | None):
+    """A function of one routing returning a zero-argument call of ``arm``'s layer on it."""
+    if arm in ("native", "inline"):
+        p = plan(geo, max(tokens), scale_source=arm, buckets=tokens)
+        layer = bind(p, prepare_weights(p, **data.weight_kwargs()), torch.empty(p.scratch_bytes, dtype=torch.uint8,
+                                                                                device="cuda"))  # fmt: skip
+        return lambda x, ids, w: functools.partial(layer.run, x, ids, w)
+    if arm == "triton_kernels":
+        import_triton_kernels(peer_path)
+        peer = TritonKernelsMoE(data)
+        return lambda x, ids, w: peer.call(x, ids, w, torch.empty_like(x))
+    engine = EngineMoE(engine_weights(data.reference(), geo.activation, fused=arm == "engine"), geo.top_k)
+    return lambda x, ids, w: engine.call(x, ids, w, torch.empty_like(x))
 
 
 if __name__ == "__main__":
