@@ -402,16 +402,20 @@ def main() -> None:
         "bf16_peak": peak,
         "triton_kernels": peer_status,
         "input_sets": a.input_sets,
-        "results": [
+        "results": [],
+        "complete": False,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    # written after every geometry: a run cut by its call's time limit still leaves the geometries it finished
+    for g in geos:
+        doc["results"].append(
             bench_geometry(
                 *g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms, peer, engine
             )
-            for g in geos
-        ],
-        "compilations_while_frozen": runtime.compilations(),
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+        )
+        doc["compilations_while_frozen"] = runtime.compilations()
+        doc["complete"] = len(doc["results"]) == len(geos)
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
