@@ -36,7 +36,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
@@ -45,32 +44,13 @@ from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
+from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
+from csf_kernels.moe.kernels.engine_epilogue import asm_u32 as _asm_u32
 
 __all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
 STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
-ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
-SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
-SWIGLU_LIMIT = 7.0
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
-
-
-def _asm_u32(asm: str, *args) -> cutlass.Uint32:
-    return cutlass.Uint32(
-        llvm.inline_asm(
-            cutlass.Uint32.mlir_type,
-            [cutlass.Uint32(a).ir_value() for a in args],
-            asm,
-            "=r" + ",r" * len(args),
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + cute.math.exp(-x, fastmath=False))
 
 
 class GroupedFp4Gemm:
@@ -84,8 +64,7 @@ class GroupedFp4Gemm:
     def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4"):
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
-        if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
-            raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
+        self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4")  # validates act and bias
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -98,10 +77,9 @@ class GroupedFp4Gemm:
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
-        self.epi_tile = (TILE_M, min(32, tile_n))
-        self.epi_stages = 2
+        self.epi_tile = self.epilogue.tile
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
-        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * 2 * self.epi_stages
+        epi_bytes = self.epilogue.smem_bytes
         fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024) // stage_bytes
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
@@ -151,10 +129,7 @@ class GroupedFp4Gemm:
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
         b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
         c_layout = cutlass.tensor_utils.LayoutEnum.from_tensor(m_c)
-        c_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(c_layout, bf16, self.epi_tile[0]), bf16
-        )
-        epi_smem = cute.tile_to_shape(c_atom, (*self.epi_tile, self.epi_stages), order=(1, 0, 2))
+        epi_smem = self.epilogue.smem_layout(c_layout)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_m_a = cpasync.make_tiled_tma_atom(
@@ -301,25 +276,7 @@ class GroupedFp4Gemm:
         s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
-        # epilogue partitions (as CUTLASS's Hopper persistent GEMM)
-        c_store = sm90_utils.sm90_get_smem_store_op(
-            self.c_layout, elem_ty_d=cutlass.BFloat16, elem_ty_acc=self.acc_dtype
-        )
-        c_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.BFloat16
-        )
-        r2s = cute.make_tiled_copy_S(c_store, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        thr_r2s = r2s.get_slice(tidx - 128)
-        t_rs_s = thr_r2s.partition_D(s_c)
-        t_rs_acc = r2s.retile(acc)
-        rd_shape = cute.shape(thr_r2s.partition_S(s_c))
-        t_rs_d = cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, self.acc_dtype)
-        t_rs_out = cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, cutlass.BFloat16)
-        per_sub = cute.size(t_rs_d)
-        epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=256)
-        store_ring = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256)
-        )
+        epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -356,31 +313,12 @@ class GroupedFp4Gemm:
                 read.advance()
 
             if cutlass.const_expr(self.act == ACT_NONE):
-                # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
-                g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
-                b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
-                subtiles = cute.size(g_c_tile, mode=[1])
-                for e in cutlass.range_constexpr(subtiles):
-                    for v in cutlass.range_constexpr(per_sub):
-                        if cutlass.const_expr(self.nvfp4):
-                            t_rs_d[v] = t_rs_acc[e * per_sub + v] * g_e
-                        else:
-                            t_rs_d[v] = t_rs_acc[e * per_sub + v]
-                    t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
-                    buf = (done * subtiles + e) % self.epi_stages
-                    cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epi_bar.arrive_and_wait()
-                    if warp == 4:
-                        cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
-                        store_ring.producer_commit()
-                        store_ring.producer_acquire()
-                    epi_bar.arrive_and_wait()
+                self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp)
             else:
-                self._activation_epilogue(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
+                self.epilogue.activation(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
-        store_ring.producer_tail()
+        epi.ring.producer_tail()
 
     def _mma_step(self, tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, last):
         """One K step of a consumer (traced inline): its four weight words and scale factors from the stage, then
@@ -423,41 +361,3 @@ class GroupedFp4Gemm:
         if inside != e:
             g = cutlass.Float32(1.0)
         return g
-
-    @cute.jit
-    def _activation_epilogue(self, acc, g, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):
-        """FC1's activation from the accumulators (traced inline): W13's rows are in engine order, so a thread's
-        rows ``r0`` and ``r0 + 8`` are the gate and the up row of one output column ``n``; its accumulator values
-        ``4 c + i`` (``i``: column parity, then row + 8) are routes ``8 c + 2 q + (i % 2)`` of the block, each
-        times ``g`` (NVFP4's global scale) before the bias. bf16 stores straight to ``out [NX, R / 2]``, past its end
-        predicated off."""
-        e = block_expert[b]
-        e = cutlass.min(cutlass.max(e, 0), experts - 1)  # an invalid block computes zeros; its bias index stays in
-        rows = cute.size(bias, mode=[1])
-        n = tm * (TILE_M // 2) + row_block * 32 + (t // 32) * 8 + lane // 4
-        gate_bias = cutlass.Float32(0.0)
-        up_bias = cutlass.Float32(0.0)
-        if cutlass.const_expr(self.bias):
-            gate_bias = bias[(e, cutlass.min(tm * TILE_M + r0, rows - 1))]
-            up_bias = bias[(e, cutlass.min(tm * TILE_M + r0 + 8, rows - 1))]
-        tokens = cute.size(out, mode=[0])
-        columns = cute.size(out, mode=[1])
-        q = lane % 4
-        for c in cutlass.range_constexpr(self.tile_n // 8):
-            for i in cutlass.range_constexpr(2):
-                gate = acc[4 * c + i]
-                up = acc[4 * c + 2 + i]
-                if cutlass.const_expr(self.nvfp4):
-                    gate = gate * g
-                    up = up * g
-                gate = gate + gate_bias
-                up = up + up_bias
-                if cutlass.const_expr(self.act == ACT_SILU):
-                    v = gate * _sigmoid(gate) * up
-                else:
-                    gate = cutlass.min(gate, SWIGLU_LIMIT)
-                    up = cutlass.min(cutlass.max(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-                    v = gate * _sigmoid(SWIGLU_ALPHA * gate) * (up + 1.0)
-                token = b * self.tile_n + 8 * c + 2 * q + i
-                if token < tokens and n < columns:
-                    out[(token, n)] = v.to(cutlass.BFloat16)
