@@ -76,6 +76,8 @@ __all__ = [
     "sass_facts",
     "stage_decoder_name",
     "stage_decoder_program",
+    "w4a8_gemm_name",
+    "w4a8_gemm_program",
 ]
 
 ARCH = "sm_90a"
@@ -338,6 +340,52 @@ def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str 
             ("act", act),
             ("bias", int(bias)),
             ("fmt", fmt),
+            ("ring_shared_bytes", kernel.ring_bytes),
+        ),
+    )
+
+
+def w4a8_gemm_name(tile_n: int, act: int = 0, bias: bool = False) -> str:
+    return f"csf_w4a8_gemm_n{int(tile_n)}" + (f"_act{int(act)}" if act else "") + ("_bias" if bias else "")
+
+
+def w4a8_gemm_program(tile_n: int, act: int = 0, bias: bool = False) -> CuteProgram:
+    """The engine's grouped W4A8 GEMM (``moe/kernels/engine_gemm_fp8.py``: MXFP4 weights, per-token E4M3
+    activations) for ``tile_n`` routes a block, its epilogue storing the GEMM (``act`` 0) or FC1's activation."""
+    from csf_kernels.moe.kernels.engine_gemm_fp8 import STAGE_K, TILE_M, GroupedW4A8Gemm
+
+    kernel = GroupedW4A8Gemm(tile_n, act=act, bias=bias)  # validates
+
+    def factory():
+        return GroupedW4A8Gemm(tile_n, act=act, bias=bias)
+
+    return CuteProgram(
+        name=w4a8_gemm_name(tile_n, act, bias),
+        program="w4a8_gemm",
+        factory=factory,
+        tensors=(
+            ("w_panel", "uint64", ("E", "KS", "RB", 256)),
+            ("s_panel", "uint8", ("E", "KS", "R2")),
+            ("bases", "uint8", ("E", "R")),
+            ("flags", "uint8", ("E", "RT")),
+            ("x", "uint8", ("NX", "K")),  # E4M3 bytes
+            ("xscale", "float32", ("NX",)),
+            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("bias", "float32", ("EB", "RBI")),
+            ("block_expert", "int32", ("MB",)),
+            ("meta", "int32", ("NM",)),
+        ),
+        scalars=("ctas",),
+        # K: whole panel steps (TMA zero-fills the last stage's missing half); R: whole row blocks of 64
+        divisible=(("K", STAGE_K // 2), ("RO", TILE_M // 4), ("R2", TILE_M), ("R", TILE_M // 2)),
+        launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
+        facts=(
+            ("tile_n", tile_n),
+            ("stages", kernel.stages),
+            ("act", act),
+            ("bias", int(bias)),
+            ("fmt", "mxfp4"),
+            ("activations", "per_token"),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

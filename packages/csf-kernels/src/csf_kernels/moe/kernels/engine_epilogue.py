@@ -23,7 +23,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "Epilogue", "asm_u32"]
+__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "Epilogue", "asm_f32", "asm_u32"]
 
 ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
 SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
@@ -38,6 +38,21 @@ def asm_u32(asm: str, *args) -> cutlass.Uint32:
             [cutlass.Uint32(a).ir_value() for a in args],
             asm,
             "=r" + ",r" * len(args),
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def asm_f32(asm: str, *args) -> cutlass.Float32:
+    """``$0 = asm($1, ...)``: 32-bit register inputs, a float32 result (the PTX may treat it as ``.b32``)."""
+    return cutlass.Float32(
+        llvm.inline_asm(
+            cutlass.Float32.mlir_type,
+            [cutlass.Uint32(a).ir_value() for a in args],
+            asm,
+            "=f" + ",r" * len(args),
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
