@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from csf_codec.rowbase import row_bases
-from csf_kernels.moe.engine_panels import PANEL_BYTES, PANEL_STEP_K, ROW_BLOCK, _padded, _shape
+from csf_kernels.moe.engine_panels import PANEL_STEP_K, fragment_codes, words_to_panel
 from csf_kernels.moe.w4a8_operands import TILE_ROWS, fold_mask
 
 __all__ = ["fragment_index", "w4a8_bases", "w4a8_tile_flags", "w4a8_weight_panel", "w4a8_words"]
@@ -54,17 +54,7 @@ def w4a8_words(codes: torch.Tensor) -> torch.Tensor:
 def w4a8_weight_panel(packed: torch.Tensor) -> torch.Tensor:
     """Checkpoint FP4 bytes ``[rows, K / 2]`` (value ``2i`` in byte ``i``'s low nibble) -> the W4A8 weight panel
     ``uint64 [steps, row blocks, 256]``; rows and K past the end are zeros."""
-    if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise ValueError(f"packed FP4 weights must be uint8 [rows, K / 2]; got {packed.dtype} {tuple(packed.shape)}")
-    rows, k = packed.shape[0], packed.shape[1] * 2
-    blocks, steps = _shape(rows, k)
-    nib = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(rows, k)
-    nib = _padded(nib, blocks * ROW_BLOCK, steps * PANEL_STEP_K, 0)
-    tiles = nib.view(blocks, ROW_BLOCK, steps, PANEL_STEP_K).permute(2, 0, 1, 3).reshape(steps, blocks, -1)
-    codes = tiles[:, :, fragment_index().reshape(-1).to(nib.device)].view(steps, blocks, 128, 4, 8).to(torch.int64)
-    words = w4a8_words(codes)
-    signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
-    return signed.view(torch.uint8).view(steps, blocks, PANEL_BYTES).view(torch.int64).view(torch.uint64)
+    return words_to_panel(w4a8_words(fragment_codes(packed, fragment_index())))
 
 
 def w4a8_bases(scales: torch.Tensor) -> torch.Tensor:

@@ -30,34 +30,28 @@ SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
 SWIGLU_LIMIT = 7.0
 
 
-def asm_u32(asm: str, *args) -> cutlass.Uint32:
-    """``$0 = asm($1, ...)`` on 32-bit registers, no side effects."""
-    return cutlass.Uint32(
+def _inline_asm(dtype, out: str, asm: str, args):
+    return dtype(
         llvm.inline_asm(
-            cutlass.Uint32.mlir_type,
+            dtype.mlir_type,
             [cutlass.Uint32(a).ir_value() for a in args],
             asm,
-            "=r" + ",r" * len(args),
+            out + ",r" * len(args),
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+def asm_u32(asm: str, *args) -> cutlass.Uint32:
+    """``$0 = asm($1, ...)`` on 32-bit registers, no side effects."""
+    return _inline_asm(cutlass.Uint32, "=r", asm, args)
 
 
 def asm_f32(asm: str, *args) -> cutlass.Float32:
     """``$0 = asm($1, ...)``: 32-bit register inputs, a float32 result (the PTX may treat it as ``.b32``)."""
-    return cutlass.Float32(
-        llvm.inline_asm(
-            cutlass.Float32.mlir_type,
-            [cutlass.Uint32(a).ir_value() for a in args],
-            asm,
-            "=f" + ",r" * len(args),
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _inline_asm(cutlass.Float32, "=f", asm, args)
 
 
 def _sigmoid(x):

@@ -46,6 +46,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
 from csf_kernels.moe.kernels.engine_epilogue import asm_u32 as _asm_u32
+from csf_kernels.moe.kernels.engine_producer import make_ring, produce, units_in_use
 
 __all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
@@ -195,15 +196,7 @@ class GroupedFp4Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bars.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
-            tx_count=self.a_tx + self.s_tx + self.b_tx,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         s_a = storage.s_a.get_tensor(a_smem)
@@ -221,9 +214,7 @@ class GroupedFp4Gemm:
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
-        # blocks in use (device data: a graph replays with new routings), never past the rows x holds
-        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_b, mode=[2]), cute.size(block_expert)))
-        units = blocks * tiles_m
+        units = units_in_use(meta, block_expert, cute.size(g_b, mode=[2]), tiles_m)
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -231,24 +222,8 @@ class GroupedFp4Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            u = cute.arch.block_idx()[0]
-            while u < units:
-                b = u // tiles_m
-                tm = u - b * tiles_m
-                # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a
-                # block the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
-                e = block_expert[b]
-                for k in cutlass.range(k_steps, unroll=1):
-                    ring.producer_acquire(state)
-                    bar = ring.producer_get_barrier(state)
-                    cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
-                    ring.producer_commit(state)
-                    state.advance()
-                u += cute.arch.grid_dim()[0]
-            ring.producer_tail(state)
+            copies = ((tma_a, t_ag, t_as), (tma_s, t_sg, t_ss), (tma_b, t_bg, t_bs))
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps)
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)

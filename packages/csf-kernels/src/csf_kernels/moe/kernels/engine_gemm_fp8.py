@@ -41,6 +41,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, PANEL_WORDS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, Epilogue, asm_f32, asm_u32
+from csf_kernels.moe.kernels.engine_producer import make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.w4a8_convert import (
     E4M3_LUT,
     GROUP_PTX,
@@ -195,15 +196,7 @@ class GroupedW4A8Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bars.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
-            tx_count=self.tx,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        ring = make_ring(storage.bars.data_ptr(), self.stages, self.tx)
         # the conversion tables, written before the barrier that publishes the ring's initialization
         lut = storage.lut.get_tensor(cute.make_layout(2 * len(E4M3_LUT)))
         for i in cutlass.range_constexpr(2 * len(E4M3_LUT)):
@@ -227,8 +220,7 @@ class GroupedW4A8Gemm:
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
-        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_b, mode=[2]), cute.size(block_expert)))
-        units = blocks * tiles_m
+        units = units_in_use(meta, block_expert, cute.size(g_b, mode=[2]), tiles_m)
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -236,22 +228,8 @@ class GroupedW4A8Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            u = cute.arch.block_idx()[0]
-            while u < units:
-                b = u // tiles_m
-                tm = u - b * tiles_m
-                e = block_expert[b]  # outside [0, E): outside the panels' TMA bounds, loads zeros
-                for k in cutlass.range(k_steps, unroll=1):
-                    ring.producer_acquire(state)
-                    bar = ring.producer_get_barrier(state)
-                    cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
-                    ring.producer_commit(state)
-                    state.advance()
-                u += cute.arch.grid_dim()[0]
-            ring.producer_tail(state)
+            copies = ((tma_a, t_ag, t_as), (tma_s, t_sg, t_ss), (tma_b, t_bg, t_bs))
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps)
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
