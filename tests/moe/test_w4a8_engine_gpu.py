@@ -116,6 +116,22 @@ def test_grouped_w4a8_gemm_matches_its_operands(rows, k, tile_n):
     assert runtime.compilations() == before
 
 
+@pytest.mark.parametrize("n", [1, 77])
+def test_rows_past_the_last_whole_block(n):
+    """A dense call (one expert, ``ceil(n / 64)`` blocks) whose last block runs past ``xq``'s rows: they read as
+    zeros and are never stored."""
+    packed, scales = _experts(1, 192, 640, SEED + n, promote=False)
+    operands, operand, rf, _ = _weights(packed, scales)
+    xq, xscale, xv = _activations(n, 640, SEED + 4)
+    blocks = -(-n // 64)
+    out = torch.full((n, 192), float("nan"), dtype=torch.bfloat16, device="cuda")
+    be = torch.zeros(blocks, dtype=torch.int32, device="cuda")
+    meta = torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    _bind(*operands, xq, xscale, out, be, meta, tile_n=64)()
+    torch.cuda.synchronize()
+    _check(out, xv, xscale, operand[0], rf[0], f"dense n={n}")
+
+
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("tile_n", [16, 128])
 def test_fused_activation_epilogue(activation, tile_n):

@@ -351,8 +351,9 @@ class GroupedW4A8Gemm:
         rf0 = asm_f32(ROW_FACTOR_PTX, base0)
         rf1 = asm_f32(ROW_FACTOR_PTX, base1)
         q = lane % 4
+        last = cute.size(xscale) - 1  # a last block past NX (a dense call's) reads its last scale, never stored
         for c in range(self.tile_n // 8):
             for i in range(2):
-                xs = xscale[b * self.tile_n + 8 * c + 2 * q + i]
+                xs = xscale[cutlass.min(b * self.tile_n + 8 * c + 2 * q + i, last)]
                 acc[4 * c + i] = acc[4 * c + i] * (rf0 * xs)
                 acc[4 * c + 2 + i] = acc[4 * c + 2 + i] * (rf1 * xs)
