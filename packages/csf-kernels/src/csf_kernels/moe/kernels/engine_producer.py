@@ -16,13 +16,13 @@ import cutlass.pipeline as pipeline
 __all__ = ["make_ring", "produce", "units_in_use"]
 
 
-def make_ring(bars_ptr, stages: int, tx: int) -> pipeline.PipelineTmaAsync:
-    """The ring's full/empty barriers (traced inline): one producer thread, one arrival a consumer warp (8), ``tx``
-    bytes a stage."""
+def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1) -> pipeline.PipelineTmaAsync:
+    """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
+    warp filling slots with its own stores), one arrival a consumer warp (8), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
         tx_count=tx,
         cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
@@ -41,9 +41,9 @@ def units_in_use(meta, block_expert, blocks_held, tiles_m):
 def produce(ring, stages: cutlass.Constexpr, copies, block_expert, tiles_m, units, k_steps):
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
-    (``copies[1]``, ``(None, tm, k, e)``) and the activation tile (``copies[2]``, ``(None, b, k)``)."""
+    (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
+    (``copies[2]``, ``(None, b, k)``)."""
     tma_a, t_ag, t_as = copies[0]
-    tma_s, t_sg, t_ss = copies[1]
     tma_b, t_bg, t_bs = copies[2]
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     u = cute.arch.block_idx()[0]
@@ -57,7 +57,9 @@ def produce(ring, stages: cutlass.Constexpr, copies, block_expert, tiles_m, unit
             ring.producer_acquire(state)
             bar = ring.producer_get_barrier(state)
             cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
-            cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(copies[1] is not None):
+                tma_s, t_sg, t_ss = copies[1]
+                cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
             cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
             ring.producer_commit(state)
             state.advance()
