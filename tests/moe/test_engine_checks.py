@@ -164,8 +164,15 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        assert [s.fact["TN"] for s in fc1] == list(ENGINE_TILE_N)
+        # FC1 at every block size, from scale panels and from inline records
+        assert sorted((s.fact["TN"], s.fact.get("SRC", "native")) for s in fc1) == sorted(
+            (t, src) for t in ENGINE_TILE_N for src in ("native", "inline")
+        )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
     plain = engine_specs()
-    assert {(s.fact["FMT"], s.fact["TN"]) for s in plain} == {(f, t) for f in ("mxfp4", "nvfp4") for t in ENGINE_TILE_N}
+    assert {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native")) for s in plain} == {
+        (f, t, src) for f in ("mxfp4", "nvfp4") for t in ENGINE_TILE_N for src in ("native", "inline")
+    }
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
+    # native programs keep the identity they had before the inline source existed
+    assert "SRC" not in engine_gemm_spec(16).fact and engine_gemm_spec(16, scales="inline").fact["SRC"] == "inline"
