@@ -104,9 +104,14 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
 # csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 or NVFP4 scales), opt
-# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own; their
+# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own,
+# "engine_inline" is "engine" with its scales decoded from engine records by a producer warp (the same bits); their
 # error is checked against the float32 reference at every token count
-ENGINE_ARMS = {"engine": True, "engine_unfused": False}  # arm -> FC1's activation in its epilogue
+ENGINE_ARMS = {  # arm -> (FC1's activation in its epilogue, scale source)
+    "engine": (True, "native"),
+    "engine_unfused": (False, "native"),
+    "engine_inline": (True, "inline"),
+}
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -229,7 +234,12 @@ def bench_geometry(
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
     engines = {
-        arm: EngineMoE(engine_weights(data.reference(), geo.activation, fused=ENGINE_ARMS[arm]), geo.top_k)
+        arm: EngineMoE(
+            engine_weights(
+                data.reference(), geo.activation, fused=ENGINE_ARMS[arm][0], scale_source=ENGINE_ARMS[arm][1]
+            ),
+            geo.top_k,
+        )
         for arm in engine
         if engine_serves(geo)
     }
@@ -326,6 +336,10 @@ def bench_geometry(
                 "rel_error_vs_float32": float((outs[arm][0].float() - want).norm() / want.norm()),
                 "over_peer": med / row["arms"][PEER_ARM]["median_s"] if PEER_ARM in row["arms"] else None,
             }
+            if ENGINE_ARMS[arm][1] == "inline" and "engine" in engines:  # the same bits as the native engine
+                row["arms"][arm]["bit_identical_to_engine"] = all(
+                    torch.equal(o, n) for o, n in zip(outs[arm], outs["engine"], strict=True)
+                )
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
