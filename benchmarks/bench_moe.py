@@ -107,11 +107,13 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 PEER_ARM = "triton_kernels"
 # csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 or NVFP4 scales), opt
 # in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own,
+# "engine_inline" is "engine" with its scales decoded from engine records by a producer warp (the same bits),
 # "engine_w4a8" runs the engine's W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations); their error is checked
 # against the float32 reference at every token count (W4A8's also against the reference of its exact operands)
 ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine": dict(fused=True),
     "engine_unfused": dict(fused=False),
+    "engine_inline": dict(fused=True, scale_source="inline"),
     "engine_w4a8": dict(fused=True, w4a8=True),
 }
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
@@ -352,6 +354,10 @@ def bench_geometry(
                     "fraction_of_fp8_peak": flops / med / 1e12 / fp8_peak_tflops if fp8_peak_tflops else None,
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
+            if engines[arm].weights.scale_source == "inline" and "engine" in engines:  # the native engine's bits
+                row["arms"][arm]["bit_identical_to_engine"] = all(
+                    torch.equal(o, n) for o, n in zip(outs[arm], outs["engine"], strict=True)
+                )
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)

@@ -1,10 +1,12 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
 for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike; NVFP4 programs convert E4M3 factors and
-multiply by the global scale, MXFP4 programs do neither."""
+multiply by the global scale, MXFP4 programs do neither. Inline-scale programs add producer warp 2's record decoder
+(bulk copies, a warp ballot) within the producers' 40 registers and leave the consumers' SASS facts as they were."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -21,18 +23,26 @@ from .test_stage_decoder_build import _toolchain_or_skip
 _MXFP4 = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
           (128, 1, False), (256, 2, True)]  # fmt: skip
 _NVFP4 = [(16, 0, False), (256, 0, False), (128, 1, False), (256, 2, True)]
-VARIANTS = [(*v, "mxfp4") for v in _MXFP4] + [(*v, "nvfp4") for v in _NVFP4]
+_INLINE = [(16, 0, False, "mxfp4"), (256, 0, False, "mxfp4"), (256, 2, True, "mxfp4"), (16, 0, False, "nvfp4"),
+           (128, 1, False, "nvfp4")]  # fmt: skip
+VARIANTS = (
+    [(*v, "mxfp4", "native") for v in _MXFP4]
+    + [(*v, "nvfp4", "native") for v in _NVFP4]
+    + [(*v, "inline") for v in _INLINE]
+)
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}")
+@pytest.fixture(
+    scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}"
+)
 def built(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, fmt = request.param
+    tile_n, act, bias, fmt, scales = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt), out)
+    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt, scales), out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
@@ -65,12 +75,34 @@ def test_scale_conversion_and_global_scale_by_format(built):
         assert sass.count("FMUL") == (tile_n // 2 if nv else 0)
 
 
+def _producer_registers(sass: str) -> int:
+    """The highest register the producer warpgroup's code names: the instructions between its register release and
+    the consumers' allocation (the producers' branches, the decoder warp's included)."""
+    lines = sass.splitlines()
+    start = next(i for i, line in enumerate(lines) if "USETMAXREG.DEALLOC" in line)
+    end = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
+    code = [line.split("/*")[1] if line.count("/*") > 1 else line for line in lines[start:end]]
+    return max(int(r) for line in code for r in re.findall(r"\bR(\d+)\b", line)) + 1
+
+
+def test_producers_fit_their_registers(built):
+    _, meta, sass = built
+    assert _producer_registers(sass) <= 40
+    inline = meta["scales"] == "inline"
+    # the decoder warp: bulk copies of records (the prologue's and the loop's), the escape ballot's warp vote
+    assert sass.count("UBLKCP.S.G") == (2 if inline else 0)
+    assert ("VOTE.ANY" in sass) == inline
+
+
 def test_metadata(built):
     tile_n, meta, _ = built
     assert meta["program"] == "engine_gemm" and meta["tile_n"] == tile_n
+    scales = (
+        ["base_ref", "base_delta", "block_start", "record_units", "body"] if meta["scales"] == "inline" else ["s_panel"]
+    )
     assert [a["name"] for a in meta["args"]] == [
         "w_panel",
-        "s_panel",
+        *scales,
         "x",
         "out",
         "bias",
@@ -80,6 +112,10 @@ def test_metadata(built):
         "ctas",
         "stream",
     ]
-    scales = next(a for a in meta["args"] if a["name"] == "s_panel")
-    assert scales["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
+    if meta["scales"] == "native":
+        panel = next(a for a in meta["args"] if a["name"] == "s_panel")
+        assert panel["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
+    else:
+        starts = next(a for a in meta["args"] if a["name"] == "block_start")
+        assert starts["dtype"] == "int32"  # 16-byte units
     assert Path(meta["paths"]["so"]).stat().st_size > 0

@@ -110,9 +110,11 @@ def test_w4a8_weights_of_mxfp4_experts(fused):
     assert EngineMoE(w, 4).activations == "per_token"
 
 
-def test_w4a8_refuses_nvfp4_and_mxfp8_activations():
+def test_w4a8_refuses_nvfp4_inline_scales_and_mxfp8_activations():
     with pytest.raises(NotImplementedError, match="stays W4A16"):
         engine_weights(_experts("nvfp4", 128, 128), "silu", w4a8=True)
+    with pytest.raises(NotImplementedError, match="scale panels only"):  # the FP8 GEMM has no record decoder
+        engine_weights(_experts("mxfp4", 128, 128), "silu", w4a8=True, scale_source="inline")
     w = engine_weights(_experts("mxfp4", 128, 128), "silu", w4a8=True)
     with pytest.raises(NotImplementedError, match="not built"):
         EngineMoE(w, 4, activations="mxfp8")

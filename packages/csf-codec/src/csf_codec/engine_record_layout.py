@@ -36,6 +36,7 @@ __all__ = [
     "RESERVED_SHIFT",
     "UNITS_MASK",
     "UNITS_SHIFT",
+    "block_start_units",
     "entry_bytes",
     "raw_units",
     "selector_bytes",
@@ -69,6 +70,12 @@ def entry_bytes(count: int):
 def units_for(used):
     """Length / 16 of a record whose fields take ``used`` bytes; numpy-friendly."""
     return -(-used // RECORD_ALIGN)
+
+
+def block_start_units(block_start):
+    """Each row block's start in ``body`` in 16-byte units, whichever way ``block_start`` stores it: 8-byte
+    elements count bytes (u64), narrower ones count 16-byte units (u32); numpy- and torch-friendly."""
+    return block_start // RECORD_ALIGN if block_start.dtype.itemsize == 8 else block_start
 
 
 def raw_units(cols: int) -> int:

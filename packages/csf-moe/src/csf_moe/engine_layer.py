@@ -1,5 +1,6 @@
 """The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4 or NVFP4
-(per-expert global scales applied in the GEMMs' epilogues), native scales. Not yet a plan of :mod:`csf_moe.plan`
+(per-expert global scales applied in the GEMMs' epilogues), native scale panels or inline engine records (a
+producer warp decodes them into the same scale slots: the same output bits). Not yet a plan of :mod:`csf_moe.plan`
 (the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm beside today's layer and the
 peer.
 
@@ -26,8 +27,9 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
-from csf_kernels.moe.engine_specs import ENGINE_FORMATS, engine_tile_n
+from csf_kernels.moe.engine_specs import ENGINE_FORMATS, ENGINE_SCALE_SOURCES, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
@@ -41,13 +43,14 @@ __all__ = ["EngineMoE", "EngineWeights", "engine_weights"]
 
 @dataclass(frozen=True, eq=False)
 class EngineWeights:
-    """One layer's experts as the engine reads them: weight and scale panels of W13 (rows in the activation's
-    layout) and W2, float32 biases, NVFP4's float32 global scales."""
+    """One layer's experts as the engine reads them: weight panels of W13 (rows in the activation's layout) and
+    W2, their scales (scale panels, or inline engine records of the same rows), float32 biases, NVFP4's float32
+    global scales."""
 
     w13: torch.Tensor  # uint64 [E, H / 64, 2N / 64, 256]
-    s13: torch.Tensor  # uint8 [E, H / 64, 2N b]: b scale bytes a row a step (MXFP4 2, NVFP4 4)
+    s13: torch.Tensor | InlineScales  # panel uint8 [E, H / 64, 2N b]: b scale bytes a row a step (MXFP4 2, NVFP4 4)
     w2: torch.Tensor  # uint64 [E, N / 64, H / 64, 256]
-    s2: torch.Tensor  # uint8 [E, N / 64, H b]
+    s2: torch.Tensor | InlineScales  # panel uint8 [E, N / 64, H b]
     b13: torch.Tensor | None
     b2: torch.Tensor | None
     activation: str
@@ -62,6 +65,10 @@ class EngineWeights:
     flags2: torch.Tensor | None = None
 
     @property
+    def scale_source(self) -> str:
+        return "inline" if isinstance(self.s13, InlineScales) else "native"
+
+    @property
     def experts(self) -> int:
         return self.w13.shape[0]
 
@@ -74,9 +81,13 @@ class EngineWeights:
         return self.w2.shape[1] * 64
 
 
-def _panels(values: torch.Tensor, scales: torch.Tensor, fmt: str, w4a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _panels(values: torch.Tensor, scales: torch.Tensor, fmt: str, w4a8: bool, source: str, name: str):
+    """The weight panel (W4A8's or the FP4 engine's) and the scales as ``source`` serves them (inline: records
+    encoded here, at load)."""
     panel = w4a8_weight_panel if w4a8 else engine_weight_panel
     w = torch.stack([panel(values[e]) for e in range(values.shape[0])])
+    if source == "inline":
+        return w, inline_scales(scales.contiguous(), fmt, name=name)
     s = torch.stack([engine_scale_panel(scales[e], fmt) for e in range(scales.shape[0])])
     return w, s
 
@@ -91,18 +102,24 @@ def _global_scale(g: torch.Tensor | None, experts: int, name: str) -> torch.Tens
 
 
 def engine_weights(
-    experts: QuantizedExperts, activation: str, *, fused: bool = True, w4a8: bool = False
+    experts: QuantizedExperts, activation: str, *, fused: bool = True, w4a8: bool = False, scale_source: str = "native"
 ) -> EngineWeights:
     """Panels of MXFP4 or NVFP4 experts (on their device; NVFP4's global scales passed through); W13 rows as
     ``activation`` reads them (``csf_moe.reference``), rearranged into engine order where FC1's epilogue applies the
     activation (``fused``). ``w4a8``: W4A8 panels, row bases and fold flags for the FP8 GEMMs (MXFP4 only: NVFP4's
-    block factors do not fold into E4M3, ``docs/moe-engine.md`` §8.1)."""
+    block factors do not fold into E4M3, ``docs/moe-engine.md`` §8.1). ``scale_source`` ``inline``: each scale
+    plane is encoded into engine records over the same rows (checked by decoding them back), which the FP4 GEMMs
+    decode in a producer warp."""
     fmt = experts.fmt
     if fmt not in ENGINE_FORMATS:
         raise NotImplementedError(f"the engine layer serves {ENGINE_FORMATS} weights; got {fmt}")
     if w4a8 and fmt not in W4A8_FORMATS:
         raise NotImplementedError(f"W4A8 serves {W4A8_FORMATS} weights exactly; {fmt} stays W4A16 (its block "
                                   "factors do not fold into E4M3)")  # fmt: skip
+    if scale_source not in ENGINE_SCALE_SOURCES:
+        raise ValueError(f"scale_source must be one of {ENGINE_SCALE_SOURCES}; got {scale_source!r}")
+    if w4a8 and scale_source != "native":
+        raise NotImplementedError("the W4A8 GEMM reads scale panels only; inline engine records serve the FP4 GEMM")
     for name, t in (("W13", experts.w13), ("W2", experts.w2)):
         if t.shape[1] % 64 or (2 * t.shape[2]) % 64:
             raise ValueError(f"{name} {tuple(t.shape)}: the engine needs rows and K in whole multiples of 64")
@@ -114,8 +131,8 @@ def engine_weights(
         perm = fc1_engine_rows(v13.shape[1] // 2, interleaved=activation == "swiglu_oai").to(v13.device)
         v13, sc13 = v13[:, perm], sc13[:, perm]
         b13 = None if b13 is None else b13[:, perm]
-    w13, s13 = _panels(v13, sc13, fmt, w4a8)
-    w2, s2 = _panels(experts.w2, experts.w2_scale, fmt, w4a8)
+    w13, s13 = _panels(v13, sc13, fmt, w4a8, scale_source, "w13_scale")
+    w2, s2 = _panels(experts.w2, experts.w2_scale, fmt, w4a8, scale_source, "w2_scale")
     b13 = None if b13 is None else b13.float().contiguous()
     b2 = None if experts.b2 is None else experts.b2.float().contiguous()
     rows = {}

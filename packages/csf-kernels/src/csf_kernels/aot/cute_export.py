@@ -293,35 +293,51 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> str:
+def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native") -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
         + (f"_act{int(act)}" if act else "")
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
+        + ("" if scales == "native" else f"_{scales}")
     )
 
 
-def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> CuteProgram:
+def engine_gemm_program(
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native"
+) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
-    clamped SwiGLU)."""
+    clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
+    (inline)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)  # validates
+    inline = scales == "inline"
 
     def factory():
-        return GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)
+        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)
+        return gemm.call_inline if inline else gemm
 
-    # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes a row
-    scales = ("s_panel", "uint32", ("E", "KS", "RW")) if fmt == "nvfp4" else ("s_panel", "uint8", ("E", "KS", "R2"))
+    if inline:  # the plane's engine records (csf_codec.engine_records), starts in 16-byte units
+        scales_args = (
+            ("base_ref", "uint8", ("RBR",)),
+            ("base_delta", "uint8", ("RBR", 128 if fmt == "nvfp4" else 64)),
+            ("block_start", "int32", ("RBR",)),
+            ("record_units", "uint8", ("RBR", "CT")),
+            ("body", "uint8", ("BODY",)),
+        )
+    elif fmt == "nvfp4":  # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes
+        scales_args = (("s_panel", "uint32", ("E", "KS", "RW")),)
+    else:
+        scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
-            scales,
+            *scales_args,
             ("x", "bfloat16", ("NX", "K")),
             ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
             ("bias", "float32", ("EB", "RBI")),
@@ -340,6 +356,7 @@ def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str 
             ("act", act),
             ("bias", int(bias)),
             ("fmt", fmt),
+            ("scales", scales),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

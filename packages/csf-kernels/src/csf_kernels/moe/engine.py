@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from csf_kernels import runtime
+from csf_kernels.moe.engine_inline import InlineScales
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK, panel_scales
 from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_M,
@@ -22,7 +23,7 @@ __all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "gather_laun
 
 def grouped_fp4_gemm_launch(
     w_panel: torch.Tensor,
-    s_panel: torch.Tensor,
+    s_panel: torch.Tensor | InlineScales,
     x: torch.Tensor,
     out: torch.Tensor,
     block_expert: torch.Tensor,
@@ -43,7 +44,10 @@ def grouped_fp4_gemm_launch(
 
     ``activation`` (FC1): the epilogue applies it, ``bias`` (float32 ``[E, R]``) added first, and ``out`` has
     ``R / 2`` columns; W13's rows must then be in engine order (:func:`~csf_kernels.moe.engine_panels.
-    fc1_engine_rows`), the bias too."""
+    fc1_engine_rows`), the bias too.
+
+    ``s_panel`` may instead be the plane's :class:`~csf_kernels.moe.engine_inline.InlineScales` (engine records of
+    the same rows): the inline program decodes them into the same scale slots, so the output is the same bits."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
     per_step = panel_scales(fmt).per_step
@@ -62,7 +66,14 @@ def grouped_fp4_gemm_launch(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
             "(K = 64 x steps, R = 64 x row blocks)"
         )
-    if s_panel.dtype != torch.uint8 or tuple(s_panel.shape) != (experts, steps, per_step * rows):
+    inline = isinstance(s_panel, InlineScales)
+    if inline:
+        if (s_panel.fmt, s_panel.experts, s_panel.rows, s_panel.k) != (fmt, experts, rows, k):
+            raise ValueError(
+                f"inline scales of {s_panel.fmt} [{s_panel.experts}, {s_panel.rows}] at K = {s_panel.k} do not fit "
+                f"{fmt} weights [{experts}, {rows}] at K = {k}"
+            )
+    elif s_panel.dtype != torch.uint8 or tuple(s_panel.shape) != (experts, steps, per_step * rows):
         raise ValueError(
             f"{fmt} scale panel {s_panel.dtype} {tuple(s_panel.shape)} is not uint8 [{experts}, {steps}, "
             f"{per_step * rows}]"
@@ -75,11 +86,14 @@ def grouped_fp4_gemm_launch(
                          f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt)
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, "inline" if inline else "native")
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
-    s = s_panel.view(torch.uint32) if nv else s_panel  # NVFP4: one word of four E4M3 bytes a row a step
-    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, s, x, out, b, g, block_expert, meta, ctas))
+    if inline:
+        s = s_panel.tensors()
+    else:
+        s = (s_panel.view(torch.uint32) if nv else s_panel,)  # NVFP4: one word of four E4M3 bytes a row a step
+    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, *s, x, out, b, g, block_expert, meta, ctas))
 
 
 _UNREAD: dict[torch.device, torch.Tensor] = {}

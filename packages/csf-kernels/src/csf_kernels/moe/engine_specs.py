@@ -2,7 +2,8 @@
 
 The grouped FP4 x bf16 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm`) serves route blocks of any expert and, with
 one expert, a dense GEMM; one program per route-block size and weight format (a fact of its spec: the scale panel's
-bytes and conversion, NVFP4's global scale), every shape at run time.
+bytes and conversion, NVFP4's global scale) and scale source (``native`` panels, or ``inline`` engine records a
+producer warp decodes), every shape at run time.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ __all__ = [
     "ENGINE_GATHER",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
+    "ENGINE_SCALE_SOURCES",
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
     "ENGINE_TILE_N",
+    "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
     "engine_gather_spec",
@@ -40,6 +43,8 @@ ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
+ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
+INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
 _GLUE = "csf_kernels.moe.kernels.engine_glue"
@@ -97,26 +102,38 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs += [engine_gather_spec(bm), engine_act_spec(bm, geo.activation, geo.bias)]
-        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name))  # FC1 with its activation fused
+        for scales in ENGINE_SCALE_SOURCES:  # FC1 with its activation fused
+            specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
 
 
-def engine_gemm_spec(tile_n: int, activation: str | None = None, bias: bool = False, fmt: str = "mxfp4") -> ProgramSpec:
+def engine_gemm_spec(
+    tile_n: int, activation: str | None = None, bias: bool = False, fmt: str = "mxfp4", scales: str = "native"
+) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
-    epilogue (with W13's ``bias``), else the plain bf16 GEMM."""
+    epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
+    inline program carries the fact ``SRC``; native ones keep their earlier identity)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
         raise ValueError("the engine GEMM adds a bias only with a fused activation")
     if fmt not in ENGINE_FORMATS:
         raise ValueError(f"the engine GEMM serves {ENGINE_FORMATS} weights; got {fmt!r}")
+    if scales not in ENGINE_SCALE_SOURCES:
+        raise ValueError(f"the engine GEMM reads {ENGINE_SCALE_SOURCES} scales; got {scales!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
-    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt)
+    source = {} if scales == "native" else {"SRC": scales}
+    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, **source)
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
-    """Every plain engine GEMM the AOT cache holds for weights of ``formats`` (they take every shape at run
-    time)."""
-    return [engine_gemm_spec(tn, fmt=fmt) for fmt in formats for tn in ENGINE_TILE_N]
+    """Every plain engine GEMM the AOT cache holds for weights of ``formats``, of both scale sources (they take
+    every shape at run time)."""
+    return [
+        engine_gemm_spec(tn, fmt=fmt, scales=scales)
+        for fmt in formats
+        for scales in ENGINE_SCALE_SOURCES
+        for tn in ENGINE_TILE_N
+    ]

@@ -47,11 +47,22 @@ from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, 
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
 from csf_kernels.moe.kernels.engine_epilogue import asm_u32 as _asm_u32
 from csf_kernels.moe.kernels.engine_producer import make_ring, produce, units_in_use
+from csf_kernels.moe.kernels.engine_record_decoder import (
+    DECODER_ARRIVALS,
+    MAX_COL_TILES,
+    RECORD_BYTES,
+    RECORD_SLOTS,
+    RecordDecoderWarp,
+)
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
+__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "SCALE_SOURCES", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
 STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
+SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
+DECODER_WARP = 2
+# the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
+_DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
 
 
 class GroupedFp4Gemm:
@@ -60,12 +71,26 @@ class GroupedFp4Gemm:
     ``R / 2`` columns; W13's rows in engine order, :func:`csf_kernels.moe.engine_panels.fc1_engine_rows`), adding
     ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``).
     Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, ctas, stream)``; ``bias`` is
-    unread without it, ``gscale`` for MXFP4; ``ctas`` persistent CTAs (the SM count)."""
+    unread without it, ``gscale`` for MXFP4; ``ctas`` persistent CTAs (the SM count).
 
-    def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4"):
+    ``scales="inline"``: the scales come from engine records (``csf_codec.engine_records``) that producer warp 2
+    decodes into the same slots (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`); compile :meth:`call_inline`,
+    whose arguments replace ``s_panel`` by the plane's ``base_ref`` (uint8 ``[RB]``), ``base_delta`` (uint8
+    ``[RB, 64]`` MXFP4, ``[RB, 128]`` NVFP4), ``block_start`` (int32 ``[RB]``: 16-byte units), ``record_units``
+    (uint8 ``[RB, tiles]``) and ``body`` (uint8), the records of W's rows in this program's row order, one row
+    group an expert (``RB = E * ceil(R / 128)``)."""
+
+    def __init__(
+        self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
+        scales: str = "native",
+    ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4")  # validates act and bias
+        if scales not in SCALE_SOURCES:
+            raise ValueError(f"scale source must be one of {SCALE_SOURCES}; got {scales!r}")
+        self.scales = scales
+        self.inline = scales == "inline"
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -81,14 +106,15 @@ class GroupedFp4Gemm:
         self.epi_tile = self.epilogue.tile
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
-        fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024) // stage_bytes
+        decoder_bytes = _DECODER_BYTES if self.inline else 0
+        fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024 - decoder_bytes) // stage_bytes
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
-        self.ring_bytes = self.stages * stage_bytes + epi_bytes
+        self.ring_bytes = self.stages * stage_bytes + epi_bytes + decoder_bytes
         self.a_tx = TILE_M * TILE_K // 2
-        self.s_tx = s_bytes
+        self.s_tx = 0 if self.inline else s_bytes  # inline: the decoder warp's stores and arrivals, not bytes
         self.b_tx = tile_n * TILE_K * 2
 
     @cute.jit
@@ -105,11 +131,44 @@ class GroupedFp4Gemm:
         ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        if cutlass.const_expr(self.inline):
+            raise TypeError("an inline-scale program is compiled through GroupedFp4Gemm.call_inline")
+        self._launch(w_panel, s_panel, None, x, out, bias, gscale, block_expert, meta, ctas, stream)
+
+    @cute.jit
+    def call_inline(
+        self,
+        w_panel: cute.Tensor,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        block_start: cute.Tensor,
+        record_units: cute.Tensor,
+        body: cute.Tensor,
+        x: cute.Tensor,
+        out: cute.Tensor,
+        bias: cute.Tensor,
+        gscale: cute.Tensor,
+        block_expert: cute.Tensor,
+        meta: cute.Tensor,
+        ctas: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        if cutlass.const_expr(not self.inline):
+            raise TypeError("GroupedFp4Gemm.call_inline needs scales='inline'")
+        records = (base_ref, base_delta, block_start, record_units, body)
+        self._launch(w_panel, None, records, x, out, bias, gscale, block_expert, meta, ctas, stream)
+
+    def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, block_expert, meta, ctas, stream):
+        """Both entry points' host side (traced inline): views, the MMA, TMA atoms, shared storage, the launch.
+        ``s_panel`` for native scales, else ``records``."""
         bf16 = cutlass.BFloat16
         # operand views: weights (256 words, row blocks, steps, experts), scales (2 R bytes or R words, steps,
         # experts), activations (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
         m_a = cute.make_tensor(w_panel.iterator, cute.select(w_panel.layout, mode=[3, 2, 1, 0]))
-        m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[2, 1, 0]))
+        if self.inline:  # the scale TMA's arguments are unused: the weights' stand in
+            m_s = None
+        else:
+            m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[2, 1, 0]))
         m_b = x
         m_c = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 0]))
 
@@ -136,9 +195,12 @@ class GroupedFp4Gemm:
         tma_a, tma_m_a = cpasync.make_tiled_tma_atom(
             g2s, m_a, cute.slice_(a_smem, (None, None, None, None, 0)), (_PANEL_WORDS, 2, 1, 1)
         )
-        tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
-            g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
-        )
+        if self.inline:
+            tma_s, tma_m_s = tma_a, tma_m_a
+        else:
+            tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
+                g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
+            )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
             g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
         )
@@ -146,19 +208,15 @@ class GroupedFp4Gemm:
             cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
         )
 
-        @cute.struct
-        class SharedStorage:
-            bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            s_a: cute.struct.Align[cute.struct.MemRange[cutlass.Uint64, cute.cosize(a_smem)], 1024]
-            s_s: cute.struct.Align[cute.struct.MemRange[self.s_dtype, cute.cosize(s_smem)], 1024]
-            s_b: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b_smem)], 1024]
-            s_c: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(epi_smem)], 1024]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = _shared_storage(
+            self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
+            cute.cosize(epi_smem),
+        )  # fmt: skip
         self.c_layout = c_layout
+        records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
@@ -185,18 +243,32 @@ class GroupedFp4Gemm:
         out: cute.Tensor,
         bias: cute.Tensor,
         gscale: cute.Tensor,
+        base_ref: cute.Tensor,
+        base_delta: cute.Tensor,
+        block_start: cute.Tensor,
+        record_units: cute.Tensor,
+        body: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_s)
+            if cutlass.const_expr(not self.inline):
+                cpasync.prefetch_descriptor(tma_s)
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_c)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx)
+        # inline: the decoder warp's lanes arrive beside the TMA producer
+        producers = 1 + DECODER_ARRIVALS * self.inline
+        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
+        if cutlass.const_expr(self.inline):
+            if warp == DECODER_WARP:
+                with cute.arch.elect_one():
+                    for i in cutlass.range_constexpr(RECORD_SLOTS):
+                        cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + i, 1)
+                cute.arch.mbarrier_init_fence()
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         s_a = storage.s_a.get_tensor(a_smem)
@@ -205,12 +277,15 @@ class GroupedFp4Gemm:
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
-        g_s = cute.local_tile(m_s, (self.s_elems, 1, 1), (None, None, None))  # (256 or 128, 1, 1, RT, KS, E)
         g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, blocks, KS)
         g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
         t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 4), cute.group_modes(g_a, 0, 4))
-        t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 3), cute.group_modes(g_s, 0, 3))
+        scale_copy = None  # inline: no scale TMA, the decoder warp fills the scale slots
+        if cutlass.const_expr(not self.inline):
+            g_s = cute.local_tile(m_s, (self.s_elems, 1, 1), (None, None, None))  # (256 or 128, 1, 1, RT, KS, E)
+            t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 3), cute.group_modes(g_s, 0, 3))
+            scale_copy = (tma_s, t_sg, t_ss)
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
@@ -222,8 +297,17 @@ class GroupedFp4Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
-            copies = ((tma_a, t_ag, t_as), (tma_s, t_sg, t_ss), (tma_b, t_bg, t_bs))
+            copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
             produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps)
+        if cutlass.const_expr(self.inline):
+            if warp == DECODER_WARP:
+                RecordDecoderWarp(self.nvfp4, self.stages).run(
+                    ring, s_s, storage.rec_bars.data_ptr(), storage.rec_stage.get_tensor(
+                        cute.make_layout((RECORD_BYTES, RECORD_SLOTS))), storage.rec_tile.get_tensor(
+                        cute.make_layout(128)), storage.rec_offs.get_tensor(cute.make_layout(MAX_COL_TILES + 1)),
+                    base_ref, base_delta, block_start, record_units, body, block_expert, units, tiles_m, k_steps,
+                    cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]),
+                )  # fmt: skip
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
@@ -336,3 +420,24 @@ class GroupedFp4Gemm:
         if inside != e:
             g = cutlass.Float32(1.0)
         return g
+
+
+def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems):
+    """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles and, for inline scales, the
+    decoder warp's staging barriers, staging slots, decoded tile and record offsets."""
+    mem, align = cute.struct.MemRange, cute.struct.Align
+    fields = {
+        "bars": mem[cutlass.Int64, stages * 2],
+        "s_a": align[mem[cutlass.Uint64, a_words], 1024],
+        "s_s": align[mem[s_dtype, s_elems], 1024],
+        "s_b": align[mem[cutlass.BFloat16, b_elems], 1024],
+        "s_c": align[mem[cutlass.BFloat16, c_elems], 1024],
+    }
+    if inline:
+        fields |= {
+            "rec_bars": mem[cutlass.Int64, RECORD_SLOTS],
+            "rec_stage": align[mem[cutlass.Uint8, RECORD_SLOTS * RECORD_BYTES], 128],
+            "rec_tile": align[mem[cutlass.Uint32, 128], 128],
+            "rec_offs": align[mem[cutlass.Int32, MAX_COL_TILES + 1], 128],
+        }
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
