@@ -129,6 +129,8 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     narrowest count type that holds C."""
     n_rows, c = x.shape
     count_t = np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
+    if levels > _LEVEL_PASSES:
+        return _histogram_level_counts(x, lo, levels, count_t)
     rel = np.ascontiguousarray(x.T)
     rel -= lo  # bytes relative to the row's minimum: no wrap
     le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
@@ -138,6 +140,29 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     for k in range(levels - 1):
         np.less_equal(rel, k, out=flags)
         np.add.reduce(flags, axis=0, dtype=count_t, out=le[_PAD + k])
+    return le
+
+
+_LEVEL_PASSES = 16  # rows spreading over more levels are counted by a histogram, not a pass a level
+_KEY_ROWS = 1 << 15  # int16 histogram keys: rows * levels below this
+
+
+def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int, count_t) -> np.ndarray:
+    """:func:`_level_counts` by one bincount over ``row * levels + (byte - lo)`` keys (int16: two bytes a
+    scale for a thousand or so rows at a time), then a cumulative sum per row. torch's bincount, because
+    numpy's holds the GIL and the plane's row spans are counted on several threads."""
+    n_rows, c = x.shape
+    le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
+    le[:_PAD] = 0
+    step = _KEY_ROWS // levels
+    for a in range(0, n_rows, step):
+        keys = (x[a : a + step] - lo[a : a + step, None]).astype(np.uint16)
+        n = keys.shape[0]
+        keys += (np.arange(n, dtype=np.uint16) * np.uint16(levels))[:, None]
+        hist = torch.bincount(torch.from_numpy(keys.reshape(-1).view(np.int16)), minlength=n * levels)
+        hist = hist.numpy().reshape(n, levels)
+        le[_PAD : _PAD + levels, a : a + n] = np.cumsum(hist, axis=1).T
+    le[_PAD + levels :] = c
     return le
 
 
