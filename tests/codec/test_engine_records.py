@@ -64,8 +64,9 @@ def test_round_trip(name, fmt, plane, group):
     assert torch.equal(decode_engine_records(rec, name=name), plane)
     units = rec.record_units.to(torch.int64)
     assert rec.body.numel() == 16 * int(units.sum())
-    assert torch.equal(rec.block_start, torch.cumsum(16 * units.sum(dim=1), 0) - 16 * units.sum(dim=1))
-    assert rec.nbytes == rec.base_ref.numel() * (1 + 8) + rec.base_delta.numel() + units.numel() + rec.body.numel()
+    starts = torch.cumsum(units.sum(dim=1), 0) - units.sum(dim=1)  # in 16-byte units
+    assert rec.block_start.dtype == torch.uint32 and torch.equal(rec.block_start.to(torch.int64), starts)
+    assert rec.nbytes == rec.base_ref.numel() * (1 + 4) + rec.base_delta.numel() + units.numel() + rec.body.numel()
 
 
 # ------------------------------------------------------------------------------ reference (the spec, per tile)
@@ -181,9 +182,10 @@ def _with_records(rec: EngineRecords, records: dict[tuple[int, int], bytes], **f
             parts.append(r)
             units.append(len(r) // 16)
     u = torch.tensor(units, dtype=torch.int64).view(geo.row_blocks, geo.col_tiles)
-    per_block = 16 * u.sum(dim=1)
+    per_block = u.sum(dim=1)
     body = torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
-    new = replace(rec, body=body, record_units=u.to(torch.uint8), block_start=torch.cumsum(per_block, 0) - per_block)
+    starts = (torch.cumsum(per_block, 0) - per_block).to(torch.uint32)
+    new = replace(rec, body=body, record_units=u.to(torch.uint8), block_start=starts)
     return replace(new, **fields)
 
 
@@ -353,9 +355,9 @@ def test_reserved_header_bits_are_refused():
 
 def test_offsets_must_match_the_body():
     _, rec = _small()
-    starts = rec.block_start.clone()
-    starts[1] += 16
-    _refused(replace(rec, block_start=starts), "starts")
+    starts = rec.block_start.to(torch.int64)
+    starts[1] += 1  # one 16-byte unit
+    _refused(replace(rec, block_start=starts.to(torch.uint32)), "starts")
     _refused(replace(rec, body=rec.body[:-16]), "body holds")
     _refused(replace(rec, body=torch.cat([rec.body, torch.zeros(16, dtype=torch.uint8)])), "body holds")
     units = rec.record_units.clone()
@@ -387,7 +389,22 @@ def test_wrong_array_shapes_are_typed_errors():
     _, rec = _small()
     with pytest.raises(ShapeMismatchError, match="record_units"):
         decode_engine_records(replace(rec, record_units=rec.record_units[:, :2]), name="t")
-    with pytest.raises(ShapeMismatchError, match="block_start"):
-        decode_engine_records(replace(rec, block_start=rec.block_start.to(torch.int32)), name="t")
+    for dtype in (torch.int32, torch.int64):  # u32 starts; an int64 one (the u64 of before) too is refused
+        with pytest.raises(ShapeMismatchError, match="block_start"):
+            decode_engine_records(replace(rec, block_start=rec.block_start.to(dtype)), name="t")
     with pytest.raises(ShapeMismatchError, match="body"):
         decode_engine_records(replace(rec, body=rec.body.view(1, -1)), name="t")
+
+
+def test_a_body_past_the_reach_of_u32_starts_is_refused(monkeypatch):
+    """Block starts are u32 counts of 16-byte units: a plane whose records need more is refused (a typed error)
+    while it is encoded, not wrapped. The reach is lowered here to the test plane's size."""
+    import csf_codec.engine_records as er
+
+    plane = synthetic_scale_plane((2, 1152, 160), MXFP4, SEED_REGIME, seed=3)
+    units = int(encode_engine_records(plane, MXFP4, row_group=576).record_units.to(torch.int64).sum())
+    monkeypatch.setattr(er, "MAX_BODY_UNITS", units)
+    encode_engine_records(plane, MXFP4, row_group=576)  # exactly at the reach: accepted
+    monkeypatch.setattr(er, "MAX_BODY_UNITS", units - 1)
+    with pytest.raises(ShapeMismatchError, match="u32 block starts"):
+        encode_engine_records(plane, MXFP4, row_group=576, name="t")
