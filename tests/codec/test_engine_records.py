@@ -339,6 +339,25 @@ def test_a_longer_window_is_refused():
     raise AssertionError("no alternative window found")
 
 
+def test_every_other_window_is_refused():
+    """Each tile's record rewritten under every other candidate window that fits decodes to the same plane but is
+    not the encoder's choice: refused. The decoder derives every window's length from the record it reads (1-bit
+    fields by popcount, wider ones by a histogram), so each width is tried, with tail tiles and padding slots."""
+    clean_nv = synthetic_scale_plane((1, 200, 10), NVFP4, NVFP4_TYPICAL, seed=18)
+    tried = set()
+    for name, fmt, plane, group in [*REFERENCE_PLANES, ("clean-nvfp4", NVFP4, clean_nv, 100)]:
+        rec = encode_engine_records(plane, fmt, row_group=group, name=name)
+        for b, j, vals, bases, valid, tc in list(_tiles(plane, fmt, group))[:8]:
+            chosen = bytes(rec.record(b, j).numpy())
+            for w, o in CANDIDATE_WINDOWS[fmt.name]:
+                other = _reference_record(vals, bases, valid, tc, [(w, o)])
+                if other != chosen and (other[0] & 3) != 3:
+                    _refused(_with_records(rec, {(b, j): other}), "shortest")
+                    tried.add((fmt.name, w, tc < 4, not all(valid)))
+    assert {(f, w) for f, w, _, _ in tried} == {("mxfp4", 1), ("mxfp4", 2), ("mxfp4", 4), ("nvfp4", 4)}, tried
+    assert {tail for _, _, tail, _ in tried} == {True, False} and {pad for *_, pad in tried} == {True, False}
+
+
 def test_window_outside_the_candidates_is_refused():
     _, rec = _small()
     b, j, r = _find(rec, lambda r, j: (_header(r) & 3) == 0)

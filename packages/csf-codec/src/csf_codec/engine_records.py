@@ -34,7 +34,8 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_np import build_records, choose_windows, decode_records, join_records, split_records
+from .engine_records_decode_np import decode_records
+from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline import (
@@ -139,8 +140,9 @@ def encode_engine_records(
         staged, units = [], []
         for plan in plans:
             tiles = _gather_tiles(rows, br[a:b], plan)
-            best, raw, u = choose_windows(tiles, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            staged.append(build_records(tiles, base[a:b], valid[a:b], plan, windows, best, raw, u))
+            e = offsets(tiles, base[a:b], valid[a:b], plan)
+            best, raw, u = choose_windows(tiles, e, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
+            staged.append(build_records(tiles, e, base[a:b], valid[a:b], plan, windows, best, raw, u))
             units.append(u.reshape(b - a, plan.count))
         u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
         return u, join_records(staged, u, plans)
@@ -232,10 +234,7 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, name)
-            best, raw, want = choose_windows(vals, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            if not _choice_matches(staged, best, raw, want, u, windows):
-                raise CorruptPayloadError(name, "a tile's record is not the shortest its candidate windows give")
+            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, fmt.row_base_width, name)
             _scatter(out, vals, br[a:b], plan)
 
     map_spans(span, _spans(geo))
@@ -252,16 +251,3 @@ def _columns(plans, plan) -> slice:
             return slice(start, start + p.count)
         start += p.count
     raise AssertionError("plan not among the plans")
-
-
-def _choice_matches(staged: np.ndarray, best, raw, want, units, windows) -> bool:
-    h = np.ascontiguousarray(staged[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
-    mode = h & 3
-    if not np.array_equal(mode == MODE_RAW, raw) or not np.array_equal(want, units):
-        return False
-    sel = np.flatnonzero(~raw)
-    w_of = np.array([w for w, _ in windows])[best[sel]]
-    o_of = np.array([o for _, o in windows])[best[sel]]
-    mode_of_w = np.array([0, 0, 1, 0, 2])[w_of]
-    origin = (((h[sel] >> 8) & 0xFF) ^ 0x80) - 0x80
-    return bool(np.array_equal(mode[sel], mode_of_w) and np.array_equal(origin, o_of))

@@ -4,8 +4,9 @@ blocks, no loop over tiles.
 A tile's record length under a candidate window ``[o, o + 2**w - 1]`` (offsets from the row base) needs its
 exception count and how many of them are escapes (more than 4 below or 3 above). Both are differences of
 ``C(k)``, the tile's positions whose offset is ``<= k``. Offsets in the base window ``[0, 2**wb - 1]`` (nearly
-every scale) are counted densely, one pass a level inside it (none for MXFP4 but ``k = 0``); the others, the
-plane's exceptions, are listed once and counted per tile and threshold by one bincount. Padding positions count
+every scale) are counted densely: a pass a level when there are few (MXFP4 needs only ``k = 0``), else one
+histogram a tile (NVFP4's 16-value window); the others, the plane's exceptions, are listed once and counted per
+tile and threshold by one bincount. Padding positions count
 as offset 0 and are taken back out of the windows that do not hold 0. Offsets are ``(scale - base) mod 256``:
 exact in the base window, since a row base is at most ``256 - 2**wb``.
 """
@@ -18,35 +19,42 @@ from .engine_record_layout import (
     ABOVE_CODES,
     BELOW_CODES,
     CODE_SHIFT,
-    COUNT_MASK,
     COUNT_SHIFT,
     ESCAPE_CODE,
     HEADER_BYTES,
     MODE_RAW,
     MODE_WIDTH,
     ORIGIN_SHIFT,
-    POSITION_MASK,
     RECORD_ALIGN,
-    RESERVED_SHIFT,
-    UNITS_MASK,
     UNITS_SHIFT,
     entry_bytes,
     raw_units,
     selector_bytes,
     units_for,
 )
-from .errors import CorruptPayloadError
 from .inline_np import ClassPlan, _valid_positions
-from .swar import group_counts, pack_bits, unpack_bits
+from .swar import group_counts, grouped_histogram, pack_bits
 from .tile_layout import TILE_ROWS
 
-__all__ = ["build_records", "choose_windows", "decode_records", "join_records", "split_records"]
+__all__ = [
+    "build_records",
+    "choose_windows",
+    "join_records",
+    "offsets",
+    "pick_windows",
+    "ranks",
+    "split_records",
+    "thresholds",
+    "tile_limits",
+    "window_units",
+]
 
 _WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
 _BIG = 1 << 20  # the length of a window that leaves the byte range
+_DENSE_PASSES = 2  # in-window levels counted a pass each; more are read off one histogram
 
 
-def _offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
+def offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
     """uint8 [T, 128 tc]: each position's ``(scale - row base) mod 256``; padding positions read 0."""
     nb = base.shape[0]
     size = TILE_ROWS * plan.cols
@@ -58,7 +66,7 @@ def _offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: Class
     return e.reshape(tiles.shape)
 
 
-def _thresholds(windows) -> list[int]:
+def thresholds(windows) -> list[int]:
     ks = set()
     for w, o in windows:
         lo, hi = o, o + (1 << w) - 1
@@ -75,7 +83,7 @@ def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> 
     idx = np.flatnonzero(flags)
     t, p = np.divmod(idx, size)
     off = tiles.reshape(-1)[idx].astype(np.int16) - base.reshape(-1)[(t // plan.count) * TILE_ROWS + p // plan.cols]
-    ths = np.array(_thresholds(windows))
+    ths = np.array(thresholds(windows))
     dense = ths[(ths >= 0) & (ths < span - 1)]
     sparse = np.union1d(ths[(ths < 0) | (ths >= span - 1)], [-1] if dense.size else []).astype(np.int64)
     m = sparse.size + 1
@@ -88,34 +96,55 @@ def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> 
     counts = {}
     for i, k in enumerate(sparse.tolist()):
         counts[k] = le[:, i] if k < 0 else size - (nout - le[:, i])
-    for k in dense.tolist():
-        counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
+    if dense.size > _DENSE_PASSES:  # one histogram of the in-window offsets instead of a pass a level
+        below = np.cumsum(grouped_histogram(np.minimum(e, span - 1), span), axis=1)
+        for k in dense.tolist():
+            counts[k] = counts[-1] + below[:, k]
+    else:
+        for k in dense.tolist():
+            counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
     return counts
 
 
-def choose_windows(tiles, base, valid, plan: ClassPlan, windows, base_width: int):
-    """Each tile's window (fewest record bytes, then list order), whether it goes raw (no window strictly
-    shorter than the raw record), and its record's length / 16 (int64 [T] each)."""
-    size = TILE_ROWS * plan.cols
-    e = _offsets(tiles, base, valid, plan)
-    c = _level_counts(tiles, e, base, plan, windows, base_width)
-    npad = np.repeat(size - valid.sum(axis=1) * plan.cols, plan.count)
+def tile_limits(base, valid, plan: ClassPlan):
+    """Per tile (int64 [T] each): its padding positions, and the smallest and largest real row base of its block."""
     b = base.astype(np.int32)
+    npad = np.repeat(TILE_ROWS * plan.cols - valid.sum(axis=1) * plan.cols, plan.count)
     bmin = np.repeat(np.where(valid, b, 1 << 20).min(axis=1), plan.count)
     bmax = np.repeat(np.where(valid, b, -(1 << 20)).max(axis=1), plan.count)
-    units = np.empty((len(windows), tiles.shape[0]), dtype=np.int64)
+    return npad, bmin, bmax
+
+
+def window_units(c: dict[int, np.ndarray], npad, bmin, bmax, cols: int, windows) -> np.ndarray:
+    """int64 [windows, T]: each window's record length / 16 from the tiles' level counts ``C(k)`` (padding counted at
+    offset 0); a window that leaves the byte range for a real row of the tile's block is never the shortest."""
+    size = TILE_ROWS * cols
+    units = np.empty((len(windows), npad.size), dtype=np.int64)
     for j, (w, o) in enumerate(windows):
         hi = o + (1 << w) - 1
         n = size - (c[hi] - c[o - 1]) - (0 if o <= 0 <= hi else npad)
         esc = c[o - BELOW_CODES - 1] + size - c[hi + ABOVE_CODES]
-        u = units_for(HEADER_BYTES + selector_bytes(w, plan.cols) + entry_bytes(n) + esc)
+        u = units_for(HEADER_BYTES + selector_bytes(w, cols) + entry_bytes(n) + esc)
         units[j] = np.where((bmin + o >= 0) & (bmax + hi <= 255), u, _BIG)
-    k = len(windows)
+    return units
+
+
+def pick_windows(units: np.ndarray, cols: int):
+    """Each tile's window (fewest record bytes, then list order), whether it goes raw (no window strictly shorter
+    than the raw record), and its record's length / 16 (int64 [T] each)."""
+    k = units.shape[0]
     key = units * k + np.arange(k)[:, None]
     best = key.argmin(axis=0)
-    best_units = key.min(axis=0) // k if k else np.full(tiles.shape[0], _BIG)
-    raw = best_units >= raw_units(plan.cols)
-    return best, raw, np.where(raw, raw_units(plan.cols), best_units)
+    best_units = key.min(axis=0) // k
+    raw = best_units >= raw_units(cols)
+    return best, raw, np.where(raw, raw_units(cols), best_units)
+
+
+def choose_windows(tiles, e, base, valid, plan: ClassPlan, windows, base_width: int):
+    """:func:`pick_windows` for native tiles (uint8 [T, 128 tc], slot order) and their :func:`offsets` ``e``."""
+    c = _level_counts(tiles, e, base, plan, windows, base_width)
+    npad, bmin, bmax = tile_limits(base, valid, plan)
+    return pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols)
 
 
 def _codes(d: np.ndarray, width: int) -> np.ndarray:
@@ -128,36 +157,39 @@ def _codes(d: np.ndarray, width: int) -> np.ndarray:
     )
 
 
-def _ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
+def ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
     """Per tile the number of listed items (``tile_of`` ascending), and each item's rank within its tile."""
     nk = np.bincount(tile_of, minlength=tiles)
     return nk, np.arange(tile_of.size) - (np.cumsum(nk) - nk)[tile_of]
 
 
-def build_records(tiles, base, valid, plan: ClassPlan, windows, best, raw, units) -> np.ndarray:
-    """uint8 [T, 16 * max units]: each tile's record, zero past its length."""
+def build_records(tiles, e, base, valid, plan: ClassPlan, windows, best, raw, units) -> np.ndarray:
+    """uint8 [T, 16 * max units]: each tile's record, zero past its length (``e``: the tiles' :func:`offsets`)."""
     t_count, size, tc = tiles.shape[0], TILE_ROWS * plan.cols, plan.cols
     width = RECORD_ALIGN * int(units.max(initial=1))
     rec = np.zeros((t_count, width), dtype=np.uint8)
     flat = rec.reshape(-1)
-    e = _offsets(tiles, base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     header = (units.astype(np.uint32) << UNITS_SHIFT) | np.where(raw, MODE_RAW, 0).astype(np.uint32)
     for j, (w, o) in enumerate(windows):
         sel = np.flatnonzero((best == j) & ~raw)
         if not sel.size:
             continue
-        f = e[sel] - np.uint8(o & 0xFF)  # offset from the window's low end, mod 256: exact for a legal window
+        every = sel.size == t_count  # every tile takes this window: slices, no gathers
+        f = (e if every else e[sel]) - np.uint8(o & 0xFF)  # from the window's low end, mod 256: exact when legal
         inside = f < (1 << w)
         if vpos is not None:
-            inside &= vpos[sel]
-            outside = ~inside & vpos[sel]
+            inside &= vpos if every else vpos[sel]
+            outside = ~inside & (vpos if every else vpos[sel])
         else:
             outside = ~inside
         sb = selector_bytes(w, tc)
-        rec[sel, HEADER_BYTES : HEADER_BYTES + sb] = pack_bits((f * inside).reshape(-1), w).reshape(sel.size, sb)
+        np.multiply(f, inside, out=f)  # the fields: exceptions and padding store 0
+        rec[sel if not every else slice(None), HEADER_BYTES : HEADER_BYTES + sb] = pack_bits(f.reshape(-1), w).reshape(
+            sel.size, sb
+        )
         tl, p = np.divmod(np.flatnonzero(outside), size)
-        nk, rank = _ranks(tl, sel.size)
+        nk, rank = ranks(tl, sel.size)
         rt = sel[tl]
         val = tiles.reshape(-1)[rt * size + p]
         code = _codes(val.astype(np.int32) - base.reshape(-1)[(rt // plan.count) * TILE_ROWS + p // tc] - o, w)
@@ -171,7 +203,7 @@ def build_records(tiles, base, valid, plan: ClassPlan, windows, best, raw, units
         flat[at[odd] + 1] = entry[odd] >> 4
         esc = np.flatnonzero(code == ESCAPE_CODE)
         if esc.size:
-            _, erank = _ranks(tl[esc], sel.size)
+            _, erank = ranks(tl[esc], sel.size)
             flat[rt[esc] * width + HEADER_BYTES + sb + entry_bytes(nk[tl[esc]]) + erank] = val[esc]
         origin = np.uint32((o & 0xFF) << ORIGIN_SHIFT)
         header[sel] |= _WIDTH_MODE[w] | origin | (nk.astype(np.uint32) << COUNT_SHIFT)
@@ -237,124 +269,3 @@ def split_records(body: np.ndarray, units: np.ndarray, plans) -> list[np.ndarray
             rec[mask] = body[where]
         out.append(rec)
     return out
-
-
-# ------------------------------------------------------------------------------------------------- decoder
-
-
-def _fail(name: str, fault: str):
-    raise CorruptPayloadError(name, fault)
-
-
-def _check_padding(rec, sel, used, units, name: str) -> None:
-    """Bytes from ``used`` to the record's end (all in its last 16) are zero."""
-    end = units[sel] * RECORD_ALIGN
-    cols = end[:, None] - RECORD_ALIGN + np.arange(RECORD_ALIGN)[None, :]
-    if np.logical_and(rec[sel[:, None], cols], cols >= used[:, None]).any():
-        _fail(name, "a record's padding bytes are not zero")
-
-
-def decode_records(rec, units, base, valid, plan: ClassPlan, windows, name: str) -> np.ndarray:
-    """uint8 [T, 128 tc] native bytes (slot order) of one class's staged records, every field checked; the window
-    choice is checked by the caller."""
-    t_count, size, tc = rec.shape[0], TILE_ROWS * plan.cols, plan.cols
-    width = rec.shape[1]
-    flat = rec.reshape(-1)
-    h = np.ascontiguousarray(rec[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
-    if ((h >> UNITS_SHIFT) & UNITS_MASK != units).any():
-        _fail(name, "a record header's length disagrees with its offsets byte")
-    if (h >> RESERVED_SHIFT).any():
-        _fail(name, "a record header's reserved bits are not zero")
-    mode = h & 3
-    vals = np.empty((t_count, size), dtype=np.uint8)
-    padded = np.flatnonzero(~valid.all(axis=1))  # blocks with padding slots, and their tiles
-    pad_tiles = np.zeros(t_count, dtype=bool)
-    pad_tiles.reshape(-1, plan.count)[padded] = True
-    vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
-    b = base.astype(np.int32)
-    bmin = np.where(valid, b, 1 << 20).min(axis=1)
-    bmax = np.where(valid, b, -(1 << 20)).max(axis=1)
-    base_pos = np.repeat(base.astype(np.uint8), tc, axis=1)  # forged bases wrap; the window check refuses them
-    for m, w in MODE_WIDTH.items():
-        sel = np.flatnonzero(mode == m)
-        if not sel.size:
-            continue
-        hs = h[sel]
-        o = (((hs >> ORIGIN_SHIFT) & 0xFF) ^ 0x80) - 0x80
-        n = (hs >> COUNT_SHIFT) & COUNT_MASK
-        if not np.isin(o, [oo for ww, oo in windows if ww == w]).all():
-            _fail(name, f"a {w}-bit record's window is not a candidate window")
-        blk = sel // plan.count
-        if ((bmin[blk] + o < 0) | (bmax[blk] + o + (1 << w) - 1 > 255)).any():
-            _fail(name, "a tile window leaves the byte range")
-        sb = selector_bytes(w, tc)
-        entries_end = HEADER_BYTES + sb + entry_bytes(n)
-        if (entries_end > units[sel] * RECORD_ALIGN).any():
-            _fail(name, "a record's selectors and exception count run past its length")
-        packed = np.ascontiguousarray(rec[sel, HEADER_BYTES : HEADER_BYTES + sb]).reshape(-1)
-        fields = unpack_bits(packed, w, sel.size * size).reshape(sel.size, size)
-        if vpos is not None:
-            ps = np.flatnonzero(pad_tiles[sel])
-            if ps.size and fields[ps][~vpos[blk[ps]]].any():
-                _fail(name, "a padding slot's selector is not zero")
-        if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
-            v = (fields.reshape(-1, plan.count, size) + base_pos[:, None, :]).reshape(t_count, size)
-        else:
-            v = fields + base_pos[blk]
-        v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
-        odd = np.flatnonzero(n & 1)
-        if odd.size and (flat[sel[odd] * width + entries_end[odd] - 1] >> 4).any():
-            _fail(name, "the unused half of a record's last exception entry is not zero")
-        used = entries_end
-        total = int(n.sum())
-        if total:
-            t = np.repeat(np.arange(sel.size), n)
-            rank = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-            row = sel[t] * width
-            at = row + HEADER_BYTES + sb + (3 * rank) // 2
-            word = flat[at].astype(np.int32) | (flat[at + 1].astype(np.int32) << 8)
-            entry = (word >> (4 * (rank & 1))) & 0xFFF
-            pos, code = entry & POSITION_MASK, entry >> CODE_SHIFT
-            if (pos >= size).any():
-                _fail(name, "an exception position lies outside its tile")
-            g = t * size + pos
-            if (g[1:] <= g[:-1]).any():
-                _fail(name, "exception positions are not strictly ascending")
-            if (vpos is not None and not vpos[blk[t], pos].all()) or fields.reshape(-1)[g].any():
-                _fail(name, "an exception sits on padding or on a non-zero selector")
-            esc = np.flatnonzero(code == ESCAPE_CODE)
-            used = entries_end + np.bincount(t[esc], minlength=sel.size)
-            if (units_for(used) != units[sel]).any():
-                _fail(name, "a record's length disagrees with its exception count and escapes")
-            lo = b.reshape(-1)[blk[t] * TILE_ROWS + pos // tc] + o[t]
-            hi = lo + (1 << w) - 1
-            value = np.where(code < BELOW_CODES, lo - 1 - code, hi + code - (BELOW_CODES - 1))
-            if esc.size:
-                _, erank = _ranks(t[esc], sel.size)
-                value[esc] = flat[row[esc] + entries_end[t[esc]] + erank]
-                ev, elo, ehi = value[esc], lo[esc], hi[esc]
-                if ((ev >= elo) & (ev <= ehi)).any():
-                    _fail(name, "an exception repeats a value its selector could express")
-                if ((ev >= elo - BELOW_CODES) & (ev <= ehi + ABOVE_CODES)).any():
-                    _fail(name, "an escape holds a value a code reaches")
-            if ((value < 0) | (value > 255)).any():
-                _fail(name, "an exception code points outside the byte range")
-            v.reshape(-1)[g] = value
-        elif (units_for(used) != units[sel]).any():
-            _fail(name, "a record's length disagrees with its exception count and escapes")
-        _check_padding(rec, sel, used, units, name)
-        if sel.size == t_count:
-            vals = v
-        else:
-            vals[sel] = v
-    sel = np.flatnonzero(mode == MODE_RAW)
-    if sel.size:
-        if ((h[sel] >> ORIGIN_SHIFT) & 0xFFFF).any():
-            _fail(name, "a raw record's header carries an origin or a count")
-        if (units[sel] != raw_units(tc)).any():
-            _fail(name, "a raw record's length is not the raw length")
-        _check_padding(rec, sel, np.full(sel.size, HEADER_BYTES + size), units, name)
-        vals[sel] = rec[sel, HEADER_BYTES : HEADER_BYTES + size]
-        if vpos is not None and vals[sel][~vpos[sel // plan.count]].any():
-            _fail(name, "a raw record stores non-zero bytes for padding slots")
-    return vals

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .swar import map_spans
+from .swar import grouped_histogram, map_spans
 
 __all__ = ["row_bases", "row_bases_for_widths", "row_bases_np"]
 
@@ -143,25 +143,15 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     return le
 
 
-_LEVEL_PASSES = 16  # rows spreading over more levels are counted by a histogram, not a pass a level
-_KEY_ROWS = 1 << 15  # int16 histogram keys: rows * levels below this
+_LEVEL_PASSES = 4  # rows spreading over more levels are counted by a histogram, not a pass a level
 
 
 def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int, count_t) -> np.ndarray:
-    """:func:`_level_counts` by one bincount over ``row * levels + (byte - lo)`` keys (int16: two bytes a
-    scale for a thousand or so rows at a time), then a cumulative sum per row. torch's bincount, because
-    numpy's holds the GIL and the plane's row spans are counted on several threads."""
+    """:func:`_level_counts` from one histogram of each row's ``byte - lo``, summed up."""
     n_rows, c = x.shape
     le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
     le[:_PAD] = 0
-    step = _KEY_ROWS // levels
-    for a in range(0, n_rows, step):
-        keys = (x[a : a + step] - lo[a : a + step, None]).astype(np.uint16)
-        n = keys.shape[0]
-        keys += (np.arange(n, dtype=np.uint16) * np.uint16(levels))[:, None]
-        hist = torch.bincount(torch.from_numpy(keys.reshape(-1).view(np.int16)), minlength=n * levels)
-        hist = hist.numpy().reshape(n, levels)
-        le[_PAD : _PAD + levels, a : a + n] = np.cumsum(hist, axis=1).T
+    le[_PAD : _PAD + levels] = np.cumsum(grouped_histogram(x - lo[:, None], levels), axis=1).T
     le[_PAD + levels :] = c
     return le
 
