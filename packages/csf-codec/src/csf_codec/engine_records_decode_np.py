@@ -43,6 +43,14 @@ from .tile_layout import TILE_ROWS
 __all__ = ["decode_records"]
 
 
+# a code's value less its window's low end (``lo - 1 - code`` below, ``hi + code - 3`` above); escapes are read
+_CODE_STEP = {
+    w: np.array([-1 - c for c in range(BELOW_CODES)] + [(1 << w) + c for c in range(ABOVE_CODES)] + [0], np.int32)
+    for w in MODE_WIDTH.values()
+}
+assert all(len(v) == ESCAPE_CODE + 1 for v in _CODE_STEP.values())
+
+
 def _fail(name: str, fault: str):
     raise CorruptPayloadError(name, fault)
 
@@ -97,7 +105,6 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
     pad_tiles = np.zeros(t_count, dtype=bool)
     pad_tiles.reshape(-1, plan.count)[padded] = True
     vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
-    b = base.astype(np.int32)
     npad, bmin, bmax = tile_limits(base, valid, plan)
     base_pos = np.repeat(base.astype(np.uint8), tc, axis=1)  # forged bases wrap; the window check refuses them
     ks = np.array(thresholds(windows))
@@ -140,19 +147,19 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             _fail(name, "the unused half of a record's last exception entry is not zero")
         used = entries_end
         total = int(n.sum())
-        t = np.zeros(0, dtype=np.int64)
-        off = t
-        if total:
-            t = np.repeat(np.arange(sel.size), n)
-            rank = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-            row = sel[t] * width
-            at = row + HEADER_BYTES + sb + (3 * rank) // 2
+        t = off = np.zeros(0, dtype=np.int32)
+        if total:  # int32 indices: a span's records hold far fewer than 2**31 bytes
+            n32 = n.astype(np.int32)
+            t = np.repeat(np.arange(sel.size, dtype=np.int32), n32)
+            rank = np.arange(total, dtype=np.int32) - np.repeat(np.cumsum(n32, dtype=np.int32) - n32, n32)
+            row = (sel.astype(np.int32) * np.int32(width))[t]
+            at = row + np.int32(HEADER_BYTES + sb) + ((rank * 3) >> 1)
             word = flat[at].astype(np.int32) | (flat[at + 1].astype(np.int32) << 8)
-            entry = (word >> (4 * (rank & 1))) & 0xFFF
+            entry = (word >> ((rank & 1) << 2)) & 0xFFF
             pos, code = entry & POSITION_MASK, entry >> CODE_SHIFT
             if (pos >= size).any():
                 _fail(name, "an exception position lies outside its tile")
-            g = t * size + pos
+            g = t * np.int32(size) + pos
             if (g[1:] <= g[:-1]).any():
                 _fail(name, "exception positions are not strictly ascending")
             if (vpos is not None and not vpos[blk[t], pos].all()) or fields.reshape(-1)[g].any():
@@ -161,14 +168,13 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             used = entries_end + np.bincount(t[esc], minlength=sel.size)
             if (units_for(used) != units[sel]).any():
                 _fail(name, "a record's length disagrees with its exception count and escapes")
-            row_base = b.reshape(-1)[blk[t] * TILE_ROWS + pos // tc]
-            lo = row_base + o[t]
-            hi = lo + (1 << w) - 1
-            value = np.where(code < BELOW_CODES, lo - 1 - code, hi + code - (BELOW_CODES - 1))
+            lo = v.reshape(-1)[g].astype(np.int32)  # an exception's field is 0: v holds its window's low end
+            value = lo + _CODE_STEP[w][code]
             if esc.size:
                 _, erank = ranks(t[esc], sel.size)
                 value[esc] = flat[row[esc] + entries_end[t[esc]] + erank]
-                ev, elo, ehi = value[esc], lo[esc], hi[esc]
+                ev, elo = value[esc], lo[esc]
+                ehi = elo + ((1 << w) - 1)
                 if ((ev >= elo) & (ev <= ehi)).any():
                     _fail(name, "an exception repeats a value its selector could express")
                 if ((ev >= elo - BELOW_CODES) & (ev <= ehi + ABOVE_CODES)).any():
@@ -176,7 +182,7 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             if ((value < 0) | (value > 255)).any():
                 _fail(name, "an exception code points outside the byte range")
             v.reshape(-1)[g] = value
-            off = value - row_base
+            off = value - lo + o.astype(np.int32)[t]  # from the row base
         elif (units_for(used) != units[sel]).any():
             _fail(name, "a record's length disagrees with its exception count and escapes")
         _check_padding(rec, sel, used, units, name)
@@ -195,17 +201,18 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
         vals[raw_sel] = rec[raw_sel, HEADER_BYTES : HEADER_BYTES + size]
         if vpos is not None and vals[raw_sel][~vpos[raw_sel // plan.count]].any():
             _fail(name, "a raw record stores non-zero bytes for padding slots")
-    _check_choice(levels, chosen, mode, vals, units, base, valid, plan, windows, base_width, name)
+    limits = (npad, bmin, bmax)
+    _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, windows, base_width, name)
     return vals
 
 
-def _check_choice(levels, chosen, mode, vals, units, base, valid, plan, windows, base_width, name) -> None:
+def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, windows, base_width, name) -> None:
     """Every selector record has the window the encoder picks and its length; every raw tile has no window
     strictly shorter than the raw record."""
     sel = np.flatnonzero(mode != MODE_RAW)
     if sel.size:
         every = sel.size == mode.size
-        npad, bmin, bmax = (a if every else a[sel] for a in tile_limits(base, valid, plan))
+        npad, bmin, bmax = (a if every else a[sel] for a in limits)
         if not every:
             levels = levels[:, sel]
         if npad.any():

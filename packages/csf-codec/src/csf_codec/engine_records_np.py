@@ -108,11 +108,15 @@ def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> 
 
 def tile_limits(base, valid, plan: ClassPlan):
     """Per tile (int64 [T] each): its padding positions, and the smallest and largest real row base of its block."""
-    b = base.astype(np.int32)
-    npad = np.repeat(TILE_ROWS * plan.cols - valid.sum(axis=1) * plan.cols, plan.count)
-    bmin = np.repeat(np.where(valid, b, 1 << 20).min(axis=1), plan.count)
-    bmax = np.repeat(np.where(valid, b, -(1 << 20)).max(axis=1), plan.count)
-    return npad, bmin, bmax
+    if valid.all():  # no padding slots: the bases' own extremes
+        npad = np.zeros(base.shape[0], dtype=np.int64)
+        lo, hi = base.min(axis=1).astype(np.int64), base.max(axis=1).astype(np.int64)
+    else:
+        b = base.astype(np.int32)
+        npad = TILE_ROWS * plan.cols - valid.sum(axis=1) * plan.cols
+        lo = np.where(valid, b, 1 << 20).min(axis=1)
+        hi = np.where(valid, b, -(1 << 20)).max(axis=1)
+    return tuple(np.repeat(a.astype(np.int64), plan.count) for a in (npad, lo, hi))
 
 
 def window_units(c: dict[int, np.ndarray], npad, bmin, bmax, cols: int, windows) -> np.ndarray:
