@@ -151,20 +151,26 @@ def choose_windows(tiles, e, base, valid, plan: ClassPlan, windows, base_width: 
     return pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols)
 
 
-def _codes(d: np.ndarray, width: int) -> np.ndarray:
-    """The 3-bit code of exceptions ``d = value - window low end`` (outside ``[0, 2**width - 1]``)."""
+def _code_table(width: int) -> np.ndarray:
+    """uint16 [512]: at ``d + 256`` the entry bits 9-11 of an exception ``d = value - window low end`` (outside
+    ``[0, 2**width - 1]``): its 3-bit code, shifted into place."""
+    d = np.arange(-256, 256)
     above = d - ((1 << width) - 1)
-    return np.where(
+    code = np.where(
         d < 0,
         np.where(-d <= BELOW_CODES, -d - 1, ESCAPE_CODE),
         np.where(above <= ABOVE_CODES, above + BELOW_CODES - 1, ESCAPE_CODE),
     )
+    return (code << CODE_SHIFT).astype(np.uint16)
+
+
+_CODE_BITS = {w: _code_table(w) for w in MODE_WIDTH.values()}
 
 
 def ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
     """Per tile the number of listed items (``tile_of`` ascending), and each item's rank within its tile."""
     nk = np.bincount(tile_of, minlength=tiles)
-    return nk, np.arange(tile_of.size) - (np.cumsum(nk) - nk)[tile_of]
+    return nk, np.arange(tile_of.size, dtype=tile_of.dtype) - (np.cumsum(nk) - nk).astype(tile_of.dtype)[tile_of]
 
 
 def build_records(tiles, e, base, valid, plan: ClassPlan, windows, best, raw, units) -> np.ndarray:
@@ -188,24 +194,26 @@ def build_records(tiles, e, base, valid, plan: ClassPlan, windows, best, raw, un
         else:
             outside = ~inside
         sb = selector_bytes(w, tc)
+        idx = np.flatnonzero(outside).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
+        tl = idx // np.int32(size)
+        p = idx - tl * np.int32(size)
+        rt = tl if every else sel.astype(np.int32)[tl]
+        val = tiles.reshape(-1)[rt * np.int32(size) + p]
+        lo = val - f.reshape(-1)[idx]  # f = (value - low end) mod 256, and the low end is a byte
         np.multiply(f, inside, out=f)  # the fields: exceptions and padding store 0
         rec[sel if not every else slice(None), HEADER_BYTES : HEADER_BYTES + sb] = pack_bits(f.reshape(-1), w).reshape(
             sel.size, sb
         )
-        tl, p = np.divmod(np.flatnonzero(outside), size)
         nk, rank = ranks(tl, sel.size)
-        rt = sel[tl]
-        val = tiles.reshape(-1)[rt * size + p]
-        code = _codes(val.astype(np.int32) - base.reshape(-1)[(rt // plan.count) * TILE_ROWS + p // tc] - o, w)
-        entry = p | (code << CODE_SHIFT)
-        at = rt * width + HEADER_BYTES + sb + (3 * rank) // 2  # flat byte of each entry's first byte
+        entry = p.astype(np.uint16) | _CODE_BITS[w][val.astype(np.int16) - lo + 256]
+        at = rt * np.int32(width) + np.int32(HEADER_BYTES + sb) + ((rank * 3) >> 1)  # each entry's first byte
         even = (rank & 1) == 0
         flat[at[even]] = entry[even] & 0xFF
         flat[at[even] + 1] = entry[even] >> 8  # the low nibble; an odd partner fills the high one
         odd = ~even
         flat[at[odd]] |= ((entry[odd] & 0xF) << 4).astype(np.uint8)
         flat[at[odd] + 1] = entry[odd] >> 4
-        esc = np.flatnonzero(code == ESCAPE_CODE)
+        esc = np.flatnonzero((entry >> CODE_SHIFT) == ESCAPE_CODE)
         if esc.size:
             _, erank = ranks(tl[esc], sel.size)
             flat[rt[esc] * width + HEADER_BYTES + sb + entry_bytes(nk[tl[esc]]) + erank] = val[esc]
