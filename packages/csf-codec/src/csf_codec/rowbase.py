@@ -143,7 +143,7 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     return le
 
 
-_LEVEL_PASSES = 4  # rows spreading over more levels are counted by a histogram, not a pass a level
+_LEVEL_PASSES = 16  # rows spreading over more levels are counted by a histogram, not a pass a level
 
 
 def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int, count_t) -> np.ndarray:
