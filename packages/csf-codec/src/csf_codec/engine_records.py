@@ -141,8 +141,9 @@ def encode_engine_records(
         for plan in plans:
             tiles = _gather_tiles(rows, br[a:b], plan)
             e = offsets(tiles, base[a:b], valid[a:b], plan)
-            best, raw, u = choose_windows(tiles, e, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            staged.append(build_records(tiles, e, base[a:b], valid[a:b], plan, windows, best, raw, u))
+            choice = choose_windows(tiles, e, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
+            staged.append(build_records(tiles, e, base[a:b], valid[a:b], plan, windows, (*choice, fmt.row_base_width)))
+            u = choice[2]
             units.append(u.reshape(b - a, plan.count))
         u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
         return u, join_records(staged, u, plans)

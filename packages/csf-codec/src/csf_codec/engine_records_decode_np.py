@@ -227,6 +227,6 @@ def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, 
         one = ClassPlan(start=plan.start, count=1, cols=plan.cols)  # each raw tile with its own block's bases
         tiles = vals[raw_sel]
         e = offsets(tiles, base[blk], valid[blk], one)
-        _, raw, _ = choose_windows(tiles, e, base[blk], valid[blk], one, windows, base_width)
+        raw = choose_windows(tiles, e, base[blk], valid[blk], one, windows, base_width)[1]
         if not raw.all():
             _fail(name, "a tile's record is not the shortest its candidate windows give")

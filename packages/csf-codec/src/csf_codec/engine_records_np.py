@@ -74,15 +74,17 @@ def thresholds(windows) -> list[int]:
     return sorted(ks)
 
 
-def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> dict[int, np.ndarray]:
-    """``C(k)`` (int64 [T]) for every threshold the windows' lengths need (module docstring)."""
+def _level_counts(tiles, e, plan: ClassPlan, windows, base_width: int) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """``C(k)`` (int64 [T]) for every threshold the windows' lengths need (module docstring), and the flat
+    positions (int32) of the listed offsets: the base window's exceptions."""
     size = TILE_ROWS * plan.cols
     span = 1 << base_width
     flags = e >= span
     nout = group_counts(flags.reshape(-1), size)
-    idx = np.flatnonzero(flags)
-    t, p = np.divmod(idx, size)
-    off = tiles.reshape(-1)[idx].astype(np.int16) - base.reshape(-1)[(t // plan.count) * TILE_ROWS + p // plan.cols]
+    idx = np.flatnonzero(flags).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
+    t = idx // np.int32(size)
+    value = tiles.reshape(-1)[idx]
+    off = value.astype(np.int16) - (value - e.reshape(-1)[idx])  # the row base is the value less e, mod 256
     ths = np.array(thresholds(windows))
     dense = ths[(ths >= 0) & (ths < span - 1)]
     sparse = np.union1d(ths[(ths < 0) | (ths >= span - 1)], [-1] if dense.size else []).astype(np.int64)
@@ -103,7 +105,7 @@ def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> 
     else:
         for k in dense.tolist():
             counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
-    return counts
+    return counts, idx
 
 
 def tile_limits(base, valid, plan: ClassPlan):
@@ -145,10 +147,11 @@ def pick_windows(units: np.ndarray, cols: int):
 
 
 def choose_windows(tiles, e, base, valid, plan: ClassPlan, windows, base_width: int):
-    """:func:`pick_windows` for native tiles (uint8 [T, 128 tc], slot order) and their :func:`offsets` ``e``."""
-    c = _level_counts(tiles, e, base, plan, windows, base_width)
+    """:func:`pick_windows` for native tiles (uint8 [T, 128 tc], slot order) and their :func:`offsets` ``e``; and
+    the flat positions of the base window's exceptions, which :func:`build_records` reuses."""
+    c, listed = _level_counts(tiles, e, plan, windows, base_width)
     npad, bmin, bmax = tile_limits(base, valid, plan)
-    return pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols)
+    return (*pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols), listed)
 
 
 def _code_table(width: int) -> np.ndarray:
@@ -173,8 +176,10 @@ def ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
     return nk, np.arange(tile_of.size, dtype=tile_of.dtype) - (np.cumsum(nk) - nk).astype(tile_of.dtype)[tile_of]
 
 
-def build_records(tiles, e, base, valid, plan: ClassPlan, windows, best, raw, units) -> np.ndarray:
-    """uint8 [T, 16 * max units]: each tile's record, zero past its length (``e``: the tiles' :func:`offsets`)."""
+def build_records(tiles, e, base, valid, plan: ClassPlan, windows, choice) -> np.ndarray:
+    """uint8 [T, 16 * max units]: each tile's record, zero past its length (``e``: the tiles' :func:`offsets`;
+    ``choice``: :func:`choose_windows`' result with the plane's row-base width)."""
+    best, raw, units, listed, base_width = choice
     t_count, size, tc = tiles.shape[0], TILE_ROWS * plan.cols, plan.cols
     width = RECORD_ALIGN * int(units.max(initial=1))
     rec = np.zeros((t_count, width), dtype=np.uint8)
@@ -194,7 +199,10 @@ def build_records(tiles, e, base, valid, plan: ClassPlan, windows, best, raw, un
         else:
             outside = ~inside
         sb = selector_bytes(w, tc)
-        idx = np.flatnonzero(outside).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
+        if every and (w, o) == (base_width, 0):  # the base window: its exceptions are listed already
+            idx = listed
+        else:
+            idx = np.flatnonzero(outside).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
         tl = idx // np.int32(size)
         p = idx - tl * np.int32(size)
         rt = tl if every else sel.astype(np.int32)[tl]
