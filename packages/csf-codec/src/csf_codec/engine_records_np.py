@@ -237,55 +237,46 @@ def build_records(tiles, e, base, valid, plan: ClassPlan, windows, choice) -> np
 # ------------------------------------------------------------------------------------------ body <-> staging
 
 
-def _class_slots(units: np.ndarray, plans) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Byte offset of each record of a span (block order) in its body, and each class's record ids."""
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
-    starts = np.cumsum(lengths) - lengths
+def _class_slots(units: np.ndarray, plans) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Each record's length and first unit (16 bytes) in its span's body (block order), and each class's ids."""
+    u = units.reshape(-1).astype(np.int64)
+    starts = np.cumsum(u) - u
     ct = units.shape[1]
     ids, col = [], 0
     for plan in plans:
         block_ids = np.arange(units.shape[0])[:, None] * ct + col + np.arange(plan.count)[None, :]
         ids.append(block_ids.reshape(-1))
         col += plan.count
-    return starts, ids
-
-
-def _placement(starts: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The staging mask of records of ``lengths`` bytes in rows of ``width``, and where their bytes sit in the body
-    (None: the records follow each other there, in row order)."""
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    if lengths.size and np.array_equal(starts, np.cumsum(lengths) - lengths + starts[0]):
-        return mask, None
-    return mask, np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+    return u, starts, ids
 
 
 def join_records(staged: list[np.ndarray], units: np.ndarray, plans) -> np.ndarray:
-    """The span's body: every class's staged records ([T_c, width]) in block order, each cut to its length."""
-    starts, ids = _class_slots(units, plans)
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    """The span's body: every class's staged records ([T_c, width]) in block order, each cut to its length. Records
+    move as rows of 16 bytes."""
+    u, starts, ids = _class_slots(units, plans)
+    out = np.empty((int(u.sum()), RECORD_ALIGN), dtype=np.uint8)
     for rec, rid in zip(staged, ids, strict=True):
-        mask, where = _placement(starts[rid], lengths[rid], rec.shape[1])
-        if where is None:
-            out[starts[rid][0] : starts[rid][0] + int(lengths[rid].sum())] = rec[mask] if rid.size else 0
+        if not rid.size:
+            continue
+        rows = rec.reshape(rid.size, -1, RECORD_ALIGN)
+        keep = np.arange(rows.shape[1])[None, :] < u[rid][:, None]
+        first = int(starts[rid[0]])
+        if np.array_equal(starts[rid], np.cumsum(u[rid]) - u[rid] + first):  # consecutive in the body
+            out[first : first + int(u[rid].sum())] = rows[keep]
         else:
-            out[where] = rec[mask]
-    return out
+            out[(starts[rid][:, None] + np.arange(rows.shape[1])[None, :])[keep]] = rows[keep]
+    return out.reshape(-1)
 
 
 def split_records(body: np.ndarray, units: np.ndarray, plans) -> list[np.ndarray]:
-    """Inverse of :func:`join_records`: each class's records as rows of ``16 * max units`` bytes, zero past their
-    length. ``units`` must already sum to the body's length."""
-    starts, ids = _class_slots(units, plans)
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
+    """Each class's records as rows of ``16 * max units`` bytes, gathered 16 bytes at a time; a row's bytes past its
+    record's length are the records' after it (or the body's last 16), which the decoder never reads. ``units``
+    must already sum to the body's length."""
+    u, starts, ids = _class_slots(units, plans)
+    rows = body.reshape(-1, RECORD_ALIGN)
     out = []
     for rid in ids:
-        width = int(lengths[rid].max(initial=RECORD_ALIGN))
-        rec = np.zeros((rid.size, width), dtype=np.uint8)
-        mask, where = _placement(starts[rid], lengths[rid], width)
-        if where is None:
-            rec[mask] = body[starts[rid][0] : starts[rid][0] + int(lengths[rid].sum())] if rid.size else 0
-        else:
-            rec[mask] = body[where]
-        out.append(rec)
+        width = int(u[rid].max(initial=1))
+        at = np.minimum(starts[rid][:, None] + np.arange(width)[None, :], max(rows.shape[0] - 1, 0))
+        out.append(rows[at].reshape(rid.size, width * RECORD_ALIGN))
     return out
