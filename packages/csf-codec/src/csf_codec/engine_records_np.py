@@ -4,9 +4,8 @@ blocks, no loop over tiles.
 A tile's record length under a candidate window ``[o, o + 2**w - 1]`` (offsets from the row base) needs its
 exception count and how many of them are escapes (more than 4 below or 3 above). Both are differences of
 ``C(k)``, the tile's positions whose offset is ``<= k``. Offsets in the base window ``[0, 2**wb - 1]`` (nearly
-every scale) are counted densely: a pass a level when there are few (MXFP4 needs only ``k = 0``), else one
-histogram a tile (NVFP4's 16-value window); the others, the plane's exceptions, are listed once and counted per
-tile and threshold by one bincount. Padding positions count
+every scale) are counted densely, one pass a level inside it (none for MXFP4 but ``k = 0``); the others, the
+plane's exceptions, are listed once and counted per tile and threshold by one bincount. Padding positions count
 as offset 0 and are taken back out of the windows that do not hold 0. Offsets are ``(scale - base) mod 256``:
 exact in the base window, since a row base is at most ``256 - 2**wb``.
 """
@@ -33,7 +32,7 @@ from .engine_record_layout import (
     units_for,
 )
 from .inline_np import ClassPlan, _valid_positions
-from .swar import group_counts, grouped_histogram, pack_bits
+from .swar import group_counts, pack_bits
 from .tile_layout import TILE_ROWS
 
 __all__ = [
@@ -51,7 +50,7 @@ __all__ = [
 
 _WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
 _BIG = 1 << 20  # the length of a window that leaves the byte range
-_DENSE_PASSES = 2  # in-window levels counted a pass each; more are read off one histogram
+_DENSE_PASSES = 99  # in-window levels counted a pass each; more are read off one histogram
 
 
 def offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
@@ -98,13 +97,8 @@ def _level_counts(tiles, e, plan: ClassPlan, windows, base_width: int) -> tuple[
     counts = {}
     for i, k in enumerate(sparse.tolist()):
         counts[k] = le[:, i] if k < 0 else size - (nout - le[:, i])
-    if dense.size > _DENSE_PASSES:  # one histogram of the in-window offsets instead of a pass a level
-        below = np.cumsum(grouped_histogram(np.minimum(e, span - 1), span), axis=1)
-        for k in dense.tolist():
-            counts[k] = counts[-1] + below[:, k]
-    else:
-        for k in dense.tolist():
-            counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
+    for k in dense.tolist():
+        counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
     return counts, idx
 
 
