@@ -1,7 +1,9 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
-for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike; NVFP4 programs convert E4M3 factors and
-multiply by the global scale, MXFP4 programs do neither."""
+for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike, in every row mode; NVFP4 programs convert
+E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every program waits for its predecessor
+and lets its successor launch once (PDL); FC1's gathering producer issues one row box a lane per 32 rows, FC2's
+scattering epilogue two boxes a slot per subtile."""
 
 from __future__ import annotations
 
@@ -13,26 +15,34 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the engine cannot be compiled here")
 
 from csf_kernels.aot import cute_export as export
+from csf_kernels.moe.engine_rows import LANES, epi_routes
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-# (routes a block, fused activation, bias) of each format
-_MXFP4 = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
-          (128, 1, False), (256, 2, True)]  # fmt: skip
-_NVFP4 = [(16, 0, False), (256, 0, False), (128, 1, False), (256, 2, True)]
+# (routes a block, fused activation, bias, row mode) of each format
+_MXFP4 = [(16, 0, False, "dense"), (32, 0, False, "dense"), (64, 0, False, "dense"), (128, 0, False, "dense"),
+          (256, 0, False, "dense"), (16, 2, True, "gather"), (128, 1, False, "gather"), (256, 2, True, "gather"),
+          (256, 0, False, "gather"), (16, 0, False, "scatter"), (64, 0, False, "scatter"),
+          (256, 0, False, "scatter")]  # fmt: skip
+_NVFP4 = [(16, 0, False, "dense"), (256, 0, False, "dense"), (128, 1, False, "gather"), (256, 2, True, "gather"),
+          (32, 0, False, "scatter")]  # fmt: skip
 VARIANTS = [(*v, "mxfp4") for v in _MXFP4] + [(*v, "nvfp4") for v in _NVFP4]
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}")
+def _variant_id(v) -> str:
+    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}"
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
 def built(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, fmt = request.param
+    tile_n, act, bias, io, fmt = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt), out)
+    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt, io), out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
@@ -77,9 +87,30 @@ def test_metadata(built):
         "gscale",
         "block_expert",
         "meta",
+        "sorted_ids",
         "ctas",
+        "top_k",
+        "pdl",
         "stream",
     ]
     scales = next(a for a in meta["args"] if a["name"] == "s_panel")
     assert scales["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
     assert Path(meta["paths"]["so"]).stat().st_size > 0
+
+
+def test_dependent_launch(built):
+    _, _, sass = built
+    # griddepcontrol.wait once, before the first global read; launch_dependents once, right after it
+    assert sass.count("ACQBULK") == 1 and sass.count("PREEXIT") == 1
+
+
+def test_routed_rows(built):
+    tile_n, meta, sass = built
+    io = meta["io"]
+    # weights and scales by one elected lane; the activations as one tile, or gathered one row box a lane per 32
+    # rows (each lane its own rows, unrolled)
+    assert sass.count("UTMALDG") == 2 + (-(-tile_n // LANES) if io == "gather" else 1)
+    if io == "scatter":  # two 64-output boxes a slot (one slot a lane) per subtile
+        assert sass.count("UTMASTG") == 2 * (tile_n // epi_routes(tile_n))
+    if meta["act"]:  # the activated epilogue stores by plain global stores
+        assert sass.count("UTMASTG") == 0

@@ -1,14 +1,16 @@
-"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4 or NVFP4
-(per-expert global scales applied in the GEMMs' epilogues), native scales. Not yet a plan of :mod:`csf_moe.plan`
-(the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm beside today's layer and the
-peer.
+"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``), MXFP4 or NVFP4 (per-expert global scales
+applied in the GEMMs' epilogues), native scales. Not yet a plan of :mod:`csf_moe.plan` (the adapters serve
+:mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm (``engine_unfused``: the activation as its own
+pass) beside today's layer and the peer.
 
-A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer), gather
-FC1's input in block order, FC1 as a grouped GEMM whose epilogue adds W13's bias and applies the activation into
-``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass), FC2 as a grouped GEMM
-``[slots, H]``, then the top-k weighted sum with FC2's bias. Routes of experts outside
-``[0, E)`` join no block and contribute nothing. Every buffer is allocated when a token count is bound; a bound
-call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer); FC1 as a
+grouped GEMM whose producer fetches each slot's token row of ``x`` itself and whose epilogue adds W13's bias and
+applies the activation into ``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass);
+FC2 as a grouped GEMM whose epilogue stores each slot's row at its route, ``[pairs, H]``; then the top-k weighted
+sum with FC2's bias, reading a token's ``k`` rows in order. Routes of experts outside ``[0, E)`` join no block and
+contribute nothing. The GEMMs and the Triton passes launch as programmatic dependent launches where the runtime
+allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound; a
+bound call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import act_launch, combine_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
 from csf_kernels.moe.engine_specs import ENGINE_FORMATS, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
@@ -106,17 +108,24 @@ class EngineMoE:
         self.weights = weights
         self.top_k = top_k
 
-    def _fc1(self, xs, h, a, block_expert, meta, bm) -> list:
-        """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass."""
+    def _fc1(self, x, sorted_ids, h, a, block_expert, meta, bm) -> list:
+        """FC1 gathering its rows of ``x`` and its activation: one GEMM whose epilogue activates, or the GEMM then
+        the activation pass."""
         w = self.weights
-        scales = dict(fmt=w.fmt, global_scale=w.g13)
+        rows = dict(fmt=w.fmt, global_scale=w.g13, io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
         if w.fused:
-            return [grouped_fp4_gemm_launch(w.w13, w.s13, xs, a, block_expert, meta, tile_n=bm,
-                                            activation=w.activation, bias=w.b13, **scales)]  # fmt: skip
+            return [grouped_fp4_gemm_launch(w.w13, w.s13, x, a, block_expert, meta, tile_n=bm,
+                                            activation=w.activation, bias=w.b13, **rows)]  # fmt: skip
         return [
-            grouped_fp4_gemm_launch(w.w13, w.s13, xs, h, block_expert, meta, tile_n=bm, **scales),
+            grouped_fp4_gemm_launch(w.w13, w.s13, x, h, block_expert, meta, tile_n=bm, **rows),
             act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
         ]
+
+    def _fc2(self, a, y, sorted_ids, block_expert, meta, bm):
+        """FC2 storing each slot's row at its route."""
+        w = self.weights
+        return grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm, fmt=w.fmt, global_scale=w.g2,
+                                       io="scatter", sorted_ids=sorted_ids)  # fmt: skip
 
     def call(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor):
         """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
@@ -134,25 +143,22 @@ class EngineMoE:
         active = torch.empty(min(pairs, experts), **i32)
         meta = torch.empty(4, **i32)
         sorted_ids = torch.empty(blocks * bm, **i32)
-        inverse = torch.empty(pairs, **i32)
         bf16 = dict(dtype=torch.bfloat16, device=dev)
-        xs = torch.empty(blocks * bm, w.hidden, **bf16)
         h = None if w.fused else torch.empty(blocks * bm, 2 * w.inter, **bf16)
         a = torch.empty(blocks * bm, w.inter, **bf16)
-        y = torch.empty(blocks * bm, w.hidden, **bf16)
+        y = torch.empty(pairs, w.hidden, **bf16)  # FC2's rows at their routes: a token's k rows contiguous
         weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
         scratch = dict(
             cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
         )
         launches = [
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
-            gather_launch(x, sorted_ids, meta, xs, inverse, top_k=self.top_k, bm=bm),
-            *self._fc1(xs, h, a, block_expert, meta, bm),
-            grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm, fmt=w.fmt, global_scale=w.g2),
-            combine_launch(y, inverse, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
+            *self._fc1(x, sorted_ids, h, a, block_expert, meta, bm),
+            self._fc2(a, y, sorted_ids, block_expert, meta, bm),
+            combine_launch(y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
         ]
         bound = [launch.bind("engine layer") for launch in launches]
-        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, xs, h, a, y, weights32)
+        keep = (cursor, block_expert, active, meta, sorted_ids, h, a, y, weights32)
 
         def run() -> torch.Tensor:
             if weights32 is not topk_weights:

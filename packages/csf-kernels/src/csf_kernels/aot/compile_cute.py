@@ -32,7 +32,9 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
     elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     elif spec.kernel == ENGINE_GEMM:
-        prog = engine_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]))
+        prog = engine_gemm_program(
+            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), str(facts["IO"])
+        )
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

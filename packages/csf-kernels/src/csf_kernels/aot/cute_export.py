@@ -291,43 +291,48 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> str:
+def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", io: str = "dense") -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
         + (f"_act{int(act)}" if act else "")
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
+        + ("" if io == "dense" else f"_{io}")
     )
 
 
-def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4") -> CuteProgram:
+def engine_gemm_program(
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", io: str = "dense"
+) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
-    clamped SwiGLU)."""
+    clamped SwiGLU); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to
+    routes."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, io=io)  # validates
 
     def factory():
-        return GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt)
+        return GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, io=io)
 
     # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes a row
     scales = ("s_panel", "uint32", ("E", "KS", "RW")) if fmt == "nvfp4" else ("s_panel", "uint8", ("E", "KS", "R2"))
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt),
+        name=engine_gemm_name(tile_n, act, bias, fmt, io),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
             scales,
-            ("x", "bfloat16", ("NX", "K")),
-            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("x", "bfloat16", ("NX", "K")),  # NX: slots, or tokens where FC1 gathers
+            ("out", "bfloat16", ("NO", "RO")),  # NO: slots, or routes where FC2 scatters; RO: R, or R / 2 (activated)
             ("bias", "float32", ("EB", "RBI")),
             ("gscale", "float32", ("EG",)),
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
+            ("sorted_ids", "int32", ("NS",)),
         ),
-        scalars=("ctas",),
+        scalars=("ctas", "top_k", "pdl"),
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
@@ -338,6 +343,7 @@ def engine_gemm_program(tile_n: int, act: int = 0, bias: bool = False, fmt: str 
             ("act", act),
             ("bias", int(bias)),
             ("fmt", fmt),
+            ("io", io),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

@@ -20,13 +20,18 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 
 * warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B;
   NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
-  TMA, all completing on the stage's mbarrier.
+  TMA, all completing on the stage's mbarrier. Gathering (FC1, ``io="gather"``), the tile's rows come from ``x
+  [tokens, K]`` one TMA box a row, every lane its own rows (:mod:`~csf_kernels.moe.kernels.engine_routes`).
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage, one wgmma left in flight while the next slice converts.
 * the epilogue: the consumers round the fp32 accumulators to bf16, ``stmatrix`` them into a shared subtile and warp
-  4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous).
+  4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous); scattering (FC2,
+  ``io="scatter"``), each lane of warp 4 stores one route's row of the subtile at the route's index.
+
+Launched as a programmatic dependent launch (``pdl``), every thread waits for the predecessor
+(``griddepcontrol.wait``) after the ring's set-up and before its first global read, then lets the successor launch.
 """
 
 from __future__ import annotations
@@ -42,11 +47,14 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_panels import panel_scales
+from csf_kernels.moe.engine_rows import epi_routes
+from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
+from csf_kernels.moe.kernels import engine_routes as routes
 from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
+__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "IO_MODES", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
 
 STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
 ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
@@ -77,15 +85,25 @@ class GroupedFp4Gemm:
     """One compiled program: ``TILE_N`` routes a block (16 to 256), ``stages`` deep ring (default: as many as
     fit), ``act``: the epilogue stores the bf16 GEMM (``ACT_NONE``) or FC1's activation of it (``out`` then has
     ``R / 2`` columns; W13's rows in engine order, :func:`csf_kernels.moe.engine_panels.fc1_engine_rows`), adding
-    ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``).
-    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, ctas, stream)``; ``bias`` is
-    unread without it, ``gscale`` for MXFP4; ``ctas`` persistent CTAs (the SM count)."""
+    ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``);
+    ``io`` (:data:`IO_MODES`): ``gather`` reads slot ``s``'s row of ``x [tokens, K]`` at token
+    ``sorted_ids[s] // top_k`` (zeros for a slot without a route), ``scatter`` stores it to ``out [pairs, R]`` at row
+    ``sorted_ids[s]`` (never for a slot without one).
+    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, ctas, top_k, pdl,
+    stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4, ``sorted_ids`` and ``top_k`` in ``dense``
+    mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
+    program waits for its predecessor before it reads anything the predecessor may write)."""
 
-    def __init__(self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4"):
+    def __init__(
+        self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4", io="dense"
+    ):
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
             raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
+        if io not in IO_MODES or (io == "scatter" and act != ACT_NONE):
+            raise ValueError(f"rows {io!r} (activation {act}): one of {IO_MODES}, scatter with no activation")
+        self.io = io
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -98,7 +116,7 @@ class GroupedFp4Gemm:
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
-        self.epi_tile = (TILE_M, min(32, tile_n))
+        self.epi_tile = (TILE_M, epi_routes(tile_n))  # a slot a lane of the store warp
         self.epi_stages = 2
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * 2 * self.epi_stages
@@ -123,7 +141,10 @@ class GroupedFp4Gemm:
         gscale: cute.Tensor,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        sorted_ids: cute.Tensor,
         ctas: cutlass.Int32,
+        top_k: cutlass.Int32,
+        pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         bf16 = cutlass.BFloat16
@@ -163,12 +184,18 @@ class GroupedFp4Gemm:
         tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
             g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
         )
-        tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
-        )
-        tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
-        )
+        if cutlass.const_expr(self.io == "gather"):  # a route's row a box, each lane its own rows
+            tma_b, tma_m_b = routes.row_atom(g2s, m_b, b_smem, (1, routes.ROW_K))
+        else:
+            tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
+                g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
+            )
+        if cutlass.const_expr(self.io == "scatter"):  # 64 columns of one route a box
+            tma_c, tma_m_c = routes.row_atom(cpasync.CopyBulkTensorTileS2GOp(), m_c, epi_smem, (TILE_M // 2, 1))
+        else:
+            tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
+            )
 
         @cute.struct
         class SharedStorage:
@@ -182,11 +209,12 @@ class GroupedFp4Gemm:
         self.c_layout = c_layout
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale, sorted_ids, top_k,
         )  # fmt: skip
         kernel.launch(
-            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
-        )
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream,
+            use_pdl=cutlass.min(cutlass.max(pdl, 0), 1),
+        )  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -209,6 +237,8 @@ class GroupedFp4Gemm:
         out: cute.Tensor,
         bias: cute.Tensor,
         gscale: cute.Tensor,
+        sorted_ids: cute.Tensor,
+        top_k: cutlass.Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -246,8 +276,16 @@ class GroupedFp4Gemm:
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
-        # blocks in use (device data: a graph replays with new routings), never past the rows x holds
-        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(cute.size(g_b, mode=[2]), cute.size(block_expert)))
+        # a dependent launch starts beside its predecessor: nothing it may write (meta, block_expert, sorted_ids,
+        # x) is read before this; the successor may launch now and waits for this grid in turn
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        # blocks in use (device data: a graph replays with new routings), never past the rows x (or, gathering,
+        # the slots sorted_ids) holds
+        held = cute.size(g_b, mode=[2])
+        if cutlass.const_expr(self.io == "gather"):
+            held = cute.size(sorted_ids) // self.tile_n
+        blocks = cutlass.min(cutlass.max(meta[0], 0), cutlass.min(held, cute.size(block_expert)))
         units = blocks * tiles_m
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -257,6 +295,9 @@ class GroupedFp4Gemm:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            lane = cute.arch.lane_idx()
+            per_lane = (self.tile_n + 31) // 32  # gathered rows a lane: i = lane + 32 j
+            tokens = cute.make_rmem_tensor((per_lane,), cutlass.Int32)
             u = cute.arch.block_idx()[0]
             while u < units:
                 b = u // tiles_m
@@ -264,12 +305,19 @@ class GroupedFp4Gemm:
                 # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a
                 # block the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
                 e = block_expert[b]
+                if cutlass.const_expr(self.io == "gather"):
+                    for j in cutlass.range_constexpr(per_lane):
+                        i = cutlass.min(lane + 32 * j, self.tile_n - 1)
+                        tokens[j] = routes.route_token(sorted_ids[b * self.tile_n + i], top_k, cute.size(m_b, mode=[0]))
                 for k in cutlass.range(k_steps, unroll=1):
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
                     cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
                     cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
+                    if cutlass.const_expr(self.io == "gather"):
+                        self._gather_stage(tma_b, s_b, b_smem, tokens, lane, k, state.index, bar)
+                    else:
+                        cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
                     ring.producer_commit(state)
                     state.advance()
                 u += cute.arch.grid_dim()[0]
@@ -277,13 +325,26 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
-            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
-                         out, bias, gscale, block_expert, cute.size(m_a, mode=[3]))  # fmt: skip
+            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx,
+                         warp, wg, out, bias, gscale, block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
+
+    @cute.jit
+    def _gather_stage(self, tma_b, s_b, b_smem, tokens, lane, k, stage, bar):
+        """FC1's B stage from its routes' rows (warp 0, traced inline): lane ``l`` copies rows ``l + 32 j`` of the
+        block, one TMA box of ``64`` bf16 each, onto the stage's mbarrier (whose transaction count they complete
+        as one block-order tile would)."""
+        desc = routes.desc_addr(tma_b)
+        base = s_b.iterator.toint()
+        for j in cutlass.range_constexpr((self.tile_n + 31) // 32):
+            i = lane + 32 * j
+            if i < self.tile_n:
+                dst = base + cute.crd2idx((i, 0, stage), b_smem.outer) * 2
+                routes.load_row(desc, dst, k * TILE_K, tokens[j], bar.toint())
 
     @cute.jit
     def consume(
-        self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias,
-        gscale, block_expert, experts,
+        self, ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
+        out, bias, gscale, block_expert, sorted_ids, experts,
     ):  # fmt: skip
         t = tidx % 128
         row_block = wg - 1
@@ -357,9 +418,12 @@ class GroupedFp4Gemm:
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 # epilogue: bf16 subtiles of (128 rows, 32 tokens) through shared memory, stored by TMA
-                g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
-                b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
-                subtiles = cute.size(g_c_tile, mode=[1])
+                if cutlass.const_expr(self.io != "scatter"):
+                    g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.epi_tile)
+                    b_sd, b_gd = cpasync.tma_partition(
+                        tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile
+                    )
+                subtiles = self.tile_n // self.epi_tile[1]
                 for e in cutlass.range_constexpr(subtiles):
                     for v in cutlass.range_constexpr(per_sub):
                         if cutlass.const_expr(self.nvfp4):
@@ -372,15 +436,37 @@ class GroupedFp4Gemm:
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epi_bar.arrive_and_wait()
                     if warp == 4:
-                        cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
-                        store_ring.producer_commit()
-                        store_ring.producer_acquire()
+                        if cutlass.const_expr(self.io == "scatter"):
+                            self._scatter_subtile(tma_c, s_c, epi_smem, sorted_ids, out, b, tm, e, buf, tidx % 32)
+                        else:
+                            cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
+                            store_ring.producer_commit()
+                            store_ring.producer_acquire()
                     epi_bar.arrive_and_wait()
             else:
                 self._activation_epilogue(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
+        if cutlass.const_expr(self.io == "scatter"):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # each lane's own row stores
+
+    @cute.jit
+    def _scatter_subtile(self, tma_c, s_c, epi_smem, sorted_ids, out, b, tm, e, buf, lane):
+        """FC2's subtile ``e`` of block ``b`` to its routes' rows (warp 4, traced inline): lane ``l`` stores column
+        ``l`` (a slot) as two boxes of 64 outputs at row ``sorted_ids[slot]`` of ``out [pairs, R]``, a slot
+        without a route storing nothing; then waits until its stores have read the buffer the next subtile but
+        one reuses."""
+        desc = routes.desc_addr(tma_c)
+        base = s_c.iterator.toint()
+        if lane < self.epi_tile[1]:
+            route = sorted_ids[b * self.tile_n + e * self.epi_tile[1] + lane]
+            if (route >= 0) & (route < cute.size(out, mode=[0])):
+                for c in cutlass.range_constexpr(2):
+                    src = base + cute.crd2idx((c * (TILE_M // 2), lane, buf), epi_smem.outer) * 2
+                    routes.store_row(desc, src, tm * TILE_M + c * (TILE_M // 2), route)
+        cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(self.epi_stages - 1, read=True)
 
     def _mma_step(self, tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, last):
         """One K step of a consumer (traced inline): its four weight words and scale factors from the stage, then
