@@ -2,8 +2,8 @@
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
 for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike, in every row mode; NVFP4 programs convert
 E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every program waits for its predecessor
-and lets its successor launch once (PDL); FC1's gathering producer issues one row box a lane per 32 rows, FC2's
-scattering epilogue two boxes a slot per subtile."""
+and lets its successor launch once (PDL); FC1's gathering producer copies its rows by 16-byte ``cp.async`` (no
+activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA store)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the engine cannot be compiled here")
 
 from csf_kernels.aot import cute_export as export
-from csf_kernels.moe.engine_rows import LANES, epi_routes
+from csf_kernels.moe.engine_rows import GATHER_THREADS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
@@ -107,10 +107,16 @@ def test_dependent_launch(built):
 def test_routed_rows(built):
     tile_n, meta, sass = built
     io = meta["io"]
-    # weights and scales by one elected lane; the activations as one tile, or gathered one row box a lane per 32
-    # rows (each lane its own rows, unrolled)
-    assert sass.count("UTMALDG") == 2 + (-(-tile_n // LANES) if io == "gather" else 1)
-    if io == "scatter":  # two 64-output boxes a slot (one slot a lane) per subtile
-        assert sass.count("UTMASTG") == 2 * (tile_n // epi_routes(tile_n))
+    # weights and scales by TMA; the activations as one TMA tile, or gathered: each producer thread 16-byte
+    # cp.asyncs (unrolled, once in warp 0's loop and once in the other producer warps'), then one arrival
+    facts = meta["sass"]["opcodes"]
+    assert sass.count("UTMALDG") == (2 if io == "gather" else 3)
+    copies = -(-tile_n // (GATHER_THREADS // ROW_CHUNKS))
+    assert facts.get("LDGSTS", 0) == (2 * copies if io == "gather" else 0)
+    assert meta["sass"]["ldgsts_forms"] == (["LDGSTS.E.BYPASS.128"] if io == "gather" else [])
+    if io == "scatter":  # no TMA store: 16-byte vector stores, per subtile one a pass of the consumers
+        passes = -(-epi_routes(tile_n) // (STORE_THREADS // OUT_CHUNKS))
+        assert sass.count("UTMASTG") == 0 and facts.get("STG", 0) == (tile_n // epi_routes(tile_n)) * passes
+        assert sass.count("STG.E.128") == facts["STG"]
     if meta["act"]:  # the activated epilogue stores by plain global stores
         assert sass.count("UTMASTG") == 0

@@ -2,9 +2,9 @@
 activation and combine, with torch standing in for the two grouped GEMMs (FC1 fed by the twin of its producer's
 gather, :mod:`csf_kernels.moe.engine_rows`; FC2 stored by the twin of its scattering epilogue into ``[pairs, H]``),
 against a per-token torch model of the same roundings. The alignment's slots are checked as the GEMMs rely on them:
-every route of an expert in ``[0, E)`` in exactly one slot of a block of its expert, fetched by exactly one lane
-each K step and stored exactly once; empty slots fetch zeros and store nothing; ids outside ``[0, E)`` contribute
-nothing.
+every route of an expert in ``[0, E)`` in exactly one slot of a block of its expert, each 16-byte chunk of its row
+fetched by exactly one producer thread each K step and stored exactly once; empty slots fetch zeros and store
+nothing; ids outside ``[0, E)`` contribute nothing.
 
 Usage: python -m tests.moe.interpret_engine_glue SEED -> prints "ok <cases>" or exits non-zero.
 """
@@ -16,7 +16,15 @@ import sys
 import torch
 
 from csf_kernels.moe.engine import act_launch, combine_launch
-from csf_kernels.moe.engine_rows import LANES, gathered_x, lane_rows, scattered_rows, slot_tokens, unit_walk
+from csf_kernels.moe.engine_rows import (
+    GATHER_THREADS,
+    ROW_CHUNKS,
+    gather_chunks,
+    gathered_x,
+    scattered_rows,
+    slot_tokens,
+    unit_walk,
+)
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
@@ -104,8 +112,8 @@ def _check_slots(ids, s, used, bm, top_k, experts, hidden) -> None:
     token = slot_tokens(slots, top_k, tokens)
     assert torch.equal(token[~held], torch.full_like(token[~held], tokens)), "empty slots fetch the zero row"
     assert torch.equal(token[held], slots[held].long() // top_k)
-    for lane in range(LANES):  # each K step every block row is one lane's, once
-        assert all(lane_rows(bm, lane).count(i) == (i % LANES == lane) for i in range(bm))
+    chunks = sorted(rc for t in range(GATHER_THREADS) for rc in gather_chunks(bm, t))  # each K step, each once
+    assert chunks == [(i, c) for i in range(bm) for c in range(ROW_CHUNKS)]
     tiles_m = -(-hidden // ENGINE_TILE_M)
     walked = sorted(u for cta in unit_walk(used, tiles_m, ctas=7) for u in cta)
     assert walked == [(b, t) for b in range(used) for t in range(tiles_m)], "every unit once"

@@ -233,8 +233,10 @@ def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, 
     try:
         eng_bias = None if bias is None else bias[:, perm.cuda()].contiguous()
         scales = dict(fmt=fmt, global_scale=gscale)
+        slots = torch.arange(max_blocks * tile_n, dtype=torch.int32, device="cuda")  # FC1 gathers: slot s, token s
         launch = grouped_fp4_gemm_launch(eng_panel, eng_scales, x, out, block_expert, meta, tile_n=tile_n,
-                                         activation=activation, bias=eng_bias, **scales)  # fmt: skip
+                                         activation=activation, bias=eng_bias, io="gather", sorted_ids=slots,
+                                         top_k=1, **scales)  # fmt: skip
         bound = launch.bind("engine fused activation test")
     finally:
         runtime.unfreeze()

@@ -1,11 +1,23 @@
 """The torch twin of the engine GEMM's routed rows (``csf_kernels.moe.engine_rows``) on hand-made slots: what FC1's
-producer lanes fetch and FC2's store lanes write, empty and out-of-range slots inert (CPU)."""
+producer threads fetch and FC2's consumer threads store, empty and out-of-range slots inert (CPU)."""
 
 from __future__ import annotations
 
 import torch
 
-from csf_kernels.moe.engine_rows import LANES, epi_routes, gathered_x, lane_rows, scattered_rows, slot_tokens, unit_walk
+from csf_kernels.moe.engine_rows import (
+    GATHER_THREADS,
+    OUT_CHUNKS,
+    ROW_CHUNKS,
+    STORE_THREADS,
+    epi_routes,
+    gather_chunks,
+    gathered_x,
+    scatter_chunks,
+    scattered_rows,
+    slot_tokens,
+    unit_walk,
+)
 
 
 def test_slot_tokens_send_every_empty_or_foreign_slot_past_x():
@@ -23,12 +35,15 @@ def test_gathered_x_is_block_order_with_zero_rows():
     assert not xs[[2, 3, 6, 7]].any()  # sentinel slots: zeros; slots of unused blocks are never fetched
 
 
-def test_lanes_cover_a_block_once_at_every_tile_size():
+def test_threads_copy_every_chunk_of_a_stage_and_a_subtile_once_at_every_tile_size():
     for tile_n in (16, 32, 64, 128, 256):
-        rows = sorted(i for lane in range(LANES) for i in lane_rows(tile_n, lane))
-        assert rows == list(range(tile_n))
-        assert max(len(lane_rows(tile_n, lane)) for lane in range(LANES)) == -(-tile_n // LANES)
-        assert tile_n % epi_routes(tile_n) == 0 and epi_routes(tile_n) <= LANES
+        got = sorted(rc for t in range(GATHER_THREADS) for rc in gather_chunks(tile_n, t))
+        assert got == [(i, c) for i in range(tile_n) for c in range(ROW_CHUNKS)]  # each row's 128 bytes, once
+        warp = [rc for t in range(32) for rc in gather_chunks(tile_n, t)[:1]]
+        assert sorted({i for i, _ in warp}) == [0, 1, 2, 3] and len(set(warp)) == 32  # four whole rows a warp
+        stored = sorted(nc for t in range(STORE_THREADS) for nc in scatter_chunks(tile_n, t))
+        assert stored == [(n, c) for n in range(epi_routes(tile_n)) for c in range(OUT_CHUNKS)]
+        assert tile_n % epi_routes(tile_n) == 0
 
 
 def test_scatter_stores_each_route_once_and_nothing_for_empty_slots():

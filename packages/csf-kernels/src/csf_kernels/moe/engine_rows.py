@@ -1,7 +1,8 @@
 """Torch twin of the engine GEMM's routed rows (``docs/moe-engine.md`` §4.3, §4.6; the kernel side is
-:mod:`csf_kernels.moe.kernels.engine_routes`): which row of ``x`` each slot's lane fetches in FC1's producer, which
-row of ``out`` each slot's lane stores in FC2's epilogue, and the persistent walk over units, so the index math is
-tested on the CPU without a GPU.
+:mod:`csf_kernels.moe.kernels.engine_routes`): which row of ``x`` each slot fetches in FC1's producer and which
+16-byte chunks each producer thread copies, which row of ``out`` each slot stores in FC2's epilogue and which
+chunks each consumer thread stores, and the persistent walk over units, so the index math is tested on the CPU
+without a GPU.
 
 Slots are the alignment's block order: slot ``s = b * tile_n + i`` of block ``b < meta[0]`` holds ``sorted_ids[s]``,
 a route ``t * top_k + j`` in ``[0, pairs)`` or a value outside it (an empty slot).
@@ -11,19 +12,48 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LANES", "epi_routes", "gathered_x", "lane_rows", "scattered_rows", "slot_tokens", "unit_walk"]
+from csf_kernels.moe.engine_specs import ENGINE_TILE_K, ENGINE_TILE_M
 
-LANES = 32  # the producer warp (FC1) and the epilogue's store warp (FC2)
+__all__ = [
+    "CHUNK",
+    "GATHER_THREADS",
+    "OUT_CHUNKS",
+    "ROW_CHUNKS",
+    "STORE_THREADS",
+    "epi_routes",
+    "gather_chunks",
+    "gathered_x",
+    "scatter_chunks",
+    "scattered_rows",
+    "slot_tokens",
+    "unit_walk",
+]
+
+CHUNK = 16  # bytes a copy: cp.async (FC1), a vector store (FC2)
+GATHER_THREADS = 128  # the producer warpgroup copies each B stage's rows
+ROW_CHUNKS = ENGINE_TILE_K * 2 // CHUNK  # chunks a slot's bf16 row of a stage
+STORE_THREADS = 256  # the consumer warpgroups store FC2's rows
+OUT_CHUNKS = ENGINE_TILE_M * 2 // CHUNK  # chunks a slot's bf16 row of an output tile
+EPI_SLOTS = 32  # slots an epilogue subtile holds at most
 
 
 def epi_routes(tile_n: int) -> int:
-    """Slots an epilogue subtile holds (one a lane of the store warp)."""
-    return min(LANES, tile_n)
+    """Slots an epilogue subtile holds."""
+    return min(EPI_SLOTS, tile_n)
 
 
-def lane_rows(tile_n: int, lane: int) -> list[int]:
-    """The block rows lane ``lane`` fetches each K step (FC1's producer: ``lane + 32 j``)."""
-    return list(range(lane, tile_n, LANES))
+def gather_chunks(tile_n: int, thread: int) -> list[tuple[int, int]]:
+    """The (block row, 16-byte chunk) pairs producer thread ``thread`` copies each K step: chunk ``thread % 8`` of
+    rows ``thread // 8 + 16 j`` (a warp covers four whole 128-byte rows an instruction)."""
+    per = GATHER_THREADS // ROW_CHUNKS
+    return [(i, thread % ROW_CHUNKS) for i in range(thread // ROW_CHUNKS, tile_n, per)]
+
+
+def scatter_chunks(tile_n: int, thread: int) -> list[tuple[int, int]]:
+    """The (subtile slot, 16-byte chunk) pairs consumer thread ``thread`` stores per epilogue subtile: chunk
+    ``thread % 16`` of slots ``thread // 16 + 16 j`` (16 threads a slot's 256-byte row)."""
+    per = STORE_THREADS // OUT_CHUNKS
+    return [(n, thread % OUT_CHUNKS) for n in range(thread // OUT_CHUNKS, epi_routes(tile_n), per)]
 
 
 def slot_tokens(sorted_ids: torch.Tensor, top_k: int, tokens: int) -> torch.Tensor:
@@ -46,15 +76,14 @@ def gathered_x(x: torch.Tensor, sorted_ids: torch.Tensor, blocks: int, tile_n: i
 def scattered_rows(
     y_slots: torch.Tensor, sorted_ids: torch.Tensor, blocks: int, tile_n: int, out: torch.Tensor
 ) -> torch.Tensor:
-    """FC2's epilogue into ``out [pairs, R]``: per subtile of :func:`epi_routes` slots, lane ``l`` stores slot
-    ``l``'s row at its route, an empty slot storing nothing. Returns how many times each row of ``out`` was
-    stored."""
+    """FC2's epilogue into ``out [pairs, R]``: per subtile of :func:`epi_routes` slots, each slot's row at its route,
+    an empty slot storing nothing. Returns how many times each row of ``out`` was stored."""
     stores = torch.zeros(out.shape[0], dtype=torch.int64)
     epi_n = epi_routes(tile_n)
     for b in range(blocks):
         for e in range(tile_n // epi_n):
-            for lane in range(epi_n):
-                slot = b * tile_n + e * epi_n + lane
+            for n in range(epi_n):
+                slot = b * tile_n + e * epi_n + n
                 route = int(sorted_ids[slot])
                 if 0 <= route < out.shape[0]:
                     out[route] = y_slots[slot]

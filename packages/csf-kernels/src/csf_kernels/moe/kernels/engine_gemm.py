@@ -21,14 +21,15 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 * warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B;
   NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
   TMA, all completing on the stage's mbarrier. Gathering (FC1, ``io="gather"``), the tile's rows come from ``x
-  [tokens, K]`` one TMA box a row, every lane its own rows (:mod:`~csf_kernels.moe.kernels.engine_routes`).
+  [tokens, K]`` by 16-byte ``cp.async`` of all four producer warps (:mod:`~csf_kernels.moe.kernels.engine_routes`),
+  each thread arriving on the stage's mbarrier once its copies land.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage, one wgmma left in flight while the next slice converts.
 * the epilogue: the consumers round the fp32 accumulators to bf16, ``stmatrix`` them into a shared subtile and warp
   4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous); scattering (FC2,
-  ``io="scatter"``), each lane of warp 4 stores one route's row of the subtile at the route's index.
+  ``io="scatter"``), the consumers store each slot's row of the subtile at its route, 16 bytes a thread.
 
 Launched as a programmatic dependent launch (``pdl``), every thread waits for the predecessor
 (``griddepcontrol.wait``) after the ring's set-up and before its first global read, then lets the successor launch.
@@ -47,7 +48,9 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_panels import panel_scales
-from csf_kernels.moe.engine_rows import epi_routes
+from csf_kernels.moe.engine_rows import GATHER_THREADS as _GATHERERS
+from csf_kernels.moe.engine_rows import OUT_CHUNKS, STORE_THREADS, epi_routes
+from csf_kernels.moe.engine_rows import ROW_CHUNKS as _ROW_CHUNKS
 from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
@@ -184,18 +187,12 @@ class GroupedFp4Gemm:
         tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
             g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
         )
-        if cutlass.const_expr(self.io == "gather"):  # a route's row a box, each lane its own rows
-            tma_b, tma_m_b = routes.row_atom(g2s, m_b, b_smem, (1, routes.ROW_K))
-        else:
-            tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-                g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
-            )
-        if cutlass.const_expr(self.io == "scatter"):  # 64 columns of one route a box
-            tma_c, tma_m_c = routes.row_atom(cpasync.CopyBulkTensorTileS2GOp(), m_c, epi_smem, (TILE_M // 2, 1))
-        else:
-            tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
-            )
+        tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
+            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
+        )  # gathering, unused: the producer warpgroup copies the routes' rows itself
+        tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
+        )  # scattering, unused: the consumers store each slot's row at its route
 
         @cute.struct
         class SharedStorage:
@@ -204,12 +201,13 @@ class GroupedFp4Gemm:
             s_s: cute.struct.Align[cute.struct.MemRange[self.s_dtype, cute.cosize(s_smem)], 1024]
             s_b: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b_smem)], 1024]
             s_c: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(epi_smem)], 1024]
+            tokens: cute.struct.MemRange[cutlass.Int32, self.tile_n]  # gathering: the unit's slots' token rows
 
         self.shared_storage = SharedStorage
         self.c_layout = c_layout
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale, sorted_ids, top_k,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale, sorted_ids, top_k,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream,
@@ -234,6 +232,7 @@ class GroupedFp4Gemm:
         epi_smem: cute.ComposedLayout,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        x: cute.Tensor,
         out: cute.Tensor,
         bias: cute.Tensor,
         gscale: cute.Tensor,
@@ -250,12 +249,15 @@ class GroupedFp4Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        # a stage is full once its TMA bytes land, and, gathering, once each producer thread's copies have (one
+        # arrival each, besides the one that expects the TMA bytes)
+        gather = self.io == "gather"
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(),
             num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + (_GATHERERS if gather else 0)),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
-            tx_count=self.a_tx + self.s_tx + self.b_tx,
+            tx_count=self.a_tx + self.s_tx + (0 if gather else self.b_tx),
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
         )
@@ -295,9 +297,6 @@ class GroupedFp4Gemm:
             cute.arch.setmaxregister_decrease(40)
         if warp == 0:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            lane = cute.arch.lane_idx()
-            per_lane = (self.tile_n + 31) // 32  # gathered rows a lane: i = lane + 32 j
-            tokens = cute.make_rmem_tensor((per_lane,), cutlass.Int32)
             u = cute.arch.block_idx()[0]
             while u < units:
                 b = u // tiles_m
@@ -305,23 +304,36 @@ class GroupedFp4Gemm:
                 # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a
                 # block the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
                 e = block_expert[b]
-                if cutlass.const_expr(self.io == "gather"):
-                    for j in cutlass.range_constexpr(per_lane):
-                        i = cutlass.min(lane + 32 * j, self.tile_n - 1)
-                        tokens[j] = routes.route_token(sorted_ids[b * self.tile_n + i], top_k, cute.size(m_b, mode=[0]))
+                if cutlass.const_expr(gather):
+                    self._unit_tokens(storage.tokens.get_tensor(cute.make_layout(self.tile_n)), sorted_ids, b, tidx,
+                                      top_k, cute.size(x, mode=[0]))  # fmt: skip
                 for k in cutlass.range(k_steps, unroll=1):
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
                     cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
                     cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    if cutlass.const_expr(self.io == "gather"):
-                        self._gather_stage(tma_b, s_b, b_smem, tokens, lane, k, state.index, bar)
+                    if cutlass.const_expr(gather):
+                        self._gather_stage(x, storage.tokens.data_ptr(), s_b, b_smem, tidx, k, state.index, bar)
                     else:
                         cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
                     ring.producer_commit(state)
                     state.advance()
                 u += cute.arch.grid_dim()[0]
             ring.producer_tail(state)
+        if cutlass.const_expr(gather):
+            if (warp > 0) & (wg == 0):  # the other producer warps copy their share of each stage's rows
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                u = cute.arch.block_idx()[0]
+                while u < units:
+                    b = u // tiles_m
+                    self._unit_tokens(storage.tokens.get_tensor(cute.make_layout(self.tile_n)), sorted_ids, b, tidx,
+                                      top_k, cute.size(x, mode=[0]))  # fmt: skip
+                    for k in cutlass.range(k_steps, unroll=1):
+                        ring.sync_object_empty.wait(state.index, state.phase)
+                        bar = ring.producer_get_barrier(state)
+                        self._gather_stage(x, storage.tokens.data_ptr(), s_b, b_smem, tidx, k, state.index, bar)
+                        state.advance()
+                    u += cute.arch.grid_dim()[0]
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
@@ -329,17 +341,39 @@ class GroupedFp4Gemm:
                          warp, wg, out, bias, gscale, block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
-    def _gather_stage(self, tma_b, s_b, b_smem, tokens, lane, k, stage, bar):
-        """FC1's B stage from its routes' rows (warp 0, traced inline): lane ``l`` copies rows ``l + 32 j`` of the
-        block, one TMA box of ``64`` bf16 each, onto the stage's mbarrier (whose transaction count they complete
-        as one block-order tile would)."""
-        desc = routes.desc_addr(tma_b)
-        base = s_b.iterator.toint()
-        for j in cutlass.range_constexpr((self.tile_n + 31) // 32):
-            i = lane + 32 * j
+    def _unit_tokens(self, table, sorted_ids, b, tidx, top_k, tokens):
+        """Block ``b``'s slots' token rows into ``table`` (the producer warpgroup, traced inline), between two
+        barriers of its warps: the previous unit's copies have read the old rows, and every warp sees the new."""
+        producers = pipeline.NamedBarrier(barrier_id=2, num_threads=_GATHERERS)
+        producers.arrive_and_wait()
+        for j in cutlass.range_constexpr(-(-self.tile_n // _GATHERERS)):
+            i = tidx + _GATHERERS * j
             if i < self.tile_n:
-                dst = base + cute.crd2idx((i, 0, stage), b_smem.outer) * 2
-                routes.load_row(desc, dst, k * TILE_K, tokens[j], bar.toint())
+                table[i] = routes.route_token(sorted_ids[b * self.tile_n + i], top_k, tokens)
+        producers.arrive_and_wait()
+
+    @cute.jit
+    def _gather_stage(self, x, table, s_b, b_smem, tidx, k, stage, bar):
+        """FC1's B stage from its routes' rows (each producer thread, traced inline): thread ``t`` copies 16-byte
+        chunk ``t % 8`` of rows ``t // 8 + 16 j`` of the block (a warp: four whole 128-byte rows an instruction) to
+        its swizzled place, zeros for an empty slot, then arrives on the stage's mbarrier once they land."""
+        chunk = tidx % _ROW_CHUNKS
+        base = s_b.iterator.toint()
+        tokens = cute.size(x, mode=[0])
+        k_len = cute.size(x, mode=[1])
+        rows = cute.make_tensor(table, cute.make_layout(self.tile_n))
+        per = _GATHERERS // _ROW_CHUNKS  # rows an instruction of the warpgroup
+        for j in cutlass.range_constexpr(-(-self.tile_n // per)):
+            i = tidx // _ROW_CHUNKS + per * j
+            if i < self.tile_n:
+                token = rows[i]
+                live = token < tokens
+                column = k * TILE_K + chunk * (routes.CHUNK_BYTES // 2)
+                src = x.iterator.toint() + (cutlass.Int64(cutlass.min(token, tokens - 1)) * k_len + column) * 2
+                dst = routes.swizzle128(base + cute.crd2idx((i, chunk * (routes.CHUNK_BYTES // 2), stage),
+                                                            b_smem.outer) * 2)  # fmt: skip
+                routes.copy_chunk(dst, src, cutlass.Int32(live))
+        cute.arch.cp_async_mbarrier_arrive_noinc(bar)
 
     @cute.jit
     def consume(
@@ -399,7 +433,7 @@ class GroupedFp4Gemm:
             groups = k_steps // STEP_GROUP
             for _ in cutlass.range(groups, unroll=1):
                 for g in cutlass.range_constexpr(STEP_GROUP):
-                    ring.consumer_wait(read)
+                    self._consumer_wait(ring, read)
                     self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
                                    row_block, r0, g == STEP_GROUP - 1)  # fmt: skip
                     if g > 0:  # the previous step's wgmmas completed (its stage is free)
@@ -409,7 +443,7 @@ class GroupedFp4Gemm:
                 ring.consumer_release(release)
                 release.advance()
             for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
-                ring.consumer_wait(read)
+                self._consumer_wait(ring, read)
                 self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
                                row_block, r0, True)  # fmt: skip
                 ring.consumer_release(release)
@@ -435,38 +469,47 @@ class GroupedFp4Gemm:
                     cute.copy(r2s, t_rs_out, t_rs_s[(None, None, None, buf)])
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epi_bar.arrive_and_wait()
-                    if warp == 4:
-                        if cutlass.const_expr(self.io == "scatter"):
-                            self._scatter_subtile(tma_c, s_c, epi_smem, sorted_ids, out, b, tm, e, buf, tidx % 32)
-                        else:
-                            cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
-                            store_ring.producer_commit()
-                            store_ring.producer_acquire()
+                    if cutlass.const_expr(self.io == "scatter"):
+                        self._scatter_subtile(s_c, epi_smem, sorted_ids, out, b, tm, e, buf, tidx - 128)
+                    elif warp == 4:
+                        cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
+                        store_ring.producer_commit()
+                        store_ring.producer_acquire()
                     epi_bar.arrive_and_wait()
             else:
                 self._activation_epilogue(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
         store_ring.producer_tail()
-        if cutlass.const_expr(self.io == "scatter"):
-            cute.arch.cp_async_bulk_wait_group(0, read=True)  # each lane's own row stores
+
+    def _consumer_wait(self, ring, read):
+        """Wait for a full stage (traced inline); gathering, its B rows were written by ``cp.async`` (the generic
+        proxy), so fence them before wgmma reads the stage through the async proxy."""
+        ring.consumer_wait(read)
+        if self.io == "gather":
+            cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
-    def _scatter_subtile(self, tma_c, s_c, epi_smem, sorted_ids, out, b, tm, e, buf, lane):
-        """FC2's subtile ``e`` of block ``b`` to its routes' rows (warp 4, traced inline): lane ``l`` stores column
-        ``l`` (a slot) as two boxes of 64 outputs at row ``sorted_ids[slot]`` of ``out [pairs, R]``, a slot
-        without a route storing nothing; then waits until its stores have read the buffer the next subtile but
-        one reuses."""
-        desc = routes.desc_addr(tma_c)
+    def _scatter_subtile(self, s_c, epi_smem, sorted_ids, out, b, tm, e, buf, t):
+        """FC2's subtile ``e`` of block ``b`` to its routes' rows (the consumers, traced inline): 16 threads a slot,
+        thread ``t`` storing 16-byte chunk ``t % 16`` of slot ``t // 16``'s 128 outputs (then of 16 slots on) at
+        row ``sorted_ids[slot]`` of ``out [pairs, R]``; a slot without a route and columns past ``R`` store
+        nothing."""
+        chunks = OUT_CHUNKS  # a slot's row in the subtile
+        per = STORE_THREADS // chunks  # slots a pass of the consumers
         base = s_c.iterator.toint()
-        if lane < self.epi_tile[1]:
-            route = sorted_ids[b * self.tile_n + e * self.epi_tile[1] + lane]
-            if (route >= 0) & (route < cute.size(out, mode=[0])):
-                for c in cutlass.range_constexpr(2):
-                    src = base + cute.crd2idx((c * (TILE_M // 2), lane, buf), epi_smem.outer) * 2
-                    routes.store_row(desc, src, tm * TILE_M + c * (TILE_M // 2), route)
-        cute.arch.cp_async_bulk_commit_group()
-        cute.arch.cp_async_bulk_wait_group(self.epi_stages - 1, read=True)
+        rows = cute.size(out, mode=[0])
+        columns = cute.size(out, mode=[1])
+        c = t % chunks
+        column = tm * TILE_M + c * (routes.CHUNK_BYTES // 2)
+        for j in cutlass.range_constexpr(-(-self.epi_tile[1] // per)):
+            n = t // chunks + per * j
+            if n < self.epi_tile[1]:
+                route = sorted_ids[b * self.tile_n + e * self.epi_tile[1] + n]
+                if (route >= 0) & (route < rows) & (column < columns):
+                    off = cute.crd2idx((c * (routes.CHUNK_BYTES // 2), n, buf), epi_smem.outer) * 2
+                    dst = out.iterator.toint() + (cutlass.Int64(route) * columns + column) * 2
+                    routes.store_chunk(routes.swizzle128(base + off), dst)
 
     def _mma_step(self, tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, last):
         """One K step of a consumer (traced inline): its four weight words and scale factors from the stage, then
