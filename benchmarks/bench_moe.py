@@ -38,11 +38,13 @@ from timing import capture, chain_times, copy_bandwidth, l2_flush_buffer, replay
 from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine_specs import engine_serves
+from csf_kernels.moe.w4a8_specs import w4a8_serves
 from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
+from csf_moe.w4a8_reference import W4A8Experts, w4a8_moe_reference
 
 PEER_GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4")]
 ALL_GEOMETRIES = [
@@ -104,9 +106,16 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
 # csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 or NVFP4 scales), opt
-# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own; their
-# error is checked against the float32 reference at every token count
-ENGINE_ARMS = {"engine": True, "engine_unfused": False}  # arm -> FC1's activation in its epilogue
+# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own,
+# "engine_inline" is "engine" with its scales decoded from engine records by a producer warp (the same bits),
+# "engine_w4a8" runs the engine's W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations); their error is checked
+# against the float32 reference at every token count (W4A8's also against the reference of its exact operands)
+ENGINE_ARMS = {  # arm -> engine_weights' options
+    "engine": dict(fused=True),
+    "engine_unfused": dict(fused=False),
+    "engine_inline": dict(fused=True, scale_source="inline"),
+    "engine_w4a8": dict(fused=True, w4a8=True),
+}
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -143,6 +152,17 @@ def bf16_peak(reps: int, flush: torch.Tensor) -> dict:
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     t = replay_times(capture(lambda: torch.matmul(a, b, out=c)), reps, flush)
+    return {"shape": [n, n, n], "samples_s": t, "median_TFLOPs": 2 * n**3 / statistics.median(t) / 1e12}
+
+
+def fp8_peak(reps: int, flush: torch.Tensor) -> dict:
+    """The dense FP8 GEMM ceiling on this GPU: torch._scaled_mm 8192^3 (E4M3, per-tensor scales, bf16 out) in a
+    CUDA graph: what a W4A8 arm's FLOP rate is a fraction of."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).T  # column-major, as _scaled_mm wants
+    one = torch.ones((), device="cuda")
+    t = replay_times(capture(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)), reps, flush)
     return {"shape": [n, n, n], "samples_s": t, "median_TFLOPs": 2 * n**3 / statistics.median(t) / 1e12}
 
 
@@ -221,7 +241,7 @@ def draw_routings(geo, tokens: int, gen: torch.Generator, input_sets: int = INPU
 
 def bench_geometry(
     model, tp, fmt, tokens, reps, flush, copy_gbps, peak_tflops, input_sets=INPUT_SETS, arms=DEFAULT_ARMS, peer=False,
-    engine=(),
+    engine=(), fp8_peak_tflops=None,
 ) -> dict:  # fmt: skip
     geo = load_catalog().moe_geometry(model, tp, fmt)
     t0 = time.perf_counter()
@@ -229,10 +249,11 @@ def bench_geometry(
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
     engines = {
-        arm: EngineMoE(engine_weights(data.reference(), geo.activation, fused=ENGINE_ARMS[arm]), geo.top_k)
+        arm: EngineMoE(engine_weights(data.reference(), geo.activation, **ENGINE_ARMS[arm]), geo.top_k)
         for arm in engine
-        if engine_serves(geo)
+        if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
     }
+    w4a8_ref = W4A8Experts.of(data.reference()) if any(e.weights.w4a8 for e in engines.values()) else None
     timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *engines)
     per_expert = {arm: _bytes_per_expert(layers[arm].weights) for arm in arms}
     print(f"{geo.name}: prepared in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -326,6 +347,17 @@ def bench_geometry(
                 "rel_error_vs_float32": float((outs[arm][0].float() - want).norm() / want.norm()),
                 "over_peer": med / row["arms"][PEER_ARM]["median_s"] if PEER_ARM in row["arms"] else None,
             }
+            if engines[arm].weights.w4a8:  # the accuracy trade and the FP8 figures issue 47 asks for
+                want8 = w4a8_moe_reference(x, w4a8_ref, w, ids, kind=geo.activation)
+                row["arms"][arm] |= {
+                    "rel_error_vs_w4a8_reference": float((outs[arm][0].float() - want8).norm() / want8.norm()),
+                    "fraction_of_fp8_peak": flops / med / 1e12 / fp8_peak_tflops if fp8_peak_tflops else None,
+                    "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
+                }
+            if engines[arm].weights.scale_source == "inline" and "engine" in engines:  # the native engine's bits
+                row["arms"][arm]["bit_identical_to_engine"] = all(
+                    torch.equal(o, n) for o, n in zip(outs[arm], outs["engine"], strict=True)
+                )
         exact = all(torch.equal(outs[a][i], outs["native"][i]) for a in arms for i in range(input_sets))
         exact &= all(
             torch.equal(o, n) for a in chain_outs for o, n in zip(chain_outs[a], chain_outs["native"], strict=True)
@@ -394,12 +426,16 @@ def main() -> None:
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
     peak = bf16_peak(a.reps, flush)
     print(f"bf16 GEMM peak {peak['median_TFLOPs']:.0f} TFLOP/s", flush=True)
+    peak8 = fp8_peak(a.reps, flush) if any(ENGINE_ARMS[arm].get("w4a8") for arm in engine) else None
+    if peak8 is not None:
+        print(f"FP8 GEMM peak {peak8['median_TFLOPs']:.0f} TFLOP/s", flush=True)
     geos = GEOMETRY_SETS[a.geometries]
     doc = {
         "benchmark": "bench_moe",
         "provenance": provenance(),
         "copy_bandwidth": copy,
         "bf16_peak": peak,
+        "fp8_peak": peak8,
         "triton_kernels": peer_status,
         "input_sets": a.input_sets,
         "results": [],
@@ -408,11 +444,10 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     # written after every geometry: a run cut by its call's time limit still leaves the geometries it finished
     for g in geos:
-        doc["results"].append(
-            bench_geometry(
-                *g, tokens, a.reps, flush, copy["median_GBps"], peak["median_TFLOPs"], a.input_sets, arms, peer, engine
-            )
-        )
+        peaks = (peak["median_TFLOPs"], None if peak8 is None else peak8["median_TFLOPs"])
+        result = bench_geometry(*g, tokens, a.reps, flush, copy["median_GBps"], peaks[0], a.input_sets, arms, peer,
+                                engine, peaks[1])  # fmt: skip
+        doc["results"].append(result)
         doc["compilations_while_frozen"] = runtime.compilations()
         doc["complete"] = len(doc["results"]) == len(geos)
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")

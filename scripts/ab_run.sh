@@ -28,6 +28,8 @@ for label in $order; do
         }
     fi
     n=$(( ${runs[$label]:-0} + 1 ))
+    # a JSON an earlier ab_run of the same call wrote keeps its name: count past it
+    while [ -e "$out/$label$n.json" ]; do n=$((n + 1)); done
     runs[$label]=$n
     (
         cd "$tree" || exit 2

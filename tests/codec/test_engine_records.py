@@ -64,8 +64,9 @@ def test_round_trip(name, fmt, plane, group):
     assert torch.equal(decode_engine_records(rec, name=name), plane)
     units = rec.record_units.to(torch.int64)
     assert rec.body.numel() == 16 * int(units.sum())
-    assert torch.equal(rec.block_start, torch.cumsum(16 * units.sum(dim=1), 0) - 16 * units.sum(dim=1))
-    assert rec.nbytes == rec.base_ref.numel() * (1 + 8) + rec.base_delta.numel() + units.numel() + rec.body.numel()
+    starts = torch.cumsum(units.sum(dim=1), 0) - units.sum(dim=1)  # in 16-byte units
+    assert rec.block_start.dtype == torch.uint32 and torch.equal(rec.block_start.to(torch.int64), starts)
+    assert rec.nbytes == rec.base_ref.numel() * (1 + 4) + rec.base_delta.numel() + units.numel() + rec.body.numel()
 
 
 # ------------------------------------------------------------------------------ reference (the spec, per tile)
@@ -181,9 +182,10 @@ def _with_records(rec: EngineRecords, records: dict[tuple[int, int], bytes], **f
             parts.append(r)
             units.append(len(r) // 16)
     u = torch.tensor(units, dtype=torch.int64).view(geo.row_blocks, geo.col_tiles)
-    per_block = 16 * u.sum(dim=1)
+    per_block = u.sum(dim=1)
     body = torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
-    new = replace(rec, body=body, record_units=u.to(torch.uint8), block_start=torch.cumsum(per_block, 0) - per_block)
+    starts = (torch.cumsum(per_block, 0) - per_block).to(torch.uint32)
+    new = replace(rec, body=body, record_units=u.to(torch.uint8), block_start=starts)
     return replace(new, **fields)
 
 
@@ -337,6 +339,25 @@ def test_a_longer_window_is_refused():
     raise AssertionError("no alternative window found")
 
 
+def test_every_other_window_is_refused():
+    """Each tile's record rewritten under every other candidate window that fits decodes to the same plane but is
+    not the encoder's choice: refused. The decoder derives every window's length from the record it reads (1-bit
+    fields by popcount, wider ones by a histogram), so each width is tried, with tail tiles and padding slots."""
+    clean_nv = synthetic_scale_plane((1, 200, 10), NVFP4, NVFP4_TYPICAL, seed=18)
+    tried = set()
+    for name, fmt, plane, group in [*REFERENCE_PLANES, ("clean-nvfp4", NVFP4, clean_nv, 100)]:
+        rec = encode_engine_records(plane, fmt, row_group=group, name=name)
+        for b, j, vals, bases, valid, tc in list(_tiles(plane, fmt, group))[:8]:
+            chosen = bytes(rec.record(b, j).numpy())
+            for w, o in CANDIDATE_WINDOWS[fmt.name]:
+                other = _reference_record(vals, bases, valid, tc, [(w, o)])
+                if other != chosen and (other[0] & 3) != 3:
+                    _refused(_with_records(rec, {(b, j): other}), "shortest")
+                    tried.add((fmt.name, w, tc < 4, not all(valid)))
+    assert {(f, w) for f, w, _, _ in tried} == {("mxfp4", 1), ("mxfp4", 2), ("mxfp4", 4), ("nvfp4", 4)}, tried
+    assert {tail for _, _, tail, _ in tried} == {True, False} and {pad for *_, pad in tried} == {True, False}
+
+
 def test_window_outside_the_candidates_is_refused():
     _, rec = _small()
     b, j, r = _find(rec, lambda r, j: (_header(r) & 3) == 0)
@@ -353,9 +374,9 @@ def test_reserved_header_bits_are_refused():
 
 def test_offsets_must_match_the_body():
     _, rec = _small()
-    starts = rec.block_start.clone()
-    starts[1] += 16
-    _refused(replace(rec, block_start=starts), "starts")
+    starts = rec.block_start.to(torch.int64)
+    starts[1] += 1  # one 16-byte unit
+    _refused(replace(rec, block_start=starts.to(torch.uint32)), "starts")
     _refused(replace(rec, body=rec.body[:-16]), "body holds")
     _refused(replace(rec, body=torch.cat([rec.body, torch.zeros(16, dtype=torch.uint8)])), "body holds")
     units = rec.record_units.clone()
@@ -387,7 +408,22 @@ def test_wrong_array_shapes_are_typed_errors():
     _, rec = _small()
     with pytest.raises(ShapeMismatchError, match="record_units"):
         decode_engine_records(replace(rec, record_units=rec.record_units[:, :2]), name="t")
-    with pytest.raises(ShapeMismatchError, match="block_start"):
-        decode_engine_records(replace(rec, block_start=rec.block_start.to(torch.int32)), name="t")
+    for dtype in (torch.int32, torch.int64):  # u32 starts; an int64 one (the u64 of before) too is refused
+        with pytest.raises(ShapeMismatchError, match="block_start"):
+            decode_engine_records(replace(rec, block_start=rec.block_start.to(dtype)), name="t")
     with pytest.raises(ShapeMismatchError, match="body"):
         decode_engine_records(replace(rec, body=rec.body.view(1, -1)), name="t")
+
+
+def test_a_body_past_the_reach_of_u32_starts_is_refused(monkeypatch):
+    """Block starts are u32 counts of 16-byte units: a plane whose records need more is refused (a typed error)
+    while it is encoded, not wrapped. The reach is lowered here to the test plane's size."""
+    import csf_codec.engine_records as er
+
+    plane = synthetic_scale_plane((2, 1152, 160), MXFP4, SEED_REGIME, seed=3)
+    units = int(encode_engine_records(plane, MXFP4, row_group=576).record_units.to(torch.int64).sum())
+    monkeypatch.setattr(er, "MAX_BODY_UNITS", units)
+    encode_engine_records(plane, MXFP4, row_group=576)  # exactly at the reach: accepted
+    monkeypatch.setattr(er, "MAX_BODY_UNITS", units - 1)
+    with pytest.raises(ShapeMismatchError, match="u32 block starts"):
+        encode_engine_records(plane, MXFP4, row_group=576, name="t")

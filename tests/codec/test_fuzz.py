@@ -278,9 +278,10 @@ def _engine_mutation(rec, rng: random.Random):
         units.view(-1)[rng.randrange(units.numel())] = rng.choice((0, 1, 2, 33, 63, 255))
         return replace(rec, record_units=units)
     if kind == "start":
-        starts = rec.block_start.clone()
-        starts[rng.randrange(starts.numel())] += rng.choice((-16, 16, 1 << 40))
-        return replace(rec, block_start=starts)
+        starts = rec.block_start.to(torch.int64)  # 16-byte units, u32
+        i = rng.randrange(starts.numel())
+        starts[i] = (starts[i] + rng.choice((-1, 1, 1 << 31))) % (1 << 32)
+        return replace(rec, block_start=starts.to(torch.uint32))
     if kind == "base":
         part = rng.choice(("base_ref", "base_delta"))
         t = getattr(rec, part).clone()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from csf_codec.compact_code import CHUNK, LOW_BITS, MAX_LISTED
-from csf_codec.swar import range_mask, set_bits
+from csf_codec.swar import grouped_histogram, range_mask, set_bits
 
 
 def _ranges(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
@@ -47,3 +48,17 @@ def test_set_bits_finds_every_set_bit():
         want = np.flatnonzero(np.unpackbits(data, bitorder="little"))
         got = set_bits(data)
         assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "groups,n,bins",
+    [(0, 5, 4), (3, 0, 4), (1, 1, 1), (700, 320, 32), (5000, 18, 16), (300, 129, 256), (2, 40000, 2), (9, 7, 300)],
+)
+def test_grouped_histogram_counts_each_row(groups, n, bins):
+    """Rows batched into bincount calls of either key width, a row longer than one call, more bins than values."""
+    rng = np.random.default_rng(groups * 7 + n)
+    values = rng.integers(0, bins, (groups, n)).astype(np.uint8)
+    want = np.zeros((groups, bins), dtype=np.int64)
+    for r in range(groups):
+        want[r] = np.bincount(values[r], minlength=bins)
+    assert np.array_equal(grouped_histogram(values, bins), want)

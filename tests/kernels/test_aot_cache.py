@@ -65,8 +65,8 @@ def test_build_writes_a_keyed_directory_with_checked_binaries(built):
             assert e.launch["block"] == [32 * e.spec["facts"]["num_warps"], 1, 1]
             assert e.launch["params"] == [t for t in signature.values() if t != "constexpr"]
         else:
-            # expanders and decoders: 4 warps; the engine: a producer and two consumer warpgroups
-            want = [384, 1, 1] if e.launch["program"] == "engine_gemm" else [128, 1, 1]
+            # expanders and decoders: 4 warps; the engine's GEMMs: a producer and two consumer warpgroups
+            want = [384, 1, 1] if e.launch["program"] in ("engine_gemm", "w4a8_gemm") else [128, 1, 1]
             assert e.kind == "cute_so" and e.launch["launch"]["block"] == want
     assert {e.kind for e in m.programs.values()} == {"triton_cubin", "cute_so"}
     assert not [p for p in built.parent.iterdir() if p.name.startswith(".")], "temporary build folders left behind"

@@ -1,12 +1,15 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
-for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike, in every row mode; NVFP4 programs convert
-E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every program waits for its predecessor
-and lets its successor launch once (PDL); FC1's gathering producer copies its rows by 16-byte ``cp.async`` (no
-activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA store)."""
+for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike, in every row mode and of both scale sources;
+NVFP4 programs convert E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every program waits
+for its predecessor and lets its successor launch once (PDL); FC1's gathering producer copies its rows by 16-byte
+``cp.async`` (no activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA store).
+Inline-scale programs add producer warp 2's record decoder (bulk copies, a warp ballot) within the producers' 40
+registers, their gather by the other three producer warps, and leave the consumers' SASS facts as they were."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,23 +18,30 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the engine cannot be compiled here")
 
 from csf_kernels.aot import cute_export as export
-from csf_kernels.moe.engine_rows import GATHER_THREADS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
+from csf_kernels.moe.engine_rows import GATHER_WARPS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-# (routes a block, fused activation, bias, row mode) of each format
+# (routes a block, fused activation, bias, row mode) of each format and scale source
 _MXFP4 = [(16, 0, False, "dense"), (32, 0, False, "dense"), (64, 0, False, "dense"), (128, 0, False, "dense"),
           (256, 0, False, "dense"), (16, 2, True, "gather"), (128, 1, False, "gather"), (256, 2, True, "gather"),
           (256, 0, False, "gather"), (16, 0, False, "scatter"), (64, 0, False, "scatter"),
           (256, 0, False, "scatter")]  # fmt: skip
 _NVFP4 = [(16, 0, False, "dense"), (256, 0, False, "dense"), (128, 1, False, "gather"), (256, 2, True, "gather"),
           (32, 0, False, "scatter")]  # fmt: skip
-VARIANTS = [(*v, "mxfp4") for v in _MXFP4] + [(*v, "nvfp4") for v in _NVFP4]
+_INLINE = [(16, 0, False, "dense", "mxfp4"), (16, 2, True, "gather", "mxfp4"), (256, 2, True, "gather", "mxfp4"),
+           (256, 0, False, "scatter", "mxfp4"), (16, 0, False, "dense", "nvfp4"), (128, 1, False, "gather", "nvfp4"),
+           (32, 0, False, "scatter", "nvfp4")]  # fmt: skip
+VARIANTS = (
+    [(*v, "mxfp4", "native") for v in _MXFP4]
+    + [(*v, "nvfp4", "native") for v in _NVFP4]
+    + [(*v, "inline") for v in _INLINE]
+)
 
 
 def _variant_id(v) -> str:
-    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}"
+    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}"
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
@@ -40,9 +50,10 @@ def built(request, tmp_path_factory):
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, io, fmt = request.param
+    tile_n, act, bias, io, fmt, scales = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt, io), out)
+    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io)
+    meta = export.build_cute_program(program, out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
@@ -75,12 +86,34 @@ def test_scale_conversion_and_global_scale_by_format(built):
         assert sass.count("FMUL") == (tile_n // 2 if nv else 0)
 
 
+def _producer_registers(sass: str) -> int:
+    """The highest register the producer warpgroup's code names: the instructions between its register release and
+    the consumers' allocation (the producers' branches, the decoder warp's included)."""
+    lines = sass.splitlines()
+    start = next(i for i, line in enumerate(lines) if "USETMAXREG.DEALLOC" in line)
+    end = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
+    code = [line.split("/*")[1] if line.count("/*") > 1 else line for line in lines[start:end]]
+    return max(int(r) for line in code for r in re.findall(r"\bR(\d+)\b", line)) + 1
+
+
+def test_producers_fit_their_registers(built):
+    _, meta, sass = built
+    assert _producer_registers(sass) <= 40
+    inline = meta["scales"] == "inline"
+    # the decoder warp: bulk copies of records (the prologue's and the loop's), the escape ballot's warp vote
+    assert sass.count("UBLKCP.S.G") == (2 if inline else 0)
+    assert ("VOTE.ANY" in sass) == inline
+
+
 def test_metadata(built):
     tile_n, meta, _ = built
     assert meta["program"] == "engine_gemm" and meta["tile_n"] == tile_n
+    scales = (
+        ["base_ref", "base_delta", "block_start", "record_units", "body"] if meta["scales"] == "inline" else ["s_panel"]
+    )
     assert [a["name"] for a in meta["args"]] == [
         "w_panel",
-        "s_panel",
+        *scales,
         "x",
         "out",
         "bias",
@@ -93,8 +126,12 @@ def test_metadata(built):
         "pdl",
         "stream",
     ]
-    scales = next(a for a in meta["args"] if a["name"] == "s_panel")
-    assert scales["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
+    if meta["scales"] == "native":
+        panel = next(a for a in meta["args"] if a["name"] == "s_panel")
+        assert panel["dtype"] == ("uint32" if meta["fmt"] == "nvfp4" else "uint8")
+    else:
+        starts = next(a for a in meta["args"] if a["name"] == "block_start")
+        assert starts["dtype"] == "int32"  # 16-byte units
     assert Path(meta["paths"]["so"]).stat().st_size > 0
 
 
@@ -106,12 +143,12 @@ def test_dependent_launch(built):
 
 def test_routed_rows(built):
     tile_n, meta, sass = built
-    io = meta["io"]
-    # weights and scales by TMA; the activations as one TMA tile, or gathered: each producer thread 16-byte
-    # cp.asyncs (unrolled, once in warp 0's loop and once in the other producer warps'), then one arrival
+    io, scales = meta["io"], meta["scales"]
+    # weights and (native) scales by TMA; the activations as one TMA tile, or gathered: each gathering thread
+    # 16-byte cp.asyncs (unrolled, once in warp 0's loop and once in the other gathering warps'), then one arrival
     facts = meta["sass"]["opcodes"]
-    assert sass.count("UTMALDG") == (2 if io == "gather" else 3)
-    copies = -(-tile_n // (GATHER_THREADS // ROW_CHUNKS))
+    assert sass.count("UTMALDG") == (scales == "native") + 1 + (io != "gather")
+    copies = -(-tile_n // (32 * len(GATHER_WARPS[scales]) // ROW_CHUNKS))
     assert facts.get("LDGSTS", 0) == (2 * copies if io == "gather" else 0)
     assert meta["sass"]["ldgsts_forms"] == (["LDGSTS.E.BYPASS.128"] if io == "gather" else [])
     if io == "scatter":  # no TMA store: 16-byte vector stores, per subtile one a pass of the consumers

@@ -106,12 +106,15 @@ def test_expansion_is_exact_on_every_catalog_geometry(fmt, shape, group):
     out = torch.full_like(gpu, POISON)
     expand_compact(compact, out)
     assert torch.equal(out, gpu), f"expand_compact {fmt.name} {shape}"
-    # routed experts only, with vLLM's padding ids
-    ids = torch.tensor([shape[0] - 1, -1, 0, shape[0], 3 % shape[0]], dtype=torch.int32, device="cuda")
+    # routed experts only, with vLLM's padding ids and an expert listed twice (its programs run concurrently)
+    ids = torch.tensor([shape[0] - 1, -1, 0, shape[0], 3 % shape[0], 0], dtype=torch.int32, device="cuda")
     for engine in engines:
         out = torch.full_like(gpu, POISON)
         expand_inline(inline, out, experts=ids, engine=engine)
         assert torch.equal(out.cpu(), _expected(plane, ids.cpu())), engine
+    out = torch.full_like(gpu, POISON)
+    expand_compact(compact, out, experts=ids)
+    assert torch.equal(out.cpu(), _expected(plane, ids.cpu())), f"routed expand_compact {fmt.name} {shape}"
 
 
 @pytest.mark.parametrize("stats", [EXCEPTION_DENSE, SEED_REGIME], ids=["dense", "seed"])

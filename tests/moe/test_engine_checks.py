@@ -210,11 +210,74 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        assert [s.fact["TN"] for s in fc1] == list(ENGINE_TILE_N)
+        # FC1 at every block size, from scale panels and from inline records
+        assert sorted((s.fact["TN"], s.fact.get("SRC", "native")) for s in fc1) == sorted(
+            (t, src) for t in ENGINE_TILE_N for src in ("native", "inline")
+        )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         assert all(s.fact["IO"] == "gather" for s in fc1)  # FC1 fetches its routes' rows itself
         assert not any("gather" in s.kernel for s in engine_geometry_specs(geo))  # no gather pass
     plain = engine_specs()
-    want = {(f, t, io) for f in ("mxfp4", "nvfp4") for t in ENGINE_TILE_N for io in ENGINE_IO}
-    assert {(s.fact["FMT"], s.fact["TN"], s.fact["IO"]) for s in plain} == want
+    want = {
+        (f, t, src, io)
+        for f in ("mxfp4", "nvfp4")
+        for t in ENGINE_TILE_N
+        for src in ("native", "inline")
+        for io in ENGINE_IO
+    }
+    assert {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"]) for s in plain} == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
+    # native programs keep the identity they had before the inline source existed
+    assert "SRC" not in engine_gemm_spec(16).fact and engine_gemm_spec(16, scales="inline").fact["SRC"] == "inline"
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_inline_engine_weights_carry_each_planes_engine_records(fmt, fused):
+    """scale_source="inline": the records of the rows the GEMM reads (W13 in engine order where fused), one row group
+    an expert, starts as int32 16-byte units; the weight panels are the native source's."""
+    from csf_codec.engine_records import encode_engine_records
+    from csf_kernels.moe.engine_inline import InlineScales
+
+    g = {"w13_global_scale": torch.ones(2), "w2_global_scale": torch.ones(2)} if fmt == "nvfp4" else {}
+    ex = _experts(fmt, 320, 192, **g)
+    inline = engine_weights(ex, "silu", fused=fused, scale_source="inline")
+    native = engine_weights(ex, "silu", fused=fused)
+    assert inline.scale_source == "inline" and native.scale_source == "native"
+    assert torch.equal(inline.w13, native.w13) and torch.equal(inline.w2, native.w2)
+    perm = fc1_engine_rows(160, interleaved=False) if fused else torch.arange(320)
+    for got, plane in ((inline.s13, ex.w13_scale[:, perm]), (inline.s2, ex.w2_scale)):
+        assert isinstance(got, InlineScales) and (got.fmt, got.experts, got.rows, got.k) == (fmt, 2, 320, 192)
+        want = encode_engine_records(plane.contiguous(), fmt, row_group=320)
+        for name in ("base_ref", "base_delta", "record_units", "body"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert got.block_start.dtype == torch.int32 and torch.equal(got.block_start.long(), want.block_start.long())
+
+
+def test_block_starts_read_as_units_from_bytes_or_units():
+    from csf_codec.engine_record_layout import block_start_units
+
+    as_bytes = torch.tensor([0, 48, 1600], dtype=torch.int64)
+    assert torch.equal(block_start_units(as_bytes), torch.tensor([0, 3, 100]))
+    as_units = torch.tensor([0, 3, 100], dtype=torch.int32)
+    assert torch.equal(block_start_units(as_units), as_units)
+
+
+def test_inline_sources_refuse_what_the_program_cannot_read():
+    from csf_kernels.moe.engine_inline import inline_scales
+
+    with pytest.raises(ValueError, match="scale_source"):
+        engine_weights(_experts("mxfp4", 128, 128), "silu", scale_source="expanded")
+    with pytest.raises(ValueError, match="at most 128"):  # 129 record tiles a row block: past the offset table
+        inline_scales(torch.zeros(1, 64, 129 * 4, dtype=torch.uint8), "mxfp4")
+    with pytest.raises(ValueError, match="multiples of 64"):
+        inline_scales(torch.zeros(1, 96, 4, dtype=torch.uint8), "mxfp4")
+    w = engine_weights(_experts("mxfp4", 128, 128), "silu", fused=False, scale_source="inline")
+    x = torch.zeros(16, 128, dtype=torch.bfloat16)
+    out = torch.zeros(16, 128, dtype=torch.bfloat16)
+    i32 = dict(dtype=torch.int32)
+    other = inline_scales(torch.full((2, 256, 4), 127, dtype=torch.uint8), "mxfp4")  # 256 rows an expert
+    with pytest.raises(ValueError, match="do not fit"):
+        grouped_fp4_gemm_launch(w.w13, other, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
+    launch = grouped_fp4_gemm_launch(w.w13, w.s13, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
+    assert launch.spec.fact["SRC"] == "inline" and launch.args[1:6] == w.s13.tensors()

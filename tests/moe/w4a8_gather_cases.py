@@ -16,7 +16,10 @@ from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch
 
 POISON = torch.iinfo(torch.int32).min
-CASES = [(1, 8, 64, 2), (40, 8, 1056, 3), (300, 4, 2080, 2)]  # tokens, experts, hidden, top_k
+# tokens, experts, hidden, top_k: expert counts of catalog geometries (gpt-oss-20b's 32, gpt-oss-120b's 128), whose
+# alignment programs the AOT cache holds at every block size; the GPU adds a case of 256-route blocks
+CASES = [(1, 32, 64, 2), (40, 32, 1056, 3), (300, 128, 2080, 2)]
+GPU_CASES = [*CASES, (2000, 32, 1056, 4)]
 
 
 def run_case(seed: int, tokens: int, experts: int, hidden: int, top_k: int, *, run: Callable, device: str) -> None:

@@ -8,6 +8,8 @@ A record of one tile (128 rows x ``tc`` scale columns), its length a multiple of
     [.., + escapes)             one byte per escape entry, in entry order
     [.., length)                zero
 
+Row block starts are u32 counts of 16-byte units (a plane's body reaches 64 GiB).
+
 Header: bits 0-1 mode (0: 1-bit, 1: 2-bit, 2: 4-bit selectors, 3: raw), bits 2-7 length / 16, bits 8-15 the
 window origin o (int8), bits 16-24 the exception count n, bits 25-31 zero. A raw record is the header (origin and
 count 0) and the tile's native bytes in position order, from byte 4.
@@ -28,6 +30,7 @@ __all__ = [
     "COUNT_SHIFT",
     "ESCAPE_CODE",
     "HEADER_BYTES",
+    "MAX_BODY_UNITS",
     "MODE_RAW",
     "MODE_WIDTH",
     "ORIGIN_SHIFT",
@@ -36,6 +39,7 @@ __all__ = [
     "RESERVED_SHIFT",
     "UNITS_MASK",
     "UNITS_SHIFT",
+    "block_start_units",
     "entry_bytes",
     "raw_units",
     "selector_bytes",
@@ -44,6 +48,7 @@ __all__ = [
 
 HEADER_BYTES = 4
 RECORD_ALIGN = 16  # a record's length is a multiple of this: the engine copies it with cp.async.bulk
+MAX_BODY_UNITS = (1 << 32) - 1  # block starts are u32 counts of RECORD_ALIGN units: a body reaches 64 GiB
 UNITS_SHIFT = 2  # length / 16 in bits 2-7
 UNITS_MASK = 0x3F
 ORIGIN_SHIFT = 8  # int8 in bits 8-15
@@ -69,6 +74,12 @@ def entry_bytes(count: int):
 def units_for(used):
     """Length / 16 of a record whose fields take ``used`` bytes; numpy-friendly."""
     return -(-used // RECORD_ALIGN)
+
+
+def block_start_units(block_start):
+    """Each row block's start in ``body`` in 16-byte units, whichever way ``block_start`` stores it: 8-byte
+    elements count bytes (u64), narrower ones count 16-byte units (u32); numpy- and torch-friendly."""
+    return block_start // RECORD_ALIGN if block_start.dtype.itemsize == 8 else block_start
 
 
 def raw_units(cols: int) -> int:

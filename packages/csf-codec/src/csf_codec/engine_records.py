@@ -7,7 +7,8 @@ only the records differ: each is as long as its tile needs, a multiple of 16 byt
 tile (the tail tile last), in one body. Storage of one plane:
 
 * ``base_ref``     uint8 [row_blocks] and ``base_delta`` uint8 [row_blocks, 16 d]: as the inline form;
-* ``block_start``  int64 [row_blocks]: byte offset in ``body`` of each row block's first record (a u64);
+* ``block_start``  uint32 [row_blocks]: where in ``body`` each row block's first record starts, in 16-byte units
+  (a body reaches 64 GiB; the encoder refuses a plane whose records need more);
 * ``record_units`` uint8 [row_blocks, col_tiles]: each record's length / 16;
 * ``body``         uint8 [bytes]: the records.
 
@@ -28,11 +29,13 @@ from .engine_record_layout import (
     COUNT_MASK,
     COUNT_SHIFT,
     HEADER_BYTES,
+    MAX_BODY_UNITS,
     MODE_RAW,
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_np import build_records, choose_windows, decode_records, join_records, split_records
+from .engine_records_decode_np import decode_records
+from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline import (
@@ -72,11 +75,11 @@ class EngineRecords:
 
     @property
     def nbytes(self) -> int:
-        """Everything the engine stores: bases, deltas, a u64 start a row block, a byte a record, the records."""
+        """Everything the engine stores: bases, deltas, a u32 start a row block, a byte a record, the records."""
         return int(
             self.base_ref.numel()
             + self.base_delta.numel()
-            + 8 * self.block_start.numel()
+            + 4 * self.block_start.numel()
             + self.record_units.numel()
             + self.body.numel()
         )
@@ -84,7 +87,7 @@ class EngineRecords:
     def record(self, block: int, col_tile: int) -> torch.Tensor:
         """The bytes of one record (a view of the body)."""
         units = self.record_units[block].to(torch.int64)
-        start = int(self.block_start[block]) + RECORD_ALIGN * int(units[:col_tile].sum())
+        start = RECORD_ALIGN * (int(self.block_start[block]) + int(units[:col_tile].sum()))
         return self.body[start : start + RECORD_ALIGN * int(units[col_tile])]
 
     def headers(self) -> np.ndarray:
@@ -137,23 +140,25 @@ def encode_engine_records(
         staged, units = [], []
         for plan in plans:
             tiles = _gather_tiles(rows, br[a:b], plan)
-            best, raw, u = choose_windows(tiles, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            staged.append(build_records(tiles, base[a:b], valid[a:b], plan, windows, best, raw, u))
+            e = offsets(tiles, base[a:b], valid[a:b], plan)
+            choice = choose_windows(tiles, e, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
+            staged.append(build_records(tiles, e, base[a:b], valid[a:b], plan, windows, (*choice, fmt.row_base_width)))
+            u = choice[2]
             units.append(u.reshape(b - a, plan.count))
         u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
         return u, join_records(staged, u, plans)
 
-    done = map_spans(span, _spans(geo))
+    done = map_spans(span, _spans(geo), then=_within_reach(name))
     units = np.concatenate([u for u, _ in done]) if done else np.zeros((0, geo.col_tiles), dtype=np.int64)
     body = np.concatenate([r for _, r in done]) if done else np.zeros(0, dtype=np.uint8)
-    per_block = units.sum(axis=1) * RECORD_ALIGN
+    per_block = units.sum(axis=1)
     out = EngineRecords(
         fmt=fmt,
         shape=shape,
         row_group=geo.row_group,
         base_ref=torch.from_numpy(ref),
         base_delta=_pack_deltas(torch.from_numpy(delta), fmt),
-        block_start=torch.from_numpy(np.cumsum(per_block) - per_block),
+        block_start=torch.from_numpy((np.cumsum(per_block) - per_block).astype(np.uint32)),
         record_units=torch.from_numpy(units.astype(np.uint8)),
         body=torch.from_numpy(body),
     )
@@ -162,12 +167,30 @@ def encode_engine_records(
     return out
 
 
+def _within_reach(name: str):
+    """A callback for each span's (units, records) in order: refuses the plane as soon as its body passes the
+    reach of u32 block starts, before the rest is encoded."""
+    total = 0
+
+    def check(done) -> None:
+        nonlocal total
+        total += int(done[0].sum())
+        if total > MAX_BODY_UNITS:
+            raise ShapeMismatchError(
+                name,
+                f"the engine records take more than {MAX_BODY_UNITS} 16-byte units, past what u32 block "
+                "starts reach (64 GiB): split the plane",
+            )
+
+    return check
+
+
 def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
     rb = geo.row_blocks
     expect = {
         "base_ref": (rec.base_ref, (rb,), torch.uint8),
         "base_delta": (rec.base_delta, (rb, delta_bytes(rec.fmt)), torch.uint8),
-        "block_start": (rec.block_start, (rb,), torch.int64),
+        "block_start": (rec.block_start, (rb,), torch.uint32),
         "record_units": (rec.record_units, (rb, geo.col_tiles), torch.uint8),
     }
     for part, (t, shape, dtype) in expect.items():
@@ -187,7 +210,7 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
     if units.size and (units.min() < 1 or units.max() > UNITS_MASK):
         raise CorruptPayloadError(name, "a record length of zero, or past the header's length field")
     per_block = units.sum(axis=1) * RECORD_ALIGN
-    starts = rec.block_start.numpy()
+    starts = rec.block_start.numpy().astype(np.int64) * RECORD_ALIGN
     if not np.array_equal(starts, np.cumsum(per_block) - per_block):
         raise CorruptPayloadError(name, "row block starts disagree with the record lengths")
     if int(per_block.sum()) != rec.body.numel():
@@ -212,10 +235,7 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, name)
-            best, raw, want = choose_windows(vals, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            if not _choice_matches(staged, best, raw, want, u, windows):
-                raise CorruptPayloadError(name, "a tile's record is not the shortest its candidate windows give")
+            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, fmt.row_base_width, name)
             _scatter(out, vals, br[a:b], plan)
 
     map_spans(span, _spans(geo))
@@ -232,16 +252,3 @@ def _columns(plans, plan) -> slice:
             return slice(start, start + p.count)
         start += p.count
     raise AssertionError("plan not among the plans")
-
-
-def _choice_matches(staged: np.ndarray, best, raw, want, units, windows) -> bool:
-    h = np.ascontiguousarray(staged[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
-    mode = h & 3
-    if not np.array_equal(mode == MODE_RAW, raw) or not np.array_equal(want, units):
-        return False
-    sel = np.flatnonzero(~raw)
-    w_of = np.array([w for w, _ in windows])[best[sel]]
-    o_of = np.array([o for _, o in windows])[best[sel]]
-    mode_of_w = np.array([0, 0, 1, 0, 2])[w_of]
-    origin = (((h[sel] >> 8) & 0xFF) ^ 0x80) - 0x80
-    return bool(np.array_equal(mode[sel], mode_of_w) and np.array_equal(origin, o_of))

@@ -18,35 +18,42 @@ from .engine_record_layout import (
     ABOVE_CODES,
     BELOW_CODES,
     CODE_SHIFT,
-    COUNT_MASK,
     COUNT_SHIFT,
     ESCAPE_CODE,
     HEADER_BYTES,
     MODE_RAW,
     MODE_WIDTH,
     ORIGIN_SHIFT,
-    POSITION_MASK,
     RECORD_ALIGN,
-    RESERVED_SHIFT,
-    UNITS_MASK,
     UNITS_SHIFT,
     entry_bytes,
     raw_units,
     selector_bytes,
     units_for,
 )
-from .errors import CorruptPayloadError
 from .inline_np import ClassPlan, _valid_positions
-from .swar import group_counts, pack_bits, unpack_bits
+from .swar import group_counts, pack_bits
 from .tile_layout import TILE_ROWS
 
-__all__ = ["build_records", "choose_windows", "decode_records", "join_records", "split_records"]
+__all__ = [
+    "build_records",
+    "choose_windows",
+    "join_records",
+    "offsets",
+    "pick_windows",
+    "ranks",
+    "split_records",
+    "thresholds",
+    "tile_limits",
+    "window_units",
+]
 
 _WIDTH_MODE = {w: m for m, w in MODE_WIDTH.items()}
 _BIG = 1 << 20  # the length of a window that leaves the byte range
+_DENSE_PASSES = 99  # in-window levels counted a pass each; more are read off one histogram
 
 
-def _offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
+def offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
     """uint8 [T, 128 tc]: each position's ``(scale - row base) mod 256``; padding positions read 0."""
     nb = base.shape[0]
     size = TILE_ROWS * plan.cols
@@ -58,7 +65,7 @@ def _offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: Class
     return e.reshape(tiles.shape)
 
 
-def _thresholds(windows) -> list[int]:
+def thresholds(windows) -> list[int]:
     ks = set()
     for w, o in windows:
         lo, hi = o, o + (1 << w) - 1
@@ -66,16 +73,18 @@ def _thresholds(windows) -> list[int]:
     return sorted(ks)
 
 
-def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> dict[int, np.ndarray]:
-    """``C(k)`` (int64 [T]) for every threshold the windows' lengths need (module docstring)."""
+def _level_counts(tiles, e, plan: ClassPlan, windows, base_width: int) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """``C(k)`` (int64 [T]) for every threshold the windows' lengths need (module docstring), and the flat
+    positions (int32) of the listed offsets: the base window's exceptions."""
     size = TILE_ROWS * plan.cols
     span = 1 << base_width
     flags = e >= span
     nout = group_counts(flags.reshape(-1), size)
-    idx = np.flatnonzero(flags)
-    t, p = np.divmod(idx, size)
-    off = tiles.reshape(-1)[idx].astype(np.int16) - base.reshape(-1)[(t // plan.count) * TILE_ROWS + p // plan.cols]
-    ths = np.array(_thresholds(windows))
+    idx = np.flatnonzero(flags).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
+    t = idx // np.int32(size)
+    value = tiles.reshape(-1)[idx]
+    off = value.astype(np.int16) - (value - e.reshape(-1)[idx])  # the row base is the value less e, mod 256
+    ths = np.array(thresholds(windows))
     dense = ths[(ths >= 0) & (ths < span - 1)]
     sparse = np.union1d(ths[(ths < 0) | (ths >= span - 1)], [-1] if dense.size else []).astype(np.int64)
     m = sparse.size + 1
@@ -90,88 +99,125 @@ def _level_counts(tiles, e, base, plan: ClassPlan, windows, base_width: int) -> 
         counts[k] = le[:, i] if k < 0 else size - (nout - le[:, i])
     for k in dense.tolist():
         counts[k] = counts[-1] + group_counts((e <= k).reshape(-1), size)
-    return counts
+    return counts, idx
 
 
-def choose_windows(tiles, base, valid, plan: ClassPlan, windows, base_width: int):
-    """Each tile's window (fewest record bytes, then list order), whether it goes raw (no window strictly
-    shorter than the raw record), and its record's length / 16 (int64 [T] each)."""
-    size = TILE_ROWS * plan.cols
-    e = _offsets(tiles, base, valid, plan)
-    c = _level_counts(tiles, e, base, plan, windows, base_width)
-    npad = np.repeat(size - valid.sum(axis=1) * plan.cols, plan.count)
-    b = base.astype(np.int32)
-    bmin = np.repeat(np.where(valid, b, 1 << 20).min(axis=1), plan.count)
-    bmax = np.repeat(np.where(valid, b, -(1 << 20)).max(axis=1), plan.count)
-    units = np.empty((len(windows), tiles.shape[0]), dtype=np.int64)
+def tile_limits(base, valid, plan: ClassPlan):
+    """Per tile (int64 [T] each): its padding positions, and the smallest and largest real row base of its block."""
+    if valid.all():  # no padding slots: the bases' own extremes
+        npad = np.zeros(base.shape[0], dtype=np.int64)
+        lo, hi = base.min(axis=1).astype(np.int64), base.max(axis=1).astype(np.int64)
+    else:
+        b = base.astype(np.int32)
+        npad = TILE_ROWS * plan.cols - valid.sum(axis=1) * plan.cols
+        lo = np.where(valid, b, 1 << 20).min(axis=1)
+        hi = np.where(valid, b, -(1 << 20)).max(axis=1)
+    return tuple(np.repeat(a.astype(np.int64), plan.count) for a in (npad, lo, hi))
+
+
+def window_units(c: dict[int, np.ndarray], npad, bmin, bmax, cols: int, windows) -> np.ndarray:
+    """int64 [windows, T]: each window's record length / 16 from the tiles' level counts ``C(k)`` (padding counted at
+    offset 0); a window that leaves the byte range for a real row of the tile's block is never the shortest."""
+    size = TILE_ROWS * cols
+    units = np.empty((len(windows), npad.size), dtype=np.int64)
     for j, (w, o) in enumerate(windows):
         hi = o + (1 << w) - 1
         n = size - (c[hi] - c[o - 1]) - (0 if o <= 0 <= hi else npad)
         esc = c[o - BELOW_CODES - 1] + size - c[hi + ABOVE_CODES]
-        u = units_for(HEADER_BYTES + selector_bytes(w, plan.cols) + entry_bytes(n) + esc)
+        u = units_for(HEADER_BYTES + selector_bytes(w, cols) + entry_bytes(n) + esc)
         units[j] = np.where((bmin + o >= 0) & (bmax + hi <= 255), u, _BIG)
-    k = len(windows)
+    return units
+
+
+def pick_windows(units: np.ndarray, cols: int):
+    """Each tile's window (fewest record bytes, then list order), whether it goes raw (no window strictly shorter
+    than the raw record), and its record's length / 16 (int64 [T] each)."""
+    k = units.shape[0]
     key = units * k + np.arange(k)[:, None]
     best = key.argmin(axis=0)
-    best_units = key.min(axis=0) // k if k else np.full(tiles.shape[0], _BIG)
-    raw = best_units >= raw_units(plan.cols)
-    return best, raw, np.where(raw, raw_units(plan.cols), best_units)
+    best_units = key.min(axis=0) // k
+    raw = best_units >= raw_units(cols)
+    return best, raw, np.where(raw, raw_units(cols), best_units)
 
 
-def _codes(d: np.ndarray, width: int) -> np.ndarray:
-    """The 3-bit code of exceptions ``d = value - window low end`` (outside ``[0, 2**width - 1]``)."""
+def choose_windows(tiles, e, base, valid, plan: ClassPlan, windows, base_width: int):
+    """:func:`pick_windows` for native tiles (uint8 [T, 128 tc], slot order) and their :func:`offsets` ``e``; and
+    the flat positions of the base window's exceptions, which :func:`build_records` reuses."""
+    c, listed = _level_counts(tiles, e, plan, windows, base_width)
+    npad, bmin, bmax = tile_limits(base, valid, plan)
+    return (*pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols), listed)
+
+
+def _code_table(width: int) -> np.ndarray:
+    """uint16 [512]: at ``d + 256`` the entry bits 9-11 of an exception ``d = value - window low end`` (outside
+    ``[0, 2**width - 1]``): its 3-bit code, shifted into place."""
+    d = np.arange(-256, 256)
     above = d - ((1 << width) - 1)
-    return np.where(
+    code = np.where(
         d < 0,
         np.where(-d <= BELOW_CODES, -d - 1, ESCAPE_CODE),
         np.where(above <= ABOVE_CODES, above + BELOW_CODES - 1, ESCAPE_CODE),
     )
+    return (code << CODE_SHIFT).astype(np.uint16)
 
 
-def _ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
+_CODE_BITS = {w: _code_table(w) for w in MODE_WIDTH.values()}
+
+
+def ranks(tile_of: np.ndarray, tiles: int) -> tuple[np.ndarray, np.ndarray]:
     """Per tile the number of listed items (``tile_of`` ascending), and each item's rank within its tile."""
     nk = np.bincount(tile_of, minlength=tiles)
-    return nk, np.arange(tile_of.size) - (np.cumsum(nk) - nk)[tile_of]
+    return nk, np.arange(tile_of.size, dtype=tile_of.dtype) - (np.cumsum(nk) - nk).astype(tile_of.dtype)[tile_of]
 
 
-def build_records(tiles, base, valid, plan: ClassPlan, windows, best, raw, units) -> np.ndarray:
-    """uint8 [T, 16 * max units]: each tile's record, zero past its length."""
+def build_records(tiles, e, base, valid, plan: ClassPlan, windows, choice) -> np.ndarray:
+    """uint8 [T, 16 * max units]: each tile's record, zero past its length (``e``: the tiles' :func:`offsets`;
+    ``choice``: :func:`choose_windows`' result with the plane's row-base width)."""
+    best, raw, units, listed, base_width = choice
     t_count, size, tc = tiles.shape[0], TILE_ROWS * plan.cols, plan.cols
     width = RECORD_ALIGN * int(units.max(initial=1))
     rec = np.zeros((t_count, width), dtype=np.uint8)
     flat = rec.reshape(-1)
-    e = _offsets(tiles, base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     header = (units.astype(np.uint32) << UNITS_SHIFT) | np.where(raw, MODE_RAW, 0).astype(np.uint32)
     for j, (w, o) in enumerate(windows):
         sel = np.flatnonzero((best == j) & ~raw)
         if not sel.size:
             continue
-        f = e[sel] - np.uint8(o & 0xFF)  # offset from the window's low end, mod 256: exact for a legal window
+        every = sel.size == t_count  # every tile takes this window: slices, no gathers
+        f = (e if every else e[sel]) - np.uint8(o & 0xFF)  # from the window's low end, mod 256: exact when legal
         inside = f < (1 << w)
         if vpos is not None:
-            inside &= vpos[sel]
-            outside = ~inside & vpos[sel]
+            inside &= vpos if every else vpos[sel]
+            outside = ~inside & (vpos if every else vpos[sel])
         else:
             outside = ~inside
         sb = selector_bytes(w, tc)
-        rec[sel, HEADER_BYTES : HEADER_BYTES + sb] = pack_bits((f * inside).reshape(-1), w).reshape(sel.size, sb)
-        tl, p = np.divmod(np.flatnonzero(outside), size)
-        nk, rank = _ranks(tl, sel.size)
-        rt = sel[tl]
-        val = tiles.reshape(-1)[rt * size + p]
-        code = _codes(val.astype(np.int32) - base.reshape(-1)[(rt // plan.count) * TILE_ROWS + p // tc] - o, w)
-        entry = p | (code << CODE_SHIFT)
-        at = rt * width + HEADER_BYTES + sb + (3 * rank) // 2  # flat byte of each entry's first byte
+        if every and (w, o) == (base_width, 0):  # the base window: its exceptions are listed already
+            idx = listed
+        else:
+            idx = np.flatnonzero(outside).astype(np.int32)  # int32: a span holds far fewer than 2**31 scales
+        tl = idx // np.int32(size)
+        p = idx - tl * np.int32(size)
+        rt = tl if every else sel.astype(np.int32)[tl]
+        val = tiles.reshape(-1)[rt * np.int32(size) + p]
+        lo = val - f.reshape(-1)[idx]  # f = (value - low end) mod 256, and the low end is a byte
+        np.multiply(f, inside, out=f)  # the fields: exceptions and padding store 0
+        rec[sel if not every else slice(None), HEADER_BYTES : HEADER_BYTES + sb] = pack_bits(f.reshape(-1), w).reshape(
+            sel.size, sb
+        )
+        nk, rank = ranks(tl, sel.size)
+        entry = p.astype(np.uint16) | _CODE_BITS[w][val.astype(np.int16) - lo + 256]
+        at = rt * np.int32(width) + np.int32(HEADER_BYTES + sb) + ((rank * 3) >> 1)  # each entry's first byte
         even = (rank & 1) == 0
         flat[at[even]] = entry[even] & 0xFF
         flat[at[even] + 1] = entry[even] >> 8  # the low nibble; an odd partner fills the high one
         odd = ~even
         flat[at[odd]] |= ((entry[odd] & 0xF) << 4).astype(np.uint8)
         flat[at[odd] + 1] = entry[odd] >> 4
-        esc = np.flatnonzero(code == ESCAPE_CODE)
+        esc = np.flatnonzero((entry >> CODE_SHIFT) == ESCAPE_CODE)
         if esc.size:
-            _, erank = _ranks(tl[esc], sel.size)
+            _, erank = ranks(tl[esc], sel.size)
             flat[rt[esc] * width + HEADER_BYTES + sb + entry_bytes(nk[tl[esc]]) + erank] = val[esc]
         origin = np.uint32((o & 0xFF) << ORIGIN_SHIFT)
         header[sel] |= _WIDTH_MODE[w] | origin | (nk.astype(np.uint32) << COUNT_SHIFT)
@@ -185,176 +231,46 @@ def build_records(tiles, base, valid, plan: ClassPlan, windows, best, raw, units
 # ------------------------------------------------------------------------------------------ body <-> staging
 
 
-def _class_slots(units: np.ndarray, plans) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Byte offset of each record of a span (block order) in its body, and each class's record ids."""
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
-    starts = np.cumsum(lengths) - lengths
+def _class_slots(units: np.ndarray, plans) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Each record's length and first unit (16 bytes) in its span's body (block order), and each class's ids."""
+    u = units.reshape(-1).astype(np.int64)
+    starts = np.cumsum(u) - u
     ct = units.shape[1]
     ids, col = [], 0
     for plan in plans:
         block_ids = np.arange(units.shape[0])[:, None] * ct + col + np.arange(plan.count)[None, :]
         ids.append(block_ids.reshape(-1))
         col += plan.count
-    return starts, ids
-
-
-def _placement(starts: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The staging mask of records of ``lengths`` bytes in rows of ``width``, and where their bytes sit in the body
-    (None: the records follow each other there, in row order)."""
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    if lengths.size and np.array_equal(starts, np.cumsum(lengths) - lengths + starts[0]):
-        return mask, None
-    return mask, np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+    return u, starts, ids
 
 
 def join_records(staged: list[np.ndarray], units: np.ndarray, plans) -> np.ndarray:
-    """The span's body: every class's staged records ([T_c, width]) in block order, each cut to its length."""
-    starts, ids = _class_slots(units, plans)
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    """The span's body: every class's staged records ([T_c, width]) in block order, each cut to its length. Records
+    move as rows of 16 bytes."""
+    u, starts, ids = _class_slots(units, plans)
+    out = np.empty((int(u.sum()), RECORD_ALIGN), dtype=np.uint8)
     for rec, rid in zip(staged, ids, strict=True):
-        mask, where = _placement(starts[rid], lengths[rid], rec.shape[1])
-        if where is None:
-            out[starts[rid][0] : starts[rid][0] + int(lengths[rid].sum())] = rec[mask] if rid.size else 0
+        if not rid.size:
+            continue
+        rows = rec.reshape(rid.size, -1, RECORD_ALIGN)
+        keep = np.arange(rows.shape[1])[None, :] < u[rid][:, None]
+        first = int(starts[rid[0]])
+        if np.array_equal(starts[rid], np.cumsum(u[rid]) - u[rid] + first):  # consecutive in the body
+            out[first : first + int(u[rid].sum())] = rows[keep]
         else:
-            out[where] = rec[mask]
-    return out
+            out[(starts[rid][:, None] + np.arange(rows.shape[1])[None, :])[keep]] = rows[keep]
+    return out.reshape(-1)
 
 
 def split_records(body: np.ndarray, units: np.ndarray, plans) -> list[np.ndarray]:
-    """Inverse of :func:`join_records`: each class's records as rows of ``16 * max units`` bytes, zero past their
-    length. ``units`` must already sum to the body's length."""
-    starts, ids = _class_slots(units, plans)
-    lengths = units.reshape(-1).astype(np.int64) * RECORD_ALIGN
+    """Each class's records as rows of ``16 * max units`` bytes, gathered 16 bytes at a time; a row's bytes past its
+    record's length are the records' after it (or the body's last 16), which the decoder never reads. ``units``
+    must already sum to the body's length."""
+    u, starts, ids = _class_slots(units, plans)
+    rows = body.reshape(-1, RECORD_ALIGN)
     out = []
     for rid in ids:
-        width = int(lengths[rid].max(initial=RECORD_ALIGN))
-        rec = np.zeros((rid.size, width), dtype=np.uint8)
-        mask, where = _placement(starts[rid], lengths[rid], width)
-        if where is None:
-            rec[mask] = body[starts[rid][0] : starts[rid][0] + int(lengths[rid].sum())] if rid.size else 0
-        else:
-            rec[mask] = body[where]
-        out.append(rec)
+        width = int(u[rid].max(initial=1))
+        at = np.minimum(starts[rid][:, None] + np.arange(width)[None, :], max(rows.shape[0] - 1, 0))
+        out.append(rows[at].reshape(rid.size, width * RECORD_ALIGN))
     return out
-
-
-# ------------------------------------------------------------------------------------------------- decoder
-
-
-def _fail(name: str, fault: str):
-    raise CorruptPayloadError(name, fault)
-
-
-def _check_padding(rec, sel, used, units, name: str) -> None:
-    """Bytes from ``used`` to the record's end (all in its last 16) are zero."""
-    end = units[sel] * RECORD_ALIGN
-    cols = end[:, None] - RECORD_ALIGN + np.arange(RECORD_ALIGN)[None, :]
-    if np.logical_and(rec[sel[:, None], cols], cols >= used[:, None]).any():
-        _fail(name, "a record's padding bytes are not zero")
-
-
-def decode_records(rec, units, base, valid, plan: ClassPlan, windows, name: str) -> np.ndarray:
-    """uint8 [T, 128 tc] native bytes (slot order) of one class's staged records, every field checked; the window
-    choice is checked by the caller."""
-    t_count, size, tc = rec.shape[0], TILE_ROWS * plan.cols, plan.cols
-    width = rec.shape[1]
-    flat = rec.reshape(-1)
-    h = np.ascontiguousarray(rec[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
-    if ((h >> UNITS_SHIFT) & UNITS_MASK != units).any():
-        _fail(name, "a record header's length disagrees with its offsets byte")
-    if (h >> RESERVED_SHIFT).any():
-        _fail(name, "a record header's reserved bits are not zero")
-    mode = h & 3
-    vals = np.empty((t_count, size), dtype=np.uint8)
-    padded = np.flatnonzero(~valid.all(axis=1))  # blocks with padding slots, and their tiles
-    pad_tiles = np.zeros(t_count, dtype=bool)
-    pad_tiles.reshape(-1, plan.count)[padded] = True
-    vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
-    b = base.astype(np.int32)
-    bmin = np.where(valid, b, 1 << 20).min(axis=1)
-    bmax = np.where(valid, b, -(1 << 20)).max(axis=1)
-    base_pos = np.repeat(base.astype(np.uint8), tc, axis=1)  # forged bases wrap; the window check refuses them
-    for m, w in MODE_WIDTH.items():
-        sel = np.flatnonzero(mode == m)
-        if not sel.size:
-            continue
-        hs = h[sel]
-        o = (((hs >> ORIGIN_SHIFT) & 0xFF) ^ 0x80) - 0x80
-        n = (hs >> COUNT_SHIFT) & COUNT_MASK
-        if not np.isin(o, [oo for ww, oo in windows if ww == w]).all():
-            _fail(name, f"a {w}-bit record's window is not a candidate window")
-        blk = sel // plan.count
-        if ((bmin[blk] + o < 0) | (bmax[blk] + o + (1 << w) - 1 > 255)).any():
-            _fail(name, "a tile window leaves the byte range")
-        sb = selector_bytes(w, tc)
-        entries_end = HEADER_BYTES + sb + entry_bytes(n)
-        if (entries_end > units[sel] * RECORD_ALIGN).any():
-            _fail(name, "a record's selectors and exception count run past its length")
-        packed = np.ascontiguousarray(rec[sel, HEADER_BYTES : HEADER_BYTES + sb]).reshape(-1)
-        fields = unpack_bits(packed, w, sel.size * size).reshape(sel.size, size)
-        if vpos is not None:
-            ps = np.flatnonzero(pad_tiles[sel])
-            if ps.size and fields[ps][~vpos[blk[ps]]].any():
-                _fail(name, "a padding slot's selector is not zero")
-        if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
-            v = (fields.reshape(-1, plan.count, size) + base_pos[:, None, :]).reshape(t_count, size)
-        else:
-            v = fields + base_pos[blk]
-        v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
-        odd = np.flatnonzero(n & 1)
-        if odd.size and (flat[sel[odd] * width + entries_end[odd] - 1] >> 4).any():
-            _fail(name, "the unused half of a record's last exception entry is not zero")
-        used = entries_end
-        total = int(n.sum())
-        if total:
-            t = np.repeat(np.arange(sel.size), n)
-            rank = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-            row = sel[t] * width
-            at = row + HEADER_BYTES + sb + (3 * rank) // 2
-            word = flat[at].astype(np.int32) | (flat[at + 1].astype(np.int32) << 8)
-            entry = (word >> (4 * (rank & 1))) & 0xFFF
-            pos, code = entry & POSITION_MASK, entry >> CODE_SHIFT
-            if (pos >= size).any():
-                _fail(name, "an exception position lies outside its tile")
-            g = t * size + pos
-            if (g[1:] <= g[:-1]).any():
-                _fail(name, "exception positions are not strictly ascending")
-            if (vpos is not None and not vpos[blk[t], pos].all()) or fields.reshape(-1)[g].any():
-                _fail(name, "an exception sits on padding or on a non-zero selector")
-            esc = np.flatnonzero(code == ESCAPE_CODE)
-            used = entries_end + np.bincount(t[esc], minlength=sel.size)
-            if (units_for(used) != units[sel]).any():
-                _fail(name, "a record's length disagrees with its exception count and escapes")
-            lo = b.reshape(-1)[blk[t] * TILE_ROWS + pos // tc] + o[t]
-            hi = lo + (1 << w) - 1
-            value = np.where(code < BELOW_CODES, lo - 1 - code, hi + code - (BELOW_CODES - 1))
-            if esc.size:
-                _, erank = _ranks(t[esc], sel.size)
-                value[esc] = flat[row[esc] + entries_end[t[esc]] + erank]
-                ev, elo, ehi = value[esc], lo[esc], hi[esc]
-                if ((ev >= elo) & (ev <= ehi)).any():
-                    _fail(name, "an exception repeats a value its selector could express")
-                if ((ev >= elo - BELOW_CODES) & (ev <= ehi + ABOVE_CODES)).any():
-                    _fail(name, "an escape holds a value a code reaches")
-            if ((value < 0) | (value > 255)).any():
-                _fail(name, "an exception code points outside the byte range")
-            v.reshape(-1)[g] = value
-        elif (units_for(used) != units[sel]).any():
-            _fail(name, "a record's length disagrees with its exception count and escapes")
-        _check_padding(rec, sel, used, units, name)
-        if sel.size == t_count:
-            vals = v
-        else:
-            vals[sel] = v
-    sel = np.flatnonzero(mode == MODE_RAW)
-    if sel.size:
-        if ((h[sel] >> ORIGIN_SHIFT) & 0xFFFF).any():
-            _fail(name, "a raw record's header carries an origin or a count")
-        if (units[sel] != raw_units(tc)).any():
-            _fail(name, "a raw record's length is not the raw length")
-        _check_padding(rec, sel, np.full(sel.size, HEADER_BYTES + size), units, name)
-        vals[sel] = rec[sel, HEADER_BYTES : HEADER_BYTES + size]
-        if vpos is not None and vals[sel][~vpos[sel // plan.count]].any():
-            _fail(name, "a raw record stores non-zero bytes for padding slots")
-    return vals

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .swar import map_spans
+from .swar import grouped_histogram, map_spans
 
 __all__ = ["row_bases", "row_bases_for_widths", "row_bases_np"]
 
@@ -129,6 +129,8 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     narrowest count type that holds C."""
     n_rows, c = x.shape
     count_t = np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
+    if levels > _LEVEL_PASSES:
+        return _histogram_level_counts(x, lo, levels, count_t)
     rel = np.ascontiguousarray(x.T)
     rel -= lo  # bytes relative to the row's minimum: no wrap
     le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
@@ -138,6 +140,19 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     for k in range(levels - 1):
         np.less_equal(rel, k, out=flags)
         np.add.reduce(flags, axis=0, dtype=count_t, out=le[_PAD + k])
+    return le
+
+
+_LEVEL_PASSES = 16  # rows spreading over more levels are counted by a histogram, not a pass a level
+
+
+def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int, count_t) -> np.ndarray:
+    """:func:`_level_counts` from one histogram of each row's ``byte - lo``, summed up."""
+    n_rows, c = x.shape
+    le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
+    le[:_PAD] = 0
+    le[_PAD : _PAD + levels] = np.cumsum(grouped_histogram(x - lo[:, None], levels), axis=1).T
+    le[_PAD + levels :] = c
     return le
 
 

@@ -1,5 +1,6 @@
 """The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``), MXFP4 or NVFP4 (per-expert global scales
-applied in the GEMMs' epilogues), native scales. Not yet a plan of :mod:`csf_moe.plan` (the adapters serve
+applied in the GEMMs' epilogues), native scale panels or inline engine records (a producer warp decodes them into
+the same scale slots: the same output bits). Not yet a plan of :mod:`csf_moe.plan` (the adapters serve
 :mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm (``engine_unfused``: the activation as its own
 pass) beside today's layer and the peer.
 
@@ -11,6 +12,14 @@ sum with FC2's bias, reading a token's ``k`` rows in order. Routes of experts ou
 contribute nothing. The GEMMs and the Triton passes launch as programmatic dependent launches where the runtime
 allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound; a
 bound call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+
+**W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
+in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
+both GEMMs run on FP8 tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`) over block-order rows, FC2's
+input is FC1's bf16 output quantized the same way (the gather program over the slots in place), and the combine
+reads FC2's block-order rows through each route's slot. The float32 reference of exactly these operands is
+:func:`csf_moe.w4a8_reference.w4a8_moe_reference` (it quantizes FC1's float32 output; the layer rounds it to bf16
+first).
 """
 
 from __future__ import annotations
@@ -19,11 +28,16 @@ from dataclasses import dataclass
 
 import torch
 
+from csf_kernels import runtime
 from csf_kernels.moe.engine import act_launch, combine_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
-from csf_kernels.moe.engine_specs import ENGINE_FORMATS, engine_tile_n
+from csf_kernels.moe.engine_specs import ENGINE_FORMATS, ENGINE_SCALE_SOURCES, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
+from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
+from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
+from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_GEMM_CONVENTIONS, w4a8_tile_n
 
 from .reference import QuantizedExperts
 
@@ -32,13 +46,14 @@ __all__ = ["EngineMoE", "EngineWeights", "engine_weights"]
 
 @dataclass(frozen=True, eq=False)
 class EngineWeights:
-    """One layer's experts as the engine reads them: weight and scale panels of W13 (rows in the activation's
-    layout) and W2, float32 biases, NVFP4's float32 global scales."""
+    """One layer's experts as the engine reads them: weight panels of W13 (rows in the activation's layout) and
+    W2, their scales (scale panels, or inline engine records of the same rows), float32 biases, NVFP4's float32
+    global scales."""
 
     w13: torch.Tensor  # uint64 [E, H / 64, 2N / 64, 256]
-    s13: torch.Tensor  # uint8 [E, H / 64, 2N b]: b scale bytes a row a step (MXFP4 2, NVFP4 4)
+    s13: torch.Tensor | InlineScales  # panel uint8 [E, H / 64, 2N b]: b scale bytes a row a step (MXFP4 2, NVFP4 4)
     w2: torch.Tensor  # uint64 [E, N / 64, H / 64, 256]
-    s2: torch.Tensor  # uint8 [E, N / 64, H b]
+    s2: torch.Tensor | InlineScales  # panel uint8 [E, N / 64, H b]
     b13: torch.Tensor | None
     b2: torch.Tensor | None
     activation: str
@@ -46,6 +61,15 @@ class EngineWeights:
     fmt: str = "mxfp4"
     g13: torch.Tensor | None = None  # NVFP4: float32 [E]
     g2: torch.Tensor | None = None
+    w4a8: bool = False  # W4A8 panels (csf_kernels.moe.w4a8_panels) with the row data below
+    base13: torch.Tensor | None = None  # W4A8: uint8 [E, 2N] row bases
+    base2: torch.Tensor | None = None  # uint8 [E, H]
+    flags13: torch.Tensor | None = None  # W4A8: uint8 [E, ceil(2N / 128)] folded tiles
+    flags2: torch.Tensor | None = None
+
+    @property
+    def scale_source(self) -> str:
+        return "inline" if isinstance(self.s13, InlineScales) else "native"
 
     @property
     def experts(self) -> int:
@@ -60,8 +84,13 @@ class EngineWeights:
         return self.w2.shape[1] * 64
 
 
-def _panels(values: torch.Tensor, scales: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    w = torch.stack([engine_weight_panel(values[e]) for e in range(values.shape[0])])
+def _panels(values: torch.Tensor, scales: torch.Tensor, fmt: str, w4a8: bool, source: str, name: str):
+    """The weight panel (W4A8's or the FP4 engine's) and the scales as ``source`` serves them (inline: records
+    encoded here, at load)."""
+    panel = w4a8_weight_panel if w4a8 else engine_weight_panel
+    w = torch.stack([panel(values[e]) for e in range(values.shape[0])])
+    if source == "inline":
+        return w, inline_scales(scales.contiguous(), fmt, name=name)
     s = torch.stack([engine_scale_panel(scales[e], fmt) for e in range(scales.shape[0])])
     return w, s
 
@@ -75,13 +104,25 @@ def _global_scale(g: torch.Tensor | None, experts: int, name: str) -> torch.Tens
     return g.contiguous()
 
 
-def engine_weights(experts: QuantizedExperts, activation: str, *, fused: bool = True) -> EngineWeights:
+def engine_weights(
+    experts: QuantizedExperts, activation: str, *, fused: bool = True, w4a8: bool = False, scale_source: str = "native"
+) -> EngineWeights:
     """Panels of MXFP4 or NVFP4 experts (on their device; NVFP4's global scales passed through); W13 rows as
     ``activation`` reads them (``csf_moe.reference``), rearranged into engine order where FC1's epilogue applies the
-    activation (``fused``)."""
+    activation (``fused``). ``w4a8``: W4A8 panels, row bases and fold flags for the FP8 GEMMs (MXFP4 only: NVFP4's
+    block factors do not fold into E4M3, ``docs/moe-engine.md`` §8.1). ``scale_source`` ``inline``: each scale
+    plane is encoded into engine records over the same rows (checked by decoding them back), which the FP4 GEMMs
+    decode in a producer warp."""
     fmt = experts.fmt
     if fmt not in ENGINE_FORMATS:
         raise NotImplementedError(f"the engine layer serves {ENGINE_FORMATS} weights; got {fmt}")
+    if w4a8 and fmt not in W4A8_FORMATS:
+        raise NotImplementedError(f"W4A8 serves {W4A8_FORMATS} weights exactly; {fmt} stays W4A16 (its block "
+                                  "factors do not fold into E4M3)")  # fmt: skip
+    if scale_source not in ENGINE_SCALE_SOURCES:
+        raise ValueError(f"scale_source must be one of {ENGINE_SCALE_SOURCES}; got {scale_source!r}")
+    if w4a8 and scale_source != "native":
+        raise NotImplementedError("the W4A8 GEMM reads scale panels only; inline engine records serve the FP4 GEMM")
     for name, t in (("W13", experts.w13), ("W2", experts.w2)):
         if t.shape[1] % 64 or (2 * t.shape[2]) % 64:
             raise ValueError(f"{name} {tuple(t.shape)}: the engine needs rows and K in whole multiples of 64")
@@ -93,39 +134,53 @@ def engine_weights(experts: QuantizedExperts, activation: str, *, fused: bool = 
         perm = fc1_engine_rows(v13.shape[1] // 2, interleaved=activation == "swiglu_oai").to(v13.device)
         v13, sc13 = v13[:, perm], sc13[:, perm]
         b13 = None if b13 is None else b13[:, perm]
-    w13, s13 = _panels(v13, sc13, fmt)
-    w2, s2 = _panels(experts.w2, experts.w2_scale, fmt)
+    w13, s13 = _panels(v13, sc13, fmt, w4a8, scale_source, "w13_scale")
+    w2, s2 = _panels(experts.w2, experts.w2_scale, fmt, w4a8, scale_source, "w2_scale")
     b13 = None if b13 is None else b13.float().contiguous()
     b2 = None if experts.b2 is None else experts.b2.float().contiguous()
+    rows = {}
+    if w4a8:
+        for name, sc in (("13", sc13), ("2", experts.w2_scale)):
+            bases = w4a8_bases(sc)
+            rows["base" + name], rows["flags" + name] = bases.contiguous(), w4a8_tile_flags(sc, bases).contiguous()
     return EngineWeights(w13=w13, s13=s13, w2=w2, s2=s2, b13=b13, b2=b2, activation=activation, fused=fused, fmt=fmt,
-                         g13=g13, g2=g2)  # fmt: skip
+                         g13=g13, g2=g2, w4a8=w4a8, **rows)  # fmt: skip
 
 
 class EngineMoE:
-    """The engine layer of one set of weights; :meth:`call` binds a token count's buffers and launches."""
+    """The engine layer of one set of weights; :meth:`call` binds a token count's buffers and launches. W4A8
+    weights quantize the activations by ``activations`` (``per_token``: the convention the FP8 GEMM applies)."""
 
-    def __init__(self, weights: EngineWeights, top_k: int):
+    def __init__(self, weights: EngineWeights, top_k: int, *, activations: str = "per_token"):
+        if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
+            raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
+                                      f"{activations!r} (MXFP8's per-k32 promotion) is not built")  # fmt: skip
         self.weights = weights
         self.top_k = top_k
+        self.activations = activations
 
-    def _fc1(self, x, sorted_ids, h, a, block_expert, meta, bm) -> list:
-        """FC1 gathering its rows of ``x`` and its activation: one GEMM whose epilogue activates, or the GEMM then
-        the activation pass."""
+    def _gemm(self, fc: str, x: dict, out, block_expert, meta, bm, **epilogue) -> runtime.Launch:
+        """FC1 (``fc`` ``"13"``) or FC2's grouped GEMM of ``x`` (``{"x": bf16}``, or W4A8's ``{"xq": E4M3 bytes,
+        "xscale": per-route scales}``) into ``out``; ``epilogue``: the FP4 GEMM's activation, bias and row mode."""
         w = self.weights
-        rows = dict(fmt=w.fmt, global_scale=w.g13, io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
+        panels = (getattr(w, "w" + fc), getattr(w, "s" + fc))
+        if w.w4a8:
+            rows = (getattr(w, "base" + fc), getattr(w, "flags" + fc))
+            return grouped_w4a8_gemm_launch(*panels, *rows, x["xq"], x["xscale"], out, block_expert, meta,
+                                            tile_n=bm, **epilogue)  # fmt: skip
+        return grouped_fp4_gemm_launch(*panels, x["x"], out, block_expert, meta, tile_n=bm, fmt=w.fmt,
+                                       global_scale=getattr(w, "g" + fc), **epilogue)  # fmt: skip
+
+    def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
+        """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:
+        the FP4 GEMM's gather of its routes' rows of ``x`` (W4A8's input is gathered already)."""
+        w = self.weights
         if w.fused:
-            return [grouped_fp4_gemm_launch(w.w13, w.s13, x, a, block_expert, meta, tile_n=bm,
-                                            activation=w.activation, bias=w.b13, **rows)]  # fmt: skip
+            return [self._gemm("13", x, a, block_expert, meta, bm, activation=w.activation, bias=w.b13, **rows)]
         return [
-            grouped_fp4_gemm_launch(w.w13, w.s13, x, h, block_expert, meta, tile_n=bm, **rows),
+            self._gemm("13", x, h, block_expert, meta, bm, **rows),
             act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
         ]
-
-    def _fc2(self, a, y, sorted_ids, block_expert, meta, bm):
-        """FC2 storing each slot's row at its route."""
-        w = self.weights
-        return grouped_fp4_gemm_launch(w.w2, w.s2, a, y, block_expert, meta, tile_n=bm, fmt=w.fmt, global_scale=w.g2,
-                                       io="scatter", sorted_ids=sorted_ids)  # fmt: skip
 
     def call(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor):
         """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
@@ -134,7 +189,7 @@ class EngineMoE:
         tokens = x.shape[0]
         pairs = tokens * self.top_k
         experts = w.experts
-        bm = engine_tile_n(pairs / experts)
+        bm = (w4a8_tile_n if w.w4a8 else engine_tile_n)(pairs / experts)
         blocks = max_blocks_for(pairs, experts, bm)
         dev = x.device
         i32 = dict(dtype=torch.int32, device=dev)
@@ -143,22 +198,47 @@ class EngineMoE:
         active = torch.empty(min(pairs, experts), **i32)
         meta = torch.empty(4, **i32)
         sorted_ids = torch.empty(blocks * bm, **i32)
+        slots = blocks * bm
         bf16 = dict(dtype=torch.bfloat16, device=dev)
-        h = None if w.fused else torch.empty(blocks * bm, 2 * w.inter, **bf16)
-        a = torch.empty(blocks * bm, w.inter, **bf16)
-        y = torch.empty(pairs, w.hidden, **bf16)  # FC2's rows at their routes: a token's k rows contiguous
+        h = None if w.fused else torch.empty(slots, 2 * w.inter, **bf16)
+        a = torch.empty(slots, w.inter, **bf16)
         weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
         scratch = dict(
             cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
         )
+        if w.w4a8:
+            # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
+            # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
+            inverse = torch.empty(pairs, **i32)
+            y = torch.empty(slots, w.hidden, **bf16)
+            x1 = self._fp8_buffers(slots, w.hidden, dev)
+            x2 = {**self._fp8_buffers(slots, w.inter, dev), "ids": torch.arange(slots, **i32)}
+            x2["inverse"] = torch.empty(slots, **i32)
+            quantize = dict(convention=self.activations, bm=bm)
+            fc1_in = [gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
+                                        **quantize)]  # fmt: skip
+            fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
+            gather, scatter = {}, {}
+        else:
+            # FC1's producer gathers its routes' rows of x; FC2's epilogue stores each slot's row at its route
+            inverse = None
+            y = torch.empty(pairs, w.hidden, **bf16)  # a token's k rows contiguous
+            x1, x2 = {"x": x}, {"x": a}
+            fc1_in, fc2_in = [], []
+            gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
+            scatter = dict(io="scatter", sorted_ids=sorted_ids)
         launches = [
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
-            *self._fc1(x, sorted_ids, h, a, block_expert, meta, bm),
-            self._fc2(a, y, sorted_ids, block_expert, meta, bm),
-            combine_launch(y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
+            *fc1_in,
+            *self._fc1(x1, h, a, block_expert, meta, bm, gather),
+            *fc2_in,
+            self._gemm("2", x2, y, block_expert, meta, bm, **scatter),
+            combine_launch(
+                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
+            ),
         ]
         bound = [launch.bind("engine layer") for launch in launches]
-        keep = (cursor, block_expert, active, meta, sorted_ids, h, a, y, weights32)
+        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, x1, x2, h, a, y, weights32)
 
         def run() -> torch.Tensor:
             if weights32 is not topk_weights:
@@ -170,3 +250,11 @@ class EngineMoE:
         run.buffers = keep  # alive as long as the function
         run.launches = tuple(zip((launch.spec.kernel for launch in launches), bound, strict=True))
         return run
+
+    @staticmethod
+    def _fp8_buffers(slots: int, cols: int, dev) -> dict:
+        """E4M3 rows and their per-token scales, the W4A8 GEMMs' input."""
+        return {
+            "xq": torch.empty(slots, cols, dtype=torch.uint8, device=dev),
+            "xscale": torch.empty(slots, dtype=torch.float32, device=dev),
+        }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from csf_kernels.expand.specs import CUTE_ROW_BLOCK_EXPANDER, CUTE_ROW_EXPANDER, CUTE_STAGE_DECODER
 from csf_kernels.moe.engine_specs import ENGINE_GEMM
+from csf_kernels.moe.w4a8_specs import W4A8_GEMM
 from csf_kernels.runtime.manifest import Artifact
 from csf_kernels.runtime.programs import ProgramSpec
 
@@ -20,6 +21,7 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         row_block_expander_program,
         row_expander_program,
         stage_decoder_program,
+        w4a8_gemm_program,
     )
 
     facts = spec.fact
@@ -32,9 +34,12 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
     elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     elif spec.kernel == ENGINE_GEMM:
+        scales, io = str(facts.get("SRC", "native")), str(facts["IO"])
         prog = engine_gemm_program(
-            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), str(facts["IO"])
+            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), scales, io
         )
+    elif spec.kernel == W4A8_GEMM:
+        prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))
     else:
         raise KeyError(f"no CuTe DSL builder for {spec.describe()}")
     with tempfile.TemporaryDirectory(prefix="csf-cute-") as tmp:

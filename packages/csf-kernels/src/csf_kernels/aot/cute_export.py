@@ -76,6 +76,8 @@ __all__ = [
     "sass_facts",
     "stage_decoder_name",
     "stage_decoder_program",
+    "w4a8_gemm_name",
+    "w4a8_gemm_program",
 ]
 
 ARCH = "sm_90a"
@@ -291,39 +293,54 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", io: str = "dense") -> str:
+def engine_gemm_name(
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
+) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
         + (f"_act{int(act)}" if act else "")
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
+        + ("" if scales == "native" else f"_{scales}")
         + ("" if io == "dense" else f"_{io}")
     )
 
 
 def engine_gemm_program(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", io: str = "dense"
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
-    clamped SwiGLU); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to
-    routes."""
+    clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
+    (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, io=io)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)  # validates
+    inline = scales == "inline"
 
     def factory():
-        return GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, io=io)
+        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)
+        return gemm.call_inline if inline else gemm
 
-    # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes a row
-    scales = ("s_panel", "uint32", ("E", "KS", "RW")) if fmt == "nvfp4" else ("s_panel", "uint8", ("E", "KS", "R2"))
+    if inline:  # the plane's engine records (csf_codec.engine_records), starts in 16-byte units
+        scales_args = (
+            ("base_ref", "uint8", ("RBR",)),
+            ("base_delta", "uint8", ("RBR", 128 if fmt == "nvfp4" else 64)),
+            ("block_start", "int32", ("RBR",)),
+            ("record_units", "uint8", ("RBR", "CT")),
+            ("body", "uint8", ("BODY",)),
+        )
+    elif fmt == "nvfp4":  # NVFP4's scale panel travels as one uint32 a row (four E4M3 bytes), MXFP4's as two bytes
+        scales_args = (("s_panel", "uint32", ("E", "KS", "RW")),)
+    else:
+        scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, io),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
-            scales,
+            *scales_args,
             ("x", "bfloat16", ("NX", "K")),  # NX: slots, or tokens where FC1 gathers
             ("out", "bfloat16", ("NO", "RO")),  # NO: slots, or routes where FC2 scatters; RO: R, or R / 2 (activated)
             ("bias", "float32", ("EB", "RBI")),
@@ -343,7 +360,54 @@ def engine_gemm_program(
             ("act", act),
             ("bias", int(bias)),
             ("fmt", fmt),
+            ("scales", scales),
             ("io", io),
+            ("ring_shared_bytes", kernel.ring_bytes),
+        ),
+    )
+
+
+def w4a8_gemm_name(tile_n: int, act: int = 0, bias: bool = False) -> str:
+    return f"csf_w4a8_gemm_n{int(tile_n)}" + (f"_act{int(act)}" if act else "") + ("_bias" if bias else "")
+
+
+def w4a8_gemm_program(tile_n: int, act: int = 0, bias: bool = False) -> CuteProgram:
+    """The engine's grouped W4A8 GEMM (``moe/kernels/engine_gemm_fp8.py``: MXFP4 weights, per-token E4M3
+    activations) for ``tile_n`` routes a block, its epilogue storing the GEMM (``act`` 0) or FC1's activation."""
+    from csf_kernels.moe.kernels.engine_gemm_fp8 import STAGE_K, TILE_M, GroupedW4A8Gemm
+
+    kernel = GroupedW4A8Gemm(tile_n, act=act, bias=bias)  # validates
+
+    def factory():
+        return GroupedW4A8Gemm(tile_n, act=act, bias=bias)
+
+    return CuteProgram(
+        name=w4a8_gemm_name(tile_n, act, bias),
+        program="w4a8_gemm",
+        factory=factory,
+        tensors=(
+            ("w_panel", "uint64", ("E", "KS", "RB", 256)),
+            ("s_panel", "uint8", ("E", "KS", "R2")),
+            ("bases", "uint8", ("E", "R")),
+            ("flags", "uint8", ("E", "RT")),
+            ("x", "uint8", ("NX", "K")),  # E4M3 bytes
+            ("xscale", "float32", ("NX",)),
+            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("bias", "float32", ("EB", "RBI")),
+            ("block_expert", "int32", ("MB",)),
+            ("meta", "int32", ("NM",)),
+        ),
+        scalars=("ctas",),
+        # K: whole panel steps (TMA zero-fills the last stage's missing half); R: whole row blocks of 64
+        divisible=(("K", STAGE_K // 2), ("RO", TILE_M // 4), ("R2", TILE_M), ("R", TILE_M // 2)),
+        launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
+        facts=(
+            ("tile_n", tile_n),
+            ("stages", kernel.stages),
+            ("act", act),
+            ("bias", int(bias)),
+            ("fmt", "mxfp4"),
+            ("activations", "per_token"),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

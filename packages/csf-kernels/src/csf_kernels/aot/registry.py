@@ -24,7 +24,7 @@ from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
 from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_serves, engine_specs
 from csf_kernels.moe.specs import moe_geometry_specs
-from csf_kernels.moe.w4a8_specs import w4a8_geometry_specs
+from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, w4a8_geometry_specs, w4a8_specs
 from csf_kernels.runtime.programs import ProgramSpec
 
 __all__ = ["catalog_specs", "geometry_specs"]
@@ -64,6 +64,9 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
                 _add(out, spec, geo.name)
         for spec in engine_specs(sorted({g.fmt.name for g in catalog.moe if engine_serves(g)})):
             _add(out, spec, "engine")
+        if any(g.fmt.name in W4A8_FORMATS for g in catalog.moe):
+            for spec in w4a8_specs():
+                _add(out, spec, "engine")
         for fmt in sorted({g.fmt.name for g in catalog.moe}):
             for gt in ROW_EXPANDER_GROUP_TILES:
                 for store in ROW_EXPANDER_STORES:

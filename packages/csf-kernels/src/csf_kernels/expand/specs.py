@@ -53,7 +53,7 @@ EXPAND_INLINE = TritonFamily(
 )
 EXPAND_COMPACT = TritonFamily(
     kernel="expand.compact_segments",
-    version=2,  # 2: the version-3 compact body (position codes, side selectors, far codes)
+    version=3,  # 3: exceptions take the row base from the scan, not from out (an expert routed twice)
     module="csf_kernels.expand.kernels.triton_compact",
     function="expand_compact_segments",
     num_warps=4,

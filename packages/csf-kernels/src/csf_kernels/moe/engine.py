@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from csf_kernels import runtime
+from csf_kernels.moe.engine_inline import InlineScales
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK, panel_scales
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
@@ -23,7 +24,7 @@ __all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "grouped_fp4
 
 def grouped_fp4_gemm_launch(
     w_panel: torch.Tensor,
-    s_panel: torch.Tensor,
+    s_panel: torch.Tensor | InlineScales,
     x: torch.Tensor,
     out: torch.Tensor,
     block_expert: torch.Tensor,
@@ -48,6 +49,9 @@ def grouped_fp4_gemm_launch(
     ``activation`` (FC1): the epilogue applies it, ``bias`` (float32 ``[E, R]``) added first, and ``out`` has
     ``R / 2`` columns; W13's rows must then be in engine order (:func:`~csf_kernels.moe.engine_panels.
     fc1_engine_rows`), the bias too.
+
+    ``s_panel`` may instead be the plane's :class:`~csf_kernels.moe.engine_inline.InlineScales` (engine records of
+    the same rows): the inline program decodes them into the same scale slots, so the output is the same bits.
 
     ``io`` places the rows by the alignment's ``sorted_ids`` (int32 ``[slots]``, slot ``s`` holding route
     ``t * top_k + j`` or a value outside ``[0, pairs)``): ``gather`` (FC1) reads slot ``s``'s row of ``x [tokens,
@@ -78,7 +82,14 @@ def grouped_fp4_gemm_launch(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
             "(K = 64 x steps, R = 64 x row blocks)"
         )
-    if s_panel.dtype != torch.uint8 or tuple(s_panel.shape) != (experts, steps, per_step * rows):
+    inline = isinstance(s_panel, InlineScales)
+    if inline:
+        if (s_panel.fmt, s_panel.experts, s_panel.rows, s_panel.k) != (fmt, experts, rows, k):
+            raise ValueError(
+                f"inline scales of {s_panel.fmt} [{s_panel.experts}, {s_panel.rows}] at K = {s_panel.k} do not fit "
+                f"{fmt} weights [{experts}, {rows}] at K = {k}"
+            )
+    elif s_panel.dtype != torch.uint8 or tuple(s_panel.shape) != (experts, steps, per_step * rows):
         raise ValueError(
             f"{fmt} scale panel {s_panel.dtype} {tuple(s_panel.shape)} is not uint8 [{experts}, {steps}, "
             f"{per_step * rows}]"
@@ -91,12 +102,15 @@ def grouped_fp4_gemm_launch(
                          f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, io)
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, "inline" if inline else "native", io)
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
-    s = s_panel.view(torch.uint32) if nv else s_panel  # NVFP4: one word of four E4M3 bytes a row a step
+    if inline:
+        s = s_panel.tensors()
+    else:
+        s = (s_panel.view(torch.uint32) if nv else s_panel,)  # NVFP4: one word of four E4M3 bytes a row a step
     pdl = int(runtime_config.pdl_enabled())
-    args = (w_panel, s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pdl)
+    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pdl)
     return runtime.Launch(spec, (ctas, 1, 1), args)
 
 
@@ -155,20 +169,26 @@ def act_launch(
 
 def combine_launch(
     y: torch.Tensor, bias: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-    out: torch.Tensor, *, num_experts: int,
+    out: torch.Tensor, *, num_experts: int, inverse: torch.Tensor | None = None,
 ) -> runtime.Launch:  # fmt: skip
     """``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` over ``y [pairs, H]`` (FC2's rows at their routes), ``j``
-    in order; routes of experts outside [0, E) are skipped (their rows are never stored)."""
+    in order; routes of experts outside [0, E) are skipped (their rows are never stored). With ``inverse`` (int32
+    ``[pairs]``, each route's slot: W4A8's FC2 stores in block order), ``y [slots, H]`` and route ``r``'s row is
+    ``y[inverse[r]]``."""
     tokens, top_k = topk_ids.shape
     hidden = out.shape[1]
     if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape:
         raise ValueError("combine: topk_weights must be float32 like topk_ids' shape")
-    if y.shape != (tokens * top_k, hidden) or out.shape[0] != tokens:
+    if inverse is not None and (inverse.dtype != torch.int32 or inverse.shape != (tokens * top_k,)):
+        raise ValueError(f"combine: inverse must be int32 [{tokens * top_k}] (each route's slot)")
+    y_rows = y.shape[0] if inverse is not None else tokens * top_k
+    if y.dim() != 2 or y.shape != (y_rows, hidden) or out.shape[0] != tokens:
         raise ValueError(f"combine: y {tuple(y.shape)} must hold the {tokens * top_k} routes' rows of out "
                          f"{tuple(out.shape)}")  # fmt: skip
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
         raise TypeError("topk_ids must be contiguous int32 or int64")
-    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None)
+    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None)
     grid = (tokens, -(-hidden // spec.fact["BH"]))
     b = bias if bias is not None else runtime.placeholder(y.device)
-    return runtime.Launch(spec, grid, (y, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))
+    inv = inverse if inverse is not None else runtime.placeholder(y.device)
+    return runtime.Launch(spec, grid, (y, inv, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))

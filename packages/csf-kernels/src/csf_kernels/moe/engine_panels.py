@@ -42,9 +42,11 @@ __all__ = [
     "engine_scale_panel",
     "engine_weight_panel",
     "fc1_engine_rows",
+    "fragment_codes",
     "panel_scales",
     "panel_scales_to_plane",
     "panel_words_to_plane",
+    "words_to_panel",
 ]
 
 PANEL_STEP_K = 64  # K values a step: two MXFP4 scale blocks, one 128-byte swizzle row of bf16 activations
@@ -101,9 +103,10 @@ def _shape(rows: int, k: int) -> tuple[int, int]:
     return -(-rows // ROW_BLOCK), -(-k // PANEL_STEP_K)
 
 
-def engine_weight_panel(packed: torch.Tensor) -> torch.Tensor:
-    """Checkpoint FP4 bytes ``[rows, K / 2]`` (value ``2i`` in byte ``i``'s low nibble) -> the weight panel
-    ``uint64 [steps, row blocks, 256]`` (see the module docstring)."""
+def fragment_codes(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Checkpoint FP4 bytes ``[rows, K / 2]`` (value ``2i`` in byte ``i``'s low nibble) -> int64 codes ``[steps, row
+    blocks, 128, 4, 8]``: a thread's four words of eight values a step, taken at ``index`` (``[128, 4, 8]`` flat
+    ``row * 64 + k`` in the row block's step); rows and K past the end are zeros."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ValueError(f"packed FP4 weights must be uint8 [rows, K / 2]; got {packed.dtype} {tuple(packed.shape)}")
     rows, k = packed.shape[0], packed.shape[1] * 2
@@ -112,11 +115,25 @@ def engine_weight_panel(packed: torch.Tensor) -> torch.Tensor:
     nib = _padded(nib, blocks * ROW_BLOCK, steps * PANEL_STEP_K, 0)
     # [blocks, 64, steps, 64] -> [steps, blocks, 64 * 64] (row, k) flat
     tiles = nib.view(blocks, ROW_BLOCK, steps, PANEL_STEP_K).permute(2, 0, 1, 3).reshape(steps, blocks, -1)
-    frag = tiles[:, :, _fragment_index().reshape(-1).to(nib.device)].view(steps, blocks, 128, 4, 8).to(torch.int64)
-    words = (frag << (4 * torch.arange(8, device=nib.device))).sum(-1)  # nibble n at bits 4n..4n+3
+    return tiles[:, :, index.reshape(-1).to(nib.device)].view(steps, blocks, 128, 4, 8).to(torch.int64)
+
+
+def words_to_panel(words: torch.Tensor) -> torch.Tensor:
+    """int64 words (unsigned 32-bit values) ``[steps, row blocks, 128, 4]`` -> the panel ``uint64 [steps, row blocks,
+    256]``."""
+    steps, blocks = words.shape[:2]
     signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
-    placed = place_bits(signed.view(-1))
-    return placed.view(torch.uint8).view(steps, blocks, PANEL_BYTES).view(torch.int64).view(torch.uint64)
+    return signed.contiguous().view(torch.uint8).view(steps, blocks, PANEL_BYTES).view(torch.int64).view(torch.uint64)
+
+
+def engine_weight_panel(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint FP4 bytes ``[rows, K / 2]`` (value ``2i`` in byte ``i``'s low nibble) -> the weight panel
+    ``uint64 [steps, row blocks, 256]`` (see the module docstring)."""
+    frag = fragment_codes(packed, _fragment_index())
+    words = (frag << (4 * torch.arange(8, device=frag.device))).sum(-1)  # nibble n at bits 4n..4n+3
+    signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    placed = place_bits(signed.view(-1)).to(torch.int64) & 0xFFFFFFFF
+    return words_to_panel(placed.view(words.shape))
 
 
 def panel_words_to_plane(panel: torch.Tensor, rows: int, k: int) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""A torch twin of the engine producer's inline scale decoder: one (row block, K step) of engine records
-(:mod:`csf_codec.engine_records`, ``docs/csf-format.md`` section 6) decoded straight into the engine's MXFP4 scale
-panel (:func:`csf_kernels.moe.engine_panels.engine_scale_panel`), as the producer's decoder warp will fill a
-stage's scale slots: read the record's header, build each slot's bytes from its row base, the window origin and
-its selector field, then overwrite the exceptions (a code's distance from the window, or the next escape byte).
+"""A torch twin of the engine producer's inline scale decoder (``moe/kernels/engine_record_decoder.py``): one
+(row block, K step) of engine records (:mod:`csf_codec.engine_records`, ``docs/csf-format.md`` section 6) decoded
+straight into the engine's scale panel (:func:`csf_kernels.moe.engine_panels.engine_scale_panel`), as the decoder
+warp fills a stage's scale slots: read the record's header, build each slot's bytes from its row base, the window
+origin and its selector field, then overwrite the exceptions (a code's distance from the window, or the next escape
+byte). MXFP4 steps take two of a record's four columns (one record fills two steps), NVFP4 steps all four.
 
-It trusts its records (the codec's decoder checks them at load). NVFP4's twin (its panel holds 4 bytes a row a
-step, ``engine_panels.panel_scales``) is not written yet.
+It trusts its records (the codec's decoder checks them at load).
 """
 
 from __future__ import annotations
@@ -29,20 +29,17 @@ from csf_codec.engine_record_layout import (
 )
 from csf_codec.engine_records import EngineRecords
 from csf_codec.tile_layout import TILE_COLS, TILE_ROWS
-from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
+from csf_kernels.moe.engine_panels import ROW_BLOCK, panel_scales
 
 __all__ = ["decode_record_step", "empty_scale_panel", "record_tile"]
 
-_MXFP4_BLOCK = 32
-_STEP_COLS = PANEL_STEP_K // _MXFP4_BLOCK  # scale columns a step: two
-_NEUTRAL_SCALE = 127  # what engine_scale_panel pads with
-
 
 def _slot_bases(records: EngineRecords, block: int) -> torch.Tensor:
-    """int32 [128]: each slot's row base (reference plus its 4-bit delta)."""
+    """int32 [128]: each slot's row base (reference plus its delta: a nibble for MXFP4, a byte for NVFP4)."""
     packed = records.base_delta[block].to(torch.int32)
-    delta = torch.stack((packed & 0xF, packed >> 4), dim=1).reshape(-1)
-    return int(records.base_ref[block]) + delta
+    if records.fmt.name == "mxfp4":
+        packed = torch.stack((packed & 0xF, packed >> 4), dim=1).reshape(-1)
+    return int(records.base_ref[block]) + packed
 
 
 def record_tile(records: EngineRecords, block: int, col_tile: int) -> torch.Tensor:
@@ -78,25 +75,26 @@ def record_tile(records: EngineRecords, block: int, col_tile: int) -> torch.Tens
 
 
 def empty_scale_panel(records: EngineRecords) -> torch.Tensor:
-    """The MXFP4 scale panel ``uint8 [steps, rows * 2]`` of the records' plane (rows flattened, padded to whole
-    64-row blocks; steps of 64 K), filled with the padding scale: what the twin writes into."""
+    """The scale panel ``uint8 [steps, rows * b]`` of the records' plane (rows flattened, padded to whole 64-row
+    blocks; steps of 64 K, ``b`` scale columns a step), filled with the padding scale: what the twin writes into."""
     geo = records.geometry
+    kind = panel_scales(records.fmt.name)
     rows = geo.experts * geo.rows
     padded = -(-rows // ROW_BLOCK) * ROW_BLOCK
-    return torch.full((-(-geo.cols // _STEP_COLS), padded * _STEP_COLS), _NEUTRAL_SCALE, dtype=torch.uint8)
+    steps = -(-geo.cols // kind.per_step)
+    return torch.full((steps, padded * kind.per_step), kind.neutral, dtype=torch.uint8)
 
 
 def decode_record_step(records: EngineRecords, block: int, step: int, panel: torch.Tensor) -> None:
-    """Write K step ``step`` (64 K: two scale columns) of row block ``block``'s rows into ``panel[step]``."""
-    if records.fmt.name != "mxfp4":
-        raise NotImplementedError("the NVFP4 twin of the record decoder is not written yet")
+    """Write K step ``step`` (64 K: ``b`` scale columns) of row block ``block``'s rows into ``panel[step]``."""
+    per_step = panel_scales(records.fmt.name).per_step
     geo = records.geometry
-    col0 = step * _STEP_COLS
+    col0 = step * per_step
     tile = record_tile(records, block, col0 // TILE_COLS)
     rows = geo.block_rows()[block]
     real = rows >= 0
-    out = panel[step].view(-1, _STEP_COLS)
-    for k in range(_STEP_COLS):
+    out = panel[step].view(-1, per_step)
+    for k in range(per_step):
         c = col0 % TILE_COLS + k
         if c < tile.shape[1]:
             out[rows[real], k] = tile[real, c]

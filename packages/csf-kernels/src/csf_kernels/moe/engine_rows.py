@@ -17,6 +17,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_K, ENGINE_TILE_M
 __all__ = [
     "CHUNK",
     "GATHER_THREADS",
+    "GATHER_WARPS",
     "OUT_CHUNKS",
     "ROW_CHUNKS",
     "STORE_THREADS",
@@ -30,7 +31,10 @@ __all__ = [
 ]
 
 CHUNK = 16  # bytes a copy: cp.async (FC1), a vector store (FC2)
-GATHER_THREADS = 128  # the producer warpgroup copies each B stage's rows
+# the producer warps gathering each B stage's rows, by scale source: the whole warpgroup, or all but the inline
+# source's decoder warp 2
+GATHER_WARPS = {"native": (0, 1, 2, 3), "inline": (0, 1, 3)}
+GATHER_THREADS = 32 * len(GATHER_WARPS["native"])
 ROW_CHUNKS = ENGINE_TILE_K * 2 // CHUNK  # chunks a slot's bf16 row of a stage
 STORE_THREADS = 256  # the consumer warpgroups store FC2's rows
 OUT_CHUNKS = ENGINE_TILE_M * 2 // CHUNK  # chunks a slot's bf16 row of an output tile
@@ -42,10 +46,11 @@ def epi_routes(tile_n: int) -> int:
     return min(EPI_SLOTS, tile_n)
 
 
-def gather_chunks(tile_n: int, thread: int) -> list[tuple[int, int]]:
-    """The (block row, 16-byte chunk) pairs producer thread ``thread`` copies each K step: chunk ``thread % 8`` of
-    rows ``thread // 8 + 16 j`` (a warp covers four whole 128-byte rows an instruction)."""
-    per = GATHER_THREADS // ROW_CHUNKS
+def gather_chunks(tile_n: int, thread: int, threads: int = GATHER_THREADS) -> list[tuple[int, int]]:
+    """The (block row, 16-byte chunk) pairs gathering rank ``thread`` of ``threads`` copies each K step: chunk
+    ``thread % 8`` of rows ``thread // 8 + (threads / 8) j`` (a warp covers four whole 128-byte rows an
+    instruction)."""
+    per = threads // ROW_CHUNKS
     return [(i, thread % ROW_CHUNKS) for i in range(thread // ROW_CHUNKS, tile_n, per)]
 
 

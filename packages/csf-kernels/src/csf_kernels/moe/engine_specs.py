@@ -2,8 +2,9 @@
 
 The grouped FP4 x bf16 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm`) serves route blocks of any expert and, with
 one expert, a dense GEMM; one program per route-block size, weight format (a fact of its spec: the scale panel's
-bytes and conversion, NVFP4's global scale) and row mode (``IO``: FC1 gathers its routes' rows of ``x``, FC2
-scatters its output to its routes' rows), every shape at run time.
+bytes and conversion, NVFP4's global scale), scale source (``SRC``: ``native`` panels, or ``inline`` engine records
+a producer warp decodes) and row mode (``IO``: FC1 gathers its routes' rows of ``x``, FC2 scatters its output to its
+routes' rows), every shape at run time.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ __all__ = [
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
+    "ENGINE_SCALE_SOURCES",
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
     "ENGINE_TILE_N",
+    "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
     "engine_gemm_spec",
@@ -35,12 +38,16 @@ __all__ = [
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
-ENGINE_GEMM_VERSION = 4  # 3: the per-expert global scale argument (NVFP4); 4: sorted_ids, top_k, pdl (IO modes)
+# 3: the per-expert global scale argument (NVFP4); 4: sorted_ids, top_k, pdl (IO modes); 5: IO modes beside the
+# inline scale source (its gather spares the decoder warp), PDL in the shared producer code
+ENGINE_GEMM_VERSION = 5
 ENGINE_IO = ("dense", "gather", "scatter")  # kernels.engine_gemm.IO_MODES (that module imports cutlass)
 ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
+ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
+INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
 _GLUE = "csf_kernels.moe.kernels.engine_glue"
@@ -48,7 +55,7 @@ ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
 ENGINE_COMBINE = TritonFamily(
-    kernel="moe.engine_combine", version=2, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
 ACT_COLUMNS = 1024
@@ -73,9 +80,12 @@ def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
                           HAS_BIAS=int(bias), PDL=MOE_PDL, num_warps=ENGINE_ACT.num_warps)  # fmt: skip
 
 
-def engine_combine_spec(ids64: bool, bias: bool) -> ProgramSpec:
+def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
+    """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
+    each route's slot."""
     return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
-                          BH=COMBINE_COLUMNS, PDL=MOE_PDL, num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
+                          INV=int(inverse), BH=COMBINE_COLUMNS, PDL=MOE_PDL,
+                          num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
 
 
 def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
@@ -89,31 +99,49 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
-        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, "gather"))  # FC1, activated
+        for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows, its activation fused
+            specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather"))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
 
 
 def engine_gemm_spec(
-    tile_n: int, activation: str | None = None, bias: bool = False, fmt: str = "mxfp4", io: str = "dense"
+    tile_n: int,
+    activation: str | None = None,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
-    epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``io``: rows in block order (``dense``), FC1's input
-    gathered by route (``gather``) or FC2's output scattered to routes (``scatter``, no activation)."""
+    epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
+    inline program carries the fact ``SRC``); ``io``: rows in block order (``dense``), FC1's input gathered by
+    route (``gather``) or FC2's output scattered to routes (``scatter``, no activation)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
         raise ValueError("the engine GEMM adds a bias only with a fused activation")
     if fmt not in ENGINE_FORMATS:
         raise ValueError(f"the engine GEMM serves {ENGINE_FORMATS} weights; got {fmt!r}")
+    if scales not in ENGINE_SCALE_SOURCES:
+        raise ValueError(f"the engine GEMM reads {ENGINE_SCALE_SOURCES} scales; got {scales!r}")
     if io not in ENGINE_IO or (io == "scatter" and activation is not None):
         raise ValueError(f"the engine GEMM's rows are one of {ENGINE_IO} (scatter without activation); got {io!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
-    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io)
+    source = {} if scales == "native" else {"SRC": scales}
+    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
+                          **source)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
-    """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, in each row mode:
-    the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering (they take every shape at run time)."""
-    return [engine_gemm_spec(tn, fmt=fmt, io=io) for fmt in formats for io in ENGINE_IO for tn in ENGINE_TILE_N]
+    """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources
+    and in each row mode: the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering (they take every shape
+    at run time)."""
+    return [
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io)
+        for fmt in formats
+        for scales in ENGINE_SCALE_SOURCES
+        for io in ENGINE_IO
+        for tn in ENGINE_TILE_N
+    ]

@@ -1,19 +1,34 @@
 """W4A8's programs (issue 47, ``docs/moe-engine.md`` "W4A8"): what ``nox -s aot_build`` builds for the FP8 engine.
 
-So far the activation side: FC1's route gather fused with FP8 quantization, one program per route-block size and
-activation convention (:mod:`csf_kernels.moe.kernels.engine_fp8_gather`). The FP8 grouped GEMM comes with its own
-specs when it exists.
+FC1's route gather fused with FP8 quantization, one program per route-block size and activation convention
+(:mod:`csf_kernels.moe.kernels.engine_fp8_gather`; FC2's input reuses it over FC1's output with the identity slot
+map), and the grouped W4A8 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`, CuTe DSL: MXFP4 weights, per-token
+E4M3 activations) per block size, plain and with each geometry's fused FC1 activation.
 """
 
 from __future__ import annotations
 
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.moe.engine_specs import ENGINE_TILE_N, engine_serves
+from csf_kernels.moe.engine_specs import ACTIVATIONS, ENGINE_TILE_N, engine_combine_spec, engine_serves
 from csf_kernels.moe.fp8_activations import ACTIVATION_CONVENTIONS
 from csf_kernels.moe.specs import MOE_PDL
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
-__all__ = ["ENGINE_GATHER_FP8", "ENGINE_GATHER_MXFP8", "gather_fp8_spec", "w4a8_geometry_specs"]
+__all__ = [
+    "ENGINE_GATHER_FP8",
+    "ENGINE_GATHER_MXFP8",
+    "W4A8_FORMATS",
+    "W4A8_GEMM",
+    "W4A8_GEMM_CONVENTIONS",
+    "W4A8_GEMM_VERSION",
+    "W4A8_TILE_N",
+    "gather_fp8_spec",
+    "w4a8_gemm_spec",
+    "w4a8_geometry_specs",
+    "w4a8_serves",
+    "w4a8_specs",
+    "w4a8_tile_n",
+]
 
 _MODULE = "csf_kernels.moe.kernels.engine_fp8_gather"
 ENGINE_GATHER_FP8 = TritonFamily(
@@ -25,6 +40,12 @@ ENGINE_GATHER_MXFP8 = TritonFamily(
     signature="SIGNATURE_MXFP8", num_warps=4,
 )  # fmt: skip
 _FAMILIES = {"per_token": ENGINE_GATHER_FP8, "mxfp8": ENGINE_GATHER_MXFP8}
+W4A8_GEMM = "moe.w4a8_gemm"
+W4A8_GEMM_VERSION = 2  # 2: waits for its predecessor in the shared producer code (griddepcontrol, PDL)
+W4A8_FORMATS = ("mxfp4",)  # NVFP4 does not fold into E4M3 (docs/moe-engine.md §8.1): it stays W4A16
+W4A8_GEMM_CONVENTIONS = ("per_token",)  # activation conventions the GEMM's epilogue applies
+# routes a block: two m64nN fp32 accumulators a consumer thread (the promotion's) fit its 232 registers to N = 128
+W4A8_TILE_N = tuple(t for t in ENGINE_TILE_N if t <= 128)
 # columns a program holds: per-token programs loop over the row in chunks; MXFP8 programs own one chunk each
 GATHER_FP8_COLUMNS = {"per_token": 1024, "mxfp8": 512}
 
@@ -41,7 +62,41 @@ def gather_fp8_spec(bm: int, convention: str) -> ProgramSpec:
 
 
 def w4a8_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
-    """W4A8's programs for a geometry the engine serves: the gather at every block size and convention."""
+    """W4A8's programs for a geometry the engine serves: the gather at every block size and convention, and where the
+    weights fold (MXFP4) FC1's W4A8 GEMM with the geometry's activation fused at every W4A8 block size and the
+    combine over FC2's block-order rows (through each route's slot)."""
     if not engine_serves(geo):
         return []
-    return [gather_fp8_spec(bm, conv) for bm in ENGINE_TILE_N for conv in ACTIVATION_CONVENTIONS]
+    specs = [gather_fp8_spec(bm, conv) for bm in ENGINE_TILE_N for conv in ACTIVATION_CONVENTIONS]
+    if w4a8_serves(geo):
+        specs += [w4a8_gemm_spec(bm, geo.activation, geo.bias) for bm in W4A8_TILE_N]  # FC1, activation fused
+        specs += [engine_combine_spec(ids64, geo.bias, inverse=True) for ids64 in (False, True)]
+    return specs
+
+
+def w4a8_serves(geo: MoEGeometry) -> bool:
+    """Whether the W4A8 GEMM serves a geometry's weights (MXFP4: the offsets fold exactly)."""
+    return geo.fmt.name in W4A8_FORMATS
+
+
+def w4a8_tile_n(routes_per_expert: float) -> int:
+    """Routes a block for a W4A8 call: the smallest program tile holding an expert's mean routes (the largest past
+    it), as :func:`csf_kernels.moe.engine_specs.engine_tile_n` over :data:`W4A8_TILE_N`."""
+    fits = [t for t in W4A8_TILE_N if t >= routes_per_expert]
+    return min(fits) if fits else max(W4A8_TILE_N)
+
+
+def w4a8_gemm_spec(tile_n: int, activation: str | None = None, bias: bool = False) -> ProgramSpec:
+    """The grouped W4A8 GEMM for ``tile_n`` routes a block; ``activation``: FC1's, fused into its epilogue (with
+    W13's ``bias``), else the plain bf16 GEMM."""
+    if tile_n not in W4A8_TILE_N:
+        raise ValueError(f"the W4A8 GEMM is built for {W4A8_TILE_N} routes a block; got {tile_n}")
+    if bias and activation is None:
+        raise ValueError("the W4A8 GEMM adds a bias only with a fused activation")
+    act = 0 if activation is None else 1 + ACTIVATIONS[activation]
+    return ProgramSpec.of(W4A8_GEMM, W4A8_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias))
+
+
+def w4a8_specs() -> list[ProgramSpec]:
+    """Every plain W4A8 GEMM the AOT cache holds (they take every shape at run time)."""
+    return [w4a8_gemm_spec(tn) for tn in W4A8_TILE_N]

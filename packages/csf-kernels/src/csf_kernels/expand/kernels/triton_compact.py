@@ -153,7 +153,10 @@ def expand_compact_segments(
             sel_bit = where * W
             sel = tl.load(selectors + (sel_bit >> 3), mask=mine_exc, other=0).to(tl.int32)
             sel_field = (sel >> (sel_bit & 7).to(tl.int32)) & TOP
-            exc_base = tl.load(out + where, mask=mine_exc, other=0).to(tl.int32) - sel_field
+            # the row's base from phase one's scan, not read back from ``out``: another program expanding the same
+            # expert (a routed id listed twice) may already have patched this byte
+            exc_row = tl.minimum(tl.maximum(where // cols - seg_row0, 0), 127).to(tl.int32)
+            exc_base = tl.gather(base, exc_row, 0)
             far_rank = tl.cumsum(far.to(tl.int32), axis=0) - 1
             fc_at = tl.load(far_offsets + ch) + 3 * far_rank
             fc_m = far & ((fc_at >> 3) < exception_bytes)

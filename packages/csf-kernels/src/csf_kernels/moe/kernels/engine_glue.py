@@ -5,7 +5,8 @@
   rounded once. It first checks its slot against the blocks in use (``meta[0]``, device data: graph-safe).
 * ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` in float32, ``j`` in order, over FC2's
   rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
-  outside [0, E) contributes nothing (FC2 never stored its row).
+  outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
+  ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
 * ``slot_route``: a block-order slot's route and token, the first step of every Triton gather.
 """
 
@@ -34,6 +35,7 @@ SIGNATURE_ACT = {
 
 SIGNATURE_COMBINE = {
     "y": "*bf16",
+    "inverse": "*i32",
     "bias": "*fp32",
     "topk_ids": "*i32",
     "topk_weights": "*fp32",
@@ -43,6 +45,7 @@ SIGNATURE_COMBINE = {
     "num_experts": "i32",
     "IDS64": "constexpr",
     "HAS_BIAS": "constexpr",
+    "INV": "constexpr",
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -91,8 +94,8 @@ def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.conste
 
 
 @triton.jit
-def engine_combine(y, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -101,7 +104,10 @@ def engine_combine(y, bias, topk_ids, topk_weights, out, hidden, top_k, num_expe
     for j in range(0, top_k):
         route = t * top_k + j
         e, live = route_expert(topk_ids, route, num_experts, IDS64)
-        v = tl.load(y + route * hidden + c, mask=m & live, other=0.0).to(tl.float32)
+        row = route
+        if INV:
+            row = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
+        v = tl.load(y + row * hidden + c, mask=m & live, other=0.0).to(tl.float32)
         if HAS_BIAS:
             v += tl.load(bias + tl.where(live, e, 0).to(tl.int64) * hidden + c, mask=m & live, other=0.0)
         acc += tl.where(live, tl.load(topk_weights + route) * v, 0.0)

@@ -1,0 +1,232 @@
+"""Engine records' CPU decoder (:mod:`csf_codec.engine_records`): one column class of a span of row blocks, every
+field checked, in whole-array numpy passes.
+
+Canonical choice is checked from what decoding reads, without re-encoding: a tile's record length under any
+candidate window follows from ``C(k)``, its positions whose offset from the row base is ``<= k`` (padding at
+offset 0; :mod:`csf_codec.engine_records_np`). A selector record gives ``C(k)`` exactly: its exceptions' offsets
+are decoded, and every other real position lies at ``o + field``, so the per-tile histogram of its selector fields
+(a popcount for 1-bit fields, a bincount for wider ones) places them. Raw tiles, which are rare,
+are counted from their bytes as the encoder counts them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .engine_record_layout import (
+    ABOVE_CODES,
+    BELOW_CODES,
+    CODE_SHIFT,
+    COUNT_MASK,
+    COUNT_SHIFT,
+    ESCAPE_CODE,
+    HEADER_BYTES,
+    MODE_RAW,
+    MODE_WIDTH,
+    ORIGIN_SHIFT,
+    POSITION_MASK,
+    RECORD_ALIGN,
+    RESERVED_SHIFT,
+    UNITS_MASK,
+    UNITS_SHIFT,
+    entry_bytes,
+    raw_units,
+    selector_bytes,
+    units_for,
+)
+from .engine_records_np import choose_windows, offsets, pick_windows, ranks, thresholds, tile_limits, window_units
+from .errors import CorruptPayloadError
+from .inline_np import ClassPlan
+from .swar import grouped_histogram, unpack_bits
+from .tile_layout import TILE_ROWS
+
+__all__ = ["decode_records"]
+
+
+# a code's value less its window's low end (``lo - 1 - code`` below, ``hi + code - 3`` above); escapes are read
+_CODE_STEP = {
+    w: np.array([-1 - c for c in range(BELOW_CODES)] + [(1 << w) + c for c in range(ABOVE_CODES)] + [0], np.int32)
+    for w in MODE_WIDTH.values()
+}
+assert all(len(v) == ESCAPE_CODE + 1 for v in _CODE_STEP.values())
+
+
+def _fail(name: str, fault: str):
+    raise CorruptPayloadError(name, fault)
+
+
+def _check_padding(rec, sel, used, units, name: str) -> None:
+    """Bytes from ``used`` to the record's end (all in its last 16) are zero."""
+    end = units[sel] * RECORD_ALIGN
+    cols = end[:, None] - RECORD_ALIGN + np.arange(RECORD_ALIGN)[None, :]
+    if np.logical_and(rec[sel[:, None], cols], cols >= used[:, None]).any():
+        _fail(name, "a record's padding bytes are not zero")
+
+
+def _field_levels(packed: np.ndarray, fields: np.ndarray, width: int) -> np.ndarray:
+    """int64 [S, 2**width]: per record, how many of its fields are ``<= j``; from its packed selectors (uint8
+    [S, bytes], bytes a multiple of 8) by popcount for 1-bit fields, else from its fields (uint8 [S, size])."""
+    s, size = fields.shape
+    if width == 1:
+        ones = np.add.reduce(np.bitwise_count(packed.view(np.uint64)), axis=1, dtype=np.int64)
+        return np.stack([size - ones, np.full(s, size, dtype=np.int64)], axis=1)
+    return np.cumsum(grouped_histogram(fields, 1 << width), axis=1)
+
+
+def _selector_levels(ks, packed, fields, width, o, n, npad, t, off) -> np.ndarray:
+    """int64 [thresholds, S]: ``C(k)`` of S selector records of one width, less their padding (added by the
+    caller), from their selectors, origins, counts, and their exceptions' records ``t`` and offsets."""
+    levels = _field_levels(packed, fields, width)
+    rel = ks[:, None] - o[None, :]  # the field a threshold falls on: fields <= rel are at offsets <= k
+    at = np.take_along_axis(levels.T, np.clip(rel, 0, (1 << width) - 1), axis=0)
+    out = np.where(rel >= 0, at - (n + npad)[None, :], 0)  # exceptions and padding read field 0
+    if t.size:
+        bucket = np.searchsorted(ks, np.arange(-256, 256))[off + 256]  # the first threshold >= the offset
+        m = ks.size + 1
+        hist = np.bincount(t * m + bucket, minlength=o.size * m).reshape(o.size, m)
+        out += np.cumsum(hist, axis=1)[:, : ks.size].T
+    return out
+
+
+def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str) -> np.ndarray:
+    """uint8 [T, 128 tc] native bytes (slot order) of one class's staged records, every field and the window choice
+    checked."""
+    t_count, size, tc = rec.shape[0], TILE_ROWS * plan.cols, plan.cols
+    width = rec.shape[1]
+    flat = rec.reshape(-1)
+    h = np.ascontiguousarray(rec[:, :HEADER_BYTES]).view("<u4").reshape(-1).astype(np.int64)
+    if ((h >> UNITS_SHIFT) & UNITS_MASK != units).any():
+        _fail(name, "a record header's length disagrees with its offsets byte")
+    if (h >> RESERVED_SHIFT).any():
+        _fail(name, "a record header's reserved bits are not zero")
+    mode = h & 3
+    vals = np.empty((t_count, size), dtype=np.uint8)
+    padded = np.flatnonzero(~valid.all(axis=1))  # blocks with padding slots, and their tiles
+    pad_tiles = np.zeros(t_count, dtype=bool)
+    pad_tiles.reshape(-1, plan.count)[padded] = True
+    vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
+    npad, bmin, bmax = tile_limits(base, valid, plan)
+    base_pos = np.repeat(base.astype(np.uint8), tc, axis=1)  # forged bases wrap; the window check refuses them
+    ks = np.array(thresholds(windows))
+    levels = np.zeros((ks.size, t_count), dtype=np.int64)  # C(k) of the selector records
+    chosen = np.zeros(t_count, dtype=np.int64)  # their window's index in the list
+    for m, w in MODE_WIDTH.items():
+        sel = np.flatnonzero(mode == m)
+        if not sel.size:
+            continue
+        hs = h[sel]
+        o = (((hs >> ORIGIN_SHIFT) & 0xFF) ^ 0x80) - 0x80
+        n = (hs >> COUNT_SHIFT) & COUNT_MASK
+        index = np.full(256, -1, dtype=np.int64)  # origin byte -> the window's place in the list
+        for j, (ww, oo) in enumerate(windows):
+            if ww == w:
+                index[oo & 0xFF] = j
+        chosen[sel] = index[o & 0xFF]
+        if (chosen[sel] < 0).any():
+            _fail(name, f"a {w}-bit record's window is not a candidate window")
+        blk = sel // plan.count
+        if ((bmin[sel] + o < 0) | (bmax[sel] + o + (1 << w) - 1 > 255)).any():
+            _fail(name, "a tile window leaves the byte range")
+        sb = selector_bytes(w, tc)
+        entries_end = HEADER_BYTES + sb + entry_bytes(n)
+        if (entries_end > units[sel] * RECORD_ALIGN).any():
+            _fail(name, "a record's selectors and exception count run past its length")
+        packed = np.ascontiguousarray(rec[sel, HEADER_BYTES : HEADER_BYTES + sb])
+        fields = unpack_bits(packed.reshape(-1), w, sel.size * size).reshape(sel.size, size)
+        if vpos is not None:
+            ps = np.flatnonzero(pad_tiles[sel])
+            if ps.size and fields[ps][~vpos[blk[ps]]].any():
+                _fail(name, "a padding slot's selector is not zero")
+        if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
+            v = (fields.reshape(-1, plan.count, size) + base_pos[:, None, :]).reshape(t_count, size)
+        else:
+            v = fields + base_pos[blk]
+        v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
+        odd = np.flatnonzero(n & 1)
+        if odd.size and (flat[sel[odd] * width + entries_end[odd] - 1] >> 4).any():
+            _fail(name, "the unused half of a record's last exception entry is not zero")
+        used = entries_end
+        total = int(n.sum())
+        t = off = np.zeros(0, dtype=np.int32)
+        if total:  # int32 indices: a span's records hold far fewer than 2**31 bytes
+            n32 = n.astype(np.int32)
+            t = np.repeat(np.arange(sel.size, dtype=np.int32), n32)
+            rank = np.arange(total, dtype=np.int32) - np.repeat(np.cumsum(n32, dtype=np.int32) - n32, n32)
+            row = (sel.astype(np.int32) * np.int32(width))[t]
+            at = row + np.int32(HEADER_BYTES + sb) + ((rank * 3) >> 1)
+            word = flat[at].astype(np.int32) | (flat[at + 1].astype(np.int32) << 8)
+            entry = (word >> ((rank & 1) << 2)) & 0xFFF
+            pos, code = entry & POSITION_MASK, entry >> CODE_SHIFT
+            if (pos >= size).any():
+                _fail(name, "an exception position lies outside its tile")
+            g = t * np.int32(size) + pos
+            if (g[1:] <= g[:-1]).any():
+                _fail(name, "exception positions are not strictly ascending")
+            if (vpos is not None and not vpos[blk[t], pos].all()) or fields.reshape(-1)[g].any():
+                _fail(name, "an exception sits on padding or on a non-zero selector")
+            esc = np.flatnonzero(code == ESCAPE_CODE)
+            used = entries_end + np.bincount(t[esc], minlength=sel.size)
+            if (units_for(used) != units[sel]).any():
+                _fail(name, "a record's length disagrees with its exception count and escapes")
+            lo = v.reshape(-1)[g].astype(np.int32)  # an exception's field is 0: v holds its window's low end
+            value = lo + _CODE_STEP[w][code]
+            if esc.size:
+                _, erank = ranks(t[esc], sel.size)
+                value[esc] = flat[row[esc] + entries_end[t[esc]] + erank]
+                ev, elo = value[esc], lo[esc]
+                ehi = elo + ((1 << w) - 1)
+                if ((ev >= elo) & (ev <= ehi)).any():
+                    _fail(name, "an exception repeats a value its selector could express")
+                if ((ev >= elo - BELOW_CODES) & (ev <= ehi + ABOVE_CODES)).any():
+                    _fail(name, "an escape holds a value a code reaches")
+            if ((value < 0) | (value > 255)).any():
+                _fail(name, "an exception code points outside the byte range")
+            v.reshape(-1)[g] = value
+            off = value - lo + o.astype(np.int32)[t]  # from the row base
+        elif (units_for(used) != units[sel]).any():
+            _fail(name, "a record's length disagrees with its exception count and escapes")
+        _check_padding(rec, sel, used, units, name)
+        levels[:, sel] = _selector_levels(ks, packed, fields, w, o, n, npad[sel], t, off)
+        if sel.size == t_count:
+            vals = v
+        else:
+            vals[sel] = v
+    raw_sel = np.flatnonzero(mode == MODE_RAW)
+    if raw_sel.size:
+        if ((h[raw_sel] >> ORIGIN_SHIFT) & 0xFFFF).any():
+            _fail(name, "a raw record's header carries an origin or a count")
+        if (units[raw_sel] != raw_units(tc)).any():
+            _fail(name, "a raw record's length is not the raw length")
+        _check_padding(rec, raw_sel, np.full(raw_sel.size, HEADER_BYTES + size), units, name)
+        vals[raw_sel] = rec[raw_sel, HEADER_BYTES : HEADER_BYTES + size]
+        if vpos is not None and vals[raw_sel][~vpos[raw_sel // plan.count]].any():
+            _fail(name, "a raw record stores non-zero bytes for padding slots")
+    limits = (npad, bmin, bmax)
+    _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, windows, base_width, name)
+    return vals
+
+
+def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, windows, base_width, name) -> None:
+    """Every selector record has the window the encoder picks and its length; every raw tile has no window
+    strictly shorter than the raw record."""
+    sel = np.flatnonzero(mode != MODE_RAW)
+    if sel.size:
+        every = sel.size == mode.size
+        npad, bmin, bmax = (a if every else a[sel] for a in limits)
+        if not every:
+            levels = levels[:, sel]
+        if npad.any():
+            levels = levels + npad * (np.array(thresholds(windows)) >= 0)[:, None]
+        c = dict(zip(thresholds(windows), levels, strict=True))
+        best, raw, want = pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols)
+        if raw.any() or not (np.array_equal(best, chosen[sel]) and np.array_equal(want, units[sel])):
+            _fail(name, "a tile's record is not the shortest its candidate windows give")
+    raw_sel = np.flatnonzero(mode == MODE_RAW)
+    if raw_sel.size:
+        blk = raw_sel // plan.count
+        one = ClassPlan(start=plan.start, count=1, cols=plan.cols)  # each raw tile with its own block's bases
+        tiles = vals[raw_sel]
+        e = offsets(tiles, base[blk], valid[blk], one)
+        raw = choose_windows(tiles, e, base[blk], valid[blk], one, windows, base_width)[1]
+        if not raw.all():
+            _fail(name, "a tile's record is not the shortest its candidate windows give")

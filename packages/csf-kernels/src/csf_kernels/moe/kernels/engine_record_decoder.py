@@ -1,0 +1,267 @@
+"""The engine's inline scale source: a producer warp that decodes engine records (``docs/csf-format.md`` §6) into
+the scale slots of the GEMM's ring (``docs/moe-engine.md`` §4.3), byte for byte what a native scale panel's TMA
+copy puts there. Traced inline into :class:`~csf_kernels.moe.kernels.engine_gemm.GroupedFp4Gemm`; its torch twin
+is :mod:`csf_kernels.moe.engine_record_panel`.
+
+Per unit (route block, 128-row tile) of expert ``e`` the warp reads row block ``rb = e * tiles_m + tm`` of the
+plane's records:
+
+* the block's record lengths (one byte a record), once, prefix-summed across the warp into absolute 16-byte
+  offsets in shared memory (``block_start[rb]`` plus the exclusive sum): no record's address waits on another;
+* each lane's quad of row bases (``base_ref`` plus the quad's 4 deltas: one u16 of ``base_delta`` for MXFP4's
+  nibbles, one u32 for NVFP4's bytes), packed one byte a slot;
+* per record, in order: one ``cp.async.bulk`` of its ``L`` bytes into a staging slot (``RECORD_SLOTS`` of them:
+  that many records in flight), then lane ``l`` builds slots ``4 l .. 4 l + 3`` (four column bytes each) from the
+  header, its selector bits and the bases; a record with exceptions goes through a slot-order tile in shared
+  memory where the lanes scatter the entries (entry ``i`` on lane ``i % 32``; an escape's byte index is a ballot
+  count) and read their words back; a raw record's words are its bytes.
+
+Then it fills the ring's scale slots in row order: a record is 128 rows x 4 scale columns, so MXFP4 (two columns a
+64-K step) writes two consecutive stages from one decode (the tail record of ``C % 4 = 2`` columns one), NVFP4
+(four columns a step) one. For each stage it waits for the stage to be empty, stores its four rows (rows
+``16 w + q``, ``+ 8``, ``+ 64``, ``+ 72`` of lane ``l = 8 w + q``: a u16 a row for MXFP4, a u32 for NVFP4), zero
+for rows past the expert's (as the TMA's out-of-bounds fill), and every lane arrives on the stage's full barrier
+(whose count the GEMM raises by 32). Blocks of experts outside ``[0, E)`` read no record and write zeros.
+
+Records are trusted: the codec checks them at load (:func:`csf_codec.engine_records.decode_engine_records`).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32, Uint64
+from cutlass._mlir.dialects import llvm
+
+from csf_codec.engine_record_layout import (
+    CODE_SHIFT,
+    COUNT_MASK,
+    COUNT_SHIFT,
+    ESCAPE_CODE,
+    HEADER_BYTES,
+    MODE_RAW,
+    ORIGIN_SHIFT,
+    POSITION_MASK,
+    RECORD_ALIGN,
+    raw_units,
+)
+from csf_codec.tile_layout import TILE_COLS
+from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
+
+__all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
+
+RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
+RECORD_SLOTS = 4  # staging slots: records in flight
+DECODER_ARRIVALS = 32  # a stage's full barrier waits for every lane of the decoder warp
+_BELOW = 4  # codes 0-3 lie below the window (csf_codec.engine_record_layout.BELOW_CODES)
+
+_BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
+
+
+def _bulk_copy(dst: Int32, src: Int64, size: Int32, bar: Int32) -> None:
+    llvm.inline_asm(
+        None,
+        [Int32(dst).ir_value(), Int64(src).ir_value(), Int32(size).ir_value(), Int32(bar).ir_value()],
+        _BULK_G2S,
+        "r,l,r,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+class RecordDecoderWarp:
+    """The decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
+    NVFP4: four), ``stages`` the ring's depth."""
+
+    def __init__(self, nvfp4: bool, stages: int):
+        self.nvfp4 = nvfp4
+        self.stages = stages
+        self.steps_per_record = 1 if nvfp4 else 2
+
+    @cute.jit
+    def run(
+        self, ring, s_s, bars, s_rec, s_tile, s_offs, base_ref, base_delta, block_start, record_units, body,
+        block_expert, units, tiles_m, k_steps, rows, experts,
+    ):  # fmt: skip
+        """The warp's whole life: every unit this CTA walks, in the producers' order."""
+        lane = cute.arch.lane_idx()
+        state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
+        taken = Int32(0)  # records this warp has waited for: the staging ring's position
+        cols = k_steps * (4 if self.nvfp4 else 2)
+        tiles = (cols + TILE_COLS - 1) // TILE_COLS
+        full = cols // TILE_COLS
+        words = cute.make_rmem_tensor((4,), Uint32)
+        u = cute.arch.block_idx()[0]
+        while u < units:
+            b = u // tiles_m
+            tm = u - b * tiles_m
+            e = block_expert[b]
+            tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
+            if e >= 0 and e < experts:
+                rb = e * tiles_m + tm
+                self._offsets(s_offs, block_start, record_units, rb, tiles, lane)
+                bases = self._bases(base_ref, base_delta, rb, lane)
+                for j in cutlass.range(cutlass.min(RECORD_SLOTS, tiles), unroll=1):
+                    self._issue(bars, s_rec, s_offs, body, j, (taken + j) % RECORD_SLOTS, lane)
+                for j in cutlass.range(tiles, unroll=1):
+                    slot = taken % RECORD_SLOTS
+                    cute.arch.mbarrier_wait(bars + slot, (taken // RECORD_SLOTS) % 2)
+                    tc = Int32(TILE_COLS)
+                    if j >= full:
+                        tc = cols - full * TILE_COLS
+                    self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
+                    cute.arch.sync_warp()  # every lane is done with the staging slot
+                    if j + RECORD_SLOTS < tiles:
+                        self._issue(bars, s_rec, s_offs, body, j + RECORD_SLOTS, slot, lane)
+                    taken += 1
+                    steps = Int32(1)
+                    if cutlass.const_expr(not self.nvfp4):
+                        steps = tc // 2
+                    for h in cutlass.range(steps, unroll=1):
+                        self._fill(ring, state, s_s, words, h, tail_rows, lane, Uint32(0xFFFFFFFF))
+                        state.advance()
+            else:
+                for _ in cutlass.range(k_steps, unroll=1):
+                    self._fill(ring, state, s_s, words, 0, tail_rows, lane, Uint32(0))
+                    state.advance()
+            u += cute.arch.grid_dim()[0]
+
+    @cute.jit
+    def _offsets(self, s_offs, block_start, record_units, rb, tiles, lane):
+        """``s_offs[j]``: record ``j``'s offset in ``body`` in 16-byte units (``j = tiles``: the block's end)."""
+        start = Int32(block_start[rb])
+        carry = Int32(0)
+        for c in cutlass.range((tiles + 31) // 32, unroll=1):
+            t = c * 32 + lane
+            n = Int32(0)
+            if t < tiles:
+                n = Int32(record_units[rb, t])
+            incl = n
+            for d in cutlass.range_constexpr(5):
+                v = cute.arch.shuffle_sync_up(incl, 1 << d)
+                if lane >= (1 << d):
+                    incl = incl + v
+            if t < tiles:
+                s_offs[t] = start + carry + incl - n
+            carry = carry + cute.arch.shuffle_sync(incl, 31)
+        if lane == 0:
+            s_offs[tiles] = start + carry
+        cute.arch.sync_warp()
+
+    @cute.jit
+    def _bases(self, base_ref, base_delta, rb, lane):
+        """The row bases of the lane's slots ``4 l .. 4 l + 3``, one byte each (slot ``4 l + i`` in byte ``i``)."""
+        ref = Uint32(base_ref[rb]) * Uint32(0x01010101)
+        bases = Uint32(0)
+        if cutlass.const_expr(self.nvfp4):  # a byte a slot
+            bases = Uint32(cute.recast_tensor(base_delta, cutlass.Uint32)[rb, lane]) + ref
+        else:  # a nibble a slot
+            d = Uint32(cute.recast_tensor(base_delta, cutlass.Uint16)[rb, lane])
+            spread = (d & 0xF) | ((d & 0xF0) << 4) | ((d & 0xF00) << 8) | ((d & 0xF000) << 12)
+            bases = spread + ref
+        return bases
+
+    @cute.jit
+    def _issue(self, bars, s_rec, s_offs, body, j, slot, lane):
+        """Lane 0 starts record ``j``'s copy into staging slot ``slot``."""
+        if lane == 0:
+            start = s_offs[j]
+            size = (s_offs[j + 1] - start) * RECORD_ALIGN
+            bar = bars + slot
+            cute.arch.fence_proxy("async.shared", space="cta")  # the lanes' reads of the slot come first
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, size)
+            src = body.iterator.toint() + Int64(start) * RECORD_ALIGN
+            dst = (s_rec.iterator + slot * RECORD_BYTES).toint()
+            _bulk_copy(dst, src, size, bar.toint())
+
+    @cute.jit
+    def _decode(self, words, s_rec, s_tile, slot, tc, bases, lane):
+        """``words[i]``: the four column bytes of slot ``4 l + i`` (column ``c`` in byte ``c``) of the record in
+        staging slot ``slot``, a tile of ``tc`` columns."""
+        rec32 = cute.recast_tensor(s_rec, cutlass.Uint32)  # (RECORD_BYTES / 4, slots)
+        h = Uint32(rec32[0, slot])
+        mode = Int32(h & 3)
+        if mode == MODE_RAW:  # the tile's native bytes in position order from byte 4
+            if tc == TILE_COLS:
+                for i in cutlass.range_constexpr(4):
+                    words[i] = rec32[1 + 4 * lane + i, slot]
+            else:  # two columns a slot
+                for i in cutlass.range_constexpr(4):
+                    words[i] = (Uint32(rec32[1 + 2 * lane + i // 2, slot]) >> (16 * (i % 2))) & 0xFFFF
+        else:
+            w = Int32(1) << mode
+            origin = Int32((h >> ORIGIN_SHIFT) & 0xFF)
+            origin = origin - ((origin & 0x80) << 1)
+            count = Int32((h >> COUNT_SHIFT) & COUNT_MASK)
+            # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned words
+            at = HEADER_BYTES + ((lane * tc * w) >> 1)
+            sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
+            sel = sel >> Uint64((at & 3) * 8)
+            mask = (Uint32(1) << Uint32(w)) - 1
+            for i in cutlass.range_constexpr(4):
+                group = Uint32(sel >> Uint64(i * tc * w))
+                fields = Uint32(0)
+                for c in cutlass.range_constexpr(4):
+                    fields = fields | (((group >> Uint32(c * w)) & mask) << (8 * c))
+                lo = Int32((bases >> (8 * i)) & 0xFF) + origin  # the window's low end; a field adds to it
+                words[i] = fields + Uint32(lo) * Uint32(0x01010101)
+            if count > 0:
+                self._exceptions(words, s_rec, s_tile, slot, tc, w, count, lane)
+
+    @cute.jit
+    def _exceptions(self, words, s_rec, s_tile, slot, tc, w, count, lane):
+        """Overwrite the record's exceptions: the words go to the slot-order tile, lane ``l`` patches entries
+        ``l + 32 k`` (an exception's field is 0, so its byte holds the window's low end), the words come back."""
+        rec8 = cute.recast_tensor(s_rec, cutlass.Uint8)
+        tile8 = cute.recast_tensor(s_tile, cutlass.Uint8)
+        for i in cutlass.range_constexpr(4):
+            s_tile[4 * lane + i] = words[i]
+        cute.arch.sync_warp()
+        entries = HEADER_BYTES + 16 * tc * w
+        escapes = entries + (3 * count + 1) // 2
+        escaped = Int32(0)
+        for first in cutlass.range(0, count, 32, unroll=1):
+            i = first + lane
+            at = cutlass.min(entries + ((3 * i) >> 1), RECORD_BYTES - 2)  # lanes past the count read in bounds
+            pair = Int32(rec8[at, slot]) | (Int32(rec8[at + 1, slot]) << 8)
+            entry = (pair >> ((i & 1) * 4)) & 0xFFF
+            code = entry >> CODE_SHIFT
+            is_escape = Int32(0)
+            if i < count and code == ESCAPE_CODE:
+                is_escape = Int32(1)
+            ballot = Uint32(cute.arch.vote_ballot_sync(is_escape != 0))
+            rank = Int32(cute.arch.popc(ballot & ((Uint32(1) << Uint32(lane)) - 1)))
+            if i < count:
+                pos = entry & POSITION_MASK
+                s = pos >> (tc >> 1)  # tc is 4 or 2
+                idx = s * 4 + pos - s * tc
+                lo = Int32(tile8[idx])
+                v = lo + w - 1 + code - (_BELOW - 1)  # codes 4-6: 1-3 above the window's high end
+                if code < _BELOW:
+                    v = lo - 1 - code
+                if code == ESCAPE_CODE:
+                    v = Int32(rec8[escapes + escaped + rank, slot])
+                tile8[idx] = cutlass.Uint8(v)
+            escaped = escaped + Int32(cute.arch.popc(ballot))
+        cute.arch.sync_warp()
+        for i in cutlass.range_constexpr(4):
+            words[i] = s_tile[4 * lane + i]
+
+    @cute.jit
+    def _fill(self, ring, state, s_s, words, h, tail_rows, lane, keep):
+        """Stage ``state``'s scale slots from the lane's words (MXFP4: columns ``2 h``, ``2 h + 1``), ``keep``
+        masking them (0: zeros), then the lane's arrival on the stage's full barrier."""
+        ring.sync_object_empty.wait(state.index, state.phase)
+        for i in cutlass.range_constexpr(4):
+            row = 64 * (i // 2) + 16 * (lane // 8) + lane % 8 + 8 * (i % 2)
+            v = words[i] & keep
+            if cutlass.const_expr(i >= 2):
+                if tail_rows:
+                    v = Uint32(0)
+            if cutlass.const_expr(self.nvfp4):
+                s_s[(row, 0, 0, state.index)] = v
+            else:
+                s16 = cute.recast_tensor(s_s, cutlass.Uint16)
+                s16[(row, 0, 0, state.index)] = cutlass.Uint16((v >> (16 * h)) & 0xFFFF)
+        cute.arch.mbarrier_arrive(ring.producer_get_barrier(state))
