@@ -101,6 +101,13 @@ def test_dense_and_combine_checks():
     with pytest.raises(ValueError, match="8 routes' rows"):  # y in block order (slots), not one row a route
         combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E)
     assert combine_launch(y, None, ids, torch.zeros(4, 2), out4, num_experts=E).args[0] is y
+    # W4A8: y in block order, read through each route's slot
+    inverse = torch.zeros(8, dtype=torch.int32)
+    by_slot = combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E, inverse=inverse)
+    assert by_slot.spec.fact["INV"] == 1 and by_slot.args[:2] == (x, inverse)
+    assert combine_launch(y, None, ids, torch.zeros(4, 2), out4, num_experts=E).spec.fact["INV"] == 0
+    with pytest.raises(ValueError, match="inverse must be int32"):
+        combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E, inverse=inverse[:7])
 
 
 def test_routed_calls_pass_their_slots_top_k_and_pdl():

@@ -3,10 +3,11 @@ producer threads fetch and FC2's consumer threads store, empty and out-of-range 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from csf_kernels.moe.engine_rows import (
-    GATHER_THREADS,
+    GATHER_WARPS,
     OUT_CHUNKS,
     ROW_CHUNKS,
     STORE_THREADS,
@@ -35,12 +36,16 @@ def test_gathered_x_is_block_order_with_zero_rows():
     assert not xs[[2, 3, 6, 7]].any()  # sentinel slots: zeros; slots of unused blocks are never fetched
 
 
-def test_threads_copy_every_chunk_of_a_stage_and_a_subtile_once_at_every_tile_size():
+@pytest.mark.parametrize("source", sorted(GATHER_WARPS))
+def test_threads_copy_every_chunk_of_a_stage_and_a_subtile_once_at_every_tile_size(source):
+    threads = 32 * len(GATHER_WARPS[source])  # inline: warps 0, 1 and 3 (warp 2 decodes records)
+    assert GATHER_WARPS[source][0] == 0 and (2 in GATHER_WARPS[source]) == (source == "native")
     for tile_n in (16, 32, 64, 128, 256):
-        got = sorted(rc for t in range(GATHER_THREADS) for rc in gather_chunks(tile_n, t))
+        got = sorted(rc for t in range(threads) for rc in gather_chunks(tile_n, t, threads))
         assert got == [(i, c) for i in range(tile_n) for c in range(ROW_CHUNKS)]  # each row's 128 bytes, once
-        warp = [rc for t in range(32) for rc in gather_chunks(tile_n, t)[:1]]
-        assert sorted({i for i, _ in warp}) == [0, 1, 2, 3] and len(set(warp)) == 32  # four whole rows a warp
+        for w in range(threads // 32):  # each gathering warp: four whole rows an instruction
+            warp = [rc for t in range(32 * w, 32 * w + 32) for rc in gather_chunks(tile_n, t, threads)[:1]]
+            assert sorted({i for i, _ in warp}) == [4 * w + r for r in range(4)] and len(set(warp)) == 32
         stored = sorted(nc for t in range(STORE_THREADS) for nc in scatter_chunks(tile_n, t))
         assert stored == [(n, c) for n in range(epi_routes(tile_n)) for c in range(OUT_CHUNKS)]
         assert tile_n % epi_routes(tile_n) == 0
