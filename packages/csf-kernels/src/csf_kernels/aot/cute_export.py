@@ -293,30 +293,33 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native") -> str:
+def engine_gemm_name(
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
+) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
         + (f"_act{int(act)}" if act else "")
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
         + ("" if scales == "native" else f"_{scales}")
+        + ("" if io == "dense" else f"_{io}")
     )
 
 
 def engine_gemm_program(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native"
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
-    (inline)."""
+    (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)  # validates
+    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)  # validates
     inline = scales == "inline"
 
     def factory():
-        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)
+        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)
         return gemm.call_inline if inline else gemm
 
     if inline:  # the plane's engine records (csf_codec.engine_records), starts in 16-byte units
@@ -332,20 +335,21 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
             *scales_args,
-            ("x", "bfloat16", ("NX", "K")),
-            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("x", "bfloat16", ("NX", "K")),  # NX: slots, or tokens where FC1 gathers
+            ("out", "bfloat16", ("NO", "RO")),  # NO: slots, or routes where FC2 scatters; RO: R, or R / 2 (activated)
             ("bias", "float32", ("EB", "RBI")),
             ("gscale", "float32", ("EG",)),
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
+            ("sorted_ids", "int32", ("NS",)),
         ),
-        scalars=("ctas",),
+        scalars=("ctas", "top_k", "pdl"),
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
@@ -357,6 +361,7 @@ def engine_gemm_program(
             ("bias", int(bias)),
             ("fmt", fmt),
             ("scales", scales),
+            ("io", io),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )
