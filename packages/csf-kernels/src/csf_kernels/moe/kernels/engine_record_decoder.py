@@ -237,7 +237,7 @@ class RecordDecoderWarp:
                 s = pos >> (tc >> 1)  # tc is 4 or 2
                 idx = s * 4 + pos - s * tc
                 lo = Int32(tile8[idx])
-                v = lo + w - 1 + code - (_BELOW - 1)  # codes 4-6: 1-3 above the window's high end
+                v = lo + (Int32(1) << w) - 1 + code - (_BELOW - 1)  # codes 4-6: 1-3 above hi = lo + 2^w - 1
                 if code < _BELOW:
                     v = lo - 1 - code
                 if code == ESCAPE_CODE:
