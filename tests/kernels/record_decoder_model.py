@@ -1,7 +1,7 @@
 """A lane-by-lane CPU model of the inline decoder warp (``moe/kernels/engine_record_decoder.py``): the same reads of
 the same words of a staging slot (stale bytes past the record included), the same u32 arithmetic and the same lane
-formulas (:mod:`csf_kernels.moe.engine_record_lanes`, shared with the program), the ballot as a list of flags. It
-checks the program's decoding algorithm against the torch twin on the CPU; the GPU probe
+formulas (:mod:`csf_kernels.moe.kernels.engine_record_lanes`, shared with the program), the ballot as a list of
+flags. It checks the program's decoding algorithm against the torch twin on the CPU; the GPU probe
 (``tests/moe/test_engine_inline_probe_gpu.py``) checks the program itself."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from csf_codec.engine_record_layout import (
 )
 from csf_codec.engine_records import EngineRecords
 from csf_codec.tile_layout import TILE_COLS
-from csf_kernels.moe.engine_record_lanes import (
+from csf_kernels.moe.kernels.engine_record_lanes import (
     above_value,
     below_value,
     entries_byte,

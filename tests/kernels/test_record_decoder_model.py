@@ -13,8 +13,8 @@ import torch
 from csf_codec.engine_records import encode_engine_records
 from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
 from csf_codec.tile_layout import TILE_ROWS, InlineGeometry
-from csf_kernels.moe.engine_record_lanes import slot_row
 from csf_kernels.moe.engine_record_panel import record_tile
+from csf_kernels.moe.kernels.engine_record_lanes import slot_row
 
 from .record_decoder_model import RECORD_BYTES, decode_block
 from .test_engine_record_panel import CATALOG_PLANES, PLANES, _catalog_plane

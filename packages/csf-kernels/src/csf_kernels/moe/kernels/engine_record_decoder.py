@@ -46,7 +46,8 @@ from csf_codec.engine_record_layout import (
     raw_units,
 )
 from csf_codec.tile_layout import TILE_COLS
-from csf_kernels.moe.engine_record_lanes import (
+from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
+from csf_kernels.moe.kernels.engine_record_lanes import (
     above_value,
     below_value,
     entries_byte,
@@ -58,7 +59,6 @@ from csf_kernels.moe.engine_record_lanes import (
     spread_nibbles,
     tile_byte,
 )
-from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
 
 __all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
 

@@ -2,6 +2,7 @@
 where a lane reads its quad's selectors and an entry, where an entry lands in the slot-order tile, what value a code
 gives, which row a slot fills. Operators only, no branches on values, so one definition serves the CuTe program
 (CuTe DSL integers) and its lane-by-lane model on the CPU (Python integers, ``tests/kernels/record_decoder_model.py``).
+It imports no CuTe, and lives under ``kernels/`` so the AOT cache key (``runtime.toolchain.sources_hash``) covers it.
 """
 
 from __future__ import annotations
