@@ -30,8 +30,22 @@ _SOURCE_GLOBS = (
     "aot/cute_export.py",
     "mla/layout.py",
     "moe/fp4_words.py",
+    # the engine programs read these layouts and tile constants while they are traced
+    "moe/engine_panels.py",
+    "moe/engine_rows.py",
+    "moe/engine_specs.py",
+    "moe/w4a8_specs.py",
+    "moe/w4a8_panels.py",
 )
-_CODEC_FORMAT_MODULES = ("inline.py", "tile_layout.py", "compact.py", "bitfields.py", "container.py")
+_CODEC_FORMAT_MODULES = (
+    "inline.py",
+    "tile_layout.py",
+    "compact.py",
+    "bitfields.py",
+    "container.py",
+    "record_layout.py",
+    "engine_record_layout.py",
+)
 
 
 @lru_cache(maxsize=1)
