@@ -9,9 +9,11 @@ from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
+    ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
+    engine_schedule,
     engine_serves,
     engine_specs,
     engine_tile_n,
@@ -164,18 +166,50 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records
-        assert sorted((s.fact["TN"], s.fact.get("SRC", "native")) for s in fc1) == sorted(
-            (t, src) for t in ENGINE_TILE_N for src in ("native", "inline")
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
+        assert sorted((s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice")) for s in fc1) == sorted(
+            (t, src, sched)
+            for t in ENGINE_TILE_N
+            for src in ("native", "inline")
+            for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
     plain = engine_specs()
-    assert {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native")) for s in plain} == {
-        (f, t, src) for f in ("mxfp4", "nvfp4") for t in ENGINE_TILE_N for src in ("native", "inline")
-    }
+    assert sorted((s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice"))
+                  for s in plain) == sorted(
+        (f, t, src, sched)
+        for f in ("mxfp4", "nvfp4")
+        for t in ENGINE_TILE_N
+        for src in ("native", "inline")
+        for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
+    )  # fmt: skip
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
-    # native programs keep the identity they had before the inline source existed
+    # native programs keep the identity they had before the inline source existed, slice ones theirs from before
+    # the stage schedule
     assert "SRC" not in engine_gemm_spec(16).fact and engine_gemm_spec(16, scales="inline").fact["SRC"] == "inline"
+    assert "SCHED" not in engine_gemm_spec(16, schedule="slice").fact
+
+
+def test_schedules_default_by_block_size_and_fall_back_where_not_built():
+    """``stage`` serves the decode block sizes by default; a wanted schedule the cache lacks for a size falls back
+    to the size's default; an unknown one is refused."""
+    assert [engine_schedule(t) for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "slice", "slice"]
+    assert engine_schedule(16, "slice") == "slice" and engine_schedule(128, "stage") == "slice"
+    assert engine_gemm_spec(32).fact["SCHED"] == "stage" and "SCHED" not in engine_gemm_spec(128).fact
+    with pytest.raises(ValueError, match="schedules"):
+        engine_schedule(16, "deep")
+    with pytest.raises(ValueError, match="schedules"):
+        engine_gemm_spec(16, schedule="deep")
+    w, s, x, out, be, meta = _operands()
+    slice_ = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, schedule="slice")
+    stage = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16)
+    assert slice_.spec == engine_gemm_spec(16, schedule="slice") and stage.spec.fact["SCHED"] == "stage"
+    # the same arguments: only the program differs
+    same = [(a.data_ptr(), a.shape) if torch.is_tensor(a) else a for a in slice_.args]
+    assert same == [(a.data_ptr(), a.shape) if torch.is_tensor(a) else a for a in stage.args]
+    assert slice_.grid == stage.grid
+    big = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, schedule="stage")
+    assert big.spec == engine_gemm_spec(128, schedule="slice")
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])

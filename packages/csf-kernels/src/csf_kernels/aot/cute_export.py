@@ -293,30 +293,35 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
     )
 
 
-def engine_gemm_name(tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native") -> str:
+def engine_gemm_name(
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", schedule: str = "slice"
+) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
         + (f"_act{int(act)}" if act else "")
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
         + ("" if scales == "native" else f"_{scales}")
+        + ("" if schedule == "slice" else f"_{schedule}")
     )
 
 
 def engine_gemm_program(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native"
+    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", schedule: str = "slice"
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
-    (inline)."""
+    (inline), its consumers' wgmmas issued a K slice or a stage at a time (``schedule``,
+    ``moe/kernels/engine_mainloop.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)  # validates
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, schedule=schedule)
+    kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
     def factory():
-        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales)
+        gemm = GroupedFp4Gemm(tile_n, **options)
         return gemm.call_inline if inline else gemm
 
     if inline:  # the plane's engine records (csf_codec.engine_records), starts in 16-byte units
@@ -332,7 +337,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, schedule),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -357,6 +362,8 @@ def engine_gemm_program(
             ("bias", int(bias)),
             ("fmt", fmt),
             ("scales", scales),
+            ("schedule", schedule),
+            ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

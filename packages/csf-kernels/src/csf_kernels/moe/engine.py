@@ -15,6 +15,7 @@ from csf_kernels.moe.engine_specs import (
     engine_combine_spec,
     engine_gather_spec,
     engine_gemm_spec,
+    engine_schedule,
 )
 from csf_kernels.runtime.device import num_sms
 
@@ -34,6 +35,7 @@ def grouped_fp4_gemm_launch(
     bias: torch.Tensor | None = None,
     fmt: str = "mxfp4",
     global_scale: torch.Tensor | None = None,
+    schedule: str | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -47,7 +49,11 @@ def grouped_fp4_gemm_launch(
     fc1_engine_rows`), the bias too.
 
     ``s_panel`` may instead be the plane's :class:`~csf_kernels.moe.engine_inline.InlineScales` (engine records of
-    the same rows): the inline program decodes them into the same scale slots, so the output is the same bits."""
+    the same rows): the inline program decodes them into the same scale slots, so the output is the same bits.
+
+    ``schedule``: the consumers' wgmma schedule (:data:`~csf_kernels.moe.engine_specs.ENGINE_SCHEDULES`), where the
+    cache holds it for ``tile_n``, else the size's default (:func:`~csf_kernels.moe.engine_specs.engine_schedule`):
+    the same output bits either way."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
     per_step = panel_scales(fmt).per_step
@@ -86,7 +92,8 @@ def grouped_fp4_gemm_launch(
                          f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, "inline" if inline else "native")
+    source = "inline" if inline else "native"
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, engine_schedule(tile_n, schedule))
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
