@@ -18,7 +18,7 @@ from csf_kernels.moe.engine_specs import (
     engine_specs,
     engine_tile_n,
 )
-from csf_moe.engine_layer import engine_weights
+from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import QuantizedExperts
 
 E, R, K, NX = 2, 128, 128, 64
@@ -262,3 +262,22 @@ def test_inline_sources_refuse_what_the_program_cannot_read():
         grouped_fp4_gemm_launch(w.w13, other, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
     launch = grouped_fp4_gemm_launch(w.w13, w.s13, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
     assert launch.spec.fact["SRC"] == "inline" and launch.args[1:6] == w.s13.tensors()
+
+
+def test_the_layer_passes_its_schedule_to_the_fp4_gemms():
+    """EngineMoE(schedule=...) picks each FP4 GEMM's program (falling back where the size lacks it) and refuses an
+    unknown schedule or one for W4A8 weights (their GEMM has its own)."""
+    w = engine_weights(_experts("mxfp4", 128, 128), "silu", fused=False)
+    x = torch.zeros(NX, 128, dtype=torch.bfloat16)
+    out = torch.zeros(NX, 128, dtype=torch.bfloat16)
+    be, meta = torch.zeros(NX // 16, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    for schedule, bm, want in (
+        ("slice", 16, "slice"),
+        ("stage", 16, "stage"),
+        (None, 32, "stage"),
+        ("stage", 128, "slice"),
+    ):
+        launch = EngineMoE(w, 2, schedule=schedule)._gemm("13", {"x": x}, out, be, meta, bm)
+        assert launch.spec == engine_gemm_spec(bm, schedule=want), (schedule, bm)
+    with pytest.raises(ValueError, match="schedule 'deep'"):
+        EngineMoE(w, 2, schedule="deep")

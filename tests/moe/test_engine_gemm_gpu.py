@@ -16,7 +16,7 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_STAGE_TILE_N, ENGINE_TILE_N
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -252,3 +252,68 @@ def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, 
         tol = want.abs() * 2.0**-7 + 1e-2 * (x[rows].float().abs() @ w[e].float().abs().T).max(dim=1).values[:, None]
         assert torch.isfinite(out[rows].float()).all(), f"block {b}: unwritten outputs"
         assert (err <= tol).all(), f"block {b}: max error {err.max().item():.3e}"
+
+
+def _grouped(w_panel, s_panel, x, rows, block_expert, meta, tile_n, fmt, gscale, schedule, **epilogue):
+    """One frozen grouped launch of ``schedule`` into a NaN-poisoned output."""
+    cols = rows // 2 if epilogue.get("activation") else rows
+    out = torch.full((x.shape[0], cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    runtime.freeze()
+    try:
+        launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n, fmt=fmt,
+                                         global_scale=gscale, schedule=schedule, **epilogue)  # fmt: skip
+        assert launch.spec.fact.get("SCHED", "slice") == schedule
+        bound = launch.bind(f"engine {schedule} schedule test")
+    finally:
+        runtime.unfreeze()
+    bound()
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+@pytest.mark.parametrize("k", [64, 256, 448, 2880], ids=lambda k: f"k{k}")
+def test_stage_schedule_gives_the_slice_schedules_bits(k, tile_n, fmt):
+    """The stage schedule issues the same wgmmas in the same K order as the slice one: the same bits, at K step
+    counts with no group (1 step), groups only (4), groups and a remainder (7, 45), over more units than SMs (each
+    CTA walks several, the ring's phases wrapping across units), invalid blocks included."""
+    experts, rows, blocks = 3, 1152, 48  # 9 row tiles x 48 blocks: 432 units
+    packed, scales, gscale, w = _random_experts(experts, rows, k, SEED + k + tile_n, fmt)
+    w_panel, s_panel = _panels(packed, scales, fmt)
+    g = torch.Generator().manual_seed(SEED + 11)
+    x = (torch.randn(blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    ids = torch.randint(-1, experts + 1, (blocks,), generator=g, dtype=torch.int32)  # -1 and E: inert
+    block_expert, meta = ids.cuda(), torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    args = (w_panel, s_panel, x, rows, block_expert, meta, tile_n, fmt, gscale)
+    slice_, stage = _grouped(*args, "slice"), _grouped(*args, "stage")
+    assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
+    for b in (0, blocks // 2, blocks - 1):  # and they are right, not merely equal
+        e = int(ids[b])
+        rows_b = slice(b * tile_n, (b + 1) * tile_n)
+        if 0 <= e < experts:
+            _check(stage[rows_b], x[rows_b], w[e])
+        else:
+            assert torch.equal(stage[rows_b].float(), torch.zeros_like(stage[rows_b].float()))
+
+
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+def test_stage_schedule_fused_fc1_gives_the_slice_schedules_bits(tile_n):
+    """gpt-oss's FC1 (clamped SwiGLU and bias in the epilogue, the catalog's fused program): the same bits under
+    both schedules."""
+    from csf_kernels.moe.engine_panels import fc1_engine_rows
+
+    experts, inter, k, blocks = 4, 1440, 2880, 24
+    packed, scales, _, _ = _random_experts(experts, 2 * inter, k, SEED + 5 + tile_n)
+    perm = fc1_engine_rows(inter, interleaved=True)
+    w_panel, s_panel = _panels(packed[:, perm], scales[:, perm])
+    g = torch.Generator().manual_seed(SEED + 13)
+    bias = (torch.randn(experts, 2 * inter, generator=g) * 0.5)[:, perm].contiguous().cuda()
+    x = torch.randn(blocks * tile_n, k, generator=g).to(torch.bfloat16).cuda()
+    block_expert = torch.randint(0, experts, (blocks,), generator=g, dtype=torch.int32).cuda()
+    meta = torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    args = (w_panel, s_panel, x, 2 * inter, block_expert, meta, tile_n, "mxfp4", None)
+    fused = dict(activation="swiglu_oai", bias=bias)
+    slice_, stage = _grouped(*args, "slice", **fused), _grouped(*args, "stage", **fused)
+    assert torch.isfinite(stage.float()).all(), "unwritten outputs"
+    assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
