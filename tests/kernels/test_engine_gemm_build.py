@@ -1,8 +1,11 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
 wgmmas pipelined as its schedule says (ptxas serializes wgmma when it cannot prove the A-register conversions safe;
-the SASS then waits for zero wgmmas after each one), MXFP4 and NVFP4 alike; NVFP4 programs convert E4M3 factors and
-multiply by the global scale, MXFP4 programs do neither. Inline-scale programs add producer warp 2's record decoder
-(bulk copies, a warp ballot) within the producers' 40 registers and leave the consumers' SASS facts as they were."""
+the SASS then waits for zero wgmmas after each one), MXFP4 and NVFP4 alike, in every row mode and of both scale
+sources; NVFP4 programs convert E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every
+program waits for its predecessor and lets its successor launch once (PDL); FC1's gathering producer copies its rows
+by 16-byte ``cp.async`` (no activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA
+store). Inline-scale programs add producer warp 2's record decoder (bulk copies, a warp ballot) within the producers'
+40 registers, their gather by the other three producer warps, and leave the consumers' SASS facts as they were."""
 
 from __future__ import annotations
 
@@ -15,20 +18,27 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the engine cannot be compiled here")
 
 from csf_kernels.aot import cute_export as export
+from csf_kernels.moe.engine_rows import GATHER_WARPS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-# (routes a block, fused activation, bias) of each format
-_MXFP4 = [(16, 0, False), (32, 0, False), (64, 0, False), (128, 0, False), (256, 0, False), (16, 2, True),
-          (128, 1, False), (256, 2, True)]  # fmt: skip
-_NVFP4 = [(16, 0, False), (256, 0, False), (128, 1, False), (256, 2, True)]
-_INLINE = [(16, 0, False, "mxfp4"), (256, 0, False, "mxfp4"), (256, 2, True, "mxfp4"), (16, 0, False, "nvfp4"),
-           (128, 1, False, "nvfp4")]  # fmt: skip
-# the stage schedule at the decode block sizes (where the catalog holds it), plain, fused, inline and NVFP4
-_STAGE = [(16, 0, False, "mxfp4", "native"), (32, 0, False, "mxfp4", "native"), (64, 0, False, "mxfp4", "native"),
-          (16, 2, True, "mxfp4", "native"), (64, 2, True, "mxfp4", "inline"), (32, 1, False, "nvfp4", "native"),
-          (16, 0, False, "nvfp4", "inline")]  # fmt: skip
+# (routes a block, fused activation, bias, row mode) of each format and scale source
+_MXFP4 = [(16, 0, False, "dense"), (32, 0, False, "dense"), (64, 0, False, "dense"), (128, 0, False, "dense"),
+          (256, 0, False, "dense"), (16, 2, True, "gather"), (128, 1, False, "gather"), (256, 2, True, "gather"),
+          (256, 0, False, "gather"), (16, 0, False, "scatter"), (64, 0, False, "scatter"),
+          (256, 0, False, "scatter")]  # fmt: skip
+_NVFP4 = [(16, 0, False, "dense"), (256, 0, False, "dense"), (128, 1, False, "gather"), (256, 2, True, "gather"),
+          (32, 0, False, "scatter")]  # fmt: skip
+_INLINE = [(16, 0, False, "dense", "mxfp4"), (16, 2, True, "gather", "mxfp4"), (256, 2, True, "gather", "mxfp4"),
+           (256, 0, False, "scatter", "mxfp4"), (16, 0, False, "dense", "nvfp4"), (128, 1, False, "gather", "nvfp4"),
+           (32, 0, False, "scatter", "nvfp4")]  # fmt: skip
+# the stage schedule at the decode block sizes (where the catalog holds it): each row mode, plain, fused (FC1
+# gathers), inline and NVFP4
+_STAGE = [(16, 0, False, "dense", "mxfp4", "native"), (32, 0, False, "scatter", "mxfp4", "native"),
+          (64, 0, False, "gather", "mxfp4", "native"), (16, 2, True, "gather", "mxfp4", "native"),
+          (64, 2, True, "gather", "mxfp4", "inline"), (32, 1, False, "gather", "nvfp4", "native"),
+          (16, 0, False, "dense", "nvfp4", "inline")]  # fmt: skip
 VARIANTS = (
     [(*v, "mxfp4", "native", "slice") for v in _MXFP4]
     + [(*v, "nvfp4", "native", "slice") for v in _NVFP4]
@@ -38,7 +48,7 @@ VARIANTS = (
 
 
 def _variant_id(v) -> str:
-    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}"
+    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}-{v[6]}"
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
@@ -47,9 +57,10 @@ def built(request, tmp_path_factory):
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, fmt, scales, schedule = request.param
+    tile_n, act, bias, io, fmt, scales, schedule = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    meta = export.build_cute_program(export.engine_gemm_program(tile_n, act, bias, fmt, scales, schedule), out)
+    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, schedule=schedule)
+    meta = export.build_cute_program(program, out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
@@ -157,7 +168,10 @@ def test_metadata(built):
         "gscale",
         "block_expert",
         "meta",
+        "sorted_ids",
         "ctas",
+        "top_k",
+        "pdl",
         "stream",
     ]
     if meta["scales"] == "native":
@@ -167,3 +181,27 @@ def test_metadata(built):
         starts = next(a for a in meta["args"] if a["name"] == "block_start")
         assert starts["dtype"] == "int32"  # 16-byte units
     assert Path(meta["paths"]["so"]).stat().st_size > 0
+
+
+def test_dependent_launch(built):
+    _, _, sass = built
+    # griddepcontrol.wait once, before the first global read; launch_dependents once, right after it
+    assert sass.count("ACQBULK") == 1 and sass.count("PREEXIT") == 1
+
+
+def test_routed_rows(built):
+    tile_n, meta, sass = built
+    io, scales = meta["io"], meta["scales"]
+    # weights and (native) scales by TMA; the activations as one TMA tile, or gathered: each gathering thread
+    # 16-byte cp.asyncs (unrolled, once in warp 0's loop and once in the other gathering warps'), then one arrival
+    facts = meta["sass"]["opcodes"]
+    assert sass.count("UTMALDG") == (scales == "native") + 1 + (io != "gather")
+    copies = -(-tile_n // (32 * len(GATHER_WARPS[scales]) // ROW_CHUNKS))
+    assert facts.get("LDGSTS", 0) == (2 * copies if io == "gather" else 0)
+    assert meta["sass"]["ldgsts_forms"] == (["LDGSTS.E.BYPASS.128"] if io == "gather" else [])
+    if io == "scatter":  # no TMA store: 16-byte vector stores, per subtile one a pass of the consumers
+        passes = -(-epi_routes(tile_n) // (STORE_THREADS // OUT_CHUNKS))
+        assert sass.count("UTMASTG") == 0 and facts.get("STG", 0) == (tile_n // epi_routes(tile_n)) * passes
+        assert sass.count("STG.E.128") == facts["STG"]
+    if meta["act"]:  # the activated epilogue stores by plain global stores
+        assert sass.count("UTMASTG") == 0

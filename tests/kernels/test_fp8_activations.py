@@ -24,7 +24,7 @@ def _rows(seed: int, t: int = 24, k: int = 256) -> torch.Tensor:
     """bf16 rows of mixed magnitudes: gaussian, heavy-tailed, tiny, one zero row and one zero 32-block."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, k, generator=g)
-    x[1] = torch.distributions.StudentT(2.0).sample((k,)) * 30
+    x[1] = torch.randn(k, generator=g) ** 3 * 30  # heavy-tailed, from the seeded generator
     x[2] *= 2.0**-20
     x[3] = 0
     x[4, 32:64] = 0
@@ -101,7 +101,8 @@ def test_dequantized_rows_are_close(convention):
     assert int(normal.sum()) > 0.8 * x.numel()
     rel = ((back - x).abs() / x.abs())[normal]
     assert rel.max().item() <= 2.0**-4 * (1 + 2.0**-20)  # half an E4M3 ulp (3 mantissa bits)
-    over = x.abs() > 448 * unit  # MXFP8 only: a block's top binade above 448 saturates
+    # MXFP8 only: a block's top binade above 448 saturates; per-token's amax / 448 may round a float32 ulp low
+    over = x.abs() > 448 * unit * (1 + (2.0**-22 if convention == "per_token" else 0))
     assert (convention == "mxfp8") == bool(over.any())
     assert torch.equal(back[over].abs(), 448 * unit[over])
     low = x.abs() < 2.0**-6 * unit

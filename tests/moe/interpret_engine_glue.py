@@ -1,6 +1,10 @@
-"""The engine layer's passes around its GEMMs in Triton's CPU interpreter (a subprocess entry point): align, gather,
-activation and combine, with torch standing in for the two grouped GEMMs (bf16 outputs in block order), against a
-per-token torch model of the same roundings; padding route ids contribute nothing.
+"""The engine layer's passes around its GEMMs in Triton's CPU interpreter (a subprocess entry point): align,
+activation and combine, with torch standing in for the two grouped GEMMs (FC1 fed by the twin of its producer's
+gather, :mod:`csf_kernels.moe.engine_rows`; FC2 stored by the twin of its scattering epilogue into ``[pairs, H]``),
+against a per-token torch model of the same roundings. The alignment's slots are checked as the GEMMs rely on them:
+every route of an expert in ``[0, E)`` in exactly one slot of a block of its expert, each 16-byte chunk of its row
+fetched by exactly one producer thread each K step and stored exactly once; empty slots fetch zeros and store
+nothing; ids outside ``[0, E)`` contribute nothing.
 
 Usage: python -m tests.moe.interpret_engine_glue SEED -> prints "ok <cases>" or exits non-zero.
 """
@@ -11,8 +15,17 @@ import sys
 
 import torch
 
-from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch
-from csf_kernels.moe.engine_specs import engine_tile_n
+from csf_kernels.moe.engine import act_launch, combine_launch
+from csf_kernels.moe.engine_rows import (
+    GATHER_THREADS,
+    ROW_CHUNKS,
+    gather_chunks,
+    gathered_x,
+    scattered_rows,
+    slot_tokens,
+    unit_walk,
+)
+from csf_kernels.moe.engine_specs import ENGINE_TILE_M, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_moe.reference import activation
@@ -45,10 +58,9 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
     }
     for launch in align_launches(ids, num_experts=experts, bm=bm, **s):
         run_launch(launch)
-    xs = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
-    inverse = torch.full((pairs,), poison, **i32)
-    run_launch(gather_launch(x, s["sorted_ids"], s["meta"], xs, inverse, top_k=top_k, bm=bm))
     used = int(s["meta"][0])
+    _check_slots(ids, s, used, bm, top_k, experts, hidden)
+    xs = gathered_x(x, s["sorted_ids"], used, bm, top_k)  # what FC1's stages hold
     h = torch.full((blocks * bm, 2 * inter), float("nan"), dtype=torch.bfloat16)
     for b in range(used):  # the FC1 GEMM's stand-in: bf16 rows in block order
         e = int(s["block_expert"][b])
@@ -56,13 +68,24 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
         h[rows] = (xs[rows].float() @ w13[e].float().T).to(torch.bfloat16)
     a = torch.full((blocks * bm, inter), float("nan"), dtype=torch.bfloat16)
     run_launch(act_launch(h, s["block_expert"], s["meta"], b13, a, num_experts=experts, bm=bm, activation=act))
-    y = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
+    y_slots = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
     for b in range(used):
         e = int(s["block_expert"][b])
         rows = slice(b * bm, (b + 1) * bm)
-        y[rows] = (a[rows].float() @ w2[e].float().T).to(torch.bfloat16)
+        y_slots[rows] = (a[rows].float() @ w2[e].float().T).to(torch.bfloat16)
+    y = torch.full((pairs, hidden), float("nan"), dtype=torch.bfloat16)  # rows of dropped routes stay NaN
+    stores = scattered_rows(y_slots, s["sorted_ids"], used, bm, y)
+    live = ((ids >= 0) & (ids < experts)).reshape(-1)
+    assert torch.equal(stores, live.to(torch.int64)), "FC2 stores each live route's row once, nothing else"
     out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16)
-    run_launch(combine_launch(y, inverse, b2, ids, wts, out, num_experts=experts))
+    run_launch(combine_launch(y, b2, ids, wts, out, num_experts=experts))
+    # W4A8's form: FC2's rows left in block order, each route found through its slot (dropped routes: never read)
+    inverse = torch.full((pairs,), -(1 << 30), dtype=torch.int32)
+    held = (s["sorted_ids"][: used * bm] >= 0) & (s["sorted_ids"][: used * bm] < pairs)
+    inverse[s["sorted_ids"][: used * bm][held].long()] = held.nonzero().flatten().to(torch.int32)
+    by_slot = torch.full_like(out, float("nan"))
+    run_launch(combine_launch(y_slots, b2, ids, wts, by_slot, num_experts=experts, inverse=inverse))
+    assert torch.equal(by_slot, out), "the combine through each route's slot equals the one over routes"
 
     want = torch.zeros(tokens, hidden)
     for t in range(tokens):
@@ -81,6 +104,26 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
     err = (out.float() - want).abs().max().item()
     scale = want.abs().max().item()
     assert err <= 1e-2 * scale + 1e-3, (tokens, experts, act, bias, err, scale)
+
+
+def _check_slots(ids, s, used, bm, top_k, experts, hidden) -> None:
+    """The alignment's slots as the gathering FC1 and the scattering FC2 read them."""
+    tokens, pairs = ids.shape[0], ids.numel()
+    slots = s["sorted_ids"][: used * bm]
+    routes = slots[(slots >= 0) & (slots < pairs)]
+    live = ((ids >= 0) & (ids < experts)).reshape(-1).nonzero().flatten()
+    assert torch.equal(routes.sort().values, live.to(torch.int32)), "each live route in exactly one slot"
+    experts_of = s["block_expert"][:used].repeat_interleave(bm)
+    held = (slots >= 0) & (slots < pairs)
+    assert torch.equal(experts_of[held], ids.reshape(-1)[slots[held].long()].to(torch.int32)), "slots of its expert"
+    token = slot_tokens(slots, top_k, tokens)
+    assert torch.equal(token[~held], torch.full_like(token[~held], tokens)), "empty slots fetch the zero row"
+    assert torch.equal(token[held], slots[held].long() // top_k)
+    chunks = sorted(rc for t in range(GATHER_THREADS) for rc in gather_chunks(bm, t))  # each K step, each once
+    assert chunks == [(i, c) for i in range(bm) for c in range(ROW_CHUNKS)]
+    tiles_m = -(-hidden // ENGINE_TILE_M)
+    walked = sorted(u for cta in unit_walk(used, tiles_m, ctas=7) for u in cta)
+    assert walked == [(b, t) for b in range(used) for t in range(tiles_m)], "every unit once"
 
 
 def main(seed: int) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
+    ENGINE_IO,
     ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
     engine_gemm_spec,
@@ -90,17 +92,66 @@ def test_bad_grouped_calls_are_refused(change, error):
                                 tile_n=args["tile_n"], **extra)  # fmt: skip
 
 
-def test_dense_and_glue_checks():
+def test_dense_and_combine_checks():
     w, s, x, out, _, _ = _operands()
     assert dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=128).spec.fact["TN"] == 128
-    sorted_ids = torch.zeros(NX, dtype=torch.int32)
-    meta = torch.zeros(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="gather"):
-        gather_launch(x, sorted_ids, meta, x, torch.zeros(7, dtype=torch.int32), top_k=2, bm=16)
     ids = torch.zeros(4, 2, dtype=torch.int32)
+    y = torch.zeros(8, K, dtype=torch.bfloat16)
+    out4 = torch.zeros(4, K, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
-        combine_launch(x, torch.zeros(8, dtype=torch.int32), None, ids, torch.zeros(4, 2, dtype=torch.bfloat16),
-                       torch.zeros(4, K, dtype=torch.bfloat16), num_experts=E)  # fmt: skip
+        combine_launch(y, None, ids, torch.zeros(4, 2, dtype=torch.bfloat16), out4, num_experts=E)
+    with pytest.raises(ValueError, match="8 routes' rows"):  # y in block order (slots), not one row a route
+        combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E)
+    assert combine_launch(y, None, ids, torch.zeros(4, 2), out4, num_experts=E).args[0] is y
+    # W4A8: y in block order, read through each route's slot
+    inverse = torch.zeros(8, dtype=torch.int32)
+    by_slot = combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E, inverse=inverse)
+    assert by_slot.spec.fact["INV"] == 1 and by_slot.args[:2] == (x, inverse)
+    assert combine_launch(y, None, ids, torch.zeros(4, 2), out4, num_experts=E).spec.fact["INV"] == 0
+    with pytest.raises(ValueError, match="inverse must be int32"):
+        combine_launch(x, None, ids, torch.zeros(4, 2), out4, num_experts=E, inverse=inverse[:7])
+
+
+def test_routed_calls_pass_their_slots_top_k_and_pdl():
+    w, s, x, out, be, meta = _operands()
+    tokens, top_k = 16, 4
+    ids = torch.zeros(NX, dtype=torch.int32)  # NX slots
+    fc1 = grouped_fp4_gemm_launch(w, s, x[:tokens], out, be, meta, tile_n=16, io="gather", sorted_ids=ids,
+                                  top_k=top_k)  # fmt: skip
+    assert fc1.spec == engine_gemm_spec(16, io="gather") and fc1.args[8] is ids and fc1.args[10:] == (top_k, 1)
+    y = torch.zeros(tokens * top_k + 3, R, dtype=torch.bfloat16)  # pairs rows: any count
+    fc2 = grouped_fp4_gemm_launch(w, s, x, y, be, meta, tile_n=16, io="scatter", sorted_ids=ids)
+    assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y
+    runtime.set_pdl(False)
+    try:
+        assert grouped_fp4_gemm_launch(*_operands(), tile_n=16).args[-1] == 0
+    finally:
+        runtime.set_pdl(True)
+    dense = grouped_fp4_gemm_launch(*_operands(), tile_n=16)
+    assert dense.args[-1] == 1 and dense.args[8] is dense.args[6]  # sorted_ids unread: block_expert stands in
+
+
+@pytest.mark.parametrize(
+    "io, change, error",
+    [
+        ("sideways", {}, "io must be one of"),
+        ("gather", dict(ids=None), "sorted_ids must be an int32 vector"),
+        ("gather", dict(ids=torch.zeros(NX, dtype=torch.int64)), "sorted_ids must be an int32 vector"),
+        ("gather", dict(top_k=0), "top_k must be a positive int"),
+        ("gather", dict(ids=torch.zeros(NX + 16, dtype=torch.int32)), "shapes disagree"),  # out holds the slots
+        ("scatter", dict(ids=torch.zeros(NX - 16, dtype=torch.int32)), "x must hold the 48 slots"),
+        ("scatter", dict(activation="silu"), "no activation"),
+    ],
+)
+def test_bad_routed_calls_are_refused(io, change, error):
+    w, s, x, out, be, meta = _operands()
+    args = dict(ids=torch.zeros(NX, dtype=torch.int32), top_k=2) | change
+    act = {"activation": args["activation"]} if "activation" in args else {}
+    if act:
+        out = out[:, : R // 2]
+    with pytest.raises((ValueError, TypeError), match=error):
+        grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, io=io, sorted_ids=args["ids"], top_k=args["top_k"],
+                                **act)  # fmt: skip
 
 
 def test_specs_and_block_choice():
@@ -110,6 +161,8 @@ def test_specs_and_block_choice():
         engine_gemm_spec(16, fmt="fp8")
     with pytest.raises(ValueError, match="only with a fused activation"):
         engine_gemm_spec(16, None, bias=True)
+    with pytest.raises(ValueError, match="scatter without activation"):
+        engine_gemm_spec(16, "silu", io="scatter")
     assert [engine_tile_n(r) for r in (0.1, 16, 17, 200, 5000)] == [16, 16, 32, 256, max(ENGINE_TILE_N)]
 
 
@@ -174,15 +227,20 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
+        assert all(s.fact["IO"] == "gather" for s in fc1)  # FC1 fetches its routes' rows itself
+        assert not any("gather" in s.kernel for s in engine_geometry_specs(geo))  # no gather pass
     plain = engine_specs()
-    assert sorted((s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice"))
-                  for s in plain) == sorted(
-        (f, t, src, sched)
+    want = {
+        (f, t, src, io, sched)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
+        for io in ENGINE_IO
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
-    )  # fmt: skip
+    }
+    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"))
+           for s in plain}  # fmt: skip
+    assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
     # native programs keep the identity they had before the inline source existed, slice ones theirs from before
     # the stage schedule
@@ -232,7 +290,7 @@ def test_inline_engine_weights_carry_each_planes_engine_records(fmt, fused):
         want = encode_engine_records(plane.contiguous(), fmt, row_group=320)
         for name in ("base_ref", "base_delta", "record_units", "body"):
             assert torch.equal(getattr(got, name), getattr(want, name)), name
-        assert got.block_start.dtype == torch.int32 and torch.equal(got.block_start.long(), want.block_start // 16)
+        assert got.block_start.dtype == torch.int32 and torch.equal(got.block_start.long(), want.block_start.long())
 
 
 def test_block_starts_read_as_units_from_bytes_or_units():

@@ -16,7 +16,7 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_STAGE_TILE_N, ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -233,8 +233,10 @@ def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, 
     try:
         eng_bias = None if bias is None else bias[:, perm.cuda()].contiguous()
         scales = dict(fmt=fmt, global_scale=gscale)
+        slots = torch.arange(max_blocks * tile_n, dtype=torch.int32, device="cuda")  # FC1 gathers: slot s, token s
         launch = grouped_fp4_gemm_launch(eng_panel, eng_scales, x, out, block_expert, meta, tile_n=tile_n,
-                                         activation=activation, bias=eng_bias, **scales)  # fmt: skip
+                                         activation=activation, bias=eng_bias, io="gather", sorted_ids=slots,
+                                         top_k=1, **scales)  # fmt: skip
         bound = launch.bind("engine fused activation test")
     finally:
         runtime.unfreeze()
@@ -317,3 +319,113 @@ def test_stage_schedule_fused_fc1_gives_the_slice_schedules_bits(tile_n):
     slice_, stage = _grouped(*args, "slice", **fused), _grouped(*args, "stage", **fused)
     assert torch.isfinite(stage.float()).all(), "unwritten outputs"
     assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
+
+
+def _routed_slots(tokens: int, top_k: int, experts: int, tile_n: int, g: torch.Generator):
+    """A hand-made alignment of ``tokens x top_k`` routes: blocks of ``tile_n`` slots per expert in random order,
+    each block's tail the sentinel ``pairs``, plus one slot holding -1 and one past ``pairs`` (inert either way).
+    Returns sorted_ids, block_expert, meta (GPU) and the routes' experts."""
+    pairs = tokens * top_k
+    route_expert = torch.randint(0, experts, (pairs,), generator=g)
+    ids, blocks = [], []
+    for e in torch.randperm(experts, generator=g).tolist():
+        mine = (route_expert == e).nonzero().flatten()[torch.randperm(int((route_expert == e).sum()), generator=g)]
+        for c in range(0, len(mine), tile_n):
+            chunk = mine[c : c + tile_n].tolist()
+            ids += chunk + [pairs] * (tile_n - len(chunk))
+            blocks.append(e)
+    sorted_ids = torch.tensor(ids + [pairs] * tile_n, dtype=torch.int32)  # one spare block past meta[0]
+    empty = (sorted_ids[: len(ids)] == pairs).nonzero().flatten()
+    if len(empty) >= 2:
+        sorted_ids[empty[0]], sorted_ids[empty[1]] = -1, pairs + 5
+    block_expert = torch.tensor([*blocks, 0], dtype=torch.int32)
+    meta = torch.tensor([len(blocks)], dtype=torch.int32)
+    return sorted_ids.cuda(), block_expert.cuda(), meta.cuda(), len(blocks)
+
+
+def _bound(*args, **kwargs):
+    runtime.freeze()
+    try:
+        return grouped_fp4_gemm_launch(*args, **kwargs).bind("engine routed rows test")
+    finally:
+        runtime.unfreeze()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
+def test_gather_and_scatter_equal_the_block_order_gemm(tile_n, fmt):
+    """FC1's producer gather (x [tokens, K] by route) and FC2's epilogue scatter (rows at their routes) give the
+    dense block-order GEMM's bits: gathered rows are the torch twin's block order (zeros in empty slots), each live
+    route's row is stored once, and no other row of the output is touched (NaN poison stays)."""
+    from csf_kernels.moe.engine_rows import gathered_x
+
+    experts, rows, k, tokens, top_k = 4, 256, 640, 3 * tile_n + 5, 3
+    packed, scales, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 11, fmt)
+    w_panel, s_panel = _panels(packed, scales, fmt)
+    g = torch.Generator().manual_seed(SEED + 5)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    slots = sorted_ids.numel()
+    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale)
+    xs = gathered_x(x.cpu(), sorted_ids.cpu(), slots // tile_n, tile_n, top_k).cuda()
+    dense = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _bound(w_panel, s_panel, xs, dense, block_expert, meta, **common)()
+    gathered = torch.full_like(dense, float("nan"))
+    fc1 = _bound(w_panel, s_panel, x, gathered, block_expert, meta, io="gather", sorted_ids=sorted_ids,
+                 top_k=top_k, **common)  # fmt: skip
+    fc1()
+    scattered = torch.full((tokens * top_k, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fc2 = _bound(w_panel, s_panel, xs, scattered, block_expert, meta, io="scatter", sorted_ids=sorted_ids, **common)
+    fc2()
+    torch.cuda.synchronize()
+    n = used * tile_n
+    assert torch.equal(gathered[:n].view(torch.int16), dense[:n].view(torch.int16)), "gathered rows differ"
+    assert torch.isnan(gathered[n:].float()).all(), "a block past meta[0] was stored"
+    live = (sorted_ids[:n] >= 0) & (sorted_ids[:n] < tokens * top_k)
+    routes = sorted_ids[:n][live].long()
+    assert torch.equal(scattered[routes].view(torch.int16), dense[:n][live].view(torch.int16)), "scattered rows"
+    untouched = torch.ones(tokens * top_k, dtype=torch.bool, device="cuda")
+    untouched[routes] = False
+    assert untouched.sum() == 0 or torch.isnan(scattered[untouched].float()).all(), "a row without a slot was stored"
+
+    # captured, both follow a new routing (device data); PDL or not, the bits are the same
+    graph1, graph2 = captured(fc1), captured(fc2)
+    sorted_ids.copy_(sorted_ids.flip(0)), meta.fill_(used)
+    gathered.fill_(float("nan")), scattered.fill_(float("nan"))
+    replay_allocating_nothing(graph1), replay_allocating_nothing(graph2)
+    g_plain = torch.full_like(gathered, float("nan"))
+    s_plain = torch.full_like(scattered, float("nan"))
+    runtime.set_pdl(False)
+    try:
+        plain1 = _bound(w_panel, s_panel, x, g_plain, block_expert, meta, io="gather", sorted_ids=sorted_ids,
+                        top_k=top_k, **common)  # fmt: skip
+        plain2 = _bound(w_panel, s_panel, xs, s_plain, block_expert, meta, io="scatter", sorted_ids=sorted_ids,
+                        **common)  # fmt: skip
+    finally:
+        runtime.set_pdl(True)
+    plain1(), plain2()
+    torch.cuda.synchronize()
+    assert torch.equal(gathered.view(torch.int16), g_plain.view(torch.int16)), "replayed gather differs"
+    assert torch.equal(scattered.view(torch.int16), s_plain.view(torch.int16)), "replayed scatter differs"
+    assert not torch.isnan(gathered[:n].float()).all(), "the replay stored nothing"
+
+
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
+    """FC1 gathering its routes' rows by ``cp.async``: the stage schedule's consumers fence each gathered stage
+    before wgmma reads it, as the slice schedule's do; the same bits under both, every live slot written."""
+    experts, rows, k, tokens, top_k = 4, 256, 2880, 3 * tile_n + 5, 3
+    packed, scales, _, _ = _random_experts(experts, rows, k, SEED + tile_n + 17)
+    w_panel, s_panel = _panels(packed, scales)
+    g = torch.Generator().manual_seed(SEED + 19)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    outs = {}
+    for schedule in ENGINE_SCHEDULES:
+        outs[schedule] = torch.full((sorted_ids.numel(), rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _bound(w_panel, s_panel, x, outs[schedule], block_expert, meta, tile_n=tile_n, io="gather",
+               sorted_ids=sorted_ids, top_k=top_k, schedule=schedule)()  # fmt: skip
+    torch.cuda.synchronize()
+    n = used * tile_n
+    assert not torch.isnan(outs["stage"][:n].float()).any(), "unwritten slots"
+    assert torch.equal(outs["slice"].view(torch.int16), outs["stage"].view(torch.int16)), "the schedules differ"

@@ -55,13 +55,14 @@ def _launch(w_panel, scales, x, out, block_expert, meta, tile_n, fmt, gscale, **
         runtime.unfreeze()
 
 
-def _both(w_panel, planes, x, cols_out, block_expert, meta, tile_n, fmt, gscale, **kw):
-    """Native and inline outputs of one launch each (NaN-poisoned first) and their bound launches."""
+def _both(w_panel, planes, x, cols_out, block_expert, meta, tile_n, fmt, gscale, rows_out=None, **kw):
+    """Native and inline outputs of one launch each (NaN-poisoned first, ``rows_out`` rows: ``x``'s by default)
+    and their bound launches."""
     native = torch.stack([engine_scale_panel(planes[e], fmt) for e in range(planes.shape[0])]).cuda()
     inline = inline_scales(planes.cuda(), fmt)
     outs, bound = [], []
     for scales in (native, inline):
-        out = torch.full((x.shape[0], cols_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = torch.full((rows_out or x.shape[0], cols_out), float("nan"), dtype=torch.bfloat16, device="cuda")
         launch = _launch(w_panel, scales, x, out, block_expert, meta, tile_n, fmt, gscale, **kw)
         launch()
         outs.append(out)
@@ -118,6 +119,44 @@ def test_inline_equals_native_fused_fc1(activation, fmt, tile_n):
     (native, inline), _ = _both(w_panel, planes, x, inter, block_expert, meta, tile_n, fmt, gscale,
                                 activation=activation, bias=bias)  # fmt: skip
     assert _same(native, inline), f"seed {seed}: inline FC1 differs from native"
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("tile_n", ENGINE_TILE_N)
+def test_inline_equals_native_routed(tile_n, fmt):
+    """FC1's gather (producer warps 0, 1, 3 beside the decoder warp 2) and FC2's scatter: the same bits as the
+    native programs (whose gather uses all four producer warps), with empty slots, a padding route, an invalid
+    block and a block past meta[0]."""
+    experts, rows, k, max_blocks, tokens, top_k = 4, 320, 576, 6, 24, 2
+    pairs, slots = tokens * top_k, max_blocks * tile_n
+    seed = SEED + 7 * tile_n
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
+    planes = _planes(fmt, experts, rows, k, seed)
+    w_panel = torch.stack([engine_weight_panel(packed[e]) for e in range(experts)]).cuda()
+    gscale = (torch.rand(experts, generator=g) * 2.0**-6 + 2.0**-7).cuda() if fmt == "nvfp4" else None
+    ids = torch.full((slots,), pairs, dtype=torch.int32)  # empty slots hold a value past the routes
+    where = torch.randperm(slots, generator=g)[:pairs]
+    ids[where] = torch.randperm(pairs, generator=g).to(torch.int32)
+    ids[where[0]] = -1  # a padding route
+    sorted_ids = ids.cuda()
+    block_expert = torch.tensor([1, 0, -1, 3, 2, 1], dtype=torch.int32, device="cuda")
+    meta = torch.tensor([5], dtype=torch.int32, device="cuda")  # block 5: never read or stored
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    (native, inline), _ = _both(w_panel, planes, x, rows, block_expert, meta, tile_n, fmt, gscale, rows_out=slots,
+                                io="gather", sorted_ids=sorted_ids, top_k=top_k)  # fmt: skip
+    assert _same(native, inline), f"seed {seed}: inline gather differs from native"
+    # expert 1's NaN scale poisons one column; an unwritten row would be NaN throughout
+    assert not torch.isnan(inline[: 5 * tile_n].float()).all(dim=1).any(), f"seed {seed}: a used block's row unwritten"
+    assert torch.isnan(inline[5 * tile_n :].float()).all(), f"seed {seed}: a block past meta[0] written"
+    xs = (torch.randn(slots, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    (native, inline), _ = _both(w_panel, planes, xs, rows, block_expert, meta, tile_n, fmt, gscale, rows_out=pairs,
+                                io="scatter", sorted_ids=sorted_ids)  # fmt: skip
+    assert _same(native, inline), f"seed {seed}: inline scatter differs from native"
+    used = ids[: 5 * tile_n]
+    stored = torch.zeros(pairs, dtype=torch.bool)
+    stored[used[(used >= 0) & (used < pairs)].long()] = True
+    assert torch.equal(~torch.isnan(inline.float()).all(dim=1).cpu(), stored), f"seed {seed}: rows stored"
 
 
 LAYERS = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "nvfp4")]

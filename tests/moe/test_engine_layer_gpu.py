@@ -1,6 +1,7 @@
-"""The engine layer (``csf_moe.engine_layer``: grouped FP4 GEMMs with gather, activation and combine passes) on the
-GPU from the AOT cache, frozen: the float32 reference at every block size, padding routes inert, graph replay; MXFP4
-on the three peer geometries, NVFP4 (global scales in the GEMMs' epilogues) on Qwen3-30B-A3B."""
+"""The engine layer (``csf_moe.engine_layer``: align, FC1 gathering its rows, FC2 scattering them to their routes, the
+combine) on the GPU from the AOT cache, frozen: the float32 reference at every block size, padding routes inert,
+graph replay with dependent launches equal to the eager call and to plain launches; MXFP4 on the three peer
+geometries, NVFP4 (global scales in the GEMMs' epilogues) on Qwen3-30B-A3B."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pytest
 import torch
 
+from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import moe_reference
@@ -37,7 +39,11 @@ def test_engine_layer_matches_the_reference(model, tp, fmt, fused):
             ids = ids.clone()
             ids[0, 0], ids[-1, -1] = -1, geo.experts
         out = torch.full_like(x, float("nan"))
-        layer.call(x, ids, w, out)()
+        run = layer.call(x, ids, w, out)
+        names = [name for name, _ in run.launches]
+        assert "moe.engine_gather" not in names and names[-1] == "moe.engine_combine"
+        assert names.count("moe.engine_gemm") == 2 and len(names) <= (5 if fused else 6)  # align: 1 or 2
+        run()
         want = moe_reference(x, ref, w, ids, kind=geo.activation)
         err = float((out.float() - want).norm() / want.norm())
         assert err < REL_TOL, f"seed {SEED} {geo.name} T={t}: relative error {err:.3e}"
@@ -64,3 +70,11 @@ def test_engine_layer_replays_new_routings_in_a_graph(fmt):
     assert torch.equal(replayed, out), "graph replay differs from the eager call"
     want = moe_reference(x, ref, w, ids, kind=geo.activation)
     assert float((out.float() - want).norm() / want.norm()) < REL_TOL
+    runtime.set_pdl(False)  # the same layer bound to plain launches: the same bits
+    try:
+        plain_out = torch.full_like(x, float("nan"))
+        plain = layer.call(x, ids, w, plain_out)
+    finally:
+        runtime.set_pdl(True)
+    plain()
+    assert torch.equal(plain_out, out), "dependent launches change the output"

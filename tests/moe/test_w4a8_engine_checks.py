@@ -10,6 +10,7 @@ import torch
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
+from csf_kernels.moe.engine_specs import engine_combine_spec
 from csf_kernels.moe.w4a8 import grouped_w4a8_gemm_launch
 from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
 from csf_kernels.moe.w4a8_specs import W4A8_GEMM, W4A8_TILE_N, w4a8_gemm_spec, w4a8_geometry_specs, w4a8_tile_n
@@ -74,6 +75,10 @@ def test_catalog_builds_w4a8_gemms_for_mxfp4_geometries_only():
     catalog = load_catalog()
     for geo in catalog.moe:
         fc1 = [s for s in w4a8_geometry_specs(geo) if s.kernel == W4A8_GEMM]
+        # the W4A8 layer's combine reads FC2's block-order rows through each route's slot
+        by_slot = {s.key for s in w4a8_geometry_specs(geo) if s.fact.get("INV") == 1}
+        want = {engine_combine_spec(i64, geo.bias, inverse=True).key for i64 in (False, True)}
+        assert by_slot == (want if geo.fmt.name == "mxfp4" else set())
         if geo.fmt.name == "mxfp4":
             assert [s.fact["TN"] for s in fc1] == list(W4A8_TILE_N)
             assert all(s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)

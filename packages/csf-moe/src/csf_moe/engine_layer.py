@@ -1,20 +1,23 @@
-"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``): a first, unfused form, MXFP4 or NVFP4
-(per-expert global scales applied in the GEMMs' epilogues), native scale panels or inline engine records (a
-producer warp decodes them into the same scale slots: the same output bits). Not yet a plan of :mod:`csf_moe.plan`
-(the adapters serve :mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm beside today's layer and the
-peer.
+"""The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``), MXFP4 or NVFP4 (per-expert global scales
+applied in the GEMMs' epilogues), native scale panels or inline engine records (a producer warp decodes them into
+the same scale slots: the same output bits). Not yet a plan of :mod:`csf_moe.plan` (the adapters serve
+:mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm (``engine_unfused``: the activation as its own
+pass) beside today's layer and the peer.
 
-A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer), gather
-FC1's input in block order, FC1 as a grouped GEMM whose epilogue adds W13's bias and applies the activation into
-``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass), FC2 as a grouped GEMM
-``[slots, H]``, then the top-k weighted sum with FC2's bias. Routes of experts outside
-``[0, E)`` join no block and contribute nothing. Every buffer is allocated when a token count is bound; a bound
-call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer); FC1 as a
+grouped GEMM whose producer fetches each slot's token row of ``x`` itself and whose epilogue adds W13's bias and
+applies the activation into ``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass);
+FC2 as a grouped GEMM whose epilogue stores each slot's row at its route, ``[pairs, H]``; then the top-k weighted
+sum with FC2's bias, reading a token's ``k`` rows in order. Routes of experts outside ``[0, E)`` join no block and
+contribute nothing. The GEMMs and the Triton passes launch as programmatic dependent launches where the runtime
+allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound; a
+bound call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
 
-**W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): the gather quantizes FC1's input to E4M3 with
-one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``), both GEMMs run on FP8
-tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`), and FC2's input is FC1's bf16 output quantized the
-same way (the gather program over the slots in place). The float32 reference of exactly these operands is
+**W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
+in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
+both GEMMs run on FP8 tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`) over block-order rows, FC2's
+input is FC1's bf16 output quantized the same way (the gather program over the slots in place), and the combine
+reads FC2's block-order rows through each route's slot. The float32 reference of exactly these operands is
 :func:`csf_moe.w4a8_reference.w4a8_moe_reference` (it quantizes FC1's float32 output; the layer rounds it to bf16
 first).
 """
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import act_launch, combine_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
 from csf_kernels.moe.engine_specs import ENGINE_FORMATS, ENGINE_SCALE_SOURCES, ENGINE_SCHEDULES, engine_tile_n
@@ -165,7 +168,7 @@ class EngineMoE:
 
     def _gemm(self, fc: str, x: dict, out, block_expert, meta, bm, **epilogue) -> runtime.Launch:
         """FC1 (``fc`` ``"13"``) or FC2's grouped GEMM of ``x`` (``{"x": bf16}``, or W4A8's ``{"xq": E4M3 bytes,
-        "xscale": per-route scales}``) into ``out``."""
+        "xscale": per-route scales}``) into ``out``; ``epilogue``: the FP4 GEMM's activation, bias and row mode."""
         w = self.weights
         panels = (getattr(w, "w" + fc), getattr(w, "s" + fc))
         if w.w4a8:
@@ -176,13 +179,14 @@ class EngineMoE:
                                        global_scale=getattr(w, "g" + fc), schedule=self.schedule,
                                        **epilogue)  # fmt: skip
 
-    def _fc1(self, x, h, a, block_expert, meta, bm) -> list:
-        """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass."""
+    def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
+        """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:
+        the FP4 GEMM's gather of its routes' rows of ``x`` (W4A8's input is gathered already)."""
         w = self.weights
         if w.fused:
-            return [self._gemm("13", x, a, block_expert, meta, bm, activation=w.activation, bias=w.b13)]
+            return [self._gemm("13", x, a, block_expert, meta, bm, activation=w.activation, bias=w.b13, **rows)]
         return [
-            self._gemm("13", x, h, block_expert, meta, bm),
+            self._gemm("13", x, h, block_expert, meta, bm, **rows),
             act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
         ]
 
@@ -202,35 +206,44 @@ class EngineMoE:
         active = torch.empty(min(pairs, experts), **i32)
         meta = torch.empty(4, **i32)
         sorted_ids = torch.empty(blocks * bm, **i32)
-        inverse = torch.empty(pairs, **i32)
         slots = blocks * bm
         bf16 = dict(dtype=torch.bfloat16, device=dev)
         h = None if w.fused else torch.empty(slots, 2 * w.inter, **bf16)
         a = torch.empty(slots, w.inter, **bf16)
-        y = torch.empty(slots, w.hidden, **bf16)
         weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
         scratch = dict(
             cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
         )
-        if w.w4a8:  # FC1's input and FC2's quantized with their scales; FC2's in place (the identity slot map)
+        if w.w4a8:
+            # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
+            # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
+            inverse = torch.empty(pairs, **i32)
+            y = torch.empty(slots, w.hidden, **bf16)
             x1 = self._fp8_buffers(slots, w.hidden, dev)
             x2 = {**self._fp8_buffers(slots, w.inter, dev), "ids": torch.arange(slots, **i32)}
             x2["inverse"] = torch.empty(slots, **i32)
             quantize = dict(convention=self.activations, bm=bm)
-            gather = gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
-                                       **quantize)  # fmt: skip
+            fc1_in = [gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
+                                        **quantize)]  # fmt: skip
             fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
+            gather, scatter = {}, {}
         else:
-            x1, x2 = {"x": torch.empty(slots, w.hidden, **bf16)}, {"x": a}
-            gather = gather_launch(x, sorted_ids, meta, x1["x"], inverse, top_k=self.top_k, bm=bm)
-            fc2_in = []
+            # FC1's producer gathers its routes' rows of x; FC2's epilogue stores each slot's row at its route
+            inverse = None
+            y = torch.empty(pairs, w.hidden, **bf16)  # a token's k rows contiguous
+            x1, x2 = {"x": x}, {"x": a}
+            fc1_in, fc2_in = [], []
+            gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
+            scatter = dict(io="scatter", sorted_ids=sorted_ids)
         launches = [
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
-            gather,
-            *self._fc1(x1, h, a, block_expert, meta, bm),
+            *fc1_in,
+            *self._fc1(x1, h, a, block_expert, meta, bm, gather),
             *fc2_in,
-            self._gemm("2", x2, y, block_expert, meta, bm),
-            combine_launch(y, inverse, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts),
+            self._gemm("2", x2, y, block_expert, meta, bm, **scatter),
+            combine_launch(
+                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
+            ),
         ]
         bound = [launch.bind("engine layer") for launch in launches]
         keep = (cursor, block_expert, active, meta, sorted_ids, inverse, x1, x2, h, a, y, weights32)

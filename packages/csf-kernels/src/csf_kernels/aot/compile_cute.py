@@ -34,9 +34,10 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
     elif spec.kernel == CUTE_ROW_BLOCK_EXPANDER:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     elif spec.kernel == ENGINE_GEMM:
-        source, schedule = str(facts.get("SRC", "native")), str(facts.get("SCHED", "slice"))
+        scales, io = str(facts.get("SRC", "native")), str(facts["IO"])
+        schedule = str(facts.get("SCHED", "slice"))
         prog = engine_gemm_program(
-            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), source, schedule
+            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), scales, io, schedule
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

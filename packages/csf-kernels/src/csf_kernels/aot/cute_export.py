@@ -294,7 +294,13 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
 
 
 def engine_gemm_name(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", schedule: str = "slice"
+    tile_n: int,
+    act: int = 0,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
+    schedule: str = "slice",
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -302,21 +308,28 @@ def engine_gemm_name(
         + ("_bias" if bias else "")
         + ("" if fmt == "mxfp4" else f"_{fmt}")
         + ("" if scales == "native" else f"_{scales}")
+        + ("" if io == "dense" else f"_{io}")
         + ("" if schedule == "slice" else f"_{schedule}")
     )
 
 
 def engine_gemm_program(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", schedule: str = "slice"
+    tile_n: int,
+    act: int = 0,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
+    schedule: str = "slice",
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
-    (inline), its consumers' wgmmas issued a K slice or a stage at a time (``schedule``,
-    ``moe/kernels/engine_mainloop.py``)."""
+    (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
+    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, schedule=schedule)
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule)
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -337,20 +350,21 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, schedule),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
             *scales_args,
-            ("x", "bfloat16", ("NX", "K")),
-            ("out", "bfloat16", ("NX", "RO")),  # RO: R, or R / 2 where the epilogue activates
+            ("x", "bfloat16", ("NX", "K")),  # NX: slots, or tokens where FC1 gathers
+            ("out", "bfloat16", ("NO", "RO")),  # NO: slots, or routes where FC2 scatters; RO: R, or R / 2 (activated)
             ("bias", "float32", ("EB", "RBI")),
             ("gscale", "float32", ("EG",)),
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
+            ("sorted_ids", "int32", ("NS",)),
         ),
-        scalars=("ctas",),
+        scalars=("ctas", "top_k", "pdl"),
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
@@ -362,6 +376,7 @@ def engine_gemm_program(
             ("bias", int(bias)),
             ("fmt", fmt),
             ("scales", scales),
+            ("io", io),
             ("schedule", schedule),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),

@@ -9,17 +9,18 @@ from csf_kernels import runtime
 from csf_kernels.moe.engine_inline import InlineScales
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK, panel_scales
 from csf_kernels.moe.engine_specs import (
+    ENGINE_IO,
     ENGINE_TILE_M,
     ENGINE_TILE_N,
     engine_act_spec,
     engine_combine_spec,
-    engine_gather_spec,
     engine_gemm_spec,
     engine_schedule,
 )
+from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "gather_launch", "grouped_fp4_gemm_launch"]
+__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "grouped_fp4_gemm_launch"]
 
 
 def grouped_fp4_gemm_launch(
@@ -36,6 +37,9 @@ def grouped_fp4_gemm_launch(
     fmt: str = "mxfp4",
     global_scale: torch.Tensor | None = None,
     schedule: str | None = None,
+    io: str = "dense",
+    sorted_ids: torch.Tensor | None = None,
+    top_k: int = 1,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -53,9 +57,17 @@ def grouped_fp4_gemm_launch(
 
     ``schedule``: the consumers' wgmma schedule (:data:`~csf_kernels.moe.engine_specs.ENGINE_SCHEDULES`), where the
     cache holds it for ``tile_n``, else the size's default (:func:`~csf_kernels.moe.engine_specs.engine_schedule`):
-    the same output bits either way."""
+    the same output bits either way.
+
+    ``io`` places the rows by the alignment's ``sorted_ids`` (int32 ``[slots]``, slot ``s`` holding route
+    ``t * top_k + j`` or a value outside ``[0, pairs)``): ``gather`` (FC1) reads slot ``s``'s row of ``x [tokens,
+    K]`` at token ``sorted_ids[s] // top_k`` (zeros without a route; ``out`` has ``slots`` rows), ``scatter`` (FC2)
+    stores it to row ``sorted_ids[s]`` of ``out [pairs, R]`` (nothing without a route; ``x`` has ``slots`` rows).
+    The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
+    if io not in ENGINE_IO:
+        raise ValueError(f"io must be one of {ENGINE_IO}; got {io!r}")
     per_step = panel_scales(fmt).per_step
     if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
         raise TypeError("x and out must be 2-D bf16 tensors")
@@ -67,7 +79,11 @@ def grouped_fp4_gemm_launch(
     if bias is not None and (activation is None or bias.dtype != torch.float32 or bias.shape != (experts, rows)):
         raise ValueError(f"bias must be float32 [{experts}, {rows}] and come with an activation")
     out_cols = rows if activation is None else rows // 2
-    if out.shape != (rows_x, out_cols) or k != steps * PANEL_STEP_K:
+    slots = _check_routes(io, sorted_ids, rows_x, out.shape[0], top_k, activation)
+    if io == "dense":
+        sorted_ids = block_expert  # unread
+    out_rows = out.shape[0] if io == "scatter" else slots
+    if out.shape != (out_rows, out_cols) or k != steps * PANEL_STEP_K:
         raise ValueError(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
             "(K = 64 x steps, R = 64 x row blocks)"
@@ -90,17 +106,33 @@ def grouped_fp4_gemm_launch(
     if nv and (global_scale.dtype != torch.float32 or tuple(global_scale.shape) != (experts,)):
         raise ValueError(f"global_scale must be float32 [{experts}]; got {global_scale.dtype} "
                          f"{tuple(global_scale.shape)}")  # fmt: skip
-    units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-rows_x // tile_n))
+    units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
     source = "inline" if inline else "native"
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, engine_schedule(tile_n, schedule))
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, engine_schedule(tile_n, schedule))
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
         s = s_panel.tensors()
     else:
         s = (s_panel.view(torch.uint32) if nv else s_panel,)  # NVFP4: one word of four E4M3 bytes a row a step
-    return runtime.Launch(spec, (ctas, 1, 1), (w_panel, *s, x, out, b, g, block_expert, meta, ctas))
+    pdl = int(runtime_config.pdl_enabled())
+    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pdl)
+    return runtime.Launch(spec, (ctas, 1, 1), args)
+
+
+def _check_routes(io, sorted_ids, rows_x, rows_out, top_k, activation) -> int:
+    """The slots a launch's blocks hold (rows of x or out in block order), its route arguments checked."""
+    if io == "dense":
+        return rows_x
+    if sorted_ids is None or sorted_ids.dtype != torch.int32 or sorted_ids.dim() != 1:
+        raise TypeError(f"{io}: sorted_ids must be an int32 vector (the alignment's slots)")
+    if io == "gather" and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
+    if io == "scatter" and (activation is not None or rows_x != sorted_ids.numel()):
+        raise ValueError(f"scatter: x must hold the {sorted_ids.numel()} slots in block order (got {rows_x} rows) "
+                         "and the GEMM take no activation")  # fmt: skip
+    return sorted_ids.numel()
 
 
 _UNREAD: dict[torch.device, torch.Tensor] = {}
@@ -128,19 +160,6 @@ def dense_fp4_gemm_launch(
                                    fmt=fmt, global_scale=global_scale)  # fmt: skip
 
 
-def gather_launch(
-    x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, inverse: torch.Tensor, *,
-    top_k: int, bm: int,
-) -> runtime.Launch:  # fmt: skip
-    """FC1's input in block order (``xs [slots, H]``) and each route's slot (``inverse [pairs]``)."""
-    pairs, hidden = inverse.numel(), x.shape[1]
-    if xs.shape[1] != hidden or sorted_ids.numel() != xs.shape[0] or pairs != x.shape[0] * top_k:
-        raise ValueError(f"gather: x {tuple(x.shape)}, xs {tuple(xs.shape)}, {sorted_ids.numel()} slots, "
-                         f"{pairs} routes of top-{top_k} disagree")  # fmt: skip
-    args = (x, sorted_ids, meta, xs, inverse, hidden, top_k, pairs)
-    return runtime.Launch(engine_gather_spec(bm), (xs.shape[0],), args)
-
-
 def act_launch(
     h: torch.Tensor, block_expert: torch.Tensor, meta: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor, *,
     num_experts: int, bm: int, activation: str,
@@ -156,17 +175,27 @@ def act_launch(
 
 
 def combine_launch(
-    y: torch.Tensor, inverse: torch.Tensor, bias: torch.Tensor | None, topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor, out: torch.Tensor, *, num_experts: int,
+    y: torch.Tensor, bias: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    out: torch.Tensor, *, num_experts: int, inverse: torch.Tensor | None = None,
 ) -> runtime.Launch:  # fmt: skip
-    """``out[t] = sum_j w[t, j] * (y[inverse[t k + j]] + b2[e_j])`` (routes of experts outside [0, E) skipped)."""
+    """``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` over ``y [pairs, H]`` (FC2's rows at their routes), ``j``
+    in order; routes of experts outside [0, E) are skipped (their rows are never stored). With ``inverse`` (int32
+    ``[pairs]``, each route's slot: W4A8's FC2 stores in block order), ``y [slots, H]`` and route ``r``'s row is
+    ``y[inverse[r]]``."""
     tokens, top_k = topk_ids.shape
     hidden = out.shape[1]
-    if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape or y.shape[1] != hidden:
-        raise ValueError("combine: topk_weights must be float32 like topk_ids' shape; y and out share H")
+    if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape:
+        raise ValueError("combine: topk_weights must be float32 like topk_ids' shape")
+    if inverse is not None and (inverse.dtype != torch.int32 or inverse.shape != (tokens * top_k,)):
+        raise ValueError(f"combine: inverse must be int32 [{tokens * top_k}] (each route's slot)")
+    y_rows = y.shape[0] if inverse is not None else tokens * top_k
+    if y.dim() != 2 or y.shape != (y_rows, hidden) or out.shape[0] != tokens:
+        raise ValueError(f"combine: y {tuple(y.shape)} must hold the {tokens * top_k} routes' rows of out "
+                         f"{tuple(out.shape)}")  # fmt: skip
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
         raise TypeError("topk_ids must be contiguous int32 or int64")
-    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None)
+    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None)
     grid = (tokens, -(-hidden // spec.fact["BH"]))
     b = bias if bias is not None else runtime.placeholder(y.device)
-    return runtime.Launch(spec, grid, (y, inverse, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))
+    inv = inverse if inverse is not None else runtime.placeholder(y.device)
+    return runtime.Launch(spec, grid, (y, inv, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))

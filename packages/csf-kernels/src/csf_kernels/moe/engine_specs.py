@@ -1,9 +1,10 @@
 """The MoE engine's programs (``docs/moe-engine.md``): CuTe DSL, built ahead of time into shared objects.
 
 The grouped FP4 x bf16 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm`) serves route blocks of any expert and, with
-one expert, a dense GEMM; one program per route-block size and weight format (a fact of its spec: the scale panel's
-bytes and conversion, NVFP4's global scale) and scale source (``native`` panels, or ``inline`` engine records a
-producer warp decodes), every shape at run time.
+one expert, a dense GEMM; one program per route-block size, weight format (a fact of its spec: the scale panel's
+bytes and conversion, NVFP4's global scale), scale source (``SRC``: ``native`` panels, or ``inline`` engine records
+a producer warp decodes) and row mode (``IO``: FC1 gathers its routes' rows of ``x``, FC2 scatters its output to its
+routes' rows), every shape at run time.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ __all__ = [
     "ENGINE_ACT",
     "ENGINE_COMBINE",
     "ENGINE_FORMATS",
-    "ENGINE_GATHER",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
+    "ENGINE_IO",
     "ENGINE_SCALE_SOURCES",
     "ENGINE_SCHEDULES",
     "ENGINE_STAGE_TILE_N",
@@ -31,7 +32,6 @@ __all__ = [
     "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
-    "engine_gather_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
     "engine_schedule",
@@ -42,7 +42,10 @@ __all__ = [
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
-ENGINE_GEMM_VERSION = 3  # 3: the per-expert global scale argument (NVFP4)
+# 3: the per-expert global scale argument (NVFP4); 4: sorted_ids, top_k, pdl (IO modes); 5: IO modes beside the
+# inline scale source (its gather spares the decoder warp), PDL in the shared producer code
+ENGINE_GEMM_VERSION = 5
+ENGINE_IO = ("dense", "gather", "scatter")  # kernels.engine_gemm.IO_MODES (that module imports cutlass)
 ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
@@ -57,18 +60,13 @@ INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset ta
 
 
 _GLUE = "csf_kernels.moe.kernels.engine_glue"
-ENGINE_GATHER = TritonFamily(
-    kernel="moe.engine_gather", version=1, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
-    num_warps=4,
-)  # fmt: skip
 ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
 ENGINE_COMBINE = TritonFamily(
-    kernel="moe.engine_combine", version=1, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
-GATHER_COLUMNS = 1024
 ACT_COLUMNS = 1024
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
@@ -86,34 +84,33 @@ def engine_tile_n(routes_per_expert: float) -> int:
     return min(fits) if fits else max(ENGINE_TILE_N)
 
 
-def engine_gather_spec(bm: int) -> ProgramSpec:
-    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, BH=GATHER_COLUMNS, PDL=MOE_PDL,
-                          num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
-
-
 def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
     return ProgramSpec.of(ENGINE_ACT.kernel, ENGINE_ACT.version, BM=bm, BN=ACT_COLUMNS, ACT=ACTIVATIONS[activation],
                           HAS_BIAS=int(bias), PDL=MOE_PDL, num_warps=ENGINE_ACT.num_warps)  # fmt: skip
 
 
-def engine_combine_spec(ids64: bool, bias: bool) -> ProgramSpec:
+def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
+    """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
+    each route's slot."""
     return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
-                          BH=COMBINE_COLUMNS, PDL=MOE_PDL, num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
+                          INV=int(inverse), BH=COMBINE_COLUMNS, PDL=MOE_PDL,
+                          num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
 
 
 def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
-    """The engine layer's Triton programs for a geometry (its alignment at every block size, gather, activation,
-    combine); the GEMMs themselves serve every geometry (:func:`engine_specs`)."""
+    """The engine layer's programs for a geometry: its alignment at every block size, FC1 with its activation
+    fused (gathering its rows), the activation pass of the unfused arm, the combine; the plain, gathering and
+    scattering GEMMs serve every geometry (:func:`engine_specs`)."""
     if not engine_serves(geo):
         return []
     specs = []
     for bm in ENGINE_TILE_N:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
-        specs += [engine_gather_spec(bm), engine_act_spec(bm, geo.activation, geo.bias)]
-        for scales in ENGINE_SCALE_SOURCES:  # FC1 with its activation fused
+        specs.append(engine_act_spec(bm, geo.activation, geo.bias))
+        for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows, its activation fused
             for schedule in engine_schedules(bm):
-                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, schedule))
+                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather", schedule))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
@@ -134,14 +131,20 @@ def engine_schedule(tile_n: int, want: str | None = None) -> str:
 
 
 def engine_gemm_spec(
-    tile_n: int, activation: str | None = None, bias: bool = False, fmt: str = "mxfp4", scales: str = "native",
+    tile_n: int,
+    activation: str | None = None,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
     schedule: str | None = None,
-) -> ProgramSpec:  # fmt: skip
+) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
-    inline program carries the fact ``SRC``; native ones keep their earlier identity); ``schedule``: its consumers'
-    (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry the fact
-    ``SCHED``, ``slice`` ones keep their earlier identity)."""
+    inline program carries the fact ``SRC``); ``io``: rows in block order (``dense``), FC1's input gathered by
+    route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
+    consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
+    the fact ``SCHED``, ``slice`` ones keep their earlier identity)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -150,24 +153,27 @@ def engine_gemm_spec(
         raise ValueError(f"the engine GEMM serves {ENGINE_FORMATS} weights; got {fmt!r}")
     if scales not in ENGINE_SCALE_SOURCES:
         raise ValueError(f"the engine GEMM reads {ENGINE_SCALE_SOURCES} scales; got {scales!r}")
+    if io not in ENGINE_IO or (io == "scatter" and activation is not None):
+        raise ValueError(f"the engine GEMM's rows are one of {ENGINE_IO} (scatter without activation); got {io!r}")
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
-    return ProgramSpec.of(
-        ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, **source, **sched
-    )
+    return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
+                          **source, **sched)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
-    """Every plain engine GEMM the AOT cache holds for weights of ``formats``, of both scale sources and each
-    schedule built for the block size (they take every shape at run time)."""
+    """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
+    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering) and each schedule built
+    for the block size (they take every shape at run time)."""
     return [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, schedule=schedule)
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
+        for io in ENGINE_IO
         for tn in ENGINE_TILE_N
         for schedule in engine_schedules(tn)
     ]

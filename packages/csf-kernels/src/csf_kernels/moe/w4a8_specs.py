@@ -9,7 +9,7 @@ E4M3 activations) per block size, plain and with each geometry's fused FC1 activ
 from __future__ import annotations
 
 from csf_kernels.catalog import MoEGeometry
-from csf_kernels.moe.engine_specs import ACTIVATIONS, ENGINE_TILE_N, engine_serves
+from csf_kernels.moe.engine_specs import ACTIVATIONS, ENGINE_TILE_N, engine_combine_spec, engine_serves
 from csf_kernels.moe.fp8_activations import ACTIVATION_CONVENTIONS
 from csf_kernels.moe.specs import MOE_PDL
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
@@ -41,7 +41,7 @@ ENGINE_GATHER_MXFP8 = TritonFamily(
 )  # fmt: skip
 _FAMILIES = {"per_token": ENGINE_GATHER_FP8, "mxfp8": ENGINE_GATHER_MXFP8}
 W4A8_GEMM = "moe.w4a8_gemm"
-W4A8_GEMM_VERSION = 1
+W4A8_GEMM_VERSION = 2  # 2: waits for its predecessor in the shared producer code (griddepcontrol, PDL)
 W4A8_FORMATS = ("mxfp4",)  # NVFP4 does not fold into E4M3 (docs/moe-engine.md §8.1): it stays W4A16
 W4A8_GEMM_CONVENTIONS = ("per_token",)  # activation conventions the GEMM's epilogue applies
 # routes a block: two m64nN fp32 accumulators a consumer thread (the promotion's) fit its 232 registers to N = 128
@@ -63,12 +63,14 @@ def gather_fp8_spec(bm: int, convention: str) -> ProgramSpec:
 
 def w4a8_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     """W4A8's programs for a geometry the engine serves: the gather at every block size and convention, and where the
-    weights fold (MXFP4) FC1's W4A8 GEMM with the geometry's activation fused at every W4A8 block size."""
+    weights fold (MXFP4) FC1's W4A8 GEMM with the geometry's activation fused at every W4A8 block size and the
+    combine over FC2's block-order rows (through each route's slot)."""
     if not engine_serves(geo):
         return []
     specs = [gather_fp8_spec(bm, conv) for bm in ENGINE_TILE_N for conv in ACTIVATION_CONVENTIONS]
     if w4a8_serves(geo):
         specs += [w4a8_gemm_spec(bm, geo.activation, geo.bias) for bm in W4A8_TILE_N]  # FC1, activation fused
+        specs += [engine_combine_spec(ids64, geo.bias, inverse=True) for ids64 in (False, True)]
     return specs
 
 

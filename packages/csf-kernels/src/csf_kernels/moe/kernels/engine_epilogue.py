@@ -7,6 +7,8 @@ its warpgroup's 64, its value ``4 c + i`` being row ``r0 + 8 (i // 2)``, route `
 
 * :meth:`Epilogue.store`: the GEMM in bf16, through a shared subtile of ``(128 rows, 32 routes)`` stored by TMA
   (``out`` is M-major from the MMA's view: weight rows are contiguous), each value times ``g`` first if given;
+  scattering (FC2, ``scatter``), the consumers store each slot's row of the subtile at its route instead, 16 bytes
+  a thread (:mod:`~csf_kernels.moe.kernels.engine_routes`);
 * :meth:`Epilogue.activation`: FC1's activation, W13's rows in engine order (``engine_panels.fc1_engine_rows``) so
   that rows ``r0`` and ``r0 + 8`` are output ``n``'s gate and up; bias first, then SiLU-and-mul or gpt-oss's
   clamped SwiGLU; bf16 stored straight to ``out [NX, R / 2]``.
@@ -21,7 +23,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from csf_kernels.moe.engine_rows import OUT_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
+from csf_kernels.moe.kernels import engine_routes as routes
 
 __all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "Epilogue", "asm_f32", "asm_u32"]
 
@@ -59,17 +63,21 @@ def _sigmoid(x):
 
 
 class Epilogue:
-    """The epilogue of one program: ``tile_n`` routes a block, ``act`` (``ACT_*``) with W13's ``bias``, and
-    ``scaled``: each value times a float32 ``g`` (NVFP4's global scale) before the bias."""
+    """The epilogue of one program: ``tile_n`` routes a block, ``act`` (``ACT_*``) with W13's ``bias``,
+    ``scaled``: each value times a float32 ``g`` (NVFP4's global scale) before the bias, and ``scatter``: the plain
+    form stores slot ``s``'s row at row ``sorted_ids[s]`` of ``out [pairs, R]`` (nothing for an empty slot)."""
 
-    def __init__(self, tile_n: int, act: int, bias: bool, scaled: bool):
+    def __init__(self, tile_n: int, act: int, bias: bool, scaled: bool, scatter: bool = False):
         if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
             raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
+        if scatter and act != ACT_NONE:
+            raise ValueError(f"activation {act}: the scattering epilogue stores the plain GEMM only")
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
         self.scaled = scaled
-        self.tile = (TILE_M, min(32, tile_n))
+        self.scatter = scatter
+        self.tile = (TILE_M, epi_routes(tile_n))
         self.stages = 2
 
     @property
@@ -104,12 +112,15 @@ class Epilogue:
         )
 
     @cute.jit
-    def store(self, p, g, s_c, g_c, tma_c, tm, b, done, warp):
+    def store(self, p, g, s_c, g_c, tma_c, tm, b, done, warp, scatter_to=None):
         """The plain form (traced inline): bf16 subtiles of ``(128 rows, 32 routes)`` of tile ``(tm, b)`` through
-        the shared buffers (``done``: tiles this CTA stored before, the buffers' parity), stored by warp 4."""
-        g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.tile)
-        b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
-        subtiles = cute.size(g_c_tile, mode=[1])
+        the shared buffers (``done``: tiles this CTA stored before, the buffers' parity), stored by warp 4, or,
+        scattering, by every consumer thread (``scatter_to``: ``(sorted_ids, out, epi_smem, t)``, ``t`` the
+        thread's index among the consumers)."""
+        if cutlass.const_expr(not self.scatter):
+            g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.tile)
+            b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
+        subtiles = self.tile_n // self.tile[1]
         # locals: a value an `if` carries must not be an attribute of a Python object
         t_rs_d, t_rs_acc, t_rs_out, bar, ring = p.t_rs_d, p.t_rs_acc, p.t_rs_out, p.bar, p.ring
         per_sub = cute.size(t_rs_d)
@@ -124,11 +135,35 @@ class Epilogue:
             cute.copy(p.r2s, t_rs_out, p.t_rs_s[(None, None, None, buf)])
             cute.arch.fence_proxy("async.shared", space="cta")
             bar.arrive_and_wait()
-            if warp == 4:
+            if cutlass.const_expr(self.scatter):
+                self._scatter_subtile(s_c, scatter_to, b, tm, e, buf)
+            elif warp == 4:
                 cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
                 ring.producer_commit()
                 ring.producer_acquire()
             bar.arrive_and_wait()
+
+    @cute.jit
+    def _scatter_subtile(self, s_c, scatter_to, b, tm, e, buf):
+        """FC2's subtile ``e`` of block ``b`` to its routes' rows (the consumers, traced inline): 16 threads a slot,
+        thread ``t`` storing 16-byte chunk ``t % 16`` of slot ``t // 16``'s 128 outputs (then of 16 slots on) at
+        row ``sorted_ids[slot]`` of ``out [pairs, R]``; a slot without a route and columns past ``R`` store
+        nothing."""
+        sorted_ids, out, epi_smem, t = scatter_to
+        per = STORE_THREADS // OUT_CHUNKS  # slots a pass of the consumers
+        base = s_c.iterator.toint()
+        rows = cute.size(out, mode=[0])
+        columns = cute.size(out, mode=[1])
+        c = t % OUT_CHUNKS
+        column = tm * TILE_M + c * (routes.CHUNK_BYTES // 2)
+        for j in cutlass.range_constexpr(-(-self.tile[1] // per)):
+            n = t // OUT_CHUNKS + per * j
+            if n < self.tile[1]:
+                route = sorted_ids[b * self.tile_n + e * self.tile[1] + n]
+                if (route >= 0) & (route < rows) & (column < columns):
+                    off = cute.crd2idx((c * (routes.CHUNK_BYTES // 2), n, buf), epi_smem.outer) * 2
+                    dst = out.iterator.toint() + (cutlass.Int64(route) * columns + column) * 2
+                    routes.store_chunk(routes.swizzle128(base + off), dst)
 
     @cute.jit
     def activation(self, acc, g, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):

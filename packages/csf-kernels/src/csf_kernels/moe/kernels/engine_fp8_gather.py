@@ -1,9 +1,9 @@
 """Triton: W4A8's FC1 input (issue 47), the engine's route gather fused with FP8 E4M3 quantization.
 
 Slot ``s`` of the block order (``sorted_ids``, from the alignment) takes token ``sorted_ids[s] // k``'s row of ``x``
-and writes it quantized, with its scale, at row ``s``; each route's slot goes to ``inverse`` as in
-``engine_glue.engine_gather``. A block's empty slots quantize a zero row. Bytes and scales equal
-:mod:`csf_kernels.moe.fp8_activations` (the torch references) on the gathered rows, bit for bit:
+and writes it quantized, with its scale, at row ``s``; each route's slot goes to ``inverse``. A block's empty slots
+quantize a zero row. Bytes and scales equal :mod:`csf_kernels.moe.fp8_activations` (the torch references) on the
+gathered rows, bit for bit:
 
 * ``engine_gather_fp8``: vLLM's dynamic per-token convention, one program a slot: the row's amax over ``hidden`` in
   ``BH``-column chunks, then each chunk divided by the scale (``div_rn``: IEEE division, as vLLM's CUDA kernel),

@@ -20,15 +20,25 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 
 * warpgroup 0, warp 0: the producer. Per K step it copies the unit's weight panel (4 KB), scale bytes (256 B;
   NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
-  TMA, all completing on the stage's mbarrier.
+  TMA, all completing on the stage's mbarrier (:mod:`~csf_kernels.moe.kernels.engine_producer`). Gathering (FC1,
+  ``io="gather"``), the tile's rows come from ``x [tokens, K]`` by 16-byte ``cp.async`` of the gathering producer
+  warps (:class:`~csf_kernels.moe.kernels.engine_producer.RowGather`: warps 0-3, or 0, 1 and 3 beside the inline
+  source's decoder warp 2), each thread arriving on the stage's mbarrier once its copies land.
+* inline scales: producer warp 2 decodes engine records into the scale slots
+  (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), its 32 lanes arriving on each stage's mbarrier.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
   converts the next stage under them (``stage``).
-* the epilogue: the consumers round the fp32 accumulators to bf16, ``stmatrix`` them into a shared subtile and warp
-  4 stores it by TMA (``out`` is M-major from the MMA's view: weight rows are contiguous).
+* the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
+  ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
+  weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
+  subtile at its route, 16 bytes a thread.
+
+Launched as a programmatic dependent launch (``pdl``), every thread waits for the predecessor
+(``griddepcontrol.wait``) after the ring's set-up and before its first global read, then lets the successor launch.
 """
 
 from __future__ import annotations
@@ -43,11 +53,13 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_panels import panel_scales
+from csf_kernels.moe.engine_rows import GATHER_WARPS
+from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
-from csf_kernels.moe.kernels.engine_producer import make_ring, produce, units_in_use
+from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
     MAX_COL_TILES,
@@ -56,7 +68,17 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     RecordDecoderWarp,
 )
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "SCALE_SOURCES", "SCHEDULES", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
+__all__ = [
+    "ACT_NONE",
+    "ACT_SILU",
+    "ACT_SWIGLU_OAI",
+    "IO_MODES",
+    "SCALE_SOURCES",
+    "SCHEDULES",
+    "TILE_K",
+    "TILE_M",
+    "GroupedFp4Gemm",
+]
 
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
@@ -69,10 +91,15 @@ class GroupedFp4Gemm:
     """One compiled program: ``TILE_N`` routes a block (16 to 256), ``stages`` deep ring (default: as many as
     fit), ``act``: the epilogue stores the bf16 GEMM (``ACT_NONE``) or FC1's activation of it (``out`` then has
     ``R / 2`` columns; W13's rows in engine order, :func:`csf_kernels.moe.engine_panels.fc1_engine_rows`), adding
-    ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``).
-    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, ctas, stream)``; ``bias`` is
-    unread without it, ``gscale`` for MXFP4; ``ctas`` persistent CTAs (the SM count). ``schedule``: the consumers'
-    wgmma schedule (:data:`SCHEDULES`; the same output bits either way).
+    ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``);
+    ``io`` (:data:`IO_MODES`): ``gather`` reads slot ``s``'s row of ``x [tokens, K]`` at token
+    ``sorted_ids[s] // top_k`` (zeros for a slot without a route), ``scatter`` stores it to ``out [pairs, R]`` at row
+    ``sorted_ids[s]`` (never for a slot without one); ``schedule``: the consumers' wgmma schedule
+    (:data:`SCHEDULES`; the same output bits either way).
+    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, ctas, top_k, pdl,
+    stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4, ``sorted_ids`` and ``top_k`` in ``dense``
+    mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
+    program waits for its predecessor before it reads anything the predecessor may write).
 
     ``scales="inline"``: the scales come from engine records (``csf_codec.engine_records``) that producer warp 2
     decodes into the same slots (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`); compile :meth:`call_inline`,
@@ -83,17 +110,23 @@ class GroupedFp4Gemm:
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
-        scales: str = "native", schedule: str = "slice",
+        scales: str = "native", io: str = "dense", schedule: str = "slice",
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
-        self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4")  # validates act and bias
+        if io not in IO_MODES or (io == "scatter" and act != ACT_NONE):
+            raise ValueError(f"rows {io!r} (activation {act}): one of {IO_MODES}, scatter with no activation")
+        # validates act and bias
+        self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter")
         if scales not in SCALE_SOURCES:
             raise ValueError(f"scale source must be one of {SCALE_SOURCES}; got {scales!r}")
         self.scales = scales
         self.inline = scales == "inline"
+        self.io = io
+        self.gather = RowGather(tile_n, GATHER_WARPS[scales]) if io == "gather" else None
         self.schedule = schedule
-        self.step = ConsumerStep(schedule, fmt == "nvfp4")  # validates schedule
+        # validates schedule; gathered stages are fenced before wgmma reads them
+        self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -118,7 +151,7 @@ class GroupedFp4Gemm:
         self.ring_bytes = self.stages * stage_bytes + epi_bytes + decoder_bytes
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = 0 if self.inline else s_bytes  # inline: the decoder warp's stores and arrivals, not bytes
-        self.b_tx = tile_n * TILE_K * 2
+        self.b_tx = 0 if self.gather else tile_n * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
 
     @cute.jit
     def __call__(
@@ -131,12 +164,16 @@ class GroupedFp4Gemm:
         gscale: cute.Tensor,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        sorted_ids: cute.Tensor,
         ctas: cutlass.Int32,
+        top_k: cutlass.Int32,
+        pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(self.inline):
             raise TypeError("an inline-scale program is compiled through GroupedFp4Gemm.call_inline")
-        self._launch(w_panel, s_panel, None, x, out, bias, gscale, block_expert, meta, ctas, stream)
+        routes = (sorted_ids, top_k, pdl)
+        self._launch(w_panel, s_panel, None, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
 
     @cute.jit
     def call_inline(
@@ -153,17 +190,21 @@ class GroupedFp4Gemm:
         gscale: cute.Tensor,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        sorted_ids: cute.Tensor,
         ctas: cutlass.Int32,
+        top_k: cutlass.Int32,
+        pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(not self.inline):
             raise TypeError("GroupedFp4Gemm.call_inline needs scales='inline'")
         records = (base_ref, base_delta, block_start, record_units, body)
-        self._launch(w_panel, None, records, x, out, bias, gscale, block_expert, meta, ctas, stream)
+        routes = (sorted_ids, top_k, pdl)
+        self._launch(w_panel, None, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
 
-    def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, block_expert, meta, ctas, stream):
+    def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream):
         """Both entry points' host side (traced inline): views, the MMA, TMA atoms, shared storage, the launch.
-        ``s_panel`` for native scales, else ``records``."""
+        ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pdl)``."""
         bf16 = cutlass.BFloat16
         # operand views: weights (256 words, row blocks, steps, experts), scales (2 R bytes or R words, steps,
         # experts), activations (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
@@ -206,24 +247,27 @@ class GroupedFp4Gemm:
             )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
             g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
-        )
+        )  # gathering, unused: the producer warps copy the routes' rows themselves
         tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
-        )
+        )  # scattering, unused: the consumers store each slot's row at its route
 
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
-            cute.cosize(epi_smem),
+            cute.cosize(epi_smem), self.tile_n if self.gather else 0,
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
+        sorted_ids, top_k, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, out, bias, gscale, *records,
+            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale, sorted_ids, top_k,
+            *records,
         )  # fmt: skip
         kernel.launch(
-            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream
-        )
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream,
+            use_pdl=cutlass.min(cutlass.max(pdl, 0), 1),
+        )  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -243,9 +287,12 @@ class GroupedFp4Gemm:
         epi_smem: cute.ComposedLayout,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
+        x: cute.Tensor,
         out: cute.Tensor,
         bias: cute.Tensor,
         gscale: cute.Tensor,
+        sorted_ids: cute.Tensor,
+        top_k: cutlass.Int32,
         base_ref: cute.Tensor,
         base_delta: cute.Tensor,
         block_start: cute.Tensor,
@@ -263,8 +310,9 @@ class GroupedFp4Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        # inline: the decoder warp's lanes arrive beside the TMA producer
-        producers = 1 + DECODER_ARRIVALS * self.inline
+        # a stage's arrivals: the TMA thread's (which expects the bytes), the inline decoder warp's lanes', and the
+        # gathering threads' once their copies land
+        producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
         if cutlass.const_expr(self.inline):
             if warp == DECODER_WARP:
@@ -292,16 +340,29 @@ class GroupedFp4Gemm:
         t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
-        units = units_in_use(meta, block_expert, cute.size(g_b, mode=[2]), tiles_m)
+        # blocks the activations hold: x's rows in block order, or, gathering, the slots sorted_ids holds
+        held = cute.size(g_b, mode=[2])
+        if cutlass.const_expr(self.gather is not None):
+            held = cute.size(sorted_ids) // self.tile_n
+        units = units_in_use(meta, block_expert, held, tiles_m)
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
+        # gathering: the operands of the routes' rows (self.gather is read where used: the DSL carries no Python
+        # object through a dynamic branch)
+        rows = None
+        if cutlass.const_expr(self.gather is not None):
+            table = storage.tokens.get_tensor(cute.make_layout(self.tile_n))
+            rows = (x, sorted_ids, top_k, table, s_b, b_smem, self.gather.rank(tidx))
         if warp == 0:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
-            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps)
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows)
+        if cutlass.const_expr(self.gather is not None):
+            if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
+                self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
         if cutlass.const_expr(self.inline):
             if warp == DECODER_WARP:
                 RecordDecoderWarp(self.nvfp4, self.stages).run(
@@ -314,13 +375,13 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
-            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
-                         out, bias, gscale, block_expert, cute.size(m_a, mode=[3]))  # fmt: skip
+            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx,
+                         warp, wg, out, bias, gscale, block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
-        self, ring, tiled_mma, s_a, s_s, s_b, s_c, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias,
-        gscale, block_expert, experts,
+        self, ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
+        out, bias, gscale, block_expert, sorted_ids, experts,
     ):  # fmt: skip
         t = tidx % 128
         row_block = wg - 1
@@ -352,7 +413,8 @@ class GroupedFp4Gemm:
             read, release = self.step.k_loop(ring, read, release, k_steps, operands)
 
             if cutlass.const_expr(self.act == ACT_NONE):
-                self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp)
+                scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
+                self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp, scatter_to)
             else:
                 self.epilogue.activation(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
@@ -370,9 +432,10 @@ class GroupedFp4Gemm:
         return g
 
 
-def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems):
-    """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles and, for inline scales, the
-    decoder warp's staging barriers, staging slots, decoded tile and record offsets."""
+def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered):
+    """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales the
+    decoder warp's staging barriers, staging slots, decoded tile and record offsets, and, gathering, the unit's
+    ``gathered`` slots' token rows."""
     mem, align = cute.struct.MemRange, cute.struct.Align
     fields = {
         "bars": mem[cutlass.Int64, stages * 2],
@@ -388,4 +451,6 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems)
             "rec_tile": align[mem[cutlass.Uint32, 128], 128],
             "rec_offs": align[mem[cutlass.Int32, MAX_COL_TILES + 1], 128],
         }
+    if gathered:
+        fields["tokens"] = mem[cutlass.Int32, gathered]
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))

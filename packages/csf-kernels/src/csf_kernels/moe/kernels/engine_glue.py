@@ -1,14 +1,13 @@
-"""Triton: the engine layer's passes around its grouped GEMMs (``docs/moe-engine.md`` §4.6), until the GEMMs'
-epilogues absorb them.
+"""Triton: the engine layer's passes around its grouped GEMMs (``docs/moe-engine.md`` §4.6).
 
-* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // k]`` (zeros for a block's empty
-  slots), and each route's slot, ``inverse[route] = s``.
-* ``engine_act``: FC1's bf16 output ``h [slots, 2N]`` -> FC2's input ``a [slots, N]``: the block's expert's bias,
-  then SiLU-and-mul (W13 rows [gate; up]) or gpt-oss's clamped SwiGLU (rows interleaved), in float32, rounded once.
-* ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[inverse[t k + j]] + b2[e_j])`` in float32, slots in order, a
-  slot whose expert id lies outside [0, E) contributing nothing (its inverse is never read).
-
-Every program first checks its slot against the blocks in use (``meta[0]``, device data: graph-safe).
+* ``engine_act`` (the unfused arm): FC1's bf16 output ``h [slots, 2N]`` -> FC2's input ``a [slots, N]``: the block's
+  expert's bias, then SiLU-and-mul (W13 rows [gate; up]) or gpt-oss's clamped SwiGLU (rows interleaved), in float32,
+  rounded once. It first checks its slot against the blocks in use (``meta[0]``, device data: graph-safe).
+* ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` in float32, ``j`` in order, over FC2's
+  rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
+  outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
+  ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
+* ``slot_route``: a block-order slot's route and token, the first step of every Triton gather.
 """
 
 from __future__ import annotations
@@ -18,20 +17,6 @@ import triton.language as tl
 
 from csf_kernels.moe.kernels.combine import route_expert
 from csf_kernels.runtime.pdl import await_predecessor
-
-SIGNATURE_GATHER = {
-    "x": "*bf16",
-    "sorted_ids": "*i32",
-    "meta": "*i32",
-    "xs": "*bf16",
-    "inverse": "*i32",
-    "hidden": "i32",
-    "top_k": "i32",
-    "pairs": "i32",
-    "BM": "constexpr",
-    "BH": "constexpr",
-    "PDL": "constexpr",
-}
 
 SIGNATURE_ACT = {
     "h": "*bf16",
@@ -60,6 +45,7 @@ SIGNATURE_COMBINE = {
     "num_experts": "i32",
     "IDS64": "constexpr",
     "HAS_BIAS": "constexpr",
+    "INV": "constexpr",
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -75,23 +61,6 @@ def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
     route = tl.load(sorted_ids + s, mask=used, other=-1)
     live = used & (route >= 0) & (route < pairs)
     return used, live, (tl.where(live, route, 0) // top_k).to(tl.int64), route
-
-
-@triton.jit
-def engine_gather(x, sorted_ids, meta, xs, inverse, hidden, top_k, pairs, BM: tl.constexpr, BH: tl.constexpr,
-                  PDL: tl.constexpr):  # fmt: skip
-    await_predecessor(PDL)
-    s = tl.program_id(0)
-    used, live, row, route = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
-    if not used:
-        return
-    cols = tl.arange(0, BH)
-    for c in range(0, hidden, BH):
-        m = c + cols < hidden
-        v = tl.load(x + row * hidden + c + cols, mask=m & live, other=0.0)
-        tl.store(xs + s.to(tl.int64) * hidden + c + cols, v, mask=m)
-    if live:
-        tl.store(inverse + route, s)
 
 
 @triton.jit
@@ -126,7 +95,7 @@ def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.conste
 
 @triton.jit
 def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -135,8 +104,10 @@ def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k,
     for j in range(0, top_k):
         route = t * top_k + j
         e, live = route_expert(topk_ids, route, num_experts, IDS64)
-        slot = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
-        v = tl.load(y + slot * hidden + c, mask=m & live, other=0.0).to(tl.float32)
+        row = route
+        if INV:
+            row = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
+        v = tl.load(y + row * hidden + c, mask=m & live, other=0.0).to(tl.float32)
         if HAS_BIAS:
             v += tl.load(bias + tl.where(live, e, 0).to(tl.int64) * hidden + c, mask=m & live, other=0.0)
         acc += tl.where(live, tl.load(topk_weights + route) * v, 0.0)

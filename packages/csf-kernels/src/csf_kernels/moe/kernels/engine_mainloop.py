@@ -37,13 +37,15 @@ STEP_GROUP = 4  # K steps a loop iteration, unrolled (an even count: ``stage`` a
 
 class ConsumerStep:
     """One consumer warpgroup's K step of a program: ``schedule`` (``SCHEDULES``), ``nvfp4`` the scale slots'
-    format (E4M3 words, else E8M0 bytes)."""
+    format (E4M3 words, else E8M0 bytes), ``gathered`` whether the producer warps fill a stage's B rows by
+    ``cp.async`` (FC1 gathering its routes' rows) rather than TMA."""
 
-    def __init__(self, schedule: str, nvfp4: bool):
+    def __init__(self, schedule: str, nvfp4: bool, gathered: bool = False):
         if schedule not in SCHEDULES:
             raise ValueError(f"the consumer schedule must be one of {SCHEDULES}; got {schedule!r}")
         self.schedule = schedule
         self.nvfp4 = nvfp4
+        self.gathered = gathered
         self.sets = 2  # A register sets: alternate slices (slice), alternate stages (stage)
         self.per_set = 1 if schedule == "slice" else SLICES
 
@@ -111,6 +113,13 @@ class ConsumerStep:
             warpgroup.commit_group()
             warpgroup.wait_group(0 if last else 1)
 
+    def wait(self, ring, read):
+        """Wait for a full stage (traced inline); gathered, its B rows were written by ``cp.async`` (the generic
+        proxy), so fence them before wgmma reads the stage through the async proxy."""
+        ring.consumer_wait(read)
+        if self.gathered:
+            cute.arch.fence_proxy("async.shared", space="cta")
+
     @cute.jit
     def k_loop(self, ring, read, release, k_steps, operands):
         """A unit's K steps (traced inline): ``STEP_GROUP`` steps a loop iteration, then the remainder one step an
@@ -125,7 +134,7 @@ class ConsumerStep:
         if cutlass.const_expr(self.schedule == "stage"):
             for i in cutlass.range(groups, unroll=1):
                 for g in cutlass.range_constexpr(STEP_GROUP):
-                    ring.consumer_wait(read)
+                    self.wait(ring, read)
                     self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
                               False)  # fmt: skip
                     # the step's wait retired the previous stage's wgmmas: that stage is free (a unit's first has none)
@@ -144,7 +153,7 @@ class ConsumerStep:
         else:
             for _ in cutlass.range(groups, unroll=1):
                 for g in cutlass.range_constexpr(STEP_GROUP):
-                    ring.consumer_wait(read)
+                    self.wait(ring, read)
                     self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
                               g == STEP_GROUP - 1)  # fmt: skip
                     if g > 0:  # the previous step's wgmmas completed (its stage is free)
@@ -154,7 +163,7 @@ class ConsumerStep:
                 ring.consumer_release(release)
                 release.advance()
         for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
-            ring.consumer_wait(read)
+            self.wait(ring, read)
             self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, 0, True)
             ring.consumer_release(release)
             release.advance()

@@ -34,11 +34,11 @@ from cutlass import Int32, Int64, Uint32, Uint64
 from cutlass._mlir.dialects import llvm
 
 from csf_codec.engine_record_layout import (
+    BELOW_CODES,
     CODE_SHIFT,
     COUNT_MASK,
     COUNT_SHIFT,
     ESCAPE_CODE,
-    HEADER_BYTES,
     MODE_RAW,
     ORIGIN_SHIFT,
     POSITION_MASK,
@@ -46,6 +46,18 @@ from csf_codec.engine_record_layout import (
     raw_units,
 )
 from csf_codec.tile_layout import TILE_COLS
+from csf_kernels.moe.engine_record_lanes import (
+    above_value,
+    below_value,
+    entries_byte,
+    entry_byte,
+    entry_shift,
+    escapes_byte,
+    quad_selector_byte,
+    slot_row,
+    spread_nibbles,
+    tile_byte,
+)
 from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
 
 __all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
@@ -53,7 +65,6 @@ __all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", 
 RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
 RECORD_SLOTS = 4  # staging slots: records in flight
 DECODER_ARRIVALS = 32  # a stage's full barrier waits for every lane of the decoder warp
-_BELOW = 4  # codes 0-3 lie below the window (csf_codec.engine_record_layout.BELOW_CODES)
 
 _BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
 
@@ -158,8 +169,7 @@ class RecordDecoderWarp:
             bases = Uint32(cute.recast_tensor(base_delta, cutlass.Uint32)[rb, lane]) + ref
         else:  # a nibble a slot
             d = Uint32(cute.recast_tensor(base_delta, cutlass.Uint16)[rb, lane])
-            spread = (d & 0xF) | ((d & 0xF0) << 4) | ((d & 0xF00) << 8) | ((d & 0xF000) << 12)
-            bases = spread + ref
+            bases = spread_nibbles(d) + ref
         return bases
 
     @cute.jit
@@ -195,7 +205,7 @@ class RecordDecoderWarp:
             origin = origin - ((origin & 0x80) << 1)
             count = Int32((h >> COUNT_SHIFT) & COUNT_MASK)
             # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned words
-            at = HEADER_BYTES + ((lane * tc * w) >> 1)
+            at = quad_selector_byte(lane, tc, w)
             sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
             sel = sel >> Uint64((at & 3) * 8)
             mask = (Uint32(1) << Uint32(w)) - 1
@@ -218,14 +228,14 @@ class RecordDecoderWarp:
         for i in cutlass.range_constexpr(4):
             s_tile[4 * lane + i] = words[i]
         cute.arch.sync_warp()
-        entries = HEADER_BYTES + 16 * tc * w
-        escapes = entries + (3 * count + 1) // 2
+        entries = entries_byte(tc, w)
+        escapes = escapes_byte(entries, count)
         escaped = Int32(0)
         for first in cutlass.range(0, count, 32, unroll=1):
             i = first + lane
-            at = cutlass.min(entries + ((3 * i) >> 1), RECORD_BYTES - 2)  # lanes past the count read in bounds
+            at = cutlass.min(entry_byte(entries, i), RECORD_BYTES - 2)  # lanes past the count read in bounds
             pair = Int32(rec8[at, slot]) | (Int32(rec8[at + 1, slot]) << 8)
-            entry = (pair >> ((i & 1) * 4)) & 0xFFF
+            entry = (pair >> entry_shift(i)) & 0xFFF
             code = entry >> CODE_SHIFT
             is_escape = Int32(0)
             if i < count and code == ESCAPE_CODE:
@@ -233,13 +243,11 @@ class RecordDecoderWarp:
             ballot = Uint32(cute.arch.vote_ballot_sync(is_escape != 0))
             rank = Int32(cute.arch.popc(ballot & ((Uint32(1) << Uint32(lane)) - 1)))
             if i < count:
-                pos = entry & POSITION_MASK
-                s = pos >> (tc >> 1)  # tc is 4 or 2
-                idx = s * 4 + pos - s * tc
+                idx = tile_byte(entry & POSITION_MASK, tc)
                 lo = Int32(tile8[idx])
-                v = lo + w - 1 + code - (_BELOW - 1)  # codes 4-6: 1-3 above the window's high end
-                if code < _BELOW:
-                    v = lo - 1 - code
+                v = above_value(lo, code, w)
+                if code < BELOW_CODES:
+                    v = below_value(lo, code)
                 if code == ESCAPE_CODE:
                     v = Int32(rec8[escapes + escaped + rank, slot])
                 tile8[idx] = cutlass.Uint8(v)
@@ -254,7 +262,7 @@ class RecordDecoderWarp:
         masking them (0: zeros), then the lane's arrival on the stage's full barrier."""
         ring.sync_object_empty.wait(state.index, state.phase)
         for i in cutlass.range_constexpr(4):
-            row = 64 * (i // 2) + 16 * (lane // 8) + lane % 8 + 8 * (i % 2)
+            row = slot_row(lane, i)
             v = words[i] & keep
             if cutlass.const_expr(i >= 2):
                 if tail_rows:
