@@ -109,13 +109,18 @@ PEER_ARM = "triton_kernels"
 # in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own,
 # "engine_inline" is "engine" with its scales decoded from engine records by a producer warp (the same bits),
 # "engine_w4a8" runs the engine's W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations); their error is checked
-# against the float32 reference at every token count (W4A8's also against the reference of its exact operands)
+# against the float32 reference at every token count (W4A8's also against the reference of its exact operands).
+# "engine" runs each block size's default consumer schedule (docs/moe-engine.md §4.9); "engine_slice" and
+# "engine_deep" force the slice and the stage schedule where the cache holds it (the same bits as "engine")
 ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine": dict(fused=True),
     "engine_unfused": dict(fused=False),
     "engine_inline": dict(fused=True, scale_source="inline"),
     "engine_w4a8": dict(fused=True, w4a8=True),
+    "engine_slice": dict(fused=True),
+    "engine_deep": dict(fused=True),
 }
+ENGINE_SCHEDULE = {"engine_slice": "slice", "engine_deep": "stage"}  # arm -> EngineMoE's schedule
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -249,7 +254,11 @@ def bench_geometry(
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
     engines = {
-        arm: EngineMoE(engine_weights(data.reference(), geo.activation, **ENGINE_ARMS[arm]), geo.top_k)
+        arm: EngineMoE(
+            engine_weights(data.reference(), geo.activation, **ENGINE_ARMS[arm]),
+            geo.top_k,
+            schedule=ENGINE_SCHEDULE.get(arm),
+        )
         for arm in engine
         if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
     }
@@ -354,7 +363,10 @@ def bench_geometry(
                     "fraction_of_fp8_peak": flops / med / 1e12 / fp8_peak_tflops if fp8_peak_tflops else None,
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
-            if engines[arm].weights.scale_source == "inline" and "engine" in engines:  # the native engine's bits
+            # another scale source or schedule of the engine: the native default engine's bits
+            same_bits = engines[arm].weights.scale_source == "inline" or arm in ENGINE_SCHEDULE
+            if same_bits and "engine" in engines:
+                row["arms"][arm]["over_engine"] = med / statistics.median(samples_of["engine"])
                 row["arms"][arm]["bit_identical_to_engine"] = all(
                     torch.equal(o, n) for o, n in zip(outs[arm], outs["engine"], strict=True)
                 )

@@ -1,11 +1,11 @@
 """The engine's grouped FP4 GEMM builds for sm_90a on a GPU-less machine: no spills, register budgets applied, and its
-wgmmas pipelined (ptxas serializes wgmma when it cannot prove the A-register conversions safe; the SASS then waits
-for zero wgmmas after each one instead of one), MXFP4 and NVFP4 alike, in every row mode and of both scale sources;
-NVFP4 programs convert E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every program waits
-for its predecessor and lets its successor launch once (PDL); FC1's gathering producer copies its rows by 16-byte
-``cp.async`` (no activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA store).
-Inline-scale programs add producer warp 2's record decoder (bulk copies, a warp ballot) within the producers' 40
-registers, their gather by the other three producer warps, and leave the consumers' SASS facts as they were."""
+wgmmas pipelined as its schedule says (ptxas serializes wgmma when it cannot prove the A-register conversions safe;
+the SASS then waits for zero wgmmas after each one), MXFP4 and NVFP4 alike, in every row mode and of both scale
+sources; NVFP4 programs convert E4M3 factors and multiply by the global scale, MXFP4 programs do neither. Every
+program waits for its predecessor and lets its successor launch once (PDL); FC1's gathering producer copies its rows
+by 16-byte ``cp.async`` (no activation TMA), FC2's scattering epilogue stores them by 16-byte vector stores (no TMA
+store). Inline-scale programs add producer warp 2's record decoder (bulk copies, a warp ballot) within the producers'
+40 registers, their gather by the other three producer warps, and leave the consumers' SASS facts as they were."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 
 from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.engine_rows import GATHER_WARPS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
-from csf_kernels.moe.kernels.engine_gemm import STEP_GROUP
+from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
@@ -33,15 +33,22 @@ _NVFP4 = [(16, 0, False, "dense"), (256, 0, False, "dense"), (128, 1, False, "ga
 _INLINE = [(16, 0, False, "dense", "mxfp4"), (16, 2, True, "gather", "mxfp4"), (256, 2, True, "gather", "mxfp4"),
            (256, 0, False, "scatter", "mxfp4"), (16, 0, False, "dense", "nvfp4"), (128, 1, False, "gather", "nvfp4"),
            (32, 0, False, "scatter", "nvfp4")]  # fmt: skip
+# the stage schedule at the decode block sizes (where the catalog holds it): each row mode, plain, fused (FC1
+# gathers), inline and NVFP4
+_STAGE = [(16, 0, False, "dense", "mxfp4", "native"), (32, 0, False, "scatter", "mxfp4", "native"),
+          (64, 0, False, "gather", "mxfp4", "native"), (16, 2, True, "gather", "mxfp4", "native"),
+          (64, 2, True, "gather", "mxfp4", "inline"), (32, 1, False, "gather", "nvfp4", "native"),
+          (16, 0, False, "dense", "nvfp4", "inline")]  # fmt: skip
 VARIANTS = (
-    [(*v, "mxfp4", "native") for v in _MXFP4]
-    + [(*v, "nvfp4", "native") for v in _NVFP4]
-    + [(*v, "inline") for v in _INLINE]
+    [(*v, "mxfp4", "native", "slice") for v in _MXFP4]
+    + [(*v, "nvfp4", "native", "slice") for v in _NVFP4]
+    + [(*v, "inline", "slice") for v in _INLINE]
+    + [(*v, "stage") for v in _STAGE]
 )
 
 
 def _variant_id(v) -> str:
-    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}"
+    return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}-{v[6]}"
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
@@ -50,9 +57,9 @@ def built(request, tmp_path_factory):
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, io, fmt, scales = request.param
+    tile_n, act, bias, io, fmt, scales, schedule = request.param
     out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io)
+    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, schedule=schedule)
     meta = export.build_cute_program(program, out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
@@ -66,12 +73,53 @@ def test_no_spills_and_register_split(built):
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL" in sass and "0xe8" in sass  # consumers: 232
 
 
+def _wgmma_events(sass: str, tile_n: int) -> list[str]:
+    """The consumers' wgmma events in program order: ``F`` a fence (WARPGROUP.ARRIVE), ``m`` a wgmma that does not
+    close its commit group, ``M`` one that does (``gsb0``), ``W<n>`` a wait for at most n groups in flight."""
+    events = []
+    for line in sass.splitlines():
+        if "WARPGROUP.ARRIVE" in line:
+            events.append("F")
+        elif f"HGMMA.64x{tile_n}x16.F32.BF16" in line:
+            events.append("M" if "gsb0" in line.split(";")[0] else "m")
+        elif m := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d)", line):
+            events.append(f"W{m.group(1)}")
+    return events
+
+
 def test_wgmma_pipelined(built):
-    tile_n, _, sass = built
+    tile_n, meta, sass = built
+    events = _wgmma_events(sass, tile_n)
     # one wgmma per K slice, A from registers: a group of STEP_GROUP steps, then the one-step remainder loop
-    assert sass.count(f"HGMMA.64x{tile_n}x16.F32.BF16") == 4 * (STEP_GROUP + 1)
-    # one wgmma left in flight while the next slice converts, except at each loop's last slice
-    assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 4 * (STEP_GROUP + 1) - 2
+    assert events.count("m") + events.count("M") == 4 * (STEP_GROUP + 1)
+    if meta["schedule"] == "slice":
+        # a wgmma a commit group, one left in flight while the next slice converts, except at each loop's last
+        # slice (the group loop drains at its back edge)
+        slice_ = ["F", "M", "W1"]
+        group = slice_ * (4 * STEP_GROUP - 1) + ["F", "M", "W0"]
+        assert events == group + slice_ * 3 + ["F", "M", "W0"]
+        assert meta["wgmmas_in_flight"] == 2
+    else:
+        # a stage's four wgmmas back to back in one commit group after one fence, one group left in flight: the
+        # group loop's last stage too (its group crosses the back edge), drained once after the loop; the
+        # remainder's one-stage loop drains each stage
+        stage = ["F", "m", "m", "m", "M"]
+        assert events == [*stage, "W1"] * STEP_GROUP + ["W0", *stage, "W0"]
+        assert meta["wgmmas_in_flight"] == 8
+
+
+def test_stage_schedule_alternates_register_sets(built):
+    """Consecutive stages of the stage schedule's group loop read disjoint A registers, the last and the first
+    across the back edge too: the conversion of one stage never writes registers a wgmma in flight reads."""
+    tile_n, meta, sass = built
+    if meta["schedule"] != "stage":
+        pytest.skip("the slice schedule has one fragment a slice")
+    a_regs = [re.search(rf"HGMMA\.64x{tile_n}x16\.F32\.BF16 R\d+, (R\d+)", line).group(1)
+              for line in sass.splitlines() if f"HGMMA.64x{tile_n}x16.F32.BF16" in line]  # fmt: skip
+    stages = [set(a_regs[i : i + 4]) for i in range(0, 4 * STEP_GROUP, 4)]
+    assert all(len(s) == 4 for s in stages)  # four fragments a stage
+    for i in range(STEP_GROUP):
+        assert not stages[i] & stages[(i + 1) % STEP_GROUP], (i, stages)
 
 
 def test_scale_conversion_and_global_scale_by_format(built):

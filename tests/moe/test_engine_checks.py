@@ -11,14 +11,16 @@ from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, groupe
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
+    ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
+    engine_schedule,
     engine_serves,
     engine_specs,
     engine_tile_n,
 )
-from csf_moe.engine_layer import engine_weights
+from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import QuantizedExperts
 
 E, R, K, NX = 2, 128, 128, 64
@@ -217,25 +219,55 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records
-        assert sorted((s.fact["TN"], s.fact.get("SRC", "native")) for s in fc1) == sorted(
-            (t, src) for t in ENGINE_TILE_N for src in ("native", "inline")
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
+        assert sorted((s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice")) for s in fc1) == sorted(
+            (t, src, sched)
+            for t in ENGINE_TILE_N
+            for src in ("native", "inline")
+            for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         assert all(s.fact["IO"] == "gather" for s in fc1)  # FC1 fetches its routes' rows itself
         assert not any("gather" in s.kernel for s in engine_geometry_specs(geo))  # no gather pass
     plain = engine_specs()
     want = {
-        (f, t, src, io)
+        (f, t, src, io, sched)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
         for io in ENGINE_IO
+        for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
     }
-    assert {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"]) for s in plain} == want
+    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"))
+           for s in plain}  # fmt: skip
+    assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
-    # native programs keep the identity they had before the inline source existed
+    # native programs keep the identity they had before the inline source existed, slice ones theirs from before
+    # the stage schedule
     assert "SRC" not in engine_gemm_spec(16).fact and engine_gemm_spec(16, scales="inline").fact["SRC"] == "inline"
+    assert "SCHED" not in engine_gemm_spec(16, schedule="slice").fact
+
+
+def test_schedules_default_by_block_size_and_fall_back_where_not_built():
+    """``stage`` serves the decode block sizes by default; a wanted schedule the cache lacks for a size falls back
+    to the size's default; an unknown one is refused."""
+    assert [engine_schedule(t) for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "slice", "slice"]
+    assert engine_schedule(16, "slice") == "slice" and engine_schedule(128, "stage") == "slice"
+    assert engine_gemm_spec(32).fact["SCHED"] == "stage" and "SCHED" not in engine_gemm_spec(128).fact
+    with pytest.raises(ValueError, match="schedules"):
+        engine_schedule(16, "deep")
+    with pytest.raises(ValueError, match="schedules"):
+        engine_gemm_spec(16, schedule="deep")
+    w, s, x, out, be, meta = _operands()
+    slice_ = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, schedule="slice")
+    stage = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16)
+    assert slice_.spec == engine_gemm_spec(16, schedule="slice") and stage.spec.fact["SCHED"] == "stage"
+    # the same arguments: only the program differs
+    same = [(a.data_ptr(), a.shape) if torch.is_tensor(a) else a for a in slice_.args]
+    assert same == [(a.data_ptr(), a.shape) if torch.is_tensor(a) else a for a in stage.args]
+    assert slice_.grid == stage.grid
+    big = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, schedule="stage")
+    assert big.spec == engine_gemm_spec(128, schedule="slice")
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
@@ -288,3 +320,22 @@ def test_inline_sources_refuse_what_the_program_cannot_read():
         grouped_fp4_gemm_launch(w.w13, other, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
     launch = grouped_fp4_gemm_launch(w.w13, w.s13, x, out, torch.zeros(1, **i32), torch.ones(1, **i32), tile_n=16)
     assert launch.spec.fact["SRC"] == "inline" and launch.args[1:6] == w.s13.tensors()
+
+
+def test_the_layer_passes_its_schedule_to_the_fp4_gemms():
+    """EngineMoE(schedule=...) picks each FP4 GEMM's program (falling back where the size lacks it) and refuses an
+    unknown schedule or one for W4A8 weights (their GEMM has its own)."""
+    w = engine_weights(_experts("mxfp4", 128, 128), "silu", fused=False)
+    x = torch.zeros(NX, 128, dtype=torch.bfloat16)
+    out = torch.zeros(NX, 128, dtype=torch.bfloat16)
+    be, meta = torch.zeros(NX // 16, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    for schedule, bm, want in (
+        ("slice", 16, "slice"),
+        ("stage", 16, "stage"),
+        (None, 32, "stage"),
+        ("stage", 128, "slice"),
+    ):
+        launch = EngineMoE(w, 2, schedule=schedule)._gemm("13", {"x": x}, out, be, meta, bm)
+        assert launch.spec == engine_gemm_spec(bm, schedule=want), (schedule, bm)
+    with pytest.raises(ValueError, match="schedule 'deep'"):
+        EngineMoE(w, 2, schedule="deep")

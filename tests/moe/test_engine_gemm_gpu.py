@@ -16,7 +16,7 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -256,6 +256,71 @@ def test_fused_activation_epilogue_matches_the_reference(activation, with_bias, 
         assert (err <= tol).all(), f"block {b}: max error {err.max().item():.3e}"
 
 
+def _grouped(w_panel, s_panel, x, rows, block_expert, meta, tile_n, fmt, gscale, schedule, **epilogue):
+    """One frozen grouped launch of ``schedule`` into a NaN-poisoned output."""
+    cols = rows // 2 if epilogue.get("activation") else rows
+    out = torch.full((x.shape[0], cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    runtime.freeze()
+    try:
+        launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n, fmt=fmt,
+                                         global_scale=gscale, schedule=schedule, **epilogue)  # fmt: skip
+        assert launch.spec.fact.get("SCHED", "slice") == schedule
+        bound = launch.bind(f"engine {schedule} schedule test")
+    finally:
+        runtime.unfreeze()
+    bound()
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+@pytest.mark.parametrize("k", [64, 256, 448, 2880], ids=lambda k: f"k{k}")
+def test_stage_schedule_gives_the_slice_schedules_bits(k, tile_n, fmt):
+    """The stage schedule issues the same wgmmas in the same K order as the slice one: the same bits, at K step
+    counts with no group (1 step), groups only (4), groups and a remainder (7, 45), over more units than SMs (each
+    CTA walks several, the ring's phases wrapping across units), invalid blocks included."""
+    experts, rows, blocks = 3, 1152, 48  # 9 row tiles x 48 blocks: 432 units
+    packed, scales, gscale, w = _random_experts(experts, rows, k, SEED + k + tile_n, fmt)
+    w_panel, s_panel = _panels(packed, scales, fmt)
+    g = torch.Generator().manual_seed(SEED + 11)
+    x = (torch.randn(blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    ids = torch.randint(-1, experts + 1, (blocks,), generator=g, dtype=torch.int32)  # -1 and E: inert
+    block_expert, meta = ids.cuda(), torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    args = (w_panel, s_panel, x, rows, block_expert, meta, tile_n, fmt, gscale)
+    slice_, stage = _grouped(*args, "slice"), _grouped(*args, "stage")
+    assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
+    for b in (0, blocks // 2, blocks - 1):  # and they are right, not merely equal
+        e = int(ids[b])
+        rows_b = slice(b * tile_n, (b + 1) * tile_n)
+        if 0 <= e < experts:
+            _check(stage[rows_b], x[rows_b], w[e])
+        else:
+            assert torch.equal(stage[rows_b].float(), torch.zeros_like(stage[rows_b].float()))
+
+
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+def test_stage_schedule_fused_fc1_gives_the_slice_schedules_bits(tile_n):
+    """gpt-oss's FC1 (clamped SwiGLU and bias in the epilogue, the catalog's fused program): the same bits under
+    both schedules."""
+    from csf_kernels.moe.engine_panels import fc1_engine_rows
+
+    experts, inter, k, blocks = 4, 1440, 2880, 24
+    packed, scales, _, _ = _random_experts(experts, 2 * inter, k, SEED + 5 + tile_n)
+    perm = fc1_engine_rows(inter, interleaved=True)
+    w_panel, s_panel = _panels(packed[:, perm], scales[:, perm])
+    g = torch.Generator().manual_seed(SEED + 13)
+    bias = (torch.randn(experts, 2 * inter, generator=g) * 0.5)[:, perm].contiguous().cuda()
+    x = torch.randn(blocks * tile_n, k, generator=g).to(torch.bfloat16).cuda()
+    block_expert = torch.randint(0, experts, (blocks,), generator=g, dtype=torch.int32).cuda()
+    meta = torch.tensor([blocks], dtype=torch.int32, device="cuda")
+    args = (w_panel, s_panel, x, 2 * inter, block_expert, meta, tile_n, "mxfp4", None)
+    fused = dict(activation="swiglu_oai", bias=bias)
+    slice_, stage = _grouped(*args, "slice", **fused), _grouped(*args, "stage", **fused)
+    assert torch.isfinite(stage.float()).all(), "unwritten outputs"
+    assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
+
+
 def _routed_slots(tokens: int, top_k: int, experts: int, tile_n: int, g: torch.Generator):
     """A hand-made alignment of ``tokens x top_k`` routes: blocks of ``tile_n`` slots per expert in random order,
     each block's tail the sentinel ``pairs``, plus one slot holding -1 and one past ``pairs`` (inert either way).
@@ -343,3 +408,24 @@ def test_gather_and_scatter_equal_the_block_order_gemm(tile_n, fmt):
     assert torch.equal(gathered.view(torch.int16), g_plain.view(torch.int16)), "replayed gather differs"
     assert torch.equal(scattered.view(torch.int16), s_plain.view(torch.int16)), "replayed scatter differs"
     assert not torch.isnan(gathered[:n].float()).all(), "the replay stored nothing"
+
+
+@pytest.mark.parametrize("tile_n", ENGINE_STAGE_TILE_N)
+def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
+    """FC1 gathering its routes' rows by ``cp.async``: the stage schedule's consumers fence each gathered stage
+    before wgmma reads it, as the slice schedule's do; the same bits under both, every live slot written."""
+    experts, rows, k, tokens, top_k = 4, 256, 2880, 3 * tile_n + 5, 3
+    packed, scales, _, _ = _random_experts(experts, rows, k, SEED + tile_n + 17)
+    w_panel, s_panel = _panels(packed, scales)
+    g = torch.Generator().manual_seed(SEED + 19)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    outs = {}
+    for schedule in ENGINE_SCHEDULES:
+        outs[schedule] = torch.full((sorted_ids.numel(), rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _bound(w_panel, s_panel, x, outs[schedule], block_expert, meta, tile_n=tile_n, io="gather",
+               sorted_ids=sorted_ids, top_k=top_k, schedule=schedule)()  # fmt: skip
+    torch.cuda.synchronize()
+    n = used * tile_n
+    assert not torch.isnan(outs["stage"][:n].float()).any(), "unwritten slots"
+    assert torch.equal(outs["slice"].view(torch.int16), outs["stage"].view(torch.int16)), "the schedules differ"

@@ -294,7 +294,13 @@ def row_block_expander_program(cols: int, delta_bits: int, max_record_bytes: int
 
 
 def engine_gemm_name(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
+    tile_n: int,
+    act: int = 0,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
+    schedule: str = "slice",
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -303,23 +309,32 @@ def engine_gemm_name(
         + ("" if fmt == "mxfp4" else f"_{fmt}")
         + ("" if scales == "native" else f"_{scales}")
         + ("" if io == "dense" else f"_{io}")
+        + ("" if schedule == "slice" else f"_{schedule}")
     )
 
 
 def engine_gemm_program(
-    tile_n: int, act: int = 0, bias: bool = False, fmt: str = "mxfp4", scales: str = "native", io: str = "dense"
+    tile_n: int,
+    act: int = 0,
+    bias: bool = False,
+    fmt: str = "mxfp4",
+    scales: str = "native",
+    io: str = "dense",
+    schedule: str = "slice",
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
-    (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes."""
+    (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
+    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    kernel = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)  # validates
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule)
+    kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
     def factory():
-        gemm = GroupedFp4Gemm(tile_n, act=act, bias=bias, fmt=fmt, scales=scales, io=io)
+        gemm = GroupedFp4Gemm(tile_n, **options)
         return gemm.call_inline if inline else gemm
 
     if inline:  # the plane's engine records (csf_codec.engine_records), starts in 16-byte units
@@ -335,7 +350,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -362,6 +377,8 @@ def engine_gemm_program(
             ("fmt", fmt),
             ("scales", scales),
             ("io", io),
+            ("schedule", schedule),
+            ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),
     )

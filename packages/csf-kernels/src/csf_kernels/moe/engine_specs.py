@@ -24,6 +24,8 @@ __all__ = [
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
     "ENGINE_SCALE_SOURCES",
+    "ENGINE_SCHEDULES",
+    "ENGINE_STAGE_TILE_N",
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
     "ENGINE_TILE_N",
@@ -32,6 +34,8 @@ __all__ = [
     "engine_combine_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
+    "engine_schedule",
+    "engine_schedules",
     "engine_serves",
     "engine_specs",
     "engine_tile_n",
@@ -47,6 +51,11 @@ ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
+# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group; the same bits
+ENGINE_SCHEDULES = ("slice", "stage")
+# block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
+# served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
+ENGINE_STAGE_TILE_N = (16, 32, 64)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
@@ -100,10 +109,25 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows, its activation fused
-            specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather"))
+            for schedule in engine_schedules(bm):
+                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather", schedule))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
+
+
+def engine_schedules(tile_n: int) -> tuple[str, ...]:
+    """The consumer schedules the AOT cache holds for ``tile_n`` routes a block."""
+    return ENGINE_SCHEDULES if tile_n in ENGINE_STAGE_TILE_N else ("slice",)
+
+
+def engine_schedule(tile_n: int, want: str | None = None) -> str:
+    """The schedule serving ``tile_n`` routes a block: ``want`` where the cache holds it for that size, else the
+    default (``stage`` at :data:`ENGINE_STAGE_TILE_N`, ``slice`` above)."""
+    if want is not None and want not in ENGINE_SCHEDULES:
+        raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {want!r}")
+    built = engine_schedules(tile_n)
+    return want if want in built else built[-1]
 
 
 def engine_gemm_spec(
@@ -113,11 +137,14 @@ def engine_gemm_spec(
     fmt: str = "mxfp4",
     scales: str = "native",
     io: str = "dense",
+    schedule: str | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
     inline program carries the fact ``SRC``); ``io``: rows in block order (``dense``), FC1's input gathered by
-    route (``gather``) or FC2's output scattered to routes (``scatter``, no activation)."""
+    route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
+    consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
+    the fact ``SCHED``, ``slice`` ones keep their earlier identity)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -128,20 +155,25 @@ def engine_gemm_spec(
         raise ValueError(f"the engine GEMM reads {ENGINE_SCALE_SOURCES} scales; got {scales!r}")
     if io not in ENGINE_IO or (io == "scatter" and activation is not None):
         raise ValueError(f"the engine GEMM's rows are one of {ENGINE_IO} (scatter without activation); got {io!r}")
+    schedule = engine_schedule(tile_n) if schedule is None else schedule
+    if schedule not in ENGINE_SCHEDULES:
+        raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
+    sched = {} if schedule == "slice" else {"SCHED": schedule}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source)  # fmt: skip
+                          **source, **sched)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
-    """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources
-    and in each row mode: the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering (they take every shape
-    at run time)."""
+    """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
+    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering) and each schedule built
+    for the block size (they take every shape at run time)."""
     return [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io)
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
+        for schedule in engine_schedules(tn)
     ]

@@ -29,7 +29,9 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
-  registers and B from the stage, one wgmma left in flight while the next slice converts.
+  registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
+  leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
+  converts the next stage under them (``stage``).
 * the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
@@ -55,9 +57,8 @@ from csf_kernels.moe.engine_rows import GATHER_WARPS
 from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
-from csf_kernels.moe.kernels.engine_epilogue import asm_u32 as _asm_u32
+from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
@@ -67,9 +68,18 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     RecordDecoderWarp,
 )
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "IO_MODES", "SCALE_SOURCES", "TILE_K", "TILE_M", "GroupedFp4Gemm"]
+__all__ = [
+    "ACT_NONE",
+    "ACT_SILU",
+    "ACT_SWIGLU_OAI",
+    "IO_MODES",
+    "SCALE_SOURCES",
+    "SCHEDULES",
+    "TILE_K",
+    "TILE_M",
+    "GroupedFp4Gemm",
+]
 
-STEP_GROUP = 4  # K steps a consumer loop iteration: the wgmma pipeline drains once a group
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
 DECODER_WARP = 2
@@ -84,7 +94,8 @@ class GroupedFp4Gemm:
     ``bias`` (float32 ``[E, R]`` in engine row order) first; ``fmt`` the weights' format (``mxfp4``, ``nvfp4``);
     ``io`` (:data:`IO_MODES`): ``gather`` reads slot ``s``'s row of ``x [tokens, K]`` at token
     ``sorted_ids[s] // top_k`` (zeros for a slot without a route), ``scatter`` stores it to ``out [pairs, R]`` at row
-    ``sorted_ids[s]`` (never for a slot without one).
+    ``sorted_ids[s]`` (never for a slot without one); ``schedule``: the consumers' wgmma schedule
+    (:data:`SCHEDULES`; the same output bits either way).
     Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, ctas, top_k, pdl,
     stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4, ``sorted_ids`` and ``top_k`` in ``dense``
     mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
@@ -99,7 +110,7 @@ class GroupedFp4Gemm:
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
-        scales: str = "native", io: str = "dense",
+        scales: str = "native", io: str = "dense", schedule: str = "slice",
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -113,6 +124,9 @@ class GroupedFp4Gemm:
         self.inline = scales == "inline"
         self.io = io
         self.gather = RowGather(tile_n, GATHER_WARPS[scales]) if io == "gather" else None
+        self.schedule = schedule
+        # validates schedule; gathered stages are fenced before wgmma reads them
+        self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -377,11 +391,7 @@ class GroupedFp4Gemm:
         t_cs_b = thr_mma.partition_B(s_b)
         t_cr_b = tiled_mma.make_fragment_B(t_cs_b)  # (MMA, MMA_N, MMA_K = 4, stages)
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, self.tile_n)), self.acc_dtype)
-        frag = [
-            tiled_mma.make_fragment_A(thr_mma.partition_shape_A((TILE_M, 16))),
-            tiled_mma.make_fragment_A(thr_mma.partition_shape_A((TILE_M, 16))),
-        ]
-        frag_words = [cute.recast_tensor(f, cutlass.Uint32) for f in frag]
+        frags = self.step.fragments(tiled_mma, thr_mma, TILE_M)
         s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
@@ -399,27 +409,8 @@ class GroupedFp4Gemm:
             g_e = cutlass.Float32(1.0)  # NVFP4's global scale of the block's expert
             if cutlass.const_expr(self.nvfp4):
                 g_e = self._global_scale(gscale, block_expert, b, experts)
-            # STEP_GROUP steps a loop iteration: the pipeline drains (wait for zero wgmmas) once a group, at the
-            # loop's back edge; the remainder steps run one a group
-            groups = k_steps // STEP_GROUP
-            for _ in cutlass.range(groups, unroll=1):
-                for g in cutlass.range_constexpr(STEP_GROUP):
-                    self._consumer_wait(ring, read)
-                    self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
-                                   row_block, r0, g == STEP_GROUP - 1)  # fmt: skip
-                    if g > 0:  # the previous step's wgmmas completed (its stage is free)
-                        ring.consumer_release(release)
-                        release.advance()
-                    read.advance()
-                ring.consumer_release(release)
-                release.advance()
-            for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
-                self._consumer_wait(ring, read)
-                self._mma_step(tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, read.index, t,
-                               row_block, r0, True)  # fmt: skip
-                ring.consumer_release(release)
-                release.advance()
-                read.advance()
+            operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
+            read, release = self.step.k_loop(ring, read, release, k_steps, operands)
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
@@ -429,45 +420,6 @@ class GroupedFp4Gemm:
             done += 1
             u += cute.arch.grid_dim()[0]
         epi.ring.producer_tail()
-
-    def _consumer_wait(self, ring, read):
-        """Wait for a full stage (traced inline); gathering, its B rows were written by ``cp.async`` (the generic
-        proxy), so fence them before wgmma reads the stage through the async proxy."""
-        ring.consumer_wait(read)
-        if self.gather is not None:
-            cute.arch.fence_proxy("async.shared", space="cta")
-
-    def _mma_step(self, tiled_mma, acc, frag, frag_words, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, last):
-        """One K step of a consumer (traced inline): its four weight words and scale factors from the stage, then
-        per K slice the conversion into A registers and the wgmma. One wgmma stays in flight while the next slice
-        converts; the ``last`` step of a group waits for all (ptxas cannot prove a conversion safe across the
-        loop's back edge and would serialize every wgmma of the loop otherwise)."""
-        for i in range(4):
-            words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
-        if self.nvfp4:  # rows r0, r0 + 8: a word of four E4M3 bytes each, byte j for slice j
-            s0 = s_s[(r0, 0, 0, stage)]
-            s1 = s_s[(r0 + 8, 0, 0, stage)]
-        else:
-            f0a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)]))
-            f0b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)]))
-            f1a = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)]))
-            f1b = _asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)]))
-        for j in range(4):
-            if self.nvfp4:
-                f0 = _asm_u32(E4M3_FACTOR_PTX[j], s0)
-                f1 = _asm_u32(E4M3_FACTOR_PTX[j], s1)
-            else:
-                f0 = f0a if j < 2 else f0b  # slices 0, 1: the step's first scale block
-                f1 = f1a if j < 2 else f1b
-            dst = frag_words[j % 2]
-            dst[0] = _asm_u32(PAIR_PTX[0], words[j], f0)
-            dst[1] = _asm_u32(PAIR_PTX[1], words[j], f1)
-            dst[2] = _asm_u32(PAIR_PTX[2], words[j], f0)
-            dst[3] = _asm_u32(PAIR_PTX[3], words[j], f1)
-            warpgroup.fence()
-            cute.gemm(tiled_mma, acc, frag[j % 2][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0 if last and j == 3 else 1)
 
     @cute.jit
     def _global_scale(self, gscale, block_expert, b, experts):

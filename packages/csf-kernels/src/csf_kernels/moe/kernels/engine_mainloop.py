@@ -1,0 +1,171 @@
+"""The consumers' K step of the engine's grouped FP4 x bf16 GEMM (``docs/moe-engine.md`` §4.4, §4.9): a stage's
+placed FP4 words and scale factors converted into wgmma A fragments, and the order its wgmmas issue and retire in.
+Both schedules convert the same words with the same factors and issue the same wgmmas in the same K order into one
+accumulator, so their outputs are the same bits; only when each wgmma may start moves.
+
+* ``slice`` (one dependent chain a warpgroup): per K slice of 16, convert into one of two A register sets, issue its
+  wgmma as a commit group of its own and wait until one group is left in flight. At most two wgmmas are in flight,
+  and each slice's conversion waits for the wgmma two slices back.
+* ``stage``: convert a stage's four slices into four A register sets, issue its four wgmmas back to back as one
+  commit group, then wait until one group (this stage's) is left in flight: up to eight wgmmas in flight, the next
+  stage's conversion overlapping this stage's MMAs. Stages alternate between two sets of four fragments (32
+  registers a thread).
+
+The caller releases a stage to the producer after the step whose wait retires its wgmmas: in ``stage``, the next
+step's, right after its one wait; in ``slice`` the next step's too, after its fourth slice.
+
+ptxas (C7513) accepts a conversion that writes registers while other wgmmas are in flight only where it can prove
+them disjoint, and it cannot across a loop's back edge: the ``last`` step of an unrolled group waits for zero
+groups, else ptxas serializes every wgmma of the kernel.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
+from csf_kernels.moe.kernels.engine_epilogue import asm_u32
+
+__all__ = ["SCHEDULES", "STEP_GROUP", "ConsumerStep"]
+
+SCHEDULES = ("slice", "stage")
+SLICES = 4  # K slices of 16 a stage (a 64-K panel step)
+STEP_GROUP = 4  # K steps a loop iteration, unrolled (an even count: ``stage`` alternates two register sets)
+
+
+class ConsumerStep:
+    """One consumer warpgroup's K step of a program: ``schedule`` (``SCHEDULES``), ``nvfp4`` the scale slots'
+    format (E4M3 words, else E8M0 bytes), ``gathered`` whether the producer warps fill a stage's B rows by
+    ``cp.async`` (FC1 gathering its routes' rows) rather than TMA."""
+
+    def __init__(self, schedule: str, nvfp4: bool, gathered: bool = False):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"the consumer schedule must be one of {SCHEDULES}; got {schedule!r}")
+        self.schedule = schedule
+        self.nvfp4 = nvfp4
+        self.gathered = gathered
+        self.sets = 2  # A register sets: alternate slices (slice), alternate stages (stage)
+        self.per_set = 1 if schedule == "slice" else SLICES
+
+    def fragments(self, tiled_mma, thr_mma, rows: int):
+        """Device side, once a kernel: the A fragments ``[set][slice]`` and their uint32 views."""
+        frag = [
+            [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((rows, 16))) for _ in range(self.per_set)]
+            for _ in range(self.sets)
+        ]
+        return frag, [[cute.recast_tensor(f, cutlass.Uint32) for f in fs] for fs in frag]
+
+    def wgmmas_in_flight(self) -> int:
+        """The most wgmmas a warpgroup has in flight by construction (while it converts the next ones)."""
+        return 2 * self.per_set
+
+    def _scales(self, s_s, stage, r0):
+        """The stage's scale slots of the thread's rows ``r0`` and ``r0 + 8``: NVFP4 a word of four E4M3 bytes each
+        (byte j for slice j), MXFP4 the bf16x2 factors of the step's two scale blocks."""
+        if self.nvfp4:
+            return s_s[(r0, 0, 0, stage)], s_s[(r0 + 8, 0, 0, stage)]
+        return (
+            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)])),
+            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)])),
+            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)])),
+            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)])),
+        )
+
+    def _slice_factors(self, scales, j: int):
+        """Slice ``j``'s bf16x2 factors of rows ``r0`` and ``r0 + 8``."""
+        if self.nvfp4:
+            return asm_u32(E4M3_FACTOR_PTX[j], scales[0]), asm_u32(E4M3_FACTOR_PTX[j], scales[1])
+        f0a, f0b, f1a, f1b = scales
+        return (f0a, f1a) if j < 2 else (f0b, f1b)  # slices 0, 1: the step's first scale block
+
+    @staticmethod
+    def _convert(dst, word, f0, f1):
+        """A slice's four bf16x2 A registers from one placed word (rows r0: pairs 0 and 2, r0 + 8: 1 and 3)."""
+        dst[0] = asm_u32(PAIR_PTX[0], word, f0)
+        dst[1] = asm_u32(PAIR_PTX[1], word, f1)
+        dst[2] = asm_u32(PAIR_PTX[2], word, f0)
+        dst[3] = asm_u32(PAIR_PTX[3], word, f1)
+
+    def step(self, tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, parity, last):
+        """One K step (traced inline): the thread's four weight words and scale factors from the stage, then the
+        schedule's conversions and wgmmas. ``parity``: the step's place in its unrolled group (``stage`` writes
+        register set ``parity % 2``); the ``last`` step of a group waits for every wgmma."""
+        frag, frag_words = frags
+        for i in range(SLICES):
+            words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
+        scales = self._scales(s_s, stage, r0)
+        if self.schedule == "slice":
+            for j in range(SLICES):
+                self._convert(frag_words[j % 2][0], words[j], *self._slice_factors(scales, j))
+                warpgroup.fence()
+                cute.gemm(tiled_mma, acc, frag[j % 2][0][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0 if last and j == SLICES - 1 else 1)
+        else:
+            p = parity % 2
+            for j in range(SLICES):
+                self._convert(frag_words[p][j], words[j], *self._slice_factors(scales, j))
+            warpgroup.fence()
+            for j in range(SLICES):
+                cute.gemm(tiled_mma, acc, frag[p][j][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0 if last else 1)
+
+    def wait(self, ring, read):
+        """Wait for a full stage (traced inline); gathered, its B rows were written by ``cp.async`` (the generic
+        proxy), so fence them before wgmma reads the stage through the async proxy."""
+        ring.consumer_wait(read)
+        if self.gathered:
+            cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def k_loop(self, ring, read, release, k_steps, operands):
+        """A unit's K steps (traced inline): ``STEP_GROUP`` steps a loop iteration, then the remainder one step an
+        iteration, each waiting for zero wgmmas. ``operands``: ``(tiled_mma, acc, frags, words, s_words, s_s,
+        t_cr_b, t, row_block, r0)``. Returns the ring's ``read`` and ``release`` states.
+
+        ``slice`` drains (waits for zero wgmmas) at each group's last step. ``stage`` leaves its last group in
+        flight across the back edge (the next iteration's first stage writes the other register set, which ptxas
+        accepts) and drains once, after the loop, before the accumulator is read."""
+        tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0 = operands
+        groups = k_steps // STEP_GROUP
+        if cutlass.const_expr(self.schedule == "stage"):
+            for i in cutlass.range(groups, unroll=1):
+                for g in cutlass.range_constexpr(STEP_GROUP):
+                    self.wait(ring, read)
+                    self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
+                              False)  # fmt: skip
+                    # the step's wait retired the previous stage's wgmmas: that stage is free (a unit's first has none)
+                    if cutlass.const_expr(g > 0):
+                        ring.consumer_release(release)
+                        release.advance()
+                    else:
+                        if i > 0:
+                            ring.consumer_release(release)
+                            release.advance()
+                    read.advance()
+            warpgroup.wait_group(0)  # unconditional: ptxas sees every path to the accumulator's readers drained
+            if groups > 0:
+                ring.consumer_release(release)
+                release.advance()
+        else:
+            for _ in cutlass.range(groups, unroll=1):
+                for g in cutlass.range_constexpr(STEP_GROUP):
+                    self.wait(ring, read)
+                    self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
+                              g == STEP_GROUP - 1)  # fmt: skip
+                    if g > 0:  # the previous step's wgmmas completed (its stage is free)
+                        ring.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                ring.consumer_release(release)
+                release.advance()
+        for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
+            self.wait(ring, read)
+            self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, 0, True)
+            ring.consumer_release(release)
+            release.advance()
+            read.advance()
+        return read, release
