@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 from pathlib import Path
 
@@ -36,3 +37,41 @@ def test_refuses_a_root_without_this_trees_cache(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="no cache built for these sources"):
         _pack(monkeypatch, tmp_path)
     assert not (tmp_path / "carry.tgz").exists()
+
+
+def test_drop_leaves_out_matching_programs_and_lists_the_rest(monkeypatch, tmp_path):
+    import json
+
+    from csf_kernels.runtime.manifest import Manifest, ProgramEntry
+
+    key = cache_key()
+    folder = tmp_path / key
+    (folder / "programs").mkdir(parents=True)
+    specs = {
+        "a" * 24: {"kernel": "moe.engine_gemm", "version": 5, "facts": {"FMT": "nvfp4", "TN": 16}},
+        "b" * 24: {"kernel": "moe.engine_gemm", "version": 5, "facts": {"FMT": "mxfp4", "TN": 16}},
+        "c" * 24: {"kernel": "expand.row_blocks", "version": 2, "facts": {"DB": 8}},
+    }
+    entries = {}
+    for k, spec in specs.items():
+        blob = k.encode()
+        (folder / "programs" / f"{k}.so").write_bytes(blob)
+        entries[k] = ProgramEntry.sealed(
+            key=k, kind="cute_so", spec=spec, file=f"programs/{k}.so", sha256=hashlib.sha256(blob).hexdigest(),
+            nbytes=len(blob), launch={}, geometries=("any",),
+        ).to_json()  # fmt: skip
+    header = {"csf_aot_manifest": 2, "cache_key": key, "sources_sha256": "0", "toolchain": {}, "target": {},
+              "csf_format": 3, "catalog_sha256": "0"}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps({**header, "programs": entries}))
+    module = load_script("scripts/pack_aot_cache.py", "pack_aot_cache")
+    drops = ["--drop", "moe.engine_gemm:FMT=nvfp4", "--drop", "none.kernel"]
+    argv = ["pack_aot_cache.py", "--root", str(tmp_path), *drops]
+    monkeypatch.setattr("sys.argv", argv)
+    module.main()
+    out = tmp_path / "unpacked"
+    with tarfile.open(tmp_path / "carry.tgz") as tar:
+        tar.extractall(out, filter="data")
+    kept = sorted(p.name for p in (out / key / "programs").iterdir())
+    assert kept == [f"{'b' * 24}.so", f"{'c' * 24}.so"]
+    manifest = Manifest.read(out / key / "manifest.json")  # a valid manifest, every kept entry's seal intact
+    assert sorted(manifest.programs) == ["b" * 24, "c" * 24]
