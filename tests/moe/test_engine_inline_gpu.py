@@ -116,8 +116,9 @@ def test_inline_equals_native_fused_fc1(activation, fmt, tile_n):
     x = torch.randn(max_blocks * tile_n, k, generator=g).to(torch.bfloat16).cuda()
     block_expert = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device="cuda")
     meta = torch.tensor([max_blocks], dtype=torch.int32, device="cuda")
+    ids = torch.arange(x.shape[0], dtype=torch.int32, device="cuda")  # fused FC1 is built gathering: identity
     (native, inline), _ = _both(w_panel, planes, x, inter, block_expert, meta, tile_n, fmt, gscale,
-                                activation=activation, bias=bias)  # fmt: skip
+                                activation=activation, bias=bias, io="gather", sorted_ids=ids)  # fmt: skip
     assert _same(native, inline), f"seed {seed}: inline FC1 differs from native"
 
 

@@ -10,8 +10,11 @@ Per GEMM (FC1 on the tokens' rows, FC2 on each route's activated row):
   carrying their offset, promoted blocks scaled by ``2**(s - b)``; the row's ``2**(b - 127)`` in the epilogue;
 * ``acc = A @ W.T`` in float32, then ``acc * 2**(b - 127) * token scale`` and the bias, as the epilogue.
 
-FC2's input is the float32 activation of FC1's output, quantized per route row (per-token: the route's amax over
-all N outputs; MXFP8: per 32 outputs). Everything else follows :func:`csf_moe.reference.moe_reference`: routes
+FC2's input is the activation of FC1's output rounded as the layer stores it (``intermediate``: bf16, after FC1's
+bf16 output with ``fused_activation=False``, the activation pass; ``None``: float32), quantized per route row
+(per-token: the route's amax over all N outputs; MXFP8: per 32 outputs). E4M3 amplifies a rounding difference
+before it: an amax one bf16 step apart moves a row's whole grid, which at one token is percents of the output.
+Everything else follows :func:`csf_moe.reference.moe_reference`: routes
 outside [0, E) contribute nothing, the top-k weighted sum is float32. Every power-of-two factor is exact, so this
 equals the W4A16 layer evaluated on the FP8-rounded activations, up to float32 rounding: the weights lose nothing.
 """
@@ -101,6 +104,8 @@ def w4a8_moe_reference(
     *,
     kind: str = "silu",
     convention: str = "per_token",
+    intermediate: torch.dtype | None = torch.bfloat16,
+    fused_activation: bool = True,
 ) -> torch.Tensor:
     """float32 [T, H] output of the W4A8 layer (see the module docstring). ``weights`` may be any object with
     ``experts``, ``hidden`` and ``expert(e) -> W4A8Expert`` (a caller may keep expert operands it reuses)."""
@@ -119,8 +124,17 @@ def w4a8_moe_reference(
         h = _fp8_gemm(x[tok], w.w13, w.f13, convention)
         if w.b13 is not None:
             h = h + w.b13
-        y = _fp8_gemm(activation(h, kind), w.w2, w.f2, convention)
+        y = _fp8_gemm(_stored(h, kind, intermediate, fused_activation), w.w2, w.f2, convention)
         if w.b2 is not None:
             y = y + w.b2
         out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
     return out
+
+
+def _stored(h: torch.Tensor, kind: str, dtype: torch.dtype | None, fused: bool) -> torch.Tensor:
+    """FC1's activated output as the layer stores it for FC2's quantization (float32 values)."""
+    if dtype is None:
+        return activation(h, kind)
+    if not fused:  # the GEMM stores h, the activation pass reads it
+        h = h.to(dtype).float()
+    return activation(h, kind).to(dtype).float()
