@@ -5,7 +5,8 @@
         --peer-path .peers
 
 Arms: the plan's layer with native or inline scales, the engine layer (``engine``: FC1's activation in its
-epilogue; ``engine_unfused``) and the triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
+epilogue; ``engine_unfused``; ``engine_shallow``: at most 8 stages a ring; ``engine_inline``) and the
+triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
 
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
@@ -35,7 +36,13 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
-ARMS = ("native", "inline", "engine", "engine_unfused", "triton_kernels")
+ARMS = ("native", "inline", "engine", "engine_unfused", "engine_shallow", "engine_inline", "triton_kernels")
+ENGINE_OPTIONS = {  # arm -> (engine_weights' options, EngineMoE's)
+    "engine": ({}, {}),
+    "engine_unfused": ({"fused": False}, {}),
+    "engine_shallow": ({}, {"ring": "shallow"}),
+    "engine_inline": ({"scale_source": "inline"}, {}),
+}
 
 
 def kernel_times(run, calls: int) -> dict[str, float]:
@@ -98,7 +105,8 @@ def _arm(arm: str, geo, data, tokens: list[int], peer_path: str | None):
         import_triton_kernels(peer_path)
         peer = TritonKernelsMoE(data)
         return lambda x, ids, w: peer.call(x, ids, w, torch.empty_like(x))
-    engine = EngineMoE(engine_weights(data.reference(), geo.activation, fused=arm == "engine"), geo.top_k)
+    weights, options = ENGINE_OPTIONS[arm]
+    engine = EngineMoE(engine_weights(data.reference(), geo.activation, **weights), geo.top_k, **options)
     return lambda x, ids, w: engine.call(x, ids, w, torch.empty_like(x))
 
 
