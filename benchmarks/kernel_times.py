@@ -5,8 +5,8 @@
         --peer-path .peers
 
 Arms: the plan's layer with native or inline scales, the engine layer (``engine``: FC1's activation in its
-epilogue; ``engine_unfused``; ``engine_shallow``: at most 8 stages a ring; ``engine_inline``) and the
-triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
+epilogue; ``engine_unfused``; ``engine_inline``) and the triton_kernels peer (MXFP4; staged by
+scripts/stage_triton_kernels.sh).
 
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
@@ -36,17 +36,18 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
-ARMS = ("native", "inline", "engine", "engine_unfused", "engine_shallow", "engine_inline", "triton_kernels")
+ARMS = ("native", "inline", "engine", "engine_unfused", "engine_inline", "triton_kernels")
 ENGINE_OPTIONS = {  # arm -> (engine_weights' options, EngineMoE's)
     "engine": ({}, {}),
     "engine_unfused": ({"fused": False}, {}),
-    "engine_shallow": ({}, {"ring": "shallow"}),
     "engine_inline": ({"scale_source": "inline"}, {}),
 }
 
 
 def kernel_times(run, calls: int) -> dict[str, float]:
-    """Mean device microseconds per call of each kernel name over ``calls`` calls of ``run()``."""
+    """Mean device microseconds per call of each kernel over ``calls`` calls of ``run()``: keyed by its launch's
+    place in the call and its name (``2:engine_gemm...``) where every call launched the same count, else by name
+    (one layer's FC1 and FC2 share a program name)."""
     for _ in range(3):
         run()
     torch.cuda.synchronize()
@@ -54,10 +55,15 @@ def kernel_times(run, calls: int) -> dict[str, float]:
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
+    events = sorted(
+        (ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda ev: ev.time_range.start,
+    )
+    per_call = len(events) // calls if events and len(events) % calls == 0 else 0
     times: dict[str, float] = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            times[ev.name] += ev.device_time / calls
+    for i, ev in enumerate(events):
+        name = ev.name if len(ev.name) <= 80 else ev.name[:80] + "..."
+        times[f"{i % per_call}:{name}" if per_call else name] += ev.device_time / calls
     return dict(times)
 
 

@@ -3,6 +3,8 @@
     ncu --clock-control none -k regex:mla_decode -c 1 --section SpeedOfLight --section WarpStateStats \\
         python3 benchmarks/profile_kernels.py mla --batch 128 --heads 16
     ncu --clock-control none -k regex:moe_gemm -c 2 ... python3 benchmarks/profile_kernels.py moe --tokens 8
+    ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 ... python3 benchmarks/profile_kernels.py engine --tokens 128
+    ncu --clock-control none -k regex:matmul_ogs -s 2 -c 2 ... python3 benchmarks/profile_kernels.py peer
 
 Programs come from the AOT cache (frozen), as in serving, or with ``--unfrozen`` (before the subcommand) from
 Triton's JIT where the cache lacks them; inputs as in bench_mla.py / bench_moe.py.
@@ -48,6 +50,36 @@ def profile_moe(tokens: int, source: str, model: str, tp: int, fmt: str) -> None
     torch.cuda.synchronize()
 
 
+def profile_engine(tokens: int, source: str, model: str, tp: int, fmt: str) -> None:
+    """One call of the engine layer (``source``: native or inline scales)."""
+    from csf_kernels.catalog import load_catalog
+    from csf_moe.engine_layer import EngineMoE, engine_weights
+    from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+    geo = load_catalog().moe_geometry(model, tp, fmt)
+    ref = synthetic_layer(geo, seed=1, device="cuda").reference()
+    layer = EngineMoE(engine_weights(ref, geo.activation, scale_source=source), geo.top_k)
+    x, ids, w = synthetic_routing(geo, tokens, torch.Generator(device="cuda").manual_seed(0))
+    layer.call(x, ids, w, torch.empty_like(x))()
+    torch.cuda.synchronize()
+
+
+def profile_peer(tokens: int, model: str, tp: int, peer_path: str | None) -> None:
+    """One call of the triton_kernels peer (MXFP4; JIT-compiled by Triton there: profile its second call)."""
+    from peer_triton_kernels import TritonKernelsMoE, import_triton_kernels
+
+    from csf_kernels.catalog import load_catalog
+    from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+    import_triton_kernels(peer_path)
+    geo = load_catalog().moe_geometry(model, tp, "mxfp4")
+    peer = TritonKernelsMoE(synthetic_layer(geo, seed=1, device="cuda"))
+    x, ids, w = synthetic_routing(geo, tokens, torch.Generator(device="cuda").manual_seed(0))
+    for _ in range(2):
+        peer.call(x, ids, w, torch.empty_like(x))()
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="kernel", required=True)
@@ -60,6 +92,16 @@ def main() -> None:
     moe.add_argument("--model", default="deepseek-v4.1-flash")
     moe.add_argument("--tp", type=int, default=4)
     moe.add_argument("--fmt", default="mxfp4")
+    for name in ("engine", "peer"):
+        sub_ = sub.add_parser(name)
+        sub_.add_argument("--tokens", type=int, default=128)
+        sub_.add_argument("--model", default="gpt-oss-120b")
+        sub_.add_argument("--tp", type=int, default=1)
+        if name == "engine":
+            sub_.add_argument("--source", default="native", choices=("native", "inline"))
+            sub_.add_argument("--fmt", default="mxfp4")
+        else:
+            sub_.add_argument("--peer-path", default=None)
     ap.add_argument("--unfrozen", action="store_true", help="JIT-compile what the cache lacks (sweeping kernels)")
     a = ap.parse_args()
     if a.unfrozen:
@@ -68,6 +110,11 @@ def main() -> None:
         runtime.freeze()
     if a.kernel == "mla":
         profile_mla(a.batch, a.heads)
+    elif a.kernel == "engine":
+        profile_engine(a.tokens, a.source, a.model, a.tp, a.fmt)
+    elif a.kernel == "peer":
+        runtime.unfreeze()  # the peer is Triton's JIT; csf's programs are not part of it
+        profile_peer(a.tokens, a.model, a.tp, a.peer_path)
     else:
         profile_moe(a.tokens, a.source, a.model, a.tp, a.fmt)
 

@@ -11,16 +11,14 @@ from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, groupe
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
+    ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
-    engine_ring,
     engine_schedule,
     engine_serves,
     engine_specs,
     engine_tile_n,
-    engine_variant,
-    engine_variants,
 )
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import QuantizedExperts
@@ -221,64 +219,33 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
-        # the default schedule also on a deep ring up to 128 routes
-        got = sorted((s.fact["TN"], s.fact.get("SRC", "native"), *_variant(s)) for s in fc1)
-        assert got == sorted((t, src, *v) for t in ENGINE_TILE_N for src in ("native", "inline") for v in _VARIANTS[t])
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
+        assert sorted((s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice")) for s in fc1) == sorted(
+            (t, src, sched)
+            for t in ENGINE_TILE_N
+            for src in ("native", "inline")
+            for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
+        )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         assert all(s.fact["IO"] == "gather" for s in fc1)  # FC1 fetches its routes' rows itself
         assert not any("gather" in s.kernel for s in engine_geometry_specs(geo))  # no gather pass
     plain = engine_specs()
     want = {
-        (f, t, src, io, *v)
+        (f, t, src, io, sched)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
         for io in ENGINE_IO
-        for v in _VARIANTS[t]
+        for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
     }
-    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], *_variant(s)) for s in plain}
+    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"))
+           for s in plain}  # fmt: skip
     assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
     # native programs keep the identity they had before the inline source existed, slice ones theirs from before
     # the stage schedule
     assert "SRC" not in engine_gemm_spec(16).fact and engine_gemm_spec(16, scales="inline").fact["SRC"] == "inline"
     assert "SCHED" not in engine_gemm_spec(16, schedule="slice").fact
-    assert "RING" not in engine_gemm_spec(256).fact and engine_gemm_spec(64).fact["RING"] == "deep"
-
-
-# (schedule, ring) the cache holds a block size with, written out
-_VARIANTS = {
-    16: [("slice", "shallow"), ("stage", "shallow"), ("stage", "deep")],
-    32: [("slice", "shallow"), ("stage", "shallow"), ("stage", "deep")],
-    64: [("slice", "shallow"), ("stage", "shallow"), ("stage", "deep")],
-    128: [("slice", "shallow"), ("slice", "deep")],
-    256: [("slice", "shallow")],
-}
-
-
-def _variant(spec) -> tuple[str, str]:
-    return spec.fact.get("SCHED", "slice"), spec.fact.get("RING", "shallow")
-
-
-def test_rings_default_deep_where_built_and_fall_back():
-    """The deep ring serves each size's default schedule up to 128 routes; the shallow ring serves the rest and
-    whatever is asked for; an unknown ring is refused."""
-    assert [engine_variant(t) for t in ENGINE_TILE_N] == [
-        ("stage", "deep"), ("stage", "deep"), ("stage", "deep"), ("slice", "deep"), ("slice", "shallow")
-    ]  # fmt: skip
-    assert engine_variant(16, "slice") == ("slice", "shallow")  # the slice schedule has no deep ring there
-    assert engine_variant(16, ring="shallow") == ("stage", "shallow")
-    assert engine_variant(256, ring="deep") == ("slice", "shallow")
-    assert all(v in engine_variants(t) for t in ENGINE_TILE_N for v in _VARIANTS[t])
-    with pytest.raises(ValueError, match="rings"):
-        engine_ring(16, want="wide")
-    with pytest.raises(ValueError, match="rings"):
-        engine_gemm_spec(16, ring="wide")
-    w, s, x, out, be, meta = _operands()
-    shallow = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ring="shallow")
-    assert "RING" not in shallow.spec.fact and shallow.spec.fact["SCHED"] == "stage"
-    assert grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16).spec.fact["RING"] == "deep"
 
 
 def test_schedules_default_by_block_size_and_fall_back_where_not_built():

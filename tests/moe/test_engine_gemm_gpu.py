@@ -16,13 +16,7 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import (
-    ENGINE_DEEP_TILE_N,
-    ENGINE_RINGS,
-    ENGINE_SCHEDULES,
-    ENGINE_STAGE_TILE_N,
-    ENGINE_TILE_N,
-)
+from csf_kernels.moe.engine_specs import ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -321,9 +315,7 @@ def test_stage_schedule_fused_fc1_gives_the_slice_schedules_bits(tile_n):
     block_expert = torch.randint(0, experts, (blocks,), generator=g, dtype=torch.int32).cuda()
     meta = torch.tensor([blocks], dtype=torch.int32, device="cuda")
     args = (w_panel, s_panel, x, 2 * inter, block_expert, meta, tile_n, "mxfp4", None)
-    # the catalog builds fused FC1 only gathering its rows (what serves): identity routes, one a row
-    ids = torch.arange(x.shape[0], dtype=torch.int32, device="cuda")
-    fused = dict(activation="swiglu_oai", bias=bias, io="gather", sorted_ids=ids)
+    fused = dict(activation="swiglu_oai", bias=bias)
     slice_, stage = _grouped(*args, "slice", **fused), _grouped(*args, "stage", **fused)
     assert torch.isfinite(stage.float()).all(), "unwritten outputs"
     assert torch.equal(slice_.view(torch.int16), stage.view(torch.int16)), "the schedules' outputs differ"
@@ -437,39 +429,3 @@ def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
     n = used * tile_n
     assert not torch.isnan(outs["stage"][:n].float()).any(), "unwritten slots"
     assert torch.equal(outs["slice"].view(torch.int16), outs["stage"].view(torch.int16)), "the schedules differ"
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("tile_n", ENGINE_DEEP_TILE_N)
-def test_deep_ring_gives_the_shallow_rings_bits(tile_n, fmt):
-    """The deep ring (as many stages as fit: 10 to 34, wrapping many times over K = 2880) gathering FC1's rows and
-    scattering FC2's: the shallow ring's bits, every live slot written, nothing else touched."""
-    experts, rows, k, tokens, top_k = 3, 256, 2880, 2 * tile_n + 7, 2
-    packed, scales, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 23, fmt)
-    w_panel, s_panel = _panels(packed, scales, fmt)
-    g = torch.Generator().manual_seed(SEED + 29)
-    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
-    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
-    slots = sorted_ids.numel()
-    xs = (torch.randn(slots, k, generator=g) * 2).to(torch.bfloat16).cuda()
-    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
-    outs = {}
-    for ring in ENGINE_RINGS:
-        launch = grouped_fp4_gemm_launch
-        fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fc2 = torch.full((tokens * top_k, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
-        runtime.freeze()
-        try:
-            gather = launch(w_panel, s_panel, x, fc1, block_expert, meta, io="gather", top_k=top_k, ring=ring, **common)
-            scatter = launch(w_panel, s_panel, xs, fc2, block_expert, meta, io="scatter", ring=ring, **common)
-            assert gather.spec.fact.get("RING", "shallow") == ring == scatter.spec.fact.get("RING", "shallow")
-            gather.bind("engine ring test")(), scatter.bind("engine ring test")()
-        finally:
-            runtime.unfreeze()
-        torch.cuda.synchronize()
-        outs[ring] = fc1, fc2
-    n = used * tile_n
-    (fc1_s, fc2_s), (fc1_d, fc2_d) = outs["shallow"], outs["deep"]
-    assert not torch.isnan(fc1_d[:n].float()).all() and torch.isnan(fc1_d[n:].float()).all()
-    assert torch.equal(fc1_s.view(torch.int16), fc1_d.view(torch.int16)), f"seed {SEED}: gathered FC1 differs"
-    assert torch.equal(fc2_s.view(torch.int16), fc2_d.view(torch.int16)), f"seed {SEED}: scattered FC2 differs"

@@ -18,7 +18,8 @@ in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``c
 both GEMMs run on FP8 tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`) over block-order rows, FC2's
 input is FC1's bf16 output quantized the same way (the gather program over the slots in place), and the combine
 reads FC2's block-order rows through each route's slot. The float32 reference of exactly these operands is
-:func:`csf_moe.w4a8_reference.w4a8_moe_reference` (FC1's output rounded to bf16 as this layer stores it).
+:func:`csf_moe.w4a8_reference.w4a8_moe_reference` (it quantizes FC1's float32 output; the layer rounds it to bf16
+first).
 """
 
 from __future__ import annotations
@@ -31,13 +32,7 @@ from csf_kernels import runtime
 from csf_kernels.moe.engine import act_launch, combine_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
-from csf_kernels.moe.engine_specs import (
-    ENGINE_FORMATS,
-    ENGINE_RINGS,
-    ENGINE_SCALE_SOURCES,
-    ENGINE_SCHEDULES,
-    engine_tile_n,
-)
+from csf_kernels.moe.engine_specs import ENGINE_FORMATS, ENGINE_SCALE_SOURCES, ENGINE_SCHEDULES, engine_tile_n
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
@@ -156,25 +151,20 @@ class EngineMoE:
     """The engine layer of one set of weights; :meth:`call` binds a token count's buffers and launches. W4A8
     weights quantize the activations by ``activations`` (``per_token``: the convention the FP8 GEMM applies).
     ``schedule``: the FP4 GEMMs' consumer schedule (``csf_kernels.moe.engine_specs.ENGINE_SCHEDULES``) where the
-    cache holds it for the call's block size, else that size's default; ``None``: the default everywhere. ``ring``:
-    the FP4 GEMMs' ring depth (``ENGINE_RINGS``), likewise."""
+    cache holds it for the call's block size, else that size's default; ``None``: the default everywhere."""
 
     def __init__(
-        self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
-        ring: str | None = None,
-    ):  # fmt: skip
+        self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None
+    ):
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
                                       f"{activations!r} (MXFP8's per-k32 promotion) is not built")  # fmt: skip
         if schedule is not None and (weights.w4a8 or schedule not in ENGINE_SCHEDULES):
             raise ValueError(f"schedule {schedule!r}: the FP4 GEMMs' are {ENGINE_SCHEDULES} (W4A8 has its own)")
-        if ring is not None and (weights.w4a8 or ring not in ENGINE_RINGS):
-            raise ValueError(f"ring {ring!r}: the FP4 GEMMs' are {ENGINE_RINGS} (W4A8 has its own)")
         self.weights = weights
         self.top_k = top_k
         self.activations = activations
         self.schedule = schedule
-        self.ring = ring
 
     def _gemm(self, fc: str, x: dict, out, block_expert, meta, bm, **epilogue) -> runtime.Launch:
         """FC1 (``fc`` ``"13"``) or FC2's grouped GEMM of ``x`` (``{"x": bf16}``, or W4A8's ``{"xq": E4M3 bytes,
@@ -186,7 +176,7 @@ class EngineMoE:
             return grouped_w4a8_gemm_launch(*panels, *rows, x["xq"], x["xscale"], out, block_expert, meta,
                                             tile_n=bm, **epilogue)  # fmt: skip
         return grouped_fp4_gemm_launch(*panels, x["x"], out, block_expert, meta, tile_n=bm, fmt=w.fmt,
-                                       global_scale=getattr(w, "g" + fc), schedule=self.schedule, ring=self.ring,
+                                       global_scale=getattr(w, "g" + fc), schedule=self.schedule,
                                        **epilogue)  # fmt: skip
 
     def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:

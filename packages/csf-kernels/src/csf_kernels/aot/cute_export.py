@@ -301,7 +301,6 @@ def engine_gemm_name(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
-    ring: str = "shallow",
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -311,7 +310,6 @@ def engine_gemm_name(
         + ("" if scales == "native" else f"_{scales}")
         + ("" if io == "dense" else f"_{io}")
         + ("" if schedule == "slice" else f"_{schedule}")
-        + ("" if ring == "shallow" else f"_{ring}")
     )
 
 
@@ -323,17 +321,15 @@ def engine_gemm_program(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
-    ring: str = "shallow",
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
     (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
-    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``); its
-    ring at most 8 stages deep or as deep as shared memory holds (``ring``)."""
+    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ring=ring)
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule)
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -354,7 +350,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ring),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -382,7 +378,6 @@ def engine_gemm_program(
             ("scales", scales),
             ("io", io),
             ("schedule", schedule),
-            ("ring", ring),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),

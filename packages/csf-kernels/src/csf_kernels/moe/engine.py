@@ -15,7 +15,7 @@ from csf_kernels.moe.engine_specs import (
     engine_act_spec,
     engine_combine_spec,
     engine_gemm_spec,
-    engine_variant,
+    engine_schedule,
 )
 from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.device import num_sms
@@ -37,7 +37,6 @@ def grouped_fp4_gemm_launch(
     fmt: str = "mxfp4",
     global_scale: torch.Tensor | None = None,
     schedule: str | None = None,
-    ring: str | None = None,
     io: str = "dense",
     sorted_ids: torch.Tensor | None = None,
     top_k: int = 1,
@@ -58,8 +57,7 @@ def grouped_fp4_gemm_launch(
 
     ``schedule``: the consumers' wgmma schedule (:data:`~csf_kernels.moe.engine_specs.ENGINE_SCHEDULES`), where the
     cache holds it for ``tile_n``, else the size's default (:func:`~csf_kernels.moe.engine_specs.engine_schedule`):
-    the same output bits either way. ``ring``: its ring's depth (:data:`~csf_kernels.moe.engine_specs.ENGINE_RINGS`),
-    likewise where built for that schedule.
+    the same output bits either way.
 
     ``io`` places the rows by the alignment's ``sorted_ids`` (int32 ``[slots]``, slot ``s`` holding route
     ``t * top_k + j`` or a value outside ``[0, pairs)``): ``gather`` (FC1) reads slot ``s``'s row of ``x [tokens,
@@ -111,8 +109,7 @@ def grouped_fp4_gemm_launch(
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
     source = "inline" if inline else "native"
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io,
-                            *engine_variant(tile_n, schedule, ring))  # fmt: skip
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, engine_schedule(tile_n, schedule))
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:

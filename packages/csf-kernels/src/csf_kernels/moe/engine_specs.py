@@ -19,12 +19,10 @@ from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 __all__ = [
     "ENGINE_ACT",
     "ENGINE_COMBINE",
-    "ENGINE_DEEP_TILE_N",
     "ENGINE_FORMATS",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
-    "ENGINE_RINGS",
     "ENGINE_SCALE_SOURCES",
     "ENGINE_SCHEDULES",
     "ENGINE_STAGE_TILE_N",
@@ -36,14 +34,11 @@ __all__ = [
     "engine_combine_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
-    "engine_ring",
     "engine_schedule",
     "engine_schedules",
     "engine_serves",
     "engine_specs",
     "engine_tile_n",
-    "engine_variant",
-    "engine_variants",
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
@@ -61,11 +56,6 @@ ENGINE_SCHEDULES = ("slice", "stage")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
-# the ring's depth (kernels.engine_gemm.RINGS): "shallow" at most 8 stages, "deep" as many as shared memory holds. A
-# small block's stage carries 4 KB of weights, so 8 stages keep too few bytes in flight to stream weights at
-# bandwidth (docs/moe-engine.md §4.10); deep rings are built where more than 8 stages fit, with the size's schedule
-ENGINE_RINGS = ("shallow", "deep")
-ENGINE_DEEP_TILE_N = (16, 32, 64, 128)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
@@ -119,9 +109,8 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows, its activation fused
-            for schedule, ring in engine_variants(bm):
-                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather", schedule,
-                                              ring))  # fmt: skip
+            for schedule in engine_schedules(bm):
+                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather", schedule))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
@@ -130,29 +119,6 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
 def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block."""
     return ENGINE_SCHEDULES if tile_n in ENGINE_STAGE_TILE_N else ("slice",)
-
-
-def engine_variants(tile_n: int) -> tuple[tuple[str, str], ...]:
-    """The (schedule, ring) programs the AOT cache holds for ``tile_n`` routes a block, the default last: every
-    schedule on the shallow ring, the size's default schedule also on the deep ring where one is built."""
-    shallow = tuple((schedule, "shallow") for schedule in engine_schedules(tile_n))
-    return shallow + (((engine_schedule(tile_n), "deep"),) if tile_n in ENGINE_DEEP_TILE_N else ())
-
-
-def engine_ring(tile_n: int, schedule: str | None = None, want: str | None = None) -> str:
-    """The ring serving ``tile_n`` routes a block under ``schedule`` (``None``: the size's default): ``want`` where
-    the cache holds it, else the deepest built."""
-    if want is not None and want not in ENGINE_RINGS:
-        raise ValueError(f"the engine GEMM's rings are {ENGINE_RINGS}; got {want!r}")
-    schedule = engine_schedule(tile_n, schedule)
-    built = [ring for sched, ring in engine_variants(tile_n) if sched == schedule]
-    return want if want in built else built[-1]
-
-
-def engine_variant(tile_n: int, schedule: str | None = None, ring: str | None = None) -> tuple[str, str]:
-    """The built (schedule, ring) serving ``tile_n``: each as wanted where the cache holds it, else the default."""
-    schedule = engine_schedule(tile_n, schedule)
-    return schedule, engine_ring(tile_n, schedule, ring)
 
 
 def engine_schedule(tile_n: int, want: str | None = None) -> str:
@@ -172,15 +138,13 @@ def engine_gemm_spec(
     scales: str = "native",
     io: str = "dense",
     schedule: str | None = None,
-    ring: str | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
     inline program carries the fact ``SRC``); ``io``: rows in block order (``dense``), FC1's input gathered by
     route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
-    the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ring``: its depth (:data:`ENGINE_RINGS`;
-    ``None``: :func:`engine_ring`'s default; ``deep`` programs carry the fact ``RING``)."""
+    the fact ``SCHED``, ``slice`` ones keep their earlier identity)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -194,26 +158,22 @@ def engine_gemm_spec(
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
-    ring = engine_ring(tile_n, schedule) if ring is None else ring
-    if ring not in ENGINE_RINGS:
-        raise ValueError(f"the engine GEMM's rings are {ENGINE_RINGS}; got {ring!r}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
-    deep = {} if ring == "shallow" else {"RING": ring}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source, **sched, **deep)  # fmt: skip
+                          **source, **sched)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
-    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering) and each (schedule, ring)
-    built for the block size (they take every shape at run time)."""
+    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering) and each schedule built
+    for the block size (they take every shape at run time)."""
     return [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ring=ring)
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
-        for schedule, ring in engine_variants(tn)
+        for schedule in engine_schedules(tn)
     ]

@@ -62,7 +62,6 @@ from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
-    DEEP_RECORD_SLOTS,
     MAX_COL_TILES,
     RECORD_BYTES,
     RECORD_SLOTS,
@@ -74,7 +73,6 @@ __all__ = [
     "ACT_SILU",
     "ACT_SWIGLU_OAI",
     "IO_MODES",
-    "RINGS",
     "SCALE_SOURCES",
     "SCHEDULES",
     "TILE_K",
@@ -85,15 +83,8 @@ __all__ = [
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
 DECODER_WARP = 2
-# the ring's depth: "shallow" at most 8 stages, "deep" as many as shared memory holds (an even count: the inline
-# decoder fills MXFP4's stages in pairs). What bounds a small block is bytes in flight, not MMA
-RINGS = ("shallow", "deep")
-_SHALLOW_STAGES = 8
-
-
-def _decoder_bytes(slots: int) -> int:
-    """The inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers."""
-    return slots * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * slots + 3 * 128
+# the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
+_DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
 
 
 class GroupedFp4Gemm:
@@ -104,7 +95,7 @@ class GroupedFp4Gemm:
     ``io`` (:data:`IO_MODES`): ``gather`` reads slot ``s``'s row of ``x [tokens, K]`` at token
     ``sorted_ids[s] // top_k`` (zeros for a slot without a route), ``scatter`` stores it to ``out [pairs, R]`` at row
     ``sorted_ids[s]`` (never for a slot without one); ``schedule``: the consumers' wgmma schedule
-    (:data:`SCHEDULES`; the same output bits either way); ``ring``: the default depth (:data:`RINGS`).
+    (:data:`SCHEDULES`; the same output bits either way).
     Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, ctas, top_k, pdl,
     stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4, ``sorted_ids`` and ``top_k`` in ``dense``
     mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
@@ -119,7 +110,7 @@ class GroupedFp4Gemm:
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
-        scales: str = "native", io: str = "dense", schedule: str = "slice", ring: str = "shallow",
+        scales: str = "native", io: str = "dense", schedule: str = "slice",
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -151,13 +142,9 @@ class GroupedFp4Gemm:
         self.epi_tile = self.epilogue.tile
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
-        self.record_slots = RECORD_SLOTS if ring == "shallow" else DEEP_RECORD_SLOTS
-        decoder_bytes = _decoder_bytes(self.record_slots) if self.inline else 0
+        decoder_bytes = _DECODER_BYTES if self.inline else 0
         fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024 - decoder_bytes) // stage_bytes
-        if ring not in RINGS:
-            raise ValueError(f"the ring must be one of {RINGS}; got {ring!r}")
-        self.ring = ring
-        self.stages = stages or (min(fit, _SHALLOW_STAGES) if ring == "shallow" else fit - fit % 2)
+        self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
@@ -267,7 +254,7 @@ class GroupedFp4Gemm:
 
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
-            cute.cosize(epi_smem), self.tile_n if self.gather else 0, self.record_slots,
+            cute.cosize(epi_smem), self.tile_n if self.gather else 0,
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
@@ -330,7 +317,7 @@ class GroupedFp4Gemm:
         if cutlass.const_expr(self.inline):
             if warp == DECODER_WARP:
                 with cute.arch.elect_one():
-                    for i in cutlass.range_constexpr(self.record_slots):
+                    for i in cutlass.range_constexpr(RECORD_SLOTS):
                         cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + i, 1)
                 cute.arch.mbarrier_init_fence()
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
@@ -378,9 +365,9 @@ class GroupedFp4Gemm:
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
         if cutlass.const_expr(self.inline):
             if warp == DECODER_WARP:
-                RecordDecoderWarp(self.nvfp4, self.stages, self.record_slots).run(
+                RecordDecoderWarp(self.nvfp4, self.stages).run(
                     ring, s_s, storage.rec_bars.data_ptr(), storage.rec_stage.get_tensor(
-                        cute.make_layout((RECORD_BYTES, self.record_slots))), storage.rec_tile.get_tensor(
+                        cute.make_layout((RECORD_BYTES, RECORD_SLOTS))), storage.rec_tile.get_tensor(
                         cute.make_layout(128)), storage.rec_offs.get_tensor(cute.make_layout(MAX_COL_TILES + 1)),
                     base_ref, base_delta, block_start, record_units, body, block_expert, units, tiles_m, k_steps,
                     cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]),
@@ -445,7 +432,7 @@ class GroupedFp4Gemm:
         return g
 
 
-def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, record_slots):
+def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered):
     """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales the
     decoder warp's staging barriers, staging slots, decoded tile and record offsets, and, gathering, the unit's
     ``gathered`` slots' token rows."""
@@ -459,8 +446,8 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
     }
     if inline:
         fields |= {
-            "rec_bars": mem[cutlass.Int64, record_slots],
-            "rec_stage": align[mem[cutlass.Uint8, record_slots * RECORD_BYTES], 128],
+            "rec_bars": mem[cutlass.Int64, RECORD_SLOTS],
+            "rec_stage": align[mem[cutlass.Uint8, RECORD_SLOTS * RECORD_BYTES], 128],
             "rec_tile": align[mem[cutlass.Uint32, 128], 128],
             "rec_offs": align[mem[cutlass.Int32, MAX_COL_TILES + 1], 128],
         }

@@ -60,18 +60,10 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     tile_byte,
 )
 
-__all__ = [
-    "DECODER_ARRIVALS",
-    "DEEP_RECORD_SLOTS",
-    "MAX_COL_TILES",
-    "RECORD_BYTES",
-    "RECORD_SLOTS",
-    "RecordDecoderWarp",
-]
+__all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
 
 RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
-RECORD_SLOTS = 4  # staging slots: records in flight (a shallow ring's; a deep ring's decoder keeps DEEP_ ones)
-DEEP_RECORD_SLOTS = 16  # as many steps ahead as a deep ring's stages, so decoding keeps pace with the weights
+RECORD_SLOTS = 4  # staging slots: records in flight
 DECODER_ARRIVALS = 32  # a stage's full barrier waits for every lane of the decoder warp
 
 _BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
@@ -91,12 +83,11 @@ def _bulk_copy(dst: Int32, src: Int64, size: Int32, bar: Int32) -> None:
 
 class RecordDecoderWarp:
     """The decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
-    NVFP4: four), ``stages`` the ring's depth, ``slots`` the records staged in flight."""
+    NVFP4: four), ``stages`` the ring's depth."""
 
-    def __init__(self, nvfp4: bool, stages: int, slots: int = RECORD_SLOTS):
+    def __init__(self, nvfp4: bool, stages: int):
         self.nvfp4 = nvfp4
         self.stages = stages
-        self.slots = slots
         self.steps_per_record = 1 if nvfp4 else 2
 
     @cute.jit
@@ -122,18 +113,18 @@ class RecordDecoderWarp:
                 rb = e * tiles_m + tm
                 self._offsets(s_offs, block_start, record_units, rb, tiles, lane)
                 bases = self._bases(base_ref, base_delta, rb, lane)
-                for j in cutlass.range(cutlass.min(self.slots, tiles), unroll=1):
-                    self._issue(bars, s_rec, s_offs, body, j, (taken + j) % self.slots, lane)
+                for j in cutlass.range(cutlass.min(RECORD_SLOTS, tiles), unroll=1):
+                    self._issue(bars, s_rec, s_offs, body, j, (taken + j) % RECORD_SLOTS, lane)
                 for j in cutlass.range(tiles, unroll=1):
-                    slot = taken % self.slots
-                    cute.arch.mbarrier_wait(bars + slot, (taken // self.slots) % 2)
+                    slot = taken % RECORD_SLOTS
+                    cute.arch.mbarrier_wait(bars + slot, (taken // RECORD_SLOTS) % 2)
                     tc = Int32(TILE_COLS)
                     if j >= full:
                         tc = cols - full * TILE_COLS
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
-                    if j + self.slots < tiles:
-                        self._issue(bars, s_rec, s_offs, body, j + self.slots, slot, lane)
+                    if j + RECORD_SLOTS < tiles:
+                        self._issue(bars, s_rec, s_offs, body, j + RECORD_SLOTS, slot, lane)
                     taken += 1
                     steps = Int32(1)
                     if cutlass.const_expr(not self.nvfp4):
