@@ -7,7 +7,7 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
@@ -20,7 +20,7 @@ from csf_kernels.moe.engine_specs import (
     engine_specs,
     engine_tile_n,
 )
-from csf_moe.engine_layer import EngineMoE, engine_weights
+from csf_moe.engine_layer import EngineMoE, engine_weights, fc1_rows_for
 from csf_moe.reference import QuantizedExperts
 
 E, R, K, NX = 2, 128, 128, 64
@@ -219,16 +219,21 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
-        assert sorted((s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice")) for s in fc1) == sorted(
-            (t, src, sched)
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
+        # gathering its routes' rows itself or reading them from the gather pass
+        got = sorted(
+            (s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice"), s.fact["IO"]) for s in fc1
+        )
+        assert got == sorted(
+            (t, src, sched, io)
             for t in ENGINE_TILE_N
             for src in ("native", "inline")
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
+            for io in ("gather", "dense")
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
-        assert all(s.fact["IO"] == "gather" for s in fc1)  # FC1 fetches its routes' rows itself
-        assert not any("gather" in s.kernel for s in engine_geometry_specs(geo))  # no gather pass
+        passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
+        assert sorted(s.fact["BM"] for s in passes) == sorted(ENGINE_TILE_N)
     plain = engine_specs()
     want = {
         (f, t, src, io, sched)
@@ -339,3 +344,31 @@ def test_the_layer_passes_its_schedule_to_the_fp4_gemms():
         assert launch.spec == engine_gemm_spec(bm, schedule=want), (schedule, bm)
     with pytest.raises(ValueError, match="schedule 'deep'"):
         EngineMoE(w, 2, schedule="deep")
+
+
+def test_gather_pass_refuses_what_it_cannot_serve():
+    x = torch.zeros(5, 128, dtype=torch.bfloat16)
+    ids = torch.zeros(64, dtype=torch.int32)
+    meta = torch.zeros(4, dtype=torch.int32)
+    xs = torch.zeros(64, 128, dtype=torch.bfloat16)
+    launch = gather_launch(x, ids, meta, xs, top_k=2, bm=16)
+    assert launch.spec.kernel == "moe.engine_gather" and launch.grid == (64, 1)
+    assert launch.args[-1] == 10  # pairs: routes at or past it are empty slots
+    with pytest.raises(TypeError, match="bf16"):
+        gather_launch(x.float(), ids, meta, xs, top_k=2, bm=16)
+    with pytest.raises(TypeError, match="bf16"):
+        gather_launch(x[:, :64], ids, meta, xs, top_k=2, bm=16)
+    with pytest.raises(ValueError, match="slots"):
+        gather_launch(x, ids[:48], meta, xs, top_k=2, bm=16)
+    with pytest.raises(ValueError, match="slots"):
+        gather_launch(x, ids, meta, xs, top_k=2, bm=128)
+    with pytest.raises(ValueError, match="top_k"):
+        gather_launch(x, ids, meta, xs, top_k=0, bm=16)
+
+
+def test_fc1_rows_option_is_checked():
+    weights = engine_weights(_experts("mxfp4", 128, 128), "silu")
+    with pytest.raises(ValueError, match="fc1_rows"):
+        EngineMoE(weights, 2, fc1_rows="tma")
+    assert EngineMoE(weights, 2, fc1_rows="pass").fc1_rows == "pass"
+    assert fc1_rows_for(16) in ("producer", "pass")

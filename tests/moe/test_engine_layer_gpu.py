@@ -78,3 +78,34 @@ def test_engine_layer_replays_new_routings_in_a_graph(fmt):
         runtime.set_pdl(True)
     plain()
     assert torch.equal(plain_out, out), "dependent launches change the output"
+
+
+@pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
+def test_fc1_rows_from_the_gather_pass_give_the_producer_gathers_bits(model, tp, fmt):
+    """FC1 reading block-order rows a gather pass wrote (``fc1_rows="pass"``, TMA tiles) and FC1 gathering them in
+    its producer warps: the same bits at every block size, padding routes included, and in a replayed graph."""
+    geo = load_catalog().moe_geometry(model, tp, fmt)
+    weights = engine_weights(synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference(), geo.activation)
+    layers = {rows: EngineMoE(weights, geo.top_k, fc1_rows=rows) for rows in ("producer", "pass")}
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
+    for t in TOKENS:
+        x, ids, w = synthetic_routing(geo, t, gen)
+        if t >= 7:
+            ids = ids.clone()
+            ids[0, 0], ids[-1, -1] = -1, geo.experts
+        outs = {}
+        for rows, layer in layers.items():
+            outs[rows] = torch.full_like(x, float("nan"))
+            run = layer.call(x, ids, w, outs[rows])
+            names = [name for name, _ in run.launches]
+            assert ("moe.engine_gather" in names) == (rows == "pass")
+            run()
+        assert torch.isfinite(outs["pass"].float()).all(), f"seed {SEED} {geo.name} T={t}: unwritten outputs"
+        assert torch.equal(outs["pass"], outs["producer"]), f"seed {SEED} {geo.name} T={t}: FC1's rows differ"
+    out = torch.full_like(x, float("nan"))
+    graph = captured(layers["pass"].call(x, ids, w, out))
+    x.mul_(2.0)  # new device data: the pass re-gathers it
+    replay_allocating_nothing(graph)
+    again = torch.full_like(x, float("nan"))
+    layers["producer"].call(x, ids, w, again)()
+    assert torch.equal(out, again), f"seed {SEED} {geo.name}: the replayed gather pass differs"

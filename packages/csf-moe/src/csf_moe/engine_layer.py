@@ -29,10 +29,16 @@ from dataclasses import dataclass
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.moe.engine import act_launch, combine_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
-from csf_kernels.moe.engine_specs import ENGINE_FORMATS, ENGINE_SCALE_SOURCES, ENGINE_SCHEDULES, engine_tile_n
+from csf_kernels.moe.engine_specs import (
+    ENGINE_FC1_ROWS,
+    ENGINE_FORMATS,
+    ENGINE_SCALE_SOURCES,
+    ENGINE_SCHEDULES,
+    engine_tile_n,
+)
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
@@ -41,7 +47,7 @@ from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_GEMM_CONVENTIONS, w4a8
 
 from .reference import QuantizedExperts
 
-__all__ = ["EngineMoE", "EngineWeights", "engine_weights"]
+__all__ = ["EngineMoE", "EngineWeights", "engine_weights", "fc1_rows_for"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,22 +153,34 @@ def engine_weights(
                          g13=g13, g2=g2, w4a8=w4a8, **rows)  # fmt: skip
 
 
+def fc1_rows_for(bm: int) -> str:
+    """How FC1 gets its rows at ``bm`` routes a block: its producer warps gather them (every size, until measured
+    otherwise: docs/moe-engine.md §4.11)."""
+    return "producer"
+
+
 class EngineMoE:
     """The engine layer of one set of weights; :meth:`call` binds a token count's buffers and launches. W4A8
     weights quantize the activations by ``activations`` (``per_token``: the convention the FP8 GEMM applies).
     ``schedule``: the FP4 GEMMs' consumer schedule (``csf_kernels.moe.engine_specs.ENGINE_SCHEDULES``) where the
-    cache holds it for the call's block size, else that size's default; ``None``: the default everywhere."""
+    cache holds it for the call's block size, else that size's default; ``None``: the default everywhere.
+    ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
+    pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size."""
 
     def __init__(
-        self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None
-    ):
+        self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
+        fc1_rows: str | None = None,
+    ):  # fmt: skip
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
                                       f"{activations!r} (MXFP8's per-k32 promotion) is not built")  # fmt: skip
         if schedule is not None and (weights.w4a8 or schedule not in ENGINE_SCHEDULES):
             raise ValueError(f"schedule {schedule!r}: the FP4 GEMMs' are {ENGINE_SCHEDULES} (W4A8 has its own)")
+        if fc1_rows is not None and (weights.w4a8 or fc1_rows not in ENGINE_FC1_ROWS):
+            raise ValueError(f"fc1_rows {fc1_rows!r}: the FP4 FC1's are {ENGINE_FC1_ROWS} (W4A8 always passes)")
         self.weights = weights
         self.top_k = top_k
+        self.fc1_rows = fc1_rows
         self.activations = activations
         self.schedule = schedule
 
@@ -228,12 +246,19 @@ class EngineMoE:
             fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
             gather, scatter = {}, {}
         else:
-            # FC1's producer gathers its routes' rows of x; FC2's epilogue stores each slot's row at its route
+            # FC1's producer gathers its routes' rows of x (or reads them from a gather pass); FC2's epilogue stores
+            # each slot's row at its route
             inverse = None
             y = torch.empty(pairs, w.hidden, **bf16)  # a token's k rows contiguous
-            x1, x2 = {"x": x}, {"x": a}
-            fc1_in, fc2_in = [], []
-            gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
+            x2 = {"x": a}
+            fc2_in = []
+            if (self.fc1_rows or fc1_rows_for(bm)) == "pass":
+                x1 = {"x": torch.empty(slots, w.hidden, **bf16)}
+                fc1_in = [gather_launch(x, sorted_ids, meta, x1["x"], top_k=self.top_k, bm=bm)]
+                gather = {}
+            else:
+                x1, fc1_in = {"x": x}, []
+                gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
             scatter = dict(io="scatter", sorted_ids=sorted_ids)
         launches = [
             *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),

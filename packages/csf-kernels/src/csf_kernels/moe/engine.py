@@ -14,13 +14,14 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_N,
     engine_act_spec,
     engine_combine_spec,
+    engine_gather_spec,
     engine_gemm_spec,
     engine_schedule,
 )
 from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "grouped_fp4_gemm_launch"]
+__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "gather_launch", "grouped_fp4_gemm_launch"]
 
 
 def grouped_fp4_gemm_launch(
@@ -158,6 +159,24 @@ def dense_fp4_gemm_launch(
     meta = torch.tensor([blocks], dtype=torch.int32, device=x.device)
     return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n,
                                    fmt=fmt, global_scale=global_scale)  # fmt: skip
+
+
+def gather_launch(
+    x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, *, top_k: int, bm: int
+) -> runtime.Launch:
+    """FC1's input in block order: ``xs[s] = x[sorted_ids[s] // top_k]`` (bf16 ``[slots, H]``; zeros for a slot
+    without a route ``t * top_k + j`` in ``[0, pairs)``; slots of blocks past ``meta[0]`` untouched), for the FC1
+    GEMM reading block-order rows (``io="dense"``)."""
+    slots, hidden = xs.shape
+    if x.dtype != torch.bfloat16 or xs.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden:
+        raise TypeError(f"gather: x must be bf16 [T, {hidden}] like xs's columns; got {x.dtype} {tuple(x.shape)}")
+    if sorted_ids.dtype != torch.int32 or sorted_ids.numel() != slots or slots % bm:
+        raise ValueError(f"gather: {sorted_ids.numel()} int32 slots for xs's {slots} rows in blocks of {bm}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
+    spec = engine_gather_spec(bm)
+    grid = (slots, -(-hidden // spec.fact["BH"]))
+    return runtime.Launch(spec, grid, (x, sorted_ids, meta, xs, hidden, top_k, x.shape[0] * top_k))
 
 
 def act_launch(

@@ -19,7 +19,9 @@ from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 __all__ = [
     "ENGINE_ACT",
     "ENGINE_COMBINE",
+    "ENGINE_FC1_ROWS",
     "ENGINE_FORMATS",
+    "ENGINE_GATHER",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
@@ -32,6 +34,7 @@ __all__ = [
     "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
+    "engine_gather_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
     "engine_schedule",
@@ -50,6 +53,9 @@ ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
+# how FC1 gets its routes' rows of x: its producer warps gather them by cp.async ("producer"), or a gather pass
+# writes them in block order and FC1 reads them by TMA tiles ("pass"; docs/moe-engine.md §4.11)
+ENGINE_FC1_ROWS = ("producer", "pass")
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
 # the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group; the same bits
 ENGINE_SCHEDULES = ("slice", "stage")
@@ -63,11 +69,16 @@ _GLUE = "csf_kernels.moe.kernels.engine_glue"
 ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
+ENGINE_GATHER = TritonFamily(
+    kernel="moe.engine_gather", version=1, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
+    num_warps=4,
+)  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
     kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
 ACT_COLUMNS = 1024
+GATHER_COLUMNS = 1024
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
@@ -89,6 +100,12 @@ def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
                           HAS_BIAS=int(bias), PDL=MOE_PDL, num_warps=ENGINE_ACT.num_warps)  # fmt: skip
 
 
+def engine_gather_spec(bm: int) -> ProgramSpec:
+    """FC1's input in block order (:data:`ENGINE_FC1_ROWS` ``"pass"``)."""
+    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, BH=GATHER_COLUMNS, PDL=MOE_PDL,
+                          num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
+
+
 def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
     """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
     each route's slot."""
@@ -99,8 +116,8 @@ def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> Progr
 
 def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     """The engine layer's programs for a geometry: its alignment at every block size, FC1 with its activation
-    fused (gathering its rows), the activation pass of the unfused arm, the combine; the plain, gathering and
-    scattering GEMMs serve every geometry (:func:`engine_specs`)."""
+    fused (gathering its rows, or reading them from the gather pass, also built), the activation pass of the
+    unfused arm, the combine; the plain, gathering and scattering GEMMs serve every geometry (:func:`engine_specs`)."""
     if not engine_serves(geo):
         return []
     specs = []
@@ -108,9 +125,11 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for ids64 in (False, True):
             specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
-        for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows, its activation fused
+        specs.append(engine_gather_spec(bm))
+        for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
             for schedule in engine_schedules(bm):
-                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, "gather", schedule))
+                for io in ("gather", "dense"):
+                    specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io, schedule))
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs

@@ -7,6 +7,8 @@
   rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
   outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
   ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
+* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // top_k]`` (zeros for a slot without a
+  route), for the FC1 GEMM that reads its rows by TMA tiles instead of gathering them in its producer warps.
 * ``slot_route``: a block-order slot's route and token, the first step of every Triton gather.
 """
 
@@ -50,6 +52,19 @@ SIGNATURE_COMBINE = {
     "PDL": "constexpr",
 }
 
+SIGNATURE_GATHER = {
+    "x": "*bf16",
+    "sorted_ids": "*i32",
+    "meta": "*i32",
+    "xs": "*bf16",
+    "hidden": "i32",
+    "top_k": "i32",
+    "pairs": "i32",
+    "BM": "constexpr",
+    "BH": "constexpr",
+    "PDL": "constexpr",
+}
+
 SWIGLU_ALPHA = tl.constexpr(1.702)
 SWIGLU_LIMIT = tl.constexpr(7.0)
 
@@ -61,6 +76,20 @@ def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
     route = tl.load(sorted_ids + s, mask=used, other=-1)
     live = used & (route >= 0) & (route < pairs)
     return used, live, (tl.where(live, route, 0) // top_k).to(tl.int64), route
+
+
+@triton.jit
+def engine_gather(x, sorted_ids, meta, xs, hidden, top_k, pairs, BM: tl.constexpr, BH: tl.constexpr,
+                  PDL: tl.constexpr):  # fmt: skip
+    await_predecessor(PDL)
+    s = tl.program_id(0)
+    used, live, token, _ = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
+    if not used:  # blocks past meta[0] are never read
+        return
+    c = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = c < hidden
+    v = tl.load(x + token * hidden + c, mask=m & live, other=0.0)
+    tl.store(xs + s.to(tl.int64) * hidden + c, v, mask=m)
 
 
 @triton.jit
