@@ -153,10 +153,15 @@ def engine_weights(
                          g13=g13, g2=g2, w4a8=w4a8, **rows)  # fmt: skip
 
 
+# block sizes from which FC1 reads its rows from the gather pass (run 309, H100: 0.79x the layer's time at gpt-oss
+# 8192 tokens, 0.92x Qwen3, 0.94x gpt-oss 2048; at 16-32-route blocks within 3% either way; docs/moe-engine.md §4.11)
+PASS_FROM_TILE_N = 64
+
+
 def fc1_rows_for(bm: int) -> str:
-    """How FC1 gets its rows at ``bm`` routes a block: its producer warps gather them (every size, until measured
-    otherwise: docs/moe-engine.md §4.11)."""
-    return "producer"
+    """How FC1 gets its rows at ``bm`` routes a block: from the gather pass by TMA tiles at large blocks, where the
+    producer warps' per-row copies cost more than the pass, else gathered by its producer warps."""
+    return "pass" if bm >= PASS_FROM_TILE_N else "producer"
 
 
 class EngineMoE:
