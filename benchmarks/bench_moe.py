@@ -112,7 +112,8 @@ PEER_ARM = "triton_kernels"
 # against the float32 reference at every token count (W4A8's also against the reference of its exact operands).
 # "engine" runs each block size's default consumer schedule (docs/moe-engine.md §4.9); "engine_slice" and
 # "engine_stage" force the slice and the stage schedule where the cache holds it, "engine_pass" and
-# "engine_producer" FC1's rows from a gather pass or its producer warps (the same bits as "engine")
+# "engine_producer" FC1's rows from a gather pass or its producer warps, "engine_whole" every block whole (no
+# ragged tails): the same bits as "engine"
 ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine": dict(fused=True),
     "engine_unfused": dict(fused=False),
@@ -122,9 +123,11 @@ ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine_stage": dict(fused=True),
     "engine_pass": dict(fused=True),
     "engine_producer": dict(fused=True),
+    "engine_whole": dict(fused=True),
 }
 ENGINE_SCHEDULE = {"engine_slice": "slice", "engine_stage": "stage"}  # arm -> EngineMoE's schedule
 ENGINE_FC1_ROWS_ARM = {"engine_pass": "pass", "engine_producer": "producer"}  # arm -> EngineMoE's fc1_rows
+ENGINE_RAGGED = {"engine_whole": False}  # arm -> EngineMoE's ragged
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -263,6 +266,7 @@ def bench_geometry(
             geo.top_k,
             schedule=ENGINE_SCHEDULE.get(arm),
             fc1_rows=ENGINE_FC1_ROWS_ARM.get(arm),
+            ragged=ENGINE_RAGGED.get(arm),
         )
         for arm in engine
         if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
@@ -369,7 +373,7 @@ def bench_geometry(
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
             # another scale source or schedule of the engine: the native default engine's bits
-            forced = arm in ENGINE_SCHEDULE or arm in ENGINE_FC1_ROWS_ARM
+            forced = arm in ENGINE_SCHEDULE or arm in ENGINE_FC1_ROWS_ARM or arm in ENGINE_RAGGED
             same_bits = engines[arm].weights.scale_source == "inline" or forced
             if same_bits and "engine" in engines:
                 row["arms"][arm]["over_engine"] = med / statistics.median(samples_of["engine"])

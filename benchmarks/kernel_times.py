@@ -5,8 +5,8 @@
         --peer-path .peers
 
 Arms: the plan's layer with native or inline scales, the engine layer (``engine``: FC1's activation in its
-epilogue; ``engine_unfused``; ``engine_inline``; ``engine_pass``: FC1's rows from a gather pass) and the
-triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
+epilogue; ``engine_unfused``; ``engine_inline``; ``engine_pass``: FC1's rows from a gather pass; ``engine_whole``:
+no ragged blocks) and the triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
 
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
@@ -36,12 +36,22 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
-ARMS = ("native", "inline", "engine", "engine_unfused", "engine_inline", "engine_pass", "triton_kernels")
+ARMS = (
+    "native",
+    "inline",
+    "engine",
+    "engine_unfused",
+    "engine_inline",
+    "engine_pass",
+    "engine_whole",
+    "triton_kernels",
+)
 ENGINE_OPTIONS = {  # arm -> (engine_weights' options, EngineMoE's)
     "engine": ({}, {}),
     "engine_unfused": ({"fused": False}, {}),
     "engine_inline": ({"scale_source": "inline"}, {}),
     "engine_pass": ({}, {"fc1_rows": "pass"}),
+    "engine_whole": ({}, {"ragged": False}),
 }
 
 

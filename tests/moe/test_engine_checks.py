@@ -15,6 +15,7 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
+    engine_ragged,
     engine_schedule,
     engine_serves,
     engine_specs,
@@ -118,17 +119,39 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
     ids = torch.zeros(NX, dtype=torch.int32)  # NX slots
     fc1 = grouped_fp4_gemm_launch(w, s, x[:tokens], out, be, meta, tile_n=16, io="gather", sorted_ids=ids,
                                   top_k=top_k)  # fmt: skip
-    assert fc1.spec == engine_gemm_spec(16, io="gather") and fc1.args[8] is ids and fc1.args[10:] == (top_k, 1)
+    # (..., sorted_ids, ctas, top_k, pairs, pdl): a live route id is below tokens x top_k
+    assert fc1.spec == engine_gemm_spec(16, io="gather") and fc1.args[8] is ids
+    assert fc1.args[10:] == (top_k, tokens * top_k, 1)
     y = torch.zeros(tokens * top_k + 3, R, dtype=torch.bfloat16)  # pairs rows: any count
     fc2 = grouped_fp4_gemm_launch(w, s, x, y, be, meta, tile_n=16, io="scatter", sorted_ids=ids)
-    assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y
+    assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y and fc2.args[-2] == y.shape[0]
     runtime.set_pdl(False)
     try:
         assert grouped_fp4_gemm_launch(*_operands(), tile_n=16).args[-1] == 0
     finally:
         runtime.set_pdl(True)
     dense = grouped_fp4_gemm_launch(*_operands(), tile_n=16)
-    assert dense.args[-1] == 1 and dense.args[8] is dense.args[6]  # sorted_ids unread: block_expert stands in
+    # sorted_ids unread (block_expert stands in), pairs 0: every block whole
+    assert dense.args[-1] == 1 and dense.args[8] is dense.args[6] and dense.args[-2] == 0
+    with_ids = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, sorted_ids=ids, pairs=40)
+    assert with_ids.args[8] is ids and with_ids.args[-2] == 40 and with_ids.spec.fact["IO"] == "dense"
+    with pytest.raises(TypeError, match="sorted_ids"):
+        grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, sorted_ids=ids[:8], pairs=40)
+    with pytest.raises(ValueError, match="pairs"):
+        grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, sorted_ids=ids)
+
+
+def test_ragged_blocks_default_where_built():
+    """128- and 256-route blocks run ragged by default (the fact RAG), whole on request; smaller ones are whole."""
+    assert [engine_ragged(t) for t in ENGINE_TILE_N] == [False, False, False, True, True]
+    assert engine_ragged(256, False) is False and engine_ragged(64, True) is False
+    assert engine_gemm_spec(128).fact["RAG"] == 1 and "RAG" not in engine_gemm_spec(128, ragged=False).fact
+    with pytest.raises(ValueError, match="ragged"):
+        engine_gemm_spec(64, ragged=True)
+    w, s, x, out, be, meta = _operands()
+    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128).spec.fact["RAG"] == 1
+    assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=False).spec.fact
+    assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ragged=True).spec.fact
 
 
 @pytest.mark.parametrize(
@@ -222,29 +245,38 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
         # gathering its routes' rows itself or reading them from the gather pass
         got = sorted(
-            (s.fact["TN"], s.fact.get("SRC", "native"), s.fact.get("SCHED", "slice"), s.fact["IO"]) for s in fc1
+            (
+                s.fact["TN"],
+                s.fact.get("SRC", "native"),
+                s.fact.get("SCHED", "slice"),
+                s.fact["IO"],
+                s.fact.get("RAG", 0),
+            )
+            for s in fc1
         )
         assert got == sorted(
-            (t, src, sched, io)
+            (t, src, sched, io, rag)
             for t in ENGINE_TILE_N
             for src in ("native", "inline")
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
             for io in ("gather", "dense")
+            for rag in ((0, 1) if t >= 128 else (0,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
         assert sorted(s.fact["BM"] for s in passes) == sorted(ENGINE_TILE_N)
     plain = engine_specs()
     want = {
-        (f, t, src, io, sched)
+        (f, t, src, io, sched, rag)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
         for io in ENGINE_IO
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
+        for rag in ((0, 1) if t >= 128 else (0,))
     }
-    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"))
-           for s in plain}  # fmt: skip
+    got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),
+            s.fact.get("RAG", 0)) for s in plain}  # fmt: skip
     assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
     # native programs keep the identity they had before the inline source existed, slice ones theirs from before

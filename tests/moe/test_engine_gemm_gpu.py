@@ -16,7 +16,7 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_RAGGED_TILE_N, ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -429,3 +429,51 @@ def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
     n = used * tile_n
     assert not torch.isnan(outs["stage"][:n].float()).any(), "unwritten slots"
     assert torch.equal(outs["slice"].view(torch.int16), outs["stage"].view(torch.int16)), "the schedules differ"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_RAGGED_TILE_N)
+def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
+    """Ragged programs (a block whose live slots lie in its first half multiplies that half only): gathering FC1,
+    FC1 on block-order rows with the route ids beside them, and scattering FC2 store the whole-block programs' bits
+    on every live slot; the hand-made alignment gives tails below and above half a block."""
+    experts, rows, k, top_k = 4, 256, 640, 3
+    tokens = 3 * tile_n + 5  # about 2.25 blocks an expert: random tails on both sides of half a block
+    packed, scales, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 31, fmt)
+    w_panel, s_panel = _panels(packed, scales, fmt)
+    g = torch.Generator().manual_seed(SEED + 37)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    slots, pairs = sorted_ids.numel(), tokens * top_k
+    live = ((sorted_ids >= 0) & (sorted_ids < pairs))[: used * tile_n]
+    tails = [int(live[b * tile_n : (b + 1) * tile_n].sum()) for b in range(used)]
+    assert any(n <= tile_n // 2 for n in tails) and any(n > tile_n // 2 for n in tails), tails
+    xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
+    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
+    outs = {}
+    for ragged in (False, True):
+        fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fc1_dense = torch.full_like(fc1, float("nan"))
+        fc2 = torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        runtime.freeze()
+        try:
+            launches = [
+                grouped_fp4_gemm_launch(w_panel, s_panel, x, fc1, block_expert, meta, io="gather", top_k=top_k,
+                                        ragged=ragged, **common),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc1_dense, block_expert, meta, pairs=pairs,
+                                        ragged=ragged, **common),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc2, block_expert, meta, io="scatter", ragged=ragged,
+                                        **common),
+            ]  # fmt: skip
+            assert all(launch.spec.fact.get("RAG", 0) == int(ragged) for launch in launches)
+            for launch in launches:
+                launch.bind("engine ragged test")()
+        finally:
+            runtime.unfreeze()
+        torch.cuda.synchronize()
+        outs[ragged] = fc1[: used * tile_n][live], fc1_dense[: used * tile_n][live], fc2
+    for name, whole, ragged in zip(
+        ("gathered FC1", "dense FC1", "scattered FC2"), outs[False], outs[True], strict=True
+    ):
+        assert torch.isfinite(ragged.float()).any(), f"{name}: nothing stored"
+        assert torch.equal(whole.view(torch.int16), ragged.view(torch.int16)), f"seed {SEED}: ragged {name} differs"

@@ -170,11 +170,13 @@ class EngineMoE:
     ``schedule``: the FP4 GEMMs' consumer schedule (``csf_kernels.moe.engine_specs.ENGINE_SCHEDULES``) where the
     cache holds it for the call's block size, else that size's default; ``None``: the default everywhere.
     ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
-    pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size."""
+    pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size.
+    ``ragged``: whether the FP4 GEMMs run a block whose live routes lie in its first half on that half only, where
+    the cache holds it (``None``: the size's default)."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
-        fc1_rows: str | None = None,
+        fc1_rows: str | None = None, ragged: bool | None = None,
     ):  # fmt: skip
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
@@ -186,6 +188,7 @@ class EngineMoE:
         self.weights = weights
         self.top_k = top_k
         self.fc1_rows = fc1_rows
+        self.ragged = ragged
         self.activations = activations
         self.schedule = schedule
 
@@ -200,7 +203,7 @@ class EngineMoE:
                                             tile_n=bm, **epilogue)  # fmt: skip
         return grouped_fp4_gemm_launch(*panels, x["x"], out, block_expert, meta, tile_n=bm, fmt=w.fmt,
                                        global_scale=getattr(w, "g" + fc), schedule=self.schedule,
-                                       **epilogue)  # fmt: skip
+                                       ragged=self.ragged, **epilogue)  # fmt: skip
 
     def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
         """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:
@@ -260,7 +263,7 @@ class EngineMoE:
             if (self.fc1_rows or fc1_rows_for(bm)) == "pass":
                 x1 = {"x": torch.empty(slots, w.hidden, **bf16)}
                 fc1_in = [gather_launch(x, sorted_ids, meta, x1["x"], top_k=self.top_k, bm=bm)]
-                gather = {}
+                gather = dict(sorted_ids=sorted_ids, pairs=pairs)  # block-order rows; the ids tell live slots
             else:
                 x1, fc1_in = {"x": x}, []
                 gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)

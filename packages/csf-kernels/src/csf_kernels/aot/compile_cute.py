@@ -35,9 +35,9 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     elif spec.kernel == ENGINE_GEMM:
         scales, io = str(facts.get("SRC", "native")), str(facts["IO"])
-        schedule = str(facts.get("SCHED", "slice"))
+        schedule, ragged = str(facts.get("SCHED", "slice")), bool(facts.get("RAG", 0))
         prog = engine_gemm_program(
-            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), scales, io, schedule
+            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), scales, io, schedule, ragged
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

@@ -301,6 +301,7 @@ def engine_gemm_name(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
+    ragged: bool = False,
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -310,6 +311,7 @@ def engine_gemm_name(
         + ("" if scales == "native" else f"_{scales}")
         + ("" if io == "dense" else f"_{io}")
         + ("" if schedule == "slice" else f"_{schedule}")
+        + ("_ragged" if ragged else "")
     )
 
 
@@ -321,15 +323,17 @@ def engine_gemm_program(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
+    ragged: bool = False,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
     (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
-    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``)."""
+    consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``);
+    ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule)
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged)
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -350,7 +354,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -364,7 +368,7 @@ def engine_gemm_program(
             ("meta", "int32", ("NM",)),
             ("sorted_ids", "int32", ("NS",)),
         ),
-        scalars=("ctas", "top_k", "pdl"),
+        scalars=("ctas", "top_k", "pairs", "pdl"),
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
@@ -378,6 +382,7 @@ def engine_gemm_program(
             ("scales", scales),
             ("io", io),
             ("schedule", schedule),
+            ("ragged", int(ragged)),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),

@@ -16,6 +16,7 @@ from csf_kernels.moe.engine_specs import (
     engine_combine_spec,
     engine_gather_spec,
     engine_gemm_spec,
+    engine_ragged,
     engine_schedule,
 )
 from csf_kernels.runtime import config as runtime_config
@@ -41,6 +42,8 @@ def grouped_fp4_gemm_launch(
     io: str = "dense",
     sorted_ids: torch.Tensor | None = None,
     top_k: int = 1,
+    pairs: int | None = None,
+    ragged: bool | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -64,6 +67,13 @@ def grouped_fp4_gemm_launch(
     ``t * top_k + j`` or a value outside ``[0, pairs)``): ``gather`` (FC1) reads slot ``s``'s row of ``x [tokens,
     K]`` at token ``sorted_ids[s] // top_k`` (zeros without a route; ``out`` has ``slots`` rows), ``scatter`` (FC2)
     stores it to row ``sorted_ids[s]`` of ``out [pairs, R]`` (nothing without a route; ``x`` has ``slots`` rows).
+    ``dense`` rows may come with the alignment's ``sorted_ids`` and ``pairs`` too (FC1 reading rows a gather pass
+    wrote): they only tell which slots are live.
+
+    ``ragged`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_RAGGED_TILE_N`; ``None``: the size's default): a block
+    whose live slots (route ids in ``[0, pairs)``) all lie in its first half multiplies that half only; its other
+    rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM
+    of its zero rows, which differ only where a weight is NaN or infinite. Without route ids every block is whole.
     The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
@@ -80,9 +90,18 @@ def grouped_fp4_gemm_launch(
     if bias is not None and (activation is None or bias.dtype != torch.float32 or bias.shape != (experts, rows)):
         raise ValueError(f"bias must be float32 [{experts}, {rows}] and come with an activation")
     out_cols = rows if activation is None else rows // 2
-    slots = _check_routes(io, sorted_ids, rows_x, out.shape[0], top_k, activation)
-    if io == "dense":
-        sorted_ids = block_expert  # unread
+    if io == "dense" and sorted_ids is not None:  # route ids beside block-order rows: live slots only
+        if sorted_ids.dtype != torch.int32 or sorted_ids.shape != (rows_x,):
+            raise TypeError(f"dense: sorted_ids must be int32 [{rows_x}] (x's slots) where given")
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+            raise ValueError(f"dense: sorted_ids come with the route count pairs >= 1; got {pairs!r}")
+        slots = rows_x
+    else:
+        slots = _check_routes(io, sorted_ids, rows_x, out.shape[0], top_k, activation)
+        if io == "dense":
+            sorted_ids, pairs = block_expert, 0  # unread: every block whole
+        else:  # a live route id is below the routes x (gather) or out (scatter) holds
+            pairs = rows_x * top_k if io == "gather" else out.shape[0]
     out_rows = out.shape[0] if io == "scatter" else slots
     if out.shape != (out_rows, out_cols) or k != steps * PANEL_STEP_K:
         raise ValueError(
@@ -110,7 +129,8 @@ def grouped_fp4_gemm_launch(
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
     ctas = max(1, min(num_sms(x.device), units))
     source = "inline" if inline else "native"
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, engine_schedule(tile_n, schedule))
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, engine_schedule(tile_n, schedule),
+                            engine_ragged(tile_n, ragged))  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
@@ -118,7 +138,7 @@ def grouped_fp4_gemm_launch(
     else:
         s = (s_panel.view(torch.uint32) if nv else s_panel,)  # NVFP4: one word of four E4M3 bytes a row a step
     pdl = int(runtime_config.pdl_enabled())
-    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pdl)
+    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pairs, pdl)
     return runtime.Launch(spec, (ctas, 1, 1), args)
 
 

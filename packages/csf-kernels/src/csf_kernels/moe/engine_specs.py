@@ -25,6 +25,7 @@ __all__ = [
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
+    "ENGINE_RAGGED_TILE_N",
     "ENGINE_SCALE_SOURCES",
     "ENGINE_SCHEDULES",
     "ENGINE_STAGE_TILE_N",
@@ -37,6 +38,7 @@ __all__ = [
     "engine_gather_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
+    "engine_ragged",
     "engine_schedule",
     "engine_schedules",
     "engine_serves",
@@ -46,8 +48,9 @@ __all__ = [
 
 ENGINE_GEMM = "moe.engine_gemm"
 # 3: the per-expert global scale argument (NVFP4); 4: sorted_ids, top_k, pdl (IO modes); 5: IO modes beside the
-# inline scale source (its gather spares the decoder warp), PDL in the shared producer code
-ENGINE_GEMM_VERSION = 5
+# inline scale source (its gather spares the decoder warp), PDL in the shared producer code; 6: the pairs argument
+# (live route ids, for ragged blocks)
+ENGINE_GEMM_VERSION = 6
 ENGINE_IO = ("dense", "gather", "scatter")  # kernels.engine_gemm.IO_MODES (that module imports cutlass)
 ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
@@ -62,6 +65,9 @@ ENGINE_SCHEDULES = ("slice", "stage")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
+# block sizes built ragged (kernels.engine_gemm.RAGGED_TILE_N: a block whose live routes lie in its first half runs
+# that half only; docs/moe-engine.md §4.12), beside the whole-block programs; ragged serves them by default
+ENGINE_RAGGED_TILE_N = (128, 256)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
@@ -129,7 +135,9 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
             for schedule in engine_schedules(bm):
                 for io in ("gather", "dense"):
-                    specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io, schedule))
+                    for ragged in engine_raggeds(bm):
+                        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
+                                                      schedule, ragged))  # fmt: skip
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
@@ -138,6 +146,17 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
 def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block."""
     return ENGINE_SCHEDULES if tile_n in ENGINE_STAGE_TILE_N else ("slice",)
+
+
+def engine_raggeds(tile_n: int) -> tuple[bool, ...]:
+    """Whether the AOT cache holds ``tile_n``'s whole-block programs only, or ragged ones too (the default last)."""
+    return (False, True) if tile_n in ENGINE_RAGGED_TILE_N else (False,)
+
+
+def engine_ragged(tile_n: int, want: bool | None = None) -> bool:
+    """Whether ``tile_n`` routes a block run ragged: ``want`` where the cache holds it, else the size's default."""
+    built = engine_raggeds(tile_n)
+    return want if want in built else built[-1]
 
 
 def engine_schedule(tile_n: int, want: str | None = None) -> str:
@@ -157,13 +176,15 @@ def engine_gemm_spec(
     scales: str = "native",
     io: str = "dense",
     schedule: str | None = None,
+    ragged: bool | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
     inline program carries the fact ``SRC``); ``io``: rows in block order (``dense``), FC1's input gathered by
     route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
-    the fact ``SCHED``, ``slice`` ones keep their earlier identity)."""
+    the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
+    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -177,22 +198,27 @@ def engine_gemm_spec(
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
+    ragged = engine_ragged(tile_n) if ragged is None else ragged
+    if ragged and tile_n not in ENGINE_RAGGED_TILE_N:
+        raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block; got {tile_n}")
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
+    rag = {"RAG": 1} if ragged else {}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source, **sched)  # fmt: skip
+                          **source, **sched, **rag)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
-    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering) and each schedule built
-    for the block size (they take every shape at run time)."""
+    in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
+    the block size, whole-block and (128 and 256 routes) ragged (they take every shape at run time)."""
     return [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule)
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
         for schedule in engine_schedules(tn)
+        for ragged in engine_raggeds(tn)
     ]

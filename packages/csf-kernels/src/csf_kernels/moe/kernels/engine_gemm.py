@@ -73,6 +73,7 @@ __all__ = [
     "ACT_SILU",
     "ACT_SWIGLU_OAI",
     "IO_MODES",
+    "RAGGED_TILE_N",
     "SCALE_SOURCES",
     "SCHEDULES",
     "TILE_K",
@@ -83,6 +84,9 @@ __all__ = [
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
 DECODER_WARP = 2
+# block sizes whose blocks may run half their routes: a block whose live slots all lie in its first half issues
+# wgmma.m64n{TILE_N / 2} on them only (an expert's last block is its tail: up to half the padded work at 2048-8192)
+RAGGED_TILE_N = (128, 256)
 # the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
 _DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
 
@@ -110,7 +114,7 @@ class GroupedFp4Gemm:
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
-        scales: str = "native", io: str = "dense", schedule: str = "slice",
+        scales: str = "native", io: str = "dense", schedule: str = "slice", ragged: bool = False,
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -127,6 +131,9 @@ class GroupedFp4Gemm:
         self.schedule = schedule
         # validates schedule; gathered stages are fenced before wgmma reads them
         self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
+        if ragged and tile_n not in RAGGED_TILE_N:
+            raise ValueError(f"ragged blocks are built for {RAGGED_TILE_N} routes a block; got {tile_n}")
+        self.ragged = ragged
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -167,12 +174,13 @@ class GroupedFp4Gemm:
         sorted_ids: cute.Tensor,
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
+        pairs: cutlass.Int32,
         pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(self.inline):
             raise TypeError("an inline-scale program is compiled through GroupedFp4Gemm.call_inline")
-        routes = (sorted_ids, top_k, pdl)
+        routes = (sorted_ids, top_k, pairs, pdl)
         self._launch(w_panel, s_panel, None, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
 
     @cute.jit
@@ -193,18 +201,19 @@ class GroupedFp4Gemm:
         sorted_ids: cute.Tensor,
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
+        pairs: cutlass.Int32,
         pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(not self.inline):
             raise TypeError("GroupedFp4Gemm.call_inline needs scales='inline'")
         records = (base_ref, base_delta, block_start, record_units, body)
-        routes = (sorted_ids, top_k, pdl)
+        routes = (sorted_ids, top_k, pairs, pdl)
         self._launch(w_panel, None, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
 
     def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream):
         """Both entry points' host side (traced inline): views, the MMA, TMA atoms, shared storage, the launch.
-        ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pdl)``."""
+        ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pairs, pdl)``."""
         bf16 = cutlass.BFloat16
         # operand views: weights (256 words, row blocks, steps, experts), scales (2 R bytes or R words, steps,
         # experts), activations (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
@@ -226,6 +235,13 @@ class GroupedFp4Gemm:
             tiler_mn=(64, self.tile_n),
             a_source=warpgroup.OperandSource.RMEM,
         )
+        # ragged: the MMA of a block's first half (its accumulator the first half of the full one's registers)
+        half_mma = tiled_mma
+        if cutlass.const_expr(self.ragged):
+            half_mma = sm90_utils.make_trivial_tiled_mma(
+                bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, self.acc_dtype,
+                self.atom_layout_mnk, tiler_mn=(64, self.tile_n // 2), a_source=warpgroup.OperandSource.RMEM,
+            )  # fmt: skip
 
         a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
         s_smem = cute.make_layout((self.s_elems, 1, 1, self.stages))
@@ -258,11 +274,11 @@ class GroupedFp4Gemm:
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
-        sorted_ids, top_k, pdl = routes
+        sorted_ids, top_k, pairs, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale, sorted_ids, top_k,
-            *records,
+            tiled_mma, half_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale,
+            sorted_ids, top_k, pairs, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream,
@@ -281,6 +297,7 @@ class GroupedFp4Gemm:
         tma_c: cute.CopyAtom,
         m_c: cute.Tensor,
         tiled_mma: cute.TiledMma,
+        half_mma: cute.TiledMma,
         a_smem: cute.Layout,
         s_smem: cute.Layout,
         b_smem: cute.ComposedLayout,
@@ -293,6 +310,7 @@ class GroupedFp4Gemm:
         gscale: cute.Tensor,
         sorted_ids: cute.Tensor,
         top_k: cutlass.Int32,
+        pairs: cutlass.Int32,
         base_ref: cute.Tensor,
         base_delta: cute.Tensor,
         block_start: cute.Tensor,
@@ -375,14 +393,17 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(232)
-            self.consume(ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx,
-                         warp, wg, out, bias, gscale, block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
+            self.consume(ring, (tiled_mma, half_mma), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
+                         k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs),
+                         cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
-        self, ring, tiled_mma, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
-        out, bias, gscale, block_expert, sorted_ids, experts,
+        self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
+        out, bias, gscale, block_expert, ids, experts,
     ):  # fmt: skip
+        tiled_mma, half_mma = mmas
+        sorted_ids, pairs = ids
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -396,6 +417,17 @@ class GroupedFp4Gemm:
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
         epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
+        half = None
+        if cutlass.const_expr(self.ragged):
+            # the first half of the block's routes: B's first TILE_N / 2 rows of each stage, and the first half of
+            # the accumulator's registers (value 4 c + i is route 8 c + ...: routes < TILE_N / 2 come first)
+            thr_half = half_mma.get_slice(tidx - 128)
+            s_b_half = cute.local_tile(s_b, (self.tile_n // 2, TILE_K, self.stages), (0, 0, 0))
+            t_cr_b_half = half_mma.make_fragment_B(thr_half.partition_B(s_b_half))
+            acc_half = cute.make_tensor(
+                acc.iterator, cute.make_layout(thr_half.partition_shape_C((TILE_M, self.tile_n // 2)))
+            )
+            half = (half_mma, acc_half, t_cr_b_half)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -410,7 +442,14 @@ class GroupedFp4Gemm:
             if cutlass.const_expr(self.nvfp4):
                 g_e = self._global_scale(gscale, block_expert, b, experts)
             operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
-            read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+            if cutlass.const_expr(self.ragged):
+                if live_extent(sorted_ids, pairs, b, self.tile_n, lane) <= self.tile_n // 2:
+                    half_operands = (half[0], half[1], frags, words, s_words, s_s, half[2], t, row_block, r0)
+                    read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
+                else:
+                    read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+            else:
+                read, release = self.step.k_loop(ring, read, release, k_steps, operands)
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
@@ -430,6 +469,22 @@ class GroupedFp4Gemm:
         if inside != e:
             g = cutlass.Float32(1.0)
         return g
+
+
+@cute.jit
+def live_extent(sorted_ids, pairs, b, tile_n: cutlass.Constexpr, lane):
+    """One past block ``b``'s last live slot (a route id in ``[0, pairs)``; 0 for none), computed by each warp from
+    ``sorted_ids`` (traced inline): ``tile_n / 32`` loads a lane and a ballot each, so every warp of a warpgroup
+    reaches the same value. ``pairs`` 0 (no route ids: a dense GEMM) reads nothing and is the whole block."""
+    extent = cutlass.Int32(tile_n)
+    if pairs > 0:
+        extent = cutlass.Int32(0)
+        for j in cutlass.range_constexpr(tile_n // 32):
+            route = sorted_ids[b * tile_n + j * 32 + lane]
+            live = cute.arch.vote_ballot_sync((route >= 0) & (route < pairs))
+            if live != 0:
+                extent = cutlass.Int32(j * 32 + 32) - cutlass.Int32(cute.arch.clz(live))
+    return extent
 
 
 def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered):
