@@ -195,7 +195,7 @@ def gather_launch(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
     spec = engine_gather_spec(bm)
-    grid = (slots, -(-hidden // spec.fact["BH"]))
+    grid = (-(-slots // spec.fact["RB"]), -(-hidden // spec.fact["BH"]))
     return runtime.Launch(spec, grid, (x, sorted_ids, meta, xs, hidden, top_k, x.shape[0] * top_k))
 
 
@@ -233,7 +233,7 @@ def combine_launch(
                          f"{tuple(out.shape)}")  # fmt: skip
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
         raise TypeError("topk_ids must be contiguous int32 or int64")
-    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None)
+    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None, top_k)
     grid = (tokens, -(-hidden // spec.fact["BH"]))
     b = bias if bias is not None else runtime.placeholder(y.device)
     inv = inverse if inverse is not None else runtime.placeholder(y.device)

@@ -76,15 +76,16 @@ ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
 ENGINE_GATHER = TritonFamily(
-    kernel="moe.engine_gather", version=1, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
+    kernel="moe.engine_gather", version=2, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
     num_warps=4,
 )  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
-    kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    kernel="moe.engine_combine", version=4, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
 ACT_COLUMNS = 1024
 GATHER_COLUMNS = 1024
+GATHER_ROWS = 4  # slots a gather program: four 16-byte loads a thread in flight
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
@@ -108,15 +109,15 @@ def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
 
 def engine_gather_spec(bm: int) -> ProgramSpec:
     """FC1's input in block order (:data:`ENGINE_FC1_ROWS` ``"pass"``)."""
-    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, BH=GATHER_COLUMNS, PDL=MOE_PDL,
-                          num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
+    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, RB=GATHER_ROWS, BH=GATHER_COLUMNS,
+                          PDL=MOE_PDL, num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
 
 
-def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
+def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False, top_k: int = 1) -> ProgramSpec:
     """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
-    each route's slot."""
+    each route's slot; ``top_k`` routes a token (unrolled)."""
     return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
-                          INV=int(inverse), BH=COMBINE_COLUMNS, PDL=MOE_PDL,
+                          INV=int(inverse), TOPK=top_k, BH=COMBINE_COLUMNS, PDL=MOE_PDL,
                           num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
 
 
@@ -139,7 +140,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                         specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
                                                       schedule, ragged))  # fmt: skip
     for ids64 in (False, True):
-        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
+        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias, top_k=geo.top_k)]
     return specs
 
 

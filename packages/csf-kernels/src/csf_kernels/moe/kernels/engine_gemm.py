@@ -419,6 +419,7 @@ class GroupedFp4Gemm:
         epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
         half = None
         if cutlass.const_expr(self.ragged):
+            half_mma.set(warpgroup.Field.ACCUMULATE, True)  # every wgmma adds to the unit's zeroed accumulator
             # the first half of the block's routes: B's first TILE_N / 2 rows of each stage, and the first half of
             # the accumulator's registers (value 4 c + i is route 8 c + ...: routes < TILE_N / 2 come first)
             thr_half = half_mma.get_slice(tidx - 128)
@@ -427,7 +428,7 @@ class GroupedFp4Gemm:
             acc_half = cute.make_tensor(
                 acc.iterator, cute.make_layout(thr_half.partition_shape_C((TILE_M, self.tile_n // 2)))
             )
-            half = (half_mma, acc_half, t_cr_b_half)
+            half = (acc_half, t_cr_b_half)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -444,7 +445,7 @@ class GroupedFp4Gemm:
             operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
             if cutlass.const_expr(self.ragged):
                 if live_extent(sorted_ids, pairs, b, self.tile_n, lane) <= self.tile_n // 2:
-                    half_operands = (half[0], half[1], frags, words, s_words, s_s, half[2], t, row_block, r0)
+                    half_operands = (half_mma, half[0], frags, words, s_words, s_s, half[1], t, row_block, r0)
                     read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
                 else:
                     read, release = self.step.k_loop(ring, read, release, k_steps, operands)

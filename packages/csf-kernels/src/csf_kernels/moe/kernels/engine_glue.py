@@ -48,6 +48,7 @@ SIGNATURE_COMBINE = {
     "IDS64": "constexpr",
     "HAS_BIAS": "constexpr",
     "INV": "constexpr",
+    "TOPK": "constexpr",  # the routes a token: unrolled, so their rows load at once
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -61,6 +62,7 @@ SIGNATURE_GATHER = {
     "top_k": "i32",
     "pairs": "i32",
     "BM": "constexpr",
+    "RB": "constexpr",  # slots a program: RB rows of BH columns in flight at once
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -79,17 +81,18 @@ def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
 
 
 @triton.jit
-def engine_gather(x, sorted_ids, meta, xs, hidden, top_k, pairs, BM: tl.constexpr, BH: tl.constexpr,
-                  PDL: tl.constexpr):  # fmt: skip
+def engine_gather(x, sorted_ids, meta, xs, hidden, top_k, pairs, BM: tl.constexpr, RB: tl.constexpr,
+                  BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
-    s = tl.program_id(0)
-    used, live, token, _ = slot_route(sorted_ids, meta, s, top_k, pairs, BM)
-    if not used:  # blocks past meta[0] are never read
+    s0 = tl.program_id(0) * RB
+    if s0 >= tl.load(meta) * BM:  # blocks past meta[0] are never read
         return
+    used, live, token, _ = slot_route(sorted_ids, meta, s0 + tl.arange(0, RB), top_k, pairs, BM)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = c < hidden
-    v = tl.load(x + token * hidden + c, mask=m & live, other=0.0)
-    tl.store(xs + s.to(tl.int64) * hidden + c, v, mask=m)
+    m = c[None, :] < hidden
+    v = tl.load(x + token[:, None] * hidden + c[None, :], mask=m & live[:, None], other=0.0)
+    s = (s0 + tl.arange(0, RB)).to(tl.int64)
+    tl.store(xs + s[:, None] * hidden + c[None, :], v, mask=m & used[:, None])
 
 
 @triton.jit
@@ -124,13 +127,14 @@ def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.conste
 
 @triton.jit
 def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, TOPK: tl.constexpr, BH: tl.constexpr,
+                   PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
     m = c < hidden
     acc = tl.zeros([BH], dtype=tl.float32)
-    for j in range(0, top_k):
+    for j in tl.static_range(TOPK):  # top_k == TOPK (the launch checks): the same order, every row's load at once
         route = t * top_k + j
         e, live = route_expert(topk_ids, route, num_experts, IDS64)
         row = route
