@@ -205,3 +205,32 @@ def test_routed_rows(built):
         assert sass.count("STG.E.128") == facts["STG"]
     if meta["act"]:  # the activated epilogue stores by plain global stores
         assert sass.count("UTMASTG") == 0
+
+
+@pytest.fixture(scope="module", params=[(128, 0, False, "scatter"), (256, 2, True, "gather")],
+                ids=lambda v: f"n{v[0]}-{v[3]}")  # fmt: skip
+def ragged(request, tmp_path_factory):
+    _toolchain_or_skip()
+    tool = export.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to read the SASS")
+    tile_n, act, bias, io = request.param
+    out = tmp_path_factory.mktemp(f"ragged{tile_n}")
+    program = export.engine_gemm_program(tile_n, act, bias, io=io, ragged=True)
+    meta = export.build_cute_program(program, out)
+    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
+    return tile_n, meta, sass
+
+
+def test_ragged_programs_run_both_loops_pipelined_and_accumulating(ragged):
+    """A ragged program holds the whole block's K loop and the half block's (``HGMMA.64x{N/2}``), each pipelined as
+    the slice schedule's (one fence and one wait a wgmma), and every wgmma of both accumulates unconditionally: run
+    310's half loop carried the accumulate flag as a predicate (``UP0``) that was false."""
+    tile_n, meta, sass = ragged
+    whole, half = _wgmma_events(sass, tile_n), _wgmma_events(sass, tile_n // 2)
+    for events in (whole, half):
+        assert events.count("M") == 4 * (STEP_GROUP + 1) and events.count("m") == 0
+    hgmma = [line.split(";")[0] for line in sass.splitlines() if "HGMMA." in line]
+    assert len(hgmma) == 8 * (STEP_GROUP + 1) and not any("UP0" in line or "UPT" in line for line in hgmma)
+    assert sass.count("WARPGROUP.ARRIVE") == len(hgmma) and meta["ragged"] == 1
+    assert meta["sass"]["local_bytes"] == 0
