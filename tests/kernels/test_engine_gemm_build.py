@@ -171,6 +171,7 @@ def test_metadata(built):
         "sorted_ids",
         "ctas",
         "top_k",
+        "pairs",
         "pdl",
         "stream",
     ]

@@ -233,7 +233,7 @@ def combine_launch(
                          f"{tuple(out.shape)}")  # fmt: skip
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
         raise TypeError("topk_ids must be contiguous int32 or int64")
-    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None, top_k)
+    spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None)
     grid = (tokens, -(-hidden // spec.fact["BH"]))
     b = bias if bias is not None else runtime.placeholder(y.device)
     inv = inverse if inverse is not None else runtime.placeholder(y.device)

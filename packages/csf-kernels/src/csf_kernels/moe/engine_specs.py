@@ -80,7 +80,7 @@ ENGINE_GATHER = TritonFamily(
     num_warps=4,
 )  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
-    kernel="moe.engine_combine", version=4, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
 ACT_COLUMNS = 1024
@@ -113,11 +113,11 @@ def engine_gather_spec(bm: int) -> ProgramSpec:
                           PDL=MOE_PDL, num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
 
 
-def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False, top_k: int = 1) -> ProgramSpec:
+def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
     """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
-    each route's slot; ``top_k`` routes a token (unrolled)."""
+    each route's slot."""
     return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
-                          INV=int(inverse), TOPK=top_k, BH=COMBINE_COLUMNS, PDL=MOE_PDL,
+                          INV=int(inverse), BH=COMBINE_COLUMNS, PDL=MOE_PDL,
                           num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                         specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
                                                       schedule, ragged))  # fmt: skip
     for ids64 in (False, True):
-        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias, top_k=geo.top_k)]
+        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
 
 

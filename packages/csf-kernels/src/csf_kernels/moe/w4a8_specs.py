@@ -70,7 +70,7 @@ def w4a8_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     specs = [gather_fp8_spec(bm, conv) for bm in ENGINE_TILE_N for conv in ACTIVATION_CONVENTIONS]
     if w4a8_serves(geo):
         specs += [w4a8_gemm_spec(bm, geo.activation, geo.bias) for bm in W4A8_TILE_N]  # FC1, activation fused
-        specs += [engine_combine_spec(ids64, geo.bias, inverse=True, top_k=geo.top_k) for ids64 in (False, True)]
+        specs += [engine_combine_spec(ids64, geo.bias, inverse=True) for ids64 in (False, True)]
     return specs
 
 

@@ -48,7 +48,6 @@ SIGNATURE_COMBINE = {
     "IDS64": "constexpr",
     "HAS_BIAS": "constexpr",
     "INV": "constexpr",
-    "TOPK": "constexpr",  # the routes a token: unrolled, so their rows load at once
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -127,14 +126,13 @@ def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.conste
 
 @triton.jit
 def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, TOPK: tl.constexpr, BH: tl.constexpr,
-                   PDL: tl.constexpr):  # fmt: skip
+                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
     m = c < hidden
     acc = tl.zeros([BH], dtype=tl.float32)
-    for j in tl.static_range(TOPK):  # top_k == TOPK (the launch checks): the same order, every row's load at once
+    for j in range(0, top_k):
         route = t * top_k + j
         e, live = route_expert(topk_ids, route, num_experts, IDS64)
         row = route
