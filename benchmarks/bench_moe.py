@@ -113,7 +113,7 @@ PEER_ARM = "triton_kernels"
 # "engine" runs each block size's default consumer schedule (docs/moe-engine.md §4.9); "engine_slice" and
 # "engine_stage" force the slice and the stage schedule where the cache holds it, "engine_pass" and
 # "engine_producer" FC1's rows from a gather pass or its producer warps, "engine_whole" every block whole (no
-# ragged tails): the same bits as "engine"
+# ragged tails), "engine_paired" two CTAs an SM at 16-32-route blocks: the same bits as "engine"
 ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine": dict(fused=True),
     "engine_unfused": dict(fused=False),
@@ -124,10 +124,12 @@ ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine_pass": dict(fused=True),
     "engine_producer": dict(fused=True),
     "engine_whole": dict(fused=True),
+    "engine_paired": dict(fused=True),
 }
 ENGINE_SCHEDULE = {"engine_slice": "slice", "engine_stage": "stage"}  # arm -> EngineMoE's schedule
 ENGINE_FC1_ROWS_ARM = {"engine_pass": "pass", "engine_producer": "producer"}  # arm -> EngineMoE's fc1_rows
 ENGINE_RAGGED = {"engine_whole": False}  # arm -> EngineMoE's ragged
+ENGINE_OCCUPANCY = {"engine_paired": 2}  # arm -> EngineMoE's ctas_per_sm
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -267,6 +269,7 @@ def bench_geometry(
             schedule=ENGINE_SCHEDULE.get(arm),
             fc1_rows=ENGINE_FC1_ROWS_ARM.get(arm),
             ragged=ENGINE_RAGGED.get(arm),
+            ctas_per_sm=ENGINE_OCCUPANCY.get(arm),
         )
         for arm in engine
         if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
@@ -373,7 +376,7 @@ def bench_geometry(
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
             # another scale source or schedule of the engine: the native default engine's bits
-            forced = arm in ENGINE_SCHEDULE or arm in ENGINE_FC1_ROWS_ARM or arm in ENGINE_RAGGED
+            forced = any(arm in m for m in (ENGINE_SCHEDULE, ENGINE_FC1_ROWS_ARM, ENGINE_RAGGED, ENGINE_OCCUPANCY))
             same_bits = engines[arm].weights.scale_source == "inline" or forced
             if same_bits and "engine" in engines:
                 row["arms"][arm]["over_engine"] = med / statistics.median(samples_of["engine"])

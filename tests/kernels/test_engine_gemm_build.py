@@ -235,3 +235,25 @@ def test_ragged_programs_run_both_loops_pipelined_and_accumulating(ragged):
     assert len(hgmma) == 8 * (STEP_GROUP + 1) and not any("UP0" in line or "UPT" in line for line in hgmma)
     assert sass.count("WARPGROUP.ARRIVE") == len(hgmma) and meta["ragged"] == 1
     assert meta["sass"]["local_bytes"] == 0
+
+
+@pytest.mark.parametrize(("tile_n", "act", "bias", "io", "scales"),
+                         [(16, 2, True, "gather", "native"), (32, 0, False, "scatter", "native"),
+                          (16, 1, False, "gather", "inline")])  # fmt: skip
+def test_paired_programs_fit_two_ctas_an_sm(tmp_path, tile_n, act, bias, io, scales):
+    """Two CTAs an SM: 80 registers a thread at launch (2 x 384 threads), the consumers raised to 96 and the
+    producers lowered to 40 (128 x 40 + 256 x 96 <= 384 x 80), no spills, the stage schedule's wgmmas pipelined as
+    in the one-CTA program."""
+    _toolchain_or_skip()
+    tool = export.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to read the SASS")
+    program = export.engine_gemm_program(tile_n, act, bias, scales=scales, io=io, schedule="stage", ctas_per_sm=2)
+    meta = export.build_cute_program(program, tmp_path)
+    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
+    facts = meta["sass"]
+    assert facts["registers"] <= 80 and facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass and re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL .*0x60", sass)
+    assert meta["ctas_per_sm"] == 2 and 2 * meta["ring_shared_bytes"] <= 227 * 1024
+    events = _wgmma_events(sass, tile_n)
+    assert events.count("W0") == 2 and events.count("M") == STEP_GROUP + 1  # as the one-CTA stage program

@@ -15,6 +15,7 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
+    engine_occupancy,
     engine_ragged,
     engine_schedule,
     engine_serves,
@@ -251,32 +252,35 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
                 s.fact.get("SCHED", "slice"),
                 s.fact["IO"],
                 s.fact.get("RAG", 0),
+                s.fact.get("OCC", 1),
             )
             for s in fc1
         )
         assert got == sorted(
-            (t, src, sched, io, rag)
+            (t, src, sched, io, rag, occ)
             for t in ENGINE_TILE_N
             for src in ("native", "inline")
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
             for io in ("gather", "dense")
             for rag in ((0, 1) if t >= 128 else (0,))
+            for occ in ((1, 2) if t <= 32 and sched == "stage" else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
         assert sorted(s.fact["BM"] for s in passes) == sorted(ENGINE_TILE_N)
     plain = engine_specs()
     want = {
-        (f, t, src, io, sched, rag)
+        (f, t, src, io, sched, rag, occ)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
         for io in ENGINE_IO
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         for rag in ((0, 1) if t >= 128 else (0,))
+        for occ in ((1, 2) if t <= 32 and sched == "stage" else (1,))
     }
     got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),
-            s.fact.get("RAG", 0)) for s in plain}  # fmt: skip
+            s.fact.get("RAG", 0), s.fact.get("OCC", 1)) for s in plain}  # fmt: skip
     assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
     # native programs keep the identity they had before the inline source existed, slice ones theirs from before
@@ -404,3 +408,19 @@ def test_fc1_rows_option_is_checked():
         EngineMoE(weights, 2, fc1_rows="tma")
     assert EngineMoE(weights, 2, fc1_rows="pass").fc1_rows == "pass"
     assert [fc1_rows_for(t) for t in ENGINE_TILE_N] == ["producer", "producer", "pass", "pass", "pass"]
+
+
+def test_two_ctas_an_sm_where_built():
+    """The paired programs (OCC=2) serve 16- and 32-route blocks with the stage schedule on request, launched on
+    twice the SMs; anything else runs one CTA an SM."""
+    assert [engine_occupancy(t, engine_schedule(t), 2) for t in ENGINE_TILE_N] == [2, 2, 1, 1, 1]
+    assert engine_occupancy(16, "slice", 2) == 1 and engine_occupancy(16, "stage") == 1
+    with pytest.raises(ValueError, match="CTAs"):
+        engine_occupancy(16, "stage", 3)
+    with pytest.raises(ValueError, match="two CTAs"):
+        engine_gemm_spec(64, ctas_per_sm=2)
+    w, s, x, out, be, meta = _operands()
+    one = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16)
+    two = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ctas_per_sm=2)
+    assert "OCC" not in one.spec.fact and two.spec.fact["OCC"] == 2
+    assert one.grid[0] == 4 and two.grid[0] == 4  # 4 units here (1 row tile x 4 blocks): never more CTAs than units

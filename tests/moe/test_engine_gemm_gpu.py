@@ -16,7 +16,13 @@ from csf_codec.quantize import dequantize_mxfp4, dequantize_nvfp4
 from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_RAGGED_TILE_N, ENGINE_SCHEDULES, ENGINE_STAGE_TILE_N, ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import (
+    ENGINE_PAIRED_TILE_N,
+    ENGINE_RAGGED_TILE_N,
+    ENGINE_SCHEDULES,
+    ENGINE_STAGE_TILE_N,
+    ENGINE_TILE_N,
+)
 
 from ..cuda_graphs import captured, replay_allocating_nothing
 
@@ -477,3 +483,50 @@ def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
     ):
         assert torch.isfinite(ragged.float()).any(), f"{name}: nothing stored"
         assert torch.equal(whole.view(torch.int16), ragged.view(torch.int16)), f"seed {SEED}: ragged {name} differs"
+
+
+@pytest.mark.parametrize("scales", ["native", "inline"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_PAIRED_TILE_N)
+def test_two_ctas_an_sm_give_one_ctas_bits(tile_n, fmt, scales):
+    """The paired programs (two CTAs an SM, 96 consumer registers, grid twice the SMs) gathering FC1's rows,
+    scattering FC2's and on block-order rows: the one-CTA programs' bits, every live slot written."""
+    from csf_kernels.moe.engine_inline import inline_scales
+
+    experts, rows, k, top_k = 4, 256, 640, 3
+    tokens = 40 * tile_n + 3  # more units than two CTAs a SM walk at once
+    packed, scales_, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 41, fmt)
+    w_panel, s_panel = _panels(packed, scales_, fmt)
+    if scales == "inline":
+        s_panel = inline_scales(scales_.cuda(), fmt)
+    g = torch.Generator().manual_seed(SEED + 43)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    slots, pairs = sorted_ids.numel(), tokens * top_k
+    xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
+    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
+    outs = {}
+    for occ in (1, 2):
+        fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        dense = torch.full_like(fc1, float("nan"))
+        fc2 = torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        runtime.freeze()
+        try:
+            launches = [
+                grouped_fp4_gemm_launch(w_panel, s_panel, x, fc1, block_expert, meta, io="gather", top_k=top_k,
+                                        ctas_per_sm=occ, **common),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, dense, block_expert, meta, pairs=pairs,
+                                        ctas_per_sm=occ, **common),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc2, block_expert, meta, io="scatter",
+                                        ctas_per_sm=occ, **common),
+            ]  # fmt: skip
+            assert all(launch.spec.fact.get("OCC", 1) == occ for launch in launches)
+            for launch in launches:
+                launch.bind("engine paired test")()
+        finally:
+            runtime.unfreeze()
+        torch.cuda.synchronize()
+        outs[occ] = fc1[: used * tile_n], dense[: used * tile_n], fc2
+    for name, one, two in zip(("gathered FC1", "dense FC1", "scattered FC2"), outs[1], outs[2], strict=True):
+        assert torch.isfinite(two.float()).any(), f"{name}: nothing stored"
+        assert torch.equal(one.view(torch.int16), two.view(torch.int16)), f"seed {SEED}: paired {name} differs"

@@ -172,11 +172,11 @@ class EngineMoE:
     ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
     pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size.
     ``ragged``: whether the FP4 GEMMs run a block whose live routes lie in its first half on that half only, where
-    the cache holds it (``None``: the size's default)."""
+    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 2 runs the paired programs where built."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
-        fc1_rows: str | None = None, ragged: bool | None = None,
+        fc1_rows: str | None = None, ragged: bool | None = None, ctas_per_sm: int | None = None,
     ):  # fmt: skip
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
@@ -189,6 +189,7 @@ class EngineMoE:
         self.top_k = top_k
         self.fc1_rows = fc1_rows
         self.ragged = ragged
+        self.ctas_per_sm = ctas_per_sm
         self.activations = activations
         self.schedule = schedule
 
@@ -203,7 +204,7 @@ class EngineMoE:
                                             tile_n=bm, **epilogue)  # fmt: skip
         return grouped_fp4_gemm_launch(*panels, x["x"], out, block_expert, meta, tile_n=bm, fmt=w.fmt,
                                        global_scale=getattr(w, "g" + fc), schedule=self.schedule,
-                                       ragged=self.ragged, **epilogue)  # fmt: skip
+                                       ragged=self.ragged, ctas_per_sm=self.ctas_per_sm, **epilogue)  # fmt: skip
 
     def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
         """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:

@@ -37,7 +37,15 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         scales, io = str(facts.get("SRC", "native")), str(facts["IO"])
         schedule, ragged = str(facts.get("SCHED", "slice")), bool(facts.get("RAG", 0))
         prog = engine_gemm_program(
-            int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]), str(facts["FMT"]), scales, io, schedule, ragged
+            int(facts["TN"]),
+            int(facts["ACT"]),
+            bool(facts["BIAS"]),
+            str(facts["FMT"]),
+            scales,
+            io,
+            schedule,
+            ragged,
+            int(facts.get("OCC", 1)),
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

@@ -302,6 +302,7 @@ def engine_gemm_name(
     io: str = "dense",
     schedule: str = "slice",
     ragged: bool = False,
+    ctas_per_sm: int = 1,
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -312,6 +313,7 @@ def engine_gemm_name(
         + ("" if io == "dense" else f"_{io}")
         + ("" if schedule == "slice" else f"_{schedule}")
         + ("_ragged" if ragged else "")
+        + ("" if ctas_per_sm == 1 else f"_occ{ctas_per_sm}")
     )
 
 
@@ -324,6 +326,7 @@ def engine_gemm_program(
     io: str = "dense",
     schedule: str = "slice",
     ragged: bool = False,
+    ctas_per_sm: int = 1,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
@@ -333,7 +336,8 @@ def engine_gemm_program(
     ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
-    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged)
+    options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged,
+                   ctas_per_sm=ctas_per_sm)  # fmt: skip
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -354,7 +358,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -383,6 +387,7 @@ def engine_gemm_program(
             ("io", io),
             ("schedule", schedule),
             ("ragged", int(ragged)),
+            ("ctas_per_sm", ctas_per_sm),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),

@@ -16,6 +16,7 @@ from csf_kernels.moe.engine_specs import (
     engine_combine_spec,
     engine_gather_spec,
     engine_gemm_spec,
+    engine_occupancy,
     engine_ragged,
     engine_schedule,
 )
@@ -44,6 +45,7 @@ def grouped_fp4_gemm_launch(
     top_k: int = 1,
     pairs: int | None = None,
     ragged: bool | None = None,
+    ctas_per_sm: int | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -74,6 +76,9 @@ def grouped_fp4_gemm_launch(
     whose live slots (route ids in ``[0, pairs)``) all lie in its first half multiplies that half only; its other
     rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM
     of its zero rows, which differ only where a weight is NaN or infinite. Without route ids every block is whole.
+
+    ``ctas_per_sm`` 2 (:data:`~csf_kernels.moe.engine_specs.ENGINE_PAIRED_TILE_N` with the size's default schedule;
+    else one): the program built to run two CTAs an SM, launched on twice the SMs' count; the same bits.
     The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
@@ -127,10 +132,12 @@ def grouped_fp4_gemm_launch(
         raise ValueError(f"global_scale must be float32 [{experts}]; got {global_scale.dtype} "
                          f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
-    ctas = max(1, min(num_sms(x.device), units))
+    sched = engine_schedule(tile_n, schedule)
+    occ = engine_occupancy(tile_n, sched, ctas_per_sm)
+    ctas = max(1, min(occ * num_sms(x.device), units))
     source = "inline" if inline else "native"
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, engine_schedule(tile_n, schedule),
-                            engine_ragged(tile_n, ragged))  # fmt: skip
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
+                            engine_ragged(tile_n, ragged), occ)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:

@@ -73,6 +73,7 @@ __all__ = [
     "ACT_SILU",
     "ACT_SWIGLU_OAI",
     "IO_MODES",
+    "PAIRED_TILE_N",
     "RAGGED_TILE_N",
     "SCALE_SOURCES",
     "SCHEDULES",
@@ -87,6 +88,9 @@ DECODER_WARP = 2
 # block sizes whose blocks may run half their routes: a block whose live slots all lie in its first half issues
 # wgmma.m64n{TILE_N / 2} on them only (an expert's last block is its tail: up to half the padded work at 2048-8192)
 RAGGED_TILE_N = (128, 256)
+# block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
+# at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
+PAIRED_TILE_N = (16, 32)
 # the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
 _DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
 
@@ -115,6 +119,7 @@ class GroupedFp4Gemm:
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
         scales: str = "native", io: str = "dense", schedule: str = "slice", ragged: bool = False,
+        ctas_per_sm: int = 1,
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -134,6 +139,14 @@ class GroupedFp4Gemm:
         if ragged and tile_n not in RAGGED_TILE_N:
             raise ValueError(f"ragged blocks are built for {RAGGED_TILE_N} routes a block; got {tile_n}")
         self.ragged = ragged
+        if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
+            raise ValueError(
+                f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
+            )
+        self.ctas_per_sm = ctas_per_sm
+        # registers a consumer thread after setmaxnreg: one CTA an SM gives them all it can (232); two share the
+        # SM's 65,536 at 80 a thread at launch: 128 producers at 40 and 256 consumers at 96 (29,696 <= 384 x 80)
+        self.consumer_registers = 232 if ctas_per_sm == 1 else 96
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -150,7 +163,7 @@ class GroupedFp4Gemm:
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         decoder_bytes = _DECODER_BYTES if self.inline else 0
-        fit = (_SMEM_BYTES - 1024 - epi_bytes - 3 * 1024 - decoder_bytes) // stage_bytes
+        fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - decoder_bytes) // stage_bytes
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
@@ -281,7 +294,10 @@ class GroupedFp4Gemm:
             sorted_ids, top_k, pairs, *records,
         )  # fmt: skip
         kernel.launch(
-            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=1, stream=stream,
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
+            stream=stream,
+            # the whole carveout for shared memory, stated: else the DSL asks a device for it (none where we build)
+            preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None,
             use_pdl=cutlass.min(cutlass.max(pdl, 0), 1),
         )  # fmt: skip
 
@@ -392,7 +408,7 @@ class GroupedFp4Gemm:
                 )  # fmt: skip
 
         if wg > 0:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(self.consumer_registers)
             self.consume(ring, (tiled_mma, half_mma), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
                          k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs),
                          cute.size(m_a, mode=[3]))  # fmt: skip
