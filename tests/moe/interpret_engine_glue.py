@@ -1,6 +1,7 @@
 """The engine layer's passes around its GEMMs in Triton's CPU interpreter (a subprocess entry point): align,
-activation and combine, with torch standing in for the two grouped GEMMs (FC1 fed by the twin of its producer's
-gather, :mod:`csf_kernels.moe.engine_rows`; FC2 stored by the twin of its scattering epilogue into ``[pairs, H]``),
+the gather pass, activation and combine, with torch standing in for the two grouped GEMMs (FC1 fed by the twin of
+its producer's gather, :mod:`csf_kernels.moe.engine_rows`, which the gather pass must equal; FC2 stored by the
+twin of its scattering epilogue into ``[pairs, H]``),
 against a per-token torch model of the same roundings. The alignment's slots are checked as the GEMMs rely on them:
 every route of an expert in ``[0, E)`` in exactly one slot of a block of its expert, each 16-byte chunk of its row
 fetched by exactly one producer thread each K step and stored exactly once; empty slots fetch zeros and store
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from csf_kernels.moe.engine import act_launch, combine_launch
+from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch
 from csf_kernels.moe.engine_rows import (
     GATHER_THREADS,
     ROW_CHUNKS,
@@ -61,6 +62,11 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
     used = int(s["meta"][0])
     _check_slots(ids, s, used, bm, top_k, experts, hidden)
     xs = gathered_x(x, s["sorted_ids"], used, bm, top_k)  # what FC1's stages hold
+    # the gather pass (FC1 reading block-order rows by TMA) writes the same rows; blocks past meta[0] untouched
+    passed = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
+    run_launch(gather_launch(x, s["sorted_ids"], s["meta"], passed, top_k=top_k, bm=bm))
+    assert torch.equal(passed[: used * bm], xs[: used * bm]), "the gather pass's rows differ from FC1's gather"
+    assert torch.isnan(passed[used * bm :].float()).all(), "the gather pass wrote a block past meta[0]"
     h = torch.full((blocks * bm, 2 * inter), float("nan"), dtype=torch.bfloat16)
     for b in range(used):  # the FC1 GEMM's stand-in: bf16 rows in block order
         e = int(s["block_expert"][b])
