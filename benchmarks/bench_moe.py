@@ -113,7 +113,8 @@ PEER_ARM = "triton_kernels"
 # "engine" runs each block size's default consumer schedule (docs/moe-engine.md §4.9); "engine_slice" and
 # "engine_stage" force the slice and the stage schedule where the cache holds it, "engine_pass" and
 # "engine_producer" FC1's rows from a gather pass or its producer warps, "engine_whole" every block whole (no
-# ragged tails), "engine_paired" two CTAs an SM at 16-32-route blocks: the same bits as "engine"
+# ragged tails), "engine_paired" two CTAs an SM at 16-32-route blocks, "engine_two_mul" two multiplies a pair
+# everywhere (MXFP4): the same bits as "engine"
 ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine": dict(fused=True),
     "engine_unfused": dict(fused=False),
@@ -125,11 +126,13 @@ ENGINE_ARMS = {  # arm -> engine_weights' options
     "engine_producer": dict(fused=True),
     "engine_whole": dict(fused=True),
     "engine_paired": dict(fused=True),
+    "engine_two_mul": dict(fused=True),
 }
 ENGINE_SCHEDULE = {"engine_slice": "slice", "engine_stage": "stage"}  # arm -> EngineMoE's schedule
 ENGINE_FC1_ROWS_ARM = {"engine_pass": "pass", "engine_producer": "producer"}  # arm -> EngineMoE's fc1_rows
 ENGINE_RAGGED = {"engine_whole": False}  # arm -> EngineMoE's ragged
 ENGINE_OCCUPANCY = {"engine_paired": 2}  # arm -> EngineMoE's ctas_per_sm
+ENGINE_ONE_MULTIPLY = {"engine_two_mul": False}  # arm -> EngineMoE's one_multiply
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -270,6 +273,7 @@ def bench_geometry(
             fc1_rows=ENGINE_FC1_ROWS_ARM.get(arm),
             ragged=ENGINE_RAGGED.get(arm),
             ctas_per_sm=ENGINE_OCCUPANCY.get(arm),
+            one_multiply=ENGINE_ONE_MULTIPLY.get(arm, True),
         )
         for arm in engine
         if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
@@ -376,7 +380,8 @@ def bench_geometry(
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
             # another scale source or schedule of the engine: the native default engine's bits
-            forced = any(arm in m for m in (ENGINE_SCHEDULE, ENGINE_FC1_ROWS_ARM, ENGINE_RAGGED, ENGINE_OCCUPANCY))
+            forms = (ENGINE_SCHEDULE, ENGINE_FC1_ROWS_ARM, ENGINE_RAGGED, ENGINE_OCCUPANCY, ENGINE_ONE_MULTIPLY)
+            forced = any(arm in m for m in forms)
             same_bits = engines[arm].weights.scale_source == "inline" or forced
             if same_bits and "engine" in engines:
                 row["arms"][arm]["over_engine"] = med / statistics.median(samples_of["engine"])

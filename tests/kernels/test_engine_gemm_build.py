@@ -87,25 +87,44 @@ def _wgmma_events(sass: str, tile_n: int) -> list[str]:
     return events
 
 
+def _k_loops(meta) -> int:
+    """The K loops a program holds: MXFP4's two-multiply loop and its one-multiply twin (row blocks whose E8M0 bytes
+    allow it), NVFP4's one."""
+    return 1 if meta["fmt"] == "nvfp4" else 2
+
+
 def test_wgmma_pipelined(built):
     tile_n, meta, sass = built
     events = _wgmma_events(sass, tile_n)
-    # one wgmma per K slice, A from registers: a group of STEP_GROUP steps, then the one-step remainder loop
-    assert events.count("m") + events.count("M") == 4 * (STEP_GROUP + 1)
+    loops = _k_loops(meta)
+    # one wgmma per K slice, A from registers: a group of STEP_GROUP steps, then the one-step remainder loop; each
+    # K loop the same
+    assert events.count("m") + events.count("M") == 4 * (STEP_GROUP + 1) * loops
     if meta["schedule"] == "slice":
         # a wgmma a commit group, one left in flight while the next slice converts, except at each loop's last
         # slice (the group loop drains at its back edge)
         slice_ = ["F", "M", "W1"]
         group = slice_ * (4 * STEP_GROUP - 1) + ["F", "M", "W0"]
-        assert events == group + slice_ * 3 + ["F", "M", "W0"]
+        assert events == (group + slice_ * 3 + ["F", "M", "W0"]) * loops
         assert meta["wgmmas_in_flight"] == 2
     else:
         # a stage's four wgmmas back to back in one commit group after one fence, one group left in flight: the
         # group loop's last stage too (its group crosses the back edge), drained once after the loop; the
         # remainder's one-stage loop drains each stage
         stage = ["F", "m", "m", "m", "M"]
-        assert events == [*stage, "W1"] * STEP_GROUP + ["W0", *stage, "W0"]
+        assert events == ([*stage, "W1"] * STEP_GROUP + ["W0", *stage, "W0"]) * loops
         assert meta["wgmmas_in_flight"] == 8
+
+
+def test_one_multiply_loop_saves_a_multiply_a_pair(built):
+    """MXFP4's one-multiply loop converts a step's 16 pairs with 16 HMUL2 where the two-multiply loop takes 32."""
+    _, meta, sass = built
+    steps = STEP_GROUP + 1
+    hmul2 = sass.count("HMUL2")
+    if meta["fmt"] == "nvfp4":
+        assert hmul2 == 32 * steps
+    else:
+        assert hmul2 == 32 * steps + 16 * steps
 
 
 def test_stage_schedule_alternates_register_sets(built):
@@ -116,10 +135,12 @@ def test_stage_schedule_alternates_register_sets(built):
         pytest.skip("the slice schedule has one fragment a slice")
     a_regs = [re.search(rf"HGMMA\.64x{tile_n}x16\.F32\.BF16 R\d+, (R\d+)", line).group(1)
               for line in sass.splitlines() if f"HGMMA.64x{tile_n}x16.F32.BF16" in line]  # fmt: skip
-    stages = [set(a_regs[i : i + 4]) for i in range(0, 4 * STEP_GROUP, 4)]
-    assert all(len(s) == 4 for s in stages)  # four fragments a stage
-    for i in range(STEP_GROUP):
-        assert not stages[i] & stages[(i + 1) % STEP_GROUP], (i, stages)
+    per_loop = 4 * (STEP_GROUP + 1)
+    for first in range(0, per_loop * _k_loops(meta), per_loop):  # each K loop's group
+        stages = [set(a_regs[first + i : first + i + 4]) for i in range(0, 4 * STEP_GROUP, 4)]
+        assert all(len(s) == 4 for s in stages)  # four fragments a stage
+        for i in range(STEP_GROUP):
+            assert not stages[i] & stages[(i + 1) % STEP_GROUP], (first, i, stages)
 
 
 def test_scale_conversion_and_global_scale_by_format(built):
@@ -169,6 +190,7 @@ def test_metadata(built):
         "block_expert",
         "meta",
         "sorted_ids",
+        "wide",
         "ctas",
         "top_k",
         "pairs",
@@ -229,10 +251,11 @@ def test_ragged_programs_run_both_loops_pipelined_and_accumulating(ragged):
     310's half loop carried the accumulate flag as a predicate (``UP0``) that was false."""
     tile_n, meta, sass = ragged
     whole, half = _wgmma_events(sass, tile_n), _wgmma_events(sass, tile_n // 2)
+    loops = _k_loops(meta)  # each of the whole and half loops in its one- and two-multiply forms
     for events in (whole, half):
-        assert events.count("M") == 4 * (STEP_GROUP + 1) and events.count("m") == 0
+        assert events.count("M") == 4 * (STEP_GROUP + 1) * loops and events.count("m") == 0
     hgmma = [line.split(";")[0] for line in sass.splitlines() if "HGMMA." in line]
-    assert len(hgmma) == 8 * (STEP_GROUP + 1) and not any("UP0" in line or "UPT" in line for line in hgmma)
+    assert len(hgmma) == 8 * (STEP_GROUP + 1) * loops and not any("UP0" in line or "UPT" in line for line in hgmma)
     assert sass.count("WARPGROUP.ARRIVE") == len(hgmma) and meta["ragged"] == 1
     assert meta["sass"]["local_bytes"] == 0
 
@@ -256,4 +279,5 @@ def test_paired_programs_fit_two_ctas_an_sm(tmp_path, tile_n, act, bias, io, sca
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass and re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL .*0x60", sass)
     assert meta["ctas_per_sm"] == 2 and 2 * meta["ring_shared_bytes"] <= 227 * 1024
     events = _wgmma_events(sass, tile_n)
-    assert events.count("W0") == 2 and events.count("M") == STEP_GROUP + 1  # as the one-CTA stage program
+    loops = _k_loops(meta)
+    assert events.count("W0") == 2 * loops and events.count("M") == (STEP_GROUP + 1) * loops  # as one CTA's

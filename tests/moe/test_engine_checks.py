@@ -122,7 +122,7 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
                                   top_k=top_k)  # fmt: skip
     # (..., sorted_ids, ctas, top_k, pairs, pdl): a live route id is below tokens x top_k
     assert fc1.spec == engine_gemm_spec(16, io="gather") and fc1.args[8] is ids
-    assert fc1.args[10:] == (top_k, tokens * top_k, 1)
+    assert fc1.args[11:] == (top_k, tokens * top_k, 1)  # after the wide-block flags and the CTA count
     y = torch.zeros(tokens * top_k + 3, R, dtype=torch.bfloat16)  # pairs rows: any count
     fc2 = grouped_fp4_gemm_launch(w, s, x, y, be, meta, tile_n=16, io="scatter", sorted_ids=ids)
     assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y and fc2.args[-2] == y.shape[0]
@@ -424,3 +424,22 @@ def test_two_ctas_an_sm_where_built():
     two = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ctas_per_sm=2)
     assert "OCC" not in one.spec.fact and two.spec.fact["OCC"] == 2
     assert one.grid[0] == 4 and two.grid[0] == 4  # 4 units here (1 row tile x 4 blocks): never more CTAs than units
+
+
+def test_wide_block_flags_default_to_two_multiplies_and_are_checked():
+    """Without flags every 64-row block takes two multiplies a pair (ones); given ones must be uint8 [E, R / 64];
+    the engine weights carry the flags of their rows as the panels hold them (MXFP4 only)."""
+    w, s, x, out, be, meta = _operands()
+    launch = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16)
+    wide = launch.args[9]
+    assert wide.dtype == torch.uint8 and tuple(wide.shape) == (E, R // 64) and bool((wide == 1).all())
+    flags = torch.zeros(E, R // 64, dtype=torch.uint8)
+    assert grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, wide=flags).args[9] is flags
+    with pytest.raises(ValueError, match="wide"):
+        grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, wide=flags[:, :1])
+    ex = _experts("mxfp4", 128, 128)
+    ex.w2_scale[1, 70, 0] = 200  # a byte 129..254: its 64-row block converts with two multiplies
+    weights = engine_weights(ex, "silu", fused=False)
+    assert weights.wide2.tolist() == [[0, 0], [0, 1]] and weights.wide13.tolist() == [[0, 0], [0, 1]]
+    assert engine_weights(_experts("nvfp4", 128, 128, w13_global_scale=torch.ones(2), w2_global_scale=torch.ones(2)),
+                          "silu").wide13 is None  # fmt: skip

@@ -530,3 +530,44 @@ def test_two_ctas_an_sm_give_one_ctas_bits(tile_n, fmt, scales):
     for name, one, two in zip(("gathered FC1", "dense FC1", "scattered FC2"), outs[1], outs[2], strict=True):
         assert torch.isfinite(two.float()).any(), f"{name}: nothing stored"
         assert torch.equal(one.view(torch.int16), two.view(torch.int16)), f"seed {SEED}: paired {name} differs"
+
+
+@pytest.mark.parametrize("scales", ["native", "inline"])
+@pytest.mark.parametrize("tile_n", [16, 64, 256])
+def test_one_multiply_blocks_give_two_multiplies_bits(tile_n, scales):
+    """MXFP4 row blocks flagged narrow (every E8M0 byte <= 128 or 255) convert each pair with one multiply by
+    2**126 times its scale: the bits of two multiplies, gathering FC1 and on block-order rows; a block flagged wide
+    keeps two (its bytes 129..254 would overflow the one factor)."""
+    from csf_kernels.moe.engine_inline import inline_scales
+    from csf_kernels.moe.launch import wide_row_tiles
+
+    experts, rows, k, top_k = 3, 256, 640, 2
+    tokens = 3 * tile_n + 5
+    g = torch.Generator().manual_seed(SEED + tile_n + 53)
+    packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
+    planes = torch.randint(100, 129, (experts, rows, k // 32), dtype=torch.uint8, generator=g)
+    planes[0, 3, 1], planes[1, 70, 2], planes[2, 200, 4] = 255, 0, 128  # NaN, the subnormal scale, the edge
+    planes[2, 5, 0] = 200  # expert 2's first 64-row block is wide
+    wide = wide_row_tiles(planes.cuda())
+    assert wide.sum().item() == 1 and wide[2, 0].item() == 1
+    w_panel, s_panel = _panels(packed, planes)
+    if scales == "inline":
+        s_panel = inline_scales(planes.cuda(), "mxfp4")
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    outs = {}
+    for flags in (None, wide):
+        out = torch.full((sorted_ids.numel(), rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        runtime.freeze()
+        try:
+            launch = grouped_fp4_gemm_launch(w_panel, s_panel, x, out, block_expert, meta, tile_n=tile_n,
+                                             io="gather", sorted_ids=sorted_ids, top_k=top_k, wide=flags)  # fmt: skip
+            launch.bind("engine wide test")()
+        finally:
+            runtime.unfreeze()
+        torch.cuda.synchronize()
+        outs[flags is None] = out[: used * tile_n]
+    assert not torch.isnan(outs[False].float()).all(), "nothing stored"
+    assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), (
+        f"seed {SEED}: one multiply differs"
+    )

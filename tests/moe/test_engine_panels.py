@@ -18,7 +18,7 @@ from csf_kernels.moe.engine_panels import (
     panel_scales_to_plane,
     panel_words_to_plane,
 )
-from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_BITS, FACTOR_BITS, PAIR_OPS
+from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_BITS, FACTOR_BITS, PAIR_OPS, PLACED_FACTOR_BITS
 
 SEED = int.from_bytes(os.urandom(3), "little")
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
@@ -44,14 +44,15 @@ def _bf16_mul(a_bits: torch.Tensor, b_bits: torch.Tensor) -> torch.Tensor:
     return (a * b).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
 
 
-def _pair_halves(word: torch.Tensor, p: int, factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pair ``p`` of ``word`` (int64 0..2**32-1) converted: (low, high) bf16 bit patterns."""
+def _pair_halves(word: torch.Tensor, p: int, factor: torch.Tensor, once: bool = False):
+    """Pair ``p`` of ``word`` (int64 0..2**32-1) converted: (low, high) bf16 bit patterns; ``once``: the
+    one-multiply form (``factor`` already 2**126 times the scale)."""
     placed = PAIR_OPS[p](word) & 0xFFFFFFFF
     two126 = torch.full_like(word, 0x7E80)
     out = []
     for half in (0, 1):
         v = (placed >> (16 * half)) & 0xFFFF
-        out.append(_bf16_mul(_bf16_mul(v, two126), factor))
+        out.append(_bf16_mul(v, factor) if once else _bf16_mul(_bf16_mul(v, two126), factor))
     return out[0], out[1]
 
 
@@ -145,3 +146,22 @@ def test_conversion_model_matches_dequantized_weights(seed, fmt):
     assert (got >= 0).all()
     assert torch.equal(got[~nan], want[~nan])
     assert ((got[nan] & 0x7F80) == 0x7F80).all() and ((got[nan] & 0x7F) != 0).all()  # NaN stays NaN
+
+
+@pytest.mark.parametrize("seed", [SEED, SEED + 2])
+def test_one_multiply_conversion_equals_two_where_scales_allow(seed):
+    """MXFP4 rows whose E8M0 bytes are all <= 128 or 255 (tiles ``wide_row_tiles`` leaves unflagged): each pair
+    times the placed factor ``2**(s - 1)`` (PLACED_FACTOR_PTX, one multiply) gives the bits of the pair times
+    ``2**126`` then ``2**(s - 127)``, every edge included (0: the subnormal scale, 128, 255: NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(0, 1 << 32, (4096,), dtype=torch.int64, generator=g)
+    s = torch.randint(0, 129, (4096,), dtype=torch.int64, generator=g)
+    s[:4] = torch.tensor([0, 1, 128, 255])
+    s[4:64] = 255
+    for p in range(4):
+        two = _pair_halves(words, p, FACTOR_BITS(s) & 0xFFFF)
+        one = _pair_halves(words, p, PLACED_FACTOR_BITS(s) & 0xFFFF, once=True)
+        for a, b in zip(two, one, strict=True):
+            nan = ((a & 0x7F80) == 0x7F80) & ((a & 0x7F) != 0)
+            assert torch.equal(a[~nan], b[~nan]), f"seed {seed}: pair {p} differs"
+            assert (((b[nan] & 0x7F80) == 0x7F80) & ((b[nan] & 0x7F) != 0)).all()

@@ -39,7 +39,7 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_SCHEDULES,
     engine_tile_n,
 )
-from csf_kernels.moe.launch import align_launches, max_blocks_for
+from csf_kernels.moe.launch import align_launches, max_blocks_for, wide_row_tiles
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
 from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
@@ -72,6 +72,8 @@ class EngineWeights:
     base2: torch.Tensor | None = None  # uint8 [E, H]
     flags13: torch.Tensor | None = None  # W4A8: uint8 [E, ceil(2N / 128)] folded tiles
     flags2: torch.Tensor | None = None
+    wide13: torch.Tensor | None = None  # MXFP4: uint8 [E, 2N / 64] row blocks whose pairs take two multiplies
+    wide2: torch.Tensor | None = None  # uint8 [E, H / 64]
 
     @property
     def scale_source(self) -> str:
@@ -145,6 +147,8 @@ def engine_weights(
     b13 = None if b13 is None else b13.float().contiguous()
     b2 = None if experts.b2 is None else experts.b2.float().contiguous()
     rows = {}
+    if fmt == "mxfp4" and not w4a8:  # the rows as the panels hold them (W13 in engine order)
+        rows["wide13"], rows["wide2"] = wide_row_tiles(sc13), wide_row_tiles(experts.w2_scale)
     if w4a8:
         for name, sc in (("13", sc13), ("2", experts.w2_scale)):
             bases = w4a8_bases(sc)
@@ -172,11 +176,14 @@ class EngineMoE:
     ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
     pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size.
     ``ragged``: whether the FP4 GEMMs run a block whose live routes lie in its first half on that half only, where
-    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 2 runs the paired programs where built."""
+    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 2 runs the paired programs where built.
+    ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
+    bits); False: two everywhere."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
         fc1_rows: str | None = None, ragged: bool | None = None, ctas_per_sm: int | None = None,
+        one_multiply: bool = True,
     ):  # fmt: skip
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
@@ -190,6 +197,7 @@ class EngineMoE:
         self.fc1_rows = fc1_rows
         self.ragged = ragged
         self.ctas_per_sm = ctas_per_sm
+        self.one_multiply = one_multiply
         self.activations = activations
         self.schedule = schedule
 
@@ -204,7 +212,9 @@ class EngineMoE:
                                             tile_n=bm, **epilogue)  # fmt: skip
         return grouped_fp4_gemm_launch(*panels, x["x"], out, block_expert, meta, tile_n=bm, fmt=w.fmt,
                                        global_scale=getattr(w, "g" + fc), schedule=self.schedule,
-                                       ragged=self.ragged, ctas_per_sm=self.ctas_per_sm, **epilogue)  # fmt: skip
+                                       ragged=self.ragged, ctas_per_sm=self.ctas_per_sm,
+                                       wide=getattr(w, "wide" + fc) if self.one_multiply else None,
+                                       **epilogue)  # fmt: skip
 
     def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
         """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:

@@ -371,6 +371,7 @@ def engine_gemm_program(
             ("block_expert", "int32", ("MB",)),
             ("meta", "int32", ("NM",)),
             ("sorted_ids", "int32", ("NS",)),
+            ("wide", "uint8", ("EW", "RBW")),  # MXFP4: 64-row blocks taking two multiplies a pair (1) or one (0)
         ),
         scalars=("ctas", "top_k", "pairs", "pdl"),
         # R: whole row blocks of 64

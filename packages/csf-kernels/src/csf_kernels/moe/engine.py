@@ -46,6 +46,7 @@ def grouped_fp4_gemm_launch(
     pairs: int | None = None,
     ragged: bool | None = None,
     ctas_per_sm: int | None = None,
+    wide: torch.Tensor | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -79,6 +80,11 @@ def grouped_fp4_gemm_launch(
 
     ``ctas_per_sm`` 2 (:data:`~csf_kernels.moe.engine_specs.ENGINE_PAIRED_TILE_N` with the size's default schedule;
     else one): the program built to run two CTAs an SM, launched on twice the SMs' count; the same bits.
+
+    ``wide`` (MXFP4): uint8 ``[E, R / 64]`` from :func:`csf_kernels.moe.launch.wide_row_tiles` of the rows as the
+    panel holds them: a 64-row block flagged 0 converts each pair with one multiply (its E8M0 bytes are all <= 128
+    or 255), 1 with two; ``None``: two everywhere. The same bits either way.
+
     The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
@@ -144,9 +150,27 @@ def grouped_fp4_gemm_launch(
         s = s_panel.tensors()
     else:
         s = (s_panel.view(torch.uint32) if nv else s_panel,)  # NVFP4: one word of four E4M3 bytes a row a step
+    blocks = -(-rows // ROW_BLOCK)
+    if wide is None:
+        wide = _all_wide(w_panel.device, experts, blocks)
+    elif wide.dtype != torch.uint8 or tuple(wide.shape) != (experts, blocks):
+        raise ValueError(f"wide must be uint8 [{experts}, {blocks}] (64-row blocks); got {wide.dtype} "
+                         f"{tuple(wide.shape)}")  # fmt: skip
     pdl = int(runtime_config.pdl_enabled())
-    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, ctas, top_k, pairs, pdl)
+    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, wide, ctas, top_k, pairs, pdl)
     return runtime.Launch(spec, (ctas, 1, 1), args)
+
+
+_ALL_WIDE: dict[tuple[torch.device, int, int], torch.Tensor] = {}
+
+
+def _all_wide(device: torch.device, experts: int, blocks: int) -> torch.Tensor:
+    """uint8 ones [E, R / 64], one a shape and device: every block converts with two multiplies (or NVFP4, where
+    it is never read)."""
+    key = (device, experts, blocks)
+    if key not in _ALL_WIDE:
+        _ALL_WIDE[key] = torch.ones(experts, blocks, dtype=torch.uint8, device=device)
+    return _ALL_WIDE[key]
 
 
 def _check_routes(io, sorted_ids, rows_x, rows_out, top_k, activation) -> int:

@@ -18,35 +18,62 @@ import torch
 
 from csf_kernels.moe.fp4_words import PAIR3_MASKS, PAIR3_SHIFTS, PAIR_ROTATIONS, PLACED_MASK
 
-__all__ = ["E4M3_FACTOR_BITS", "E4M3_FACTOR_PTX", "FACTOR_BITS", "FACTOR_PTX", "PAIR_OPS", "PAIR_PTX", "TWO_POW_126_X2"]
+__all__ = [
+    "E4M3_FACTOR_BITS",
+    "E4M3_FACTOR_PTX",
+    "FACTOR_BITS",
+    "FACTOR_PTX",
+    "PAIR_ONE_MULTIPLY_PTX",
+    "PAIR_OPS",
+    "PAIR_PTX",
+    "PLACED_FACTOR_BITS",
+    "PLACED_FACTOR_PTX",
+    "TWO_POW_126_X2",
+]
 
 TWO_POW_126_X2 = 0x7E807E80  # bf16x2 (2**126, 2**126)
 
 _MULS = f"mov.b32 u, {TWO_POW_126_X2:#x};\nmul.rn.bf16x2 t, t, u;\nmul.rn.bf16x2 $0, t, $2;\n}}"
+_MUL_ONCE = "mul.rn.bf16x2 $0, t, $2;\n}"  # $2 already holds 2**126 times the scale (PLACED_FACTOR_PTX)
 
 
-def _rotated_pair(left: int) -> str:
+def _rotated_pair(left: int, muls: str = _MULS) -> str:
     if left == 0:
         move = "mov.b32 t, $1;\n"
     elif left == PAIR_ROTATIONS[1]:  # pair 1: the shifted-out bits are never placed, a shift does
         move = f"shl.b32 t, $1, {left};\n"
     else:
         move = f"shf.l.wrap.b32 t, $1, $1, {left};\n"
-    return "{\n.reg .b32 t, u;\n" + move + f"and.b32 t, t, {PLACED_MASK:#x};\n" + _MULS
+    return "{\n.reg .b32 t, u;\n" + move + f"and.b32 t, t, {PLACED_MASK:#x};\n" + muls
+
+
+def _pair3(muls: str) -> str:
+    return (
+        "{\n.reg .b32 t, u, v;\n"
+        f"shr.b32 v, $1, {PAIR3_SHIFTS[1]};\nand.b32 v, v, {PAIR3_MASKS[1]:#x};\n"
+        f"shl.b32 t, $1, {PAIR3_SHIFTS[0]};\nand.b32 t, t, {PAIR3_MASKS[0]:#x};\nor.b32 t, t, v;\n" + muls
+    )
 
 
 # $0 = pair p of placed word $1, times 2**126, times the bf16x2 scale pair $2
-PAIR_PTX = (
-    *(_rotated_pair(r) for r in PAIR_ROTATIONS),
-    "{\n.reg .b32 t, u, v;\n"
-    f"shr.b32 v, $1, {PAIR3_SHIFTS[1]};\nand.b32 v, v, {PAIR3_MASKS[1]:#x};\n"
-    f"shl.b32 t, $1, {PAIR3_SHIFTS[0]};\nand.b32 t, t, {PAIR3_MASKS[0]:#x};\nor.b32 t, t, v;\n" + _MULS,
-)
+PAIR_PTX = (*(_rotated_pair(r) for r in PAIR_ROTATIONS), _pair3(_MULS))
+# $0 = pair p of placed word $1 times the bf16x2 factor pair $2 = 2**126 x scale, one multiply: for rows whose
+# E8M0 bytes are all <= 128 or 255 (no 64-row tile flagged by ``csf_kernels.moe.launch.wide_row_tiles``), where the
+# factor is a bf16; the product is the same single rounding of the exact weight times its scale
+PAIR_ONE_MULTIPLY_PTX = (*(_rotated_pair(r, _MUL_ONCE) for r in PAIR_ROTATIONS), _pair3(_MUL_ONCE))
 
 # $0 = bf16x2 (2**($1 - 127), twice) of E8M0 byte $1: s << 7, plus 0x40 for 0 (2**-127, a subnormal) and 255 (NaN)
 FACTOR_PTX = (
     "{\n.reg .b32 e, m;\n.reg .pred z;\nshl.b32 e, $1, 7;\nadd.u32 m, $1, 1;\nand.b32 m, m, 255;\n"
     "setp.lt.u32 z, m, 2;\n@z or.b32 e, e, 64;\nprmt.b32 $0, e, e, 0x1010;\n}"
+)
+
+
+# $0 = bf16x2 (2**($1 - 1), twice) of E8M0 byte $1 <= 128: 2**126 times its scale; 255 stays NaN (bytes 129..254
+# overflow: their tiles take FACTOR_PTX and two multiplies)
+PLACED_FACTOR_PTX = (
+    "{\n.reg .b32 e;\n.reg .pred z;\nadd.u32 e, $1, 126;\nshl.b32 e, e, 7;\nsetp.eq.u32 z, $1, 255;\n"
+    "@z mov.b32 e, 0x7FC0;\nprmt.b32 $0, e, e, 0x1010;\n}"
 )
 
 
@@ -83,6 +110,11 @@ def FACTOR_BITS(s):
     """E8M0 bytes (int64 tensor) -> the bf16 bit pattern FACTOR_PTX puts in each half."""
     special = ((s + 1) & 255) < 2
     return (s << 7) | (special.to(s.dtype) << 6)
+
+
+def PLACED_FACTOR_BITS(s):
+    """E8M0 bytes (int64 tensor, each <= 128 or 255) -> the bf16 bit pattern PLACED_FACTOR_PTX puts in each half."""
+    return torch.where(s == 255, 0x7FC0, (s + 126) << 7)
 
 
 def E4M3_FACTOR_BITS(s):

@@ -136,6 +136,8 @@ class GroupedFp4Gemm:
         self.schedule = schedule
         # validates schedule; gathered stages are fenced before wgmma reads them
         self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
+        # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair
+        self.step_one = None if fmt == "nvfp4" else ConsumerStep(schedule, False, io == "gather", one_multiply=True)
         if ragged and tile_n not in RAGGED_TILE_N:
             raise ValueError(f"ragged blocks are built for {RAGGED_TILE_N} routes a block; got {tile_n}")
         self.ragged = ragged
@@ -185,6 +187,7 @@ class GroupedFp4Gemm:
         block_expert: cute.Tensor,
         meta: cute.Tensor,
         sorted_ids: cute.Tensor,
+        wide: cute.Tensor,
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
@@ -194,7 +197,7 @@ class GroupedFp4Gemm:
         if cutlass.const_expr(self.inline):
             raise TypeError("an inline-scale program is compiled through GroupedFp4Gemm.call_inline")
         routes = (sorted_ids, top_k, pairs, pdl)
-        self._launch(w_panel, s_panel, None, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
+        self._launch(w_panel, s_panel, None, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream)
 
     @cute.jit
     def call_inline(
@@ -212,6 +215,7 @@ class GroupedFp4Gemm:
         block_expert: cute.Tensor,
         meta: cute.Tensor,
         sorted_ids: cute.Tensor,
+        wide: cute.Tensor,
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
@@ -222,9 +226,9 @@ class GroupedFp4Gemm:
             raise TypeError("GroupedFp4Gemm.call_inline needs scales='inline'")
         records = (base_ref, base_delta, block_start, record_units, body)
         routes = (sorted_ids, top_k, pairs, pdl)
-        self._launch(w_panel, None, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream)
+        self._launch(w_panel, None, records, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream)
 
-    def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, block_expert, meta, routes, ctas, stream):
+    def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream):
         """Both entry points' host side (traced inline): views, the MMA, TMA atoms, shared storage, the launch.
         ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pairs, pdl)``."""
         bf16 = cutlass.BFloat16
@@ -291,7 +295,7 @@ class GroupedFp4Gemm:
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
             tiled_mma, half_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale,
-            sorted_ids, top_k, pairs, *records,
+            sorted_ids, wide, top_k, pairs, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
@@ -325,6 +329,7 @@ class GroupedFp4Gemm:
         bias: cute.Tensor,
         gscale: cute.Tensor,
         sorted_ids: cute.Tensor,
+        wide: cute.Tensor,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
         base_ref: cute.Tensor,
@@ -410,7 +415,7 @@ class GroupedFp4Gemm:
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
             self.consume(ring, (tiled_mma, half_mma), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
-                         k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs),
+                         k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs, wide),
                          cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
@@ -419,7 +424,7 @@ class GroupedFp4Gemm:
         out, bias, gscale, block_expert, ids, experts,
     ):  # fmt: skip
         tiled_mma, half_mma = mmas
-        sorted_ids, pairs = ids
+        sorted_ids, pairs, wide = ids
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -459,14 +464,31 @@ class GroupedFp4Gemm:
             if cutlass.const_expr(self.nvfp4):
                 g_e = self._global_scale(gscale, block_expert, b, experts)
             operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
+            half_operands = operands
+            halved = False
             if cutlass.const_expr(self.ragged):
-                if live_extent(sorted_ids, pairs, b, self.tile_n, lane) <= self.tile_n // 2:
-                    half_operands = (half_mma, half[0], frags, words, s_words, s_s, half[1], t, row_block, r0)
+                half_operands = (half_mma, half[0], frags, words, s_words, s_s, half[1], t, row_block, r0)
+                halved = live_extent(sorted_ids, pairs, b, self.tile_n, lane) <= self.tile_n // 2
+            if cutlass.const_expr(self.nvfp4):
+                if halved:
                     read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
                 else:
                     read, release = self.step.k_loop(ring, read, release, k_steps, operands)
             else:
-                read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+                # the warpgroup's 64-row block: one multiply a pair unless a scale byte there is 129..254
+                blocks = cute.size(wide, mode=[1])
+                e_w = cutlass.min(cutlass.max(block_expert[b], 0), experts - 1)
+                one = wide[(e_w, cutlass.min(tm * 2 + row_block, blocks - 1))] == 0
+                if halved:
+                    if one:
+                        read, release = self.step_one.k_loop(ring, read, release, k_steps, half_operands)
+                    else:
+                        read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
+                else:
+                    if one:
+                        read, release = self.step_one.k_loop(ring, read, release, k_steps, operands)
+                    else:
+                        read, release = self.step.k_loop(ring, read, release, k_steps, operands)
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None

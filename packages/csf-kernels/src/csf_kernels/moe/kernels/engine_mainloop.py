@@ -25,7 +25,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from csf_kernels.moe.kernels.engine_convert import E4M3_FACTOR_PTX, FACTOR_PTX, PAIR_PTX
+from csf_kernels.moe.kernels.engine_convert import (
+    E4M3_FACTOR_PTX,
+    FACTOR_PTX,
+    PAIR_ONE_MULTIPLY_PTX,
+    PAIR_PTX,
+    PLACED_FACTOR_PTX,
+)
 from csf_kernels.moe.kernels.engine_epilogue import asm_u32
 
 __all__ = ["SCHEDULES", "STEP_GROUP", "ConsumerStep"]
@@ -38,14 +44,19 @@ STEP_GROUP = 4  # K steps a loop iteration, unrolled (an even count: ``stage`` a
 class ConsumerStep:
     """One consumer warpgroup's K step of a program: ``schedule`` (``SCHEDULES``), ``nvfp4`` the scale slots'
     format (E4M3 words, else E8M0 bytes), ``gathered`` whether the producer warps fill a stage's B rows by
-    ``cp.async`` (FC1 gathering its routes' rows) rather than TMA."""
+    ``cp.async`` (FC1 gathering its routes' rows) rather than TMA, ``one_multiply`` (MXFP4) whether each pair takes
+    one multiply by ``2**126`` times its scale (a row block whose E8M0 bytes are all <= 128 or 255) or two."""
 
-    def __init__(self, schedule: str, nvfp4: bool, gathered: bool = False):
+    def __init__(self, schedule: str, nvfp4: bool, gathered: bool = False, one_multiply: bool = False):
         if schedule not in SCHEDULES:
             raise ValueError(f"the consumer schedule must be one of {SCHEDULES}; got {schedule!r}")
+        if one_multiply and nvfp4:
+            raise ValueError("NVFP4's E4M3 factors take two multiplies (2**126 times 448 overflows bf16)")
         self.schedule = schedule
         self.nvfp4 = nvfp4
         self.gathered = gathered
+        self.factor_ptx = PLACED_FACTOR_PTX if one_multiply else FACTOR_PTX
+        self.pair_ptx = PAIR_ONE_MULTIPLY_PTX if one_multiply else PAIR_PTX
         self.sets = 2  # A register sets: alternate slices (slice), alternate stages (stage)
         self.per_set = 1 if schedule == "slice" else SLICES
 
@@ -67,10 +78,10 @@ class ConsumerStep:
         if self.nvfp4:
             return s_s[(r0, 0, 0, stage)], s_s[(r0 + 8, 0, 0, stage)]
         return (
-            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)])),
-            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)])),
-            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)])),
-            asm_u32(FACTOR_PTX, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)])),
+            asm_u32(self.factor_ptx, cutlass.Uint32(s_s[(2 * r0, 0, 0, stage)])),
+            asm_u32(self.factor_ptx, cutlass.Uint32(s_s[(2 * r0 + 1, 0, 0, stage)])),
+            asm_u32(self.factor_ptx, cutlass.Uint32(s_s[(2 * r0 + 16, 0, 0, stage)])),
+            asm_u32(self.factor_ptx, cutlass.Uint32(s_s[(2 * r0 + 17, 0, 0, stage)])),
         )
 
     def _slice_factors(self, scales, j: int):
@@ -80,13 +91,12 @@ class ConsumerStep:
         f0a, f0b, f1a, f1b = scales
         return (f0a, f1a) if j < 2 else (f0b, f1b)  # slices 0, 1: the step's first scale block
 
-    @staticmethod
-    def _convert(dst, word, f0, f1):
+    def _convert(self, dst, word, f0, f1):
         """A slice's four bf16x2 A registers from one placed word (rows r0: pairs 0 and 2, r0 + 8: 1 and 3)."""
-        dst[0] = asm_u32(PAIR_PTX[0], word, f0)
-        dst[1] = asm_u32(PAIR_PTX[1], word, f1)
-        dst[2] = asm_u32(PAIR_PTX[2], word, f0)
-        dst[3] = asm_u32(PAIR_PTX[3], word, f1)
+        dst[0] = asm_u32(self.pair_ptx[0], word, f0)
+        dst[1] = asm_u32(self.pair_ptx[1], word, f1)
+        dst[2] = asm_u32(self.pair_ptx[2], word, f0)
+        dst[3] = asm_u32(self.pair_ptx[3], word, f1)
 
     def step(self, tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, parity, last):
         """One K step (traced inline): the thread's four weight words and scale factors from the stage, then the
