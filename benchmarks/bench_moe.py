@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from engine_arms import ENGINE_ARMS, engine_layer, same_bits_as_engine
 from peer_triton_kernels import TritonKernelsMoE
 from peer_triton_kernels import status as triton_kernels_status
 from provenance import provenance
@@ -41,7 +42,6 @@ from csf_kernels.moe.engine_specs import engine_serves
 from csf_kernels.moe.w4a8_specs import w4a8_serves
 from csf_kernels.runtime import l2_residency
 from csf_moe import bind, plan, prepare_weights
-from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import activation, moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from csf_moe.w4a8_reference import W4A8Experts, w4a8_moe_reference
@@ -105,34 +105,8 @@ DEFAULT_ARMS = ("native", "expanded", "inline", "inline_records")
 # OpenAI's triton_kernels (peer_triton_kernels.py), opt in with --arms where it is importable: MXFP4 geometries only,
 # the experts timed without their routing (as anchors.md measured them); checked against the float32 reference
 PEER_ARM = "triton_kernels"
-# csf_moe.engine_layer (the engine's grouped GEMMs with Triton passes around them, native MXFP4 or NVFP4 scales), opt
-# in with --arms: "engine" applies FC1's activation in FC1's epilogue, "engine_unfused" in a pass of its own,
-# "engine_inline" is "engine" with its scales decoded from engine records by a producer warp (the same bits),
-# "engine_w4a8" runs the engine's W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations); their error is checked
-# against the float32 reference at every token count (W4A8's also against the reference of its exact operands).
-# "engine" runs each block size's default consumer schedule (docs/moe-engine.md §4.9); "engine_slice" and
-# "engine_stage" force the slice and the stage schedule where the cache holds it, "engine_pass" and
-# "engine_producer" FC1's rows from a gather pass or its producer warps, "engine_whole" every block whole (no
-# ragged tails), "engine_paired" two CTAs an SM at 16-32-route blocks, "engine_two_mul" two multiplies a pair
-# everywhere (MXFP4): the same bits as "engine"
-ENGINE_ARMS = {  # arm -> engine_weights' options
-    "engine": dict(fused=True),
-    "engine_unfused": dict(fused=False),
-    "engine_inline": dict(fused=True, scale_source="inline"),
-    "engine_w4a8": dict(fused=True, w4a8=True),
-    "engine_slice": dict(fused=True),
-    "engine_stage": dict(fused=True),
-    "engine_pass": dict(fused=True),
-    "engine_producer": dict(fused=True),
-    "engine_whole": dict(fused=True),
-    "engine_paired": dict(fused=True),
-    "engine_two_mul": dict(fused=True),
-}
-ENGINE_SCHEDULE = {"engine_slice": "slice", "engine_stage": "stage"}  # arm -> EngineMoE's schedule
-ENGINE_FC1_ROWS_ARM = {"engine_pass": "pass", "engine_producer": "producer"}  # arm -> EngineMoE's fc1_rows
-ENGINE_RAGGED = {"engine_whole": False}  # arm -> EngineMoE's ragged
-ENGINE_OCCUPANCY = {"engine_paired": 2}  # arm -> EngineMoE's ctas_per_sm
-ENGINE_ONE_MULTIPLY = {"engine_two_mul": False}  # arm -> EngineMoE's one_multiply
+# csf_moe.engine_layer's arms (engine_arms.py), opt in with --arms; their error is checked against the float32
+# reference at every token count (W4A8's also against the reference of its exact operands)
 DEFAULT_PEER_PATH = Path(__file__).resolve().parents[1] / ".peers"
 
 
@@ -266,17 +240,9 @@ def bench_geometry(
     layers = bind_arms(geo, data, max(tokens), arms)
     peer_layer = TritonKernelsMoE(data) if peer and geo.fmt.name == "mxfp4" else None
     engines = {
-        arm: EngineMoE(
-            engine_weights(data.reference(), geo.activation, **ENGINE_ARMS[arm]),
-            geo.top_k,
-            schedule=ENGINE_SCHEDULE.get(arm),
-            fc1_rows=ENGINE_FC1_ROWS_ARM.get(arm),
-            ragged=ENGINE_RAGGED.get(arm),
-            ctas_per_sm=ENGINE_OCCUPANCY.get(arm),
-            one_multiply=ENGINE_ONE_MULTIPLY.get(arm, True),
-        )
+        arm: engine_layer(arm, data.reference(), geo)
         for arm in engine
-        if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm].get("w4a8"))
+        if engine_serves(geo) and (w4a8_serves(geo) or not ENGINE_ARMS[arm][0].get("w4a8"))
     }
     w4a8_ref = W4A8Experts.of(data.reference()) if any(e.weights.w4a8 for e in engines.values()) else None
     timed = (*arms, *((PEER_ARM,) if peer_layer is not None else ()), *engines)
@@ -309,11 +275,9 @@ def bench_geometry(
             calls = [peer_layer.call(x, ids, w, out) for (x, ids, w), out in zip(sets, outs[PEER_ARM], strict=True)]
             graphs[PEER_ARM] = [capture(call) for call in calls]
         # an engine arm's calls own the buffers its graphs replay on: kept until the graphs are gone
-        for arm, engine_layer in engines.items():
+        for arm, layer in engines.items():
             outs[arm] = [torch.full_like(x, float("nan")) for x, _, _ in sets]
-            engine_calls[arm] = [
-                engine_layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[arm], strict=True)
-            ]
+            engine_calls[arm] = [layer.call(x, ids, w, o) for (x, ids, w), o in zip(sets, outs[arm], strict=True)]
             graphs[arm] = [capture(call) for call in engine_calls[arm]]
         # the arms' replays interleaved, so that an episode of slower replays (the GPU near its power limit, as at
         # gpt-oss's 8192 tokens) falls on every arm alike rather than on the one timed then
@@ -379,11 +343,8 @@ def bench_geometry(
                     "fraction_of_fp8_peak": flops / med / 1e12 / fp8_peak_tflops if fp8_peak_tflops else None,
                     "over_engine": med / row["arms"]["engine"]["median_s"] if "engine" in row["arms"] else None,
                 }
-            # another scale source or schedule of the engine: the native default engine's bits
-            forms = (ENGINE_SCHEDULE, ENGINE_FC1_ROWS_ARM, ENGINE_RAGGED, ENGINE_OCCUPANCY, ENGINE_ONE_MULTIPLY)
-            forced = any(arm in m for m in forms)
-            same_bits = engines[arm].weights.scale_source == "inline" or forced
-            if same_bits and "engine" in engines:
+            # another scale source or a forced default of the engine: the native default engine's bits
+            if same_bits_as_engine(arm) and "engine" in engines:
                 row["arms"][arm]["over_engine"] = med / statistics.median(samples_of["engine"])
                 row["arms"][arm]["bit_identical_to_engine"] = all(
                     torch.equal(o, n) for o, n in zip(outs[arm], outs["engine"], strict=True)
@@ -456,7 +417,7 @@ def main() -> None:
     print(f"copy bandwidth {copy['median_GBps']:.0f} GB/s (read + write)", flush=True)
     peak = bf16_peak(a.reps, flush)
     print(f"bf16 GEMM peak {peak['median_TFLOPs']:.0f} TFLOP/s", flush=True)
-    peak8 = fp8_peak(a.reps, flush) if any(ENGINE_ARMS[arm].get("w4a8") for arm in engine) else None
+    peak8 = fp8_peak(a.reps, flush) if any(ENGINE_ARMS[arm][0].get("w4a8") for arm in engine) else None
     if peak8 is not None:
         print(f"FP8 GEMM peak {peak8['median_TFLOPs']:.0f} TFLOP/s", flush=True)
     geos = GEOMETRY_SETS[a.geometries]

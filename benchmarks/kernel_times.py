@@ -4,9 +4,8 @@
     python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 128,8192 --arms engine,triton_kernels \
         --peer-path .peers
 
-Arms: the plan's layer with native or inline scales, the engine layer (``engine``: FC1's activation in its
-epilogue; ``engine_unfused``; ``engine_inline``; ``engine_pass``: FC1's rows from a gather pass; ``engine_whole``:
-no ragged blocks) and the triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
+Arms: the plan's layer with native or inline scales, the engine layer's arms (``engine_arms.py``) and the
+triton_kernels peer (MXFP4; staged by scripts/stage_triton_kernels.sh).
 
 Eager launches (no CUDA graph), L2 not flushed: it shows where a call's device time goes between its
 launches, not the call's latency (bench_moe.py measures that). Programs from the AOT cache (frozen). The MoE
@@ -27,32 +26,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from engine_arms import ENGINE_ARMS, engine_layer
 from peer_triton_kernels import TritonKernelsMoE, import_triton_kernels
 from provenance import provenance
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
-from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
-ARMS = (
-    "native",
-    "inline",
-    "engine",
-    "engine_unfused",
-    "engine_inline",
-    "engine_pass",
-    "engine_whole",
-    "triton_kernels",
-)
-ENGINE_OPTIONS = {  # arm -> (engine_weights' options, EngineMoE's)
-    "engine": ({}, {}),
-    "engine_unfused": ({"fused": False}, {}),
-    "engine_inline": ({"scale_source": "inline"}, {}),
-    "engine_pass": ({}, {"fc1_rows": "pass"}),
-    "engine_whole": ({}, {"ragged": False}),
-}
+ARMS = ("native", "inline", *ENGINE_ARMS, "triton_kernels")
 
 
 def kernel_times(run, calls: int) -> dict[str, float]:
@@ -122,8 +105,7 @@ def _arm(arm: str, geo, data, tokens: list[int], peer_path: str | None):
         import_triton_kernels(peer_path)
         peer = TritonKernelsMoE(data)
         return lambda x, ids, w: peer.call(x, ids, w, torch.empty_like(x))
-    weights, options = ENGINE_OPTIONS[arm]
-    engine = EngineMoE(engine_weights(data.reference(), geo.activation, **weights), geo.top_k, **options)
+    engine = engine_layer(arm, data.reference(), geo)
     return lambda x, ids, w: engine.call(x, ids, w, torch.empty_like(x))
 
 

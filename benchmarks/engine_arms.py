@@ -1,0 +1,43 @@
+"""The engine layer's benchmark arms (``csf_moe.engine_layer``), one table for ``bench_moe.py`` and
+``kernel_times.py``: each arm's ``engine_weights`` options and ``EngineMoE`` options.
+
+"engine" applies FC1's activation in FC1's epilogue with each block size's defaults, "engine_unfused" in a pass
+of its own, "engine_inline" decodes its scales from engine records in a producer warp, "engine_w4a8" runs the
+W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations). The others force one choice of the defaults where the
+cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_stage" the consumer schedule
+(docs/moe-engine.md §4.9), "engine_pass" / "engine_producer" where FC1's rows come from (§4.11), "engine_whole"
+every block whole, no ragged tails (§4.12), "engine_paired" two CTAs an SM at 16-32-route blocks (§4.9),
+"engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11).
+"""
+
+from __future__ import annotations
+
+from csf_moe.engine_layer import EngineMoE, engine_weights
+
+__all__ = ["ENGINE_ARMS", "engine_layer", "same_bits_as_engine"]
+
+ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
+    "engine": ({}, {}),
+    "engine_unfused": ({"fused": False}, {}),
+    "engine_inline": ({"scale_source": "inline"}, {}),
+    "engine_w4a8": ({"w4a8": True}, {}),
+    "engine_slice": ({}, {"schedule": "slice"}),
+    "engine_stage": ({}, {"schedule": "stage"}),
+    "engine_pass": ({}, {"fc1_rows": "pass"}),
+    "engine_producer": ({}, {"fc1_rows": "producer"}),
+    "engine_whole": ({}, {"ragged": False}),
+    "engine_paired": ({}, {"ctas_per_sm": 2}),
+    "engine_two_mul": ({}, {"one_multiply": False}),
+}
+
+
+def engine_layer(arm: str, reference, geo) -> EngineMoE:
+    """``arm``'s engine layer of a synthetic layer's ``reference`` experts on ``geo``."""
+    weights, options = ENGINE_ARMS[arm]
+    return EngineMoE(engine_weights(reference, geo.activation, **weights), geo.top_k, **options)
+
+
+def same_bits_as_engine(arm: str) -> bool:
+    """Whether ``arm`` must store the "engine" arm's bits: another scale source, or a forced default."""
+    weights, options = ENGINE_ARMS[arm]
+    return arm != "engine" and (weights.get("scale_source") == "inline" or bool(options))
