@@ -3,7 +3,7 @@
     ncu --clock-control none -k regex:mla_decode -c 1 --section SpeedOfLight --section WarpStateStats \\
         python3 benchmarks/profile_kernels.py mla --batch 128 --heads 16
     ncu --clock-control none -k regex:moe_gemm -c 2 ... python3 benchmarks/profile_kernels.py moe --tokens 8
-    ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 ... python3 benchmarks/profile_kernels.py engine --tokens 128
+    ncu ... -k regex:GroupedFp4Gemm -c 2 ... python3 benchmarks/profile_kernels.py engine --arm engine_inline
     ncu --clock-control none -k regex:matmul_ogs -s 2 -c 2 ... python3 benchmarks/profile_kernels.py peer
 
 Programs come from the AOT cache (frozen), as in serving, or with ``--unfrozen`` (before the subcommand) from
@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_arms import ENGINE_ARMS
 
 from csf_kernels import runtime
 
@@ -50,15 +52,15 @@ def profile_moe(tokens: int, source: str, model: str, tp: int, fmt: str) -> None
     torch.cuda.synchronize()
 
 
-def profile_engine(tokens: int, source: str, model: str, tp: int, fmt: str) -> None:
-    """One call of the engine layer (``source``: native or inline scales)."""
+def profile_engine(tokens: int, arm: str, model: str, tp: int, fmt: str) -> None:
+    """One call of the engine layer as bench_moe's ``arm`` builds it (``engine_arms``)."""
+    from engine_arms import engine_layer
+
     from csf_kernels.catalog import load_catalog
-    from csf_moe.engine_layer import EngineMoE, engine_weights
     from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
     geo = load_catalog().moe_geometry(model, tp, fmt)
-    ref = synthetic_layer(geo, seed=1, device="cuda").reference()
-    layer = EngineMoE(engine_weights(ref, geo.activation, scale_source=source), geo.top_k)
+    layer = engine_layer(arm, synthetic_layer(geo, seed=1, device="cuda").reference(), geo)
     x, ids, w = synthetic_routing(geo, tokens, torch.Generator(device="cuda").manual_seed(0))
     layer.call(x, ids, w, torch.empty_like(x))()
     torch.cuda.synchronize()
@@ -98,7 +100,7 @@ def main() -> None:
         sub_.add_argument("--model", default="gpt-oss-120b")
         sub_.add_argument("--tp", type=int, default=1)
         if name == "engine":
-            sub_.add_argument("--source", default="native", choices=("native", "inline"))
+            sub_.add_argument("--arm", default="engine", choices=sorted(ENGINE_ARMS))
             sub_.add_argument("--fmt", default="mxfp4")
         else:
             sub_.add_argument("--peer-path", default=None)
@@ -111,7 +113,7 @@ def main() -> None:
     if a.kernel == "mla":
         profile_mla(a.batch, a.heads)
     elif a.kernel == "engine":
-        profile_engine(a.tokens, a.source, a.model, a.tp, a.fmt)
+        profile_engine(a.tokens, a.arm, a.model, a.tp, a.fmt)
     elif a.kernel == "peer":
         runtime.unfreeze()  # the peer is Triton's JIT; csf's programs are not part of it
         profile_peer(a.tokens, a.model, a.tp, a.peer_path)
