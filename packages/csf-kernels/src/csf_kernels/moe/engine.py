@@ -265,7 +265,7 @@ def combine_launch(
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
         raise TypeError("topk_ids must be contiguous int32 or int64")
     spec = engine_combine_spec(topk_ids.dtype == torch.int64, bias is not None, inverse is not None)
-    grid = (-(-tokens // spec.fact["RT"]), -(-hidden // spec.fact["BH"]))
+    grid = (tokens, -(-hidden // spec.fact["BH"]))
     b = bias if bias is not None else runtime.placeholder(y.device)
     inv = inverse if inverse is not None else runtime.placeholder(y.device)
-    return runtime.Launch(spec, grid, (y, inv, b, topk_ids, topk_weights, out, hidden, tokens, top_k, num_experts))
+    return runtime.Launch(spec, grid, (y, inv, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))

@@ -85,14 +85,13 @@ ENGINE_GATHER = TritonFamily(
     num_warps=4,
 )  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
-    kernel="moe.engine_combine", version=5, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
+    kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
     num_warps=4,
 )  # fmt: skip
 ACT_COLUMNS = 1024
 GATHER_COLUMNS = 1024
 GATHER_ROWS = 4  # slots a gather program: four 16-byte loads a thread in flight
 COMBINE_COLUMNS = 1024
-COMBINE_TOKENS = 4  # tokens a combine program: four rows' loads a thread in flight at each route
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
 
@@ -123,7 +122,7 @@ def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> Progr
     """The combine over FC2's rows at their routes, or (``inverse``: W4A8's block-order FC2) in slot order through
     each route's slot."""
     return ProgramSpec.of(ENGINE_COMBINE.kernel, ENGINE_COMBINE.version, IDS64=int(ids64), HAS_BIAS=int(bias),
-                          INV=int(inverse), RT=COMBINE_TOKENS, BH=COMBINE_COLUMNS, PDL=MOE_PDL,
+                          INV=int(inverse), BH=COMBINE_COLUMNS, PDL=MOE_PDL,
                           num_warps=ENGINE_COMBINE.num_warps)  # fmt: skip
 
 

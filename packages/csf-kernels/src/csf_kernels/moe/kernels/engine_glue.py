@@ -3,9 +3,8 @@
 * ``engine_act`` (the unfused arm): FC1's bf16 output ``h [slots, 2N]`` -> FC2's input ``a [slots, N]``: the block's
   expert's bias, then SiLU-and-mul (W13 rows [gate; up]) or gpt-oss's clamped SwiGLU (rows interleaved), in float32,
   rounded once. It first checks its slot against the blocks in use (``meta[0]``, device data: graph-safe).
-* ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` in float32, ``j`` in order (four tokens
-  a program), over FC2's rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route
-  whose expert id lies
+* ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` in float32, ``j`` in order, over FC2's
+  rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
   outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
   ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
 * ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // top_k]`` (zeros for a slot without a
@@ -18,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from csf_kernels.moe.kernels.combine import route_expert
 from csf_kernels.runtime.pdl import await_predecessor
 
 SIGNATURE_ACT = {
@@ -43,13 +43,11 @@ SIGNATURE_COMBINE = {
     "topk_weights": "*fp32",
     "out": "*bf16",
     "hidden": "i32",
-    "tokens": "i32",
     "top_k": "i32",
     "num_experts": "i32",
     "IDS64": "constexpr",
     "HAS_BIAS": "constexpr",
     "INV": "constexpr",
-    "RT": "constexpr",  # tokens a program: RT rows of BH columns in flight at each route
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -127,29 +125,21 @@ def engine_act(h, block_expert, meta, bias, a, inter, num_experts, BM: tl.conste
 
 
 @triton.jit
-def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, tokens, top_k, num_experts,
-                   IDS64: tl.constexpr, HAS_BIAS: tl.constexpr, INV: tl.constexpr, RT: tl.constexpr, BH: tl.constexpr,
-                   PDL: tl.constexpr):  # fmt: skip
+def engine_combine(y, inverse, bias, topk_ids, topk_weights, out, hidden, top_k, num_experts, IDS64: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, INV: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
-    t = tl.program_id(0).to(tl.int64) * RT + tl.arange(0, RT)
+    t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
-    mt = t < tokens
-    m = mt[:, None] & (c[None, :] < hidden)
-    acc = tl.zeros([RT, BH], dtype=tl.float32)
-    for j in range(0, top_k):  # j in order: each token's sum is the same float32 sequence as one token a program
+    m = c < hidden
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in range(0, top_k):
         route = t * top_k + j
-        if IDS64:  # a token past the call's reads nothing: masked, not live
-            e = tl.load(topk_ids.to(tl.pointer_type(tl.int64)) + route, mask=mt, other=-1)
-        else:
-            e = tl.load(topk_ids + route, mask=mt, other=-1)
-        live = mt & (e >= 0) & (e < num_experts)
+        e, live = route_expert(topk_ids, route, num_experts, IDS64)
         row = route
         if INV:
             row = tl.load(inverse + route, mask=live, other=0).to(tl.int64)
-        v = tl.load(y + row[:, None] * hidden + c[None, :], mask=m & live[:, None], other=0.0).to(tl.float32)
+        v = tl.load(y + row * hidden + c, mask=m & live, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            eb = tl.where(live, e, 0).to(tl.int64)
-            v += tl.load(bias + eb[:, None] * hidden + c[None, :], mask=m & live[:, None], other=0.0)
-        w = tl.load(topk_weights + route, mask=live, other=0.0)
-        acc += tl.where(live[:, None], w[:, None] * v, 0.0)
-    tl.store(out + t[:, None] * hidden + c[None, :], acc.to(tl.bfloat16), mask=m)
+            v += tl.load(bias + tl.where(live, e, 0).to(tl.int64) * hidden + c, mask=m & live, other=0.0)
+        acc += tl.where(live, tl.load(topk_weights + route) * v, 0.0)
+    tl.store(out + t * hidden + c, acc.to(tl.bfloat16), mask=m)
