@@ -489,8 +489,9 @@ def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_PAIRED_TILE_N)
 def test_two_ctas_an_sm_give_one_ctas_bits(tile_n, fmt, scales):
-    """The paired programs (two CTAs an SM, 96 consumer registers, grid twice the SMs) gathering FC1's rows,
-    scattering FC2's and on block-order rows: the one-CTA programs' bits, every live slot written."""
+    """The paired programs (two CTAs an SM, 96 consumer registers, grid twice the SMs, the stage schedule)
+    gathering FC1's rows, scattering FC2's and on block-order rows: the bits of the one-CTA programs of the slice
+    schedule (built at every size), every live slot written."""
     from csf_kernels.moe.engine_inline import inline_scales
 
     experts, rows, k, top_k = 4, 256, 640, 3
@@ -506,7 +507,7 @@ def test_two_ctas_an_sm_give_one_ctas_bits(tile_n, fmt, scales):
     xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
     common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
     outs = {}
-    for occ in (1, 2):
+    for occ, schedule in ((1, "slice"), (2, "stage")):
         fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
         dense = torch.full_like(fc1, float("nan"))
         fc2 = torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -514,11 +515,11 @@ def test_two_ctas_an_sm_give_one_ctas_bits(tile_n, fmt, scales):
         try:
             launches = [
                 grouped_fp4_gemm_launch(w_panel, s_panel, x, fc1, block_expert, meta, io="gather", top_k=top_k,
-                                        ctas_per_sm=occ, **common),
+                                        schedule=schedule, ctas_per_sm=occ, **common),
                 grouped_fp4_gemm_launch(w_panel, s_panel, xs, dense, block_expert, meta, pairs=pairs,
-                                        ctas_per_sm=occ, **common),
+                                        schedule=schedule, ctas_per_sm=occ, **common),
                 grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc2, block_expert, meta, io="scatter",
-                                        ctas_per_sm=occ, **common),
+                                        schedule=schedule, ctas_per_sm=occ, **common),
             ]  # fmt: skip
             assert all(launch.spec.fact.get("OCC", 1) == occ for launch in launches)
             for launch in launches:

@@ -176,7 +176,8 @@ class EngineMoE:
     ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
     pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size.
     ``ragged``: whether the FP4 GEMMs run a block whose live routes lie in its first half on that half only, where
-    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 2 runs the paired programs where built.
+    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 1 or 2 CTAs an SM where built (``None``:
+    the size's default).
     ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
     bits); False: two everywhere."""
 

@@ -78,8 +78,9 @@ def grouped_fp4_gemm_launch(
     rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM
     of its zero rows, which differ only where a weight is NaN or infinite. Without route ids every block is whole.
 
-    ``ctas_per_sm`` 2 (:data:`~csf_kernels.moe.engine_specs.ENGINE_PAIRED_TILE_N` with the size's default schedule;
-    else one): the program built to run two CTAs an SM, launched on twice the SMs' count; the same bits.
+    ``ctas_per_sm`` (``None``: :func:`~csf_kernels.moe.engine_specs.engine_occupancy`'s default, two at 16 and 32
+    routes a block): 2 runs the program built for two CTAs an SM where the cache holds it, launched on twice the
+    SMs' count; the same bits.
 
     ``wide`` (MXFP4): uint8 ``[E, R / 64]`` from :func:`csf_kernels.moe.launch.wide_row_tiles` of the rows as the
     panel holds them: a 64-row block flagged 0 converts each pair with one multiply (its E8M0 bytes are all <= 128

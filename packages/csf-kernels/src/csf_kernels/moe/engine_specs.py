@@ -25,6 +25,7 @@ __all__ = [
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
+    "ENGINE_PAIRED_BY_DEFAULT",
     "ENGINE_PAIRED_TILE_N",
     "ENGINE_RAGGED_TILE_N",
     "ENGINE_SCALE_SOURCES",
@@ -39,6 +40,7 @@ __all__ = [
     "engine_gather_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
+    "engine_occupancies",
     "engine_occupancy",
     "engine_ragged",
     "engine_schedule",
@@ -70,9 +72,11 @@ ENGINE_STAGE_TILE_N = (16, 32, 64)
 # block sizes built ragged (kernels.engine_gemm.RAGGED_TILE_N: a block whose live routes lie in its first half runs
 # that half only; docs/moe-engine.md §4.12), beside the whole-block programs; ragged serves them by default
 ENGINE_RAGGED_TILE_N = (128, 256)
-# block sizes also built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's
-# default schedule: the A/B of docs/moe-engine.md §4.9's cheap form; one CTA an SM stays the default until measured
-ENGINE_PAIRED_TILE_N = (16, 32)
+# block sizes built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's default
+# schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (run 312), whose
+# one-CTA programs of that schedule are not built; the others keep both until measured
+ENGINE_PAIRED_TILE_N = (16, 32, 64)
+ENGINE_PAIRED_BY_DEFAULT = (16, 32)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
@@ -142,11 +146,9 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
             for schedule in engine_schedules(bm):
                 for io in ("gather", "dense"):
                     for ragged in engine_raggeds(bm):
-                        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
-                                                      schedule, ragged))  # fmt: skip
-                    if engine_occupancy(bm, schedule, 2) == 2:
-                        specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
-                                                      schedule, ctas_per_sm=2))  # fmt: skip
+                        for occ in engine_occupancies(bm, schedule):
+                            specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
+                                                          schedule, ragged, occ))  # fmt: skip
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
@@ -157,13 +159,20 @@ def engine_schedules(tile_n: int) -> tuple[str, ...]:
     return ENGINE_SCHEDULES if tile_n in ENGINE_STAGE_TILE_N else ("slice",)
 
 
+def engine_occupancies(tile_n: int, schedule: str) -> tuple[int, ...]:
+    """The CTAs an SM the AOT cache holds ``tile_n``'s programs of ``schedule`` for (the default last)."""
+    if tile_n not in ENGINE_PAIRED_TILE_N or schedule != engine_schedule(tile_n):
+        return (1,)
+    return (2,) if tile_n in ENGINE_PAIRED_BY_DEFAULT else (2, 1)
+
+
 def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int:
-    """CTAs an SM serving ``tile_n`` routes under ``schedule``: ``want`` where the cache holds it (two CTAs at the
-    paired sizes with their default schedule), else one."""
+    """CTAs an SM serving ``tile_n`` routes under ``schedule``: ``want`` where the cache holds it, else the
+    default (two at :data:`ENGINE_PAIRED_BY_DEFAULT` with their default schedule, else one)."""
     if want not in (None, 1, 2):
         raise ValueError(f"the engine GEMM runs 1 or 2 CTAs an SM; got {want!r}")
-    paired = tile_n in ENGINE_PAIRED_TILE_N and schedule == engine_schedule(tile_n)
-    return 2 if want == 2 and paired else 1
+    built = engine_occupancies(tile_n, schedule)
+    return want if want in built else built[-1]
 
 
 def engine_raggeds(tile_n: int) -> tuple[bool, ...]:
@@ -195,7 +204,7 @@ def engine_gemm_spec(
     io: str = "dense",
     schedule: str | None = None,
     ragged: bool | None = None,
-    ctas_per_sm: int = 1,
+    ctas_per_sm: int | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
@@ -203,7 +212,8 @@ def engine_gemm_spec(
     route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
     the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
-    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``)."""
+    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``);
+    ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -224,9 +234,10 @@ def engine_gemm_spec(
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
     rag = {"RAG": 1} if ragged else {}
-    if ctas_per_sm != 1 and (ctas_per_sm != 2 or tile_n not in ENGINE_PAIRED_TILE_N):
-        raise ValueError(f"two CTAs an SM are built for {ENGINE_PAIRED_TILE_N} routes a block; got {tile_n} x "
-                         f"{ctas_per_sm}")  # fmt: skip
+    ctas_per_sm = engine_occupancy(tile_n, schedule) if ctas_per_sm is None else ctas_per_sm
+    if ctas_per_sm not in engine_occupancies(tile_n, schedule):
+        raise ValueError(f"the engine GEMM for {tile_n} routes a block under {schedule!r} is built for "
+                         f"{engine_occupancies(tile_n, schedule)} CTAs an SM; got {ctas_per_sm}")  # fmt: skip
     occ = {"OCC": 2} if ctas_per_sm == 2 else {}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
                           **source, **sched, **rag, **occ)  # fmt: skip
@@ -235,21 +246,15 @@ def engine_gemm_spec(
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size, whole-block and (128 and 256 routes) ragged (they take every shape at run time)."""
-    whole = [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged)
+    the block size, whole-block and (128 and 256 routes) ragged, one and (16-64 routes) two CTAs an SM (they take
+    every shape at run time)."""
+    return [
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
         for schedule in engine_schedules(tn)
         for ragged in engine_raggeds(tn)
+        for occ in engine_occupancies(tn, schedule)
     ]
-    paired = [
-        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, ctas_per_sm=2)
-        for fmt in formats
-        for scales in ENGINE_SCALE_SOURCES
-        for io in ENGINE_IO
-        for tn in ENGINE_PAIRED_TILE_N
-    ]
-    return whole + paired

@@ -90,7 +90,7 @@ DECODER_WARP = 2
 RAGGED_TILE_N = (128, 256)
 # block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
 # at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
-PAIRED_TILE_N = (16, 32)
+PAIRED_TILE_N = (16, 32, 64)
 # the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
 _DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
 
