@@ -30,7 +30,7 @@ from engine_arms import ENGINE_ARMS, engine_layer
 from peer_triton_kernels import TritonKernelsMoE, import_triton_kernels
 from provenance import provenance
 
-from csf_kernels import runtime
+from csf_kernels import env, runtime
 from csf_kernels.catalog import load_catalog
 from csf_moe import bind, plan, prepare_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
@@ -75,6 +75,7 @@ def main() -> None:
     arms = a.arms.split(",")
     if unknown := [arm for arm in arms if arm not in ARMS]:
         ap.error(f"unknown arms {unknown}")
+    env.configure_runtime()  # CSF_PDL=0: plain launches, so each span is the program alone
     runtime.freeze()
     geo = load_catalog().moe_geometry(a.model, a.tp, a.fmt)
     tokens = [int(t) for t in a.tokens.split(",")]
