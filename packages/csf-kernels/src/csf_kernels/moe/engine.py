@@ -78,7 +78,7 @@ def grouped_fp4_gemm_launch(
     rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM
     of its zero rows, which differ only where a weight is NaN or infinite. Without route ids every block is whole.
 
-    ``ctas_per_sm`` (``None``: :func:`~csf_kernels.moe.engine_specs.engine_occupancy`'s default, two at 16 and 32
+    ``ctas_per_sm`` (``None``: :func:`~csf_kernels.moe.engine_specs.engine_occupancy`'s default, two at 16-64
     routes a block): 2 runs the program built for two CTAs an SM where the cache holds it, launched on twice the
     SMs' count; the same bits.
 

@@ -73,10 +73,10 @@ ENGINE_STAGE_TILE_N = (16, 32, 64)
 # that half only; docs/moe-engine.md §4.12), beside the whole-block programs; ragged serves them by default
 ENGINE_RAGGED_TILE_N = (128, 256)
 # block sizes built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's default
-# schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (run 312), whose
-# one-CTA programs of that schedule are not built; the others keep both until measured
+# schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (runs 312-313), whose
+# one-CTA programs of that schedule are not built; a size added to the first keeps both until measured
 ENGINE_PAIRED_TILE_N = (16, 32, 64)
-ENGINE_PAIRED_BY_DEFAULT = (16, 32)
+ENGINE_PAIRED_BY_DEFAULT = (16, 32, 64)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
