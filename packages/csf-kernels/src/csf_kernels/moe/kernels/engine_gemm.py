@@ -62,7 +62,7 @@ from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
-    MAX_COL_TILES,
+    OFFSET_TABLE,
     RECORD_BYTES,
     RECORD_SLOTS,
     RecordDecoderWarp,
@@ -92,7 +92,7 @@ RAGGED_TILE_N = (128, 256)
 # at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
 PAIRED_TILE_N = (16, 32, 64)
 # the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
-_DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * (MAX_COL_TILES + 1) + 8 * RECORD_SLOTS + 3 * 128
+_DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * OFFSET_TABLE + 8 * RECORD_SLOTS + 3 * 128
 
 
 class GroupedFp4Gemm:
@@ -407,7 +407,7 @@ class GroupedFp4Gemm:
                 RecordDecoderWarp(self.nvfp4, self.stages).run(
                     ring, s_s, storage.rec_bars.data_ptr(), storage.rec_stage.get_tensor(
                         cute.make_layout((RECORD_BYTES, RECORD_SLOTS))), storage.rec_tile.get_tensor(
-                        cute.make_layout(128)), storage.rec_offs.get_tensor(cute.make_layout(MAX_COL_TILES + 1)),
+                        cute.make_layout(128)), storage.rec_offs.get_tensor(cute.make_layout(OFFSET_TABLE)),
                     base_ref, base_delta, block_start, record_units, body, block_expert, units, tiles_m, k_steps,
                     cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]),
                 )  # fmt: skip
@@ -543,7 +543,7 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
             "rec_bars": mem[cutlass.Int64, RECORD_SLOTS],
             "rec_stage": align[mem[cutlass.Uint8, RECORD_SLOTS * RECORD_BYTES], 128],
             "rec_tile": align[mem[cutlass.Uint32, 128], 128],
-            "rec_offs": align[mem[cutlass.Int32, MAX_COL_TILES + 1], 128],
+            "rec_offs": align[mem[cutlass.Int32, OFFSET_TABLE], 128],
         }
     if gathered:
         fields["tokens"] = mem[cutlass.Int32, gathered]

@@ -60,11 +60,14 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     tile_byte,
 )
 
-__all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
+__all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "OFFSET_TABLE", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
 
 RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
 RECORD_SLOTS = 4  # staging slots: records in flight
 DECODER_ARRIVALS = 32  # a stage's full barrier waits for every lane of the decoder warp
+OFFSETS = MAX_COL_TILES + 1  # a row block's record offsets and its end
+OFFSET_TABLE = 2 * OFFSETS  # two halves: the unit's and the next unit's
+LENGTH_CHUNKS = (MAX_COL_TILES + 31) // 32  # registers a lane holds a block's record lengths in
 
 _BULK_G2S = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
 
@@ -81,6 +84,18 @@ def _bulk_copy(dst: Int32, src: Int64, size: Int32, bar: Int32) -> None:
     )
 
 
+@cute.jit
+def _row_block(block_expert, u, units, tiles_m, experts):
+    """Unit ``u``'s row block of records, ``-1`` where it has none (past the units, or an invalid expert's block)."""
+    rb = Int32(-1)
+    if u < units:
+        b = u // tiles_m
+        e = block_expert[b]
+        if e >= 0 and e < experts:
+            rb = e * tiles_m + (u - b * tiles_m)
+    return rb
+
+
 class RecordDecoderWarp:
     """The decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
     NVFP4: four), ``stages`` the ring's depth."""
@@ -95,26 +110,46 @@ class RecordDecoderWarp:
         self, ring, s_s, bars, s_rec, s_tile, s_offs, base_ref, base_delta, block_start, record_units, body,
         block_expert, units, tiles_m, k_steps, rows, experts,
     ):  # fmt: skip
-        """The warp's whole life: every unit this CTA walks, in the producers' order."""
+        """The warp's whole life: every unit this CTA walks, in the producers' order. Records stream across units:
+        while a unit decodes, the next unit's lengths, start and bases are loaded (used only at its first copy), and
+        its first ``ahead`` records are copied behind the unit's last, so a unit starts with its records in flight
+        and no global read between it and its first decode."""
         lane = cute.arch.lane_idx()
         state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-        taken = Int32(0)  # records this warp has waited for: the staging ring's position
+        taken = Int32(0)  # records this warp has waited for
+        issued = Int32(0)  # records whose copy has started: with ``taken``, the staging ring's positions
         cols = k_steps * (4 if self.nvfp4 else 2)
         tiles = (cols + TILE_COLS - 1) // TILE_COLS
         full = cols // TILE_COLS
+        ahead = cutlass.min(RECORD_SLOTS, tiles)  # records in flight when a unit's decode starts
         words = cute.make_rmem_tensor((4,), Uint32)
+        lengths = cute.make_rmem_tensor((LENGTH_CHUNKS,), Int32)  # a unit's record lengths, 32 records a register
+        stride = cute.arch.grid_dim()[0]
         u = cute.arch.block_idx()[0]
+        rb = _row_block(block_expert, u, units, tiles_m, experts)
+        warm = Int32(0)  # the unit's table is in ``s_offs`` half ``half`` and its first records are in flight
+        half = Int32(0)
+        ref = Uint32(0)
+        delta = Uint32(0)
         while u < units:
-            b = u // tiles_m
-            tm = u - b * tiles_m
-            e = block_expert[b]
+            tm = u - (u // tiles_m) * tiles_m
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
-            if e >= 0 and e < experts:
-                rb = e * tiles_m + tm
-                self._offsets(s_offs, block_start, record_units, rb, tiles, lane)
-                bases = self._bases(base_ref, base_delta, rb, lane)
-                for j in cutlass.range(cutlass.min(RECORD_SLOTS, tiles), unroll=1):
-                    self._issue(bars, s_rec, s_offs, body, j, (taken + j) % RECORD_SLOTS, lane)
+            nxt = u + stride
+            rb_next = _row_block(block_expert, nxt, units, tiles_m, experts)
+            if rb >= 0:
+                if warm == 0:  # a cold start: the unit's table, bases and first records now
+                    self._load(lengths, record_units, rb, tiles, lane)
+                    self._offsets(s_offs, half, lengths, Int32(block_start[rb]), tiles, lane)
+                    ref, delta = self._base_words(base_ref, base_delta, rb, lane)
+                    for j in cutlass.range(ahead, unroll=1):
+                        self._issue(bars, s_rec, s_offs, half, body, j, issued % RECORD_SLOTS, lane)
+                        issued += 1
+                bases = self._bases(ref, delta)
+                start_next = Int32(0)
+                if rb_next >= 0:  # loads that land under this unit's records
+                    self._load(lengths, record_units, rb_next, tiles, lane)
+                    start_next = Int32(block_start[rb_next])
+                    ref, delta = self._base_words(base_ref, base_delta, rb_next, lane)
                 for j in cutlass.range(tiles, unroll=1):
                     slot = taken % RECORD_SLOTS
                     cute.arch.mbarrier_wait(bars + slot, (taken // RECORD_SLOTS) % 2)
@@ -123,61 +158,93 @@ class RecordDecoderWarp:
                         tc = cols - full * TILE_COLS
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
-                    if j + RECORD_SLOTS < tiles:
-                        self._issue(bars, s_rec, s_offs, body, j + RECORD_SLOTS, slot, lane)
                     taken += 1
+                    p = j + ahead  # the record ``ahead`` places on: this unit's, then the next unit's
+                    if p < tiles:
+                        self._issue(bars, s_rec, s_offs, half, body, p, issued % RECORD_SLOTS, lane)
+                        issued += 1
+                    elif rb_next >= 0:
+                        if p == tiles:
+                            self._offsets(s_offs, 1 - half, lengths, start_next, tiles, lane)
+                        self._issue(bars, s_rec, s_offs, 1 - half, body, p - tiles, issued % RECORD_SLOTS, lane)
+                        issued += 1
                     steps = Int32(1)
                     if cutlass.const_expr(not self.nvfp4):
                         steps = tc // 2
                     for h in cutlass.range(steps, unroll=1):
                         self._fill(ring, state, s_s, words, h, tail_rows, lane, Uint32(0xFFFFFFFF))
                         state.advance()
+                warm = Int32(0)
+                if rb_next >= 0:
+                    warm = Int32(1)
             else:
                 for _ in cutlass.range(k_steps, unroll=1):
                     self._fill(ring, state, s_s, words, 0, tail_rows, lane, Uint32(0))
                     state.advance()
-            u += cute.arch.grid_dim()[0]
+                warm = Int32(0)
+            half = 1 - half
+            u = nxt
+            rb = rb_next
 
     @cute.jit
-    def _offsets(self, s_offs, block_start, record_units, rb, tiles, lane):
-        """``s_offs[j]``: record ``j``'s offset in ``body`` in 16-byte units (``j = tiles``: the block's end)."""
-        start = Int32(block_start[rb])
-        carry = Int32(0)
-        for c in cutlass.range((tiles + 31) // 32, unroll=1):
+    def _load(self, lengths, record_units, rb, tiles, lane):
+        """``lengths[c]``: record ``32 c + lane``'s length in 16-byte units (0 past the block's records)."""
+        for c in cutlass.range_constexpr(LENGTH_CHUNKS):
             t = c * 32 + lane
             n = Int32(0)
             if t < tiles:
                 n = Int32(record_units[rb, t])
-            incl = n
-            for d in cutlass.range_constexpr(5):
-                v = cute.arch.shuffle_sync_up(incl, 1 << d)
-                if lane >= (1 << d):
-                    incl = incl + v
-            if t < tiles:
-                s_offs[t] = start + carry + incl - n
-            carry = carry + cute.arch.shuffle_sync(incl, 31)
+            lengths[c] = n
+
+    @cute.jit
+    def _offsets(self, s_offs, half, lengths, start, tiles, lane):
+        """Table half ``half``, ``s_offs[j]``: record ``j``'s offset in ``body`` in 16-byte units (``j = tiles``: the
+        block's end), the exclusive sum of ``lengths`` from ``start``."""
+        at = half * OFFSETS
+        carry = Int32(0)
+        for c in cutlass.range_constexpr(LENGTH_CHUNKS):
+            if c * 32 < tiles:
+                t = c * 32 + lane
+                n = lengths[c]
+                incl = n
+                for d in cutlass.range_constexpr(5):
+                    v = cute.arch.shuffle_sync_up(incl, 1 << d)
+                    if lane >= (1 << d):
+                        incl = incl + v
+                if t < tiles:
+                    s_offs[at + t] = start + carry + incl - n
+                carry = carry + cute.arch.shuffle_sync(incl, 31)
         if lane == 0:
-            s_offs[tiles] = start + carry
+            s_offs[at + tiles] = start + carry
         cute.arch.sync_warp()
 
     @cute.jit
-    def _bases(self, base_ref, base_delta, rb, lane):
-        """The row bases of the lane's slots ``4 l .. 4 l + 3``, one byte each (slot ``4 l + i`` in byte ``i``)."""
-        ref = Uint32(base_ref[rb]) * Uint32(0x01010101)
-        bases = Uint32(0)
+    def _base_words(self, base_ref, base_delta, rb, lane):
+        """The loads behind the lane's row bases: the block's reference and the lane's quad of deltas."""
+        ref = Uint32(base_ref[rb])
+        delta = Uint32(0)
         if cutlass.const_expr(self.nvfp4):  # a byte a slot
-            bases = Uint32(cute.recast_tensor(base_delta, cutlass.Uint32)[rb, lane]) + ref
+            delta = Uint32(cute.recast_tensor(base_delta, cutlass.Uint32)[rb, lane])
         else:  # a nibble a slot
-            d = Uint32(cute.recast_tensor(base_delta, cutlass.Uint16)[rb, lane])
-            bases = spread_nibbles(d) + ref
+            delta = Uint32(cute.recast_tensor(base_delta, cutlass.Uint16)[rb, lane])
+        return ref, delta
+
+    @cute.jit
+    def _bases(self, ref, delta):
+        """The row bases of the lane's slots ``4 l .. 4 l + 3``, one byte each (slot ``4 l + i`` in byte ``i``)."""
+        bases = Uint32(0)
+        if cutlass.const_expr(self.nvfp4):
+            bases = delta + ref * Uint32(0x01010101)
+        else:
+            bases = spread_nibbles(delta) + ref * Uint32(0x01010101)
         return bases
 
     @cute.jit
-    def _issue(self, bars, s_rec, s_offs, body, j, slot, lane):
-        """Lane 0 starts record ``j``'s copy into staging slot ``slot``."""
+    def _issue(self, bars, s_rec, s_offs, half, body, j, slot, lane):
+        """Lane 0 starts record ``j``'s copy (offset table half ``half``) into staging slot ``slot``."""
         if lane == 0:
-            start = s_offs[j]
-            size = (s_offs[j + 1] - start) * RECORD_ALIGN
+            start = s_offs[half * OFFSETS + j]
+            size = (s_offs[half * OFFSETS + j + 1] - start) * RECORD_ALIGN
             bar = bars + slot
             cute.arch.fence_proxy("async.shared", space="cta")  # the lanes' reads of the slot come first
             cute.arch.mbarrier_arrive_and_expect_tx(bar, size)
