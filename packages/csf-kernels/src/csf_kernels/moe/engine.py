@@ -47,6 +47,7 @@ def grouped_fp4_gemm_launch(
     ragged: bool | None = None,
     ctas_per_sm: int | None = None,
     wide: torch.Tensor | None = None,
+    max_ctas: int | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -80,7 +81,8 @@ def grouped_fp4_gemm_launch(
 
     ``ctas_per_sm`` (``None``: :func:`~csf_kernels.moe.engine_specs.engine_occupancy`'s default, two at 16-64
     routes a block): 2 runs the program built for two CTAs an SM where the cache holds it, launched on twice the
-    SMs' count; the same bits.
+    SMs' count; the same bits. ``max_ctas`` caps the persistent grid (SMs left to a concurrent stream; a CTA then
+    walks more units): the same bits.
 
     ``wide`` (MXFP4): uint8 ``[E, R / 64]`` from :func:`csf_kernels.moe.launch.wide_row_tiles` of the rows as the
     panel holds them: a 64-row block flagged 0 converts each pair with one multiply (its E8M0 bytes are all <= 128
@@ -142,6 +144,10 @@ def grouped_fp4_gemm_launch(
     sched = engine_schedule(tile_n, schedule)
     occ = engine_occupancy(tile_n, sched, ctas_per_sm)
     ctas = max(1, min(occ * num_sms(x.device), units))
+    if max_ctas is not None:
+        if max_ctas < 1:
+            raise ValueError(f"max_ctas must be at least 1; got {max_ctas}")
+        ctas = min(ctas, max_ctas)
     source = "inline" if inline else "native"
     spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
                             engine_ragged(tile_n, ragged), occ)  # fmt: skip
