@@ -21,3 +21,19 @@ def wrapped(engine):
     yield
     if not was:
         engine.weight_iterators.uninstall()
+
+
+@pytest.fixture
+def switches(monkeypatch):
+    """Set csf's MoE GEMM switches for a test (``switches(MOE_ENGINE="1")``), both unset first whatever the caller's
+    environment holds."""
+    from csf_kernels import env
+
+    for name in (env.MOE_ENGINE, env.MOE_W4A8):
+        monkeypatch.delenv(name, raising=False)
+
+    def set_(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(getattr(env, name), value)
+
+    return set_

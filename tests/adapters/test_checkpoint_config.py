@@ -72,12 +72,12 @@ def test_stored_planes_decode_to_the_native_tensors(nv_pair):
 
 def test_the_ledger_reports_each_layer_once_and_the_total():
     ledger = ScaleMemoryLedger()
-    ledger.record(LayerScaleMemory(layer="a", native_bytes=100, stored_bytes=30))
-    ledger.record(LayerScaleMemory(layer="b", native_bytes=50, stored_bytes=20))
-    ledger.record(LayerScaleMemory(layer="a", native_bytes=100, stored_bytes=25))  # a reload replaces
+    ledger.record(LayerScaleMemory(layer="a", native_bytes=100, stored_bytes=30, form="triton-inline"))
+    ledger.record(LayerScaleMemory(layer="b", native_bytes=50, stored_bytes=20, form="triton-inline"))
+    ledger.record(LayerScaleMemory(layer="a", native_bytes=100, stored_bytes=25, form="triton-inline"))  # a reload
     report = ledger.report()
     assert [r["layer"] for r in report["layers"]] == ["a", "b"]
-    assert report["total"] == {"layer": "total", "native": 150, "stored": 45, "returned": 105}
+    assert report["total"] == {"layer": "total", "form": "triton-inline", "native": 150, "stored": 45, "returned": 105}
 
 
 def test_shared_scratch_grows_only_when_asked_for_more():

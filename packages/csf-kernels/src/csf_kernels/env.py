@@ -10,6 +10,12 @@ Read when asked, never at import.
 | ``CSF_EXPANSION_PREFETCH`` | truthy: expand the next MoE layer's scales on a side stream (off by default) |
 | ``CSF_PDL`` | falsy: programs built for programmatic dependent launch launch plainly (A/B timing, debugging) |
 | ``CSF_L2_SCALES`` | truthy: MoE layers keep the scale planes they expand in L2 (``runtime.l2_residency``) |
+| ``CSF_MOE_ENGINE`` | truthy: served MoE layers run on the engine's GEMMs (W4A16, inline engine records) |
+| ``CSF_MOE_W4A8`` | truthy: served MoE layers run W4A8 on the engine (MXFP4; implies ``CSF_MOE_ENGINE``) |
+
+``CSF_MOE_ENGINE`` and ``CSF_MOE_W4A8`` are read once per MoE layer, when the engine creates it
+(``csf_serving_adapters.gemm_choice``); ``CSF_MOE_W4A8`` with ``CSF_MOE_ENGINE`` falsy, or on NVFP4 weights, is an
+error.
 
 Truthy means one of ``1, true, yes, on`` (any case); falsy ``0, false, no, off`` or empty; anything
 else is an error, so a typo never silently flips a switch.
@@ -20,12 +26,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["AOT_CACHE", "FROZEN", "L2_SCALES", "PDL", "configure_runtime", "flag", "path"]
+__all__ = ["AOT_CACHE", "FROZEN", "L2_SCALES", "MOE_ENGINE", "MOE_W4A8", "PDL", "configure_runtime", "flag", "path"]
 
 FROZEN = "CSF_FROZEN"
 AOT_CACHE = "CSF_AOT_CACHE"
 PDL = "CSF_PDL"
 L2_SCALES = "CSF_L2_SCALES"
+MOE_ENGINE = "CSF_MOE_ENGINE"
+MOE_W4A8 = "CSF_MOE_W4A8"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

@@ -1,8 +1,10 @@
 """The MoE layer on the engine's grouped GEMMs (``docs/moe-engine.md``), MXFP4 or NVFP4 (per-expert global scales
 applied in the GEMMs' epilogues), native scale panels or inline engine records (a producer warp decodes them into
-the same scale slots: the same output bits). Not yet a plan of :mod:`csf_moe.plan` (the adapters serve
-:mod:`csf_moe.layer`); ``bench_moe`` times it as the ``engine`` arm (``engine_unfused``: the activation as its own
-pass) beside today's layer and the peer.
+the same scale slots: the same output bits). Planned by ``csf_moe.plan(..., gemm="engine")``
+(:mod:`csf_moe.engine_plan`), its weights built from a serving engine's parameters by
+:func:`csf_moe.engine_prepare.prepare_engine_weights` and bound by :func:`bind_engine` (:class:`EngineLayer`, what the
+serving adapters run where ``CSF_MOE_ENGINE`` / ``CSF_MOE_W4A8`` is set); ``bench_moe`` times it as the ``engine``
+arm (``engine_unfused``: the activation as its own pass) beside today's layer and the peer.
 
 A call: align the routes into blocks of ``bm`` routes per expert (the alignment programs of today's layer); FC1 as a
 grouped GEMM whose producer fetches each slot's token row of ``x`` itself and whose epilogue adds W13's bias and
@@ -10,8 +12,9 @@ applies the activation into ``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots
 FC2 as a grouped GEMM whose epilogue stores each slot's row at its route, ``[pairs, H]``; then the top-k weighted
 sum with FC2's bias, reading a token's ``k`` rows in order. Routes of experts outside ``[0, E)`` join no block and
 contribute nothing. The GEMMs and the Triton passes launch as programmatic dependent launches where the runtime
-allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound; a
-bound call allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound, or
+carved from a caller's scratch (:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call
+allocates nothing and follows new routings as device data, so CUDA graphs capture it.
 
 **W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
 in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
@@ -44,10 +47,21 @@ from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
 from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
 from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_GEMM_CONVENTIONS, w4a8_tile_n
+from csf_kernels.runtime import aligned
+from csf_kernels.runtime.programs import ALIGNMENT
 
 from .reference import QuantizedExperts
 
-__all__ = ["EngineMoE", "EngineWeights", "engine_weights", "fc1_rows_for"]
+__all__ = [
+    "EngineLayer",
+    "EngineMoE",
+    "EngineWeights",
+    "bind_engine",
+    "call_buffer_bytes",
+    "call_buffers",
+    "engine_weights",
+    "fc1_rows_for",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +96,20 @@ class EngineWeights:
     @property
     def experts(self) -> int:
         return self.w13.shape[0]
+
+    def scale_bytes(self) -> dict[str, int]:
+        """Bytes the layer's scales take as held here (``stored``: inline engine records, or scale panels with W4A8's
+        row bases and fold flags) and as the native planes of the same rows (``native``)."""
+        stored = native = 0
+        for fc in ("13", "2"):
+            s = getattr(self, "s" + fc)
+            rows = self.w13.shape[2] * 64 if fc == "13" else self.w2.shape[2] * 64
+            k = self.w13.shape[1] * 64 if fc == "13" else self.w2.shape[1] * 64
+            native += self.experts * rows * (k // (16 if self.fmt == "nvfp4" else 32))
+            stored += s.nbytes if isinstance(s, InlineScales) else s.numel() * s.element_size()
+            for extra in (getattr(self, "base" + fc), getattr(self, "flags" + fc)):
+                stored += 0 if extra is None else extra.numel()
+        return {"stored": stored, "native": native}
 
     @property
     def hidden(self) -> int:
@@ -157,6 +185,7 @@ def engine_weights(
                          g13=g13, g2=g2, w4a8=w4a8, **rows)  # fmt: skip
 
 
+_ALIGN = 256  # every buffer carved from a caller's scratch starts 256-byte aligned
 # block sizes from which FC1 reads its rows from the gather pass (run 309, H100: 0.79x the layer's time at gpt-oss
 # 8192 tokens, 0.92x Qwen3, 0.94x gpt-oss 2048; at 16-32-route blocks within 3% either way; docs/moe-engine.md §4.11)
 PASS_FROM_TILE_N = 64
@@ -228,70 +257,24 @@ class EngineMoE:
             act_launch(h, block_expert, meta, w.b13, a, num_experts=w.experts, bm=bm, activation=w.activation),
         ]
 
-    def call(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor):
+    def tile_n(self, tokens: int) -> int:
+        """Routes a block for a call of ``tokens`` tokens: the smallest program tile holding an expert's mean
+        routes."""
+        return (w4a8_tile_n if self.weights.w4a8 else engine_tile_n)(tokens * self.top_k / self.weights.experts)
+
+    def call(
+        self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
+        scratch: torch.Tensor | None = None, slot_ids: torch.Tensor | None = None, name: str = "engine layer",
+    ):  # fmt: skip
         """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
-        change between runs; their shapes may not), its buffers allocated now."""
-        w = self.weights
-        tokens = x.shape[0]
-        pairs = tokens * self.top_k
-        experts = w.experts
-        bm = (w4a8_tile_n if w.w4a8 else engine_tile_n)(pairs / experts)
-        blocks = max_blocks_for(pairs, experts, bm)
-        dev = x.device
-        i32 = dict(dtype=torch.int32, device=dev)
-        cursor = torch.empty(experts_bins(experts), **i32)
-        block_expert = torch.empty(blocks, **i32)
-        active = torch.empty(min(pairs, experts), **i32)
-        meta = torch.empty(4, **i32)
-        sorted_ids = torch.empty(blocks * bm, **i32)
-        slots = blocks * bm
-        bf16 = dict(dtype=torch.bfloat16, device=dev)
-        h = None if w.fused else torch.empty(slots, 2 * w.inter, **bf16)
-        a = torch.empty(slots, w.inter, **bf16)
-        weights32 = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-        scratch = dict(
-            cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
-        )
-        if w.w4a8:
-            # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
-            # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
-            inverse = torch.empty(pairs, **i32)
-            y = torch.empty(slots, w.hidden, **bf16)
-            x1 = self._fp8_buffers(slots, w.hidden, dev)
-            x2 = {**self._fp8_buffers(slots, w.inter, dev), "ids": torch.arange(slots, **i32)}
-            x2["inverse"] = torch.empty(slots, **i32)
-            quantize = dict(convention=self.activations, bm=bm)
-            fc1_in = [gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
-                                        **quantize)]  # fmt: skip
-            fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
-            gather, scatter = {}, {}
-        else:
-            # FC1's producer gathers its routes' rows of x (or reads them from a gather pass); FC2's epilogue stores
-            # each slot's row at its route
-            inverse = None
-            y = torch.empty(pairs, w.hidden, **bf16)  # a token's k rows contiguous
-            x2 = {"x": a}
-            fc2_in = []
-            if (self.fc1_rows or fc1_rows_for(bm)) == "pass":
-                x1 = {"x": torch.empty(slots, w.hidden, **bf16)}
-                fc1_in = [gather_launch(x, sorted_ids, meta, x1["x"], top_k=self.top_k, bm=bm)]
-                gather = dict(sorted_ids=sorted_ids, pairs=pairs)  # block-order rows; the ids tell live slots
-            else:
-                x1, fc1_in = {"x": x}, []
-                gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
-            scatter = dict(io="scatter", sorted_ids=sorted_ids)
-        launches = [
-            *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch),
-            *fc1_in,
-            *self._fc1(x1, h, a, block_expert, meta, bm, gather),
-            *fc2_in,
-            self._gemm("2", x2, y, block_expert, meta, bm, **scatter),
-            combine_launch(
-                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
-            ),
-        ]
-        bound = [launch.bind("engine layer") for launch in launches]
-        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, x1, x2, h, a, y, weights32)
+        change between runs; their shapes may not), its buffers allocated now, or (``scratch``: uint8, at least
+        :func:`call_buffer_bytes` for the call, 256-byte aligned) carved from that caller-owned buffer, which layers
+        that run one after another may share. ``slot_ids`` (W4A8): int32 ``0, 1, ..`` covering the call's slots, the
+        identity slot map of FC2's gather (allocated here where not given); ``name``: what a missing program's error
+        says it was for."""
+        launches, keep = self.launches(x, topk_ids, topk_weights, out, scratch=scratch, slot_ids=slot_ids)
+        weights32 = keep[-1]
+        bound = [launch.bind(name) for launch in launches]
 
         def run() -> torch.Tensor:
             if weights32 is not topk_weights:
@@ -304,10 +287,232 @@ class EngineMoE:
         run.launches = tuple(zip((launch.spec.kernel for launch in launches), bound, strict=True))
         return run
 
-    @staticmethod
-    def _fp8_buffers(slots: int, cols: int, dev) -> dict:
-        """E4M3 rows and their per-token scales, the W4A8 GEMMs' input."""
-        return {
-            "xq": torch.empty(slots, cols, dtype=torch.uint8, device=dev),
-            "xscale": torch.empty(slots, dtype=torch.float32, device=dev),
-        }
+    def launches(
+        self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
+        scratch: torch.Tensor | None = None, slot_ids: torch.Tensor | None = None,
+    ) -> tuple[list[runtime.Launch], tuple]:  # fmt: skip
+        """The programs a call runs, in order, unbound, and the buffers they use (the float32 routing weights last):
+        what :meth:`call` binds."""
+        w = self.weights
+        tokens = x.shape[0]
+        pairs = tokens * self.top_k
+        experts = w.experts
+        bm = self.tile_n(tokens)
+        fc1_rows = "pass" if w.w4a8 else (self.fc1_rows or fc1_rows_for(bm))
+        shapes = call_buffers(tokens, self.top_k, experts, w.hidden, w.inter, w4a8=w.w4a8, fused=w.fused,
+                              fc1_rows=fc1_rows, float_weights=topk_weights.dtype != torch.float32)  # fmt: skip
+        buf = _carve(shapes, x.device, scratch)
+        cursor, block_expert, active, meta, sorted_ids = (buf[k] for k in ("cursor", "block_expert", "active",
+                                                                            "meta", "sorted_ids"))  # fmt: skip
+        slots = sorted_ids.numel()
+        h, a = buf.get("h"), buf["a"]
+        weights32 = buf["weights32"].copy_(topk_weights) if "weights32" in buf else topk_weights
+        scratch_views = dict(
+            cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
+        )
+        if w.w4a8:
+            # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
+            # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
+            inverse = buf["inverse"]
+            y = buf["y"]
+            x1 = {"xq": buf["xq1"], "xscale": buf["xscale1"]}
+            if slot_ids is None:
+                slot_ids = torch.arange(slots, dtype=torch.int32, device=x.device)
+            elif slot_ids.dtype != torch.int32 or slot_ids.numel() < slots:
+                raise ValueError(f"slot_ids must be int32 0 .. {slots - 1} at least")
+            x2 = {"xq": buf["xq2"], "xscale": buf["xscale2"], "ids": slot_ids[:slots], "inverse": buf["inverse2"]}
+            quantize = dict(convention=self.activations, bm=bm)
+            fc1_in = [gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
+                                        **quantize)]  # fmt: skip
+            fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
+            gather, scatter = {}, {}
+        else:
+            # FC1's producer gathers its routes' rows of x (or reads them from a gather pass); FC2's epilogue stores
+            # each slot's row at its route
+            inverse = None
+            y = buf["y"]  # a token's k rows contiguous
+            x2 = {"x": a}
+            fc2_in = []
+            if fc1_rows == "pass":
+                x1 = {"x": buf["xs"]}
+                fc1_in = [gather_launch(x, sorted_ids, meta, x1["x"], top_k=self.top_k, bm=bm)]
+                gather = dict(sorted_ids=sorted_ids, pairs=pairs)  # block-order rows; the ids tell live slots
+            else:
+                x1, fc1_in = {"x": x}, []
+                gather = dict(io="gather", sorted_ids=sorted_ids, top_k=self.top_k)
+            scatter = dict(io="scatter", sorted_ids=sorted_ids)
+        launches = [
+            *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch_views),
+            *fc1_in,
+            *self._fc1(x1, h, a, block_expert, meta, bm, gather),
+            *fc2_in,
+            self._gemm("2", x2, y, block_expert, meta, bm, **scatter),
+            combine_launch(
+                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
+            ),
+        ]
+        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, x1, x2, h, a, y, weights32)
+        return launches, keep
+
+
+class EngineLayer:
+    """A served engine layer: an :class:`EngineMoE` bound to an engine plan (``csf_moe.plan(..., gemm="engine")``)
+    and a caller-owned scratch that layers running one after another may share (:func:`bind_engine`). :meth:`run`
+    is :meth:`csf_moe.MoELayer.run`'s: a call binds its launches once per (token count, route id dtype, operand
+    addresses) and allocates nothing but its output (nothing given ``out``), so CUDA graphs capture it."""
+
+    def __init__(self, plan, weights: EngineWeights, scratch: torch.Tensor, slot_ids: torch.Tensor | None):
+        self.plan = plan
+        self.weights = weights
+        self.scratch = scratch
+        self.slot_ids = slot_ids
+        self.moe = EngineMoE(weights, plan.top_k, activations=plan.convention)
+        self._bound = runtime.BindingCache()
+
+    def expands(self, tokens: int) -> bool:
+        """Never: the engine's GEMMs read scale panels or decode their records themselves (no expansion)."""
+        return False
+
+    def run(
+        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """bf16 [T, H] = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(hidden_states), T up to the plan's
+        ``max_tokens``."""
+        geo = self.plan.geometry
+        t = hidden_states.shape[0]
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != geo.hidden or hidden_states.dtype != torch.bfloat16:
+            raise ValueError(f"hidden_states must be bf16 [T, {geo.hidden}], got {hidden_states.dtype} "
+                             f"{tuple(hidden_states.shape)}")  # fmt: skip
+        if tuple(topk_ids.shape) != (t, self.plan.top_k) or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"topk_ids and topk_weights must be [{t}, {self.plan.top_k}], got "
+                             f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")  # fmt: skip
+        if t > self.plan.max_tokens:
+            self.plan.bucket_for(t)  # raises, saying so
+        if out is None:
+            out = torch.empty_like(hidden_states)
+        elif out.shape != hidden_states.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous bf16 {tuple(hidden_states.shape)}")
+        if t == 0:
+            return out
+        if out.data_ptr() % ALIGNMENT:  # the programs assume 16-byte aligned operands
+            return out.copy_(self.run(hidden_states, topk_ids, topk_weights))
+        x, ids, w = (aligned(a) for a in (hidden_states, topk_ids, topk_weights))
+        key = (t, ids.dtype, w.dtype, x.data_ptr(), ids.data_ptr(), w.data_ptr(), out.data_ptr())
+
+        def bind_call():
+            return (self.moe.call(x, ids, w, out, scratch=self.scratch, slot_ids=self.slot_ids,
+                                  name=geo.name),)  # fmt: skip
+
+        for call in self._bound.get(key, bind_call):
+            call()
+        return out
+
+    __call__ = run
+
+
+def bind_engine(plan, weights: EngineWeights, scratch: torch.Tensor) -> EngineLayer:
+    """Bind ``weights`` prepared for the engine ``plan`` (:func:`csf_moe.engine_prepare.prepare_engine_weights`) to
+    caller-owned ``scratch`` (uint8, >= ``plan.scratch_bytes``, on the weights' device, 256-byte aligned; shareable by
+    layers that run one after another). Every program of ``plan.specs()`` is resolved now, so a frozen runtime fails
+    here, naming the first program the AOT cache lacks, never mid-forward."""
+    geo = plan.geometry
+    if scratch.dtype != torch.uint8 or scratch.dim() != 1 or not scratch.is_contiguous():
+        raise ValueError("scratch must be a contiguous 1-D uint8 tensor")
+    if scratch.numel() < plan.scratch_bytes:
+        raise ValueError(f"scratch holds {scratch.numel()} bytes; the plan needs {plan.scratch_bytes}")
+    if scratch.data_ptr() % _ALIGN:
+        raise ValueError("scratch must be 256-byte aligned (as torch allocates it)")
+    if scratch.device != weights.w13.device:
+        raise ValueError(f"scratch is on {scratch.device}, the weights on {weights.w13.device}")
+    want = (geo.fmt.name, plan.w4a8, plan.scale_source, geo.experts, geo.hidden, geo.intermediate, geo.activation,
+            True)  # fmt: skip
+    got = (weights.fmt, weights.w4a8, weights.scale_source, weights.experts, weights.hidden, weights.inter,
+           weights.activation, weights.fused)  # fmt: skip
+    if got != want:
+        raise ValueError(f"weights (fmt, w4a8, scale source, experts, hidden, inter, activation, fused) {got} were not "
+                         f"prepared for the plan's {want}")  # fmt: skip
+    for spec in plan.specs():  # resolved now: a missing program fails at bind, not mid-forward
+        runtime.program(spec, geometry=geo.name)
+    slot_ids = None
+    if plan.w4a8:
+        slot_ids = torch.arange(plan.max_slots, dtype=torch.int32, device=scratch.device)
+    return EngineLayer(plan, weights, scratch, slot_ids)
+
+
+def call_buffers(
+    tokens: int,
+    top_k: int,
+    experts: int,
+    hidden: int,
+    inter: int,
+    *,
+    w4a8: bool,
+    fused: bool = True,
+    fc1_rows: str = "producer",
+    float_weights: bool = False,
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows`` ``"pass"``:
+    FC1's block-order input rows (W4A8 always quantizes them in block order); ``float_weights``: the routing weights
+    come in another dtype and are copied to float32 first."""
+    pairs = tokens * top_k
+    bm = (w4a8_tile_n if w4a8 else engine_tile_n)(pairs / experts)
+    blocks = max_blocks_for(pairs, experts, bm)
+    slots = blocks * bm
+    i32, bf16, u8, f32 = torch.int32, torch.bfloat16, torch.uint8, torch.float32
+    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        "cursor": ((experts_bins(experts),), i32),
+        "block_expert": ((blocks,), i32),
+        "active": ((min(pairs, experts),), i32),
+        "meta": ((4,), i32),
+        "sorted_ids": ((slots,), i32),
+    }
+    if not fused:
+        out["h"] = ((slots, 2 * inter), bf16)
+    out["a"] = ((slots, inter), bf16)
+    if w4a8:
+        out |= {"inverse": ((pairs,), i32), "y": ((slots, hidden), bf16), "xq1": ((slots, hidden), u8),
+                "xscale1": ((slots,), f32), "xq2": ((slots, inter), u8), "xscale2": ((slots,), f32),
+                "inverse2": ((slots,), i32)}  # fmt: skip
+    else:
+        out["y"] = ((pairs, hidden), bf16)
+        if fc1_rows == "pass":
+            out["xs"] = ((slots, hidden), bf16)
+    if float_weights:
+        out["weights32"] = ((tokens, top_k), f32)
+    return out
+
+
+def call_buffer_bytes(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
+    """Bytes of scratch that :func:`call_buffers`' buffers take carved one after another, each 256-byte aligned."""
+    total = 0
+    for shape, dtype in shapes.values():
+        total += _aligned_bytes(shape, dtype)
+    return total
+
+
+def _aligned_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = torch.empty((), dtype=dtype).element_size()
+    for d in shape:
+        n *= d
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _carve(shapes, device, scratch: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The buffers, allocated now or (``scratch``) views of the caller's buffer, one after another."""
+    if scratch is None:
+        return {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in shapes.items()}
+    if scratch.dtype != torch.uint8 or scratch.dim() != 1 or scratch.data_ptr() % _ALIGN:
+        raise ValueError("scratch must be a 1-D uint8 tensor, 256-byte aligned")
+    need = call_buffer_bytes(shapes)
+    if scratch.numel() < need:
+        raise ValueError(f"scratch holds {scratch.numel()} bytes; this call needs {need}")
+    out, offset = {}, 0
+    for name, (shape, dtype) in shapes.items():
+        count = 1
+        for d in shape:
+            count *= d
+        size = count * torch.empty((), dtype=dtype).element_size()
+        out[name] = scratch[offset : offset + size].view(dtype).view(shape)
+        offset += _aligned_bytes(shape, dtype)
+    return out

@@ -46,6 +46,8 @@ from csf_kernels.moe.specs import (
 )
 from csf_kernels.runtime.programs import ProgramSpec
 
+from .engine_plan import ACTIVATIONS, GEMMS, EnginePlan, engine_plan
+
 __all__ = [
     "SCALE_SOURCES",
     "BucketPlan",
@@ -333,7 +335,9 @@ def plan(
     top_k: int | None = None,
     quant_mode: str | None = None,
     *,
-    scale_source: str = "inline",
+    gemm: str = "triton",
+    activations: str = "bf16",
+    scale_source: str | None = None,
     inline_token_limit: int = INLINE_TOKEN_LIMIT,
     fc1_records_tokens: int = FC1_RECORDS_TOKENS,
     fc1_records_steps: int = FC1_RECORDS_STEPS,
@@ -342,10 +346,18 @@ def plan(
     buckets: tuple[int, ...] | None = None,
     decode_config: GemmConfig | None = None,
     prefill_config: GemmConfig = PREFILL,
-) -> MoEPlan:
+) -> MoEPlan | EnginePlan:
     """Plan a layer of ``geometry`` (a catalog entry, see ``csf_kernels.catalog``) for up to
     ``max_tokens`` tokens. ``quant_mode`` ('mxfp4' / 'nvfp4') and ``top_k`` must agree with the
-    geometry when given. ``fc1_records_tokens``, ``fc1_records_steps``: see ``FC1_RECORDS_TOKENS`` (0: never) and
+    geometry when given.
+
+    ``gemm``: ``"triton"`` (the default: csf's Triton/Gluon layer, :class:`MoEPlan`, bound by
+    :func:`csf_moe.bind`) or ``"engine"`` (the CuTe DSL grouped GEMMs: a :class:`csf_moe.engine_plan.EnginePlan`,
+    bound by :func:`csf_moe.engine_layer.bind_engine`; only ``scale_source`` ``inline`` / ``native`` and
+    ``buckets`` apply to it). ``activations``: ``"bf16"`` (W4A16) or ``"fp8_per_token"`` (W4A8, MXFP4 on the
+    engine only). ``scale_source`` defaults to ``"inline"`` (W4A8: ``"native"``, scale panels).
+
+    ``fc1_records_tokens``, ``fc1_records_steps``: see ``FC1_RECORDS_TOKENS`` (0: never) and
     ``FC1_RECORDS_STEPS`` (0: by tokens only); ``expand_all_routes_per_expert``: see
     ``EXPAND_ALL_ROUTES_PER_EXPERT``. ``buckets``
     defaults to the catalog's token buckets (plus ``max_tokens``). ``decode_config`` fixes the decode
@@ -353,6 +365,36 @@ def plan(
     top_k = geometry.top_k if top_k is None else int(top_k)
     if quant_mode is not None and quant_mode != geometry.fmt.name:
         raise ValueError(f"quant_mode {quant_mode!r} does not match the geometry's format {geometry.fmt.name!r}")
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if gemm == "engine":
+        triton_only = {
+            "inline_token_limit": inline_token_limit != INLINE_TOKEN_LIMIT,
+            "fc1_records_tokens": fc1_records_tokens != FC1_RECORDS_TOKENS,
+            "fc1_records_steps": fc1_records_steps != FC1_RECORDS_STEPS,
+            "expand_all_routes_per_expert": expand_all_routes_per_expert != EXPAND_ALL_ROUTES_PER_EXPERT,
+            "decode_routes_per_expert": decode_routes_per_expert != DECODE_ROUTES_PER_EXPERT,
+            "decode_config": decode_config is not None,
+            "prefill_config": prefill_config != PREFILL,
+        }
+        given = sorted(name for name, changed in triton_only.items() if changed)
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of the Triton layer's plan, not of gemm='engine'")
+        if not 0 < top_k <= geometry.global_experts:
+            raise ValueError(f"top_k={top_k} must lie in [1, {geometry.global_experts}]")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        return engine_plan(geometry, max_tokens, top_k, scale_source=scale_source, activations=activations,
+                           buckets=buckets)  # fmt: skip
+    if activations != "bf16":
+        raise ValueError(
+            f"activations={activations!r} (W4A8) runs on the engine's FP8 GEMM only: plan it with gemm='engine'; "
+            "the Triton layer multiplies bf16 activations"
+        )
+    if scale_source is None:
+        scale_source = "inline"
     if scale_source not in SCALE_SOURCES:
         raise ValueError(f"scale_source must be one of {SCALE_SOURCES}, got {scale_source!r}")
     if not 0 < top_k <= geometry.global_experts:

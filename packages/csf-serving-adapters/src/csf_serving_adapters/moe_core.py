@@ -2,7 +2,9 @@
 
 Each engine's ``CsfMoEMethod`` derives from :class:`CsfMoECore` and the engine's ``FusedMoEMethodBase``;
 it reads the engine's config (activation, parallelism, token limits, CUDA-graph sizes) and supplies the
-hooks below. Everything from the parameter list to the released scale planes happens here, once.
+hooks below. Everything from the parameter list to the released scale planes happens here, once. Which GEMM a
+layer runs on (csf's Triton layer, or the engine's W4A16 or W4A8 GEMMs: ``CSF_MOE_ENGINE``, ``CSF_MOE_W4A8``, read
+when the layer is created) is :mod:`.gemm_choice`'s, the only module here that knows the engine.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import torch
 
 from csf_codec import ScaleFormat
 from csf_kernels import env, runtime
-from csf_kernels.catalog import MoEGeometry, load_catalog
+from csf_kernels.catalog import MoEGeometry
 
 from .accounting import LEDGER, LayerScaleMemory
 from .checkpoint_config import COMPRESSED_TENSORS
+from .gemm_choice import TRITON, GemmChoice, gemm_choice
 from .layer_order import MOE_ORDER, prefetch_enabled, prefetcher
 from .scratch import SharedRouteBuffers, SharedScratch
 
@@ -26,21 +29,21 @@ __all__ = ["BOUND_ATTR", "COMPRESSED_TENSORS_NAMES", "LOCAL_ROUTES_ATTR", "MODEL
 
 logger = logging.getLogger(__name__)
 
-BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer, kept on the engine's MoE module
+BOUND_ATTR = "csf_moe_layer"  # the bound csf_moe.MoELayer (or EngineLayer), kept on the engine's MoE module
 LOCAL_ROUTES_ATTR = "csf_local_routes"  # its csf_moe.LocalRoutes where the engine hands it the model's route ids
 SCRATCH = SharedScratch()
 ROUTE_BUFFERS = SharedRouteBuffers()  # the working memory of every layer's LocalRoutes, per device
 
 
-def plan_rank_layer(geometry: MoEGeometry, max_tokens: int, capture_sizes: tuple[int, ...] = ()):
-    """The plan a served rank's layer runs: inline CSF scales, the catalog's token buckets and the engine's
-    CUDA-graph sizes up to ``max_tokens``. With :func:`csf_moe.prepare_weights` on the rank's tensors (as
-    :func:`csf_moe.shard_weights` slices them, or the engine's loader wrote them) it builds the layer an adapter
+def plan_rank_layer(
+    geometry: MoEGeometry, max_tokens: int, capture_sizes: tuple[int, ...] = (), choice: GemmChoice = TRITON
+):
+    """The plan a served rank's layer runs on ``choice``'s GEMM (csf's Triton layer by default): inline scales (W4A8:
+    scale panels), the catalog's token buckets and the engine's CUDA-graph sizes up to ``max_tokens``. With
+    :func:`csf_moe.prepare_weights` (or, on the engine, :func:`csf_moe.prepare_engine_weights`) on the rank's tensors
+    (as :func:`csf_moe.shard_weights` slices them, or the engine's loader wrote them) it builds the layer an adapter
     serves."""
-    from csf_moe import plan
-
-    buckets = tuple(sorted({t for t in (*load_catalog().token_buckets, *capture_sizes) if t <= max_tokens}))
-    return plan(geometry, max_tokens=max_tokens, scale_source="inline", buckets=buckets or None)
+    return choice.plan(geometry, max_tokens, capture_sizes)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,12 @@ class CsfMoECore:
     bias_name: str = "bias"  # expert biases as the engine's loader names them: w13_<bias_name>, w2_<bias_name>
     capture_sizes: tuple[int, ...] = ()
     prefetch: bool = False  # side-stream expansion (CSF_EXPANSION_PREFETCH), read once the layer is bound
+    gemm: GemmChoice = TRITON  # the layer's GEMM (CSF_MOE_ENGINE, CSF_MOE_W4A8), read once: choose_gemm
+
+    def choose_gemm(self) -> None:
+        """Read the GEMM switches for this layer (the engine's method calls it as it creates the layer, once its
+        scale format is known): csf's Triton layer, the engine's W4A16 GEMMs or its W4A8 GEMM (gemm_choice)."""
+        self.gemm = gemm_choice(self.fmt.name)
 
     # hooks: the engine's view of the layer
     def tp_size(self) -> int:
@@ -173,12 +182,11 @@ class CsfMoECore:
         return getattr(layer, f"{stem}_{self.names.values}").data
 
     def prepare(self, layer):
-        """Plan the layer and build its weights (inline CSF scales) on the weights' device; no binding."""
-        from csf_moe import prepare_weights
-
-        p = plan_rank_layer(self.geometry(layer), self.max_tokens(), self.capture_sizes)
+        """Plan the layer on its GEMM and build its weights (inline scales; W4A8: scale panels) on the weights'
+        device; no binding."""
+        p = plan_rank_layer(self.geometry(layer), self.max_tokens(), self.capture_sizes, self.gemm)
         g13, g2 = self._global_scales(layer) if self.fmt.name == "nvfp4" else (None, None)
-        w = prepare_weights(
+        w = self.gemm.prepare(
             p,
             w13=self.values(layer, "w13"),
             w13_scale=layer.w13_weight_scale.data,
@@ -189,31 +197,30 @@ class CsfMoECore:
             w13_bias=getattr(layer, f"w13_{self.bias_name}", None),
             w2_bias=getattr(layer, f"w2_{self.bias_name}", None),
             w13_layout=self.w13_layout,
-            values_in_place=True,  # the layer's FP4 parameters are replaced by the results (release_native)
-        )
+        )  # the layer's FP4 parameters handed over: replaced by the results (release_native)
         return p, w
 
     def release_native(self, layer, weights) -> LayerScaleMemory:
         """Drop what ``weights`` now holds in another form, and record the scale memory returned."""
-        # after binding: copied by prepare_weights (biases and global scales as float32), or unused by W4A16 (input
-        # scales)
+        # after binding: copied by the preparation (biases and global scales as float32), or unused (input scales:
+        # W4A16 multiplies bf16 activations, W4A8 quantizes its own per token)
         n = self.names
         released = ["weight_scale", n.global_scale, n.input_scale, self.bias_name]
         for name in (f"{stem}_{r}" for stem in ("w13", "w2") for r in released):
             old = getattr(layer, name, None)
             if isinstance(old, torch.Tensor):
                 setattr(layer, name, torch.nn.Parameter(old.new_empty(0), requires_grad=False))
-        # an interleaved W13 was reordered into a new tensor: keep only that one
-        setattr(layer, f"w13_{n.values}", torch.nn.Parameter(weights.w13.values, requires_grad=False))
-        setattr(layer, f"w2_{n.values}", torch.nn.Parameter(weights.w2.values, requires_grad=False))
+        # what the GEMM reads (an interleaved W13 the Triton layer reordered into a new tensor): keep only that
+        w13, w2 = self.gemm.values(weights)
+        setattr(layer, f"w13_{n.values}", torch.nn.Parameter(w13, requires_grad=False))
+        setattr(layer, f"w2_{n.values}", torch.nn.Parameter(w2, requires_grad=False))
         sizes = weights.scale_bytes()
-        entry = LayerScaleMemory(layer=layer.layer_name, native_bytes=sizes["native"], stored_bytes=sizes["stored"])
+        entry = LayerScaleMemory(layer=layer.layer_name, native_bytes=sizes["native"], stored_bytes=sizes["stored"],
+                                 form=self.gemm.form(weights))  # fmt: skip
         LEDGER.record(entry)
         return entry
 
     def process_weights_after_loading(self, layer) -> None:
-        from csf_moe import bind
-
         device = self.values(layer, "w13").device
         if device.type != "cuda":
             raise RuntimeError(
@@ -222,11 +229,12 @@ class CsfMoECore:
             )
         p, w = self.prepare(layer)
         scratch = SCRATCH.get(device, p.scratch_bytes)
-        bound = bind(p, w, scratch, l2_resident_scales=env.flag(env.L2_SCALES))  # resolves every program
+        bound = self.gemm.bind(p, w, scratch, l2_resident_scales=env.flag(env.L2_SCALES))  # resolves every program
         setattr(layer, BOUND_ATTR, bound)
         self.map_routes(layer, p.max_pairs, device)
         MOE_ORDER.add(layer)  # the model's MoE layers in forward order (they are processed in that order)
-        self.prefetch = prefetch_enabled()  # read here, not on every forward call
+        # read here, not on every forward call; only the Triton layer expands scales a side stream could prefetch
+        self.prefetch = self.gemm.expands_scales and prefetch_enabled()
         # serving from here on: a program missing from the AOT cache is an error naming it, never a compilation
         runtime.freeze()
         entry = self.release_native(layer, w)

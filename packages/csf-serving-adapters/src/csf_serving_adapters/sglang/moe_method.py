@@ -1,4 +1,5 @@
-"""``CsfMoEMethod``: SGLang's FusedMoE experts served by csf-moe with inline CSF scales.
+"""``CsfMoEMethod``: SGLang's FusedMoE experts served by csf-moe with inline CSF scales (or on the
+engine's GEMMs: ``CSF_MOE_ENGINE``, ``CSF_MOE_W4A8``, :mod:`csf_serving_adapters.gemm_choice`).
 
 Loading is SGLang's own: the parameters have the names, shapes and ``quant_method`` attributes of SGLang's MXFP4
 (``"group"`` scales) and ModelOpt NVFP4 (``"tensor"`` global scales) MoE methods, so ``FusedMoE.weight_loader``
@@ -130,6 +131,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
                 "or a native MXFP4 / ModelOpt NVFP4 one"
             )
         self.fmt = scale_format(quant_config.scale_format)
+        self.choose_gemm()  # CSF_MOE_ENGINE, CSF_MOE_W4A8: read once, as the layer is created
         self.names = param_names(quant_config.base_quant_method)  # ModelOpt / gpt-oss or compressed-tensors
         self.prefix = prefix
         self.moe_runner_config = None
@@ -194,7 +196,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
         if not TopKOutputChecker.format_is_standard(topk):
             raise NotImplementedError(f"csf: top-k output format {topk.format} (only the standard format is served)")
         if dispatch_output.hidden_states_scale is not None:
-            raise NotImplementedError("csf: pre-quantized activations (the experts are W4A16 with bf16 inputs)")
+            raise NotImplementedError("csf: pre-quantized activations (csf takes bf16; W4A8 quantizes its own)")
         x = dispatch_output.hidden_states
         ids, weights = topk.topk_ids, topk.topk_weights.to(torch.float32)
         step = bound.plan.max_tokens

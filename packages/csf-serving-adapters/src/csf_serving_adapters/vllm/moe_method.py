@@ -1,4 +1,5 @@
-"""``CsfMoEMethod``: vLLM's routed experts served by csf-moe with inline CSF scales.
+"""``CsfMoEMethod``: vLLM's routed experts served by csf-moe with inline CSF scales (or on the
+engine's GEMMs: ``CSF_MOE_ENGINE``, ``CSF_MOE_W4A8``, :mod:`csf_serving_adapters.gemm_choice`).
 
 Loading is vLLM's own: the parameters have the shapes and ``quant_method`` attributes of vLLM's MXFP4 / ModelOpt
 NVFP4 MoE methods, so ``RoutedExperts.weight_loader`` TP-slices checkpoint tensors (native, or decoded from
@@ -69,6 +70,7 @@ class CsfMoEMethod(CsfMoECore, FusedMoEMethodBase):
                 "or a native MXFP4 / ModelOpt NVFP4 one"
             )
         self.fmt = scale_format(quant_config.scale_format)
+        self.choose_gemm()  # CSF_MOE_ENGINE, CSF_MOE_W4A8: read once, as the layer is created
         self.names = param_names(quant_config.base_quant_method)  # ModelOpt / gpt-oss or compressed-tensors
         # as vLLM's FP4 methods name it; gpt-oss's loader reads it to pick its packed-expert path (unverified here)
         self.weight_dtype = self.fmt.name

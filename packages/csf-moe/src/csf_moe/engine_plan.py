@@ -1,0 +1,212 @@
+"""Planning a layer on the engine's grouped GEMMs (:mod:`csf_moe.engine_layer`): ``plan(..., gemm="engine")``.
+
+The engine layer picks its route-block size per call from the routes an expert gets (``engine_tile_n``, or
+``w4a8_tile_n`` for W4A8) and launches align (1 or 2 programs), FC1's input pass where it reads block-order rows,
+FC1 with its activation fused, FC2 (W4A8: FC2's FP8 gather first), and the combine. :class:`EnginePlan` holds
+what a served layer needs to know before its first call: the token buckets (the catalog's plus the engine's
+CUDA-graph sizes), the block sizes each bucket's calls run, the scale source, the activations, the shared scratch
+the calls carve their buffers from, and :meth:`EnginePlan.specs`, exactly the programs those calls launch, so a
+frozen runtime resolves every one when the layer is bound (a missing one is an error naming it) and never later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from csf_kernels.catalog import MoEGeometry, load_catalog
+from csf_kernels.moe.engine_specs import (
+    ENGINE_TILE_N,
+    engine_combine_spec,
+    engine_gather_spec,
+    engine_gemm_spec,
+    engine_serves,
+)
+from csf_kernels.moe.launch import max_blocks_for
+from csf_kernels.moe.specs import (
+    ALIGN_CHUNK,
+    align_plan_spec,
+    align_routes_spec,
+    align_scatter_spec,
+    align_scatters_in_plan,
+)
+from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_TILE_N, gather_fp8_spec, w4a8_gemm_spec, w4a8_serves
+from csf_kernels.runtime.programs import ProgramSpec
+
+from .engine_layer import call_buffer_bytes, call_buffers, fc1_rows_for
+
+__all__ = [
+    "ACTIVATIONS",
+    "ENGINE_PLAN_SCALE_SOURCES",
+    "GEMMS",
+    "EngineBucket",
+    "EnginePlan",
+    "engine_plan",
+]
+
+GEMMS = ("triton", "engine")  # plan(..., gemm=): csf's Triton/Gluon layer (csf_moe.layer) or the engine's
+# plan(..., activations=): what the GEMMs multiply the weights with: bf16 (W4A16), or E4M3 activations with one
+# float32 scale a route (W4A8: vLLM's dynamic per-token FP8, csf_kernels.moe.fp8_activations; the engine only)
+ACTIVATIONS = ("bf16", "fp8_per_token")
+# the engine's scale sources: inline engine records decoded by the FP4 GEMM's producer warp, or scale panels (the
+# only source of the W4A8 GEMM)
+ENGINE_PLAN_SCALE_SOURCES = ("inline", "native")
+_CONVENTION = {"fp8_per_token": "per_token"}  # the engine layer's name of each FP8 convention
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineBucket:
+    smallest: int  # the token counts this bucket serves: smallest .. tokens
+    tokens: int
+    tile_ns: tuple[int, ...]  # the route-block sizes its calls run, smallest first
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnginePlan:
+    """A layer on the engine's grouped GEMMs (fused FC1 activation, the engine layer's defaults for each block
+    size's schedule, FC1 rows, ragged blocks and CTAs an SM)."""
+
+    geometry: MoEGeometry
+    top_k: int
+    max_tokens: int
+    buckets: tuple[EngineBucket, ...]
+    scale_source: str  # "inline" or "native" (ENGINE_PLAN_SCALE_SOURCES)
+    activations: str  # "bf16" or "fp8_per_token" (ACTIVATIONS)
+    scratch_bytes: int  # the shared scratch every call carves its buffers from (csf_moe.engine_layer.call_buffers)
+    gemm: str = "engine"
+
+    @property
+    def fmt(self) -> str:
+        return self.geometry.fmt.name
+
+    @property
+    def w4a8(self) -> bool:
+        return self.activations != "bf16"
+
+    @property
+    def convention(self) -> str:
+        """The engine layer's name of the activation convention (``EngineMoE(activations=...)``)."""
+        return _CONVENTION.get(self.activations, "per_token")
+
+    @property
+    def max_pairs(self) -> int:
+        return self.max_tokens * self.top_k
+
+    @property
+    def max_slots(self) -> int:
+        """Block-order slots of the largest call (W4A8's identity slot map covers them)."""
+        return max(max_blocks_for(self.max_pairs, self.geometry.experts, t) * t for t in self._tiles())
+
+    def _tiles(self) -> tuple[int, ...]:
+        return W4A8_TILE_N if self.w4a8 else ENGINE_TILE_N
+
+    def tile_n(self, tokens: int) -> int:
+        """Routes a block for a call of ``tokens`` tokens, as the engine layer chooses it."""
+        routes = tokens * self.top_k / self.geometry.experts
+        fits = [t for t in self._tiles() if t >= routes]
+        return min(fits) if fits else max(self._tiles())
+
+    def bucket_for(self, tokens: int) -> EngineBucket:
+        for b in self.buckets:
+            if tokens <= b.tokens:
+                return b
+        raise ValueError(
+            f"{tokens} tokens exceed the plan's max_tokens={self.max_tokens} ({self.geometry.name}); "
+            f"plan for more tokens or split the batch"
+        )
+
+    def call_specs(self, tokens: int, ids64: bool) -> tuple[ProgramSpec, ...]:
+        """The programs a call of ``tokens`` tokens launches, in order, with int64 (``ids64``) or int32 route ids
+        (``EngineMoE.launches``; ``tests/moe/test_engine_plan.py`` holds the two together)."""
+        g, bm = self.geometry, self.tile_n(tokens)
+        pairs = tokens * self.top_k
+        if tokens == 1 and max_blocks_for(pairs, g.experts, bm) >= pairs:  # each route a block of its own
+            align = [align_routes_spec(bm, ids64, pairs)]
+        else:
+            scatter = align_scatters_in_plan(pairs)
+            align = [align_plan_spec(g.experts, bm, ids64, scatter=scatter)]
+            align += [] if scatter else [align_scatter_spec(ids64)]
+        if self.w4a8:
+            gather = gather_fp8_spec(bm, self.convention)
+            body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]
+        else:
+            source = self.scale_source
+            passes = fc1_rows_for(bm) == "pass"
+            fc1 = engine_gemm_spec(bm, g.activation, g.bias, self.fmt, source, "dense" if passes else "gather")
+            body = [engine_gather_spec(bm)] if passes else []
+            body += [fc1, engine_gemm_spec(bm, None, False, self.fmt, source, "scatter")]
+        return (*align, *body, engine_combine_spec(ids64, g.bias, inverse=self.w4a8))
+
+    def _breakpoints(self) -> set[int]:
+        """Token counts ``t`` after which a call's programs may change (``t + 1`` runs others): a block size's
+        last count, the last one-chunk alignment, the one-token alignment."""
+        e, k = self.geometry.experts, self.top_k
+        points = {int(Fraction(t * e, k)) for t in self._tiles()}  # routes an expert t * E / k: the last at t
+        return points | {ALIGN_CHUNK // k, 1}
+
+    def specs(self) -> tuple[ProgramSpec, ...]:
+        """Every program this plan's calls launch (1 to ``max_tokens`` tokens, int32 and int64 route ids), each once:
+        what binding resolves from the AOT cache."""
+        points = sorted(self._breakpoints())
+        out: dict[str, ProgramSpec] = {}
+        for b in self.buckets:
+            counts = {b.smallest, b.tokens} | {t for p in points for t in (p, p + 1) if b.smallest <= t <= b.tokens}
+            for t in sorted(counts):
+                for ids64 in (False, True):
+                    for s in self.call_specs(t, ids64):
+                        out.setdefault(s.key, s)
+        return tuple(out.values())
+
+    def call_bytes(self, tokens: int) -> int:
+        """Scratch bytes a call of ``tokens`` tokens carves (routing weights other than float32 included)."""
+        g = self.geometry
+        bm = self.tile_n(tokens)
+        shapes = call_buffers(tokens, self.top_k, g.experts, g.hidden, g.intermediate, w4a8=self.w4a8,
+                              fc1_rows="pass" if self.w4a8 else fc1_rows_for(bm), float_weights=True)  # fmt: skip
+        return call_buffer_bytes(shapes)
+
+
+def engine_plan(
+    geometry: MoEGeometry,
+    max_tokens: int,
+    top_k: int,
+    *,
+    scale_source: str | None = None,
+    activations: str = "bf16",
+    buckets: tuple[int, ...] | None = None,
+) -> EnginePlan:
+    """The engine plan of ``geometry`` for up to ``max_tokens`` tokens (``csf_moe.plan(..., gemm="engine")``).
+    ``scale_source``: ``inline`` (W4A16's default: engine records, the native planes released) or ``native``
+    (scale panels; W4A8's only source). ``buckets`` defaults to the catalog's token buckets (plus ``max_tokens``)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    w4a8 = activations != "bf16"
+    if not engine_serves(geometry):
+        raise ValueError(f"{geometry.name}: the engine GEMM serves MXFP4 and NVFP4 weights")
+    if w4a8 and not w4a8_serves(geometry):
+        raise ValueError(
+            f"{geometry.name}: activations={activations!r} needs {W4A8_FORMATS} weights; {geometry.fmt.name}'s block "
+            "factors do not fold into E4M3 (docs/moe-engine.md §8.1), so it stays W4A16 (activations='bf16')"
+        )
+    if scale_source is None:
+        scale_source = "native" if w4a8 else "inline"
+    if scale_source not in ENGINE_PLAN_SCALE_SOURCES:
+        raise ValueError(f"the engine reads {ENGINE_PLAN_SCALE_SOURCES} scales, got scale_source={scale_source!r}")
+    if w4a8 and scale_source != "native":
+        raise ValueError("the W4A8 GEMM reads scale panels only (scale_source='native'): it has no inline source")
+    for name, size in (("hidden", geometry.hidden), ("intermediate", geometry.intermediate)):
+        if size % 64:
+            raise ValueError(f"{geometry.name}: the engine needs the {name} size ({size}) in whole multiples of 64")
+    sizes = sorted({t for t in (buckets or load_catalog().token_buckets) if t < max_tokens} | {max_tokens})
+    draft = EnginePlan(geometry=geometry, top_k=top_k, max_tokens=max_tokens, buckets=(), scale_source=scale_source,
+                       activations=activations, scratch_bytes=0)  # fmt: skip
+    planned = []
+    for smallest, t in zip([1] + [s + 1 for s in sizes[:-1]], sizes, strict=True):
+        tiles = sorted({draft.tile_n(smallest), draft.tile_n(t)})
+        tiles = tuple(x for x in draft._tiles() if tiles[0] <= x <= tiles[-1])  # the sizes between both ends
+        planned.append(EngineBucket(smallest=smallest, tokens=t, tile_ns=tiles))
+    # the largest call of each block size (a call's buffers grow with its tokens at one block size)
+    counts = {max_tokens} | {p for p in draft._breakpoints() if 1 <= p <= max_tokens}
+    scratch = max(draft.call_bytes(t) for t in counts)
+    return EnginePlan(geometry=geometry, top_k=top_k, max_tokens=max_tokens, buckets=tuple(planned),
+                      scale_source=scale_source, activations=activations, scratch_bytes=scratch)  # fmt: skip
