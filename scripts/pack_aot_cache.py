@@ -7,7 +7,8 @@ aot_cache``. Only the current cache key's folder goes in: older keys in the root
     nox -s aot_build            # builds, then runs this
     python scripts/pack_aot_cache.py [--root aot_cache] [--drop moe.engine_gemm:FMT=nvfp4 ...]
 
-``--drop KERNEL[:FACT=VALUE,...]`` leaves out the programs of ``KERNEL`` whose spec facts hold every pair, for a
+``--drop KERNEL[:FACT=VALUE,...]`` leaves out the programs of ``KERNEL`` whose spec facts hold every pair (``FACT=-``:
+the spec has no such fact, e.g. ``moe.engine_gemm:FMT=mxfp4,SRC=-`` for the native-scale programs), for a
 call whose tree and cache would not fit otherwise: the archive's manifest lists only the programs it carries
 (entries are sealed one by one, so a subset is a valid cache), and the frozen runtime refuses a dropped program
 by name (``UncachedProgramError``).
@@ -63,7 +64,7 @@ def _drop_rule(text: str) -> tuple[str, dict[str, str]]:
 def _dropped(spec: dict, drops) -> bool:
     facts = {k: str(v) for k, v in spec.get("facts", {}).items()}
     return any(
-        spec.get("kernel") == kernel and all(facts.get(k) == v for k, v in want.items()) for kernel, want in drops
+        spec.get("kernel") == kernel and all(facts.get(k, "-") == v for k, v in want.items()) for kernel, want in drops
     )
 
 

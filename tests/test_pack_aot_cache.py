@@ -51,6 +51,7 @@ def test_drop_leaves_out_matching_programs_and_lists_the_rest(monkeypatch, tmp_p
         "a" * 24: {"kernel": "moe.engine_gemm", "version": 5, "facts": {"FMT": "nvfp4", "TN": 16}},
         "b" * 24: {"kernel": "moe.engine_gemm", "version": 5, "facts": {"FMT": "mxfp4", "TN": 16}},
         "c" * 24: {"kernel": "expand.row_blocks", "version": 2, "facts": {"DB": 8}},
+        "d" * 24: {"kernel": "moe.engine_gemm", "version": 5, "facts": {"FMT": "mxfp4", "TN": 16, "SRC": "inline"}},
     }
     entries = {}
     for k, spec in specs.items():
@@ -64,7 +65,8 @@ def test_drop_leaves_out_matching_programs_and_lists_the_rest(monkeypatch, tmp_p
               "csf_format": 3, "catalog_sha256": "0"}  # fmt: skip
     (folder / "manifest.json").write_text(json.dumps({**header, "programs": entries}))
     module = load_script("scripts/pack_aot_cache.py", "pack_aot_cache")
-    drops = ["--drop", "moe.engine_gemm:FMT=nvfp4", "--drop", "none.kernel"]
+    # "-": the fact is absent (the native-scale programs have no SRC)
+    drops = ["--drop", "moe.engine_gemm:FMT=nvfp4", "--drop", "moe.engine_gemm:SRC=-,TN=16", "--drop", "none.kernel"]
     argv = ["pack_aot_cache.py", "--root", str(tmp_path), *drops]
     monkeypatch.setattr("sys.argv", argv)
     module.main()
@@ -72,6 +74,6 @@ def test_drop_leaves_out_matching_programs_and_lists_the_rest(monkeypatch, tmp_p
     with tarfile.open(tmp_path / "carry.tgz") as tar:
         tar.extractall(out, filter="data")
     kept = sorted(p.name for p in (out / key / "programs").iterdir())
-    assert kept == [f"{'b' * 24}.so", f"{'c' * 24}.so"]
+    assert kept == [f"{'c' * 24}.so", f"{'d' * 24}.so"]
     manifest = Manifest.read(out / key / "manifest.json")  # a valid manifest, every kept entry's seal intact
-    assert sorted(manifest.programs) == ["b" * 24, "c" * 24]
+    assert sorted(manifest.programs) == ["c" * 24, "d" * 24]
