@@ -112,7 +112,7 @@ class EngineRecords:
 
 
 def _spans(geo: InlineGeometry) -> list[tuple[int, int]]:
-    return block_spans(geo.row_blocks, geo.cols)
+    return block_spans(geo.row_blocks, geo.cols, geo.blocks_per_group if geo.row_group % TILE_ROWS else 1)
 
 
 def encode_engine_records(
