@@ -34,7 +34,7 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_decode_np import decode_records
+from .engine_records_decode_np import base_window_counts, decode_records
 from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
@@ -44,11 +44,13 @@ from .inline import (
     _block_rows_np,
     _class_plans,
     _pack_deltas,
+    block_references_np,
     delta_bytes,
 )
 from .inline_np import _gather_tiles, _scatter, block_spans
 from .planes import as_rows
 from .record_layout import DELTA_BITS
+from .rowbase import proven_bases, row_bases_np
 from .swar import map_spans, unpack_bits
 from .tile_layout import TILE_ROWS, InlineGeometry
 
@@ -229,20 +231,54 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
     windows = CANDIDATE_WINDOWS[fmt.name]
     body = rec.body.numpy()
     out = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+    wb = fmt.row_base_width
+    proven = np.zeros(br.shape, dtype=bool)  # slots whose stored base their row's counts prove its own
+    # four counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half the
+    # rows of NVFP4's W13 open, and those are cheaper to recompute from the plane at once
+    count = wb == 1
 
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
+        counts = np.zeros((4, b - a, TILE_ROWS), dtype=np.int32)
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, fmt.row_base_width, name)
+            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
+            if count:
+                counts += base_window_counts(vals, base[a:b], plan, wb)
             _scatter(out, vals, br[a:b], plan)
+        if count:
+            proven[a:b] = proven_bases(base[a:b], *counts, geo.cols, wb)
 
     map_spans(span, _spans(geo))
-    ref2, delta2, _ = _block_bases_np(out, geo, fmt)
-    if not (np.array_equal(ref2, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
-        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
+    _check_bases(out, rec, base, delta, proven, br, name)
     return torch.from_numpy(out).view(rec.shape)
+
+
+_SCALES_PER_CHECK = 1 << 20  # rows whose bases the counts leave open are checked in chunks of this many scales
+
+
+def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, name: str) -> None:
+    """The stored references and deltas are the ones the decoded plane gives (format section 6): each row's base
+    is its stored one where the decoder's counts prove it, else recomputed from the row."""
+    valid = br >= 0
+    natural = np.clip(base, 0, 255).astype(np.uint8)
+    redo = np.flatnonzero((valid & ~proven).reshape(-1))
+    wb = rec.fmt.row_base_width
+    step = max(1, _SCALES_PER_CHECK // max(out.shape[1], 1))
+
+    if redo.size == valid.sum():  # nothing proven: the rule over the whole plane, in row order
+        natural = row_bases_np(out, (wb,))[wb][np.maximum(br, 0)]
+    else:
+
+        def check(a: int) -> None:  # a chunk of the open rows
+            slots = redo[a : a + step]
+            natural.reshape(-1)[slots] = row_bases_np(out[br.reshape(-1)[slots]], (wb,))[wb]
+
+        map_spans(check, range(0, redo.size, step))
+    ref, delta2 = block_references_np(natural, valid, rec.fmt)
+    if not (np.array_equal(ref, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
+        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
 
 
 def _columns(plans, plan) -> slice:

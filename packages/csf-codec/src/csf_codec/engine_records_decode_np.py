@@ -40,7 +40,7 @@ from .inline_np import ClassPlan
 from .swar import grouped_histogram, unpack_bits
 from .tile_layout import TILE_ROWS
 
-__all__ = ["decode_records"]
+__all__ = ["base_window_counts", "decode_records", "position_bases"]
 
 
 # a code's value less its window's low end (``lo - 1 - code`` below, ``hi + code - 3`` above); escapes are read
@@ -106,7 +106,7 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
     pad_tiles.reshape(-1, plan.count)[padded] = True
     vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
     npad, bmin, bmax = tile_limits(base, valid, plan)
-    base_pos = np.repeat(base.astype(np.uint8), tc, axis=1)  # forged bases wrap; the window check refuses them
+    base_pos = position_bases(base, tc)  # forged bases wrap; the window check refuses them
     ks = np.array(thresholds(windows))
     levels = np.zeros((ks.size, t_count), dtype=np.int64)  # C(k) of the selector records
     chosen = np.zeros(t_count, dtype=np.int64)  # their window's index in the list
@@ -230,3 +230,54 @@ def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, 
         raw = choose_windows(tiles, e, base[blk], valid[blk], one, windows, base_width)[1]
         if not raw.all():
             _fail(name, "a tile's record is not the shortest its candidate windows give")
+
+
+# ------------------------------------------------------------------------------------- the row-base check
+
+
+def base_window_counts(vals: np.ndarray, base: np.ndarray, plan: ClassPlan, width: int) -> np.ndarray:
+    """int32 [4, blocks, 128]: per slot, over one class's columns of decoded tiles (``vals``, slot order), how
+    many of the row's scales lie below its row base, at it, at its window's top (``base + 2**width - 1``) and in
+    the window: what :func:`csf_codec.rowbase.proven_bases` reads. Whole-array passes over tiles still in cache.
+    Padding slots count garbage; their rows do not exist."""
+    nb, span = base.shape[0], 1 << width
+    v = vals.reshape(nb, plan.count, TILE_ROWS * plan.cols)
+    b = position_bases(base, plan.cols)[:, None, :]  # wraps where forged: proven_bases refuses those
+    e = v - b  # from the base, mod 256: in the window exactly when below span (a legal base is <= 256 - span)
+    out = np.empty((4, nb, TILE_ROWS), dtype=np.int32)
+    out[0] = _slot_sums(v < b, plan)
+    out[1] = _slot_sums(e == 0, plan)
+    out[2] = _slot_sums(e == span - 1, plan)
+    out[3] = out[1] + out[2] if span == 2 else _slot_sums(e < span, plan)
+    return out
+
+
+_LANES = {4: np.uint32, 2: np.uint16}  # a slot's tc bytes as one element
+
+
+def position_bases(base: np.ndarray, cols: int) -> np.ndarray:
+    """uint8 [blocks, 128 cols]: each slot's row base (int, wrapped to a byte) at each of its positions; a
+    multiply for 2 and 4 columns (numpy's repeat and a broadcast size-4 axis are both several times slower)."""
+    b = base.astype(np.uint8)
+    lane = _LANES.get(cols)
+    if lane is None:
+        return np.repeat(b, cols, axis=1)
+    return (b.astype(lane) * lane(0x01010101 if cols == 4 else 0x0101)).view(np.uint8)
+
+
+def _slot_sums(flags: np.ndarray, plan: ClassPlan) -> np.ndarray:
+    """int32 [blocks, 128]: set flags (bool [blocks, count, 128 tc]) per slot, over the tiles and columns."""
+    nb = flags.shape[0]
+    lane = _LANES.get(plan.cols)
+    if lane is None:
+        return flags.reshape(nb, plan.count, TILE_ROWS, plan.cols).sum(axis=(1, 3), dtype=np.int32)
+    words = flags.view(lane).reshape(nb, plan.count, TILE_ROWS)
+    total = np.zeros((nb, TILE_ROWS), dtype=np.int32)
+    for a in range(0, plan.count, 255):  # each byte lane counts at most 255 tiles
+        s = np.add.reduce(words[:, a : a + 255], axis=1, dtype=lane)
+        if plan.cols == 4:
+            s = (s & 0x00FF00FF) + ((s >> 8) & 0x00FF00FF)
+            total += (s & 0xFFFF) + (s >> 16)
+        else:
+            total += (s & 0xFF) + (s >> 8)
+    return total
