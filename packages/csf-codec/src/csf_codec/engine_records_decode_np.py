@@ -11,6 +11,8 @@ are counted from their bytes as the encoder counts them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .engine_record_layout import (
@@ -37,7 +39,7 @@ from .engine_record_layout import (
 from .engine_records_np import choose_windows, offsets, pick_windows, ranks, thresholds, tile_limits, window_units
 from .errors import CorruptPayloadError
 from .inline_np import ClassPlan
-from .swar import grouped_histogram, unpack_bits
+from .swar import group_counts, grouped_histogram, unpack_bits
 from .tile_layout import TILE_ROWS
 
 __all__ = ["base_window_counts", "decode_records", "position_bases"]
@@ -63,29 +65,58 @@ def _check_padding(rec, sel, used, units, name: str) -> None:
         _fail(name, "a record's padding bytes are not zero")
 
 
-def _field_levels(packed: np.ndarray, fields: np.ndarray, width: int) -> np.ndarray:
-    """int64 [S, 2**width]: per record, how many of its fields are ``<= j``; from its packed selectors (uint8
-    [S, bytes], bytes a multiple of 8) by popcount for 1-bit fields, else from its fields (uint8 [S, size])."""
-    s, size = fields.shape
-    if width == 1:
-        ones = np.add.reduce(np.bitwise_count(packed.view(np.uint64)), axis=1, dtype=np.int64)
-        return np.stack([size - ones, np.full(s, size, dtype=np.int64)], axis=1)
-    return np.cumsum(grouped_histogram(fields, 1 << width), axis=1)
-
-
 def _selector_levels(ks, packed, fields, width, o, n, npad, t, off) -> np.ndarray:
     """int64 [thresholds, S]: ``C(k)`` of S selector records of one width, less their padding (added by the
-    caller), from their selectors, origins, counts, and their exceptions' records ``t`` and offsets."""
-    levels = _field_levels(packed, fields, width)
+    caller), from their selectors, origins, counts, and their exceptions' records ``t`` and offsets. 1-bit
+    fields are counted by popcount of the packed selectors (uint8 [S, bytes], bytes a multiple of 8), wider
+    ones by a histogram of the fields (uint8 [S, size])."""
+    size = fields.shape[1]
     rel = ks[:, None] - o[None, :]  # the field a threshold falls on: fields <= rel are at offsets <= k
-    at = np.take_along_axis(levels.T, np.clip(rel, 0, (1 << width) - 1), axis=0)
+    if width == 1:
+        zeros = size - np.add.reduce(np.bitwise_count(packed.view(np.uint64)), axis=1, dtype=np.int64)
+        at = np.where(rel >= 1, size, zeros[None, :])
+    else:
+        at = _wide_levels(fields, rel, width)
     out = np.where(rel >= 0, at - (n + npad)[None, :], 0)  # exceptions and padding read field 0
     if t.size:
-        bucket = np.searchsorted(ks, np.arange(-256, 256))[off + 256]  # the first threshold >= the offset
+        bucket = _buckets(tuple(ks.tolist()))[off + 256]  # the first threshold >= the offset
         m = ks.size + 1
         hist = np.bincount(t * m + bucket, minlength=o.size * m).reshape(o.size, m)
         out += np.cumsum(hist, axis=1)[:, : ks.size].T
     return out
+
+
+def _wide_levels(fields: np.ndarray, rel: np.ndarray, width: int) -> np.ndarray:
+    """int64 [thresholds, S]: each record's fields ``<= rel`` (clipped to the field range; ``rel`` as in
+    :func:`_selector_levels`). When most records share an origin (NVFP4's tiles keep the base window), each level
+    they need is one compare-and-count pass over every record; the others take a histogram of their fields."""
+    top = (1 << width) - 1
+    size = fields.shape[1]
+    clipped = np.clip(rel, 0, top)
+    origin = rel[0] - rel[0].min()  # the origins, shifted to start at 0
+    major = int(np.bincount(origin).argmax())
+    mine = origin == major
+    rest = np.flatnonzero(~mine)
+    at = np.empty(rel.shape, dtype=np.int64)
+    if rest.size * 2 < origin.size:
+        first = int(np.argmax(mine))
+        column = clipped[:, first]  # the level each threshold reads in those records
+        got = np.full((top + 1, fields.shape[0]), size, dtype=np.int64)
+        for j in set(column.tolist()) - {top}:  # a pass a level; the other records' results are not used
+            got[j] = group_counts((fields <= j).reshape(-1), size)
+        at[:] = got[column]
+    else:
+        rest = np.arange(origin.size)
+    if rest.size:
+        cum = np.cumsum(grouped_histogram(fields[rest], top + 1), axis=1)
+        at[:, rest] = np.take_along_axis(cum.T, clipped[:, rest], axis=0)
+    return at
+
+
+@functools.cache
+def _buckets(ks: tuple[int, ...]) -> np.ndarray:
+    """At ``offset + 256``: the index of the first threshold at or above the offset."""
+    return np.searchsorted(np.array(ks), np.arange(-256, 256)).astype(np.int32)
 
 
 def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str) -> np.ndarray:
@@ -217,8 +248,7 @@ def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, 
             levels = levels[:, sel]
         if npad.any():
             levels = levels + npad * (np.array(thresholds(windows)) >= 0)[:, None]
-        c = dict(zip(thresholds(windows), levels, strict=True))
-        best, raw, want = pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols)
+        best, raw, want = pick_windows(window_units(levels, npad, bmin, bmax, plan.cols, windows), plan.cols)
         if raw.any() or not (np.array_equal(best, chosen[sel]) and np.array_equal(want, units[sel])):
             _fail(name, "a tile's record is not the shortest its candidate windows give")
     raw_sel = np.flatnonzero(mode == MODE_RAW)
