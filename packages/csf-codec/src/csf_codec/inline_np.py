@@ -40,9 +40,10 @@ class ClassPlan:
     cols: int  # tc
 
 
-def block_spans(row_blocks: int, cols: int, group: int = 1) -> list[tuple[int, int]]:
-    """Spans of about :data:`_SCALES_PER_SPAN` scales, each a whole number of ``group`` blocks (a row group's)."""
-    step = max(1, _SCALES_PER_SPAN // (TILE_ROWS * max(cols, 1)) // group) * group
+def block_spans(row_blocks: int, cols: int, group: int = 1, scales: int = 0) -> list[tuple[int, int]]:
+    """Spans of about ``scales`` (default :data:`_SCALES_PER_SPAN`) scales, each a whole number of ``group``
+    blocks (a row group's)."""
+    step = max(1, (scales or _SCALES_PER_SPAN) // (TILE_ROWS * max(cols, 1)) // group) * group
     return [(a, min(a + step, row_blocks)) for a in range(0, row_blocks, step)]
 
 
