@@ -230,6 +230,35 @@ def test_nonzero_padding_is_refused():
     _refused(_edit(rec, b, j, lambda x: x.__setitem__(-1, 1)), "padding")
 
 
+def _used(r: bytes) -> int:
+    """Bytes a selector record's fields take: header, selectors, entries and escapes."""
+    h, n = _header(r), _count(r)
+    at = 4 + 16 * 4 * (1 << (h & 3))  # a full tile's selectors
+    bits = int.from_bytes(r[at : at + (3 * n + 1) // 2], "little")
+    escapes = sum((bits >> (12 * i + 9)) & 7 == 7 for i in range(n))
+    return at + (3 * n + 1) // 2 + escapes
+
+
+def test_padding_from_its_first_byte_is_refused():
+    """The record's first padding byte (after its entries and escapes), not only its last, must be zero."""
+    _, rec = _small()
+    b, j, r = _find(rec, lambda r, j: j < 3 and (_header(r) & 3) != 3 and _used(r) < len(r) - 1)
+    _refused(_edit(rec, b, j, lambda x: x.__setitem__(_used(r), 1)), "padding")
+
+
+@pytest.mark.parametrize("fmt,mode", [(MXFP4, 0), (NVFP4, 2)], ids=["w1", "w4"])
+def test_a_padding_slot_selector_is_refused(fmt, mode):
+    """Every block holds 100 rows of its 100-row group: slot 127 (row 127) is padding, its fields must be 0."""
+    _, rec = _small(fmt)
+    width, slot = 1 << mode, 127
+    try:
+        b, j, _ = _find(rec, lambda r, j: j < 3 and (_header(r) & 3) == mode)
+    except AssertionError:
+        pytest.skip(f"no {width}-bit full tile in the test plane")
+    bit = slot * 4 * width  # field p = slot * 4 + column at bit p * w: column 0's lowest bit
+    _refused(_edit(rec, b, j, lambda x: x.__setitem__(4 + bit // 8, x[4 + bit // 8] | 1 << bit % 8)), "padding slot")
+
+
 def test_header_length_must_match_the_offsets_byte():
     _, rec = _small()
     b, j, r = _find(rec, lambda r, j: (_header(r) & 3) != 3)

@@ -39,7 +39,7 @@ from .engine_record_layout import (
 from .engine_records_np import choose_windows, offsets, pick_windows, ranks, thresholds, tile_limits, window_units
 from .errors import CorruptPayloadError
 from .inline_np import ClassPlan
-from .swar import group_counts, grouped_histogram, unpack_bits
+from .swar import group_counts, grouped_histogram, pack_bits, unpack_bits
 from .tile_layout import TILE_ROWS
 
 __all__ = ["base_window_counts", "decode_records", "position_bases"]
@@ -59,9 +59,9 @@ def _fail(name: str, fault: str):
 
 def _check_padding(rec, sel, used, units, name: str) -> None:
     """Bytes from ``used`` to the record's end (all in its last 16) are zero."""
-    end = units[sel] * RECORD_ALIGN
-    cols = end[:, None] - RECORD_ALIGN + np.arange(RECORD_ALIGN)[None, :]
-    if np.logical_and(rec[sel[:, None], cols], cols >= used[:, None]).any():
+    last = rec.reshape(rec.shape[0], -1, RECORD_ALIGN)[sel, units[sel] - 1]  # [S, 16]: one gather a record
+    start = used - (units[sel] - 1) * RECORD_ALIGN  # the first padding byte within it (0 to 16)
+    if np.logical_and(last, np.arange(RECORD_ALIGN)[None, :] >= start[:, None]).any():
         _fail(name, "a record's padding bytes are not zero")
 
 
@@ -164,9 +164,11 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             _fail(name, "a record's selectors and exception count run past its length")
         packed = np.ascontiguousarray(rec[sel, HEADER_BYTES : HEADER_BYTES + sb])
         fields = unpack_bits(packed.reshape(-1), w, sel.size * size).reshape(sel.size, size)
-        if vpos is not None:
+        if vpos is not None:  # on the packed selectors of tiles with padding, against their padding's bits
             ps = np.flatnonzero(pad_tiles[sel])
-            if ps.size and fields[ps][~vpos[blk[ps]]].any():
+            holes = pack_bits((~vpos).reshape(-1).view(np.uint8) * np.uint8((1 << w) - 1), w)  # all w bits
+            holes = holes.reshape(vpos.shape[0], -1)
+            if ps.size and (packed[ps] & holes[blk[ps]]).any():
                 _fail(name, "a padding slot's selector is not zero")
         if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
             v = (fields.reshape(-1, plan.count, size) + base_pos[:, None, :]).reshape(t_count, size)
@@ -193,8 +195,12 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             g = t * np.int32(size) + pos
             if (g[1:] <= g[:-1]).any():
                 _fail(name, "exception positions are not strictly ascending")
-            if (vpos is not None and not vpos[blk[t], pos].all()) or fields.reshape(-1)[g].any():
+            if fields.reshape(-1)[g].any():
                 _fail(name, "an exception sits on padding or on a non-zero selector")
+            if vpos is not None:  # only exceptions of tiles with padding can sit on it
+                inpad = np.flatnonzero(pad_tiles[sel][t])
+                if inpad.size and not vpos[blk[t[inpad]], pos[inpad]].all():
+                    _fail(name, "an exception sits on padding or on a non-zero selector")
             esc = np.flatnonzero(code == ESCAPE_CODE)
             used = entries_end + np.bincount(t[esc], minlength=sel.size)
             if (units_for(used) != units[sel]).any():
