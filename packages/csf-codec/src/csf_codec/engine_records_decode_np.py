@@ -66,28 +66,28 @@ def _check_padding(rec, sel, used, units, name: str) -> None:
 
 
 def _selector_levels(ks, packed, fields, width, o, n, npad, t, off) -> np.ndarray:
-    """int64 [thresholds, S]: ``C(k)`` of S selector records of one width, less their padding (added by the
+    """int32 [thresholds, S]: ``C(k)`` of S selector records of one width, less their padding (added by the
     caller), from their selectors, origins, counts, and their exceptions' records ``t`` and offsets. 1-bit
     fields are counted by popcount of the packed selectors (uint8 [S, bytes], bytes a multiple of 8), wider
     ones by a histogram of the fields (uint8 [S, size])."""
-    size = fields.shape[1]
-    rel = ks[:, None] - o[None, :]  # the field a threshold falls on: fields <= rel are at offsets <= k
+    size = np.int32(fields.shape[1])
+    rel = ks[:, None] - o.astype(np.int32)[None, :]  # the field a threshold falls on: fields <= rel are at offsets <= k
     if width == 1:
-        zeros = size - np.add.reduce(np.bitwise_count(packed.view(np.uint64)), axis=1, dtype=np.int64)
+        zeros = size - np.add.reduce(np.bitwise_count(packed.view(np.uint64)), axis=1, dtype=np.int32)
         at = np.where(rel >= 1, size, zeros[None, :])
     else:
         at = _wide_levels(fields, rel, width)
-    out = np.where(rel >= 0, at - (n + npad)[None, :], 0)  # exceptions and padding read field 0
+    out = np.where(rel >= 0, at - (n + npad).astype(np.int32)[None, :], np.int32(0))  # exceptions, padding: field 0
     if t.size:
         bucket = _buckets(tuple(ks.tolist()))[off + 256]  # the first threshold >= the offset
         m = ks.size + 1
         hist = np.bincount(t * m + bucket, minlength=o.size * m).reshape(o.size, m)
-        out += np.cumsum(hist, axis=1)[:, : ks.size].T
+        out += np.cumsum(hist, axis=1, dtype=np.int32)[:, : ks.size].T
     return out
 
 
 def _wide_levels(fields: np.ndarray, rel: np.ndarray, width: int) -> np.ndarray:
-    """int64 [thresholds, S]: each record's fields ``<= rel`` (clipped to the field range; ``rel`` as in
+    """int32 [thresholds, S]: each record's fields ``<= rel`` (clipped to the field range; ``rel`` as in
     :func:`_selector_levels`). When most records share an origin (NVFP4's tiles keep the base window), each level
     they need is one compare-and-count pass over every record; the others take a histogram of their fields."""
     top = (1 << width) - 1
@@ -97,11 +97,11 @@ def _wide_levels(fields: np.ndarray, rel: np.ndarray, width: int) -> np.ndarray:
     major = int(np.bincount(origin).argmax())
     mine = origin == major
     rest = np.flatnonzero(~mine)
-    at = np.empty(rel.shape, dtype=np.int64)
+    at = np.empty(rel.shape, dtype=np.int32)
     if rest.size * 2 < origin.size:
         first = int(np.argmax(mine))
         column = clipped[:, first]  # the level each threshold reads in those records
-        got = np.full((top + 1, fields.shape[0]), size, dtype=np.int64)
+        got = np.full((top + 1, fields.shape[0]), size, dtype=np.int32)
         for j in set(column.tolist()) - {top}:  # a pass a level; the other records' results are not used
             got[j] = group_counts((fields <= j).reshape(-1), size)
         at[:] = got[column]
@@ -136,10 +136,10 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
     pad_tiles = np.zeros(t_count, dtype=bool)
     pad_tiles.reshape(-1, plan.count)[padded] = True
     vpos = np.repeat(valid, tc, axis=1) if padded.size else None  # per block
-    npad, bmin, bmax = tile_limits(base, valid, plan)
+    npad, bmin, bmax = (a.astype(np.int32) for a in tile_limits(base, valid, plan))  # int32: small per-tile arrays
     base_pos = position_bases(base, tc)  # forged bases wrap; the window check refuses them
-    ks = np.array(thresholds(windows))
-    levels = np.zeros((ks.size, t_count), dtype=np.int64)  # C(k) of the selector records
+    ks = np.array(thresholds(windows), dtype=np.int32)
+    levels = np.zeros((ks.size, t_count), dtype=np.int32)  # C(k) of the selector records
     chosen = np.zeros(t_count, dtype=np.int64)  # their window's index in the list
     for m, w in MODE_WIDTH.items():
         sel = np.flatnonzero(mode == m)
