@@ -456,3 +456,22 @@ def test_a_body_past_the_reach_of_u32_starts_is_refused(monkeypatch):
     monkeypatch.setattr(er, "MAX_BODY_UNITS", units - 1)
     with pytest.raises(ShapeMismatchError, match="u32 block starts"):
         encode_engine_records(plane, MXFP4, row_group=576, name="t")
+
+
+@pytest.mark.parametrize("cols,count", [(4, 1), (4, 5), (4, 70), (4, 300), (2, 1), (2, 9), (1, 3), (3, 2)])
+@pytest.mark.parametrize("width", [1, 4])
+def test_base_window_counts_match_the_rows(cols, count, width):
+    """The per-slot counts the row-base proof reads, against a direct count over each slot's scales."""
+    from csf_codec.engine_records_decode_np import base_window_counts
+    from csf_codec.inline_np import ClassPlan
+
+    rng = np.random.default_rng(cols * 1000 + count + width)
+    nb, span = 3, 1 << width
+    base = rng.integers(-2, 258, (nb, 128))
+    vals = (base.repeat(cols, axis=1)[:, None, :] + rng.integers(-3, span + 3, (nb, count, 128 * cols))) % 256
+    got = base_window_counts(vals.astype(np.uint8).reshape(nb * count, -1), base, ClassPlan(0, count, cols), width)
+    v = vals.reshape(nb, count, 128, cols).astype(np.int64)
+    b = (base % 256)[:, None, :, None]  # the counts read the base as a byte, as the decoder's sums do
+    e = (v - b) % 256
+    want = [(e == 0).sum(axis=(1, 3)), (e == span - 1).sum(axis=(1, 3)), (e < span).sum(axis=(1, 3))]
+    assert np.array_equal(got, np.stack(want))

@@ -239,14 +239,14 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
     out = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
     wb = fmt.row_base_width
     proven = np.zeros(br.shape, dtype=bool)  # slots whose stored base their row's counts prove its own
-    # four counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half the
+    # three counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half the
     # rows of NVFP4's W13 open, and those are cheaper to recompute from the plane at once
     count = wb == 1
 
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
-        counts = np.zeros((4, b - a, TILE_ROWS), dtype=np.int32)
+        counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
             vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)

@@ -4,9 +4,15 @@ field checked, in whole-array numpy passes.
 Canonical choice is checked from what decoding reads, without re-encoding: a tile's record length under any
 candidate window follows from ``C(k)``, its positions whose offset from the row base is ``<= k`` (padding at
 offset 0; :mod:`csf_codec.engine_records_np`). A selector record gives ``C(k)`` exactly: its exceptions' offsets
-are decoded, and every other real position lies at ``o + field``, so the per-tile histogram of its selector fields
-(a popcount for 1-bit fields, a bincount for wider ones) places them. Raw tiles, which are rare,
-are counted from their bytes as the encoder counts them.
+are decoded, and every other real position lies at ``o + field``, so counts of its selector fields place them (a
+popcount for 1-bit fields; for wider ones a compare-and-count pass a level the records' common origin needs, and
+a histogram for records of other origins). Raw tiles, which are rare, are counted from their bytes as the encoder
+counts them.
+
+The row-base check (format section 6) starts here too: :func:`base_window_counts` counts, per slot, the row's
+decoded scales below its stored base, at it, at its window's top and inside it, while the span's tiles are in
+cache; :func:`csf_codec.rowbase.proven_bases` turns those four numbers into a proof for nearly every row, so only
+the rest are recomputed from the plane.
 """
 
 from __future__ import annotations
@@ -272,19 +278,18 @@ def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, 
 
 
 def base_window_counts(vals: np.ndarray, base: np.ndarray, plan: ClassPlan, width: int) -> np.ndarray:
-    """int32 [4, blocks, 128]: per slot, over one class's columns of decoded tiles (``vals``, slot order), how
-    many of the row's scales lie below its row base, at it, at its window's top (``base + 2**width - 1``) and in
-    the window: what :func:`csf_codec.rowbase.proven_bases` reads. Whole-array passes over tiles still in cache.
+    """int32 [3, blocks, 128]: per slot, over one class's columns of decoded tiles (``vals``, slot order), how
+    many of the row's scales lie at its row base, at its window's top (``base + 2**width - 1``) and in the
+    window: what :func:`csf_codec.rowbase.proven_bases` reads. Whole-array passes over tiles still in cache.
     Padding slots count garbage; their rows do not exist."""
     nb, span = base.shape[0], 1 << width
     v = vals.reshape(nb, plan.count, TILE_ROWS * plan.cols)
     b = position_bases(base, plan.cols)[:, None, :]  # wraps where forged: proven_bases refuses those
     e = v - b  # from the base, mod 256: in the window exactly when below span (a legal base is <= 256 - span)
-    out = np.empty((4, nb, TILE_ROWS), dtype=np.int32)
-    out[0] = _slot_sums(v < b, plan)
-    out[1] = _slot_sums(e == 0, plan)
-    out[2] = _slot_sums(e == span - 1, plan)
-    out[3] = out[1] + out[2] if span == 2 else _slot_sums(e < span, plan)
+    out = np.empty((3, nb, TILE_ROWS), dtype=np.int32)
+    out[0] = _slot_sums(e == 0, plan)
+    out[1] = _slot_sums(e == span - 1, plan)
+    out[2] = out[0] + out[1] if span == 2 else _slot_sums(e < span, plan)
     return out
 
 
@@ -309,11 +314,14 @@ def _slot_sums(flags: np.ndarray, plan: ClassPlan) -> np.ndarray:
         return flags.reshape(nb, plan.count, TILE_ROWS, plan.cols).sum(axis=(1, 3), dtype=np.int32)
     words = flags.view(lane).reshape(nb, plan.count, TILE_ROWS)
     total = np.zeros((nb, TILE_ROWS), dtype=np.int32)
-    for a in range(0, plan.count, 255):  # each byte lane counts at most 255 tiles
-        s = np.add.reduce(words[:, a : a + 255], axis=1, dtype=lane)
-        if plan.cols == 4:
-            s = (s & 0x00FF00FF) + ((s >> 8) & 0x00FF00FF)
-            total += (s & 0xFFFF) + (s >> 16)
+    step = 255 // plan.cols  # a slot's bytes then add up to at most 255: one multiply folds them
+    for a in range(0, plan.count, step):
+        part = words[:, a : a + step]
+        if part.shape[1] <= 8:  # a few tiles: adds of whole [blocks, 128] slices beat a short reduction
+            s = part[:, 0].copy()
+            for i in range(1, part.shape[1]):
+                s += part[:, i]
         else:
-            total += (s & 0xFF) + (s >> 8)
+            s = np.add.reduce(part, axis=1, dtype=lane)
+        total += (s * lane(0x01010101 if plan.cols == 4 else 0x0101)) >> lane(8 * (plan.cols - 1))
     return total

@@ -96,20 +96,20 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
     return out
 
 
-def proven_bases(base: np.ndarray, below, at_base, at_top, inside, cols: int, width: int) -> np.ndarray:
-    """bool: where four counts of a row's scales prove ``base`` (int) its base for width ``w``, without the row:
-    how many lie ``below`` it, ``at_base``, ``at_top`` of its window (``base + 2**w - 1``) and ``inside`` it.
+def proven_bases(base: np.ndarray, at_base, at_top, inside, cols: int, width: int) -> np.ndarray:
+    """bool: where three counts of a row's scales prove ``base`` (int) its base for width ``w``, without the row:
+    how many lie ``at_base``, at the ``at_top`` of its window (``base + 2**w - 1``) and ``inside`` it.
 
-    With ``W = 2**w``: a window starting ``b < base`` holds at most ``below + inside - at_top`` (it misses the
-    window's top), so fewer than ``inside`` when ``at_top > below``; one starting ``b > base`` holds at most
-    ``inside - at_base + above``, so no more when ``at_base >= above``. Where neither side has a legal window
-    (``base`` 0, or ``256 - W``) its condition falls away. False proves nothing: the caller takes such rows'
-    bases from :func:`row_bases_np`."""
+    With ``W = 2**w`` and ``outside = cols - inside``: a window starting ``b < base`` holds at most
+    ``outside + inside - at_top`` (it misses the window's top), so fewer than ``inside`` when ``at_top >
+    outside``; one starting ``b > base`` holds at most ``inside - at_base + outside``, so no more when ``at_base
+    >= outside``. Where neither side has a legal window (``base`` 0, or ``256 - W``) its condition falls away.
+    False proves nothing: the caller takes such rows' bases from :func:`row_bases_np`."""
     span = 1 << width
-    above = cols - below - inside
+    outside = cols - inside
     ok = (base >= 0) & (base <= 256 - span)
-    ok &= (base == 0) | (at_top > below)
-    ok &= (base == 256 - span) | (at_base >= above)
+    ok &= (base == 0) | (at_top > outside)
+    ok &= (base == 256 - span) | (at_base >= outside)
     return ok
 
 
