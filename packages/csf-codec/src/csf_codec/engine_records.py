@@ -113,14 +113,16 @@ class EngineRecords:
         return int(((self.headers() >> COUNT_SHIFT) & COUNT_MASK).sum())
 
 
-# spans twice the inline form's: the engine records' per-tile work (window lengths, canonical checks) is many
-# small-array passes a span, which larger spans amortise (measured 4-9% single-threaded on the bench's planes)
-_SCALES_PER_SPAN = 1 << 21
+# The encoder walks spans twice the inline form's: its per-tile work (window lengths) is many small-array passes a
+# span, which larger spans amortise (4-20% single-threaded on the bench's planes). The decoder keeps 1M: its span
+# temporaries (fields, values, counts) on two threads would take a narrow plane's peak past twice the plane.
+_ENCODE_SCALES = 1 << 21
+_DECODE_SCALES = 1 << 20
 
 
-def _spans(geo: InlineGeometry) -> list[tuple[int, int]]:
+def _spans(geo: InlineGeometry, scales: int) -> list[tuple[int, int]]:
     group = geo.blocks_per_group if geo.row_group % TILE_ROWS else 1
-    return block_spans(geo.row_blocks, geo.cols, group, _SCALES_PER_SPAN)
+    return block_spans(geo.row_blocks, geo.cols, group, scales)
 
 
 def encode_engine_records(
@@ -156,7 +158,7 @@ def encode_engine_records(
         u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
         return u, join_records(staged, u, plans)
 
-    done = map_spans(span, _spans(geo), then=_within_reach(name))
+    done = map_spans(span, _spans(geo, _ENCODE_SCALES), then=_within_reach(name))
     units = np.concatenate([u for u, _ in done]) if done else np.zeros((0, geo.col_tiles), dtype=np.int64)
     body = np.concatenate([r for _, r in done]) if done else np.zeros(0, dtype=np.uint8)
     per_block = units.sum(axis=1)
@@ -256,7 +258,7 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         if count:
             proven[a:b] = proven_bases(base[a:b], *counts, geo.cols, wb)
 
-    map_spans(span, _spans(geo))
+    map_spans(span, _spans(geo, _DECODE_SCALES))
     _check_bases(out, rec, base, delta, proven, br, name)
     return torch.from_numpy(out).view(rec.shape)
 
