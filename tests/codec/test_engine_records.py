@@ -469,7 +469,8 @@ def test_base_window_counts_match_the_rows(cols, count, width):
     nb, span = 3, 1 << width
     base = rng.integers(-2, 258, (nb, 128))
     vals = (base.repeat(cols, axis=1)[:, None, :] + rng.integers(-3, span + 3, (nb, count, 128 * cols))) % 256
-    got = base_window_counts(vals.astype(np.uint8).reshape(nb * count, -1), base, ClassPlan(0, count, cols), width)
+    tiles = vals.astype(np.uint8).reshape(nb * count, -1)  # overwritten by the counts
+    got = base_window_counts(tiles, base, ClassPlan(0, count, cols), width)
     v = vals.reshape(nb, count, 128, cols).astype(np.int64)
     b = (base % 256)[:, None, :, None]  # the counts read the base as a byte, as the decoder's sums do
     e = (v - b) % 256

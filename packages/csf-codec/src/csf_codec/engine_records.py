@@ -113,11 +113,15 @@ class EngineRecords:
         return int(((self.headers() >> COUNT_SHIFT) & COUNT_MASK).sum())
 
 
-# The encoder walks spans twice the inline form's: its per-tile work (window lengths) is many small-array passes a
-# span, which larger spans amortise (4-20% single-threaded on the bench's planes). The decoder keeps 1M: its span
-# temporaries (fields, values, counts) on two threads would take a narrow plane's peak past twice the plane.
+# Spans of 2M scales: their per-tile work (window lengths, canonical checks) is many small-array passes a span,
+# which larger spans amortise, and two threads share the GIL between those passes (the decoder ran 30% faster on
+# two threads with 2M spans than with 1M). The decoder's span temporaries (records, fields, counts, exception
+# lists) are about 4 bytes a scale, so its spans are at most 1/32 of the plane (not under 1M): two threads'
+# temporaries then stay near a quarter of the plane, under issue 45's bound of twice the plane in all.
 _ENCODE_SCALES = 1 << 21
-_DECODE_SCALES = 1 << 20
+_DECODE_SCALES = 1 << 21
+_DECODE_MIN = 1 << 20
+_DECODE_SHARE = 32
 
 
 def _spans(geo: InlineGeometry, scales: int) -> list[tuple[int, int]]:
@@ -252,13 +256,14 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
             vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
-            if count:
-                counts += base_window_counts(vals, base[a:b], plan, wb)
             _scatter(out, vals, br[a:b], plan)
+            if count:  # the tiles are in the plane now: the counts may overwrite them
+                counts += base_window_counts(vals, base[a:b], plan, wb)
         if count:
             proven[a:b] = proven_bases(base[a:b], *counts, geo.cols, wb)
 
-    map_spans(span, _spans(geo, _DECODE_SCALES))
+    scales = min(_DECODE_SCALES, max(_DECODE_MIN, geo.experts * geo.rows * geo.cols // _DECODE_SHARE))
+    map_spans(span, _spans(geo, scales))
     _check_bases(out, rec, base, delta, proven, br, name)
     return torch.from_numpy(out).view(rec.shape)
 
@@ -270,14 +275,13 @@ def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, n
     """The stored references and deltas are the ones the decoded plane gives (format section 6): each row's base
     is its stored one where the decoder's counts prove it, else recomputed from the row."""
     valid = br >= 0
-    natural = np.clip(base, 0, 255).astype(np.uint8)
-    redo = np.flatnonzero((valid & ~proven).reshape(-1))
     wb = rec.fmt.row_base_width
-    step = max(1, _SCALES_PER_CHECK // max(out.shape[1], 1))
-
-    if redo.size == valid.sum():  # nothing proven: the rule over the whole plane, in row order
+    if not proven.any():  # nothing proven (NVFP4): the rule over the whole plane, in row order
         natural = row_bases_np(out, (wb,))[wb][np.maximum(br, 0)]
     else:
+        natural = np.clip(base, 0, 255).astype(np.uint8)
+        redo = np.flatnonzero((valid & ~proven).reshape(-1))
+        step = max(1, _SCALES_PER_CHECK // max(out.shape[1], 1))
 
         def check(a: int) -> None:  # a chunk of the open rows
             slots = redo[a : a + step]

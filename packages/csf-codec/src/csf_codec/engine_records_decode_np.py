@@ -176,11 +176,6 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             holes = holes.reshape(vpos.shape[0], -1)
             if ps.size and (packed[ps] & holes[blk[ps]]).any():
                 _fail(name, "a padding slot's selector is not zero")
-        if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
-            v = (fields.reshape(-1, plan.count, size) + base_pos[:, None, :]).reshape(t_count, size)
-        else:
-            v = fields + base_pos[blk]
-        v += o.astype(np.uint8)[:, None]  # the window's low end, plus the field
         odd = np.flatnonzero(n & 1)
         if odd.size and (flat[sel[odd] * width + entries_end[odd] - 1] >> 4).any():
             _fail(name, "the unused half of a record's last exception entry is not zero")
@@ -195,6 +190,7 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             at = row + np.int32(HEADER_BYTES + sb) + ((rank * 3) >> 1)
             word = flat[at].astype(np.int32) | (flat[at + 1].astype(np.int32) << 8)
             entry = (word >> ((rank & 1) << 2)) & 0xFFF
+            del word, at, rank  # the span's exception arrays are a few MB: the peak is the fields and these
             pos, code = entry & POSITION_MASK, entry >> CODE_SHIFT
             if (pos >= size).any():
                 _fail(name, "an exception position lies outside its tile")
@@ -211,7 +207,7 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
             used = entries_end + np.bincount(t[esc], minlength=sel.size)
             if (units_for(used) != units[sel]).any():
                 _fail(name, "a record's length disagrees with its exception count and escapes")
-            lo = v.reshape(-1)[g].astype(np.int32)  # an exception's field is 0: v holds its window's low end
+            lo = (base_pos[blk[t], pos].astype(np.int32) + o.astype(np.int32)[t]) & 0xFF  # the window's low end
             value = lo + _CODE_STEP[w][code]
             if esc.size:
                 _, erank = ranks(t[esc], sel.size)
@@ -224,12 +220,22 @@ def decode_records(rec, units, base, valid, plan: ClassPlan, windows, base_width
                     _fail(name, "an escape holds a value a code reaches")
             if ((value < 0) | (value > 255)).any():
                 _fail(name, "an exception code points outside the byte range")
-            v.reshape(-1)[g] = value
             off = value - lo + o.astype(np.int32)[t]  # from the row base
         elif (units_for(used) != units[sel]).any():
             _fail(name, "a record's length disagrees with its exception count and escapes")
         _check_padding(rec, sel, used, units, name)
         levels[:, sel] = _selector_levels(ks, packed, fields, w, o, n, npad[sel], t, off)
+        # the values, in the fields' own array (its last use was above): the window's low end plus the field
+        if sel.size == t_count:  # every tile in this mode: broadcast the bases instead of gathering them
+            v = fields.reshape(-1, plan.count, size)
+            v += base_pos[:, None, :]
+            v = fields
+        else:
+            v = fields
+            v += base_pos[blk]
+        v += o.astype(np.uint8)[:, None]
+        if total:
+            v.reshape(-1)[g] = value
         if sel.size == t_count:
             vals = v
         else:
@@ -280,12 +286,14 @@ def _check_choice(levels, chosen, mode, vals, units, base, valid, limits, plan, 
 def base_window_counts(vals: np.ndarray, base: np.ndarray, plan: ClassPlan, width: int) -> np.ndarray:
     """int32 [3, blocks, 128]: per slot, over one class's columns of decoded tiles (``vals``, slot order), how
     many of the row's scales lie at its row base, at its window's top (``base + 2**width - 1``) and in the
-    window: what :func:`csf_codec.rowbase.proven_bases` reads. Whole-array passes over tiles still in cache.
-    Padding slots count garbage; their rows do not exist."""
+    window: what :func:`csf_codec.rowbase.proven_bases` reads. Whole-array passes over tiles still in cache;
+    ``vals`` is overwritten (with each scale's offset from its row base). Padding slots count garbage; their rows
+    do not exist."""
     nb, span = base.shape[0], 1 << width
-    v = vals.reshape(nb, plan.count, TILE_ROWS * plan.cols)
-    b = position_bases(base, plan.cols)[:, None, :]  # wraps where forged: proven_bases refuses those
-    e = v - b  # from the base, mod 256: in the window exactly when below span (a legal base is <= 256 - span)
+    e = vals.reshape(nb, plan.count, TILE_ROWS * plan.cols)
+    # from the base, mod 256: in the window exactly when below span (a legal base is <= 256 - span); forged bases
+    # wrap, and proven_bases refuses them
+    e -= position_bases(base, plan.cols)[:, None, :]
     out = np.empty((3, nb, TILE_ROWS), dtype=np.int32)
     out[0] = _slot_sums(e == 0, plan)
     out[1] = _slot_sums(e == span - 1, plan)
