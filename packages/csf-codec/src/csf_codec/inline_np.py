@@ -78,19 +78,26 @@ def group_blocks(br: np.ndarray) -> int:
 
 def _span_groups(br: np.ndarray) -> tuple[int, int, int] | None:
     """(first row, row groups, rows per group) when the span's blocks are whole row groups of consecutive rows,
-    each group's padding (if any) in its last block: then tiles and rows convert by strided copies. Else None."""
+    each group's padding (if any) in its last block: then tiles and rows convert by strided copies. Else None.
+    ``br`` is a span of a geometry's block rows; each block's first row, the first block's slot order and the
+    padding count are checked (no array the size of ``br`` is built: this runs once a span and class)."""
     nb = br.shape[0]
     first = int(br[0, 0]) if br.size else -1
     if first < 0:
         return None
-    bpg = group_blocks(br) if (br[:, -1] < 0).any() else nb  # no padding: the span is one group
+    pad = br[:, -1] < 0
+    bpg = int(np.argmax(pad)) + 1 if pad.any() else nb  # no padding: the span is one group
     if nb % bpg:
         return None
-    rg = (bpg - 1) * TILE_ROWS + int((br[bpg - 1] >= 0).sum())
-    local = np.arange(bpg)[:, None] * TILE_ROWS + _SLOT_ROWS
-    want = first + rg * np.arange(nb // bpg)[:, None, None] + local
-    want[:, local >= rg] = -1
-    return (first, nb // bpg, rg) if np.array_equal(br, want.reshape(nb, TILE_ROWS)) else None
+    last = br[bpg - 1]
+    rg = (bpg - 1) * TILE_ROWS + int((last >= 0).sum())
+    groups = nb // bpg
+    starts = first + rg * (np.arange(nb) // bpg) + TILE_ROWS * (np.arange(nb) % bpg)
+    ok = np.array_equal(br[:, 0], starts) and np.array_equal(
+        br[0], first + np.where(_SLOT_ROWS < rg, _SLOT_ROWS, -1 - first)
+    )
+    ok = ok and int((br < 0).sum()) == groups * (bpg * TILE_ROWS - rg)
+    return (first, groups, rg) if ok else None
 
 
 def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarray:
