@@ -230,6 +230,35 @@ def test_nonzero_padding_is_refused():
     _refused(_edit(rec, b, j, lambda x: x.__setitem__(-1, 1)), "padding")
 
 
+def _used(r: bytes) -> int:
+    """Bytes a selector record's fields take: header, selectors, entries and escapes."""
+    h, n = _header(r), _count(r)
+    at = 4 + 16 * 4 * (1 << (h & 3))  # a full tile's selectors
+    bits = int.from_bytes(r[at : at + (3 * n + 1) // 2], "little")
+    escapes = sum((bits >> (12 * i + 9)) & 7 == 7 for i in range(n))
+    return at + (3 * n + 1) // 2 + escapes
+
+
+def test_padding_from_its_first_byte_is_refused():
+    """The record's first padding byte (after its entries and escapes), not only its last, must be zero."""
+    _, rec = _small()
+    b, j, r = _find(rec, lambda r, j: j < 3 and (_header(r) & 3) != 3 and _used(r) < len(r) - 1)
+    _refused(_edit(rec, b, j, lambda x: x.__setitem__(_used(r), 1)), "padding")
+
+
+@pytest.mark.parametrize("fmt,mode", [(MXFP4, 0), (NVFP4, 2)], ids=["w1", "w4"])
+def test_a_padding_slot_selector_is_refused(fmt, mode):
+    """Every block holds 100 rows of its 100-row group: slot 127 (row 127) is padding, its fields must be 0."""
+    _, rec = _small(fmt)
+    width, slot = 1 << mode, 127
+    try:
+        b, j, _ = _find(rec, lambda r, j: j < 3 and (_header(r) & 3) == mode)
+    except AssertionError:
+        pytest.skip(f"no {width}-bit full tile in the test plane")
+    bit = slot * 4 * width  # field p = slot * 4 + column at bit p * w: column 0's lowest bit
+    _refused(_edit(rec, b, j, lambda x: x.__setitem__(4 + bit // 8, x[4 + bit // 8] | 1 << bit % 8)), "padding slot")
+
+
 def test_header_length_must_match_the_offsets_byte():
     _, rec = _small()
     b, j, r = _find(rec, lambda r, j: (_header(r) & 3) != 3)
@@ -427,3 +456,23 @@ def test_a_body_past_the_reach_of_u32_starts_is_refused(monkeypatch):
     monkeypatch.setattr(er, "MAX_BODY_UNITS", units - 1)
     with pytest.raises(ShapeMismatchError, match="u32 block starts"):
         encode_engine_records(plane, MXFP4, row_group=576, name="t")
+
+
+@pytest.mark.parametrize("cols,count", [(4, 1), (4, 5), (4, 70), (4, 300), (2, 1), (2, 9), (1, 3), (3, 2)])
+@pytest.mark.parametrize("width", [1, 4])
+def test_base_window_counts_match_the_rows(cols, count, width):
+    """The per-slot counts the row-base proof reads, against a direct count over each slot's scales."""
+    from csf_codec.engine_records_decode_np import base_window_counts
+    from csf_codec.inline_np import ClassPlan
+
+    rng = np.random.default_rng(cols * 1000 + count + width)
+    nb, span = 3, 1 << width
+    base = rng.integers(-2, 258, (nb, 128))
+    vals = (base.repeat(cols, axis=1)[:, None, :] + rng.integers(-3, span + 3, (nb, count, 128 * cols))) % 256
+    tiles = vals.astype(np.uint8).reshape(nb * count, -1)  # overwritten by the counts
+    got = base_window_counts(tiles, base, ClassPlan(0, count, cols), width)
+    v = vals.reshape(nb, count, 128, cols).astype(np.int64)
+    b = (base % 256)[:, None, :, None]  # the counts read the base as a byte, as the decoder's sums do
+    e = (v - b) % 256
+    want = [(e == 0).sum(axis=(1, 3)), (e == span - 1).sum(axis=(1, 3)), (e < span).sum(axis=(1, 3))]
+    assert np.array_equal(got, np.stack(want))

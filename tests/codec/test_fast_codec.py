@@ -27,7 +27,7 @@ from csf_codec import inline as inline_mod
 from csf_codec.compact import _encode_torch, compact_layout
 from csf_codec.compact_code import LOW_BITS
 from csf_codec.container import HEADER_BYTES
-from csf_codec.rowbase import _row_bases_torch, row_bases, row_bases_np
+from csf_codec.rowbase import _row_bases_torch, proven_bases, row_bases, row_bases_np
 from csf_codec.stats import conditional_offset_entropy
 from csf_codec.synthetic import (
     DOWN_PROJ_DENSE,
@@ -117,6 +117,24 @@ def test_numpy_row_bases_match_the_histogram(rows, cols, lo, spread, seed):
     want = _row_bases_torch(x, (1, 2, 4))
     for w in (1, 2, 4):
         assert np.array_equal(got[w], want[w].numpy())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(0, 255), st.integers(0, 40), st.sampled_from([1, 2, 4]))
+def test_proven_bases_prove_only_the_rule(rows, cols, lo, spread, width):
+    """Whatever base a row is offered (its own, a neighbour, anything), the three counts prove only the rule's."""
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = (lo + torch.randint(0, spread + 1, (rows, cols), generator=g)).clamp(0, 255).to(torch.uint8).numpy()
+    own = row_bases_np(x, (width,))[width].astype(np.int16)
+    offered = own + torch.randint(-2, 3, (rows,), generator=g).numpy().astype(np.int16)
+    offered[::5] = torch.randint(-1, 257, (len(offered[::5]),), generator=g).numpy()
+    span = 1 << width
+    v, b = x.astype(np.int16), offered[:, None]
+    counts = [(v == b).sum(1), (v == b + span - 1).sum(1), ((v >= b) & (v < b + span)).sum(1)]
+    ok = proven_bases(offered, *counts, cols, width)
+    assert np.array_equal(offered[ok], own[ok])
+    if spread == 0:  # one value a row: each row's own base is proven
+        assert ok[offered == own].all()
 
 
 @pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0, 0), (2, 0, 5), (2, 5, 0), (0, 5, 5), (0, 0, 0)])

@@ -34,7 +34,7 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_decode_np import decode_records
+from .engine_records_decode_np import base_window_counts, decode_records
 from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
@@ -44,11 +44,13 @@ from .inline import (
     _block_rows_np,
     _class_plans,
     _pack_deltas,
+    block_references_np,
     delta_bytes,
 )
 from .inline_np import _gather_tiles, _scatter, block_spans
 from .planes import as_rows
 from .record_layout import DELTA_BITS
+from .rowbase import proven_bases, row_bases_np
 from .swar import map_spans, unpack_bits
 from .tile_layout import TILE_ROWS, InlineGeometry
 
@@ -111,8 +113,20 @@ class EngineRecords:
         return int(((self.headers() >> COUNT_SHIFT) & COUNT_MASK).sum())
 
 
-def _spans(geo: InlineGeometry) -> list[tuple[int, int]]:
-    return block_spans(geo.row_blocks, geo.cols)
+# Spans of 2M scales: their per-tile work (window lengths, canonical checks) is many small-array passes a span,
+# which larger spans amortise, and two threads share the GIL between those passes (the decoder ran 30% faster on
+# two threads with 2M spans than with 1M). The decoder's span temporaries (records, fields, counts, exception
+# lists) are about 4 bytes a scale, so its spans are at most 1/32 of the plane (not under 1M): two threads'
+# temporaries then stay near a quarter of the plane, under issue 45's bound of twice the plane in all.
+_ENCODE_SCALES = 1 << 21
+_DECODE_SCALES = 1 << 21
+_DECODE_MIN = 1 << 20
+_DECODE_SHARE = 32
+
+
+def _spans(geo: InlineGeometry, scales: int) -> list[tuple[int, int]]:
+    group = geo.blocks_per_group if geo.row_group % TILE_ROWS else 1
+    return block_spans(geo.row_blocks, geo.cols, group, scales)
 
 
 def encode_engine_records(
@@ -148,7 +162,7 @@ def encode_engine_records(
         u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
         return u, join_records(staged, u, plans)
 
-    done = map_spans(span, _spans(geo), then=_within_reach(name))
+    done = map_spans(span, _spans(geo, _ENCODE_SCALES), then=_within_reach(name))
     units = np.concatenate([u for u, _ in done]) if done else np.zeros((0, geo.col_tiles), dtype=np.int64)
     body = np.concatenate([r for _, r in done]) if done else np.zeros(0, dtype=np.uint8)
     per_block = units.sum(axis=1)
@@ -229,20 +243,54 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
     windows = CANDIDATE_WINDOWS[fmt.name]
     body = rec.body.numpy()
     out = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+    wb = fmt.row_base_width
+    proven = np.zeros(br.shape, dtype=bool)  # slots whose stored base their row's counts prove its own
+    # three counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half the
+    # rows of NVFP4's W13 open, and those are cheaper to recompute from the plane at once
+    count = wb == 1
 
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
+        counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, fmt.row_base_width, name)
+            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
             _scatter(out, vals, br[a:b], plan)
+            if count:  # the tiles are in the plane now: the counts may overwrite them
+                counts += base_window_counts(vals, base[a:b], plan, wb)
+        if count:
+            proven[a:b] = proven_bases(base[a:b], *counts, geo.cols, wb)
 
-    map_spans(span, _spans(geo))
-    ref2, delta2, _ = _block_bases_np(out, geo, fmt)
-    if not (np.array_equal(ref2, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
-        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
+    scales = min(_DECODE_SCALES, max(_DECODE_MIN, geo.experts * geo.rows * geo.cols // _DECODE_SHARE))
+    map_spans(span, _spans(geo, scales))
+    _check_bases(out, rec, base, delta, proven, br, name)
     return torch.from_numpy(out).view(rec.shape)
+
+
+_SCALES_PER_CHECK = 1 << 20  # rows whose bases the counts leave open are checked in chunks of this many scales
+
+
+def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, name: str) -> None:
+    """The stored references and deltas are the ones the decoded plane gives (format section 6): each row's base
+    is its stored one where the decoder's counts prove it, else recomputed from the row."""
+    valid = br >= 0
+    wb = rec.fmt.row_base_width
+    if not proven.any():  # nothing proven (NVFP4): the rule over the whole plane, in row order
+        natural = row_bases_np(out, (wb,))[wb][np.maximum(br, 0)]
+    else:
+        natural = np.clip(base, 0, 255).astype(np.uint8)
+        redo = np.flatnonzero((valid & ~proven).reshape(-1))
+        step = max(1, _SCALES_PER_CHECK // max(out.shape[1], 1))
+
+        def check(a: int) -> None:  # a chunk of the open rows
+            slots = redo[a : a + step]
+            natural.reshape(-1)[slots] = row_bases_np(out[br.reshape(-1)[slots]], (wb,))[wb]
+
+        map_spans(check, range(0, redo.size, step))
+    ref, delta2 = block_references_np(natural, valid, rec.fmt)
+    if not (np.array_equal(ref, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
+        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
 
 
 def _columns(plans, plan) -> slice:

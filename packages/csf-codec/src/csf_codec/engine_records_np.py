@@ -12,6 +12,8 @@ exact in the base window, since a row base is at most ``256 - 2**wb``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .engine_record_layout import (
@@ -65,12 +67,26 @@ def offsets(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassP
     return e.reshape(tiles.shape)
 
 
-def thresholds(windows) -> list[int]:
+@functools.cache
+def thresholds(windows) -> tuple[int, ...]:
+    """The ``k`` whose ``C(k)`` the windows' lengths read, ascending."""
     ks = set()
     for w, o in windows:
         lo, hi = o, o + (1 << w) - 1
         ks |= {lo - 1, hi, lo - BELOW_CODES - 1, hi + ABOVE_CODES}
-    return sorted(ks)
+    return tuple(sorted(ks))
+
+
+@functools.cache
+def _window_rows(windows):
+    """Per window: the rows of :func:`thresholds` at ``lo - 1``, ``hi``, ``lo - 5`` and ``hi + 3``, whether
+    padding (offset 0) lies outside it, its origin, top and selector width (int64 [windows] each)."""
+    at = {k: i for i, k in enumerate(thresholds(windows))}
+    w = np.array([w for w, _ in windows])
+    o = np.array([o for _, o in windows])
+    hi = o + (1 << w) - 1
+    rows = [np.array([at[k] for k in ks]) for ks in (o - 1, hi, o - BELOW_CODES - 1, hi + ABOVE_CODES)]
+    return (*rows, ~((o <= 0) & (0 <= hi)), o, hi, w)
 
 
 def _level_counts(tiles, e, plan: ClassPlan, windows, base_width: int) -> tuple[dict[int, np.ndarray], np.ndarray]:
@@ -115,18 +131,17 @@ def tile_limits(base, valid, plan: ClassPlan):
     return tuple(np.repeat(a.astype(np.int64), plan.count) for a in (npad, lo, hi))
 
 
-def window_units(c: dict[int, np.ndarray], npad, bmin, bmax, cols: int, windows) -> np.ndarray:
-    """int64 [windows, T]: each window's record length / 16 from the tiles' level counts ``C(k)`` (padding counted at
-    offset 0); a window that leaves the byte range for a real row of the tile's block is never the shortest."""
+def window_units(c: np.ndarray, npad, bmin, bmax, cols: int, windows) -> np.ndarray:
+    """int64 [windows, T]: each window's record length / 16 from the tiles' level counts ``C(k)`` (int [thresholds,
+    T], :func:`thresholds` order; padding counted at offset 0), every window in one pass; a window that leaves the
+    byte range for a real row of the tile's block is never the shortest."""
     size = TILE_ROWS * cols
-    units = np.empty((len(windows), npad.size), dtype=np.int64)
-    for j, (w, o) in enumerate(windows):
-        hi = o + (1 << w) - 1
-        n = size - (c[hi] - c[o - 1]) - (0 if o <= 0 <= hi else npad)
-        esc = c[o - BELOW_CODES - 1] + size - c[hi + ABOVE_CODES]
-        u = units_for(HEADER_BYTES + selector_bytes(w, cols) + entry_bytes(n) + esc)
-        units[j] = np.where((bmin + o >= 0) & (bmax + hi <= 255), u, _BIG)
-    return units
+    below, top, far_below, far_above, pad_out, o, hi, w = _window_rows(windows)
+    n = size - (c[top] - c[below]) - pad_out[:, None] * npad[None, :]
+    esc = c[far_below] + size - c[far_above]
+    u = units_for(HEADER_BYTES + selector_bytes(w, cols)[:, None] + entry_bytes(n) + esc)
+    legal = (bmin[None, :] + o[:, None] >= 0) & (bmax[None, :] + hi[:, None] <= 255)
+    return np.where(legal, u, _BIG)
 
 
 def pick_windows(units: np.ndarray, cols: int):
@@ -145,7 +160,8 @@ def choose_windows(tiles, e, base, valid, plan: ClassPlan, windows, base_width: 
     the flat positions of the base window's exceptions, which :func:`build_records` reuses."""
     c, listed = _level_counts(tiles, e, plan, windows, base_width)
     npad, bmin, bmax = tile_limits(base, valid, plan)
-    return (*pick_windows(window_units(c, npad, bmin, bmax, plan.cols, windows), plan.cols), listed)
+    levels = np.stack([c[k] for k in thresholds(windows)])
+    return (*pick_windows(window_units(levels, npad, bmin, bmax, plan.cols, windows), plan.cols), listed)
 
 
 def _code_table(width: int) -> np.ndarray:

@@ -185,17 +185,22 @@ def _block_rows_np(geo: InlineGeometry) -> np.ndarray:
 def _block_bases_np(rows: np.ndarray, geo: InlineGeometry, fmt: ScaleFormat):
     """:func:`_block_bases` in numpy, for CPU planes: (reference, deltas, block rows)."""
     br = _block_rows_np(geo)
-    valid = br >= 0
     natural = row_bases_np(rows, (fmt.row_base_width,))[fmt.row_base_width]
     slot_base = natural[np.maximum(br, 0)] if natural.size else np.zeros(br.shape, dtype=np.uint8)
+    return (*block_references_np(slot_base, br >= 0, fmt), br)
+
+
+def block_references_np(slot_base: np.ndarray, valid: np.ndarray, fmt: ScaleFormat):
+    """(reference uint8 [blocks], deltas uint8 [blocks, 128]) of each block's slots' row bases (uint8 [blocks,
+    128]; padding slots' values are ignored): the one place that turns row bases into the stored ones."""
     slot_base = np.where(valid, slot_base, slot_base[:, :1])  # padding repeats slot 0: the reference stays
     bits = DELTA_BITS[fmt.name]
-    if geo.row_blocks and bits < 8:
+    if slot_base.shape[0] and bits < 8:
         ref = row_bases_np(slot_base, (bits,))[bits]
     else:
         ref = np.zeros(slot_base.shape[0], dtype=np.uint8)
     delta = np.clip(slot_base.astype(np.int16) - ref[:, None], 0, (1 << bits) - 1)
-    return ref, np.where(valid, delta, 0).astype(np.uint8), br
+    return ref, np.where(valid, delta, 0).astype(np.uint8)
 
 
 def clamped_row_bases(

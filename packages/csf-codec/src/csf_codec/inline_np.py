@@ -40,13 +40,22 @@ class ClassPlan:
     cols: int  # tc
 
 
-def block_spans(row_blocks: int, cols: int) -> list[tuple[int, int]]:
-    step = max(1, _SCALES_PER_SPAN // (TILE_ROWS * max(cols, 1)))
+def block_spans(row_blocks: int, cols: int, group: int = 1, scales: int = 0) -> list[tuple[int, int]]:
+    """Spans of about ``scales`` (default :data:`_SCALES_PER_SPAN`) scales, each a whole number of ``group``
+    blocks (a row group's)."""
+    step = max(1, (scales or _SCALES_PER_SPAN) // (TILE_ROWS * max(cols, 1)) // group) * group
     return [(a, min(a + step, row_blocks)) for a in range(0, row_blocks, step)]
 
 
 _SLOT_ROWS = np.array([slot_to_row(s) for s in range(TILE_ROWS)], dtype=np.int64)
-_ROW_SLOTS = np.argsort(_SLOT_ROWS)  # the inverse permutation: each row's slot
+# slot = 32 warp + 4 quad + 2 half + pair and row = 64 half + 16 warp + 8 pair + quad: slot order is an axis
+# permutation of the rows, so the decoders write tiles back to rows by one strided copy, with no index array
+# (the same copy the other way is slower than a take and a transpose: its inner loops are two elements long)
+_SLOT_AXES, _ROW_AXES = (4, 8, 2, 2), (2, 4, 2, 8)  # (warp, quad, half, pair), (half, warp, pair, quad)
+_TO_ROWS = (0, 4, 2, 5, 3, 1, 6)  # [block, tile, warp, quad, half, pair, x] -> [block, half, warp, pair, quad, tile, x]
+assert np.array_equal(np.arange(TILE_ROWS).reshape(_ROW_AXES).transpose(1, 3, 0, 2).reshape(-1), _SLOT_ROWS), (
+    "slot order is not the axis permutation the tile copies assume"
+)
 
 
 _WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32}  # a tile row of tc columns as one element
@@ -61,19 +70,42 @@ def _words(cols: np.ndarray, plan: ClassPlan) -> np.ndarray:
     return cols[..., None]
 
 
-def _whole_blocks(br: np.ndarray) -> int | None:
-    """The first row when the span's blocks are whole consecutive 128-row blocks (no padding), else None."""
+def group_blocks(br: np.ndarray) -> int:
+    """Blocks per row group of a plane whose groups end in a partial block (the first group's), else 1."""
+    partial = np.flatnonzero(br[:, -1] < 0)
+    return int(partial[0]) + 1 if partial.size else 1
+
+
+def _span_groups(br: np.ndarray) -> tuple[int, int, int] | None:
+    """(first row, row groups, rows per group) when the span's blocks are whole row groups of consecutive rows,
+    each group's padding (if any) in its last block: then tiles and rows convert by strided copies. Else None.
+    ``br`` is a span of a geometry's block rows; each block's first row, the first block's slot order and the
+    padding count are checked (no array the size of ``br`` is built: this runs once a span and class)."""
+    nb = br.shape[0]
     first = int(br[0, 0]) if br.size else -1
-    if first < 0 or not np.array_equal(br, first + TILE_ROWS * np.arange(br.shape[0])[:, None] + _SLOT_ROWS):
+    if first < 0:
         return None
-    return first
+    pad = br[:, -1] < 0
+    bpg = int(np.argmax(pad)) + 1 if pad.any() else nb  # no padding: the span is one group
+    if nb % bpg:
+        return None
+    last = br[bpg - 1]
+    rg = (bpg - 1) * TILE_ROWS + int((last >= 0).sum())
+    groups = nb // bpg
+    starts = first + rg * (np.arange(nb) // bpg) + TILE_ROWS * (np.arange(nb) % bpg)
+    ok = np.array_equal(br[:, 0], starts) and np.array_equal(
+        br[0], first + np.where(_SLOT_ROWS < rg, _SLOT_ROWS, -1 - first)
+    )
+    ok = ok and int((br < 0).sum()) == groups * (bpg * TILE_ROWS - rg)
+    return (first, groups, rg) if ok else None
 
 
 def _gather_tiles(rows: np.ndarray, br: np.ndarray, plan: ClassPlan) -> np.ndarray:
     """Native bytes [blocks * count, 128 * tc] of one class, slot * tc + column order; padding reads 0."""
     nb = br.shape[0]
-    first = _whole_blocks(br)
-    if first is not None:  # a transpose, no gather
+    layout = _span_groups(br)
+    if layout is not None and layout[1] * layout[2] == nb * TILE_ROWS:  # no padding: transposes, no gather
+        first = layout[0]
         cols = rows[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols]
         # tile rows to the last axis but one (long inner copies), then into slot order along it
         unit = _words(cols, plan).reshape(nb, TILE_ROWS, plan.count, -1)
@@ -200,7 +232,7 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
 
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
     """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
-    spans = block_spans(br.shape[0], plan.count * plan.cols)  # a span holds about as many scales per class
+    spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br))  # about as many scales a class
     stats = map_spans(
         lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
         spans,
@@ -299,7 +331,7 @@ def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int,
             raise CorruptPayloadError(name, "a raw tile stores non-zero bytes for padding slots")
         _scatter(out, vals, br[a:b], plan)
 
-    map_spans(span, block_spans(br.shape[0], plan.count * plan.cols))
+    map_spans(span, block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br)))
 
 
 def _slot_of_byte(cap: int, length: int) -> np.ndarray:
@@ -311,12 +343,16 @@ def _slot_of_byte(cap: int, length: int) -> np.ndarray:
 
 def _scatter(out: np.ndarray, vals: np.ndarray, br: np.ndarray, plan: ClassPlan) -> None:
     nb = br.shape[0]
-    first = _whole_blocks(br)
-    if first is not None:  # the inverse transpose of _gather_tiles
-        dst = _words(out[first : first + nb * TILE_ROWS, plan.start : plan.start + plan.count * plan.cols], plan)
-        src = vals.view(dst.dtype).reshape(nb, plan.count, TILE_ROWS, -1)
-        by_row = np.take(src, _ROW_SLOTS, axis=2)
-        dst.reshape(nb, TILE_ROWS, plan.count, -1)[...] = by_row.transpose(0, 2, 1, 3)
+    layout = _span_groups(br)
+    if layout is not None:  # the inverse of _gather_tiles: one strided copy, and one more past padding
+        first, groups, rg = layout
+        dst = _words(out[first : first + groups * rg, plan.start : plan.start + plan.count * plan.cols], plan)
+        padded = groups * rg != nb * TILE_ROWS
+        rows = np.empty((nb * TILE_ROWS, *dst.shape[1:]), dtype=dst.dtype) if padded else dst
+        src = vals.view(dst.dtype).reshape(nb, plan.count, *_SLOT_AXES, -1)
+        rows.reshape(nb, *_ROW_AXES, plan.count, -1)[...] = src.transpose(_TO_ROWS)
+        if padded:
+            dst.reshape(groups, rg, *dst.shape[1:])[...] = rows.reshape(groups, -1, *dst.shape[1:])[:, :rg]
         return
     keep = br >= 0
     if plan.cols == TILE_COLS and out.shape[1] % TILE_COLS == 0:  # move four columns as one word

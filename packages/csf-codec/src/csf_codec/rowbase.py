@@ -13,7 +13,7 @@ import torch
 
 from .swar import grouped_histogram, map_spans
 
-__all__ = ["row_bases", "row_bases_for_widths", "row_bases_np"]
+__all__ = ["proven_bases", "row_bases", "row_bases_for_widths", "row_bases_np"]
 
 _ROWS_PER_CHUNK = 1 << 15  # bounds the [rows, 256] histogram to 32 MiB of int32
 
@@ -94,6 +94,23 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
 
     map_spans(one, range(0, r, step))
     return out
+
+
+def proven_bases(base: np.ndarray, at_base, at_top, inside, cols: int, width: int) -> np.ndarray:
+    """bool: where three counts of a row's scales prove ``base`` (int) its base for width ``w``, without the row:
+    how many lie ``at_base``, at the ``at_top`` of its window (``base + 2**w - 1``) and ``inside`` it.
+
+    With ``W = 2**w`` and ``outside = cols - inside``: a window starting ``b < base`` holds at most
+    ``outside + inside - at_top`` (it misses the window's top), so fewer than ``inside`` when ``at_top >
+    outside``; one starting ``b > base`` holds at most ``inside - at_base + outside``, so no more when ``at_base
+    >= outside``. Where neither side has a legal window (``base`` 0, or ``256 - W``) its condition falls away.
+    False proves nothing: the caller takes such rows' bases from :func:`row_bases_np`."""
+    span = 1 << width
+    outside = cols - inside
+    ok = (base >= 0) & (base <= 256 - span)
+    ok &= (base == 0) | (at_top > outside)
+    ok &= (base == 256 - span) | (at_base >= outside)
+    return ok
 
 
 _SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wider rows: histogram
