@@ -33,6 +33,7 @@ from csf_kernels.moe.specs import (
 from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_TILE_N, gather_fp8_spec, w4a8_gemm_spec, w4a8_serves
 from csf_kernels.runtime.programs import ProgramSpec
 
+from .buckets import bucket_for
 from .engine_layer import call_buffer_bytes, call_buffers, fc1_rows_for
 
 __all__ = [
@@ -107,13 +108,7 @@ class EnginePlan:
         return min(fits) if fits else max(self._tiles())
 
     def bucket_for(self, tokens: int) -> EngineBucket:
-        for b in self.buckets:
-            if tokens <= b.tokens:
-                return b
-        raise ValueError(
-            f"{tokens} tokens exceed the plan's max_tokens={self.max_tokens} ({self.geometry.name}); "
-            f"plan for more tokens or split the batch"
-        )
+        return bucket_for(self.buckets, tokens, self.max_tokens, self.geometry.name)
 
     def call_specs(self, tokens: int, ids64: bool) -> tuple[ProgramSpec, ...]:
         """The programs a call of ``tokens`` tokens launches, in order, with int64 (``ids64``) or int32 route ids

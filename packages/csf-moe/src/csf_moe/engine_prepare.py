@@ -24,7 +24,7 @@ from csf_kernels.moe.launch import wide_row_tiles
 from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
 
 from .engine_layer import EngineWeights
-from .weights import _PrivatePool
+from .weights import _global, _PrivatePool
 
 __all__ = ["prepare_engine_weights", "w13_engine_rows"]
 
@@ -56,17 +56,6 @@ def _plane(scale, shape: tuple[int, ...], name: str) -> torch.Tensor:
     if tuple(plane.shape) != tuple(shape):
         raise ValueError(f"{name}: scale plane {tuple(plane.shape)} does not match the geometry's {shape}")
     return plane
-
-
-def _global(g, experts: int, name: str, device) -> torch.Tensor:
-    if g is None:
-        raise ValueError(f"NVFP4 weights need {name} (float32 per expert)")
-    g = torch.as_tensor(g, dtype=torch.float32, device=device).reshape(-1)
-    if g.numel() == 1:
-        g = g.expand(experts)
-    if g.numel() != experts:
-        raise ValueError(f"{name}: {g.numel()} values for {experts} experts")
-    return g.contiguous().clone()
 
 
 def _bias(b, shape: tuple[int, int], name: str, rows: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -46,6 +46,7 @@ from csf_kernels.moe.specs import (
 )
 from csf_kernels.runtime.programs import ProgramSpec
 
+from .buckets import bucket_for
 from .engine_plan import ACTIVATIONS, GEMMS, EnginePlan, engine_plan
 
 __all__ = [
@@ -222,13 +223,7 @@ class MoEPlan:
         return tokens <= self.bucket_for(tokens).routed_tokens
 
     def bucket_for(self, tokens: int) -> BucketPlan:
-        for b in self.buckets:
-            if tokens <= b.tokens:
-                return b
-        raise ValueError(
-            f"{tokens} tokens exceed the plan's max_tokens={self.max_tokens} ({self.geometry.name}); "
-            f"plan for more tokens or split the batch"
-        )
+        return bucket_for(self.buckets, tokens, self.max_tokens, self.geometry.name)
 
     def specs(self) -> tuple[ProgramSpec, ...]:
         """Every program this plan may launch (all in the AOT catalog for catalog geometries)."""
