@@ -50,6 +50,7 @@ from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_GEMM_CONVENTIONS, w4a8
 from csf_kernels.runtime import aligned
 from csf_kernels.runtime.programs import ALIGNMENT
 
+from .call_args import checked_output
 from .reference import QuantizedExperts
 
 __all__ = [
@@ -381,18 +382,7 @@ class EngineLayer:
         ``max_tokens``."""
         geo = self.plan.geometry
         t = hidden_states.shape[0]
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != geo.hidden or hidden_states.dtype != torch.bfloat16:
-            raise ValueError(f"hidden_states must be bf16 [T, {geo.hidden}], got {hidden_states.dtype} "
-                             f"{tuple(hidden_states.shape)}")  # fmt: skip
-        if tuple(topk_ids.shape) != (t, self.plan.top_k) or topk_weights.shape != topk_ids.shape:
-            raise ValueError(f"topk_ids and topk_weights must be [{t}, {self.plan.top_k}], got "
-                             f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")  # fmt: skip
-        if t > self.plan.max_tokens:
-            self.plan.bucket_for(t)  # raises, saying so
-        if out is None:
-            out = torch.empty_like(hidden_states)
-        elif out.shape != hidden_states.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous bf16 {tuple(hidden_states.shape)}")
+        out = checked_output(self.plan, hidden_states, topk_ids, topk_weights, out)
         if t == 0:
             return out
         if out.data_ptr() % ALIGNMENT:  # the programs assume 16-byte aligned operands

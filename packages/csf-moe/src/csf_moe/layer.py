@@ -70,6 +70,7 @@ from csf_kernels.runtime import Launch, aligned, l2_residency
 from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.programs import ALIGNMENT
 
+from .call_args import checked_output
 from .plan import ExpansionSchedule, MoEPlan, PlaneExpansion
 from .weights import MoEWeights
 
@@ -168,19 +169,10 @@ class MoELayer:
         """bf16 [T, H] = sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(hidden_states). ``scale_planes``:
         (W13, W2) native planes already expanded (see :meth:`expansion_launches`), read instead of expanding
         in the call; only for token counts whose bucket expands."""
-        geo = self.plan.geometry
         t = hidden_states.shape[0]
         if scale_planes is not None and not (t and self.expands(t)):
             raise ValueError(f"scale_planes given for {t} tokens, whose bucket does not expand scales")
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != geo.hidden or hidden_states.dtype != torch.bfloat16:
-            raise ValueError(f"hidden_states must be bf16 [T, {geo.hidden}], got {hidden_states.dtype} "
-                             f"{tuple(hidden_states.shape)}")  # fmt: skip
-        if tuple(topk_ids.shape) != (t, self.plan.top_k):
-            raise ValueError(f"topk_ids must be [{t}, {self.plan.top_k}], got {tuple(topk_ids.shape)}")
-        if out is None:
-            out = torch.empty_like(hidden_states)
-        elif out.shape != hidden_states.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous bf16 {tuple(hidden_states.shape)}")
+        out = checked_output(self.plan, hidden_states, topk_ids, topk_weights, out)
         if t == 0:
             return out
         if out.data_ptr() % ALIGNMENT:  # the programs assume 16-byte aligned operands
