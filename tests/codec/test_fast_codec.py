@@ -424,6 +424,21 @@ def test_numpy_row_bases_match_the_histogram_on_wide_rows(cols):
         assert np.array_equal(got[w], want[w].numpy())
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.sampled_from([0, 3, 120, 236, 250]), st.integers(0, 2**31 - 1))
+def test_numpy_row_bases_pick_the_lowest_tied_window(rows, cols, lo, seed):
+    """Rows of a few sparse values (gaps inside and below the window that wins), near either end of the byte
+    range: the windows tied with the best one below it, and the clamp at 0, decide the base."""
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 20, (rows, 3), generator=g)  # three values a row, anywhere in 20 levels
+    x = (lo + levels.gather(1, torch.randint(0, 3, (rows, cols), generator=g))).clamp(0, 255).to(torch.uint8)
+    widths = (0, 1, 2, 3, 4)
+    got = row_bases_np(x.numpy(), widths)
+    want = _row_bases_torch(x, widths)
+    for w in widths:
+        assert np.array_equal(got[w], want[w].numpy())
+
+
 @pytest.mark.parametrize("width", [0, 3, 5, 8])
 def test_numpy_row_bases_take_any_width(width):
     x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)
