@@ -459,3 +459,24 @@ def test_span_edges_inside_the_exception_streams(monkeypatch, fmt, width):
     width_t, body, _ = _encode_torch(plane.reshape(-1, 16), (width,))
     assert width_t == width and torch.equal(payload[HEADER_BYTES:], body)
     assert torch.equal(decode_compact(payload), plane)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([18, 36, 160]), st.sampled_from([1, 2, 3, 7]), st.integers(0, 2**31 - 1))
+def test_far_flags_counted_in_pieces(experts, cols, piece, seed):
+    """The compact decoder masks and counts the far flags a few listed chunks at a time: pieces of any size
+    give the one-piece result, and the plane decodes through them."""
+    from csf_codec import compact_decode_np
+
+    plane = synthetic_scale_plane((experts, 256, cols), MXFP4, DOWN_PROJ_DENSE, seed=seed)
+    lay = compact_layout(encode_compact(plane, MXFP4).payload)
+    table = lay.table.numpy()
+    stream = lay.exceptions.numpy()[: table.stream_bytes]
+    whole = compact_decode_np._far_flags(stream, table)
+    old, compact_decode_np._FLAG_CHUNKS = compact_decode_np._FLAG_CHUNKS, piece
+    try:
+        cut = compact_decode_np._far_flags(stream, table)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, cut, strict=True))
+        assert torch.equal(decode_compact(encode_compact(plane, MXFP4).payload), plane)
+    finally:
+        compact_decode_np._FLAG_CHUNKS = old
