@@ -424,6 +424,21 @@ def test_numpy_row_bases_match_the_histogram_on_wide_rows(cols):
         assert np.array_equal(got[w], want[w].numpy())
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.sampled_from([0, 3, 120, 236, 250]), st.integers(0, 2**31 - 1))
+def test_numpy_row_bases_pick_the_lowest_tied_window(rows, cols, lo, seed):
+    """Rows of a few sparse values (gaps inside and below the window that wins), near either end of the byte
+    range: the windows tied with the best one below it, and the clamp at 0, decide the base."""
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 20, (rows, 3), generator=g)  # three values a row, anywhere in 20 levels
+    x = (lo + levels.gather(1, torch.randint(0, 3, (rows, cols), generator=g))).clamp(0, 255).to(torch.uint8)
+    widths = (0, 1, 2, 3, 4)
+    got = row_bases_np(x.numpy(), widths)
+    want = _row_bases_torch(x, widths)
+    for w in widths:
+        assert np.array_equal(got[w], want[w].numpy())
+
+
 @pytest.mark.parametrize("width", [0, 3, 5, 8])
 def test_numpy_row_bases_take_any_width(width):
     x = torch.randint(0, 256, (300, 9), generator=torch.Generator().manual_seed(width)).to(torch.uint8)
@@ -444,3 +459,24 @@ def test_span_edges_inside_the_exception_streams(monkeypatch, fmt, width):
     width_t, body, _ = _encode_torch(plane.reshape(-1, 16), (width,))
     assert width_t == width and torch.equal(payload[HEADER_BYTES:], body)
     assert torch.equal(decode_compact(payload), plane)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([18, 36, 160]), st.sampled_from([1, 2, 3, 7]), st.integers(0, 2**31 - 1))
+def test_far_flags_counted_in_pieces(experts, cols, piece, seed):
+    """The compact decoder masks and counts the far flags a few listed chunks at a time: pieces of any size
+    give the one-piece result, and the plane decodes through them."""
+    from csf_codec import compact_decode_np
+
+    plane = synthetic_scale_plane((experts, 256, cols), MXFP4, DOWN_PROJ_DENSE, seed=seed)
+    lay = compact_layout(encode_compact(plane, MXFP4).payload)
+    table = lay.table.numpy()
+    stream = lay.exceptions.numpy()[: table.stream_bytes]
+    whole = compact_decode_np._far_flags(stream, table)
+    old, compact_decode_np._FLAG_CHUNKS = compact_decode_np._FLAG_CHUNKS, piece
+    try:
+        cut = compact_decode_np._far_flags(stream, table)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, cut, strict=True))
+        assert torch.equal(decode_compact(encode_compact(plane, MXFP4).payload), plane)
+    finally:
+        compact_decode_np._FLAG_CHUNKS = old

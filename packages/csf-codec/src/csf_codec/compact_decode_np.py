@@ -150,18 +150,26 @@ def _patch_raw(vals, fields, exceptions, table: ChunkTable, c0: int, c1: int, wi
 
 def _far_flags(stream: np.ndarray, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
     """The stream masked to the far flags, and int64 [chunks + 1]: the flags set in the chunks before each
-    chunk (the last: all of them), one popcount of the masked stream; no byte holds two chunks' flags."""
+    chunk (the last: all of them), one popcount of the masked stream; no byte holds two chunks' flags. Built
+    :data:`_FLAG_CHUNKS` listed chunks at a time, so that the per-chunk temporaries stay small beside the plane."""
     listed = table.listed
     has = np.flatnonzero(listed)
     per_chunk = np.zeros(listed.size, dtype=np.int64)
     masked = np.zeros(stream.size, dtype=np.uint8)
-    if has.size:
-        cnt = listed[has]
+    for a in range(0, has.size, _FLAG_CHUNKS):
+        ids = has[a : a + _FLAG_CHUNKS]
+        cnt = listed[ids]
         low = LOW_BITS[cnt]
-        flags = table.bit_offsets[has] + cnt + (CHUNK >> low) + cnt * low
-        masked = stream & range_mask(flags, flags + cnt, stream.size)
-        per_chunk[has] = np.add.reduceat(POPCOUNT[masked], flags >> 3, dtype=np.int64)
+        flags = table.bit_offsets[ids] + cnt + (CHUNK >> low) + cnt * low
+        first, end = int(flags[0]) >> 3, -(-int(flags[-1] + cnt[-1]) // 8)  # the bytes these flags take
+        base = 8 * first
+        part = stream[first:end] & range_mask(flags - base, flags + cnt - base, end - first)
+        masked[first:end] = part
+        per_chunk[ids] = np.add.reduceat(POPCOUNT[part], (flags >> 3) - first, dtype=np.uint16)  # <= 256 a chunk
     return masked, np.concatenate([[0], np.cumsum(per_chunk)])
+
+
+_FLAG_CHUNKS = 1 << 13
 
 
 def decode_rows_np(

@@ -71,13 +71,14 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
 
     def one(start: int) -> None:
         x = rows[start : start + step]
-        lo, hi = _row_min_max(x)
+        xt = np.ascontiguousarray(x.T) if c < _NARROW else None  # narrow rows: transposed once, for every pass
+        lo, hi = (xt.min(axis=0), xt.max(axis=0)) if xt is not None else (x.min(axis=1), x.max(axis=1))
         for w in widths:  # every row that one window holds whole; the others are overwritten below
             out[w][start : start + x.shape[0]] = np.maximum(hi, (1 << w) - 1) - ((1 << w) - 1)
         hard = np.flatnonzero(hi - lo >= 1 << min(widths))
         if not hard.size:
             return
-        x, lo, spread = x[hard], lo[hard], hi[hard] - lo[hard]
+        lo, spread = lo[hard], hi[hard] - lo[hard]
         groups = np.searchsorted(np.array(_SPREAD_GROUPS), spread, side="right")
         if max(widths) > 4:  # windows wider than the level table's padding: histograms for every row
             groups[:] = len(_SPREAD_GROUPS)
@@ -85,12 +86,19 @@ def row_bases_np(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndar
             pick = np.flatnonzero(groups == g)
             if not pick.size:
                 continue
+            at = hard[pick]
             if g == len(_SPREAD_GROUPS):
-                got = _histogram_bases(x[pick], widths)
+                got = _histogram_bases(x[at], widths)
             else:
-                got = _level_bases(x[pick], lo[pick], int(spread[pick].max()) + 1, widths)
-            for w in widths:
-                out[w][start + hard[pick]] = got[w]
+                levels = int(spread[pick].max()) + 1
+                if levels > _LEVEL_PASSES:
+                    le = _histogram_level_counts(x[at], lo[pick], levels)
+                else:
+                    cols = np.take(xt, at, axis=1) if xt is not None else np.ascontiguousarray(x[at].T)
+                    le = _level_counts(cols, lo[pick], levels)
+                got = _level_bases(le, lo[pick], levels, widths)
+            for w, b in got.items():
+                out[w][start + at] = b
 
     map_spans(one, range(0, r, step))
     return out
@@ -116,39 +124,45 @@ def proven_bases(base: np.ndarray, at_base, at_top, inside, cols: int, width: in
 _SPREAD_GROUPS = (3, 15, 31)  # rows spreading over at most 4, 16, 32 values; wider rows: histogram
 
 
-def _level_bases(x: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
-    """Bases of rows spanning at most ``levels`` values, from their level counts; the window is chosen
-    with rows along the last axis (numpy reduces short rows one at a time), by one maximum per row."""
-    c = x.shape[1]
-    le = _level_counts(x, lo, levels)
+def _level_bases(le: np.ndarray, lo: np.ndarray, levels: int, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Bases of rows spanning at most ``levels`` values from their level counts ``le`` (:func:`_level_counts`),
+    for each width whose window some of them overflow (the others keep the one-window base).
+
+    Relative to the row's minimum, a window at ``j < 0`` holds ``le[j + W - 1] <= le[W - 1]``, and one past
+    ``levels - W`` holds ``C - le[j - 1]``, no more than the last window before it: only ``j`` in ``[0, levels -
+    W]`` can win, chosen with rows along the last axis (numpy reduces short rows one at a time) by one maximum.
+    Where ``j = 0`` wins, the smallest window holding as many starts at ``k - W + 1``, ``k`` the largest level
+    below ``W`` that the row occupies (the byte range cuts it off at 0); every winner stays below ``256 - W``,
+    as the row's maximum does."""
+    c = int(le[-1, 0])  # the rows' scales
     key_t = np.int16 if c < 1 << 9 else np.int32 if c < 1 << 25 else np.int64
     out = {}
     for w in widths:
         span = 1 << w
-        j = np.arange(-(span - 1), levels)  # relative bases that can hold anything; fewer than 64
-        counts = le[_PAD + j[0] + span - 1 : _PAD + j[-1] + span] - le[_PAD + j[0] - 1 : _PAD + j[-1]]
-        # one maximum over count * 64 + (63 - index): the most scales, then the smallest base
-        key = counts.astype(key_t) * key_t(64) + (63 - np.arange(j.size, dtype=key_t))[:, None]
-        if int(lo.min()) + j[0] < 0 or int(lo.max()) + j[-1] > 256 - span:  # some would leave the byte range
-            b = lo.astype(np.int16)[None, :] + j[:, None].astype(np.int16)
-            key[(b < 0) | (b > 256 - span)] = -1
+        last = levels - span  # the last window that can win
+        if last < 0:
+            continue
+        lows = le[_PAD - 1 : _PAD + last]  # le[j - 1]
+        tops = le[_PAD + span - 1 : _PAD + last + span]  # le[j + W - 1]
+        # one maximum over count * 64 + (63 - j): the most scales, then the smallest base
+        key = (tops - lows).astype(key_t) * key_t(64) + (63 - np.arange(last + 1, dtype=key_t))[:, None]
         best = 63 - (key.max(axis=0) & 63)
-        out[w] = (lo.astype(np.int16) + j[best]).astype(np.uint8)
+        occupied = span - np.add.reduce(le[_PAD : _PAD + span] == tops[0], axis=0, dtype=np.int16)
+        below = np.maximum(lo.astype(np.int16) + occupied - (span - 1), 0)
+        out[w] = np.where(best == 0, below, lo + best).astype(np.uint8)
     return out
 
 
 _PAD = 16  # le columns below lo and above the widest window's top
 
 
-def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
+def _level_counts(cols: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     """``le`` [2 * _PAD + levels, rows]: ``le[_PAD + k]`` = a row's bytes <= lo + k; none below lo, all C
-    from the row's own maximum on. Counted over the transposed rows, column against column, in the
-    narrowest count type that holds C."""
-    n_rows, c = x.shape
-    count_t = np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
-    if levels > _LEVEL_PASSES:
-        return _histogram_level_counts(x, lo, levels, count_t)
-    rel = np.ascontiguousarray(x.T)
+    from the row's own maximum on. Counted over the transposed rows (``cols``, uint8 [C, rows]), column against
+    column, in the narrowest count type that holds C; ``cols`` (a copy) is overwritten."""
+    c, n_rows = cols.shape
+    count_t = _count_type(c)
+    rel = cols
     rel -= lo  # bytes relative to the row's minimum: no wrap
     le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
     le[:_PAD] = 0
@@ -160,15 +174,20 @@ def _level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     return le
 
 
+def _count_type(c: int):
+    return np.uint8 if c < 1 << 8 else np.uint16 if c < 1 << 16 else np.int64
+
+
 _LEVEL_PASSES = 16  # rows spreading over more levels are counted by a histogram, not a pass a level
 
 
-def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int, count_t) -> np.ndarray:
+def _histogram_level_counts(x: np.ndarray, lo: np.ndarray, levels: int) -> np.ndarray:
     """:func:`_level_counts` from one histogram of each row's ``byte - lo``, summed up."""
     n_rows, c = x.shape
+    count_t = _count_type(c)
     le = np.empty((2 * _PAD + levels, n_rows), dtype=count_t)
     le[:_PAD] = 0
-    le[_PAD : _PAD + levels] = np.cumsum(grouped_histogram(x - lo[:, None], levels), axis=1).T
+    le[_PAD : _PAD + levels] = np.cumsum(grouped_histogram(x, levels, lo), axis=1).T
     le[_PAD + levels :] = c
     return le
 
@@ -182,13 +201,4 @@ def _histogram_bases(x: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.nda
     return {w: (cum[:, 1 << w :] - cum[:, : 257 - (1 << w)]).argmax(axis=1).astype(np.uint8) for w in widths}
 
 
-def _row_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row minimum and maximum. numpy reduces short rows one at a time, so rows of fewer than
-    :data:`_NARROW` columns are transposed first and reduced column against column."""
-    if x.shape[1] >= _NARROW:
-        return x.min(axis=1), x.max(axis=1)
-    cols = np.ascontiguousarray(x.T)
-    return cols.min(axis=0), cols.max(axis=0)
-
-
-_NARROW = 128
+_NARROW = 128  # rows narrower than this are transposed: numpy reduces short rows one at a time

@@ -77,18 +77,22 @@ def group_counts(flags: np.ndarray, group: int) -> np.ndarray:
 _GRAIN = 1 << 15  # torch runs an op on fewer elements than this on the calling thread, with no OpenMP team
 
 
-def grouped_histogram(values: np.ndarray, bins: int) -> np.ndarray:
-    """int64 [G, bins]: the histogram of each row of ``values`` (uint8 [G, n], every value below ``bins``).
+def grouped_histogram(values: np.ndarray, bins: int, less: np.ndarray | None = None) -> np.ndarray:
+    """int64 [G, bins]: the histogram of each row of ``values`` (uint8 [G, n]) less its ``less`` (uint8 [G], or
+    none), every difference in ``[0, bins)``.
 
-    One bincount a batch of rows over ``row * bins + value`` keys (int16), in torch because numpy's holds the GIL
-    and spans are counted on several threads. Each call stays under torch's parallel grain: an OpenMP team inside
-    threads that already share the cores spins against them (many times slower on a loaded machine)."""
+    One bincount a batch of rows over ``row * bins + value`` keys (int16, built in one pass), in torch because
+    numpy's holds the GIL and spans are counted on several threads. Each call stays under torch's parallel grain:
+    an OpenMP team inside threads that already share the cores spins against them (many times slower on a loaded
+    machine)."""
     g, n = values.shape
     out = np.empty((g, bins), dtype=np.int64)
     step = max(1, (_GRAIN - 1) // max(n, bins, 1))
     key_t = np.int16 if step * bins <= 1 << 15 else np.int32
-    keys = values.astype(key_t)
-    keys += ((np.arange(g) % step) * bins).astype(key_t)[:, None]
+    shift = (np.arange(g) % step) * bins
+    if less is not None:
+        shift -= less
+    keys = np.add(values, shift.astype(key_t)[:, None], dtype=key_t)
     flat = torch.from_numpy(keys.reshape(-1))
     for a in range(0, g, step):
         m = min(step, g - a)
