@@ -16,6 +16,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_K, ENGINE_TILE_M
 
 __all__ = [
     "CHUNK",
+    "DECODER_WARPS",
     "GATHER_THREADS",
     "GATHER_WARPS",
     "OUT_CHUNKS",
@@ -35,6 +36,9 @@ CHUNK = 16  # bytes a copy: cp.async (FC1), a vector store (FC2)
 # source's decoder warp 2
 GATHER_WARPS = {"native": (0, 1, 2, 3), "inline": (0, 1, 3)}
 GATHER_THREADS = 32 * len(GATHER_WARPS["native"])
+# the inline source's decoder warps, by row mode: records are dealt round-robin to producer warps 1-3 (one warp a
+# scheduler beside the consumers' eight), or, where warps 0, 1 and 3 gather FC1's rows, all to warp 2
+DECODER_WARPS = {"dense": (1, 2, 3), "scatter": (1, 2, 3), "gather": (2,)}
 ROW_CHUNKS = ENGINE_TILE_K * 2 // CHUNK  # chunks a slot's bf16 row of a stage
 STORE_THREADS = 256  # the consumer warpgroups store FC2's rows
 OUT_CHUNKS = ENGINE_TILE_M * 2 // CHUNK  # chunks a slot's bf16 row of an output tile

@@ -16,7 +16,9 @@ __all__ = [
     "entry_byte",
     "entry_shift",
     "escapes_byte",
+    "first_dealt",
     "quad_selector_byte",
+    "record_slots",
     "slot_row",
     "spread_nibbles",
     "tile_byte",
@@ -75,3 +77,16 @@ def spread_nibbles(d):
     """Four 4-bit deltas of a u16 (slot ``4 l + i`` in bits ``4 i``) as one byte each (slot ``4 l + i`` in byte
     ``i``)."""
     return (d & 0xF) | ((d & 0xF0) << 4) | ((d & 0xF00) << 8) | ((d & 0xF000) << 12)
+
+
+def first_dealt(rank, seq, warps):
+    """The first of a unit's records dealt to decoder warp ``rank`` of ``warps``, when ``seq`` records precede the
+    unit in the CTA's walk: record ``j`` of the unit goes to warp ``(seq + j) % warps``, so consecutive records (two
+    MXFP4 ring stages each) go to consecutive warps across unit boundaries too."""
+    return (rank - seq % warps + warps) % warps
+
+
+def record_slots(warps):
+    """Staging slots (records in flight) of each of ``warps`` decoder warps: four for a lone one, two each for
+    several (each decodes every ``warps``-th record, so two slots lead it by ``2 warps`` records)."""
+    return 4 if warps == 1 else 2
