@@ -211,8 +211,8 @@ def report(
         rb, slot = slot_of[e * probe.rows + r]
         j, col = divmod(kb, TILE_COLS)
         summary = record(rb, j)[0]
-        # the probe's launches are dense: records dealt round-robin over the CTA's walk to the decoder warps
-        warps = len(DECODER_WARPS["dense"])
+        # records dealt round-robin over the CTA's walk to the decoder warps
+        warps = len(DECODER_WARPS)
         slots = record_slots(warps)
         rank = (turn * geo.col_tiles + j) % warps
         staged = sum(

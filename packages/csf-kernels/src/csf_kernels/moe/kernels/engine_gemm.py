@@ -22,11 +22,11 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
   TMA, all completing on the stage's mbarrier (:mod:`~csf_kernels.moe.kernels.engine_producer`). Gathering (FC1,
   ``io="gather"``), the tile's rows come from ``x [tokens, K]`` by 16-byte ``cp.async`` of the gathering producer
-  warps (:class:`~csf_kernels.moe.kernels.engine_producer.RowGather`: warps 0-3, or 0, 1 and 3 beside the inline
-  source's decoder warp 2), each thread arriving on the stage's mbarrier once its copies land.
+  warps (:class:`~csf_kernels.moe.kernels.engine_producer.RowGather`: warps 0-3, or warp 0 alone beside the inline
+  source's decoder warps 1-3), each thread arriving on the stage's mbarrier once its copies land.
 * inline scales: producer warps decode engine records into the scale slots
-  (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), records dealt round-robin to warps 1-3 (warp 2 alone
-  where warps 0, 1 and 3 gather), the 32 lanes of a record's warp arriving on each of its stages' mbarriers.
+  (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), records dealt round-robin to warps 1-3, the 32 lanes
+  of a record's warp arriving on each of its stages' mbarriers.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
@@ -131,7 +131,7 @@ class GroupedFp4Gemm:
         self.scales = scales
         self.inline = scales == "inline"
         self.io = io
-        self.decoders = DECODER_WARPS[io] if self.inline else ()
+        self.decoders = DECODER_WARPS if self.inline else ()
         self.gather = RowGather(tile_n, GATHER_WARPS[scales]) if io == "gather" else None
         self.schedule = schedule
         # validates schedule; gathered stages are fenced before wgmma reads them

@@ -62,7 +62,9 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     quad_selector_byte,
     record_slots,
     slot_row,
+    spread_bits,
     spread_nibbles,
+    spread_pairs,
     tile_byte,
 )
 
@@ -319,20 +321,40 @@ class RecordDecoderWarp:
             origin = Int32((h >> ORIGIN_SHIFT) & 0xFF)
             origin = origin - ((origin & 0x80) << 1)
             count = Int32((h >> COUNT_SHIFT) & COUNT_MASK)
-            # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned words
-            at = quad_selector_byte(lane, tc, w)
-            sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
-            sel = sel >> Uint64((at & 3) * 8)
-            mask = (Uint32(1) << Uint32(w)) - 1
-            for i in cutlass.range_constexpr(4):
-                group = Uint32(sel >> Uint64(i * tc * w))
-                fields = Uint32(0)
-                for c in cutlass.range_constexpr(4):
-                    fields = fields | (((group >> Uint32(c * w)) & mask) << (8 * c))
-                lo = Int32((bases >> (8 * i)) & 0xFF) + origin  # the window's low end; a field adds to it
-                words[i] = fields + Uint32(lo) * Uint32(0x01010101)
+            if tc == TILE_COLS:  # a full tile: the quad's 16 w selector bits are one aligned u16, u32 or u64
+                if mode == 0:  # w = 1: 4 bits a slot
+                    bits = Uint32(cute.recast_tensor(s_rec, cutlass.Uint16)[2 + lane, slot])
+                    for i in cutlass.range_constexpr(4):
+                        words[i] = spread_bits(bits >> (4 * i)) + self._low_end(bases, origin, i)
+                elif mode == 1:  # w = 2: 8 bits a slot
+                    bits = Uint32(rec32[1 + lane, slot])
+                    for i in cutlass.range_constexpr(4):
+                        words[i] = spread_pairs(bits >> (8 * i)) + self._low_end(bases, origin, i)
+                else:  # w = 4: 16 bits a slot
+                    for i in cutlass.range_constexpr(4):
+                        bits = Uint32(rec32[1 + 2 * lane + i // 2, slot]) >> (16 * (i % 2))
+                        words[i] = spread_nibbles(bits) + self._low_end(bases, origin, i)
+            else:
+                # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned
+                # words
+                at = quad_selector_byte(lane, tc, w)
+                sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
+                sel = sel >> Uint64((at & 3) * 8)
+                mask = (Uint32(1) << Uint32(w)) - 1
+                for i in cutlass.range_constexpr(4):
+                    group = Uint32(sel >> Uint64(i * tc * w))
+                    fields = Uint32(0)
+                    for c in cutlass.range_constexpr(4):
+                        fields = fields | (((group >> Uint32(c * w)) & mask) << (8 * c))
+                    words[i] = fields + self._low_end(bases, origin, i)
             if count > 0:
                 self._exceptions(words, s_rec, s_tile, slot, tc, w, count, lane)
+
+    @cute.jit
+    def _low_end(self, bases, origin, i: cutlass.Constexpr):
+        """Slot ``4 l + i``'s window low end in each of its four column bytes (a field adds to it)."""
+        lo = Int32((bases >> (8 * i)) & 0xFF) + origin
+        return Uint32(lo) * Uint32(0x01010101)
 
     @cute.jit
     def _exceptions(self, words, s_rec, s_tile, slot, tc, w, count, lane):
