@@ -29,7 +29,9 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     entry_shift,
     escapes_byte,
     quad_selector_byte,
+    spread_bits,
     spread_nibbles,
+    spread_pairs,
     tile_byte,
 )
 
@@ -71,10 +73,18 @@ def _decode(slot: bytearray, tc: int, bases: list[int]) -> list[list[int]]:
         mask = (1 << w) - 1
         lane_words = []
         for i in range(4):
-            group = (sel >> (i * tc * w)) & _U32
-            fields = 0
-            for c in range(4):
-                fields |= ((group >> (c * w)) & mask) << (8 * c)
+            if tc == TILE_COLS:  # the program's full-tile forms: the quad's bits read as one aligned word
+                if w == 1:
+                    fields = spread_bits((slot[4 + 2 * lane] | slot[5 + 2 * lane] << 8) >> (4 * i))
+                elif w == 2:
+                    fields = spread_pairs(_u32(slot, 1 + lane) >> (8 * i))
+                else:
+                    fields = spread_nibbles(_u32(slot, 1 + 2 * lane + i // 2) >> (16 * (i % 2)))
+            else:
+                group = (sel >> (i * tc * w)) & _U32
+                fields = 0
+                for c in range(4):
+                    fields |= ((group >> (c * w)) & mask) << (8 * c)
             lo = ((bases[lane] >> (8 * i)) & 0xFF) + origin
             lane_words.append((fields + (lo & _U32) * 0x01010101) & _U32)
         words.append(lane_words)

@@ -14,7 +14,7 @@ from csf_codec.engine_records import encode_engine_records
 from csf_codec.synthetic import EXCEPTION_DENSE, synthetic_scale_plane
 from csf_codec.tile_layout import TILE_ROWS, InlineGeometry
 from csf_kernels.moe.engine_record_panel import record_tile
-from csf_kernels.moe.kernels.engine_record_lanes import slot_row
+from csf_kernels.moe.kernels.engine_record_lanes import slot_row, spread_bits, spread_nibbles, spread_pairs
 
 from .record_decoder_model import RECORD_BYTES, decode_block
 from .test_engine_record_panel import CATALOG_PLANES, PLANES, _catalog_plane
@@ -64,3 +64,12 @@ def test_model_decodes_exceptions_and_escapes_in_both_formats():
 def test_slot_rows_are_the_tile_layouts():
     rows = InlineGeometry.for_shape((TILE_ROWS, 4), TILE_ROWS).block_rows()[0]
     assert [slot_row(s // 4, s % 4) for s in range(TILE_ROWS)] == rows.tolist()
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_full_tile_spreads_equal_the_field_loop(w):
+    # every group of four w-bit fields, with garbage above them (the program shifts whole words down)
+    spread = {1: spread_bits, 2: spread_pairs, 4: spread_nibbles}[w]
+    for g in range(1 << (4 * w)):
+        want = sum(((g >> (c * w)) & ((1 << w) - 1)) << (8 * c) for c in range(4))
+        assert spread(g | (0xABCD << (4 * w))) == want, (w, g)

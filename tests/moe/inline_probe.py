@@ -37,13 +37,14 @@ from csf_codec.engine_records import EngineRecords
 from csf_codec.tile_layout import TILE_COLS, TILE_ROWS
 from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_record_panel import decode_record_step, empty_scale_panel
+from csf_kernels.moe.engine_rows import DECODER_WARPS
+from csf_kernels.moe.kernels.engine_record_lanes import first_dealt, record_slots
 
 __all__ = ["Probe", "make_probe", "probe_planes", "report", "twin_scales"]
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 _ONES = 0x22  # two E2M1 1.0 nibbles
 _NAN = {"mxfp4": (255,), "nvfp4": (0x7F, 0xFF)}
-RECORD_SLOTS = 4  # the decoder's staging slots (csf_kernels.moe.kernels.engine_record_decoder)
 
 
 def factor_bits(fmt: str) -> torch.Tensor:
@@ -58,10 +59,14 @@ def factor_bits(fmt: str) -> torch.Tensor:
 
 
 def probe_planes(planes: torch.Tensor, fmt: str) -> torch.Tensor:
-    """``planes`` with NaN codes moved to the nearest finite byte (MXFP4 254, NVFP4 +-448)."""
+    """``planes`` with NaN codes moved to the nearest finite byte (MXFP4 254, NVFP4 +-448), and NVFP4's -0 (0x80)
+    to +0: the probe reads a scale from a sum that starts at +0, which a -0 product leaves +0, so the output cannot
+    tell the two apart (the GEMM tests hold -0 scales bit for bit)."""
     out = planes.clone()
     for nan in _NAN[fmt]:
         out[out == nan] = nan - 1
+    if fmt == "nvfp4":
+        out[out == 0x80] = 0
     return out
 
 
@@ -210,11 +215,19 @@ def report(
         rb, slot = slot_of[e * probe.rows + r]
         j, col = divmod(kb, TILE_COLS)
         summary = record(rb, j)[0]
-        staged = sum(valid[(c + ctas * t) // probe.tiles_m] for t in range(turn)) * geo.col_tiles + j
+        # records dealt round-robin over the CTA's walk to the decoder warps
+        warps = len(DECODER_WARPS)
+        slots = record_slots(warps)
+        rank = (turn * geo.col_tiles + j) % warps
+        staged = sum(
+            len(range(first_dealt(rank, t * geo.col_tiles, warps), geo.col_tiles, warps))
+            for t in range(turn)
+            if valid[(c + ctas * t) // probe.tiles_m]
+        ) + len(range(first_dealt(rank, turn * geo.col_tiles, warps), j, warps))
         return (f"unit {u} (route block {b}, tile {tm}) on CTA {c}, tile row {row}, K block {kb} (step {step}, "
                 f"{ring}); record {j} of row block {rb} ({summary}), slot {slot} (lane {slot // 4}, word "
-                f"{slot % 4}), column {col}, staging slot {staged % RECORD_SLOTS} (parity "
-                f"{staged // RECORD_SLOTS % 2})")  # fmt: skip
+                f"{slot % 4}), column {col}, decoder warp {rank} of {warps}, its staging slot {staged % slots} "
+                f"(parity {staged // slots % 2})")  # fmt: skip
 
     lines = []
     for e, r, kb in torch.nonzero(differ)[:limit].tolist():

@@ -104,11 +104,14 @@ def test_inline_equals_native_grouped(tile_n, fmt):
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("tile_n", [16, 128])
 @pytest.mark.parametrize("max_ctas", [1, 2, 5])
-def test_inline_equals_native_when_a_cta_walks_many_units(max_ctas, tile_n, fmt):
-    """A capped grid makes each CTA walk many units: the decoder streams the next unit's records behind the current
-    one's (warm starts), restarts cold after invalid blocks, crosses tail tiles and expert changes; the same bits."""
-    experts, rows, k, max_blocks = 4, 320, 576, 12
-    seed = SEED + 11 * tile_n + max_ctas
+@pytest.mark.parametrize("k", [576, 128])
+def test_inline_equals_native_when_a_cta_walks_many_units(k, max_ctas, tile_n, fmt):
+    """A capped grid makes each CTA walk many units: the decoder warps stream the next unit's records behind the
+    current one's (warm starts), restart cold after invalid blocks, cross tail tiles and expert changes, and take
+    turns across units (K = 128: one MXFP4 record a unit, so a unit has work for one of the three warps); the same
+    bits."""
+    experts, rows, max_blocks = 4, 320, 12
+    seed = SEED + 11 * tile_n + max_ctas + k
     g = torch.Generator().manual_seed(seed)
     packed = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, generator=g)
     planes = _planes(fmt, experts, rows, k, seed)

@@ -16,6 +16,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_K, ENGINE_TILE_M
 
 __all__ = [
     "CHUNK",
+    "DECODER_WARPS",
     "GATHER_THREADS",
     "GATHER_WARPS",
     "OUT_CHUNKS",
@@ -31,10 +32,14 @@ __all__ = [
 ]
 
 CHUNK = 16  # bytes a copy: cp.async (FC1), a vector store (FC2)
-# the producer warps gathering each B stage's rows, by scale source: the whole warpgroup, or all but the inline
-# source's decoder warp 2
-GATHER_WARPS = {"native": (0, 1, 2, 3), "inline": (0, 1, 3)}
+# the producer warps gathering each B stage's rows, by scale source: the whole warpgroup, or warp 0 (the TMA warp)
+# alone beside the inline source's decoder warps
+GATHER_WARPS = {"native": (0, 1, 2, 3), "inline": (0,)}
 GATHER_THREADS = 32 * len(GATHER_WARPS["native"])
+# the inline source's decoder warps: records are dealt round-robin to producer warps 1-3, one warp a scheduler beside
+# the consumers' eight (a lone decoder warp left its scheduler's two consumer warps short of issue slots, and each
+# wgmma waits for its warpgroup's slowest warp)
+DECODER_WARPS = (1, 2, 3)
 ROW_CHUNKS = ENGINE_TILE_K * 2 // CHUNK  # chunks a slot's bf16 row of a stage
 STORE_THREADS = 256  # the consumer warpgroups store FC2's rows
 OUT_CHUNKS = ENGINE_TILE_M * 2 // CHUNK  # chunks a slot's bf16 row of an output tile

@@ -22,10 +22,11 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   NVFP4 512) and activation tile (``TILE_N x 64`` bf16, 128-byte swizzle) into one stage of a shared-memory ring by
   TMA, all completing on the stage's mbarrier (:mod:`~csf_kernels.moe.kernels.engine_producer`). Gathering (FC1,
   ``io="gather"``), the tile's rows come from ``x [tokens, K]`` by 16-byte ``cp.async`` of the gathering producer
-  warps (:class:`~csf_kernels.moe.kernels.engine_producer.RowGather`: warps 0-3, or 0, 1 and 3 beside the inline
-  source's decoder warp 2), each thread arriving on the stage's mbarrier once its copies land.
-* inline scales: producer warp 2 decodes engine records into the scale slots
-  (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), its 32 lanes arriving on each stage's mbarrier.
+  warps (:class:`~csf_kernels.moe.kernels.engine_producer.RowGather`: warps 0-3, or warp 0 alone beside the inline
+  source's decoder warps 1-3), each thread arriving on the stage's mbarrier once its copies land.
+* inline scales: producer warps decode engine records into the scale slots
+  (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), records dealt round-robin to warps 1-3, the 32 lanes
+  of a record's warp arriving on each of its stages' mbarriers.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
@@ -53,7 +54,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_panels import panel_scales
-from csf_kernels.moe.engine_rows import GATHER_WARPS
+from csf_kernels.moe.engine_rows import DECODER_WARPS, GATHER_WARPS
 from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
@@ -64,8 +65,9 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
     OFFSET_TABLE,
     RECORD_BYTES,
-    RECORD_SLOTS,
     RecordDecoderWarp,
+    decoder_bytes,
+    record_slots,
 )
 
 __all__ = [
@@ -83,16 +85,13 @@ __all__ = [
 ]
 
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
-SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warp 2
-DECODER_WARP = 2
+SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
 # block sizes whose blocks may run half their routes: a block whose live slots all lie in its first half issues
 # wgmma.m64n{TILE_N / 2} on them only (an expert's last block is its tail: up to half the padded work at 2048-8192)
 RAGGED_TILE_N = (128, 256)
 # block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
 # at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
 PAIRED_TILE_N = (16, 32, 64)
-# the inline source's own shared memory: staging slots, the decoded tile, a block's record offsets, barriers
-_DECODER_BYTES = RECORD_SLOTS * RECORD_BYTES + 512 + 4 * OFFSET_TABLE + 8 * RECORD_SLOTS + 3 * 128
 
 
 class GroupedFp4Gemm:
@@ -109,8 +108,8 @@ class GroupedFp4Gemm:
     mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
     program waits for its predecessor before it reads anything the predecessor may write).
 
-    ``scales="inline"``: the scales come from engine records (``csf_codec.engine_records``) that producer warp 2
-    decodes into the same slots (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`); compile :meth:`call_inline`,
+    ``scales="inline"``: the scales come from engine records (``csf_codec.engine_records``) that the decoder warps
+    decode into the same slots (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`); compile :meth:`call_inline`,
     whose arguments replace ``s_panel`` by the plane's ``base_ref`` (uint8 ``[RB]``), ``base_delta`` (uint8
     ``[RB, 64]`` MXFP4, ``[RB, 128]`` NVFP4), ``block_start`` (int32 ``[RB]``: 16-byte units), ``record_units``
     (uint8 ``[RB, tiles]``) and ``body`` (uint8), the records of W's rows in this program's row order, one row
@@ -132,6 +131,7 @@ class GroupedFp4Gemm:
         self.scales = scales
         self.inline = scales == "inline"
         self.io = io
+        self.decoders = DECODER_WARPS if self.inline else ()
         self.gather = RowGather(tile_n, GATHER_WARPS[scales]) if io == "gather" else None
         self.schedule = schedule
         # validates schedule; gathered stages are fenced before wgmma reads them
@@ -164,13 +164,13 @@ class GroupedFp4Gemm:
         self.epi_tile = self.epilogue.tile
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
-        decoder_bytes = _DECODER_BYTES if self.inline else 0
-        fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - decoder_bytes) // stage_bytes
+        dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
+        fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
         self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
-        self.ring_bytes = self.stages * stage_bytes + epi_bytes + decoder_bytes
+        self.ring_bytes = self.stages * stage_bytes + epi_bytes + dec_bytes
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = 0 if self.inline else s_bytes  # inline: the decoder warp's stores and arrivals, not bytes
         self.b_tx = 0 if self.gather else tile_n * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
@@ -287,7 +287,7 @@ class GroupedFp4Gemm:
 
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
-            cute.cosize(epi_smem), self.tile_n if self.gather else 0,
+            cute.cosize(epi_smem), self.tile_n if self.gather else 0, len(self.decoders),
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
@@ -349,15 +349,19 @@ class GroupedFp4Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        # a stage's arrivals: the TMA thread's (which expects the bytes), the inline decoder warp's lanes', and the
-        # gathering threads' once their copies land
+        # a stage's arrivals: the TMA thread's (which expects the bytes), the lanes of the inline decoder warp that
+        # decoded its record, and the gathering threads' once their copies land
         producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
+        decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
-            if warp == DECODER_WARP:
+            slots = record_slots(len(self.decoders))
+            rank = warp - self.decoders[0]
+            decoder = (rank >= 0) & (rank < len(self.decoders))
+            if decoder:
                 with cute.arch.elect_one():
-                    for i in cutlass.range_constexpr(RECORD_SLOTS):
-                        cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + i, 1)
+                    for i in cutlass.range_constexpr(slots):
+                        cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + rank * slots + i, 1)
                 cute.arch.mbarrier_init_fence()
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
@@ -403,13 +407,17 @@ class GroupedFp4Gemm:
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
         if cutlass.const_expr(self.inline):
-            if warp == DECODER_WARP:
-                RecordDecoderWarp(self.nvfp4, self.stages).run(
-                    ring, s_s, storage.rec_bars.data_ptr(), storage.rec_stage.get_tensor(
-                        cute.make_layout((RECORD_BYTES, RECORD_SLOTS))), storage.rec_tile.get_tensor(
-                        cute.make_layout(128)), storage.rec_offs.get_tensor(cute.make_layout(OFFSET_TABLE)),
+            if decoder:  # the warp's own staging slots, barriers, decoded tile and offset table
+                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders))
+                s_rec = cute.make_tensor(storage.rec_stage.data_ptr() + rank * (dec.slots * RECORD_BYTES),
+                                         cute.make_layout((RECORD_BYTES, dec.slots)))  # fmt: skip
+                s_tile = cute.make_tensor(storage.rec_tile.data_ptr() + rank * 128, cute.make_layout(128))
+                s_offs = cute.make_tensor(storage.rec_offs.data_ptr() + rank * OFFSET_TABLE,
+                                          cute.make_layout(OFFSET_TABLE))  # fmt: skip
+                dec.run(
+                    ring, s_s, storage.rec_bars.data_ptr() + rank * dec.slots, s_rec, s_tile, s_offs,
                     base_ref, base_delta, block_start, record_units, body, block_expert, units, tiles_m, k_steps,
-                    cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]),
+                    cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]), rank,
                 )  # fmt: skip
 
         if wg > 0:
@@ -526,10 +534,10 @@ def live_extent(sorted_ids, pairs, b, tile_n: cutlass.Constexpr, lane):
     return extent
 
 
-def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered):
-    """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales the
-    decoder warp's staging barriers, staging slots, decoded tile and record offsets, and, gathering, the unit's
-    ``gathered`` slots' token rows."""
+def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders):
+    """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales each of
+    the ``decoders`` decoder warps' staging barriers, staging slots, decoded tile and record offsets, and,
+    gathering, the unit's ``gathered`` slots' token rows."""
     mem, align = cute.struct.MemRange, cute.struct.Align
     fields = {
         "bars": mem[cutlass.Int64, stages * 2],
@@ -540,10 +548,10 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
     }
     if inline:
         fields |= {
-            "rec_bars": mem[cutlass.Int64, RECORD_SLOTS],
-            "rec_stage": align[mem[cutlass.Uint8, RECORD_SLOTS * RECORD_BYTES], 128],
-            "rec_tile": align[mem[cutlass.Uint32, 128], 128],
-            "rec_offs": align[mem[cutlass.Int32, OFFSET_TABLE], 128],
+            "rec_bars": mem[cutlass.Int64, decoders * record_slots(decoders)],
+            "rec_stage": align[mem[cutlass.Uint8, decoders * record_slots(decoders) * RECORD_BYTES], 128],
+            "rec_tile": align[mem[cutlass.Uint32, decoders * 128], 128],
+            "rec_offs": align[mem[cutlass.Int32, decoders * OFFSET_TABLE], 128],
         }
     if gathered:
         fields["tokens"] = mem[cutlass.Int32, gathered]

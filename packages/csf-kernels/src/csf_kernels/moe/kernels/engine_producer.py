@@ -19,9 +19,10 @@ from csf_kernels.moe.engine_rows import ROW_CHUNKS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.kernels import engine_routes as routes
 
-__all__ = ["GATHER_BARRIER", "RowGather", "make_ring", "produce", "units_in_use"]
+__all__ = ["GATHER_BARRIER", "UNROLLED_COPIES", "RowGather", "make_ring", "produce", "units_in_use"]
 
 GATHER_BARRIER = 2  # the gathering warps' named barrier (the epilogue's is 1)
+UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this many, else a loop
 
 
 def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1) -> pipeline.PipelineTmaAsync:
@@ -107,17 +108,26 @@ class RowGather:
         tokens = cute.size(x, mode=[0])
         k_len = cute.size(x, mode=[1])
         per = self.threads // ROW_CHUNKS  # rows an instruction of the gathering warps
-        for j in cutlass.range_constexpr(-(-self.tile_n // per)):
-            i = rank // ROW_CHUNKS + per * j
-            if i < self.tile_n:
-                token = table[i]
-                live = token < tokens
-                column = k * TILE_K + chunk * (routes.CHUNK_BYTES // 2)
-                src = x.iterator.toint() + (cutlass.Int64(cutlass.min(token, tokens - 1)) * k_len + column) * 2
-                dst = routes.swizzle128(base + cute.crd2idx((i, chunk * (routes.CHUNK_BYTES // 2), index),
-                                                            b_smem.outer) * 2)  # fmt: skip
-                routes.copy_chunk(dst, src, cutlass.Int32(live))
+        copies = -(-self.tile_n // per)
+        if cutlass.const_expr(copies <= UNROLLED_COPIES):
+            for j in cutlass.range_constexpr(copies):
+                self._copy(x, table, tokens, k_len, base, b_smem, k, index, rank // ROW_CHUNKS + per * j, chunk)
+        else:  # a lone gathering warp at large blocks: a loop, within the producers' 40 registers
+            for j in cutlass.range(copies, unroll=1):
+                self._copy(x, table, tokens, k_len, base, b_smem, k, index, rank // ROW_CHUNKS + per * j, chunk)
         cute.arch.cp_async_mbarrier_arrive_noinc(bar)
+
+    @cute.jit
+    def _copy(self, x, table, tokens, k_len, base, b_smem, k, index, i, chunk):
+        """Chunk ``chunk`` of block row ``i``'s K step ``k`` into ring stage ``index`` (zeros for an empty slot)."""
+        if i < self.tile_n:
+            token = table[i]
+            live = token < tokens
+            column = k * TILE_K + chunk * (routes.CHUNK_BYTES // 2)
+            src = x.iterator.toint() + (cutlass.Int64(cutlass.min(token, tokens - 1)) * k_len + column) * 2
+            dst = routes.swizzle128(base + cute.crd2idx((i, chunk * (routes.CHUNK_BYTES // 2), index),
+                                                        b_smem.outer) * 2)  # fmt: skip
+            routes.copy_chunk(dst, src, cutlass.Int32(live))
 
     @cute.jit
     def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps):

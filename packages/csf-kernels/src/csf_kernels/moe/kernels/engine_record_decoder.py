@@ -1,22 +1,26 @@
-"""The engine's inline scale source: a producer warp that decodes engine records (``docs/csf-format.md`` §6) into
+"""The engine's inline scale source: producer warps that decode engine records (``docs/csf-format.md`` §6) into
 the scale slots of the GEMM's ring (``docs/moe-engine.md`` §4.3), byte for byte what a native scale panel's TMA
 copy puts there. Traced inline into :class:`~csf_kernels.moe.kernels.engine_gemm.GroupedFp4Gemm`; its torch twin
 is :mod:`csf_kernels.moe.engine_record_panel`.
 
-Per unit (route block, 128-row tile) of expert ``e`` the warp reads row block ``rb = e * tiles_m + tm`` of the
+Records are dealt round-robin over the CTA's walk to the program's decoder warps (one warp a scheduler: a lone
+warp's decoding shares one scheduler with two consumer warps, and each wgmma waits for its warpgroup's slowest
+warp); each warp has its own staging slots, offset table and decoded tile, and fills its records' ring stages.
+Per unit (route block, 128-row tile) of expert ``e`` a warp reads row block ``rb = e * tiles_m + tm`` of the
 plane's records:
 
 * the block's record lengths (one byte a record), once, prefix-summed across the warp into absolute 16-byte
   offsets in shared memory (``block_start[rb]`` plus the exclusive sum): no record's address waits on another;
 * each lane's quad of row bases (``base_ref`` plus the quad's 4 deltas: one u16 of ``base_delta`` for MXFP4's
   nibbles, one u32 for NVFP4's bytes), packed one byte a slot;
-* per record, in order: one ``cp.async.bulk`` of its ``L`` bytes into a staging slot (``RECORD_SLOTS`` of them:
-  that many records in flight), then lane ``l`` builds slots ``4 l .. 4 l + 3`` (four column bytes each) from the
-  header, its selector bits and the bases; a record with exceptions goes through a slot-order tile in shared
-  memory where the lanes scatter the entries (entry ``i`` on lane ``i % 32``; an escape's byte index is a ballot
-  count) and read their words back; a raw record's words are its bytes.
+* per record dealt to it, in order: one ``cp.async.bulk`` of its ``L`` bytes into a staging slot
+  (:func:`record_slots` of them a warp: that many records in flight), then lane ``l`` builds slots
+  ``4 l .. 4 l + 3`` (four column bytes each) from the header, its selector bits and the bases; a record with
+  exceptions goes through a slot-order tile in shared memory where the lanes scatter the entries (entry ``i`` on
+  lane ``i % 32``; an escape's byte index is a ballot count) and read their words back; a raw record's words are
+  its bytes.
 
-Then it fills the ring's scale slots in row order: a record is 128 rows x 4 scale columns, so MXFP4 (two columns a
+Then it fills its records' scale slots in row order: a record is 128 rows x 4 scale columns, so MXFP4 (two columns a
 64-K step) writes two consecutive stages from one decode (the tail record of ``C % 4 = 2`` columns one), NVFP4
 (four columns a step) one. For each stage it waits for the stage to be empty, stores its four rows (rows
 ``16 w + q``, ``+ 8``, ``+ 64``, ``+ 72`` of lane ``l = 8 w + q``: a u16 a row for MXFP4, a u32 for NVFP4), zero
@@ -54,16 +58,27 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     entry_byte,
     entry_shift,
     escapes_byte,
+    first_dealt,
     quad_selector_byte,
+    record_slots,
     slot_row,
+    spread_bits,
     spread_nibbles,
+    spread_pairs,
     tile_byte,
 )
 
-__all__ = ["DECODER_ARRIVALS", "MAX_COL_TILES", "OFFSET_TABLE", "RECORD_BYTES", "RECORD_SLOTS", "RecordDecoderWarp"]
+__all__ = [
+    "DECODER_ARRIVALS",
+    "MAX_COL_TILES",
+    "OFFSET_TABLE",
+    "RECORD_BYTES",
+    "RecordDecoderWarp",
+    "decoder_bytes",
+    "record_slots",
+]
 
 RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
-RECORD_SLOTS = 4  # staging slots: records in flight
 DECODER_ARRIVALS = 32  # a stage's full barrier waits for every lane of the decoder warp
 OFFSETS = MAX_COL_TILES + 1  # a row block's record offsets and its end
 OFFSET_TABLE = 2 * OFFSETS  # two halves: the unit's and the next unit's
@@ -96,38 +111,57 @@ def _row_block(block_expert, u, units, tiles_m, experts):
     return rb
 
 
-class RecordDecoderWarp:
-    """The decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
-    NVFP4: four), ``stages`` the ring's depth."""
+def decoder_bytes(warps: int) -> int:
+    """Shared memory of ``warps`` decoder warps: each one's staging slots, decoded tile, offset table and staging
+    barriers, and alignment."""
+    slots = record_slots(warps)
+    return warps * (slots * RECORD_BYTES + 512 + 4 * OFFSET_TABLE + 8 * slots) + 3 * 128
 
-    def __init__(self, nvfp4: bool, stages: int):
+
+@cute.jit
+def _producer_state(stages: cutlass.Constexpr, count):
+    """The ring's producer state after ``count`` stages (the producer's phase starts at 1)."""
+    return cutlass.pipeline.PipelineState(stages, count, count % stages, 1 ^ ((count // stages) & 1))
+
+
+class RecordDecoderWarp:
+    """A decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
+    NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to."""
+
+    def __init__(self, nvfp4: bool, stages: int, warps: int = 1):
         self.nvfp4 = nvfp4
         self.stages = stages
+        self.warps = warps
+        self.slots = record_slots(warps)
         self.steps_per_record = 1 if nvfp4 else 2
 
     @cute.jit
     def run(
         self, ring, s_s, bars, s_rec, s_tile, s_offs, base_ref, base_delta, block_start, record_units, body,
-        block_expert, units, tiles_m, k_steps, rows, experts,
+        block_expert, units, tiles_m, k_steps, rows, experts, rank,
     ):  # fmt: skip
-        """The warp's whole life: every unit this CTA walks, in the producers' order. Records stream across units:
+        """The warp's whole life: every unit this CTA walks, in the producers' order, decoding the records dealt to
+        ``rank`` (:func:`~csf_kernels.moe.kernels.engine_record_lanes.first_dealt`). Records stream across units:
         while a unit decodes, the next unit's lengths, start and bases are loaded (used only at its first copy), and
-        its first ``ahead`` records are copied behind the unit's last, so a unit starts with its records in flight
-        and no global read between it and its first decode."""
+        the warp's first records of the next unit are copied behind its last of this one, so a unit starts with its
+        records in flight and no global read between it and its first decode. ``bars``, ``s_rec``, ``s_tile`` and
+        ``s_offs`` are this warp's own."""
         lane = cute.arch.lane_idx()
-        state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
+        deal = self.warps
         taken = Int32(0)  # records this warp has waited for
         issued = Int32(0)  # records whose copy has started: with ``taken``, the staging ring's positions
         cols = k_steps * (4 if self.nvfp4 else 2)
         tiles = (cols + TILE_COLS - 1) // TILE_COLS
         full = cols // TILE_COLS
-        ahead = cutlass.min(RECORD_SLOTS, tiles)  # records in flight when a unit's decode starts
         words = cute.make_rmem_tensor((4,), Uint32)
         lengths = cute.make_rmem_tensor((LENGTH_CHUNKS,), Int32)  # a unit's record lengths, 32 records a register
         stride = cute.arch.grid_dim()[0]
         u = cute.arch.block_idx()[0]
         rb = _row_block(block_expert, u, units, tiles_m, experts)
-        warm = Int32(0)  # the unit's table is in ``s_offs`` half ``half`` and its first records are in flight
+        walked = Int32(0)  # units walked before this one (every decoder warp counts them all)
+        warm = Int32(0)  # the unit's table is in ``s_offs`` half ``half`` and this warp's first records are in flight
+        cursor = Int32(0)  # the next record this warp copies, counted from this unit's first (past ``tiles``: the
+        # next unit's)
         half = Int32(0)
         ref = Uint32(0)
         delta = Uint32(0)
@@ -136,53 +170,69 @@ class RecordDecoderWarp:
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
             nxt = u + stride
             rb_next = _row_block(block_expert, nxt, units, tiles_m, experts)
+            first = first_dealt(rank, walked * tiles, deal)
+            stage0 = walked * k_steps  # ring stages filled before this unit
             if rb >= 0:
                 if warm == 0:  # a cold start: the unit's table, bases and first records now
                     self._load(lengths, record_units, rb, tiles, lane)
                     self._offsets(s_offs, half, lengths, Int32(block_start[rb]), tiles, lane)
                     ref, delta = self._base_words(base_ref, base_delta, rb, lane)
-                    for j in cutlass.range(ahead, unroll=1):
-                        self._issue(bars, s_rec, s_offs, half, body, j, issued % RECORD_SLOTS, lane)
-                        issued += 1
+                    cursor = first
+                    for _ in cutlass.range(self.slots, unroll=1):
+                        if cursor < tiles:
+                            self._issue(bars, s_rec, s_offs, half, body, cursor, issued % self.slots, lane)
+                            issued += 1
+                            cursor += deal
                 bases = self._bases(ref, delta)
                 start_next = Int32(0)
                 if rb_next >= 0:  # loads that land under this unit's records
                     self._load(lengths, record_units, rb_next, tiles, lane)
                     start_next = Int32(block_start[rb_next])
                     ref, delta = self._base_words(base_ref, base_delta, rb_next, lane)
-                for j in cutlass.range(tiles, unroll=1):
-                    slot = taken % RECORD_SLOTS
-                    cute.arch.mbarrier_wait(bars + slot, (taken // RECORD_SLOTS) % 2)
+                next_table = Int32(0)  # the next unit's offsets are in table half ``1 - half``
+                for j in cutlass.range(first, tiles, deal, unroll=1):
+                    slot = taken % self.slots
+                    cute.arch.mbarrier_wait(bars + slot, (taken // self.slots) % 2)
                     tc = Int32(TILE_COLS)
                     if j >= full:
                         tc = cols - full * TILE_COLS
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
                     taken += 1
-                    p = j + ahead  # the record ``ahead`` places on: this unit's, then the next unit's
-                    if p < tiles:
-                        self._issue(bars, s_rec, s_offs, half, body, p, issued % RECORD_SLOTS, lane)
+                    if cursor < tiles:  # the record a staging slot's lead ahead: this unit's, then the next's
+                        self._issue(bars, s_rec, s_offs, half, body, cursor, issued % self.slots, lane)
                         issued += 1
-                    elif rb_next >= 0:
-                        if p == tiles:
+                        cursor += deal
+                    elif (rb_next >= 0) & (cursor < 2 * tiles):
+                        if next_table == 0:
                             self._offsets(s_offs, 1 - half, lengths, start_next, tiles, lane)
-                        self._issue(bars, s_rec, s_offs, 1 - half, body, p - tiles, issued % RECORD_SLOTS, lane)
+                            next_table = Int32(1)
+                        self._issue(bars, s_rec, s_offs, 1 - half, body, cursor - tiles, issued % self.slots, lane)
                         issued += 1
+                        cursor += deal
                     steps = Int32(1)
                     if cutlass.const_expr(not self.nvfp4):
                         steps = tc // 2
                     for h in cutlass.range(steps, unroll=1):
+                        state = _producer_state(self.stages, stage0 + j * self.steps_per_record + h)
                         self._fill(ring, state, s_s, words, h, tail_rows, lane, Uint32(0xFFFFFFFF))
-                        state.advance()
-                warm = Int32(0)
-                if rb_next >= 0:
-                    warm = Int32(1)
+                # warm: this warp's first records of the next unit are in flight (the last of a unit may deal it
+                # none of this unit's records: then nothing was copied ahead, and it starts the next one cold)
+                warm = next_table
+                cursor = cursor - tiles
             else:
-                for _ in cutlass.range(k_steps, unroll=1):
-                    self._fill(ring, state, s_s, words, 0, tail_rows, lane, Uint32(0))
-                    state.advance()
+                for j in cutlass.range(first, tiles, deal, unroll=1):
+                    steps = Int32(1)
+                    if cutlass.const_expr(not self.nvfp4):
+                        steps = Int32(TILE_COLS // 2)
+                        if j >= full:
+                            steps = (cols - full * TILE_COLS) // 2
+                    for h in cutlass.range(steps, unroll=1):
+                        state = _producer_state(self.stages, stage0 + j * self.steps_per_record + h)
+                        self._fill(ring, state, s_s, words, 0, tail_rows, lane, Uint32(0))
                 warm = Int32(0)
             half = 1 - half
+            walked += 1
             u = nxt
             rb = rb_next
 
@@ -271,20 +321,40 @@ class RecordDecoderWarp:
             origin = Int32((h >> ORIGIN_SHIFT) & 0xFF)
             origin = origin - ((origin & 0x80) << 1)
             count = Int32((h >> COUNT_SHIFT) & COUNT_MASK)
-            # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned words
-            at = quad_selector_byte(lane, tc, w)
-            sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
-            sel = sel >> Uint64((at & 3) * 8)
-            mask = (Uint32(1) << Uint32(w)) - 1
-            for i in cutlass.range_constexpr(4):
-                group = Uint32(sel >> Uint64(i * tc * w))
-                fields = Uint32(0)
-                for c in cutlass.range_constexpr(4):
-                    fields = fields | (((group >> Uint32(c * w)) & mask) << (8 * c))
-                lo = Int32((bases >> (8 * i)) & 0xFF) + origin  # the window's low end; a field adds to it
-                words[i] = fields + Uint32(lo) * Uint32(0x01010101)
+            if tc == TILE_COLS:  # a full tile: the quad's 16 w selector bits are one aligned u16, u32 or u64
+                if mode == 0:  # w = 1: 4 bits a slot
+                    bits = Uint32(cute.recast_tensor(s_rec, cutlass.Uint16)[2 + lane, slot])
+                    for i in cutlass.range_constexpr(4):
+                        words[i] = spread_bits(bits >> (4 * i)) + self._low_end(bases, origin, i)
+                elif mode == 1:  # w = 2: 8 bits a slot
+                    bits = Uint32(rec32[1 + lane, slot])
+                    for i in cutlass.range_constexpr(4):
+                        words[i] = spread_pairs(bits >> (8 * i)) + self._low_end(bases, origin, i)
+                else:  # w = 4: 16 bits a slot
+                    for i in cutlass.range_constexpr(4):
+                        bits = Uint32(rec32[1 + 2 * lane + i // 2, slot]) >> (16 * (i % 2))
+                        words[i] = spread_nibbles(bits) + self._low_end(bases, origin, i)
+            else:
+                # the quad's 4 tc w selector bits start at byte 4 + l tc w / 2, aligned to 1, 2 or 4: two aligned
+                # words
+                at = quad_selector_byte(lane, tc, w)
+                sel = (Uint64(rec32[(at >> 2) + 1, slot]) << 32) | Uint64(rec32[at >> 2, slot])
+                sel = sel >> Uint64((at & 3) * 8)
+                mask = (Uint32(1) << Uint32(w)) - 1
+                for i in cutlass.range_constexpr(4):
+                    group = Uint32(sel >> Uint64(i * tc * w))
+                    fields = Uint32(0)
+                    for c in cutlass.range_constexpr(4):
+                        fields = fields | (((group >> Uint32(c * w)) & mask) << (8 * c))
+                    words[i] = fields + self._low_end(bases, origin, i)
             if count > 0:
                 self._exceptions(words, s_rec, s_tile, slot, tc, w, count, lane)
+
+    @cute.jit
+    def _low_end(self, bases, origin, i: cutlass.Constexpr):
+        """Slot ``4 l + i``'s window low end in each of its four column bytes (a field adds to it)."""
+        lo = Int32((bases >> (8 * i)) & 0xFF) + origin
+        return Uint32(lo) * Uint32(0x01010101)
 
     @cute.jit
     def _exceptions(self, words, s_rec, s_tile, slot, tc, w, count, lane):

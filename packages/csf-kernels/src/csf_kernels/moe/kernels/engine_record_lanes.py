@@ -16,9 +16,13 @@ __all__ = [
     "entry_byte",
     "entry_shift",
     "escapes_byte",
+    "first_dealt",
     "quad_selector_byte",
+    "record_slots",
     "slot_row",
+    "spread_bits",
     "spread_nibbles",
+    "spread_pairs",
     "tile_byte",
 ]
 
@@ -75,3 +79,28 @@ def spread_nibbles(d):
     """Four 4-bit deltas of a u16 (slot ``4 l + i`` in bits ``4 i``) as one byte each (slot ``4 l + i`` in byte
     ``i``)."""
     return (d & 0xF) | ((d & 0xF0) << 4) | ((d & 0xF00) << 8) | ((d & 0xF000) << 12)
+
+
+def first_dealt(rank, seq, warps):
+    """The first of a unit's records dealt to decoder warp ``rank`` of ``warps``, when ``seq`` records precede the
+    unit in the CTA's walk: record ``j`` of the unit goes to warp ``(seq + j) % warps``, so consecutive records (two
+    MXFP4 ring stages each) go to consecutive warps across unit boundaries too."""
+    return (rank - seq % warps + warps) % warps
+
+
+def record_slots(warps):
+    """Staging slots (records in flight) of each of ``warps`` decoder warps: four for a lone one, two each for
+    several (each decodes every ``warps``-th record, so two slots lead it by ``2 warps`` records)."""
+    return 4 if warps == 1 else 2
+
+
+def spread_bits(g):
+    """Four 1-bit fields (bits 0-3 of ``g``) as one byte each (field ``c`` in byte ``c``): one multiply places bit
+    ``c`` at bit ``8 c`` (the four shifted copies never overlap, so nothing carries)."""
+    return ((g & 0xF) * 0x00204081) & 0x01010101
+
+
+def spread_pairs(g):
+    """Four 2-bit fields (bits 0-7 of ``g``) as one byte each: the even and the odd fields by one multiply each
+    (fields 0 and 2 shift by 0 and 12, fields 1 and 3 by 6 and 18: no copies overlap)."""
+    return (((g & 0x33) * 0x1001) & 0x00030003) | (((g & 0xCC) * 0x40040) & 0x03000300)
