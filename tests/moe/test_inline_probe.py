@@ -64,5 +64,7 @@ def test_report_locates_a_wrong_scale():
         "unit 28 (route block 9, tile 1) on CTA 3, tile row 72, K block 17 (step 8, ring position 93 (stage 5, "
         "parity 1)); record 4 of row block 7 (w " in text
     )
-    assert "slot 3 (lane 0, word 3), column 1, staging slot 0 (parity 0)" in text
+    # record 49 of CTA 3's walk (turn 5 of 9 records, record 4) goes to decoder warp 49 % 3 = 1, whose 13th staged
+    # record it is (three of each valid unit's nine, and record 1 of this one): its slot 1, parity 0
+    assert "slot 3 (lane 0, word 3), column 1, decoder warp 1 of 3, its staging slot 1 (parity 0)" in text
     assert text.splitlines()[-1].startswith("  1 of ")
