@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The next device call (prepared 2026-12-06f, not yet run): decoder warps 1-3 in every row mode (warp 0 gathers
+# alone beside them), full-tile selector spreads. Every inline, engine and served GPU test; bench beside
+# triton_kernels; NVFP4 rows; ncu of the gathering inline FC1. Carry: aot_cache/carry.tgz (the tree's cache, packed
+# by scripts/pack_aot_cache.py without MLA, stage-decoder and expander programs), .peers/triton_kernels,
+# .peers/SOURCE, this script and .ab/COMMIT (the commit the tree is at).
+set -uo pipefail
+mkdir -p aot_cache && tar xzf aot_cache/carry.tgz -C aot_cache
+export PYTHONPATH=$(printf '%s:' $PWD/packages/*/src)$PWD/benchmarks PYTHONUNBUFFERED=1 CSF_COMMIT=$(cat .ab/COMMIT)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv > $OUT/gpu.txt 2>&1
+t0=$(date +%s)
+P="python3 -m pytest -q -p no:cacheprovider -m gpu -rf"
+timeout 80 $P tests/moe/test_engine_inline_gpu.py tests/moe/test_engine_inline_probe_gpu.py > $OUT/t_inline.log 2>&1
+echo "inline rc=$? at $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/t_inline.log)" >> $OUT/tests.log
+timeout 60 $P tests/moe/test_engine_served_gpu.py -k "not triton" > $OUT/t_served.log 2>&1
+echo "served rc=$? at $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/t_served.log)" >> $OUT/tests.log
+timeout 70 $P tests/moe/test_engine_gemm_gpu.py tests/moe/test_engine_layer_gpu.py > $OUT/t_engine.log 2>&1
+echo "engine rc=$? at $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/t_engine.log)" >> $OUT/tests.log
+timeout 150 python3 benchmarks/bench_moe.py --geometries peers --arms triton_kernels,engine,engine_inline,engine_pass,engine_inline_pass \
+  --tokens 1,8,32,128,512,2048,8192 --reps 6 --peer-path $PWD/.peers --out $OUT/moe.json > $OUT/moe.log 2>&1
+echo "bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
+timeout 80 python3 benchmarks/bench_moe.py --geometries nvfp4 --arms engine,engine_inline,engine_inline_pass \
+  --tokens 8,128,8192 --reps 4 --out $OUT/moe_nvfp4.json > $OUT/moe_nvfp4.log 2>&1
+echo "nvfp4 bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
+M=smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__issue_active.max.pct_of_peak_sustained_active,smsp__issue_active.min.pct_of_peak_sustained_active,smsp__inst_executed.sum
+for arm in engine_inline engine; do
+  echo "=== $arm T=128"
+  timeout 35 ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 --section SpeedOfLight --section SchedulerStats \
+    --metrics $M python3 benchmarks/profile_kernels.py engine --arm $arm --tokens 128 2>&1 | grep -v "^==PROF==" | tail -80
+done > $OUT/ncu.txt 2>&1
+echo "total $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
+cat $OUT/tests.log; grep -h "^FAILED\|^E  " $OUT/t_*.log | head -30
