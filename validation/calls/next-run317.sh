@@ -22,6 +22,11 @@ echo "bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 timeout 80 python3 benchmarks/bench_moe.py --geometries nvfp4 --arms engine,engine_inline,engine_inline_pass \
   --tokens 8,128,8192 --reps 4 --out $OUT/moe_nvfp4.json > $OUT/moe_nvfp4.log 2>&1
 echo "nvfp4 bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
+# where the layer's time goes besides the GEMMs at 8 and 128 tokens (the glue is the 8-512 bar's lever, §7); plain
+# launches so that no span includes a wait for its predecessor
+CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 8,128 \
+  --arms engine,engine_inline,triton_kernels --peer-path $PWD/.peers --out $OUT/kernel_times.json > $OUT/kernel_times.log 2>&1
+echo "kernel times rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 M=smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__issue_active.max.pct_of_peak_sustained_active,smsp__issue_active.min.pct_of_peak_sustained_active,smsp__inst_executed.sum
 for arm in engine_inline engine; do
   echo "=== $arm T=128"
