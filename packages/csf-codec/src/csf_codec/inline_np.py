@@ -160,10 +160,14 @@ def _valid_positions(valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
     return np.repeat(v, plan.count, axis=0)
 
 
-def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
-    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
-    stays in the byte range for every real row (bool [K, T])."""
-    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+def _span_offsets(rows, br, base, valid, plan: ClassPlan) -> tuple[np.ndarray, np.ndarray]:
+    """A span's tiles of one class and their biased offsets (:func:`_biased`)."""
+    tiles = _gather_tiles(rows, br, plan)
+    return tiles, _biased(tiles, base, valid, plan)
+
+
+def _window_counts(e: np.ndarray, base, valid, plan: ClassPlan, windows):
+    """:func:`window_stats` from a span's biased offsets."""
     size = TILE_ROWS * plan.cols
     le = {k: group_counts((e <= k).reshape(-1), size) for k in _levels(windows)}
     nvalid = np.repeat(valid.sum(axis=1) * plan.cols, plan.count)
@@ -179,6 +183,13 @@ def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
     return np.stack(n), np.stack(legal)
 
 
+def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
+    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
+    stays in the byte range for every real row (bool [K, T])."""
+    _, e = _span_offsets(rows, br, base, valid, plan)
+    return _window_counts(e, base, valid, plan, windows)
+
+
 def _raw_count(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> int:
     return int((~(legal & (n <= caps[:, None])).any(axis=0)).sum())
 
@@ -191,12 +202,11 @@ def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarr
     return key.argmin(axis=0), ~fits.any(axis=0)
 
 
-def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
-    """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
-    again rather than kept from the first pass: the plane's memory stays bounded by a span."""
+def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int, span=None):
+    """The S-byte records of a span's tiles of one class, and its raw tiles. ``span``: the span's (tiles,
+    offsets) when the caller holds them; else they are gathered again (a plane's offsets are not kept)."""
     size = TILE_ROWS * plan.cols
-    tiles = _gather_tiles(rows, br, plan)
-    e = _biased(tiles, base, valid, plan)
+    tiles, e = span if span is not None else _span_offsets(rows, br, base, valid, plan)
     vpos = None if valid.all() else _valid_positions(valid, plan)
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
     flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
@@ -230,36 +240,72 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
     return records, tiles[raw_ids]
 
 
+def _renumber_raw(records: np.ndarray, raw: np.ndarray, start: int) -> None:
+    """Rewrite the raw tiles' headers of a span built with raw indices from 0 to count from ``start``."""
+    if start:
+        ids = np.flatnonzero(raw)
+        header = _MODE_RAW | ((start + np.arange(ids.size, dtype=np.uint32)) << 2)
+        records[ids, -_HEADER:] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
+
+
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
-    """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
+    """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total.
+
+    The record size is a plane-wide choice, but each tile's window given S is its own. So each span's records
+    are built in the pass that counts its windows, for the size the first span alone would choose (the span
+    is encoded before the others to learn it), from tiles and offsets already at hand; only when the whole
+    class chooses another size are the spans gathered and built again."""
     spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br))  # about as many scales a class
-    stats = map_spans(
-        lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
-        spans,
-    )
     size = TILE_ROWS * plan.cols
-    n = np.concatenate([st[0] for st in stats], axis=1)
-    legal = np.concatenate([st[1] for st in stats], axis=1)
 
     def caps(s: int) -> np.ndarray:
         return np.array([capacity(w, s, plan.cols) for w, _ in windows], dtype=np.int64)
 
-    s = min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
-    best, raw = choose(n, legal, caps(s))
-    bounds = np.cumsum([0] + [st[0].shape[1] for st in stats])
-    raw_before = [int(raw[: bounds[i]].sum()) for i in range(len(stats))]
+    def pick(n: np.ndarray, legal: np.ndarray) -> int:
+        return min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
+
+    def first(i: int, guess: int | None):
+        a, b = spans[i]
+        part = (rows, br[a:b], base[a:b], valid[a:b], plan)
+        tiles, e = _span_offsets(*part)
+        n, legal = _window_counts(e, *part[2:], windows)
+        s = pick(n, legal) if guess is None else guess
+        best, raw = choose(n, legal, caps(s))
+        return n, legal, raw, build_records(*part, best, raw, s, windows, caps(s), 0, span=(tiles, e))
+
+    head = first(0, None)
+    guess = head[3][0].shape[1]
+    stats = [head, *map_spans(lambda i: first(i, guess), range(1, len(spans)))]
+    n = np.concatenate([st[0] for st in stats], axis=1)
+    legal = np.concatenate([st[1] for st in stats], axis=1)
+    s = pick(n, legal)
+    if s == guess:
+        built = [st[3] for st in stats]
+        start = 0
+        for st in stats:
+            _renumber_raw(st[3][0], st[2], start)
+            start += st[3][1].shape[0]
+    else:
+        del stats
+        built = _build_spans(rows, br, base, valid, plan, spans, n, legal, s, windows, caps(s))
+    records = np.concatenate([r for r, _ in built])
+    raws = np.concatenate([r for _, r in built])
+    return s, records, raws
+
+
+def _build_spans(rows, br, base, valid, plan: ClassPlan, spans, n, legal, s: int, windows, caps):
+    """Every span's (records, raw tiles) for record size ``s``, its tiles gathered again."""
+    best, raw = choose(n, legal, caps)
+    bounds = np.cumsum([0] + [(b - a) * plan.count for a, b in spans])
+    raw_before = np.concatenate([[0], np.cumsum(raw)])[bounds[:-1]]
 
     def build(i: int):
         a, b = spans[i]
         t0, t1 = bounds[i], bounds[i + 1]
-        span_tiles = (best[t0:t1], raw[t0:t1])
-        cap = caps(s)
-        return build_records(rows, br[a:b], base[a:b], valid[a:b], plan, *span_tiles, s, windows, cap, raw_before[i])
+        part = (rows, br[a:b], base[a:b], valid[a:b], plan)
+        return build_records(*part, best[t0:t1], raw[t0:t1], s, windows, caps, int(raw_before[i]))
 
-    built = map_spans(build, range(len(spans)))
-    records = np.concatenate([r for r, _ in built]) if built else np.zeros((0, s), dtype=np.uint8)
-    raws = np.concatenate([r for _, r in built]) if built else np.zeros((0, size), dtype=np.uint8)
-    return s, records, raws
+    return map_spans(build, range(len(spans)))
 
 
 def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int, capacity, name: str) -> None:
