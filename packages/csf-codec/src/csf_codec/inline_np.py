@@ -169,7 +169,11 @@ def _span_offsets(rows, br, base, valid, plan: ClassPlan) -> tuple[np.ndarray, n
 def _window_counts(e: np.ndarray, base, valid, plan: ClassPlan, windows):
     """:func:`window_stats` from a span's biased offsets."""
     size = TILE_ROWS * plan.cols
-    le = {k: group_counts((e <= k).reshape(-1), size) for k in _levels(windows)}
+    flags = np.empty(e.size, dtype=bool)  # one buffer for every level: no fresh pages a level
+    le = {}
+    for k in _levels(windows):
+        np.less_equal(e.reshape(-1), k, out=flags)
+        le[k] = group_counts(flags, size)
     nvalid = np.repeat(valid.sum(axis=1) * plan.cols, plan.count)
     b = base.astype(np.int32)
     bmin = np.where(valid, b, 1 << 20).min(axis=1)
