@@ -489,7 +489,7 @@ def test_inline_record_size_guessed_from_the_first_span(monkeypatch, rebuilt):
     every span keeps the guess, and the raw tiles are renumbered across spans. Both write the torch bytes."""
     from csf_codec import inline_np
 
-    monkeypatch.setattr(inline_np, "_SCALES_PER_SPAN", 1)
+    monkeypatch.setattr(inline_np, "_ENCODE_SCALES", 1)
     calls = []
     build_spans = inline_np._build_spans
     monkeypatch.setattr(inline_np, "_build_spans", lambda *a: calls.append(1) or build_spans(*a))
@@ -503,6 +503,6 @@ def test_inline_record_size_guessed_from_the_first_span(monkeypatch, rebuilt):
         plane[:, :, 4:] = torch.randint(0, 256, (1, 1024, 4), generator=g)  # every span's second tile goes raw
     plane = plane.to(torch.uint8)
     got = encode_inline(plane, MXFP4)
-    assert len(inline_np.block_spans(8, 8)) == 8 and bool(calls) == rebuilt
+    assert len(inline_np.block_spans(8, 8, scales=1)) == 8 and bool(calls) == rebuilt
     assert rebuilt or got.raw_tiles == 8
     assert torch.equal(got.to_payload(), _torch_inline(plane, MXFP4, None).to_payload())

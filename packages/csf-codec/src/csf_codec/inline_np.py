@@ -28,6 +28,9 @@ _MODE_RAW = 3
 _WIDTH_MODE = {1: 0, 2: 1, 4: 2}
 _MODE_WIDTH = {0: 1, 1: 2, 2: 4}
 _SCALES_PER_SPAN = 1 << 20
+# the encoder's spans are larger: each is a few hundred small-array passes, and two threads share the GIL
+# between them; its span temporaries are a few bytes a scale
+_ENCODE_SCALES = 1 << 21
 _TRUST = 28  # e is exact below _TRUST + _BIAS
 
 
@@ -259,7 +262,7 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
     are built in the pass that counts its windows, for the size the first span alone would choose (the span
     is encoded before the others to learn it), from tiles and offsets already at hand; only when the whole
     class chooses another size are the spans gathered and built again."""
-    spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br))  # about as many scales a class
+    spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br), _ENCODE_SCALES)
     size = TILE_ROWS * plan.cols
 
     def caps(s: int) -> np.ndarray:
