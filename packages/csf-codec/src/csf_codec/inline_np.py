@@ -140,13 +140,12 @@ def _biased(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassP
     nb = base.shape[0]
     size = TILE_ROWS * plan.cols
     t = tiles.reshape(nb, plan.count, size)
-    b = np.repeat(base.astype(np.uint8), plan.cols, axis=1)[:, None, :]  # [nb, 1, 128 tc]: contiguous rows
+    # padding slots read 0: a base of 9 there makes their e 0 - 9 + 8, which wraps to 255 in the same pass
+    slot = np.where(valid, base, _BIAS + 1).astype(np.uint8)
+    b = np.repeat(slot, plan.cols, axis=1)[:, None, :]  # [nb, 1, 128 tc]: contiguous rows
     e = t - b
     e += np.uint8(_BIAS)
-    pad = np.flatnonzero(~valid.all(axis=1))
-    if pad.size:
-        e[pad] = np.where(np.repeat(valid[pad], plan.cols, axis=1)[:, None, :], e[pad], np.uint8(_FAR))
-    fix = np.flatnonzero((base.min(axis=1) < _BIAS) | (base.max(axis=1) > 255 - _TRUST))
+    fix = np.flatnonzero((valid & ((base < _BIAS) | (base > 255 - _TRUST))).any(axis=1))
     if fix.size:  # a true offset in [-8, 27] has e < 8 exactly when the scale lies below its base
         ef, tf, bf = e[fix], t[fix], b[fix]
         e[fix] = np.where((ef < _TRUST + _BIAS) & ((ef < _BIAS) != (tf < bf)), np.uint8(_FAR), ef)
