@@ -210,40 +210,58 @@ def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarr
 
 def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int, span=None):
     """The S-byte records of a span's tiles of one class, and its raw tiles. ``span``: the span's (tiles,
-    offsets) when the caller holds them; else they are gathered again (a plane's offsets are not kept)."""
+    offsets) when the caller holds them (its offsets are overwritten); else they are gathered again (a plane's
+    offsets are not kept).
+
+    Every tile's fields and exceptions come from whole-span passes with the tile's window as a per-tile
+    operand; only the packing is split, by selector width."""
     size = TILE_ROWS * plan.cols
     tiles, e = span if span is not None else _span_offsets(rows, br, base, valid, plan)
-    vpos = None if valid.all() else _valid_positions(valid, plan)
+    k = np.array([_WIDTH_MODE[w] for w, _ in windows], dtype=np.uint32)[best]  # a tile's mode
+    width = np.left_shift(1, k).astype(np.int64)  # modes 0, 1, 2 are widths 1, 2, 4
+    low = np.array([o + _BIAS for _, o in windows], dtype=np.uint8)[best]
+    top = np.where(raw, 255, (1 << width) - 1).astype(np.uint8)  # raw tiles: no position lies outside
+    f = np.subtract(e, low[:, None], out=e)  # the field, where it lies inside the window
+    outside = f > top[:, None]
+    np.multiply(f, ~outside, out=f)  # outside fields are 0
+    if not valid.all():
+        outside &= _valid_positions(valid, plan)
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
-    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
-    header = np.zeros(e.shape[0], dtype=np.uint32)
-    for k, (w, o) in enumerate(windows):
-        sel = np.flatnonzero((best == k) & ~raw)
-        if not sel.size:
-            continue
-        f = e[sel] - np.uint8(o + _BIAS)
-        outside = f >= (1 << w)
-        if w == 1:
-            f = f == 1  # packed as bits: outside fields are 0
-        else:
-            np.multiply(f, ~outside, out=f)
-        if vpos is not None:
-            outside &= vpos[sel]
-        sb = size * w // 8
-        records[sel, :sb] = pack_bits(f.reshape(-1), w).reshape(sel.size, sb)
-        cap = int(caps[k])
-        idx = np.flatnonzero(outside)
-        t, p = np.divmod(idx, size)
-        nk = np.bincount(t, minlength=sel.size)
-        rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
-        after = sel[t] * s + sb  # each exception's record, at its first byte after the selectors
-        pos16[after // 2 + rank] = p
-        flat[after + 2 * cap + rank] = tiles.reshape(-1)[sel[t] * size + p]
-        header[sel] = _WIDTH_MODE[w] | (nk.astype(np.uint32) << 2) | np.uint32((o & 0xFF) << 8)
+    _pack_selectors(records, f, width, raw)
+    nk = _place_exceptions(records, tiles, outside, width * (size // 8), caps[best])
+    header = k | (nk.astype(np.uint32) << 2) | ((low.astype(np.uint32) - _BIAS) & 0xFF) << 8
     raw_ids = np.flatnonzero(raw)
     header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
     records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
     return records, tiles[raw_ids]
+
+
+def _pack_selectors(records: np.ndarray, fields: np.ndarray, width: np.ndarray, raw: np.ndarray) -> None:
+    """Pack each selector tile's fields (uint8 [T, 128 tc]) at the start of its record, one call a width."""
+    size = fields.shape[1]
+    for w in (1, 2, 4):
+        pick = (width == w) & ~raw
+        sb = size * w // 8
+        if pick.all():  # one width for every tile (the common case): no gather
+            records[:, :sb] = pack_bits(fields.reshape(-1), w).reshape(-1, sb)
+        elif pick.any():
+            sel = np.flatnonzero(pick)
+            records[sel, :sb] = pack_bits(fields[sel].reshape(-1), w).reshape(sel.size, sb)
+
+
+def _place_exceptions(records: np.ndarray, tiles: np.ndarray, outside: np.ndarray, sb: np.ndarray, cap) -> np.ndarray:
+    """Write the ``outside`` positions of every tile (u16, ascending) and their bytes after its ``sb`` selector
+    bytes, in slots of its capacity ``cap``; returns each tile's count."""
+    s, size = records.shape[1], tiles.shape[1]
+    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
+    idx = np.flatnonzero(outside)
+    t, p = np.divmod(idx, size)
+    nk = np.bincount(t, minlength=records.shape[0])
+    rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
+    after = t * s + sb[t]  # each exception's record, at its first byte after the selectors
+    pos16[after // 2 + rank] = p
+    flat[after + 2 * cap[t] + rank] = tiles.reshape(-1)[idx]
+    return nk
 
 
 def _renumber_raw(records: np.ndarray, raw: np.ndarray, start: int) -> None:
