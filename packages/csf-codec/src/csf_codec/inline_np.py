@@ -272,6 +272,15 @@ def _renumber_raw(records: np.ndarray, raw: np.ndarray, start: int) -> None:
         records[ids, -_HEADER:] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
 
 
+def _encode_spans(br: np.ndarray, plan: ClassPlan) -> list[tuple[int, int]]:
+    """The encoder's spans: a first one a quarter of the others' size, since it runs alone (it picks the record
+    size the others are built for), then spans of :data:`_ENCODE_SCALES`."""
+    cols, group = plan.count * plan.cols, group_blocks(br)
+    head = block_spans(br.shape[0], cols, group, max(1, _ENCODE_SCALES // 4))[0][1]
+    rest = block_spans(br.shape[0] - head, cols, group, _ENCODE_SCALES)
+    return [(0, head)] + [(a + head, b + head) for a, b in rest]
+
+
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
     """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total.
 
@@ -279,7 +288,7 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
     are built in the pass that counts its windows, for the size the first span alone would choose (the span
     is encoded before the others to learn it), from tiles and offsets already at hand; only when the whole
     class chooses another size are the spans gathered and built again."""
-    spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br), _ENCODE_SCALES)
+    spans = _encode_spans(br, plan)
     size = TILE_ROWS * plan.cols
 
     def caps(s: int) -> np.ndarray:
