@@ -294,24 +294,27 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
     def caps(s: int) -> np.ndarray:
         return np.array([capacity(w, s, plan.cols) for w, _ in windows], dtype=np.int64)
 
-    def pick(n: np.ndarray, legal: np.ndarray) -> int:
-        return min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
+    def totals(n: np.ndarray, legal: np.ndarray) -> np.ndarray:
+        """Bytes of a span's tiles for each record size (records, and raw tiles): they add up over spans."""
+        return np.array([n.shape[1] * s + _raw_count(n, legal, caps(s)) * size for s in sizes])
+
+    def pick(total: np.ndarray) -> int:
+        return min(zip(total.tolist(), sizes, strict=True))[1]  # the fewest bytes, then the smallest size
 
     def first(i: int, guess: int | None):
         a, b = spans[i]
         part = (rows, br[a:b], base[a:b], valid[a:b], plan)
         tiles, e = _span_offsets(*part)
         n, legal = _window_counts(e, *part[2:], windows)
-        s = pick(n, legal) if guess is None else guess
+        total = totals(n, legal)
+        s = pick(total) if guess is None else guess
         best, raw = choose(n, legal, caps(s))
-        return n, legal, raw, build_records(*part, best, raw, s, windows, caps(s), 0, span=(tiles, e))
+        return n, legal, raw, build_records(*part, best, raw, s, windows, caps(s), 0, span=(tiles, e)), total
 
     head = first(0, None)
     guess = head[3][0].shape[1]
     stats = [head, *map_spans(lambda i: first(i, guess), range(1, len(spans)))]
-    n = np.concatenate([st[0] for st in stats], axis=1)
-    legal = np.concatenate([st[1] for st in stats], axis=1)
-    s = pick(n, legal)
+    s = pick(sum(st[4] for st in stats))
     if s == guess:
         built = [st[3] for st in stats]
         start = 0
@@ -319,6 +322,8 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
             _renumber_raw(st[3][0], st[2], start)
             start += st[3][1].shape[0]
     else:
+        n = np.concatenate([st[0] for st in stats], axis=1)
+        legal = np.concatenate([st[1] for st in stats], axis=1)
         del stats
         built = _build_spans(rows, br, base, valid, plan, spans, n, legal, s, windows, caps(s))
     records = np.concatenate([r for r, _ in built])
