@@ -224,8 +224,10 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
     f = np.subtract(e, low[:, None], out=e)  # the field, where it lies inside the window
     outside = f > top[:, None]
     np.multiply(f, ~outside, out=f)  # outside fields are 0
-    if not valid.all():
-        outside &= _valid_positions(valid, plan)
+    pad = np.flatnonzero(~valid.all(axis=1))
+    if pad.size:  # padding positions hold no exceptions; only blocks with padding are read again
+        blocks = outside.reshape(valid.shape[0], plan.count, size)
+        blocks[pad] &= np.repeat(valid[pad], plan.cols, axis=1)[:, None, :]
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
     _pack_selectors(records, f, width, raw)
     nk = _place_exceptions(records, tiles, outside, width * (size // 8), caps[best])
