@@ -480,3 +480,29 @@ def test_far_flags_counted_in_pieces(experts, cols, piece, seed):
         assert torch.equal(decode_compact(encode_compact(plane, MXFP4).payload), plane)
     finally:
         compact_decode_np._FLAG_CHUNKS = old
+
+
+@pytest.mark.parametrize("rebuilt", [True, False], ids=["size_changes", "size_holds"])
+def test_inline_record_size_guessed_from_the_first_span(monkeypatch, rebuilt):
+    """Spans of one row block. The first span's own record size is the guess its spans are built for: a clean
+    first span before exception-heavy ones guesses too small, and the spans are built again; a raw tile in
+    every span keeps the guess, and the raw tiles are renumbered across spans. Both write the torch bytes."""
+    from csf_codec import inline_np
+
+    monkeypatch.setattr(inline_np, "_ENCODE_SCALES", 1)
+    calls = []
+    build_spans = inline_np._build_spans
+    monkeypatch.setattr(inline_np, "_build_spans", lambda *a: calls.append(1) or build_spans(*a))
+    g = torch.Generator().manual_seed(33)
+    plane = 100 + torch.randint(0, 2, (1, 1024, 8), generator=g)
+    if rebuilt:
+        far = torch.rand(plane.shape, generator=g) < 0.05
+        far[:, :128] = False  # the first span has no exception
+        plane = torch.where(far, 130, plane)
+    else:
+        plane[:, :, 4:] = torch.randint(0, 256, (1, 1024, 4), generator=g)  # every span's second tile goes raw
+    plane = plane.to(torch.uint8)
+    got = encode_inline(plane, MXFP4)
+    assert len(inline_np.block_spans(8, 8, scales=1)) == 8 and bool(calls) == rebuilt
+    assert rebuilt or got.raw_tiles == 8
+    assert torch.equal(got.to_payload(), _torch_inline(plane, MXFP4, None).to_payload())

@@ -42,7 +42,7 @@ from .inline_np import ClassPlan, decode_class_np, encode_class_np
 from .planes import as_rows
 from .record_layout import DELTA_BITS, EXCEPTION_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, MODE_RAW, MODE_WIDTH
 from .rowbase import row_bases, row_bases_np
-from .swar import unpack_bits
+from .swar import pack_bits, unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
 
 __all__ = [
@@ -222,7 +222,12 @@ def clamped_row_bases(
 
 def _pack_deltas(delta: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
     bits = DELTA_BITS[fmt.name]
-    return delta.clone() if bits == 8 else pack_fields(delta, bits)
+    if bits == 8:
+        return delta.clone()
+    if delta.device.type == "cpu":  # numpy packs in place of torch's int32 shift-and-sum temporaries
+        packed = pack_bits(np.ascontiguousarray(delta.numpy()).reshape(-1), bits)
+        return torch.from_numpy(packed).reshape(delta.shape[0], delta.shape[1] * bits // 8)
+    return pack_fields(delta, bits)
 
 
 def _unpack_deltas(packed: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:

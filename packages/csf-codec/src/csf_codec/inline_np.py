@@ -28,6 +28,9 @@ _MODE_RAW = 3
 _WIDTH_MODE = {1: 0, 2: 1, 4: 2}
 _MODE_WIDTH = {0: 1, 1: 2, 2: 4}
 _SCALES_PER_SPAN = 1 << 20
+# the encoder's spans are larger: each is a few hundred small-array passes, and two threads share the GIL
+# between them; its span temporaries are a few bytes a scale
+_ENCODE_SCALES = 1 << 21
 _TRUST = 28  # e is exact below _TRUST + _BIAS
 
 
@@ -137,13 +140,12 @@ def _biased(tiles: np.ndarray, base: np.ndarray, valid: np.ndarray, plan: ClassP
     nb = base.shape[0]
     size = TILE_ROWS * plan.cols
     t = tiles.reshape(nb, plan.count, size)
-    b = np.repeat(base.astype(np.uint8), plan.cols, axis=1)[:, None, :]  # [nb, 1, 128 tc]: contiguous rows
+    # padding slots read 0: a base of 9 there makes their e 0 - 9 + 8, which wraps to 255 in the same pass
+    slot = np.where(valid, base, _BIAS + 1).astype(np.uint8)
+    b = np.repeat(slot, plan.cols, axis=1)[:, None, :]  # [nb, 1, 128 tc]: contiguous rows
     e = t - b
     e += np.uint8(_BIAS)
-    pad = np.flatnonzero(~valid.all(axis=1))
-    if pad.size:
-        e[pad] = np.where(np.repeat(valid[pad], plan.cols, axis=1)[:, None, :], e[pad], np.uint8(_FAR))
-    fix = np.flatnonzero((base.min(axis=1) < _BIAS) | (base.max(axis=1) > 255 - _TRUST))
+    fix = np.flatnonzero((valid & ((base < _BIAS) | (base > 255 - _TRUST))).any(axis=1))
     if fix.size:  # a true offset in [-8, 27] has e < 8 exactly when the scale lies below its base
         ef, tf, bf = e[fix], t[fix], b[fix]
         e[fix] = np.where((ef < _TRUST + _BIAS) & ((ef < _BIAS) != (tf < bf)), np.uint8(_FAR), ef)
@@ -160,12 +162,20 @@ def _valid_positions(valid: np.ndarray, plan: ClassPlan) -> np.ndarray:
     return np.repeat(v, plan.count, axis=0)
 
 
-def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
-    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
-    stays in the byte range for every real row (bool [K, T])."""
-    e = _biased(_gather_tiles(rows, br, plan), base, valid, plan)
+def _span_offsets(rows, br, base, valid, plan: ClassPlan) -> tuple[np.ndarray, np.ndarray]:
+    """A span's tiles of one class and their biased offsets (:func:`_biased`)."""
+    tiles = _gather_tiles(rows, br, plan)
+    return tiles, _biased(tiles, base, valid, plan)
+
+
+def _window_counts(e: np.ndarray, base, valid, plan: ClassPlan, windows):
+    """:func:`window_stats` from a span's biased offsets."""
     size = TILE_ROWS * plan.cols
-    le = {k: group_counts((e <= k).reshape(-1), size) for k in _levels(windows)}
+    flags = np.empty(e.size, dtype=bool)  # one buffer for every level: no fresh pages a level
+    le = {}
+    for k in _levels(windows):
+        np.less_equal(e.reshape(-1), k, out=flags)
+        le[k] = group_counts(flags, size)
     nvalid = np.repeat(valid.sum(axis=1) * plan.cols, plan.count)
     b = base.astype(np.int32)
     bmin = np.where(valid, b, 1 << 20).min(axis=1)
@@ -177,6 +187,13 @@ def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
         ok = ((bmin + o >= 0) & (bmax + o + (1 << w) - 1 <= 255)) | ~valid.any(axis=1)
         legal.append(np.repeat(ok, plan.count))
     return np.stack(n), np.stack(legal)
+
+
+def window_stats(rows, br, base, valid, plan: ClassPlan, windows):
+    """Per window and tile of a span of one class: the exceptions it leaves (int32 [K, T]) and whether it
+    stays in the byte range for every real row (bool [K, T])."""
+    _, e = _span_offsets(rows, br, base, valid, plan)
+    return _window_counts(e, base, valid, plan, windows)
 
 
 def _raw_count(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> int:
@@ -191,75 +208,144 @@ def choose(n: np.ndarray, legal: np.ndarray, caps: np.ndarray) -> tuple[np.ndarr
     return key.argmin(axis=0), ~fits.any(axis=0)
 
 
-def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int):
-    """The S-byte records of a span's tiles of one class, and its raw tiles. The span's tiles are gathered
-    again rather than kept from the first pass: the plane's memory stays bounded by a span."""
+def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, windows, caps, raw_start: int, span=None):
+    """The S-byte records of a span's tiles of one class, and its raw tiles. ``span``: the span's (tiles,
+    offsets) when the caller holds them (its offsets are overwritten); else they are gathered again (a plane's
+    offsets are not kept).
+
+    Every tile's fields and exceptions come from whole-span passes with the tile's window as a per-tile
+    operand; only the packing is split, by selector width."""
     size = TILE_ROWS * plan.cols
-    tiles = _gather_tiles(rows, br, plan)
-    e = _biased(tiles, base, valid, plan)
-    vpos = None if valid.all() else _valid_positions(valid, plan)
+    tiles, e = span if span is not None else _span_offsets(rows, br, base, valid, plan)
+    k = np.array([_WIDTH_MODE[w] for w, _ in windows], dtype=np.uint32)[best]  # a tile's mode
+    width = np.left_shift(1, k).astype(np.int64)  # modes 0, 1, 2 are widths 1, 2, 4
+    low = np.array([o + _BIAS for _, o in windows], dtype=np.uint8)[best]
+    top = np.where(raw, 255, (1 << width) - 1).astype(np.uint8)  # raw tiles: no position lies outside
+    f = np.subtract(e, low[:, None], out=e)  # the field, where it lies inside the window
+    outside = f > top[:, None]
+    np.multiply(f, ~outside, out=f)  # outside fields are 0
+    pad = np.flatnonzero(~valid.all(axis=1))
+    if pad.size:  # padding positions hold no exceptions; only blocks with padding are read again
+        blocks = outside.reshape(valid.shape[0], plan.count, size)
+        blocks[pad] &= np.repeat(valid[pad], plan.cols, axis=1)[:, None, :]
     records = np.zeros((e.shape[0], s), dtype=np.uint8)
-    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
-    header = np.zeros(e.shape[0], dtype=np.uint32)
-    for k, (w, o) in enumerate(windows):
-        sel = np.flatnonzero((best == k) & ~raw)
-        if not sel.size:
-            continue
-        f = e[sel] - np.uint8(o + _BIAS)
-        outside = f >= (1 << w)
-        if w == 1:
-            f = f == 1  # packed as bits: outside fields are 0
-        else:
-            np.multiply(f, ~outside, out=f)
-        if vpos is not None:
-            outside &= vpos[sel]
-        sb = size * w // 8
-        records[sel, :sb] = pack_bits(f.reshape(-1), w).reshape(sel.size, sb)
-        cap = int(caps[k])
-        idx = np.flatnonzero(outside)
-        t, p = np.divmod(idx, size)
-        nk = np.bincount(t, minlength=sel.size)
-        rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
-        after = sel[t] * s + sb  # each exception's record, at its first byte after the selectors
-        pos16[after // 2 + rank] = p
-        flat[after + 2 * cap + rank] = tiles.reshape(-1)[sel[t] * size + p]
-        header[sel] = _WIDTH_MODE[w] | (nk.astype(np.uint32) << 2) | np.uint32((o & 0xFF) << 8)
+    _pack_selectors(records, f, width, raw)
+    nk = _place_exceptions(records, tiles, outside, width * (size // 8), caps[best])
+    header = k | (nk.astype(np.uint32) << 2) | ((low.astype(np.uint32) - _BIAS) & 0xFF) << 8
     raw_ids = np.flatnonzero(raw)
     header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
     records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
     return records, tiles[raw_ids]
 
 
+def _pack_selectors(records: np.ndarray, fields: np.ndarray, width: np.ndarray, raw: np.ndarray) -> None:
+    """Pack each selector tile's fields (uint8 [T, 128 tc]) at the start of its record, one call a width."""
+    size = fields.shape[1]
+    for w in (1, 2, 4):
+        pick = (width == w) & ~raw
+        sb = size * w // 8
+        if pick.all():  # one width for every tile (the common case): no gather
+            records[:, :sb] = pack_bits(fields.reshape(-1), w).reshape(-1, sb)
+        elif pick.any():
+            sel = np.flatnonzero(pick)
+            records[sel, :sb] = pack_bits(fields[sel].reshape(-1), w).reshape(sel.size, sb)
+
+
+def _place_exceptions(records: np.ndarray, tiles: np.ndarray, outside: np.ndarray, sb: np.ndarray, cap) -> np.ndarray:
+    """Write the ``outside`` positions of every tile (u16, ascending) and their bytes after its ``sb`` selector
+    bytes, in slots of its capacity ``cap``; returns each tile's count."""
+    s, size = records.shape[1], tiles.shape[1]
+    flat, pos16 = records.reshape(-1), records.reshape(-1).view("<u2")  # S and the selector bytes are even
+    idx = np.flatnonzero(outside)
+    t, p = np.divmod(idx, size)
+    nk = np.bincount(t, minlength=records.shape[0])
+    rank = np.arange(idx.size) - (np.cumsum(nk) - nk)[t]
+    after = t * s + sb[t]  # each exception's record, at its first byte after the selectors
+    pos16[after // 2 + rank] = p
+    flat[after + 2 * cap[t] + rank] = tiles.reshape(-1)[idx]
+    return nk
+
+
+def _renumber_raw(records: np.ndarray, raw: np.ndarray, start: int) -> None:
+    """Rewrite the raw tiles' headers of a span built with raw indices from 0 to count from ``start``."""
+    if start:
+        ids = np.flatnonzero(raw)
+        header = _MODE_RAW | ((start + np.arange(ids.size, dtype=np.uint32)) << 2)
+        records[ids, -_HEADER:] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
+
+
+def _encode_spans(br: np.ndarray, plan: ClassPlan) -> list[tuple[int, int]]:
+    """The encoder's spans: a first one a quarter of the others' size, since it runs alone (it picks the record
+    size the others are built for), then spans of :data:`_ENCODE_SCALES`."""
+    cols, group = plan.count * plan.cols, group_blocks(br)
+    head = block_spans(br.shape[0], cols, group, max(1, _ENCODE_SCALES // 4))[0][1]
+    rest = block_spans(br.shape[0] - head, cols, group, _ENCODE_SCALES)
+    return [(0, head)] + [(a + head, b + head) for a, b in rest]
+
+
 def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capacity):
-    """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total."""
-    spans = block_spans(br.shape[0], plan.count * plan.cols, group_blocks(br))  # about as many scales a class
-    stats = map_spans(
-        lambda sp: window_stats(rows, br[sp[0] : sp[1]], base[sp[0] : sp[1]], valid[sp[0] : sp[1]], plan, windows),
-        spans,
-    )
+    """(S, records [T, S], raw tiles) of one column class: S from ``sizes`` with the smallest total.
+
+    The record size is a plane-wide choice, but each tile's window given S is its own. So each span's records
+    are built in the pass that counts its windows, for the size the first span alone would choose (the span
+    is encoded before the others to learn it), from tiles and offsets already at hand; only when the whole
+    class chooses another size are the spans gathered and built again."""
+    spans = _encode_spans(br, plan)
     size = TILE_ROWS * plan.cols
-    n = np.concatenate([st[0] for st in stats], axis=1)
-    legal = np.concatenate([st[1] for st in stats], axis=1)
 
     def caps(s: int) -> np.ndarray:
         return np.array([capacity(w, s, plan.cols) for w, _ in windows], dtype=np.int64)
 
-    s = min((n.shape[1] * s + _raw_count(n, legal, caps(s)) * size, s) for s in sizes)[1]
-    best, raw = choose(n, legal, caps(s))
-    bounds = np.cumsum([0] + [st[0].shape[1] for st in stats])
-    raw_before = [int(raw[: bounds[i]].sum()) for i in range(len(stats))]
+    def totals(n: np.ndarray, legal: np.ndarray) -> np.ndarray:
+        """Bytes of a span's tiles for each record size (records, and raw tiles): they add up over spans."""
+        return np.array([n.shape[1] * s + _raw_count(n, legal, caps(s)) * size for s in sizes])
+
+    def pick(total: np.ndarray) -> int:
+        return min(zip(total.tolist(), sizes, strict=True))[1]  # the fewest bytes, then the smallest size
+
+    def first(i: int, guess: int | None):
+        a, b = spans[i]
+        part = (rows, br[a:b], base[a:b], valid[a:b], plan)
+        tiles, e = _span_offsets(*part)
+        n, legal = _window_counts(e, *part[2:], windows)
+        total = totals(n, legal)
+        s = pick(total) if guess is None else guess
+        best, raw = choose(n, legal, caps(s))
+        return n, legal, raw, build_records(*part, best, raw, s, windows, caps(s), 0, span=(tiles, e)), total
+
+    head = first(0, None)
+    guess = head[3][0].shape[1]
+    stats = [head, *map_spans(lambda i: first(i, guess), range(1, len(spans)))]
+    s = pick(sum(st[4] for st in stats))
+    if s == guess:
+        built = [st[3] for st in stats]
+        start = 0
+        for st in stats:
+            _renumber_raw(st[3][0], st[2], start)
+            start += st[3][1].shape[0]
+    else:
+        n = np.concatenate([st[0] for st in stats], axis=1)
+        legal = np.concatenate([st[1] for st in stats], axis=1)
+        del stats
+        built = _build_spans(rows, br, base, valid, plan, spans, n, legal, s, windows, caps(s))
+    records = np.concatenate([r for r, _ in built])
+    raws = np.concatenate([r for _, r in built])
+    return s, records, raws
+
+
+def _build_spans(rows, br, base, valid, plan: ClassPlan, spans, n, legal, s: int, windows, caps):
+    """Every span's (records, raw tiles) for record size ``s``, its tiles gathered again."""
+    best, raw = choose(n, legal, caps)
+    bounds = np.cumsum([0] + [(b - a) * plan.count for a, b in spans])
+    raw_before = np.concatenate([[0], np.cumsum(raw)])[bounds[:-1]]
 
     def build(i: int):
         a, b = spans[i]
         t0, t1 = bounds[i], bounds[i + 1]
-        span_tiles = (best[t0:t1], raw[t0:t1])
-        cap = caps(s)
-        return build_records(rows, br[a:b], base[a:b], valid[a:b], plan, *span_tiles, s, windows, cap, raw_before[i])
+        part = (rows, br[a:b], base[a:b], valid[a:b], plan)
+        return build_records(*part, best[t0:t1], raw[t0:t1], s, windows, caps, int(raw_before[i]))
 
-    built = map_spans(build, range(len(spans)))
-    records = np.concatenate([r for r, _ in built]) if built else np.zeros((0, s), dtype=np.uint8)
-    raws = np.concatenate([r for _, r in built]) if built else np.zeros((0, size), dtype=np.uint8)
-    return s, records, raws
+    return map_spans(build, range(len(spans)))
 
 
 def decode_class_np(out, records, raw, br, base, valid, plan: ClassPlan, s: int, capacity, name: str) -> None:
