@@ -38,7 +38,7 @@ from csf_codec.tile_layout import TILE_COLS, TILE_ROWS
 from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_record_panel import decode_record_step, empty_scale_panel
 from csf_kernels.moe.engine_rows import DECODER_WARPS
-from csf_kernels.moe.kernels.engine_record_lanes import first_dealt, record_slots
+from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS, first_dealt
 
 __all__ = ["Probe", "make_probe", "probe_planes", "report", "twin_scales"]
 
@@ -217,7 +217,7 @@ def report(
         summary = record(rb, j)[0]
         # records dealt round-robin over the CTA's walk to the decoder warps
         warps = len(DECODER_WARPS)
-        slots = record_slots(warps)
+        slots = RECORD_SLOTS
         rank = (turn * geo.col_tiles + j) % warps
         staged = sum(
             len(range(first_dealt(rank, t * geo.col_tiles, warps), geo.col_tiles, warps))

@@ -232,10 +232,9 @@ def build_records(rows, br, base, valid, plan: ClassPlan, best, raw, s: int, win
     _pack_selectors(records, f, width, raw)
     nk = _place_exceptions(records, tiles, outside, width * (size // 8), caps[best])
     header = k | (nk.astype(np.uint32) << 2) | ((low.astype(np.uint32) - _BIAS) & 0xFF) << 8
-    raw_ids = np.flatnonzero(raw)
-    header[raw_ids] = _MODE_RAW | ((raw_start + np.arange(raw_ids.size, dtype=np.uint32)) << 2)
     records[:, s - _HEADER :] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
-    return records, tiles[raw_ids]
+    _raw_headers(records, raw, raw_start)
+    return records, tiles[np.flatnonzero(raw)]
 
 
 def _pack_selectors(records: np.ndarray, fields: np.ndarray, width: np.ndarray, raw: np.ndarray) -> None:
@@ -266,12 +265,11 @@ def _place_exceptions(records: np.ndarray, tiles: np.ndarray, outside: np.ndarra
     return nk
 
 
-def _renumber_raw(records: np.ndarray, raw: np.ndarray, start: int) -> None:
-    """Rewrite the raw tiles' headers of a span built with raw indices from 0 to count from ``start``."""
-    if start:
-        ids = np.flatnonzero(raw)
-        header = _MODE_RAW | ((start + np.arange(ids.size, dtype=np.uint32)) << 2)
-        records[ids, -_HEADER:] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
+def _raw_headers(records: np.ndarray, raw: np.ndarray, start: int) -> None:
+    """Write the ``raw`` tiles' headers: mode raw and their raw tiles' indices, counted from ``start``."""
+    ids = np.flatnonzero(raw)
+    header = _MODE_RAW | ((start + np.arange(ids.size, dtype=np.uint32)) << 2)
+    records[ids, -_HEADER:] = header.astype("<u4").view(np.uint8).reshape(-1, _HEADER)
 
 
 def _encode_spans(br: np.ndarray, plan: ClassPlan) -> list[tuple[int, int]]:
@@ -321,7 +319,8 @@ def encode_class_np(rows, br, base, valid, plan: ClassPlan, windows, sizes, capa
         built = [st[3] for st in stats]
         start = 0
         for st in stats:
-            _renumber_raw(st[3][0], st[2], start)
+            if start:  # built counting its raw tiles from 0
+                _raw_headers(st[3][0], st[2], start)
             start += st[3][1].shape[0]
     else:
         n = np.concatenate([st[0] for st in stats], axis=1)

@@ -67,8 +67,8 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     RECORD_BYTES,
     RecordDecoderWarp,
     decoder_bytes,
-    record_slots,
 )
+from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS
 
 __all__ = [
     "ACT_NONE",
@@ -355,13 +355,12 @@ class GroupedFp4Gemm:
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
-            slots = record_slots(len(self.decoders))
             rank = warp - self.decoders[0]
             decoder = (rank >= 0) & (rank < len(self.decoders))
             if decoder:
                 with cute.arch.elect_one():
-                    for i in cutlass.range_constexpr(slots):
-                        cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + rank * slots + i, 1)
+                    for i in cutlass.range_constexpr(RECORD_SLOTS):
+                        cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + rank * RECORD_SLOTS + i, 1)
                 cute.arch.mbarrier_init_fence()
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
@@ -548,8 +547,8 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
     }
     if inline:
         fields |= {
-            "rec_bars": mem[cutlass.Int64, decoders * record_slots(decoders)],
-            "rec_stage": align[mem[cutlass.Uint8, decoders * record_slots(decoders) * RECORD_BYTES], 128],
+            "rec_bars": mem[cutlass.Int64, decoders * RECORD_SLOTS],
+            "rec_stage": align[mem[cutlass.Uint8, decoders * RECORD_SLOTS * RECORD_BYTES], 128],
             "rec_tile": align[mem[cutlass.Uint32, decoders * 128], 128],
             "rec_offs": align[mem[cutlass.Int32, decoders * OFFSET_TABLE], 128],
         }

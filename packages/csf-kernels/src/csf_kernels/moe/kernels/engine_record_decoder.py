@@ -14,7 +14,7 @@ plane's records:
 * each lane's quad of row bases (``base_ref`` plus the quad's 4 deltas: one u16 of ``base_delta`` for MXFP4's
   nibbles, one u32 for NVFP4's bytes), packed one byte a slot;
 * per record dealt to it, in order: one ``cp.async.bulk`` of its ``L`` bytes into a staging slot
-  (:func:`record_slots` of them a warp: that many records in flight), then lane ``l`` builds slots
+  (``RECORD_SLOTS`` of them a warp: that many records in flight), then lane ``l`` builds slots
   ``4 l .. 4 l + 3`` (four column bytes each) from the header, its selector bits and the bases; a record with
   exceptions goes through a slot-order tile in shared memory where the lanes scatter the entries (entry ``i`` on
   lane ``i % 32``; an escape's byte index is a ballot count) and read their words back; a raw record's words are
@@ -52,6 +52,7 @@ from csf_codec.engine_record_layout import (
 from csf_codec.tile_layout import TILE_COLS
 from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
 from csf_kernels.moe.kernels.engine_record_lanes import (
+    RECORD_SLOTS,
     above_value,
     below_value,
     entries_byte,
@@ -60,7 +61,6 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     escapes_byte,
     first_dealt,
     quad_selector_byte,
-    record_slots,
     slot_row,
     spread_bits,
     spread_nibbles,
@@ -75,7 +75,6 @@ __all__ = [
     "RECORD_BYTES",
     "RecordDecoderWarp",
     "decoder_bytes",
-    "record_slots",
 ]
 
 RECORD_BYTES = RECORD_ALIGN * raw_units(TILE_COLS)  # the worst case, a raw record: 528
@@ -114,8 +113,16 @@ def _row_block(block_expert, u, units, tiles_m, experts):
 def decoder_bytes(warps: int) -> int:
     """Shared memory of ``warps`` decoder warps: each one's staging slots, decoded tile, offset table and staging
     barriers, and alignment."""
-    slots = record_slots(warps)
-    return warps * (slots * RECORD_BYTES + 512 + 4 * OFFSET_TABLE + 8 * slots) + 3 * 128
+    return warps * (RECORD_SLOTS * RECORD_BYTES + 512 + 4 * OFFSET_TABLE + 8 * RECORD_SLOTS) + 3 * 128
+
+
+@cute.jit
+def _tile_cols(j, full, cols):
+    """Record ``j``'s scale columns: a full tile's, or the tail's past the ``full`` ones of a unit's ``cols``."""
+    tc = Int32(TILE_COLS)
+    if j >= full:
+        tc = cols - full * TILE_COLS
+    return tc
 
 
 @cute.jit
@@ -128,11 +135,11 @@ class RecordDecoderWarp:
     """A decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
     NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to."""
 
-    def __init__(self, nvfp4: bool, stages: int, warps: int = 1):
+    def __init__(self, nvfp4: bool, stages: int, warps: int):
         self.nvfp4 = nvfp4
         self.stages = stages
         self.warps = warps
-        self.slots = record_slots(warps)
+        self.slots = RECORD_SLOTS
         self.steps_per_record = 1 if nvfp4 else 2
 
     @cute.jit
@@ -193,9 +200,7 @@ class RecordDecoderWarp:
                 for j in cutlass.range(first, tiles, deal, unroll=1):
                     slot = taken % self.slots
                     cute.arch.mbarrier_wait(bars + slot, (taken // self.slots) % 2)
-                    tc = Int32(TILE_COLS)
-                    if j >= full:
-                        tc = cols - full * TILE_COLS
+                    tc = _tile_cols(j, full, cols)
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
                     taken += 1
@@ -210,26 +215,15 @@ class RecordDecoderWarp:
                         self._issue(bars, s_rec, s_offs, 1 - half, body, cursor - tiles, issued % self.slots, lane)
                         issued += 1
                         cursor += deal
-                    steps = Int32(1)
-                    if cutlass.const_expr(not self.nvfp4):
-                        steps = tc // 2
-                    for h in cutlass.range(steps, unroll=1):
-                        state = _producer_state(self.stages, stage0 + j * self.steps_per_record + h)
-                        self._fill(ring, state, s_s, words, h, tail_rows, lane, Uint32(0xFFFFFFFF))
+                    self._fill_record(ring, s_s, words, stage0, j, tc, tail_rows, lane, Uint32(0xFFFFFFFF))
                 # warm: this warp's first records of the next unit are in flight (the last of a unit may deal it
                 # none of this unit's records: then nothing was copied ahead, and it starts the next one cold)
                 warm = next_table
                 cursor = cursor - tiles
             else:
                 for j in cutlass.range(first, tiles, deal, unroll=1):
-                    steps = Int32(1)
-                    if cutlass.const_expr(not self.nvfp4):
-                        steps = Int32(TILE_COLS // 2)
-                        if j >= full:
-                            steps = (cols - full * TILE_COLS) // 2
-                    for h in cutlass.range(steps, unroll=1):
-                        state = _producer_state(self.stages, stage0 + j * self.steps_per_record + h)
-                        self._fill(ring, state, s_s, words, 0, tail_rows, lane, Uint32(0))
+                    tc = _tile_cols(j, full, cols)
+                    self._fill_record(ring, s_s, words, stage0, j, tc, tail_rows, lane, Uint32(0))
                 warm = Int32(0)
             half = 1 - half
             walked += 1
@@ -392,6 +386,17 @@ class RecordDecoderWarp:
         cute.arch.sync_warp()
         for i in cutlass.range_constexpr(4):
             words[i] = s_tile[4 * lane + i]
+
+    @cute.jit
+    def _fill_record(self, ring, s_s, words, stage0, j, tc, tail_rows, lane, keep):
+        """Record ``j``'s ring stages of the unit whose first is ring stage ``stage0`` (MXFP4: one a two-column
+        step, NVFP4: one), from the lane's words masked by ``keep``."""
+        steps = Int32(1)
+        if cutlass.const_expr(not self.nvfp4):
+            steps = tc // 2
+        for h in cutlass.range(steps, unroll=1):
+            state = _producer_state(self.stages, stage0 + j * self.steps_per_record + h)
+            self._fill(ring, state, s_s, words, h, tail_rows, lane, keep)
 
     @cute.jit
     def _fill(self, ring, state, s_s, words, h, tail_rows, lane, keep):

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from csf_codec.engine_record_layout import BELOW_CODES, HEADER_BYTES, entry_bytes, selector_bytes
 
+# staging slots (records in flight) of each decoder warp: a warp decodes every third record, so two slots lead it by
+# six records
+RECORD_SLOTS = 2
+
 __all__ = [
+    "RECORD_SLOTS",
     "above_value",
     "below_value",
     "entries_byte",
@@ -18,7 +23,6 @@ __all__ = [
     "escapes_byte",
     "first_dealt",
     "quad_selector_byte",
-    "record_slots",
     "slot_row",
     "spread_bits",
     "spread_nibbles",
@@ -86,12 +90,6 @@ def first_dealt(rank, seq, warps):
     unit in the CTA's walk: record ``j`` of the unit goes to warp ``(seq + j) % warps``, so consecutive records (two
     MXFP4 ring stages each) go to consecutive warps across unit boundaries too."""
     return (rank - seq % warps + warps) % warps
-
-
-def record_slots(warps):
-    """Staging slots (records in flight) of each of ``warps`` decoder warps: four for a lone one, two each for
-    several (each decodes every ``warps``-th record, so two slots lead it by ``2 warps`` records)."""
-    return 4 if warps == 1 else 2
 
 
 def spread_bits(g):
