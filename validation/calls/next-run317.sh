@@ -24,7 +24,7 @@ timeout 80 python3 benchmarks/bench_moe.py --geometries nvfp4 --arms engine,engi
 echo "nvfp4 bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 # where the layer's time goes besides the GEMMs at 8 and 128 tokens (the glue is the 8-512 bar's lever, §7); plain
 # launches so that no span includes a wait for its predecessor
-CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 8,128 \
+CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 8,128,8192 \
   --arms engine,engine_inline,triton_kernels --peer-path $PWD/.peers --out $OUT/kernel_times.json > $OUT/kernel_times.log 2>&1
 echo "kernel times rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 M=smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__issue_active.max.pct_of_peak_sustained_active,smsp__issue_active.min.pct_of_peak_sustained_active,smsp__inst_executed.sum
@@ -33,5 +33,16 @@ for arm in engine_inline engine; do
   timeout 35 ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 --section SpeedOfLight --section SchedulerStats \
     --metrics $M python3 benchmarks/profile_kernels.py engine --arm $arm --tokens 128 2>&1 | grep -v "^==PROF==" | tail -80
 done > $OUT/ncu.txt 2>&1
+# what bounds FC1 at 8192 tokens: is the 128-row tile's activation re-read (36 KB a 64-K stage from L2 for 2 M MACs,
+# 1.5x the peer's bytes a MAC) the bound? L2 throughput, tensor pipe and stalls, engine beside the peer
+S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats"
+{ echo "=== engine T=8192 FC1"
+  timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 $S \
+    python3 benchmarks/profile_kernels.py engine --arm engine --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -120
+  echo "=== peer T=8192 FC1"
+  timeout 60 ncu --clock-control none -k regex:matmul_ogs -s 2 -c 1 $S \
+    python3 benchmarks/profile_kernels.py peer --tokens 8192 --peer-path $PWD/.peers 2>&1 | grep -v "^==PROF==" | tail -120
+} > $OUT/ncu8192.txt 2>&1
+echo "ncu 8192 at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 echo "total $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 cat $OUT/tests.log; grep -h "^FAILED\|^E  " $OUT/t_*.log | head -30
