@@ -36,6 +36,7 @@ done > $OUT/ncu.txt 2>&1
 # what bounds FC1 at 8192 tokens: is the 128-row tile's activation re-read (36 KB a 64-K stage from L2 for 2 M MACs,
 # 1.5x the peer's bytes a MAC) the bound? L2 throughput, tensor pipe and stalls, engine beside the peer
 S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats"
+S="$S --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,dram__bytes_read.sum"
 { echo "=== engine T=8192 FC1"
   timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 $S \
     python3 benchmarks/profile_kernels.py engine --arm engine --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -120
