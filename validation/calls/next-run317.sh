@@ -34,15 +34,19 @@ for arm in engine_inline engine; do
     --metrics $M python3 benchmarks/profile_kernels.py engine --arm $arm --tokens 128 2>&1 | grep -v "^==PROF==" | tail -80
 done > $OUT/ncu.txt 2>&1
 # what bounds FC1 at 8192 tokens: is the 128-row tile's activation re-read (36 KB a 64-K stage from L2 for 2 M MACs,
-# 1.5x the peer's bytes a MAC) the bound? L2 throughput, tensor pipe and stalls, engine beside the peer
+# 1.5x the peer's bytes a MAC) the bound? L2 throughput, tensor pipe and stalls, engine beside the peer (the metrics
+# run alone first: a name this ncu lacks fails that run only)
 S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats"
-S="$S --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,dram__bytes_read.sum"
-{ echo "=== engine T=8192 FC1"
-  timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 $S \
-    python3 benchmarks/profile_kernels.py engine --arm engine --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -120
-  echo "=== peer T=8192 FC1"
-  timeout 60 ncu --clock-control none -k regex:matmul_ogs -s 2 -c 1 $S \
-    python3 benchmarks/profile_kernels.py peer --tokens 8192 --peer-path $PWD/.peers 2>&1 | grep -v "^==PROF==" | tail -120
+MET="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex.sum,dram__bytes_read.sum"
+prof() {  # name, kernel regex, extra ncu flags, profile_kernels args
+  for opt in "--metrics $MET" "$S"; do
+    echo "=== $1: $opt" | cut -c1-120
+    timeout 50 ncu --clock-control none -k regex:$2 $3 $opt python3 benchmarks/profile_kernels.py $4 2>&1 \
+      | grep -v "^==PROF==" | tail -90
+  done
+}
+{ prof "engine T=8192 FC1" GroupedFp4Gemm "-c 1" "engine --arm engine --tokens 8192"
+  prof "peer T=8192 FC1" matmul_ogs "-s 2 -c 1" "peer --tokens 8192 --peer-path $PWD/.peers"
 } > $OUT/ncu8192.txt 2>&1
 echo "ncu 8192 at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 echo "total $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
