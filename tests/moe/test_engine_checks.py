@@ -23,7 +23,7 @@ from csf_kernels.moe.engine_specs import (
     engine_specs,
     engine_tile_n,
 )
-from csf_moe.engine_layer import EngineMoE, engine_weights, fc1_rows_for
+from csf_moe.engine_layer import EngineMoE, call_buffers, call_tile_n, engine_weights, fc1_rows_for
 from csf_moe.reference import QuantizedExperts
 
 E, R, K, NX = 2, 128, 128, 64
@@ -189,6 +189,20 @@ def test_specs_and_block_choice():
     with pytest.raises(ValueError, match="scatter without activation"):
         engine_gemm_spec(16, "silu", io="scatter")
     assert [engine_tile_n(r) for r in (0.1, 16, 17, 200, 5000)] == [16, 16, 32, 256, max(ENGINE_TILE_N)]
+
+
+def test_block_fill_sizes_blocks_for_a_fraction_of_the_mean_routes():
+    # gpt-oss at 8192 tokens: 256 routes an expert on average
+    assert call_tile_n(8192 * 4, 128, w4a8=False) == 256
+    assert call_tile_n(8192 * 4, 128, w4a8=False, block_fill=0.5) == 128
+    assert call_tile_n(8192 * 4, 128, w4a8=False, block_fill=0.25) == 64
+    # more, smaller blocks: the buffers are sized for the call's block size
+    whole = call_buffers(8192, 4, 128, 2880, 2880, w4a8=False, fc1_rows="pass")
+    half = call_buffers(8192, 4, 128, 2880, 2880, w4a8=False, fc1_rows="pass", block_fill=0.5)
+    assert half["sorted_ids"][0][0] < whole["sorted_ids"][0][0]
+    assert half["sorted_ids"][0][0] % 128 == 0
+    with pytest.raises(ValueError, match="block_fill"):
+        EngineMoE.__init__(object.__new__(EngineMoE), None, 4, block_fill=0.0)
 
 
 def test_fc1_engine_rows_is_a_permutation_pairing_gate_and_up():

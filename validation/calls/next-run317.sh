@@ -16,7 +16,7 @@ timeout 60 $P tests/moe/test_engine_served_gpu.py -k "not triton" > $OUT/t_serve
 echo "served rc=$? at $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/t_served.log)" >> $OUT/tests.log
 timeout 70 $P tests/moe/test_engine_gemm_gpu.py tests/moe/test_engine_layer_gpu.py > $OUT/t_engine.log 2>&1
 echo "engine rc=$? at $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/t_engine.log)" >> $OUT/tests.log
-timeout 150 python3 benchmarks/bench_moe.py --geometries peers --arms triton_kernels,engine,engine_inline,engine_pass,engine_inline_pass \
+timeout 150 python3 benchmarks/bench_moe.py --geometries peers --arms triton_kernels,engine,engine_inline,engine_pass,engine_inline_pass,engine_half_blocks \
   --tokens 1,8,32,128,512,2048,8192 --reps 6 --peer-path $PWD/.peers --out $OUT/moe.json > $OUT/moe.log 2>&1
 echo "bench rc=$? at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 timeout 80 python3 benchmarks/bench_moe.py --geometries nvfp4 --arms engine,engine_inline,engine_inline_pass \

@@ -60,6 +60,7 @@ __all__ = [
     "bind_engine",
     "call_buffer_bytes",
     "call_buffers",
+    "call_tile_n",
     "engine_weights",
     "fc1_rows_for",
 ]
@@ -209,13 +210,17 @@ class EngineMoE:
     the cache holds it (``None``: the size's default). ``ctas_per_sm``: 1 or 2 CTAs an SM where built (``None``:
     the size's default).
     ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
-    bits); False: two everywhere."""
+    bits); False: two everywhere. ``block_fill``: a block is the smallest program tile holding this fraction of an
+    expert's mean routes (1: the mean, as the peer sizes its ``block_m``; 0.5: half of it, so an expert's routes
+    spill into more, smaller blocks and its tail pads less); the same bits whatever the size."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
         fc1_rows: str | None = None, ragged: bool | None = None, ctas_per_sm: int | None = None,
-        one_multiply: bool = True,
+        one_multiply: bool = True, block_fill: float = 1.0,
     ):  # fmt: skip
+        if not 0 < block_fill <= 1:
+            raise ValueError(f"block_fill is a fraction of an expert's mean routes in (0, 1]; got {block_fill!r}")
         if weights.w4a8 and activations not in W4A8_GEMM_CONVENTIONS:
             raise NotImplementedError(f"the W4A8 GEMM applies {W4A8_GEMM_CONVENTIONS} activation scales; "
                                       f"{activations!r} (MXFP8's per-k32 promotion) is not built")  # fmt: skip
@@ -225,6 +230,7 @@ class EngineMoE:
             raise ValueError(f"fc1_rows {fc1_rows!r}: the FP4 FC1's are {ENGINE_FC1_ROWS} (W4A8 always passes)")
         self.weights = weights
         self.top_k = top_k
+        self.block_fill = block_fill
         self.fc1_rows = fc1_rows
         self.ragged = ragged
         self.ctas_per_sm = ctas_per_sm
@@ -259,9 +265,9 @@ class EngineMoE:
         ]
 
     def tile_n(self, tokens: int) -> int:
-        """Routes a block for a call of ``tokens`` tokens: the smallest program tile holding an expert's mean
-        routes."""
-        return (w4a8_tile_n if self.weights.w4a8 else engine_tile_n)(tokens * self.top_k / self.weights.experts)
+        """Routes a block for a call of ``tokens`` tokens: the smallest program tile holding ``block_fill`` of an
+        expert's mean routes."""
+        return call_tile_n(tokens * self.top_k, self.weights.experts, self.weights.w4a8, self.block_fill)
 
     def call(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
@@ -301,7 +307,8 @@ class EngineMoE:
         bm = self.tile_n(tokens)
         fc1_rows = "pass" if w.w4a8 else (self.fc1_rows or fc1_rows_for(bm))
         shapes = call_buffers(tokens, self.top_k, experts, w.hidden, w.inter, w4a8=w.w4a8, fused=w.fused,
-                              fc1_rows=fc1_rows, float_weights=topk_weights.dtype != torch.float32)  # fmt: skip
+                              fc1_rows=fc1_rows, float_weights=topk_weights.dtype != torch.float32,
+                              block_fill=self.block_fill)  # fmt: skip
         buf = _carve(shapes, x.device, scratch)
         cursor, block_expert, active, meta, sorted_ids = (buf[k] for k in ("cursor", "block_expert", "active",
                                                                             "meta", "sorted_ids"))  # fmt: skip
@@ -430,6 +437,12 @@ def bind_engine(plan, weights: EngineWeights, scratch: torch.Tensor) -> EngineLa
     return EngineLayer(plan, weights, scratch, slot_ids)
 
 
+def call_tile_n(pairs: int, experts: int, w4a8: bool, block_fill: float = 1.0) -> int:
+    """Routes a block for a call of ``pairs`` routes over ``experts``: the smallest program tile holding
+    ``block_fill`` of an expert's mean routes."""
+    return (w4a8_tile_n if w4a8 else engine_tile_n)(pairs / experts * block_fill)
+
+
 def call_buffers(
     tokens: int,
     top_k: int,
@@ -441,12 +454,13 @@ def call_buffers(
     fused: bool = True,
     fc1_rows: str = "producer",
     float_weights: bool = False,
+    block_fill: float = 1.0,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows`` ``"pass"``:
     FC1's block-order input rows (W4A8 always quantizes them in block order); ``float_weights``: the routing weights
-    come in another dtype and are copied to float32 first."""
+    come in another dtype and are copied to float32 first; ``block_fill``: as :class:`EngineMoE`'s."""
     pairs = tokens * top_k
-    bm = (w4a8_tile_n if w4a8 else engine_tile_n)(pairs / experts)
+    bm = call_tile_n(pairs, experts, w4a8, block_fill)
     blocks = max_blocks_for(pairs, experts, bm)
     slots = blocks * bm
     i32, bf16, u8, f32 = torch.int32, torch.bfloat16, torch.uint8, torch.float32
