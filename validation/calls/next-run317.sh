@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The next device call (prepared 2026-12-06f, not yet run): decoder warps 1-3 in every row mode (warp 0 gathers
-# alone beside them), full-tile selector spreads. Every inline, engine and served GPU test; bench beside
+# alone beside them), full-tile selector spreads; since 2026-12-07 also FC1's SFU-sigmoid epilogue and the
+# engine_half_blocks arm. Every inline, engine and served GPU test; bench beside
 # triton_kernels; NVFP4 rows; ncu of the gathering inline FC1. Carry: aot_cache/carry.tgz (the tree's cache, packed
 # by scripts/pack_aot_cache.py without MLA, stage-decoder and expander programs), .peers/triton_kernels,
 # .peers/SOURCE, this script and .ab/COMMIT (the commit the tree is at).
