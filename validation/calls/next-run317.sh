@@ -43,11 +43,11 @@ prof() {  # name, kernel regex, extra ncu flags, profile_kernels args
   for opt in "--metrics $MET" "$S"; do
     echo "=== $1: $opt" | cut -c1-120
     timeout 50 ncu --clock-control none -k regex:$2 $3 $opt python3 benchmarks/profile_kernels.py $4 2>&1 \
-      | grep -v "^==PROF==" | tail -90
+      | grep -v "^==PROF==" | tail -180
   done
 }
-{ prof "engine T=8192 FC1" GroupedFp4Gemm "-c 1" "engine --arm engine --tokens 8192"
-  prof "peer T=8192 FC1" matmul_ogs "-s 2 -c 1" "peer --tokens 8192 --peer-path $PWD/.peers"
+{ prof "engine T=8192 FC1, FC2" GroupedFp4Gemm "-c 2" "engine --arm engine --tokens 8192"
+  prof "peer T=8192 FC1, FC2" matmul_ogs "-s 2 -c 2" "peer --tokens 8192 --peer-path $PWD/.peers"
 } > $OUT/ncu8192.txt 2>&1
 echo "ncu 8192 at $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
 echo "total $(( $(date +%s) - t0 )) s" >> $OUT/tests.log
