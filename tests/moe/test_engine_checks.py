@@ -423,6 +423,7 @@ def test_fc1_rows_option_is_checked():
         EngineMoE(weights, 2, fc1_rows="tma")
     assert EngineMoE(weights, 2, fc1_rows="pass").fc1_rows == "pass"
     assert [fc1_rows_for(t) for t in ENGINE_TILE_N] == ["producer", "producer", "pass", "pass", "pass"]
+    assert [fc1_rows_for(t, "inline") for t in ENGINE_TILE_N] == ["producer", "pass", "pass", "pass", "pass"]
 
 
 def test_two_ctas_an_sm_where_built():

@@ -160,7 +160,8 @@ def test_the_scratch_holds_every_calls_buffers(acts):
         assert tensors and all(start <= b.data_ptr() < end for b in tensors), t
         assert keep[-1].dtype == torch.float32  # bf16 routing weights copied into the scratch
         shapes = call_buffers(t, geo.top_k, geo.experts, geo.hidden, geo.intermediate, w4a8=p.w4a8,
-                              fc1_rows="pass" if p.w4a8 else fc1_rows_for(p.tile_n(t)), float_weights=True)  # fmt: skip
+                              fc1_rows="pass" if p.w4a8 else fc1_rows_for(p.tile_n(t), p.scale_source),
+                              float_weights=True)  # fmt: skip
         assert call_buffer_bytes(shapes) <= p.scratch_bytes
     with pytest.raises(ValueError, match="this call needs"):
         layer.launches(x, ids, w, torch.empty_like(x), scratch=scratch[: p.call_bytes(1100) - 256])

@@ -188,15 +188,18 @@ def engine_weights(
 
 
 _ALIGN = 256  # every buffer carved from a caller's scratch starts 256-byte aligned
-# block sizes from which FC1 reads its rows from the gather pass (run 309, H100: 0.79x the layer's time at gpt-oss
-# 8192 tokens, 0.92x Qwen3, 0.94x gpt-oss 2048; at 16-32-route blocks within 3% either way; docs/moe-engine.md §4.11)
-PASS_FROM_TILE_N = 64
+# block sizes from which FC1 reads its rows from the gather pass, by scale source (run 309, H100: 0.79x the layer's
+# time at gpt-oss 8192 tokens, 0.92x Qwen3, 0.94x gpt-oss 2048; at 16-32-route blocks within 3% either way;
+# docs/moe-engine.md §4.11). Inline programs gather with warp 0 alone beside the decoder warps: at 32-route blocks
+# that took 1.16x the gather pass's layer (run 317: DS4.1-TP4 2048 tokens, Qwen3-30B 512)
+PASS_FROM_TILE_N = {"native": 64, "inline": 32}
 
 
-def fc1_rows_for(bm: int) -> str:
-    """How FC1 gets its rows at ``bm`` routes a block: from the gather pass by TMA tiles at large blocks, where the
-    producer warps' per-row copies cost more than the pass, else gathered by its producer warps."""
-    return "pass" if bm >= PASS_FROM_TILE_N else "producer"
+def fc1_rows_for(bm: int, scale_source: str = "native") -> str:
+    """How FC1 gets its rows at ``bm`` routes a block with ``scale_source`` scales: from the gather pass by TMA
+    tiles at large blocks, where the producer warps' per-row copies cost more than the pass, else gathered by its
+    producer warps."""
+    return "pass" if bm >= PASS_FROM_TILE_N[scale_source] else "producer"
 
 
 class EngineMoE:
@@ -305,7 +308,7 @@ class EngineMoE:
         pairs = tokens * self.top_k
         experts = w.experts
         bm = self.tile_n(tokens)
-        fc1_rows = "pass" if w.w4a8 else (self.fc1_rows or fc1_rows_for(bm))
+        fc1_rows = "pass" if w.w4a8 else (self.fc1_rows or fc1_rows_for(bm, w.scale_source))
         shapes = call_buffers(tokens, self.top_k, experts, w.hidden, w.inter, w4a8=w.w4a8, fused=w.fused,
                               fc1_rows=fc1_rows, float_weights=topk_weights.dtype != torch.float32,
                               block_fill=self.block_fill)  # fmt: skip

@@ -126,7 +126,7 @@ class EnginePlan:
             body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]
         else:
             source = self.scale_source
-            passes = fc1_rows_for(bm) == "pass"
+            passes = fc1_rows_for(bm, source) == "pass"
             fc1 = engine_gemm_spec(bm, g.activation, g.bias, self.fmt, source, "dense" if passes else "gather")
             body = [engine_gather_spec(bm)] if passes else []
             body += [fc1, engine_gemm_spec(bm, None, False, self.fmt, source, "scatter")]
@@ -157,7 +157,8 @@ class EnginePlan:
         g = self.geometry
         bm = self.tile_n(tokens)
         shapes = call_buffers(tokens, self.top_k, g.experts, g.hidden, g.intermediate, w4a8=self.w4a8,
-                              fc1_rows="pass" if self.w4a8 else fc1_rows_for(bm), float_weights=True)  # fmt: skip
+                              fc1_rows="pass" if self.w4a8 else fc1_rows_for(bm, self.scale_source),
+                              float_weights=True)  # fmt: skip
         return call_buffer_bytes(shapes)
 
 
