@@ -103,6 +103,21 @@ def main(seed: int) -> None:
             valid = int(((ids >= 0) & (ids < experts)).sum())
             assert sum(len([r for r in b if r != pairs]) for b in got["routes"]) == valid
             cases += 1
+    # calls of several of the plan program's iterations (four chunks an iteration), the last one partial: every
+    # valid route in exactly one block of its expert, each expert's routes in ceil(count / bm) blocks
+    for experts, k, tokens, bm in ((64, 4, (8 * ALIGN_CHUNK + 37) // 4, 32), (40, 6, 5 * ALIGN_CHUNK // 6, 8)):
+        ids = torch.randint(-1, experts + 1, (tokens, k), generator=gen, dtype=torch.int32)
+        s = _scratch(ids.numel(), experts, bm)
+        for launch in _two_programs(ids, experts, bm, s):
+            run_launch(launch)
+        got = _groups(ids, experts, bm, s)
+        flat = ids.reshape(-1)
+        counts = torch.bincount(flat[(flat >= 0) & (flat < experts)].long(), minlength=experts)
+        assert got["blocks"] == int(((counts + bm - 1) // bm).sum()), got["blocks"]
+        assert sorted(got["block_expert"]) == sorted(e for e in range(experts) for _ in range(-(-int(counts[e]) // bm)))
+        live = sorted(r for block in got["routes"] for r in block if r != ids.numel())
+        assert live == [r for r in range(ids.numel()) if 0 <= int(flat[r]) < experts]
+        cases += 1
     # one token: distinct experts (a router's top-k), then padding ids and a repeated expert
     for experts, k, bm in ((128, 4, 8), (384, 6, 16), (40, 10, 8)):
         for dtype in (torch.int32, torch.int64):

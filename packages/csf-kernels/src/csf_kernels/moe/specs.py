@@ -55,7 +55,7 @@ __all__ = [
 
 MOE_ALIGN_PLAN = TritonFamily(
     kernel="moe.align_plan",
-    version=1,
+    version=2,  # 2: four chunks' routes counted an iteration
     module="csf_kernels.moe.kernels.align",
     function="moe_align_plan",
     signature="SIGNATURE_PLAN",

@@ -85,6 +85,8 @@ class Epilogue:
         self.scaled = scaled
         self.scatter = scatter
         self.tile = (TILE_M, epi_routes(tile_n))
+        if self.tile[1] % (STORE_THREADS // OUT_CHUNKS):
+            raise ValueError(f"a subtile's {self.tile[1]} slots are not whole passes of the scattering threads")
         self.stages = 2
 
     @property
@@ -130,6 +132,9 @@ class Epilogue:
         subtiles = self.tile_n // self.tile[1]
         # locals: a value an `if` carries must not be an attribute of a Python object
         t_rs_d, t_rs_acc, t_rs_out, bar, ring = p.t_rs_d, p.t_rs_acc, p.t_rs_out, p.bar, p.ring
+        ids = None
+        if cutlass.const_expr(self.scatter):  # every subtile's route ids at once: one load latency, not one each
+            ids = self._route_ids(scatter_to, b)
         per_sub = cute.size(t_rs_d)
         for e in cutlass.range_constexpr(subtiles):
             for v in cutlass.range_constexpr(per_sub):
@@ -143,7 +148,7 @@ class Epilogue:
             cute.arch.fence_proxy("async.shared", space="cta")
             bar.arrive_and_wait()
             if cutlass.const_expr(self.scatter):
-                self._scatter_subtile(s_c, scatter_to, b, tm, e, buf)
+                self._scatter_subtile(s_c, scatter_to, ids, tm, e, buf)
             elif warp == 4:
                 cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
                 ring.producer_commit()
@@ -151,26 +156,38 @@ class Epilogue:
             bar.arrive_and_wait()
 
     @cute.jit
-    def _scatter_subtile(self, s_c, scatter_to, b, tm, e, buf):
-        """FC2's subtile ``e`` of block ``b`` to its routes' rows (the consumers, traced inline): 16 threads a slot,
-        thread ``t`` storing 16-byte chunk ``t % 16`` of slot ``t // 16``'s 128 outputs (then of 16 slots on) at
-        row ``sorted_ids[slot]`` of ``out [pairs, R]``; a slot without a route and columns past ``R`` store
+    def _route_ids(self, scatter_to, b):
+        """The route ids of the slots this thread stores in each of block ``b``'s subtiles (traced inline): slot
+        ``t // 16 + 16 j`` of subtile ``e`` at ``e * passes + j``, loaded together before the first subtile."""
+        sorted_ids, _, _, t = scatter_to
+        per = STORE_THREADS // OUT_CHUNKS
+        ids = cute.make_rmem_tensor((self.tile_n // per,), cutlass.Int32)
+        for e in cutlass.range_constexpr(self.tile_n // self.tile[1]):
+            for j in cutlass.range_constexpr(self.tile[1] // per):
+                ids[e * (self.tile[1] // per) + j] = sorted_ids[b * self.tile_n + e * self.tile[1] + t // OUT_CHUNKS
+                                                                + per * j]  # fmt: skip
+        return ids
+
+    @cute.jit
+    def _scatter_subtile(self, s_c, scatter_to, ids, tm, e, buf):
+        """FC2's subtile ``e`` to its routes' rows (the consumers, traced inline): 16 threads a slot, thread ``t``
+        storing 16-byte chunk ``t % 16`` of slot ``t // 16``'s 128 outputs (then of 16 slots on) at row ``route``
+        (``ids``: :meth:`_route_ids`) of ``out [pairs, R]``; a slot without a route and columns past ``R`` store
         nothing."""
-        sorted_ids, out, epi_smem, t = scatter_to
+        _, out, epi_smem, t = scatter_to
         per = STORE_THREADS // OUT_CHUNKS  # slots a pass of the consumers
         base = s_c.iterator.toint()
         rows = cute.size(out, mode=[0])
         columns = cute.size(out, mode=[1])
         c = t % OUT_CHUNKS
         column = tm * TILE_M + c * (routes.CHUNK_BYTES // 2)
-        for j in cutlass.range_constexpr(-(-self.tile[1] // per)):
+        for j in cutlass.range_constexpr(self.tile[1] // per):
             n = t // OUT_CHUNKS + per * j
-            if n < self.tile[1]:
-                route = sorted_ids[b * self.tile_n + e * self.tile[1] + n]
-                if (route >= 0) & (route < rows) & (column < columns):
-                    off = cute.crd2idx((c * (routes.CHUNK_BYTES // 2), n, buf), epi_smem.outer) * 2
-                    dst = out.iterator.toint() + (cutlass.Int64(route) * columns + column) * 2
-                    routes.store_chunk(routes.swizzle128(base + off), dst)
+            route = ids[e * (self.tile[1] // per) + j]
+            if (route >= 0) & (route < rows) & (column < columns):
+                off = cute.crd2idx((c * (routes.CHUNK_BYTES // 2), n, buf), epi_smem.outer) * 2
+                dst = out.iterator.toint() + (cutlass.Int64(route) * columns + column) * 2
+                routes.store_chunk(routes.swizzle128(base + off), dst)
 
     @cute.jit
     def activation(self, acc, g, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0):
