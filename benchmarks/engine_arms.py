@@ -9,9 +9,7 @@ cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_s
 every block whole, no ragged tails (§4.12), "engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11);
 "engine_inline_pass": inline scales with FC1's rows from the gather pass (its producer warps then only decode and
 copy tiles, no row gathers beside the decoder: the issue-slot question of docs/moe-engine.md §7);
-"engine_half_blocks": blocks sized for half an expert's mean routes (more, smaller blocks; shorter tails);
-"engine_cluster" / "engine_inline_cluster": 128- and 256-route blocks in clusters of two CTAs multicasting each
-block's activation tile (docs/moe-engine.md §7).
+"engine_half_blocks": blocks sized for half an expert's mean routes (more, smaller blocks; shorter tails).
 """
 
 from __future__ import annotations
@@ -33,8 +31,6 @@ ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
     "engine_two_mul": ({}, {"one_multiply": False}),
     "engine_inline_pass": ({"scale_source": "inline"}, {"fc1_rows": "pass"}),
     "engine_half_blocks": ({}, {"block_fill": 0.5}),
-    "engine_cluster": ({}, {"cluster": 2}),
-    "engine_inline_cluster": ({"scale_source": "inline"}, {"cluster": 2}),
 }
 
 

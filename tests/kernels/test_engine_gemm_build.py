@@ -286,30 +286,3 @@ def test_paired_programs_fit_two_ctas_an_sm(tmp_path, tile_n, act, bias, io, sca
     events = _wgmma_events(sass, tile_n)
     loops = _k_loops(meta)
     assert events.count("W0") == 2 * loops and events.count("M") == (STEP_GROUP + 1) * loops  # as one CTA's
-
-
-_CLUSTERED = [(256, 2, True, "dense", "inline", "mxfp4"), (128, 0, False, "scatter", "native", "nvfp4")]
-
-
-@pytest.mark.parametrize(("tile_n", "act", "bias", "io", "scales", "fmt"), _CLUSTERED)
-def test_cluster_programs_multicast_the_activation_tile(tmp_path, tile_n, act, bias, io, scales, fmt):
-    """Clusters of two: the activation tile comes by one multicast TMA (each CTA's half lands in both), the weights
-    and scale panel by plain TMA; registers, spills and the consumers' wgmma pipeline as the lone program's."""
-    _toolchain_or_skip()
-    tool = export.find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump to read the SASS")
-    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, ragged=True, cluster=2)
-    meta = export.build_cute_program(program, tmp_path)
-    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
-    loads = [line.split(";")[0].split("*/")[-1].strip() for line in sass.splitlines() if "UTMALDG" in line]
-    assert sum("MULTICAST" in op for op in loads) == 1 and len(loads) == (2 if scales == "inline" else 3), loads
-    facts = meta["sass"]
-    assert facts["registers"] == 168 and facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
-    lone = export.build_cute_program(
-        export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, ragged=True), tmp_path / "lone"
-    )
-    lone_sass = subprocess.run([tool, "-sass", lone["paths"]["cubin"]], capture_output=True, text=True,
-                               check=True).stdout  # fmt: skip
-    assert _wgmma_events(sass, tile_n) == _wgmma_events(lone_sass, tile_n)
-    assert "cl2" in meta["name"]

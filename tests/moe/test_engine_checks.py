@@ -13,8 +13,6 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
     ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
-    engine_cluster,
-    engine_clusters,
     engine_gemm_spec,
     engine_geometry_specs,
     engine_occupancies,
@@ -270,26 +268,24 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
                 s.fact["IO"],
                 s.fact.get("RAG", 0),
                 s.fact.get("OCC", 1),
-                s.fact.get("CL", 1),
             )
             for s in fc1
         )
         assert got == sorted(
-            (t, src, sched, io, rag, occ, cl)
+            (t, src, sched, io, rag, occ)
             for t in ENGINE_TILE_N
             for src in ("native", "inline")
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
             for io in ("gather", "dense")
             for rag in ((0, 1) if t >= 128 else (0,))
             for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
-            for cl in ((1, 2) if t >= 128 and io == "dense" and rag else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
         passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
         assert sorted(s.fact["BM"] for s in passes) == sorted(ENGINE_TILE_N)
     plain = engine_specs()
     want = {
-        (f, t, src, io, sched, rag, occ, cl)
+        (f, t, src, io, sched, rag, occ)
         for f in ("mxfp4", "nvfp4")
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
@@ -297,10 +293,9 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
         for rag in ((0, 1) if t >= 128 else (0,))
         for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
-        for cl in ((1, 2) if t >= 128 and io != "gather" and rag else (1,))
     }
     got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),
-            s.fact.get("RAG", 0), s.fact.get("OCC", 1), s.fact.get("CL", 1)) for s in plain}  # fmt: skip
+            s.fact.get("RAG", 0), s.fact.get("OCC", 1)) for s in plain}  # fmt: skip
     assert got == want
     assert all(s.fact["ACT"] == 0 for s in plain) and len({s.key for s in plain}) == len(plain)
     # native programs keep the identity they had before the inline source existed, slice ones theirs from before
@@ -449,44 +444,6 @@ def test_two_ctas_an_sm_where_built():
     stage = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=64)
     assert "OCC" not in slice_.spec.fact and stage.spec.fact["OCC"] == 2
     assert slice_.grid[0] == 1 and stage.grid[0] == 1  # one unit here (64 slots, one 64-route block): never more CTAs
-
-
-def test_clusters_of_two_where_built():
-    """Clusters of two CTAs are built for 128- and 256-route blocks whose activations come by TMA (dense, scatter),
-    with the size's default schedule, ragged form and one CTA an SM; elsewhere a program runs alone. A cluster
-    launch's grid is whole clusters."""
-    assert [engine_cluster(t, "dense", 2) for t in ENGINE_TILE_N] == [1, 1, 1, 2, 2]
-    assert [engine_cluster(t, "scatter", 2) for t in ENGINE_TILE_N] == [1, 1, 1, 2, 2]
-    assert [engine_cluster(t, "gather", 2) for t in ENGINE_TILE_N] == [1] * 5
-    assert [engine_cluster(t, "dense") for t in ENGINE_TILE_N] == [1] * 5  # alone unless asked
-    assert engine_clusters(256, "dense", "slice", False, 1) == (1,)  # whole-block programs: alone only
-    with pytest.raises(ValueError, match="clusters of"):
-        engine_gemm_spec(64, cluster=2)
-    with pytest.raises(ValueError, match="clusters of"):
-        engine_gemm_spec(256, "silu", io="gather", cluster=2)
-    with pytest.raises(ValueError, match="alone or in clusters"):
-        engine_cluster(256, "dense", 4)
-    assert engine_gemm_spec(256, io="scatter", cluster=2).fact["CL"] == 2
-    assert "CL" not in engine_gemm_spec(256, io="scatter").fact
-    specs = engine_specs()
-    assert sum(s.fact.get("CL") == 2 for s in specs) == 2 * 2 * 2 * 2  # formats, sources, dense/scatter, 128/256
-    rows = 3 * 128  # three row tiles: the cluster's second pair has a phantom
-    w, s, x, out, be, meta = _operands(rows=rows, out_cols=rows)
-    x, out = torch.zeros(512, K, dtype=torch.bfloat16), torch.zeros(512, rows, dtype=torch.bfloat16)
-    alone = grouped_fp4_gemm_launch(w, s, x, out, be[:2], meta, tile_n=256)
-    paired = grouped_fp4_gemm_launch(w, s, x, out, be[:2], meta, tile_n=256, cluster=2)
-    assert "CL" not in alone.spec.fact and paired.spec.fact["CL"] == 2
-    assert paired.grid[0] % 2 == 0 and paired.grid[0] >= 2
-    capped = grouped_fp4_gemm_launch(w, s, x, out, be[:2], meta, tile_n=256, cluster=2, max_ctas=5)
-    assert capped.grid[0] == 4
-    one = grouped_fp4_gemm_launch(w, s, x, out, be[:2], meta, tile_n=256, cluster=2, max_ctas=1)
-    assert one.grid[0] == 2  # never less than a cluster
-    unbuilt = grouped_fp4_gemm_launch(w, s, x, out, be[:2], meta, tile_n=256, cluster=2, ragged=False)
-    assert "CL" not in unbuilt.spec.fact  # asked where not built: alone, as the other options
-    weights = engine_weights(_experts("mxfp4", 128, 128), "silu")
-    assert EngineMoE(weights, 2, cluster=2).cluster == 2
-    with pytest.raises(ValueError, match="cluster"):
-        EngineMoE(weights, 2, cluster=3)
 
 
 def test_wide_block_flags_default_to_two_multiplies_and_are_checked():

@@ -17,7 +17,6 @@ from csf_kernels import runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
 from csf_kernels.moe.engine_specs import (
-    ENGINE_CLUSTER_TILE_N,
     ENGINE_PAIRED_TILE_N,
     ENGINE_RAGGED_TILE_N,
     ENGINE_SCHEDULES,
@@ -573,57 +572,3 @@ def test_one_multiply_blocks_give_two_multiplies_bits(tile_n, scales):
     assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), (
         f"seed {SEED}: one multiply differs"
     )
-
-
-@pytest.mark.parametrize("max_ctas", [None, 6], ids=["grid", "six-ctas"])
-@pytest.mark.parametrize("rows", [256, 320], ids=["even-tiles", "odd-tiles"])
-@pytest.mark.parametrize("scales", ["native", "inline"])
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("tile_n", ENGINE_CLUSTER_TILE_N)
-def test_clusters_of_two_give_the_lone_ctas_bits(tile_n, fmt, scales, rows, max_ctas):
-    """Clusters of two CTAs (adjacent row tiles of a block, each multicasting half its activation tile): FC1 on
-    block-order rows with the route ids beside them (ragged tails), FC1 with SiLU fused and FC2 scattering store
-    the lone CTAs' bits, every live slot. Three row tiles (320 rows: the last half past the weights) give each
-    block's second pair a phantom tile, which must store nothing; six CTAs walk many units a cluster."""
-    from csf_kernels.moe.engine_inline import inline_scales
-
-    experts, k, top_k = 4, 640, 3
-    tokens = 3 * tile_n + 5
-    packed, scales_, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + rows + 53, fmt)
-    w_panel, s_panel = _panels(packed, scales_, fmt)
-    if scales == "inline":
-        s_panel = inline_scales(scales_.cuda(), fmt)
-    g = torch.Generator().manual_seed(SEED + 59)
-    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
-    slots, pairs = sorted_ids.numel(), tokens * top_k
-    live = ((sorted_ids >= 0) & (sorted_ids < pairs))[: used * tile_n]
-    xs = (torch.randn(slots, k, generator=g) * 2).to(torch.bfloat16).cuda()
-    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids, max_ctas=max_ctas)
-    outs = {}
-    for cluster in (1, 2):
-        fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
-        act = torch.full((slots, rows // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fc2 = torch.full((pairs + 7, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fc2_ids = sorted_ids.clone()  # FC2 stores to out [pairs + 7, R]: ids past pairs stay inert
-        runtime.freeze()
-        try:
-            launches = [
-                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc1, block_expert, meta, pairs=pairs,
-                                        cluster=cluster, **common),
-                grouped_fp4_gemm_launch(w_panel, s_panel, xs, act, block_expert, meta, pairs=pairs,
-                                        activation="silu", cluster=cluster, **common),
-                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc2[:pairs], block_expert, meta, io="scatter",
-                                        cluster=cluster, **{**common, "sorted_ids": fc2_ids}),
-            ]  # fmt: skip
-            assert all(launch.spec.fact.get("CL", 1) == cluster for launch in launches)
-            assert all(launch.grid[0] % cluster == 0 for launch in launches)
-            for launch in launches:
-                launch.bind("engine cluster test")()
-        finally:
-            runtime.unfreeze()
-        torch.cuda.synchronize()
-        assert torch.isnan(fc2[pairs:].float()).all(), "a phantom or padding slot stored past the routes"
-        outs[cluster] = fc1[: used * tile_n][live], act[: used * tile_n][live], fc2[:pairs]
-    for name, one, two in zip(("dense FC1", "fused FC1", "scattered FC2"), outs[1], outs[2], strict=True):
-        assert torch.isfinite(two.float()).any(), f"{name}: nothing stored"
-        assert torch.equal(one.view(torch.int16), two.view(torch.int16)), f"seed {SEED}: clustered {name} differs"

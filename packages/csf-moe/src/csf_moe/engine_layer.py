@@ -215,14 +215,12 @@ class EngineMoE:
     ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
     bits); False: two everywhere. ``block_fill``: a block is the smallest program tile holding this fraction of an
     expert's mean routes (1: the mean, as the peer sizes its ``block_m``; 0.5: half of it, so an expert's routes
-    spill into more, smaller blocks and its tail pads less); the same bits whatever the size. ``cluster``: 2 runs
-    the FP4 GEMMs in clusters of two CTAs multicasting each block's activation tile where the cache holds it (128
-    and 256 routes a block, rows by TMA; ``None``: one CTA alone); the same bits."""
+    spill into more, smaller blocks and its tail pads less); the same bits whatever the size."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
         fc1_rows: str | None = None, ragged: bool | None = None, ctas_per_sm: int | None = None,
-        one_multiply: bool = True, block_fill: float = 1.0, cluster: int | None = None,
+        one_multiply: bool = True, block_fill: float = 1.0,
     ):  # fmt: skip
         if not 0 < block_fill <= 1:
             raise ValueError(f"block_fill is a fraction of an expert's mean routes in (0, 1]; got {block_fill!r}")
@@ -236,9 +234,6 @@ class EngineMoE:
         self.weights = weights
         self.top_k = top_k
         self.block_fill = block_fill
-        if cluster not in (None, 1, 2) or (cluster == 2 and weights.w4a8):
-            raise ValueError(f"cluster {cluster!r}: the FP4 GEMMs run alone or in clusters of two (W4A8 alone)")
-        self.cluster = cluster
         self.fc1_rows = fc1_rows
         self.ragged = ragged
         self.ctas_per_sm = ctas_per_sm
@@ -259,7 +254,7 @@ class EngineMoE:
                                        global_scale=getattr(w, "g" + fc), schedule=self.schedule,
                                        ragged=self.ragged, ctas_per_sm=self.ctas_per_sm,
                                        wide=getattr(w, "wide" + fc) if self.one_multiply else None,
-                                       cluster=self.cluster, **epilogue)  # fmt: skip
+                                       **epilogue)  # fmt: skip
 
     def _fc1(self, x, h, a, block_expert, meta, bm, rows) -> list:
         """FC1 and its activation: one GEMM whose epilogue activates, or the GEMM then the activation pass; ``rows``:

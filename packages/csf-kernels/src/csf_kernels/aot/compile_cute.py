@@ -46,7 +46,6 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
             schedule,
             ragged,
             int(facts.get("OCC", 1)),
-            int(facts.get("CL", 1)),
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

@@ -303,7 +303,6 @@ def engine_gemm_name(
     schedule: str = "slice",
     ragged: bool = False,
     ctas_per_sm: int = 1,
-    cluster: int = 1,
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -315,7 +314,6 @@ def engine_gemm_name(
         + ("" if schedule == "slice" else f"_{schedule}")
         + ("_ragged" if ragged else "")
         + ("" if ctas_per_sm == 1 else f"_occ{ctas_per_sm}")
-        + ("" if cluster == 1 else f"_cl{cluster}")
     )
 
 
@@ -329,19 +327,17 @@ def engine_gemm_program(
     schedule: str = "slice",
     ragged: bool = False,
     ctas_per_sm: int = 1,
-    cluster: int = 1,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
     (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
     consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``);
-    ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only;
-    ``cluster`` 2: clusters of two CTAs multicasting a block's activation tile (the launch's grid even)."""
+    ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
     options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged,
-                   ctas_per_sm=ctas_per_sm, cluster=cluster)  # fmt: skip
+                   ctas_per_sm=ctas_per_sm)  # fmt: skip
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -362,7 +358,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm, cluster),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm),
         program="engine_gemm",
         factory=factory,
         tensors=(

@@ -13,7 +13,6 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_M,
     ENGINE_TILE_N,
     engine_act_spec,
-    engine_clusters,
     engine_combine_spec,
     engine_gather_spec,
     engine_gemm_spec,
@@ -49,7 +48,6 @@ def grouped_fp4_gemm_launch(
     ctas_per_sm: int | None = None,
     wide: torch.Tensor | None = None,
     max_ctas: int | None = None,
-    cluster: int | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -85,11 +83,6 @@ def grouped_fp4_gemm_launch(
     routes a block): 2 runs the program built for two CTAs an SM where the cache holds it, launched on twice the
     SMs' count; the same bits. ``max_ctas`` caps the persistent grid (SMs left to a concurrent stream; a CTA then
     walks more units): the same bits.
-
-    ``cluster`` (``None``: :func:`~csf_kernels.moe.engine_specs.engine_cluster`'s default, one): 2 runs clusters of
-    two CTAs on adjacent row tiles of a block, each copying half its activation tile for both, where the cache
-    holds it (128 and 256 routes, dense and scatter rows, the size's default schedule and ragged form; the grid
-    then even); the same bits.
 
     ``wide`` (MXFP4): uint8 ``[E, R / 64]`` from :func:`csf_kernels.moe.launch.wide_row_tiles` of the rows as the
     panel holds them: a 64-row block flagged 0 converts each pair with one multiply (its E8M0 bytes are all <= 128
@@ -150,16 +143,14 @@ def grouped_fp4_gemm_launch(
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
     sched = engine_schedule(tile_n, schedule)
     occ = engine_occupancy(tile_n, sched, ctas_per_sm)
-    rag = engine_ragged(tile_n, ragged)
-    cl = cluster if cluster in engine_clusters(tile_n, io, sched, rag, occ) else 1
     ctas = max(1, min(occ * num_sms(x.device), units))
     if max_ctas is not None:
         if max_ctas < 1:
             raise ValueError(f"max_ctas must be at least 1; got {max_ctas}")
         ctas = min(ctas, max_ctas)
-    ctas = max(cl, ctas - ctas % cl)  # whole clusters: a cluster's CTAs walk the same units
     source = "inline" if inline else "native"
-    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched, rag, occ, cl)
+    spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
+                            engine_ragged(tile_n, ragged), occ)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:

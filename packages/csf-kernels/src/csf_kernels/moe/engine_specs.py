@@ -18,7 +18,6 @@ from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
     "ENGINE_ACT",
-    "ENGINE_CLUSTER_TILE_N",
     "ENGINE_COMBINE",
     "ENGINE_FC1_ROWS",
     "ENGINE_FORMATS",
@@ -37,8 +36,6 @@ __all__ = [
     "ENGINE_TILE_N",
     "INLINE_MAX_COL_TILES",
     "engine_act_spec",
-    "engine_cluster",
-    "engine_clusters",
     "engine_combine_spec",
     "engine_gather_spec",
     "engine_gemm_spec",
@@ -80,10 +77,6 @@ ENGINE_RAGGED_TILE_N = (128, 256)
 # one-CTA programs of that schedule are not built; a size added to the first keeps both until measured
 ENGINE_PAIRED_TILE_N = (16, 32, 64)
 ENGINE_PAIRED_BY_DEFAULT = (16, 32, 64)
-# block sizes built to run in clusters of two CTAs (kernels.engine_gemm.CLUSTER_TILE_N; fact CL=2) where the
-# activations come by TMA (dense and scatter rows), beside the one-CTA programs, with the size's default schedule
-# and ragged form; served where asked until measured (docs/moe-engine.md §7)
-ENGINE_CLUSTER_TILE_N = (128, 256)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
 
 
@@ -154,9 +147,8 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                 for io in ("gather", "dense"):
                     for ragged in engine_raggeds(bm):
                         for occ in engine_occupancies(bm, schedule):
-                            for cl in engine_clusters(bm, io, schedule, ragged, occ):
-                                specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales,
-                                                              io, schedule, ragged, occ, cl))  # fmt: skip
+                            specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
+                                                          schedule, ragged, occ))  # fmt: skip
     for ids64 in (False, True):
         specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
     return specs
@@ -181,30 +173,6 @@ def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int
         raise ValueError(f"the engine GEMM runs 1 or 2 CTAs an SM; got {want!r}")
     built = engine_occupancies(tile_n, schedule)
     return want if want in built else built[-1]
-
-
-def engine_clusters(tile_n: int, io: str, schedule: str, ragged: bool, ctas_per_sm: int) -> tuple[int, ...]:
-    """The cluster sizes the AOT cache holds a program of these facts for (the default first): two besides one
-    at :data:`ENGINE_CLUSTER_TILE_N` routes, one CTA an SM, the activations by TMA, the size's default schedule
-    and ragged form."""
-    built = (
-        tile_n in ENGINE_CLUSTER_TILE_N
-        and io != "gather"
-        and ctas_per_sm == 1
-        and schedule == engine_schedule(tile_n)
-        and ragged == engine_ragged(tile_n)
-    )
-    return (1, 2) if built else (1,)
-
-
-def engine_cluster(tile_n: int, io: str, want: int | None = None) -> int:
-    """CTAs a cluster serving ``tile_n`` routes a block in row mode ``io`` (default schedule, ragged form and
-    occupancy): ``want`` where the cache holds it, else one."""
-    if want not in (None, 1, 2):
-        raise ValueError(f"the engine GEMM runs alone or in clusters of two; got {want!r}")
-    schedule = engine_schedule(tile_n)
-    built = engine_clusters(tile_n, io, schedule, engine_ragged(tile_n), engine_occupancy(tile_n, schedule))
-    return want if want in built else built[0]
 
 
 def engine_raggeds(tile_n: int) -> tuple[bool, ...]:
@@ -237,7 +205,6 @@ def engine_gemm_spec(
     schedule: str | None = None,
     ragged: bool | None = None,
     ctas_per_sm: int | None = None,
-    cluster: int = 1,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
@@ -246,8 +213,7 @@ def engine_gemm_spec(
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
     the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
     its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``);
-    ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``);
-    ``cluster``: 1, or 2 where :func:`engine_clusters` builds it (fact ``CL``)."""
+    ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -273,24 +239,17 @@ def engine_gemm_spec(
         raise ValueError(f"the engine GEMM for {tile_n} routes a block under {schedule!r} is built for "
                          f"{engine_occupancies(tile_n, schedule)} CTAs an SM; got {ctas_per_sm}")  # fmt: skip
     occ = {"OCC": 2} if ctas_per_sm == 2 else {}
-    if cluster not in engine_clusters(tile_n, io, schedule, ragged, ctas_per_sm):
-        raise ValueError(f"the engine GEMM for {tile_n} routes a block ({io}, {schedule}, ragged {ragged}, "
-                         f"{ctas_per_sm} CTAs an SM) is built for clusters of "
-                         f"{engine_clusters(tile_n, io, schedule, ragged, ctas_per_sm)}; got {cluster}")  # fmt: skip
-    cl = {"CL": 2} if cluster == 2 else {}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source, **sched, **rag, **occ, **cl)  # fmt: skip
+                          **source, **sched, **rag, **occ)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size, whole-block and (128 and 256 routes) ragged, one and (16-64 routes) two CTAs an SM, alone and
-    (128 and 256 routes, TMA rows) in clusters of two (they take every shape at run time)."""
+    the block size, whole-block and (128 and 256 routes) ragged, one and (16-64 routes) two CTAs an SM (they take
+    every shape at run time)."""
     return [
-        engine_gemm_spec(
-            tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ, cluster=cl
-        )
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
         for io in ENGINE_IO
@@ -298,5 +257,4 @@ def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
         for schedule in engine_schedules(tn)
         for ragged in engine_raggeds(tn)
         for occ in engine_occupancies(tn, schedule)
-        for cl in engine_clusters(tn, io, schedule, ragged, occ)
     ]

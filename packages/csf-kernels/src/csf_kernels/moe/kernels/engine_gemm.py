@@ -60,7 +60,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
-from csf_kernels.moe.kernels.engine_producer import RowGather, UnitWalk, make_ring, produce, units_in_use
+from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
     OFFSET_TABLE,
@@ -74,7 +74,6 @@ __all__ = [
     "ACT_NONE",
     "ACT_SILU",
     "ACT_SWIGLU_OAI",
-    "CLUSTER_TILE_N",
     "IO_MODES",
     "PAIRED_TILE_N",
     "RAGGED_TILE_N",
@@ -93,10 +92,6 @@ RAGGED_TILE_N = (128, 256)
 # block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
 # at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
 PAIRED_TILE_N = (16, 32, 64)
-# block sizes that may run in clusters of two CTAs on adjacent row tiles of one block, each copying half the block's
-# activation tile and multicasting it to both: the large blocks' L2 traffic (a 128-row tile re-reads its block's
-# 32 KB stage of activations for every 128 weight rows: 7.5 TB/s at gpt-oss 8192 tokens, run 317) halves
-CLUSTER_TILE_N = (128, 256)
 
 
 class GroupedFp4Gemm:
@@ -123,7 +118,7 @@ class GroupedFp4Gemm:
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
         scales: str = "native", io: str = "dense", schedule: str = "slice", ragged: bool = False,
-        ctas_per_sm: int = 1, cluster: int = 1,
+        ctas_per_sm: int = 1,
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -151,14 +146,6 @@ class GroupedFp4Gemm:
                 f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
             )
         self.ctas_per_sm = ctas_per_sm
-        if cluster not in (1, 2) or (
-            cluster == 2 and (tile_n not in CLUSTER_TILE_N or io == "gather" or ctas_per_sm != 1)
-        ):
-            raise ValueError(f"clusters of two are built for {CLUSTER_TILE_N} routes a block, one CTA an SM, the "
-                             f"activations by TMA (not gathered); got {tile_n} routes, {io!r}, {ctas_per_sm} CTAs an "
-                             f"SM, cluster {cluster}")  # fmt: skip
-        self.cluster = cluster
-        self.order = UnitWalk(cluster)
         # registers a consumer thread after setmaxnreg: one CTA an SM gives them all it can (232); two share the
         # SM's 65,536 at 80 a thread at launch: 128 producers at 40 and 256 consumers at 96 (29,696 <= 384 x 80)
         self.consumer_registers = 232 if ctas_per_sm == 1 else 96
@@ -291,15 +278,9 @@ class GroupedFp4Gemm:
             tma_s, tma_m_s = cpasync.make_tiled_tma_atom(
                 g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
             )
-        if cutlass.const_expr(self.cluster == 1):
-            tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-                g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
-            )  # gathering, unused: the producer warps copy the routes' rows themselves
-        else:  # each CTA of the cluster copies half the tile's rows into both CTAs' stage
-            tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SMulticastOp(), m_b, cute.slice_(b_smem, (None, None, 0)),
-                (self.tile_n, TILE_K), num_multicast=self.cluster,
-            )  # fmt: skip
+        tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
+            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
+        )  # gathering, unused: the producer warps copy the routes' rows themselves
         tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
         )  # scattering, unused: the consumers store each slot's row at its route
@@ -317,8 +298,7 @@ class GroupedFp4Gemm:
             sorted_ids, wide, top_k, pairs, *records,
         )  # fmt: skip
         kernel.launch(
-            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(self.cluster, 1, 1),
-            min_blocks_per_mp=self.ctas_per_sm,
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
             stream=stream,
             # the whole carveout for shared memory, stated: else the DSL asks a device for it (none where we build)
             preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None,
@@ -372,8 +352,7 @@ class GroupedFp4Gemm:
         # a stage's arrivals: the TMA thread's (which expects the bytes), the lanes of the inline decoder warp that
         # decoded its record, and the gathering threads' once their copies land
         producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
-        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
-                         self.cluster)  # fmt: skip
+        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]
@@ -383,7 +362,7 @@ class GroupedFp4Gemm:
                     for i in cutlass.range_constexpr(RECORD_SLOTS):
                         cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + rank * RECORD_SLOTS + i, 1)
                 cute.arch.mbarrier_init_fence()
-        pipeline_init_arrive(cluster_shape_mn=(self.cluster, 1), is_relaxed=True)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         s_a = storage.s_a.get_tensor(a_smem)
         s_s = storage.s_s.get_tensor(s_smem)
@@ -400,18 +379,17 @@ class GroupedFp4Gemm:
             g_s = cute.local_tile(m_s, (self.s_elems, 1, 1), (None, None, None))  # (256 or 128, 1, 1, RT, KS, E)
             t_ss, t_sg = cpasync.tma_partition(tma_s, 0, one, cute.group_modes(s_s, 0, 3), cute.group_modes(g_s, 0, 3))
             scale_copy = (tma_s, t_sg, t_ss)
-        t_bs, t_bg = cpasync.tma_partition(tma_b, self.order.rank(), cute.make_layout(self.cluster),
-                                           cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))  # fmt: skip
+        t_bs, t_bg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(s_b, 0, 2), cute.group_modes(g_b, 0, 2))
         k_steps = cute.size(g_b, mode=[3])
         tiles_m = cute.size(g_a, mode=[5])
         # blocks the activations hold: x's rows in block order, or, gathering, the slots sorted_ids holds
         held = cute.size(g_b, mode=[2])
         if cutlass.const_expr(self.gather is not None):
             held = cute.size(sorted_ids) // self.tile_n
-        units = units_in_use(meta, block_expert, held, self.order.tiles(tiles_m))
+        units = units_in_use(meta, block_expert, held, tiles_m)
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        pipeline_init_wait(cluster_shape_mn=(self.cluster, 1))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
@@ -423,13 +401,13 @@ class GroupedFp4Gemm:
             rows = (x, sorted_ids, top_k, table, s_b, b_smem, self.gather.rank(tidx))
         if warp == 0:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
-            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, self.cluster)
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows)
         if cutlass.const_expr(self.gather is not None):
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
         if cutlass.const_expr(self.inline):
             if decoder:  # the warp's own staging slots, barriers, decoded tile and offset table
-                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.cluster)
+                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders))
                 s_rec = cute.make_tensor(storage.rec_stage.data_ptr() + rank * (dec.slots * RECORD_BYTES),
                                          cute.make_layout((RECORD_BYTES, dec.slots)))  # fmt: skip
                 s_tile = cute.make_tensor(storage.rec_tile.data_ptr() + rank * 128, cute.make_layout(128))
@@ -483,9 +461,10 @@ class GroupedFp4Gemm:
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         done = cutlass.Int32(0)  # tiles this CTA has stored: the epilogue's buffer parity
-        u = self.order.first()
+        u = cute.arch.block_idx()[0]
         while u < units:
-            b, tm = self.order.tile(u, tiles_m)
+            b = u // tiles_m
+            tm = u - b * tiles_m
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             g_e = cutlass.Float32(1.0)  # NVFP4's global scale of the block's expert
@@ -518,27 +497,14 @@ class GroupedFp4Gemm:
                     else:
                         read, release = self.step.k_loop(ring, read, release, k_steps, operands)
 
-            if cutlass.const_expr(self.cluster == 1):
-                self._epilogue(epi, acc, g_e, s_c, g_c, tma_c, epi_smem, out, bias, block_expert, sorted_ids, experts,
-                               b, tm, done, warp, tidx, t, lane, row_block, r0)  # fmt: skip
-                done += 1
-            elif tm < tiles_m:  # a phantom tile (past the weights' rows) stores nothing
-                self._epilogue(epi, acc, g_e, s_c, g_c, tma_c, epi_smem, out, bias, block_expert, sorted_ids, experts,
-                               b, tm, done, warp, tidx, t, lane, row_block, r0)  # fmt: skip
-                done += 1
-            u += self.order.stride()
+            if cutlass.const_expr(self.act == ACT_NONE):
+                scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
+                self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp, scatter_to)
+            else:
+                self.epilogue.activation(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
+            done += 1
+            u += cute.arch.grid_dim()[0]
         epi.ring.producer_tail()
-
-    @cute.jit
-    def _epilogue(self, epi, acc, g_e, s_c, g_c, tma_c, epi_smem, out, bias, block_expert, sorted_ids, experts, b, tm,
-                  done, warp, tidx, t, lane, row_block, r0):  # fmt: skip
-        """Unit ``(b, tm)``'s store (traced inline): the GEMM (through the shared subtiles, or scattered to its
-        routes' rows), or FC1's activation of it."""
-        if cutlass.const_expr(self.act == ACT_NONE):
-            scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
-            self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp, scatter_to)
-        else:
-            self.epilogue.activation(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
 
     @cute.jit
     def _global_scale(self, gscale, block_expert, b, experts):

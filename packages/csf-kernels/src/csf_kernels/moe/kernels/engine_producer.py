@@ -3,12 +3,10 @@
 the ring of stages, the units a launch walks (after the predecessor's writes, PDL), and warp 0's walk filling the
 ring by TMA, its activation copy optionally a route gather (:class:`RowGather`).
 
-A unit is (route block ``b``, 128-row tile ``tm``); :class:`UnitWalk` says which units a CTA walks, and every role
-of the CTA walks them in the same order. A stage is a K step's weight panel, scale bytes and activation tile, all
-completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the gathering threads' arrivals
-once their ``cp.async`` copies land). In a cluster of two CTAs (row tiles ``2 t`` and ``2 t + 1`` of one block), each
-CTA copies half of the block's activation tile and multicasts it to both: a stage is free once both CTAs' consumers
-released it, and each CTA's stage completes on the bytes of both halves.
+A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``; CTA ``c`` walks ``u = c, c + G, ...``
+below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale bytes
+and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
+gathering threads' arrivals once their ``cp.async`` copies land).
 """
 
 from __future__ import annotations
@@ -21,80 +19,29 @@ from csf_kernels.moe.engine_rows import ROW_CHUNKS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.kernels import engine_routes as routes
 
-__all__ = ["GATHER_BARRIER", "UNROLLED_COPIES", "RowGather", "UnitWalk", "make_ring", "produce", "units_in_use"]
+__all__ = ["GATHER_BARRIER", "UNROLLED_COPIES", "RowGather", "make_ring", "produce", "units_in_use"]
 
 GATHER_BARRIER = 2  # the gathering warps' named barrier (the epilogue's is 1)
 UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this many, else a loop
 
 
-def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1, cluster: int = 1) -> pipeline.PipelineTmaAsync:
+def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1) -> pipeline.PipelineTmaAsync:
     """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
-    thread filling slots with its own stores or copies), one arrival a consumer warp of each of the ``cluster``
-    CTAs whose copies fill the stage (8 a CTA: lane ``r`` of a consumer warp releases CTA ``r``'s stage), ``tx``
-    bytes a stage."""
+    thread filling slots with its own stores or copies), one arrival a consumer warp (8), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8 * cluster),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
         tx_count=tx,
-        cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)),
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         defer_sync=True,
     )
 
 
-class UnitWalk:
-    """The units a CTA walks (traced inline, every role alike). Alone (``cluster`` 1), CTA ``c`` of ``G`` walks
-    ``u = c, c + G, ...``, unit ``u`` being block ``u // tiles_m``, row tile ``u % tiles_m``. In clusters of two, the
-    cluster ``c // 2`` walks pairs of row tiles: unit ``u`` of ``blocks * ceil(tiles_m / 2)`` is block ``u //
-    ceil(tiles_m / 2)``, and its CTA of rank ``r`` takes row tile ``2 (u % ceil(tiles_m / 2)) + r``. Where ``tiles_m``
-    is odd the last pair's second tile lies past the weights' rows: a phantom, loaded as zeros by TMA (its row
-    blocks are out of bounds), computed, never stored, its records never read: the CTA still copies its half of
-    the activation tile for its partner."""
-
-    def __init__(self, cluster: int = 1):
-        if cluster not in (1, 2):
-            raise ValueError(f"a CTA walks alone or in clusters of two; got {cluster}")
-        self.cluster = cluster
-
-    def rank(self):
-        """This CTA's rank in its cluster (0 alone)."""
-        if self.cluster == 1:
-            return cutlass.Int32(0)
-        return cute.arch.block_idx()[0] % self.cluster
-
-    def first(self):
-        """The first unit this CTA walks."""
-        if self.cluster == 1:
-            return cute.arch.block_idx()[0]
-        return cute.arch.block_idx()[0] // self.cluster
-
-    def stride(self):
-        """Units between two of this CTA's."""
-        if self.cluster == 1:
-            return cute.arch.grid_dim()[0]
-        return cute.arch.grid_dim()[0] // self.cluster
-
-    def tiles(self, tiles_m):
-        """Units a block: its row tiles, or pairs of them."""
-        if self.cluster == 1:
-            return tiles_m
-        return (tiles_m + self.cluster - 1) // self.cluster
-
-    def tile(self, u, tiles_m):
-        """Unit ``u``'s block and this CTA's row tile of it (past ``tiles_m - 1`` for a phantom)."""
-        if self.cluster == 1:
-            b = u // tiles_m
-            return b, u - b * tiles_m
-        per = self.tiles(tiles_m)
-        b = u // per
-        return b, (u - b * per) * self.cluster + self.rank()
-
-
 def units_in_use(meta, block_expert, blocks_held, tiles_m):
     """Units of the blocks in use (traced inline, by every thread): ``meta[0]`` (device data: a graph replays with
-    new routings), never past the blocks the activations hold (``blocks_held``) or the block map; ``tiles_m`` the
-    units a block (:meth:`UnitWalk.tiles`).
+    new routings), never past the blocks the activations hold (``blocks_held``) or the block map.
 
     A programmatic dependent launch starts beside its predecessor: this waits for it (``griddepcontrol.wait``, a
     no-op in a plain launch) before the first read of anything it may write (meta, the block map, the routes, the
@@ -122,7 +69,6 @@ class RowGather:
         self.tile_n = tile_n
         self.warps = tuple(sorted(warps))
         self.threads = 32 * len(self.warps)
-        self.order = UnitWalk()  # gathered rows are no tile to multicast: alone
 
     def gathers(self, warp):
         """Whether ``warp`` (warp-uniform) gathers (traced inline)."""
@@ -186,47 +132,43 @@ class RowGather:
     @cute.jit
     def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps):
         """A gathering warp other than warp 0 (traced inline): its share of every stage warp 0 fills, in warp 0's
-        order, each stage once it is empty (gathering programs walk alone)."""
+        order, each stage once it is empty."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-        u = self.order.first()
+        u = cute.arch.block_idx()[0]
         while u < units:
-            self.unit(operands, self.order.tile(u, tiles_m)[0])
+            self.unit(operands, u // tiles_m)
             for k in cutlass.range(k_steps, unroll=1):
                 ring.sync_object_empty.wait(state.index, state.phase)
                 self.stage(operands, k, state.index, ring.producer_get_barrier(state))
                 state.advance()
-            u += self.order.stride()
+            u += cute.arch.grid_dim()[0]
 
 
-def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None, cluster=1):
+def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None):
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
-    (``copies[2]``, ``(None, b, k)``; in a cluster of two this CTA's half, multicast to both; or, with a
-    :class:`RowGather` and its ``operands``, warp 0's share of the routes' rows)."""
-    _Producer(stages, gather, cluster).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands)
+    (``copies[2]``, ``(None, b, k)``; or, with a :class:`RowGather` and its ``operands``, warp 0's share of the
+    routes' rows)."""
+    _Producer(stages, gather).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands)
 
 
 class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None, cluster: int = 1):
-        if gather is not None and cluster != 1:
-            raise ValueError("a gathering program walks alone: its rows are not a tile to multicast")
+    def __init__(self, stages: int, gather: RowGather | None):
         self.stages = stages
         self.gather = gather
-        self.cluster = cluster
-        self.order = UnitWalk(cluster)
 
     @cute.jit
     def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands):
         tma_a, t_ag, t_as = copies[0]
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        both = cutlass.Int16((1 << self.cluster) - 1)  # the activation half lands in every CTA of the cluster
-        u = self.order.first()
+        u = cute.arch.block_idx()[0]
         while u < units:
-            b, tm = self.order.tile(u, tiles_m)
+            b = u // tiles_m
+            tm = u - b * tiles_m
             # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a block
             # the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
             e = block_expert[b]
@@ -241,14 +183,10 @@ class _Producer:
                     cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.gather is None):
                     tma_b, t_bg, t_bs = copies[2]
-                    if cutlass.const_expr(self.cluster == 1):
-                        cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
-                    else:
-                        cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar,
-                                  mcast_mask=both)  # fmt: skip
+                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
                 else:
                     self.gather.stage(operands, k, state.index, bar)
                 ring.producer_commit(state)
                 state.advance()
-            u += self.order.stride()
+            u += cute.arch.grid_dim()[0]
         ring.producer_tail(state)

@@ -51,7 +51,6 @@ from csf_codec.engine_record_layout import (
 )
 from csf_codec.tile_layout import TILE_COLS
 from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
-from csf_kernels.moe.kernels.engine_producer import UnitWalk
 from csf_kernels.moe.kernels.engine_record_lanes import (
     RECORD_SLOTS,
     above_value,
@@ -99,6 +98,18 @@ def _bulk_copy(dst: Int32, src: Int64, size: Int32, bar: Int32) -> None:
     )
 
 
+@cute.jit
+def _row_block(block_expert, u, units, tiles_m, experts):
+    """Unit ``u``'s row block of records, ``-1`` where it has none (past the units, or an invalid expert's block)."""
+    rb = Int32(-1)
+    if u < units:
+        b = u // tiles_m
+        e = block_expert[b]
+        if e >= 0 and e < experts:
+            rb = e * tiles_m + (u - b * tiles_m)
+    return rb
+
+
 def decoder_bytes(warps: int) -> int:
     """Shared memory of ``warps`` decoder warps: each one's staging slots, decoded tile, offset table and staging
     barriers, and alignment."""
@@ -124,9 +135,8 @@ class RecordDecoderWarp:
     """A decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
     NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to."""
 
-    def __init__(self, nvfp4: bool, stages: int, warps: int, cluster: int = 1):
+    def __init__(self, nvfp4: bool, stages: int, warps: int):
         self.nvfp4 = nvfp4
-        self.order = UnitWalk(cluster)
         self.stages = stages
         self.warps = warps
         self.slots = RECORD_SLOTS
@@ -152,9 +162,9 @@ class RecordDecoderWarp:
         full = cols // TILE_COLS
         words = cute.make_rmem_tensor((4,), Uint32)
         lengths = cute.make_rmem_tensor((LENGTH_CHUNKS,), Int32)  # a unit's record lengths, 32 records a register
-        stride = self.order.stride()
-        u = self.order.first()
-        rb = self._row_block(block_expert, u, units, tiles_m, experts)
+        stride = cute.arch.grid_dim()[0]
+        u = cute.arch.block_idx()[0]
+        rb = _row_block(block_expert, u, units, tiles_m, experts)
         walked = Int32(0)  # units walked before this one (every decoder warp counts them all)
         warm = Int32(0)  # the unit's table is in ``s_offs`` half ``half`` and this warp's first records are in flight
         cursor = Int32(0)  # the next record this warp copies, counted from this unit's first (past ``tiles``: the
@@ -163,10 +173,10 @@ class RecordDecoderWarp:
         ref = Uint32(0)
         delta = Uint32(0)
         while u < units:
-            tm = self.order.tile(u, tiles_m)[1]
+            tm = u - (u // tiles_m) * tiles_m
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
             nxt = u + stride
-            rb_next = self._row_block(block_expert, nxt, units, tiles_m, experts)
+            rb_next = _row_block(block_expert, nxt, units, tiles_m, experts)
             first = first_dealt(rank, walked * tiles, deal)
             stage0 = walked * k_steps  # ring stages filled before this unit
             if rb >= 0:
@@ -219,19 +229,6 @@ class RecordDecoderWarp:
             walked += 1
             u = nxt
             rb = rb_next
-
-    @cute.jit
-    def _row_block(self, block_expert, u, units, tiles_m, experts):
-        """Unit ``u``'s row block of records for this CTA, ``-1`` where it has none (past the units, an invalid
-        expert's block, or a phantom tile past the weights' rows: :class:`~csf_kernels.moe.kernels.engine_producer.
-        UnitWalk`)."""
-        rb = Int32(-1)
-        if u < units:
-            b, tm = self.order.tile(u, tiles_m)
-            e = block_expert[b]
-            if e >= 0 and e < experts and tm < tiles_m:
-                rb = e * tiles_m + tm
-        return rb
 
     @cute.jit
     def _load(self, lengths, record_units, rb, tiles, lane):
