@@ -235,33 +235,37 @@ def test_routed_rows(built):
         assert sass.count("UTMASTG") == 0
 
 
-@pytest.fixture(scope="module", params=[(128, 0, False, "scatter"), (256, 2, True, "gather")],
-                ids=lambda v: f"n{v[0]}-{v[3]}")  # fmt: skip
+@pytest.fixture(scope="module", params=[(128, 0, False, "scatter", 1), (256, 2, True, "gather", 1),
+                                        (256, 0, False, "dense", 2), (128, 1, False, "dense", 2)],
+                ids=lambda v: f"n{v[0]}-{v[3]}-level{v[4]}")  # fmt: skip
 def ragged(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, io = request.param
+    tile_n, act, bias, io, level = request.param
     out = tmp_path_factory.mktemp(f"ragged{tile_n}")
-    program = export.engine_gemm_program(tile_n, act, bias, io=io, ragged=True)
+    program = export.engine_gemm_program(tile_n, act, bias, io=io, ragged=level)
     meta = export.build_cute_program(program, out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return tile_n, meta, sass
 
 
 def test_ragged_programs_run_both_loops_pipelined_and_accumulating(ragged):
-    """A ragged program holds the whole block's K loop and the half block's (``HGMMA.64x{N/2}``), each pipelined as
-    the slice schedule's (one fence and one wait a wgmma), and every wgmma of both accumulates unconditionally: run
-    310's half loop carried the accumulate flag as a predicate (``UP0``) that was false."""
+    """A ragged program holds the whole block's K loop and the half block's (``HGMMA.64x{N/2}``; at level 2 the
+    quarter block's too, ``HGMMA.64x{N/4}``), each pipelined as the slice schedule's (one fence and one wait a
+    wgmma), and every wgmma of each accumulates unconditionally: run 310's half loop carried the accumulate flag as
+    a predicate (``UP0``) that was false."""
     tile_n, meta, sass = ragged
-    whole, half = _wgmma_events(sass, tile_n), _wgmma_events(sass, tile_n // 2)
-    loops = _k_loops(meta)  # each of the whole and half loops in its one- and two-multiply forms
-    for events in (whole, half):
-        assert events.count("M") == 4 * (STEP_GROUP + 1) * loops and events.count("m") == 0
+    parts = [tile_n, tile_n // 2] + ([tile_n // 4] if meta["ragged"] == 2 else [])
+    loops = _k_loops(meta)  # each part's loop in its one- and two-multiply forms
+    for n in parts:
+        events = _wgmma_events(sass, n)
+        assert events.count("M") == 4 * (STEP_GROUP + 1) * loops and events.count("m") == 0, n
     hgmma = [line.split(";")[0] for line in sass.splitlines() if "HGMMA." in line]
-    assert len(hgmma) == 8 * (STEP_GROUP + 1) * loops and not any("UP0" in line or "UPT" in line for line in hgmma)
-    assert sass.count("WARPGROUP.ARRIVE") == len(hgmma) and meta["ragged"] == 1
+    assert len(hgmma) == 4 * len(parts) * (STEP_GROUP + 1) * loops
+    assert not any("UP0" in line or "UPT" in line for line in hgmma)
+    assert sass.count("WARPGROUP.ARRIVE") == len(hgmma) and meta["ragged"] in (1, 2)
     assert meta["sass"]["local_bytes"] == 0
 
 

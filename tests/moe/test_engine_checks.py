@@ -144,14 +144,19 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
 
 
 def test_ragged_blocks_default_where_built():
-    """128- and 256-route blocks run ragged by default (the fact RAG), whole on request; smaller ones are whole."""
-    assert [engine_ragged(t) for t in ENGINE_TILE_N] == [False, False, False, True, True]
-    assert engine_ragged(256, False) is False and engine_ragged(64, True) is False
-    assert engine_gemm_spec(128).fact["RAG"] == 1 and "RAG" not in engine_gemm_spec(128, ragged=False).fact
+    """128- and 256-route blocks run ragged by default at level 2 (half and quarter blocks; the fact RAG), level 1
+    (halves only) or whole on request; smaller ones are whole."""
+    assert [engine_ragged(t) for t in ENGINE_TILE_N] == [0, 0, 0, 2, 2]
+    assert engine_ragged(256, False) == 0 and engine_ragged(64, True) == 0 and engine_ragged(128, True) == 1
+    assert engine_gemm_spec(128).fact["RAG"] == 2 and "RAG" not in engine_gemm_spec(128, ragged=False).fact
+    assert engine_gemm_spec(256, ragged=1).fact["RAG"] == 1
     with pytest.raises(ValueError, match="ragged"):
         engine_gemm_spec(64, ragged=True)
+    with pytest.raises(ValueError, match="ragged"):
+        engine_gemm_spec(256, ragged=3)
     w, s, x, out, be, meta = _operands()
-    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128).spec.fact["RAG"] == 1
+    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128).spec.fact["RAG"] == 2
+    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=True).spec.fact["RAG"] == 1
     assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=False).spec.fact
     assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ragged=True).spec.fact
 
@@ -277,7 +282,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             for src in ("native", "inline")
             for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
             for io in ("gather", "dense")
-            for rag in ((0, 1) if t >= 128 else (0,))
+            for rag in ((0, 1, 2) if t >= 128 else (0,))
             for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
@@ -291,7 +296,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         for src in ("native", "inline")
         for io in ENGINE_IO
         for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
-        for rag in ((0, 1) if t >= 128 else (0,))
+        for rag in ((0, 1, 2) if t >= 128 else (0,))
         for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
     }
     got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),

@@ -209,8 +209,9 @@ class EngineMoE:
     cache holds it for the call's block size, else that size's default; ``None``: the default everywhere.
     ``fc1_rows``: how FC1 gets its routes' rows (``ENGINE_FC1_ROWS``: its producer warps gather them, or a gather
     pass writes them in block order first); ``None``: :func:`fc1_rows_for`'s choice for the call's block size.
-    ``ragged``: whether the FP4 GEMMs run a block whose live routes lie in its first half on that half only, where
-    the cache holds it (``None``: the size's default). ``ctas_per_sm``: 1 or 2 CTAs an SM where built (``None``:
+    ``ragged``: the FP4 GEMMs' ragged level where the cache holds it (0: whole blocks; 1: a block whose live routes
+    lie in its first half runs that half; 2: also its first quarter that quarter; ``None``: the size's default).
+    ``ctas_per_sm``: 1 or 2 CTAs an SM where built (``None``:
     the size's default).
     ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
     bits); False: two everywhere. ``block_fill``: a block is the smallest program tile holding this fraction of an
@@ -219,7 +220,7 @@ class EngineMoE:
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
-        fc1_rows: str | None = None, ragged: bool | None = None, ctas_per_sm: int | None = None,
+        fc1_rows: str | None = None, ragged: int | bool | None = None, ctas_per_sm: int | None = None,
         one_multiply: bool = True, block_fill: float = 1.0,
     ):  # fmt: skip
         if not 0 < block_fill <= 1:

@@ -35,7 +35,7 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
         prog = row_block_expander_program(int(facts["COLS"]), int(facts["DB"]), int(facts["MAXS"]), int(facts["MAXST"]))
     elif spec.kernel == ENGINE_GEMM:
         scales, io = str(facts.get("SRC", "native")), str(facts["IO"])
-        schedule, ragged = str(facts.get("SCHED", "slice")), bool(facts.get("RAG", 0))
+        schedule, ragged = str(facts.get("SCHED", "slice")), int(facts.get("RAG", 0))
         prog = engine_gemm_program(
             int(facts["TN"]),
             int(facts["ACT"]),

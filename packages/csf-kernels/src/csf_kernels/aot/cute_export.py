@@ -301,7 +301,7 @@ def engine_gemm_name(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
-    ragged: bool = False,
+    ragged: int = 0,
     ctas_per_sm: int = 1,
 ) -> str:
     return (
@@ -312,7 +312,7 @@ def engine_gemm_name(
         + ("" if scales == "native" else f"_{scales}")
         + ("" if io == "dense" else f"_{io}")
         + ("" if schedule == "slice" else f"_{schedule}")
-        + ("_ragged" if ragged else "")
+        + ("" if not ragged else "_ragged" if int(ragged) == 1 else f"_ragged{int(ragged)}")
         + ("" if ctas_per_sm == 1 else f"_occ{ctas_per_sm}")
     )
 
@@ -325,7 +325,7 @@ def engine_gemm_program(
     scales: str = "native",
     io: str = "dense",
     schedule: str = "slice",
-    ragged: bool = False,
+    ragged: int = 0,
     ctas_per_sm: int = 1,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
@@ -333,7 +333,8 @@ def engine_gemm_program(
     clamped SwiGLU), its scales from panels (``scales`` native) or engine records decoded by a producer warp
     (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
     consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``);
-    ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only."""
+    ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only (1), or
+    also its first quarter that quarter (2)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
     options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged,

@@ -44,7 +44,7 @@ def grouped_fp4_gemm_launch(
     sorted_ids: torch.Tensor | None = None,
     top_k: int = 1,
     pairs: int | None = None,
-    ragged: bool | None = None,
+    ragged: int | bool | None = None,
     ctas_per_sm: int | None = None,
     wide: torch.Tensor | None = None,
     max_ctas: int | None = None,
@@ -74,8 +74,9 @@ def grouped_fp4_gemm_launch(
     ``dense`` rows may come with the alignment's ``sorted_ids`` and ``pairs`` too (FC1 reading rows a gather pass
     wrote): they only tell which slots are live.
 
-    ``ragged`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_RAGGED_TILE_N`; ``None``: the size's default): a block
-    whose live slots (route ids in ``[0, pairs)``) all lie in its first half multiplies that half only; its other
+    ``ragged`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_RAGGED_TILE_N`; ``None``: the size's default, level 2;
+    ``True``: 1, ``False``: 0): a block whose live slots (route ids in ``[0, pairs)``) all lie in its first half
+    multiplies that half only, at level 2 one whose live slots lie in its first quarter that quarter; its other
     rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM
     of its zero rows, which differ only where a weight is NaN or infinite. Without route ids every block is whole.
 

@@ -27,6 +27,7 @@ __all__ = [
     "ENGINE_IO",
     "ENGINE_PAIRED_BY_DEFAULT",
     "ENGINE_PAIRED_TILE_N",
+    "ENGINE_RAGGED_LEVELS",
     "ENGINE_RAGGED_TILE_N",
     "ENGINE_SCALE_SOURCES",
     "ENGINE_SCHEDULES",
@@ -70,8 +71,10 @@ ENGINE_SCHEDULES = ("slice", "stage")
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
 # block sizes built ragged (kernels.engine_gemm.RAGGED_TILE_N: a block whose live routes lie in its first half runs
-# that half only; docs/moe-engine.md §4.12), beside the whole-block programs; ragged serves them by default
+# that half only, level 1; at level 2 one whose live routes lie in its first quarter runs that quarter; docs/moe-
+# engine.md §4.12), beside the whole-block programs (level 0); the last level serves them by default
 ENGINE_RAGGED_TILE_N = (128, 256)
+ENGINE_RAGGED_LEVELS = (0, 1, 2)  # kernels.engine_gemm.RAGGED_LEVELS
 # block sizes built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's default
 # schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (runs 312-313), whose
 # one-CTA programs of that schedule are not built; a size added to the first keeps both until measured
@@ -175,15 +178,17 @@ def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int
     return want if want in built else built[-1]
 
 
-def engine_raggeds(tile_n: int) -> tuple[bool, ...]:
-    """Whether the AOT cache holds ``tile_n``'s whole-block programs only, or ragged ones too (the default last)."""
-    return (False, True) if tile_n in ENGINE_RAGGED_TILE_N else (False,)
+def engine_raggeds(tile_n: int) -> tuple[int, ...]:
+    """The ragged levels the AOT cache holds ``tile_n``'s programs of (0: whole blocks only; 1: the half loop; 2: the
+    half and quarter loops; the default last)."""
+    return ENGINE_RAGGED_LEVELS if tile_n in ENGINE_RAGGED_TILE_N else (0,)
 
 
-def engine_ragged(tile_n: int, want: bool | None = None) -> bool:
-    """Whether ``tile_n`` routes a block run ragged: ``want`` where the cache holds it, else the size's default."""
+def engine_ragged(tile_n: int, want: int | bool | None = None) -> int:
+    """The ragged level ``tile_n`` routes a block run at: ``want`` (``True``: 1, ``False``: 0) where the cache holds
+    it, else the size's default."""
     built = engine_raggeds(tile_n)
-    return want if want in built else built[-1]
+    return int(want) if want is not None and int(want) in built else built[-1]
 
 
 def engine_schedule(tile_n: int, want: str | None = None) -> str:
@@ -203,7 +208,7 @@ def engine_gemm_spec(
     scales: str = "native",
     io: str = "dense",
     schedule: str | None = None,
-    ragged: bool | None = None,
+    ragged: int | bool | None = None,
     ctas_per_sm: int | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
@@ -227,13 +232,14 @@ def engine_gemm_spec(
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
-    ragged = engine_ragged(tile_n) if ragged is None else ragged
-    if ragged and tile_n not in ENGINE_RAGGED_TILE_N:
-        raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block; got {tile_n}")
+    ragged = engine_ragged(tile_n) if ragged is None else int(ragged)
+    if ragged not in engine_raggeds(tile_n):
+        raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block (levels "
+                         f"{ENGINE_RAGGED_LEVELS}); got level {ragged} at {tile_n}")  # fmt: skip
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
-    rag = {"RAG": 1} if ragged else {}
+    rag = {"RAG": ragged} if ragged else {}
     ctas_per_sm = engine_occupancy(tile_n, schedule) if ctas_per_sm is None else ctas_per_sm
     if ctas_per_sm not in engine_occupancies(tile_n, schedule):
         raise ValueError(f"the engine GEMM for {tile_n} routes a block under {schedule!r} is built for "

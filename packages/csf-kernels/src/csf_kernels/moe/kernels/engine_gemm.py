@@ -76,6 +76,7 @@ __all__ = [
     "ACT_SWIGLU_OAI",
     "IO_MODES",
     "PAIRED_TILE_N",
+    "RAGGED_LEVELS",
     "RAGGED_TILE_N",
     "SCALE_SOURCES",
     "SCHEDULES",
@@ -86,9 +87,11 @@ __all__ = [
 
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
-# block sizes whose blocks may run half their routes: a block whose live slots all lie in its first half issues
-# wgmma.m64n{TILE_N / 2} on them only (an expert's last block is its tail: up to half the padded work at 2048-8192)
+# block sizes whose blocks may run part of their routes: a block whose live slots all lie in its first half issues
+# wgmma.m64n{TILE_N / 2} on them only, in its first quarter (ragged level 2) m64n{TILE_N / 4} (an expert's last
+# block is its tail: up to half the padded work at 2048-8192)
 RAGGED_TILE_N = (128, 256)
+RAGGED_LEVELS = (0, 1, 2)  # whole blocks; the half loop; the half and the quarter loops
 # block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
 # at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
 PAIRED_TILE_N = (16, 32, 64)
@@ -138,8 +141,10 @@ class GroupedFp4Gemm:
         self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
         # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair
         self.step_one = None if fmt == "nvfp4" else ConsumerStep(schedule, False, io == "gather", one_multiply=True)
-        if ragged and tile_n not in RAGGED_TILE_N:
-            raise ValueError(f"ragged blocks are built for {RAGGED_TILE_N} routes a block; got {tile_n}")
+        ragged = int(ragged)
+        if ragged not in RAGGED_LEVELS or (ragged and tile_n not in RAGGED_TILE_N):
+            raise ValueError(f"ragged levels {RAGGED_LEVELS} are built for {RAGGED_TILE_N} routes a block (0 for any); "
+                             f"got {ragged} at {tile_n}")  # fmt: skip
         self.ragged = ragged
         if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
             raise ValueError(
@@ -252,13 +257,13 @@ class GroupedFp4Gemm:
             tiler_mn=(64, self.tile_n),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        # ragged: the MMA of a block's first half (its accumulator the first half of the full one's registers)
-        half_mma = tiled_mma
-        if cutlass.const_expr(self.ragged):
-            half_mma = sm90_utils.make_trivial_tiled_mma(
-                bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, self.acc_dtype,
-                self.atom_layout_mnk, tiler_mn=(64, self.tile_n // 2), a_source=warpgroup.OperandSource.RMEM,
-            )  # fmt: skip
+        # ragged: the MMAs of a block's first half and quarter (each accumulator the first half or quarter of the full
+        # one's registers)
+        half_mma, quarter_mma = tiled_mma, tiled_mma
+        if cutlass.const_expr(self.ragged > 0):
+            half_mma = self._part_mma(self.tile_n // 2)
+        if cutlass.const_expr(self.ragged > 1):
+            quarter_mma = self._part_mma(self.tile_n // 4)
 
         a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
         s_smem = cute.make_layout((self.s_elems, 1, 1, self.stages))
@@ -294,7 +299,8 @@ class GroupedFp4Gemm:
         sorted_ids, top_k, pairs, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, half_mma, a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias, gscale,
+            tiled_mma, (half_mma, quarter_mma), a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias,
+            gscale,
             sorted_ids, wide, top_k, pairs, *records,
         )  # fmt: skip
         kernel.launch(
@@ -317,7 +323,7 @@ class GroupedFp4Gemm:
         tma_c: cute.CopyAtom,
         m_c: cute.Tensor,
         tiled_mma: cute.TiledMma,
-        half_mma: cute.TiledMma,
+        part_mmas: tuple,
         a_smem: cute.Layout,
         s_smem: cute.Layout,
         b_smem: cute.ComposedLayout,
@@ -421,7 +427,7 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
-            self.consume(ring, (tiled_mma, half_mma), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
+            self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
                          k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs, wide),
                          cute.size(m_a, mode=[3]))  # fmt: skip
 
@@ -430,7 +436,7 @@ class GroupedFp4Gemm:
         self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
         out, bias, gscale, block_expert, ids, experts,
     ):  # fmt: skip
-        tiled_mma, half_mma = mmas
+        tiled_mma, half_mma, quarter_mma = mmas
         sorted_ids, pairs, wide = ids
         t = tidx % 128
         row_block = wg - 1
@@ -445,18 +451,11 @@ class GroupedFp4Gemm:
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
         epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
-        half = None
-        if cutlass.const_expr(self.ragged):
-            half_mma.set(warpgroup.Field.ACCUMULATE, True)  # every wgmma adds to the unit's zeroed accumulator
-            # the first half of the block's routes: B's first TILE_N / 2 rows of each stage, and the first half of
-            # the accumulator's registers (value 4 c + i is route 8 c + ...: routes < TILE_N / 2 come first)
-            thr_half = half_mma.get_slice(tidx - 128)
-            s_b_half = cute.local_tile(s_b, (self.tile_n // 2, TILE_K, self.stages), (0, 0, 0))
-            t_cr_b_half = half_mma.make_fragment_B(thr_half.partition_B(s_b_half))
-            acc_half = cute.make_tensor(
-                acc.iterator, cute.make_layout(thr_half.partition_shape_C((TILE_M, self.tile_n // 2)))
-            )
-            half = (acc_half, t_cr_b_half)
+        half, quarter = None, None
+        if cutlass.const_expr(self.ragged > 0):
+            half = self._part_operands(half_mma, self.tile_n // 2, s_b, acc, tidx)
+        if cutlass.const_expr(self.ragged > 1):
+            quarter = self._part_operands(quarter_mma, self.tile_n // 4, s_b, acc, tidx)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -471,31 +470,33 @@ class GroupedFp4Gemm:
             if cutlass.const_expr(self.nvfp4):
                 g_e = self._global_scale(gscale, block_expert, b, experts)
             operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
-            half_operands = operands
-            halved = False
-            if cutlass.const_expr(self.ragged):
+            half_operands, quarter_operands = operands, operands
+            extent = cutlass.Int32(self.tile_n)
+            if cutlass.const_expr(self.ragged > 0):
                 half_operands = (half_mma, half[0], frags, words, s_words, s_s, half[1], t, row_block, r0)
-                halved = live_extent(sorted_ids, pairs, b, self.tile_n, lane) <= self.tile_n // 2
-            if cutlass.const_expr(self.nvfp4):
-                if halved:
-                    read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
-                else:
-                    read, release = self.step.k_loop(ring, read, release, k_steps, operands)
-            else:
+                extent = live_extent(sorted_ids, pairs, b, self.tile_n, lane)
+            if cutlass.const_expr(self.ragged > 1):
+                quarter_operands = (quarter_mma, quarter[0], frags, words, s_words, s_s, quarter[1], t, row_block, r0)
+            one = cutlass.Boolean(False)
+            if cutlass.const_expr(not self.nvfp4):
                 # the warpgroup's 64-row block: one multiply a pair unless a scale byte there is 129..254
                 blocks = cute.size(wide, mode=[1])
                 e_w = cutlass.min(cutlass.max(block_expert[b], 0), experts - 1)
                 one = wide[(e_w, cutlass.min(tm * 2 + row_block, blocks - 1))] == 0
-                if halved:
-                    if one:
-                        read, release = self.step_one.k_loop(ring, read, release, k_steps, half_operands)
-                    else:
-                        read, release = self.step.k_loop(ring, read, release, k_steps, half_operands)
+            if cutlass.const_expr(self.ragged > 1):
+                if extent <= self.tile_n // 4:
+                    read, release = self._k_loop(ring, read, release, k_steps, quarter_operands, one)
+                elif extent <= self.tile_n // 2:
+                    read, release = self._k_loop(ring, read, release, k_steps, half_operands, one)
                 else:
-                    if one:
-                        read, release = self.step_one.k_loop(ring, read, release, k_steps, operands)
-                    else:
-                        read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+                    read, release = self._k_loop(ring, read, release, k_steps, operands, one)
+            elif cutlass.const_expr(self.ragged > 0):
+                if extent <= self.tile_n // 2:
+                    read, release = self._k_loop(ring, read, release, k_steps, half_operands, one)
+                else:
+                    read, release = self._k_loop(ring, read, release, k_steps, operands, one)
+            else:
+                read, release = self._k_loop(ring, read, release, k_steps, operands, one)
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
@@ -505,6 +506,37 @@ class GroupedFp4Gemm:
             done += 1
             u += cute.arch.grid_dim()[0]
         epi.ring.producer_tail()
+
+    @cute.jit
+    def _k_loop(self, ring, read, release, k_steps, operands, one):
+        """A unit's K loop (traced inline): MXFP4 row blocks flagged ``one`` take one multiply a pair."""
+        if cutlass.const_expr(self.nvfp4):
+            read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+        else:
+            if one:
+                read, release = self.step_one.k_loop(ring, read, release, k_steps, operands)
+            else:
+                read, release = self.step.k_loop(ring, read, release, k_steps, operands)
+        return read, release
+
+    def _part_mma(self, routes: int):
+        """Host side: the MMA of a block's first ``routes`` routes (traced inline)."""
+        bf16 = cutlass.BFloat16
+        return sm90_utils.make_trivial_tiled_mma(
+            bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, self.acc_dtype,
+            self.atom_layout_mnk, tiler_mn=(64, routes), a_source=warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+
+    def _part_operands(self, mma, routes: int, s_b, acc, tidx):
+        """Device side (traced inline): the accumulator and B fragments of a block's first ``routes`` routes: B's
+        first ``routes`` rows of each stage, the first ``routes / TILE_N`` of the accumulator's registers (value
+        ``4 c + i`` is route ``8 c + ...``: the first routes come first). Every wgmma adds to the zeroed unit."""
+        mma.set(warpgroup.Field.ACCUMULATE, True)
+        thr = mma.get_slice(tidx - 128)
+        s_b_part = cute.local_tile(s_b, (routes, TILE_K, self.stages), (0, 0, 0))
+        t_cr_b = mma.make_fragment_B(thr.partition_B(s_b_part))
+        acc_part = cute.make_tensor(acc.iterator, cute.make_layout(thr.partition_shape_C((TILE_M, routes))))
+        return acc_part, t_cr_b
 
     @cute.jit
     def _global_scale(self, gscale, block_expert, b, experts):
