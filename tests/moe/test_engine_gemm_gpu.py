@@ -440,9 +440,10 @@ def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_RAGGED_TILE_N)
 def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
-    """Ragged programs (a block whose live slots lie in its first half multiplies that half only): gathering FC1,
-    FC1 on block-order rows with the route ids beside them, and scattering FC2 store the whole-block programs' bits
-    on every live slot; the hand-made alignment gives tails below and above half a block."""
+    """Ragged programs (level 1: a block whose live slots lie in its first half multiplies that half only; level 2:
+    also one whose live slots lie in its first quarter that quarter): gathering FC1, FC1 on block-order rows with
+    the route ids beside them, and scattering FC2 store the whole-block programs' bits on every live slot; the
+    hand-made alignment gives tails below a quarter, between a quarter and a half and above half a block."""
     experts, rows, k, top_k = 4, 256, 640, 3
     tokens = 3 * tile_n + 5  # about 2.25 blocks an expert: random tails on both sides of half a block
     packed, scales, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 31, fmt)
@@ -451,13 +452,18 @@ def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
     x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
     sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
     slots, pairs = sorted_ids.numel(), tokens * top_k
+    # blocks 0-2 cut to an eighth, three eighths and five eighths of their slots (their routes' rows unstored):
+    # a tail in each of the quarter, half and whole loops whatever the draw
+    for b, eighths in enumerate((1, 3, 5)):
+        sorted_ids[b * tile_n + eighths * tile_n // 8 : (b + 1) * tile_n] = pairs
     live = ((sorted_ids >= 0) & (sorted_ids < pairs))[: used * tile_n]
     tails = [int(live[b * tile_n : (b + 1) * tile_n].sum()) for b in range(used)]
-    assert any(n <= tile_n // 2 for n in tails) and any(n > tile_n // 2 for n in tails), tails
+    assert any(n <= tile_n // 4 for n in tails) and any(tile_n // 4 < n <= tile_n // 2 for n in tails), tails
+    assert any(n > tile_n // 2 for n in tails), tails
     xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
     common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
     outs = {}
-    for ragged in (False, True):
+    for ragged in (0, 1, 2):
         fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
         fc1_dense = torch.full_like(fc1, float("nan"))
         fc2 = torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -478,11 +484,10 @@ def test_ragged_blocks_give_the_whole_blocks_bits_on_live_slots(tile_n, fmt):
             runtime.unfreeze()
         torch.cuda.synchronize()
         outs[ragged] = fc1[: used * tile_n][live], fc1_dense[: used * tile_n][live], fc2
-    for name, whole, ragged in zip(
-        ("gathered FC1", "dense FC1", "scattered FC2"), outs[False], outs[True], strict=True
-    ):
-        assert torch.isfinite(ragged.float()).any(), f"{name}: nothing stored"
-        assert torch.equal(whole.view(torch.int16), ragged.view(torch.int16)), f"seed {SEED}: ragged {name} differs"
+    for level in (1, 2):
+        for name, whole, part in zip(("gathered FC1", "dense FC1", "scattered FC2"), outs[0], outs[level], strict=True):
+            assert torch.isfinite(part.float()).any(), f"{name}: nothing stored"
+            assert torch.equal(whole.view(torch.int16), part.view(torch.int16)), f"seed {SEED}: level {level} {name}"
 
 
 @pytest.mark.parametrize("scales", ["native", "inline"])
