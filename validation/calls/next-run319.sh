@@ -22,9 +22,9 @@ timeout 80 $P tests/moe/test_engine_inline_gpu.py tests/moe/test_engine_inline_p
   > $R/t_inline.log 2>&1
 log "inline rc=$?: $(tail -1 $R/t_inline.log)"
 timeout 150 python3 benchmarks/bench_moe.py --geometries peers \
-  --arms triton_kernels,engine,engine_half_ragged,engine_inline --tokens 1024,2048,4096,8192 --reps 6 \
+  --arms triton_kernels,engine,engine_half_ragged,engine_inline --tokens 2048,8192 --reps 6 \
   --peer-path $PWD/.peers --out $R/moe_large.json > $R/moe_large.log 2>&1
-log "bench 1024-8192 rc=$?"
+log "bench 2048-8192 rc=$?"
 CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model gpt-oss-120b --tp 1 --tokens 8192 \
   --arms engine,engine_half_ragged,triton_kernels --peer-path $PWD/.peers --out $R/kernel_times.json \
   > $R/kernel_times.log 2>&1
