@@ -6,7 +6,7 @@ of its own, "engine_inline" decodes its scales from engine records in a producer
 W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations). The others force one choice of the defaults where the
 cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_stage" the consumer schedule
 (docs/moe-engine.md §4.9), "engine_pass" / "engine_producer" where FC1's rows come from (§4.11), "engine_whole"
-every block whole, no ragged tails (§4.12), "engine_half_ragged" tails run as half blocks, never quarters,
+every block whole, no ragged tails (§4.12), "engine_quarter_ragged" tails in their first quarter run as quarter blocks,
 "engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11);
 "engine_inline_pass": inline scales with FC1's rows from the gather pass (its producer warps then only decode and
 copy tiles, no row gathers beside the decoder: the issue-slot question of docs/moe-engine.md §7);
@@ -29,7 +29,7 @@ ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
     "engine_pass": ({}, {"fc1_rows": "pass"}),
     "engine_producer": ({}, {"fc1_rows": "producer"}),
     "engine_whole": ({}, {"ragged": False}),
-    "engine_half_ragged": ({}, {"ragged": 1}),
+    "engine_quarter_ragged": ({}, {"ragged": 2}),
     "engine_two_mul": ({}, {"one_multiply": False}),
     "engine_inline_pass": ({"scale_source": "inline"}, {"fc1_rows": "pass"}),
     "engine_half_blocks": ({}, {"block_fill": 0.5}),

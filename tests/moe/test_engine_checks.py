@@ -144,19 +144,19 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
 
 
 def test_ragged_blocks_default_where_built():
-    """128- and 256-route blocks run ragged by default at level 2 (half and quarter blocks; the fact RAG), level 1
-    (halves only) or whole on request; smaller ones are whole."""
-    assert [engine_ragged(t) for t in ENGINE_TILE_N] == [0, 0, 0, 2, 2]
+    """128- and 256-route blocks run ragged by default at level 1 (half blocks; the fact RAG), level 2 (quarter
+    blocks too, not yet run on a GPU) or whole on request; smaller ones are whole."""
+    assert [engine_ragged(t) for t in ENGINE_TILE_N] == [0, 0, 0, 1, 1]
     assert engine_ragged(256, False) == 0 and engine_ragged(64, True) == 0 and engine_ragged(128, True) == 1
-    assert engine_gemm_spec(128).fact["RAG"] == 2 and "RAG" not in engine_gemm_spec(128, ragged=False).fact
-    assert engine_gemm_spec(256, ragged=1).fact["RAG"] == 1
+    assert engine_gemm_spec(128).fact["RAG"] == 1 and "RAG" not in engine_gemm_spec(128, ragged=False).fact
+    assert engine_gemm_spec(256, ragged=2).fact["RAG"] == 2
     with pytest.raises(ValueError, match="ragged"):
         engine_gemm_spec(64, ragged=True)
     with pytest.raises(ValueError, match="ragged"):
         engine_gemm_spec(256, ragged=3)
     w, s, x, out, be, meta = _operands()
-    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128).spec.fact["RAG"] == 2
-    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=True).spec.fact["RAG"] == 1
+    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128).spec.fact["RAG"] == 1
+    assert grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=2).spec.fact["RAG"] == 2
     assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, ragged=False).spec.fact
     assert "RAG" not in grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, ragged=True).spec.fact
 

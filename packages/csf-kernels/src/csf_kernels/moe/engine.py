@@ -74,7 +74,7 @@ def grouped_fp4_gemm_launch(
     ``dense`` rows may come with the alignment's ``sorted_ids`` and ``pairs`` too (FC1 reading rows a gather pass
     wrote): they only tell which slots are live.
 
-    ``ragged`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_RAGGED_TILE_N`; ``None``: the size's default, level 2;
+    ``ragged`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_RAGGED_TILE_N`; ``None``: the size's default, level 1;
     ``True``: 1, ``False``: 0): a block whose live slots (route ids in ``[0, pairs)``) all lie in its first half
     multiplies that half only, at level 2 one whose live slots lie in its first quarter that quarter; its other
     rows store the GEMM of nothing (zeros, or the activation of the bias) where the whole block would store the GEMM

@@ -72,9 +72,10 @@ ENGINE_SCHEDULES = ("slice", "stage")
 ENGINE_STAGE_TILE_N = (16, 32, 64)
 # block sizes built ragged (kernels.engine_gemm.RAGGED_TILE_N: a block whose live routes lie in its first half runs
 # that half only, level 1; at level 2 one whose live routes lie in its first quarter runs that quarter; docs/moe-
-# engine.md §4.12), beside the whole-block programs (level 0); the last level serves them by default
+# engine.md §4.12), beside the whole-block programs (level 0); level 1 serves them by default: level 2 has not run
+# on a GPU yet (validation/calls/next-run319.sh measures it)
 ENGINE_RAGGED_TILE_N = (128, 256)
-ENGINE_RAGGED_LEVELS = (0, 1, 2)  # kernels.engine_gemm.RAGGED_LEVELS
+ENGINE_RAGGED_LEVELS = (0, 2, 1)  # kernels.engine_gemm.RAGGED_LEVELS, the default last
 # block sizes built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's default
 # schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (runs 312-313), whose
 # one-CTA programs of that schedule are not built; a size added to the first keeps both until measured
