@@ -31,4 +31,16 @@ CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model gpt-oss-120b --t
   --arms engine,engine_quarter_ragged,triton_kernels --peer-path $PWD/.peers --out $R/kernel_times.json \
   > $R/kernel_times.log 2>&1
 log "kernel times rc=$?"
+# short-K GEMMs: DS4.1-TP4's FC2 has 9 K steps a unit, Qwen3's 12 (gpt-oss: 45); is the per-unit start and epilogue
+# what keeps them level with the peer at 8192 (docs/moe-engine.md §7)?
+for m in "deepseek-v4.1-flash --tp 4" "qwen3-30b-a3b --tp 1"; do
+  CSF_PDL=0 timeout 60 python3 benchmarks/kernel_times.py --model $m --tokens 2048,8192 \
+    --arms engine,triton_kernels --peer-path $PWD/.peers --out $R/kernel_times_${m%% *}.json > $R/kt_${m%% *}.log 2>&1
+  log "kernel times $m rc=$?"
+done
+MET="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active"
+timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 --metrics $MET python3 benchmarks/profile_kernels.py \
+  engine --arm engine --model deepseek-v4.1-flash --tp 4 --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -30 \
+  > $R/ncu_ds41_8192.txt
+log "ncu DS4.1 rc=$?"
 grep -h "^FAILED\|^E  " $R/t_*.log | head -30
