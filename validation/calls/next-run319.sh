@@ -7,16 +7,10 @@
 #     --drop mla.sparse_decode_wgmma --drop mla.sparse_decode_wide --drop stage.inline_decoder \
 #     --drop expand.row_blocks --drop expand.inline_rows --drop expand.compact_segments --drop expand.inline_tiles \
 #     --drop moe.w4a8_gemm --drop moe.engine_gemm:FMT=nvfp4,TN=64 --drop moe.engine_gemm:FMT=nvfp4,RAG=2
-# (the NVFP4 tests of those programs are deselected), .peers/triton_kernels, .peers/SOURCE, .ab/COMMIT.
+# (the NVFP4 tests of those programs are deselected), .peers/triton_kernels, .peers/SOURCE, .ab/COMMIT. The
+# preamble (validation/calls/preamble.sh) is tracked, so it travels with the tree.
 set -uo pipefail
-mkdir -p aot_cache && tar xzf aot_cache/carry.tgz -C aot_cache
-export PYTHONPATH=$(printf '%s:' $PWD/packages/*/src)$PWD/benchmarks PYTHONUNBUFFERED=1 CSF_COMMIT=$(cat .ab/COMMIT)
-R=$OUT/r && mkdir -p $R
-trap 'cd $OUT && tar czf run319.tgz r && rm -rf r' EXIT
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv > $R/gpu.txt 2>&1
-t0=$(date +%s)
-log() { echo "$1 at $(( $(date +%s) - t0 )) s" | tee -a $R/tests.log; }
-P="python3 -m pytest -q -p no:cacheprovider -m gpu -rf"
+source validation/calls/preamble.sh run319
 timeout 120 $P tests/moe/test_engine_gemm_gpu.py tests/moe/test_engine_layer_gpu.py \
   -k "not (nvfp4 and 64) and not (ragged and nvfp4)" > $R/t_engine.log 2>&1
 log "engine rc=$?: $(tail -1 $R/t_engine.log)"

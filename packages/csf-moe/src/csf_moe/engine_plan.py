@@ -34,7 +34,7 @@ from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_TILE_N, gather_fp8_spe
 from csf_kernels.runtime.programs import ProgramSpec
 
 from .buckets import bucket_for
-from .engine_layer import call_buffer_bytes, call_buffers, fc1_rows_for
+from .engine_layer import call_buffer_bytes, call_buffers, call_tile_n, fc1_rows_for
 
 __all__ = [
     "ACTIVATIONS",
@@ -103,9 +103,7 @@ class EnginePlan:
 
     def tile_n(self, tokens: int) -> int:
         """Routes a block for a call of ``tokens`` tokens, as the engine layer chooses it."""
-        routes = tokens * self.top_k / self.geometry.experts
-        fits = [t for t in self._tiles() if t >= routes]
-        return min(fits) if fits else max(self._tiles())
+        return call_tile_n(tokens * self.top_k, self.geometry.experts, self.w4a8)
 
     def bucket_for(self, tokens: int) -> EngineBucket:
         return bucket_for(self.buckets, tokens, self.max_tokens, self.geometry.name)

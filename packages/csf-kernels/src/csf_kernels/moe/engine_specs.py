@@ -70,15 +70,15 @@ ENGINE_SCHEDULES = ("slice", "stage")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
-# block sizes built ragged (kernels.engine_gemm.RAGGED_TILE_N: a block whose live routes lie in its first half runs
-# that half only, level 1; at level 2 one whose live routes lie in its first quarter runs that quarter; docs/moe-
-# engine.md §4.12), beside the whole-block programs (level 0); level 1 serves them by default: level 2 has not run
-# on a GPU yet (validation/calls/next-run319.sh measures it)
+# block sizes built ragged (a block whose live routes lie in its first half runs that half only, level 1; at level 2
+# one whose live routes lie in its first quarter runs that quarter; docs/moe-engine.md §4.12), beside the whole-block
+# programs (level 0); level 1 serves them by default: level 2 has not run on a GPU yet (next-run319.sh measures it);
+# the kernels (kernels.engine_gemm) read these, this module does not import cutlass
 ENGINE_RAGGED_TILE_N = (128, 256)
-ENGINE_RAGGED_LEVELS = (0, 2, 1)  # kernels.engine_gemm.RAGGED_LEVELS, the default last
-# block sizes built to run two CTAs an SM (kernels.engine_gemm.PAIRED_TILE_N; fact OCC=2) with the size's default
-# schedule (docs/moe-engine.md §4.9); of these, the sizes two CTAs serve by default, measured (runs 312-313), whose
-# one-CTA programs of that schedule are not built; a size added to the first keeps both until measured
+ENGINE_RAGGED_LEVELS = (0, 2, 1)  # the default last
+# block sizes built to run two CTAs an SM (fact OCC=2) with the size's default schedule (docs/moe-engine.md §4.9); of
+# these, the sizes two CTAs serve by default, measured (runs 312-313), whose one-CTA programs of that schedule are
+# not built; a size added to the first keeps both until measured
 ENGINE_PAIRED_TILE_N = (16, 32, 64)
 ENGINE_PAIRED_BY_DEFAULT = (16, 32, 64)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)

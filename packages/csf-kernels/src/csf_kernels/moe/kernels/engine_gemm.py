@@ -56,6 +56,8 @@ from csf_kernels.moe.engine_panels import PANEL_WORDS as _PANEL_WORDS
 from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_rows import DECODER_WARPS, GATHER_WARPS
 from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
+from csf_kernels.moe.engine_specs import ENGINE_PAIRED_TILE_N as PAIRED_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TILE_N
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
@@ -87,14 +89,13 @@ __all__ = [
 
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
-# block sizes whose blocks may run part of their routes: a block whose live slots all lie in its first half issues
-# wgmma.m64n{TILE_N / 2} on them only, in its first quarter (ragged level 2) m64n{TILE_N / 4} (an expert's last
-# block is its tail: up to half the padded work at 2048-8192)
-RAGGED_TILE_N = (128, 256)
-RAGGED_LEVELS = (0, 1, 2)  # whole blocks; the half loop; the half and the quarter loops
-# block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule consumers name
-# at most ~80 registers): twice the resident warps to hide the small blocks' latency (docs/moe-engine.md §4.9)
-PAIRED_TILE_N = (16, 32, 64)
+# block sizes whose blocks may run part of their routes (engine_specs, which the catalog reads without cutlass): a
+# block whose live slots all lie in its first half issues wgmma.m64n{TILE_N / 2} on them only, in its first quarter
+# (ragged level 2) m64n{TILE_N / 4} (an expert's last block is its tail: up to half the padded work at 2048-8192)
+RAGGED_TILE_N = ENGINE_RAGGED_TILE_N
+RAGGED_LEVELS = tuple(sorted(ENGINE_RAGGED_LEVELS))  # whole blocks; the half loop; the half and the quarter loops
+# PAIRED_TILE_N: block sizes that may run two CTAs an SM (their rings and epilogues fit twice; their stage-schedule
+# consumers name at most ~80 registers): twice the resident warps to hide the small blocks' latency (§4.9)
 
 
 class GroupedFp4Gemm:

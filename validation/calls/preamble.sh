@@ -1,0 +1,12 @@
+# Sourced by a device call (validation/calls/next-run*.sh) in the repository root on the GPU machine: unpack the
+# carried AOT cache, set the import path and commit, collect every output under $R (tarred into $OUT/$1.tgz on
+# exit: the device tool returns at most 8 files), record the GPU, and define `log` (a line with the seconds since
+# the start) and `P` (pytest over the GPU tests).
+mkdir -p aot_cache && tar xzf aot_cache/carry.tgz -C aot_cache
+export PYTHONPATH=$(printf '%s:' $PWD/packages/*/src)$PWD/benchmarks PYTHONUNBUFFERED=1 CSF_COMMIT=$(cat .ab/COMMIT)
+R=$OUT/r && mkdir -p $R
+trap "cd $OUT && tar czf $1.tgz r && rm -rf r" EXIT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv > $R/gpu.txt 2>&1
+t0=$(date +%s)
+log() { echo "$1 at $(( $(date +%s) - t0 )) s" | tee -a $R/tests.log; }
+P="python3 -m pytest -q -p no:cacheprovider -m gpu -rf"
