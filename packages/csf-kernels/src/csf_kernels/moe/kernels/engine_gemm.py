@@ -27,6 +27,9 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 * inline scales: producer warps decode engine records into the scale slots
   (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`), records dealt round-robin to warps 1-3, the 32 lanes
   of a record's warp arriving on each of its stages' mbarriers.
+* warp 0 also publishes each unit's facts (its live extent, one-multiply flags, NVFP4's global scale) into the
+  unit's first stage's slot (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`), so the consumers start a unit on
+  a shared-memory read instead of two dependent L2 reads.
 * warpgroups 1 and 2: the consumers, 64 weight rows each (swap-AB: weights are wgmma's M, routes its N). Per K
   slice of 16 a thread converts one word (eight E2M1 values, bits already placed by the panel) into its four bf16x2
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
@@ -71,6 +74,7 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     decoder_bytes,
 )
 from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS
+from csf_kernels.moe.kernels.engine_unit_facts import FACT_WORDS, UnitFacts
 
 __all__ = [
     "ACT_NONE",
@@ -147,6 +151,7 @@ class GroupedFp4Gemm:
             raise ValueError(f"ragged levels {RAGGED_LEVELS} are built for {RAGGED_TILE_N} routes a block (0 for any); "
                              f"got {ragged} at {tile_n}")  # fmt: skip
         self.ragged = ragged
+        self.facts = UnitFacts(tile_n, ragged > 0, fmt == "nvfp4")
         if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
             raise ValueError(
                 f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
@@ -406,9 +411,11 @@ class GroupedFp4Gemm:
         if cutlass.const_expr(self.gather is not None):
             table = storage.tokens.get_tensor(cute.make_layout(self.tile_n))
             rows = (x, sorted_ids, top_k, table, s_b, b_smem, self.gather.rank(tidx))
+        s_facts = storage.facts.get_tensor(cute.make_layout((FACT_WORDS, self.stages)))
         if warp == 0:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
-            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows)
+            facts = (self.facts, s_facts, (sorted_ids, pairs, block_expert, wide, gscale, cute.size(m_a, mode=[3])))
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, facts)
         if cutlass.const_expr(self.gather is not None):
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
@@ -429,16 +436,15 @@ class GroupedFp4Gemm:
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
             self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
-                         k_steps, tidx, warp, wg, out, bias, gscale, block_expert, (sorted_ids, pairs, wide),
+                         k_steps, tidx, warp, wg, out, bias, s_facts, block_expert, sorted_ids,
                          cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
         self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
-        out, bias, gscale, block_expert, ids, experts,
+        out, bias, s_facts, block_expert, sorted_ids, experts,
     ):  # fmt: skip
         tiled_mma, half_mma, quarter_mma = mmas
-        sorted_ids, pairs, wide = ids
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -467,23 +473,16 @@ class GroupedFp4Gemm:
             tm = u - b * tiles_m
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            g_e = cutlass.Float32(1.0)  # NVFP4's global scale of the block's expert
-            if cutlass.const_expr(self.nvfp4):
-                g_e = self._global_scale(gscale, block_expert, b, experts)
+            # the unit's facts, published by the producer into its first stage's slot (engine_unit_facts): its live
+            # extent, this warpgroup's one-multiply flag (MXFP4), NVFP4's global scale of the block's expert
+            self.step.wait(ring, read)
+            extent, one, g_e = self.facts.read(s_facts[(None, read.index)], row_block)
             operands = (tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, t, row_block, r0)
             half_operands, quarter_operands = operands, operands
-            extent = cutlass.Int32(self.tile_n)
             if cutlass.const_expr(self.ragged > 0):
                 half_operands = (half_mma, half[0], frags, words, s_words, s_s, half[1], t, row_block, r0)
-                extent = live_extent(sorted_ids, pairs, b, self.tile_n, lane)
             if cutlass.const_expr(self.ragged > 1):
                 quarter_operands = (quarter_mma, quarter[0], frags, words, s_words, s_s, quarter[1], t, row_block, r0)
-            one = cutlass.Boolean(False)
-            if cutlass.const_expr(not self.nvfp4):
-                # the warpgroup's 64-row block: one multiply a pair unless a scale byte there is 129..254
-                blocks = cute.size(wide, mode=[1])
-                e_w = cutlass.min(cutlass.max(block_expert[b], 0), experts - 1)
-                one = wide[(e_w, cutlass.min(tm * 2 + row_block, blocks - 1))] == 0
             if cutlass.const_expr(self.ragged > 1):
                 if extent <= self.tile_n // 4:
                     read, release = self._k_loop(ring, read, release, k_steps, quarter_operands, one)
@@ -539,32 +538,6 @@ class GroupedFp4Gemm:
         acc_part = cute.make_tensor(acc.iterator, cute.make_layout(thr.partition_shape_C((TILE_M, routes))))
         return acc_part, t_cr_b
 
-    @cute.jit
-    def _global_scale(self, gscale, block_expert, b, experts):
-        """NVFP4's global scale of block ``b``'s expert (1.0 for an invalid block, which computes zeros)."""
-        e = block_expert[b]
-        inside = cutlass.min(cutlass.max(e, 0), experts - 1)
-        g = gscale[inside]
-        if inside != e:
-            g = cutlass.Float32(1.0)
-        return g
-
-
-@cute.jit
-def live_extent(sorted_ids, pairs, b, tile_n: cutlass.Constexpr, lane):
-    """One past block ``b``'s last live slot (a route id in ``[0, pairs)``; 0 for none), computed by each warp from
-    ``sorted_ids`` (traced inline): ``tile_n / 32`` loads a lane and a ballot each, so every warp of a warpgroup
-    reaches the same value. ``pairs`` 0 (no route ids: a dense GEMM) reads nothing and is the whole block."""
-    extent = cutlass.Int32(tile_n)
-    if pairs > 0:
-        extent = cutlass.Int32(0)
-        for j in cutlass.range_constexpr(tile_n // 32):
-            route = sorted_ids[b * tile_n + j * 32 + lane]
-            live = cute.arch.vote_ballot_sync((route >= 0) & (route < pairs))
-            if live != 0:
-                extent = cutlass.Int32(j * 32 + 32) - cutlass.Int32(cute.arch.clz(live))
-    return extent
-
 
 def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders):
     """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales each of
@@ -577,6 +550,7 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
         "s_s": align[mem[s_dtype, s_elems], 1024],
         "s_b": align[mem[cutlass.BFloat16, b_elems], 1024],
         "s_c": align[mem[cutlass.BFloat16, c_elems], 1024],
+        "facts": mem[cutlass.Int32, FACT_WORDS * stages],
     }
     if inline:
         fields |= {

@@ -144,26 +144,33 @@ class RowGather:
             u += cute.arch.grid_dim()[0]
 
 
-def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None):
+def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None,
+            facts=None):  # fmt: skip
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
     (``copies[2]``, ``(None, b, k)``; or, with a :class:`RowGather` and its ``operands``, warp 0's share of the
-    routes' rows)."""
-    _Producer(stages, gather).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands)
+    routes' rows). ``facts``: ``(UnitFacts, slots, operands)``: each unit's facts into its first stage's slot
+    (``slots`` Int32 ``[FACT_WORDS, stages]``) before the warp arrives on it
+    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`)."""
+    publisher = None if facts is None else facts[0]
+    _Producer(stages, gather, publisher).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
+                                              None if facts is None else facts[1:])  # fmt: skip
 
 
 class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None):
+    def __init__(self, stages: int, gather: RowGather | None, facts=None):
         self.stages = stages
         self.gather = gather
+        self.facts = facts
 
     @cute.jit
-    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands):
+    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts):
         tma_a, t_ag, t_as = copies[0]
+        lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         u = cute.arch.block_idx()[0]
         while u < units:
@@ -174,6 +181,10 @@ class _Producer:
             e = block_expert[b]
             if cutlass.const_expr(self.gather is not None):
                 self.gather.unit(operands, b)
+            if cutlass.const_expr(self.facts is not None):  # into the unit's first stage, once it is free
+                slots, fact_operands = facts
+                ring.sync_object_empty.wait(state.index, state.phase)
+                self.facts.publish(slots[(None, state.index)], fact_operands, b, tm, lane)
             for k in cutlass.range(k_steps, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
