@@ -33,8 +33,9 @@ def ptx(request, tmp_path_factory) -> str:
 def test_decoder_phases_are_warp_ordered(ptx):
     # the offset table before its reads (a cold unit's, and the next unit's behind this unit's records); after a
     # record's decode (the staging slot and the tile are free again); the words in the tile before the scatter; the
-    # scatter before the words come back
-    assert ptx.count("bar.warp.sync \t-1;") == 5
+    # scatter before the words come back; and warp 0's, after a unit's facts are written and before it arrives on
+    # the unit's first stage (engine_unit_facts)
+    assert ptx.count("bar.warp.sync \t-1;") == 6
 
 
 def test_staging_slots_return_to_the_async_proxy(ptx):
