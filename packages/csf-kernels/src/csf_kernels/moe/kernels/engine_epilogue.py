@@ -153,7 +153,12 @@ class Epilogue:
                 cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
                 ring.producer_commit()
                 ring.producer_acquire()
-            bar.arrive_and_wait()
+            # scattering, a thread's stores read their subtile's buffer before it writes the next subtile, which
+            # lands in the other buffer; the barrier above that subtile then holds back every thread's write of this
+            # buffer two subtiles on until all have read it: one barrier a subtile. The TMA store needs the second
+            # (warp 4's wait for the store to have read the buffer)
+            if cutlass.const_expr(not self.scatter):
+                bar.arrive_and_wait()
 
     @cute.jit
     def _route_ids(self, scatter_to, b):
