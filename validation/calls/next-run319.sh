@@ -45,4 +45,8 @@ timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 --metrics $MET 
   engine --arm engine --model deepseek-v4.1-flash --tp 4 --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -30 \
   > $R/ncu_ds41_8192.txt
 log "ncu DS4.1 rc=$?"
+timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 2 --metrics $MET python3 benchmarks/profile_kernels.py \
+  engine --arm engine --model gpt-oss-120b --tp 1 --tokens 8192 2>&1 | grep -v "^==PROF==" | tail -30 \
+  > $R/ncu_gptoss_8192.txt
+log "ncu gpt-oss rc=$?"
 grep -h "^FAILED\|^E  " $R/t_*.log | head -30
