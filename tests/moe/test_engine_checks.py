@@ -408,7 +408,7 @@ def test_gather_pass_refuses_what_it_cannot_serve():
     meta = torch.zeros(4, dtype=torch.int32)
     xs = torch.zeros(64, 128, dtype=torch.bfloat16)
     launch = gather_launch(x, ids, meta, xs, top_k=2, bm=16)
-    assert launch.spec.kernel == "moe.engine_gather" and launch.grid == (16, 1)  # four slots a program
+    assert launch.spec.kernel == "moe.engine_gather" and launch.grid == (4, 1)  # 16 slots a program
     assert launch.args[-1] == 10  # pairs: routes at or past it are empty slots
     with pytest.raises(TypeError, match="bf16"):
         gather_launch(x.float(), ids, meta, xs, top_k=2, bm=16)

@@ -223,9 +223,9 @@ def dense_fp4_gemm_launch(
 def gather_launch(
     x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, *, top_k: int, bm: int
 ) -> runtime.Launch:
-    """FC1's input in block order: ``xs[s] = x[sorted_ids[s] // top_k]`` (bf16 ``[slots, H]``; zeros for a slot
-    without a route ``t * top_k + j`` in ``[0, pairs)``; slots of blocks past ``meta[0]`` untouched), for the FC1
-    GEMM reading block-order rows (``io="dense"``)."""
+    """FC1's input in block order: ``xs[s] = x[sorted_ids[s] // top_k]`` (bf16 ``[slots, H]``) for each slot holding
+    a route ``t * top_k + j`` in ``[0, pairs)``, for the FC1 GEMM reading block-order rows (``io="dense"``). Other
+    slots are left as they are: a slot's row reaches only that slot's outputs, which nothing reads."""
     slots, hidden = xs.shape
     if x.dtype != torch.bfloat16 or xs.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden:
         raise TypeError(f"gather: x must be bf16 [T, {hidden}] like xs's columns; got {x.dtype} {tuple(x.shape)}")

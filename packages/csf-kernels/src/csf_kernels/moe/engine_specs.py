@@ -89,8 +89,8 @@ ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
 ENGINE_GATHER = TritonFamily(
-    kernel="moe.engine_gather", version=2, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
-    num_warps=4,
+    kernel="moe.engine_gather", version=3, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
+    num_warps=8,
 )  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
     kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
@@ -98,7 +98,7 @@ ENGINE_COMBINE = TritonFamily(
 )  # fmt: skip
 ACT_COLUMNS = 1024
 GATHER_COLUMNS = 1024
-GATHER_ROWS = 4  # slots a gather program: four 16-byte loads a thread in flight
+GATHER_ROWS = 16  # slots a gather program: 32 KB, eight 16-byte loads a thread in flight (four: 92k programs at 8192)
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 

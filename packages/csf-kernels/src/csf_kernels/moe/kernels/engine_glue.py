@@ -7,8 +7,10 @@
   rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
   outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
   ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
-* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // top_k]`` (zeros for a slot without a
-  route), for the FC1 GEMM that reads its rows by TMA tiles instead of gathering them in its producer warps.
+* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // top_k]``, for the FC1 GEMM that reads
+  its rows by TMA tiles instead of gathering them in its producer warps. A slot without a route is not written: its
+  row only ever reaches that slot's own outputs (a GEMM's output column for a route reads that route's row alone),
+  which FC2 never stores, and an expert's padding is up to a third of the slots at 8192 tokens.
 * ``slot_route``: a block-order slot's route and token, the first step of every Triton gather.
 """
 
@@ -86,12 +88,12 @@ def engine_gather(x, sorted_ids, meta, xs, hidden, top_k, pairs, BM: tl.constexp
     s0 = tl.program_id(0) * RB
     if s0 >= tl.load(meta) * BM:  # blocks past meta[0] are never read
         return
-    used, live, token, _ = slot_route(sorted_ids, meta, s0 + tl.arange(0, RB), top_k, pairs, BM)
+    _, live, token, _ = slot_route(sorted_ids, meta, s0 + tl.arange(0, RB), top_k, pairs, BM)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = c[None, :] < hidden
-    v = tl.load(x + token[:, None] * hidden + c[None, :], mask=m & live[:, None], other=0.0)
+    m = (c[None, :] < hidden) & live[:, None]
+    v = tl.load(x + token[:, None] * hidden + c[None, :], mask=m)
     s = (s0 + tl.arange(0, RB)).to(tl.int64)
-    tl.store(xs + s[:, None] * hidden + c[None, :], v, mask=m & used[:, None])
+    tl.store(xs + s[:, None] * hidden + c[None, :], v, mask=m)
 
 
 @triton.jit
