@@ -7,6 +7,10 @@ A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``; CT
 below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale bytes
 and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
 gathering threads' arrivals once their ``cp.async`` copies land).
+
+Ping-pong programs (``halves`` 2) split each unit into its block's two halves of routes, walked one after the
+other, each its own ``k_steps`` stages: the producers see half ``h`` of block ``b`` as block ``2 b + h`` of half
+the routes.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ GATHER_BARRIER = 2  # the gathering warps' named barrier (the epilogue's is 1)
 UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this many, else a loop
 
 
-def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1) -> pipeline.PipelineTmaAsync:
+def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = 8) -> pipeline.PipelineTmaAsync:
     """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
-    thread filling slots with its own stores or copies), one arrival a consumer warp (8), ``tx`` bytes a stage."""
+    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: 8, or 4 where
+    one warpgroup consumes a stage, ping-pong), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers),  # one arrival a consumer warp
         tx_count=tx,
         cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         defer_sync=True,
@@ -63,10 +68,11 @@ class RowGather:
     ``operands`` (device values of one trace): ``(x, sorted_ids, top_k, table, s_b, b_smem, rank)``: the shared
     table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank."""
 
-    def __init__(self, tile_n: int, warps: tuple[int, ...]):
+    def __init__(self, tile_n: int, warps: tuple[int, ...], halves: int = 1):
         if 0 not in warps or not set(warps) <= {0, 1, 2, 3}:
             raise ValueError(f"the gathering warps are producer warps, warp 0 among them; got {warps}")
-        self.tile_n = tile_n
+        self.tile_n = tile_n  # a stage's routes (ping-pong: half a block's)
+        self.halves = halves
         self.warps = tuple(sorted(warps))
         self.threads = 32 * len(self.warps)
 
@@ -136,25 +142,27 @@ class RowGather:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
         u = cute.arch.block_idx()[0]
         while u < units:
-            self.unit(operands, u // tiles_m)
-            for k in cutlass.range(k_steps, unroll=1):
-                ring.sync_object_empty.wait(state.index, state.phase)
-                self.stage(operands, k, state.index, ring.producer_get_barrier(state))
-                state.advance()
+            for h in cutlass.range(self.halves, unroll=1):
+                self.unit(operands, (u // tiles_m) * self.halves + h)
+                for k in cutlass.range(k_steps, unroll=1):
+                    ring.sync_object_empty.wait(state.index, state.phase)
+                    self.stage(operands, k, state.index, ring.producer_get_barrier(state))
+                    state.advance()
             u += cute.arch.grid_dim()[0]
 
 
 def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None,
-            facts=None):  # fmt: skip
+            facts=None, halves: int = 1):  # fmt: skip
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
     (``copies[2]``, ``(None, b, k)``; or, with a :class:`RowGather` and its ``operands``, warp 0's share of the
     routes' rows). ``facts``: ``(UnitFacts, slots, operands)``: each unit's facts into its first stage's slot
     (``slots`` Int32 ``[FACT_WORDS, stages]``) before the warp arrives on it
-    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`)."""
+    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`). ``halves``: 2 walks each unit's two halves of routes
+    (ping-pong; ``copies[2]``'s tiles and the gather's block are then half a block's)."""
     publisher = None if facts is None else facts[0]
-    _Producer(stages, gather, publisher).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
+    _Producer(stages, gather, publisher, halves).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
                                               None if facts is None else facts[1:])  # fmt: skip
 
 
@@ -162,14 +170,14 @@ class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None, facts=None):
+    def __init__(self, stages: int, gather: RowGather | None, facts=None, halves: int = 1):
         self.stages = stages
         self.gather = gather
         self.facts = facts
+        self.halves = halves
 
     @cute.jit
     def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts):
-        tma_a, t_ag, t_as = copies[0]
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         u = cute.arch.block_idx()[0]
@@ -179,25 +187,38 @@ class _Producer:
             # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a block
             # the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
             e = block_expert[b]
-            if cutlass.const_expr(self.gather is not None):
-                self.gather.unit(operands, b)
-            if cutlass.const_expr(self.facts is not None):  # into the unit's first stage, once it is free
-                slots, fact_operands = facts
-                ring.sync_object_empty.wait(state.index, state.phase)
-                self.facts.publish(slots[(None, state.index)], fact_operands, b, tm, lane)
-            for k in cutlass.range(k_steps, unroll=1):
-                ring.producer_acquire(state)
-                bar = ring.producer_get_barrier(state)
-                cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(copies[1] is not None):
-                    tma_s, t_sg, t_ss = copies[1]
-                    cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(self.gather is None):
-                    tma_b, t_bg, t_bs = copies[2]
-                    cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
-                else:
-                    self.gather.stage(operands, k, state.index, bar)
-                ring.producer_commit(state)
-                state.advance()
+            if cutlass.const_expr(self.halves == 1):
+                state = self._unit(ring, state, copies, b, b, tm, e, k_steps, operands, facts, lane)
+            else:
+                for h in cutlass.range(self.halves, unroll=1):
+                    state = self._unit(ring, state, copies, b, b * self.halves + h, tm, e, k_steps, operands, facts,
+                                       lane)  # fmt: skip
             u += cute.arch.grid_dim()[0]
         ring.producer_tail(state)
+
+    @cute.jit
+    def _unit(self, ring, state, copies, b, bh, tm, e, k_steps, operands, facts, lane):
+        """Unit ``(b, tm)``'s stages (of its half ``bh``, ping-pong; else ``bh`` is ``b``), from ``state`` on;
+        returns the state past them."""
+        tma_a, t_ag, t_as = copies[0]
+        if cutlass.const_expr(self.gather is not None):
+            self.gather.unit(operands, bh)
+        if cutlass.const_expr(self.facts is not None):  # into the unit's first stage, once it is free
+            slots, fact_operands = facts
+            ring.sync_object_empty.wait(state.index, state.phase)
+            self.facts.publish(slots[(None, state.index)], fact_operands, bh, tm, lane)
+        for k in cutlass.range(k_steps, unroll=1):
+            ring.producer_acquire(state)
+            bar = ring.producer_get_barrier(state)
+            cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(copies[1] is not None):
+                tma_s, t_sg, t_ss = copies[1]
+                cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.gather is None):
+                tma_b, t_bg, t_bs = copies[2]
+                cute.copy(tma_b, t_bg[(None, bh, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
+            else:
+                self.gather.stage(operands, k, state.index, bar)
+            ring.producer_commit(state)
+            state.advance()
+        return state

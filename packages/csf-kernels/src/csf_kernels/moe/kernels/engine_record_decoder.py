@@ -133,9 +133,14 @@ def _producer_state(stages: cutlass.Constexpr, count):
 
 class RecordDecoderWarp:
     """A decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
-    NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to."""
+    NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to,
+    ``halves``: 2 where the producers walk each unit twice (ping-pong: a stage a K step of each half of the block's
+    routes, the same 128 rows and scale slots): the warp decodes the unit's records once for each half, in the
+    ring's order (filling both halves' stages from one decode would wait for a stage a half's K loop ahead of the
+    consumers, whose next stage waits for this warp)."""
 
-    def __init__(self, nvfp4: bool, stages: int, warps: int):
+    def __init__(self, nvfp4: bool, stages: int, warps: int, halves: int = 1):
+        self.halves = halves
         self.nvfp4 = nvfp4
         self.stages = stages
         self.warps = warps
@@ -172,10 +177,16 @@ class RecordDecoderWarp:
         half = Int32(0)
         ref = Uint32(0)
         delta = Uint32(0)
+        h = Int32(0)  # ping-pong: the half of the unit's routes whose stages come next
         while u < units:
             tm = u - (u // tiles_m) * tiles_m
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
             nxt = u + stride
+            h_next = Int32(0)
+            if cutlass.const_expr(self.halves > 1):
+                if h < self.halves - 1:  # the same unit's next half: the same records again
+                    nxt = u
+                    h_next = h + 1
             rb_next = _row_block(block_expert, nxt, units, tiles_m, experts)
             first = first_dealt(rank, walked * tiles, deal)
             stage0 = walked * k_steps  # ring stages filled before this unit
@@ -228,6 +239,7 @@ class RecordDecoderWarp:
             half = 1 - half
             walked += 1
             u = nxt
+            h = h_next
             rb = rb_next
 
     @cute.jit
