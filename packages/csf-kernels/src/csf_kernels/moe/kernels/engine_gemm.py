@@ -64,7 +64,9 @@ from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TIL
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
-from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES, ConsumerStep
+from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
+from csf_kernels.moe.kernels.engine_mainloop import ConsumerStep
+from csf_kernels.moe.kernels.engine_pingpong import PINGPONG_TILE_N, PingpongConsumers
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
@@ -82,6 +84,7 @@ __all__ = [
     "ACT_SWIGLU_OAI",
     "IO_MODES",
     "PAIRED_TILE_N",
+    "PINGPONG_TILE_N",
     "RAGGED_LEVELS",
     "RAGGED_TILE_N",
     "SCALE_SOURCES",
@@ -93,6 +96,9 @@ __all__ = [
 
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
+# the consumers' schedules: both warpgroups on every unit, a K slice or a stage a commit group (engine_mainloop), or
+# each warpgroup alone on alternate half-block units (engine_pingpong; PINGPONG_TILE_N only)
+SCHEDULES = (*_STEP_SCHEDULES, "pingpong")
 # block sizes whose blocks may run part of their routes (engine_specs, which the catalog reads without cutlass): a
 # block whose live slots all lie in its first half issues wgmma.m64n{TILE_N / 2} on them only, in its first quarter
 # (ragged level 2) m64n{TILE_N / 4} (an expert's last block is its tail: up to half the padded work at 2048-8192)
@@ -132,26 +138,39 @@ class GroupedFp4Gemm:
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         if io not in IO_MODES or (io == "scatter" and act != ACT_NONE):
             raise ValueError(f"rows {io!r} (activation {act}): one of {IO_MODES}, scatter with no activation")
+        pingpong = schedule == "pingpong"
+        if schedule not in SCHEDULES or (pingpong and (tile_n not in PINGPONG_TILE_N or ctas_per_sm != 1)):
+            raise ValueError(f"schedules {SCHEDULES}, pingpong at {PINGPONG_TILE_N} routes and one CTA an SM; got "
+                             f"{schedule!r} at {tile_n} x {ctas_per_sm}")  # fmt: skip
+        self.pingpong = pingpong
+        # routes a stage's B tile holds: the block's, or (ping-pong) half of them, a unit's
+        self.b_rows = tile_n // 2 if self.pingpong else tile_n
+        halves = 2 if self.pingpong else 1
+        self.halves = halves
         # validates act and bias
-        self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter")
+        self.epilogue = Epilogue(self.b_rows, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter",
+                                 pingpong=self.pingpong)  # fmt: skip
         if scales not in SCALE_SOURCES:
             raise ValueError(f"scale source must be one of {SCALE_SOURCES}; got {scales!r}")
         self.scales = scales
         self.inline = scales == "inline"
         self.io = io
         self.decoders = DECODER_WARPS if self.inline else ()
-        self.gather = RowGather(tile_n, GATHER_WARPS[scales]) if io == "gather" else None
+        self.gather = RowGather(self.b_rows, GATHER_WARPS[scales], halves) if io == "gather" else None
         self.schedule = schedule
-        # validates schedule; gathered stages are fenced before wgmma reads them
-        self.step = ConsumerStep(schedule, fmt == "nvfp4", gathered=io == "gather")
+        step_schedule = "slice" if self.pingpong else schedule  # ping-pong converts a slice at a time
+        # gathered stages are fenced before wgmma reads them
+        self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather")
         # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair
-        self.step_one = None if fmt == "nvfp4" else ConsumerStep(schedule, False, io == "gather", one_multiply=True)
+        self.step_one = (
+            None if fmt == "nvfp4" else ConsumerStep(step_schedule, False, io == "gather", one_multiply=True)
+        )
         ragged = int(ragged)
         if ragged not in RAGGED_LEVELS or (ragged and tile_n not in RAGGED_TILE_N):
             raise ValueError(f"ragged levels {RAGGED_LEVELS} are built for {RAGGED_TILE_N} routes a block (0 for any); "
                              f"got {ragged} at {tile_n}")  # fmt: skip
         self.ragged = ragged
-        self.facts = UnitFacts(tile_n, ragged > 0, fmt == "nvfp4")
+        self.facts = UnitFacts(self.b_rows, ragged > 0, fmt == "nvfp4", halves)
         if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
             raise ValueError(
                 f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
@@ -173,7 +192,7 @@ class GroupedFp4Gemm:
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
         self.epi_tile = self.epilogue.tile
-        stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
+        stage_bytes = TILE_M * TILE_K // 2 + s_bytes + self.b_rows * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
@@ -184,7 +203,11 @@ class GroupedFp4Gemm:
         self.ring_bytes = self.stages * stage_bytes + epi_bytes + dec_bytes
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = 0 if self.inline else s_bytes  # inline: the decoder warp's stores and arrivals, not bytes
-        self.b_tx = 0 if self.gather else tile_n * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
+        self.b_tx = 0 if self.gather else self.b_rows * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
+        self.consumers = None
+        if self.pingpong:
+            self.consumers = PingpongConsumers(self.b_rows, self.stages, self.step, self.step_one, ragged,
+                                               self.epilogue, self.facts, act, io, self.nvfp4)  # fmt: skip
 
     @cute.jit
     def __call__(
@@ -260,22 +283,22 @@ class GroupedFp4Gemm:
             cute.nvgpu.OperandMajorMode.K,
             self.acc_dtype,
             self.atom_layout_mnk,
-            tiler_mn=(64, self.tile_n),
+            tiler_mn=(64, self.b_rows),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        # ragged: the MMAs of a block's first half and quarter (each accumulator the first half or quarter of the full
+        # ragged: the MMAs of a unit's first half and quarter (each accumulator the first half or quarter of the full
         # one's registers)
         half_mma, quarter_mma = tiled_mma, tiled_mma
         if cutlass.const_expr(self.ragged > 0):
-            half_mma = self._part_mma(self.tile_n // 2)
+            half_mma = self._part_mma(self.b_rows // 2)
         if cutlass.const_expr(self.ragged > 1):
-            quarter_mma = self._part_mma(self.tile_n // 4)
+            quarter_mma = self._part_mma(self.b_rows // 4)
 
         a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
         s_smem = cute.make_layout((self.s_elems, 1, 1, self.stages))
         b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
-        b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
+        b_smem = cute.tile_to_shape(b_atom, (self.b_rows, TILE_K, self.stages), order=(0, 1, 2))
         c_layout = cutlass.tensor_utils.LayoutEnum.from_tensor(m_c)
         epi_smem = self.epilogue.smem_layout(c_layout)
 
@@ -290,7 +313,7 @@ class GroupedFp4Gemm:
                 g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
             )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
+            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.b_rows, TILE_K)
         )  # gathering, unused: the producer warps copy the routes' rows themselves
         tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
@@ -298,7 +321,7 @@ class GroupedFp4Gemm:
 
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
-            cute.cosize(epi_smem), self.tile_n if self.gather else 0, len(self.decoders),
+            cute.cosize(epi_smem), self.b_rows if self.gather else 0, len(self.decoders),
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
@@ -364,7 +387,9 @@ class GroupedFp4Gemm:
         # a stage's arrivals: the TMA thread's (which expects the bytes), the lanes of the inline decoder warp that
         # decoded its record, and the gathering threads' once their copies land
         producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
-        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers)
+        # a stage's consumer warps: both warpgroups', or (ping-pong) its unit's warpgroup's
+        ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
+                         4 if self.pingpong else 8)  # fmt: skip
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]
@@ -382,8 +407,9 @@ class GroupedFp4Gemm:
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
-        g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, blocks, KS)
-        g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, blocks)
+        # ping-pong: tiles of half a block (block b's half h is tile 2 b + h)
+        g_b = cute.local_tile(m_b, (self.b_rows, TILE_K), (None, None))  # (TN, 64, blocks, KS)
+        g_c = cute.local_tile(m_c, (TILE_M, self.b_rows), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
         t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 4), cute.group_modes(g_a, 0, 4))
         scale_copy = None  # inline: no scale TMA, the decoder warp fills the scale slots
@@ -396,6 +422,8 @@ class GroupedFp4Gemm:
         tiles_m = cute.size(g_a, mode=[5])
         # blocks the activations hold: x's rows in block order, or, gathering, the slots sorted_ids holds
         held = cute.size(g_b, mode=[2])
+        if cutlass.const_expr(self.pingpong):  # tiles of half a block (a last block may hold one half's rows)
+            held = (held + 1) // 2
         if cutlass.const_expr(self.gather is not None):
             held = cute.size(sorted_ids) // self.tile_n
         units = units_in_use(meta, block_expert, held, tiles_m)
@@ -409,19 +437,20 @@ class GroupedFp4Gemm:
         # object through a dynamic branch)
         rows = None
         if cutlass.const_expr(self.gather is not None):
-            table = storage.tokens.get_tensor(cute.make_layout(self.tile_n))
+            table = storage.tokens.get_tensor(cute.make_layout(self.b_rows))
             rows = (x, sorted_ids, top_k, table, s_b, b_smem, self.gather.rank(tidx))
         s_facts = storage.facts.get_tensor(cute.make_layout((FACT_WORDS, self.stages)))
         if warp == 0:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
             facts = (self.facts, s_facts, (sorted_ids, pairs, block_expert, wide, gscale, cute.size(m_a, mode=[3])))
-            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, facts)
+            produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, facts,
+                    self.halves)  # fmt: skip
         if cutlass.const_expr(self.gather is not None):
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
         if cutlass.const_expr(self.inline):
             if decoder:  # the warp's own staging slots, barriers, decoded tile and offset table
-                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders))
+                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.halves)
                 s_rec = cute.make_tensor(storage.rec_stage.data_ptr() + rank * (dec.slots * RECORD_BYTES),
                                          cute.make_layout((RECORD_BYTES, dec.slots)))  # fmt: skip
                 s_tile = cute.make_tensor(storage.rec_tile.data_ptr() + rank * 128, cute.make_layout(128))
@@ -435,9 +464,14 @@ class GroupedFp4Gemm:
 
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
-            self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
-                         k_steps, tidx, warp, wg, out, bias, s_facts, block_expert, sorted_ids,
-                         cute.size(m_a, mode=[3]))  # fmt: skip
+            if cutlass.const_expr(self.pingpong):
+                self.consumers.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, self.c_layout, g_c,
+                                       tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias, s_facts, block_expert,
+                                       sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
+            else:
+                self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
+                             k_steps, tidx, warp, wg, out, bias, s_facts, block_expert, sorted_ids,
+                             cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
