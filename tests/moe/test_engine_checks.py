@@ -11,7 +11,6 @@ from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
-    ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
@@ -257,14 +256,23 @@ def test_engine_weights_of_nvfp4_experts(fused):
     assert mx.fmt == "mxfp4" and mx.g13 is None and mx.g2 is None and tuple(mx.s13.shape) == (2, 3, 2 * 128)
 
 
+# the schedules the cache holds a block size's programs of, and the ragged levels of each: both cooperative
+# schedules at the decode sizes; ping-pong beside slice at 128 and 256, at one ragged level (within the half)
+_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "pingpong") if t >= 128 else ("slice",)
+              for t in ENGINE_TILE_N}  # fmt: skip
+_RAGGEDS = {(t, sched): (1,) if sched == "pingpong" else (0, 1, 2) if t >= 128 else (0,)
+            for t in ENGINE_TILE_N for sched in _SCHEDULES[t]}  # fmt: skip
+
+
 def test_catalog_nvfp4_geometries_get_engine_programs():
     catalog = load_catalog()
     nv = [g for g in catalog.moe if g.fmt.name == "nvfp4"]
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
-        # gathering its routes' rows itself or reading them from the gather pass; the stage schedule two CTAs an SM
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
+        # (ping-pong beside slice at 128 and 256), gathering its routes' rows itself or reading them from the
+        # gather pass; the stage schedule two CTAs an SM
         got = sorted(
             (
                 s.fact["TN"],
@@ -280,9 +288,9 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             (t, src, sched, io, rag, occ)
             for t in ENGINE_TILE_N
             for src in ("native", "inline")
-            for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
+            for sched in _SCHEDULES[t]
             for io in ("gather", "dense")
-            for rag in ((0, 1, 2) if t >= 128 else (0,))
+            for rag in _RAGGEDS[t, sched]
             for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
@@ -295,8 +303,8 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         for t in ENGINE_TILE_N
         for src in ("native", "inline")
         for io in ENGINE_IO
-        for sched in (("slice", "stage") if t in ENGINE_STAGE_TILE_N else ("slice",))
-        for rag in ((0, 1, 2) if t >= 128 else (0,))
+        for sched in _SCHEDULES[t]
+        for rag in _RAGGEDS[t, sched]
         for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
     }
     got = {(s.fact["FMT"], s.fact["TN"], s.fact.get("SRC", "native"), s.fact["IO"], s.fact.get("SCHED", "slice"),
@@ -329,6 +337,28 @@ def test_schedules_default_by_block_size_and_fall_back_where_not_built():
     assert slice_.grid == stage.grid
     big = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=128, schedule="stage")
     assert big.spec == engine_gemm_spec(128, schedule="slice")
+
+
+def test_pingpong_programs_are_asked_for_never_defaults():
+    """``pingpong`` (128 and 256 routes a block) is built beside ``slice`` without changing any default: its programs
+    carry ``SCHED=pingpong`` and its one ragged level, a size without it falls back to the size's default, and
+    the slice programs keep their identity."""
+    assert [engine_schedule(t, "pingpong") for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "pingpong",
+                                                                        "pingpong"]  # fmt: skip
+    assert [engine_schedule(t) for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "slice", "slice"]
+    spec = engine_gemm_spec(256, "swiglu_oai", True, "mxfp4", "native", "gather", "pingpong")
+    assert spec.fact["SCHED"] == "pingpong" and spec.fact["RAG"] == 1 and "OCC" not in spec.fact
+    assert engine_ragged(256, 2, "pingpong") == 1 and engine_ragged(256, 2) == 2
+    assert engine_gemm_spec(128) == engine_gemm_spec(128, schedule="slice", ragged=1)
+    with pytest.raises(ValueError, match="ping-pong"):
+        engine_gemm_spec(64, schedule="pingpong")
+    with pytest.raises(ValueError, match="ragged"):
+        engine_gemm_spec(256, schedule="pingpong", ragged=2)
+    w, s, x, out, be, meta = _operands()
+    pp = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256, schedule="pingpong", ragged=2)
+    assert pp.spec == engine_gemm_spec(256, schedule="pingpong")
+    plain = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256)
+    assert plain.spec.fact.get("SCHED", "slice") == "slice" and pp.grid == plain.grid
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])

@@ -151,7 +151,7 @@ def grouped_fp4_gemm_launch(
         ctas = min(ctas, max_ctas)
     source = "inline" if inline else "native"
     spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
-                            engine_ragged(tile_n, ragged), occ)  # fmt: skip
+                            engine_ragged(tile_n, ragged, sched), occ)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
