@@ -18,8 +18,8 @@ from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launc
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
 from csf_kernels.moe.engine_specs import (
     ENGINE_PAIRED_TILE_N,
+    ENGINE_PINGPONG_TILE_N,
     ENGINE_RAGGED_TILE_N,
-    ENGINE_SCHEDULES,
     ENGINE_STAGE_TILE_N,
     ENGINE_TILE_N,
 )
@@ -427,7 +427,7 @@ def test_stage_schedule_gathering_fc1_gives_the_slice_schedules_bits(tile_n):
     x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
     sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
     outs = {}
-    for schedule in ENGINE_SCHEDULES:
+    for schedule in ("slice", "stage"):
         outs[schedule] = torch.full((sorted_ids.numel(), rows), float("nan"), dtype=torch.bfloat16, device="cuda")
         _bound(w_panel, s_panel, x, outs[schedule], block_expert, meta, tile_n=tile_n, io="gather",
                sorted_ids=sorted_ids, top_k=top_k, schedule=schedule)()  # fmt: skip
@@ -577,3 +577,104 @@ def test_one_multiply_blocks_give_two_multiplies_bits(tile_n, scales):
     assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), (
         f"seed {SEED}: one multiply differs"
     )
+
+
+def _pingpong_slots(tokens: int, top_k: int, experts: int, tile_n: int, g: torch.Generator):
+    """:func:`_routed_slots` with the first five blocks cut to 1, 3, 5, 7 and 0 eighths of their slots: within
+    ping-pong's halves a tail in the half loop with an empty second half, a whole first half with an empty second,
+    a second half in the half loop, a whole second half, and a block with no live slot (both halves empty)."""
+    sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
+    pairs = tokens * top_k
+    assert used >= 6
+    for b, eighths in enumerate((1, 3, 5, 7, 0)):
+        sorted_ids[b * tile_n + eighths * tile_n // 8 : (b + 1) * tile_n] = pairs
+    live = ((sorted_ids >= 0) & (sorted_ids < pairs))[: used * tile_n]
+    halves = live.view(used, 2, tile_n // 2).sum(-1)
+    assert (halves[:, 1] == 0).sum() >= 3 and (halves[:, 0] == 0).any(), halves.tolist()
+    return sorted_ids, block_expert, meta, used, live
+
+
+@pytest.mark.parametrize("k", [64, 640], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("scales", ["native", "inline"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", ENGINE_PINGPONG_TILE_N)
+def test_pingpong_gives_the_cooperative_bits(tile_n, fmt, scales, k):
+    """The ping-pong programs (each warpgroup alone on half a block's routes, both row blocks; units alternating
+    between the warpgroups; an empty half runs no wgmma) store the cooperative slice programs' bits: FC1 gathering
+    its rows (plain and with gpt-oss's SwiGLU and bias fused), FC1 on block-order rows beside the route ids (live
+    slots: a cooperative whole block multiplies its dead slots' rows too) and FC2 scattering to the routes, over
+    ragged tails in every loop and empty halves, K of one step (the remainder loop only) and of 10 (two groups and
+    a remainder), a last row tile of 64 rows, MXFP4 tiles of one and two multiplies, each CTA walking several units
+    (the grid capped: the warpgroups' skips over each other's stages wrap the ring's phases)."""
+    from csf_kernels.moe.engine_inline import inline_scales
+    from csf_kernels.moe.launch import wide_row_tiles
+
+    experts, rows, top_k = 4, 320, 3
+    tokens = 3 * tile_n + 5
+    packed, planes, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 61, fmt)
+    wide = None
+    if fmt == "mxfp4":  # experts 0 and 1 narrow, expert 2 one row block wide (that tile: two multiplies), 3 as drawn
+        planes[:2] = planes[:2].clamp(max=128)
+        planes[2] = planes[2].clamp(max=128)
+        planes[2, 5, 0] = 200
+        wide = wide_row_tiles(planes.cuda())
+        assert wide[:2].sum() == 0 and wide[2].tolist() == [1, 0, 0, 0, 0]
+    w_panel, s_panel = _panels(packed, planes, fmt)
+    if scales == "inline":
+        s_panel = inline_scales(planes.cuda(), fmt)
+    g = torch.Generator().manual_seed(SEED + 67)
+    x = (torch.randn(tokens, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    sorted_ids, block_expert, meta, used, live = _pingpong_slots(tokens, top_k, experts, tile_n, g)
+    slots, pairs, n = sorted_ids.numel(), tokens * top_k, used * tile_n
+    xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
+    bias = (torch.randn(experts, rows, generator=g) * 0.5).cuda()
+    common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids, wide=wide)
+    outs = {}
+    for schedule, max_ctas in (("slice", None), ("pingpong", 5)):
+        fc1 = torch.full((slots, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        act = torch.full((slots, rows // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
+        dense = torch.full_like(fc1, float("nan"))
+        fc2 = torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        runtime.freeze()
+        try:
+            each = dict(schedule=schedule, max_ctas=max_ctas, **common)
+            launches = [
+                grouped_fp4_gemm_launch(w_panel, s_panel, x, fc1, block_expert, meta, io="gather", top_k=top_k,
+                                        **each),
+                grouped_fp4_gemm_launch(w_panel, s_panel, x, act, block_expert, meta, io="gather", top_k=top_k,
+                                        activation="swiglu_oai", bias=bias, **each),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, dense, block_expert, meta, pairs=pairs, **each),
+                grouped_fp4_gemm_launch(w_panel, s_panel, xs, fc2, block_expert, meta, io="scatter", **each),
+            ]  # fmt: skip
+            assert all(launch.spec.fact.get("SCHED", "slice") == schedule for launch in launches)
+            assert all(launch.spec.fact.get("RAG", 0) == 1 for launch in launches)
+            for launch in launches:
+                launch.bind("engine ping-pong test")()
+        finally:
+            runtime.unfreeze()
+        torch.cuda.synchronize()
+        outs[schedule] = fc1[:n], act[:n], dense[:n][live], fc2
+    names = ("gathered FC1", "fused gathered FC1", "dense FC1 (live slots)", "scattered FC2")
+    for name, coop, pp in zip(names, outs["slice"], outs["pingpong"], strict=True):
+        assert torch.isfinite(pp.float()).any(), f"{name}: nothing stored"
+        assert torch.equal(coop.view(torch.int16), pp.view(torch.int16)), f"seed {SEED}: ping-pong {name} differs"
+    assert not torch.isnan(outs["pingpong"][0].float()).any(), "unwritten slots of used blocks"
+    assert not torch.isnan(outs["pingpong"][1].float()).any(), "unwritten activated slots of used blocks"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pingpong_gives_the_cooperative_bits_at_gpt_oss_k(fmt):
+    """gpt-oss's K (2880: 45 steps, groups and a remainder, more stages a unit than the ring holds) over many units a
+    CTA, 256-route blocks with random tails, invalid experts' blocks (-1 and E) among them: FC1 on block-order rows,
+    the same bits as the cooperative program on every slot of every block."""
+    experts, rows, k, blocks, tile_n = 4, 384, 2880, 40, 256
+    packed, planes, gscale, _ = _random_experts(experts, rows, k, SEED + 71, fmt)
+    w_panel, s_panel = _panels(packed, planes, fmt)
+    g = torch.Generator().manual_seed(SEED + 73)
+    x = (torch.randn(blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    ids = torch.randint(-1, experts + 1, (blocks,), generator=g, dtype=torch.int32)
+    args = (w_panel, s_panel, x, rows, ids.cuda(), torch.tensor([blocks], dtype=torch.int32, device="cuda"), tile_n,
+            fmt, gscale)  # fmt: skip
+    coop, pp = _grouped(*args, "slice"), _grouped(*args, "pingpong")
+    assert torch.isfinite(pp.float()).all(), "unwritten outputs"
+    assert torch.equal(coop.view(torch.int16), pp.view(torch.int16)), f"seed {SEED}: ping-pong differs"
