@@ -328,13 +328,15 @@ def _consumer_registers(sass: str) -> int:
 def test_pingpong_fits_its_registers_and_shared_memory(pingpong):
     """One warpgroup holds a unit's 128 x TILE_N / 2 accumulator (two 64-row blocks) and two A register sets of each
     row block: within the consumers' 232 registers, no spills; the producers' 40; half-block B stages: the ring
-    holds its 8 stages beside both warpgroups' subtile buffers."""
+    holds more of them than the cooperative program's (8 at 128 routes, 5 at 256) beside both warpgroups'
+    subtile buffers."""
     _, meta, sass = pingpong
     facts = meta["sass"]
     assert facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass and re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL .*0xe8", sass)
     assert _consumer_registers(sass) <= 232 and _producer_registers(sass) <= 40
-    assert meta["schedule"] == "pingpong" and meta["stages"] == 8 and meta["ring_shared_bytes"] <= 227 * 1024
+    assert meta["schedule"] == "pingpong" and meta["ring_shared_bytes"] <= 227 * 1024
+    assert meta["stages"] >= (14 if meta["tile_n"] == 128 else 8)
 
 
 def test_pingpong_wgmmas_pipelined_two_row_blocks_a_slice(pingpong):

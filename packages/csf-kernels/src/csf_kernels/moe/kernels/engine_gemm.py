@@ -196,7 +196,9 @@ class GroupedFp4Gemm:
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
-        self.stages = stages or min(fit, 8)
+        # ping-pong's stages hold half a block's routes (half the MMA time each): as many as fit, up to twice the
+        # cooperative cap, keeps about the cooperative ring's bytes and MMA time in flight
+        self.stages = stages or min(fit, 16 if self.pingpong else 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
