@@ -26,8 +26,9 @@ by at most a ring's depth (where both share the tensor pipe, each converting und
 epilogue always has the other warpgroup's stages in hand. A barrier would only forbid that overlap.
 
 Ragged levels apply within the half (its live extent: ``n{H / 2}``, ``n{H / 4}`` loops as built), and a half with no
-live routes runs no wgmma: it waits for and releases its stages and stores what a zero accumulator stores (the
-cooperative ragged program's dead slots: zeros, or the activation of the bias).
+live routes runs no wgmma: it waits for and releases its stages, into which the producer copied nothing
+(:mod:`~csf_kernels.moe.kernels.engine_producer`), and stores what a zero accumulator stores (the cooperative ragged
+program's dead slots: zeros, or the activation of the bias).
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ class PingpongConsumers:
 
     @cute.jit
     def _pass(self, ring, read, release, k_steps):
-        """An empty half's stages: each waited for (its copies must land before the producer may reuse it) and
-        released at once."""
+        """An empty half's stages: each waited for (its producers' arrivals: the gathering warps' zero-filled rows
+        and the decoder's slots land in it) and released at once."""
         for _ in cutlass.range(k_steps, unroll=1):
             ring.consumer_wait(read)
             ring.consumer_release(release)

@@ -200,13 +200,44 @@ class _Producer:
     def _unit(self, ring, state, copies, b, bh, tm, e, k_steps, operands, facts, lane):
         """Unit ``(b, tm)``'s stages (of its half ``bh``, ping-pong; else ``bh`` is ``b``), from ``state`` on;
         returns the state past them."""
-        tma_a, t_ag, t_as = copies[0]
         if cutlass.const_expr(self.gather is not None):
             self.gather.unit(operands, bh)
+        extent = cutlass.Int32(1)
         if cutlass.const_expr(self.facts is not None):  # into the unit's first stage, once it is free
             slots, fact_operands = facts
             ring.sync_object_empty.wait(state.index, state.phase)
-            self.facts.publish(slots[(None, state.index)], fact_operands, bh, tm, lane)
+            extent = self.facts.publish(slots[(None, state.index)], fact_operands, bh, tm, lane)
+        if cutlass.const_expr(self.halves > 1):
+            # a half with no live route (an expert's tail block's second half): its warpgroup runs no wgmma and
+            # reads nothing but the first stage's facts, so its stages carry no copy (the gathering warps'
+            # zero-filled rows and the decoder's slots still arrive, as the ring counts them)
+            if extent == 0:
+                state = self._arrivals(ring, state, k_steps, operands)
+            else:
+                state = self._copies(ring, state, copies, bh, tm, e, k_steps, operands)
+        else:
+            state = self._copies(ring, state, copies, bh, tm, e, k_steps, operands)
+        return state
+
+    @cute.jit
+    def _arrivals(self, ring, state, k_steps, operands):
+        """An empty half's stages (traced inline): the TMA thread's arrival without bytes, and warp 0's share of the
+        gathered rows (all empty slots: zeros, no global read)."""
+        for k in cutlass.range(k_steps, unroll=1):
+            ring.sync_object_empty.wait(state.index, state.phase)
+            bar = ring.producer_get_barrier(state)
+            if cutlass.const_expr(self.gather is not None):
+                self.gather.stage(operands, k, state.index, bar)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(bar)
+            state.advance()
+        return state
+
+    @cute.jit
+    def _copies(self, ring, state, copies, bh, tm, e, k_steps, operands):
+        """A unit's stages (traced inline): per K step the weight panel, scales and activation tile (of half
+        ``bh``)."""
+        tma_a, t_ag, t_as = copies[0]
         for k in cutlass.range(k_steps, unroll=1):
             ring.producer_acquire(state)
             bar = ring.producer_get_barrier(state)

@@ -60,7 +60,7 @@ class UnitFacts:
         """The producer warp, all 32 lanes (traced inline): unit ``(b, tm)``'s facts into ``slot`` (Int32
         ``[FACT_WORDS]``, its first stage's), by lane 0, then a warp barrier, so that the warp's arrival on the
         stage's full barrier releases them. ``operands``: ``(sorted_ids, pairs, block_expert, wide, gscale,
-        experts)``."""
+        experts)``. Returns the live extent (warp-uniform)."""
         sorted_ids, pairs, block_expert, wide, gscale, experts = operands
         extent = cutlass.Int32(self.tile_n)
         if cutlass.const_expr(self.ragged):
@@ -85,6 +85,7 @@ class UnitFacts:
             slot[0] = word0
             cute.recast_tensor(slot, cutlass.Float32)[1] = g
         cute.arch.sync_warp()
+        return extent
 
     @cute.jit
     def read(self, slot, row_block):
