@@ -594,7 +594,7 @@ def _pingpong_slots(tokens: int, top_k: int, experts: int, tile_n: int, g: torch
     return sorted_ids, block_expert, meta, used, live
 
 
-@pytest.mark.parametrize("k", [64, 640], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("k", [128, 640], ids=lambda k: f"k{k}")
 @pytest.mark.parametrize("scales", ["native", "inline"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_PINGPONG_TILE_N)
@@ -603,7 +603,7 @@ def test_pingpong_gives_the_cooperative_bits(tile_n, fmt, scales, k):
     between the warpgroups; an empty half runs no wgmma) store the cooperative slice programs' bits: FC1 gathering
     its rows (plain and with gpt-oss's SwiGLU and bias fused), FC1 on block-order rows beside the route ids (live
     slots: a cooperative whole block multiplies its dead slots' rows too) and FC2 scattering to the routes, over
-    ragged tails in every loop and empty halves, K of one step (the remainder loop only) and of 10 (two groups and
+    ragged tails in every loop and empty halves, K of two steps (the remainder loop only) and of 10 (two groups and
     a remainder), a last row tile of 64 rows, MXFP4 tiles of one and two multiplies, each CTA walking several units
     (the grid capped: the warpgroups' skips over each other's stages wrap the ring's phases)."""
     from csf_kernels.moe.engine_inline import inline_scales
