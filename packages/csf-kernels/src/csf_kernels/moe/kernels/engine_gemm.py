@@ -35,7 +35,8 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
-  converts the next stage under them (``stage``).
+  converts the next stage under them (``stage``). Schedule ``pingpong`` (128 and 256 routes a block) instead gives
+  each warpgroup all 128 rows of alternate half-block units (:mod:`~csf_kernels.moe.kernels.engine_pingpong`).
 * the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
