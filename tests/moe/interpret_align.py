@@ -12,31 +12,45 @@ import sys
 import torch
 
 from csf_kernels.moe.launch import align_launches, max_blocks_for
-from csf_kernels.moe.specs import ALIGN_CHUNK, SCATTER_CHUNK, align_plan_spec, align_scatter_spec, experts_bins
+from csf_kernels.moe.specs import (
+    ALIGN_CHUNK,
+    SCATTER_CHUNK,
+    align_count_programs,
+    align_count_spec,
+    align_plan_spec,
+    align_scatter_spec,
+    experts_bins,
+)
 from csf_kernels.runtime import Launch
 from tests.interpreter import run_launch
 
 
 def _scratch(pairs: int, experts: int, bm: int) -> dict[str, torch.Tensor]:
     blocks = max_blocks_for(pairs, experts, bm)
+    # the count programs' rows of the three-program form land in sorted_ids too (calls over one chunk hold them)
+    slots = max(blocks * bm, align_count_programs(pairs) * experts_bins(experts))
     poison = torch.iinfo(torch.int32).min  # nothing read may come from a previous call
     return {
         "cursor": torch.full((experts_bins(experts),), poison, dtype=torch.int32),
         "block_expert": torch.full((blocks,), poison, dtype=torch.int32),
         "active_experts": torch.full((experts,), poison, dtype=torch.int32),
         "meta": torch.full((1,), poison, dtype=torch.int32),
-        "sorted_ids": torch.full((blocks * bm,), poison, dtype=torch.int32),
+        "sorted_ids": torch.full((slots,), poison, dtype=torch.int32),
     }
 
 
 def _two_programs(ids: torch.Tensor, experts: int, bm: int, s: dict) -> list[Launch]:
-    """The plan program without its scatter, then the scatter program (the form of calls above one chunk)."""
-    one = align_launches(ids, num_experts=experts, bm=bm, **s)[0]
+    """The count programs, the plan program without its scatter, then the scatter program (the form of calls above
+    one chunk)."""
     ids64 = ids.dtype == torch.int64
-    plan = Launch(align_plan_spec(experts, bm, ids64, scatter=False), one.grid, one.args)
     pairs = ids.numel()
+    count = Launch(align_count_spec(experts, ids64), (align_count_programs(pairs),), (ids, s["sorted_ids"], pairs,
+                                                                                        experts))  # fmt: skip
+    plan_args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], pairs, experts,
+                 s["active_experts"].numel())  # fmt: skip
+    plan = Launch(align_plan_spec(experts, bm, ids64, scatter=False), (1,), plan_args)
     scatter = (ids, s["cursor"], s["sorted_ids"], pairs, experts)
-    return [plan, Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter)]
+    return [count, plan, Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter)]
 
 
 def _groups(ids: torch.Tensor, experts: int, bm: int, s: dict) -> dict[str, object]:
@@ -103,12 +117,18 @@ def main(seed: int) -> None:
             valid = int(((ids >= 0) & (ids < experts)).sum())
             assert sum(len([r for r in b if r != pairs]) for b in got["routes"]) == valid
             cases += 1
-    # calls of several of the plan program's iterations (four chunks an iteration), the last one partial: every
-    # valid route in exactly one block of its expert, each expert's routes in ceil(count / bm) blocks
-    for experts, k, tokens, bm in ((64, 4, (8 * ALIGN_CHUNK + 37) // 4, 32), (40, 6, 5 * ALIGN_CHUNK // 6, 8)):
+    # calls of several count programs (four chunks each), the last one partial, and more than the plan sums a
+    # load (nine): every valid route in exactly one block of its expert, each expert's routes in ceil(count / bm)
+    # blocks
+    for experts, k, tokens, bm in ((64, 4, (8 * ALIGN_CHUNK + 37) // 4, 32), (40, 6, 5 * ALIGN_CHUNK // 6, 8),
+                                   (384, 8, (36 * ALIGN_CHUNK - 5) // 8, 128)):  # fmt: skip
         ids = torch.randint(-1, experts + 1, (tokens, k), generator=gen, dtype=torch.int32)
         s = _scratch(ids.numel(), experts, bm)
-        for launch in _two_programs(ids, experts, bm, s):
+        launches = align_launches(ids, num_experts=experts, bm=bm, **s)
+        kernels = [launch.spec.kernel for launch in launches]
+        assert kernels == ["moe.align_count", "moe.align_plan", "moe.align_scatter"], kernels
+        assert launches[0].grid == (align_count_programs(ids.numel()),), launches[0].grid
+        for launch in launches:
             run_launch(launch)
         got = _groups(ids, experts, bm, s)
         flat = ids.reshape(-1)

@@ -18,7 +18,7 @@ def test_interpreted_layer_sources_agree_and_match_the_reference():
 
 
 def test_interpreted_alignment_in_one_program_groups_routes_as_two_do():
-    run_interpreted("tests.moe.interpret_align", "ok 20", timeout=600)
+    run_interpreted("tests.moe.interpret_align", "ok 21", timeout=600)
 
 
 def test_interpreted_relabelled_activations_match_the_reference_order():

@@ -9,7 +9,8 @@ import pytest
 
 from csf_kernels.aot.registry import catalog_specs
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe.specs import ScaleRead, k_step
+from csf_kernels.moe.launch import max_blocks_for
+from csf_kernels.moe.specs import ALIGN_CHUNK, ScaleRead, align_count_programs, experts_bins, k_step
 from csf_moe import plan
 from csf_moe.plan import FC1_RECORDS_STEPS, INLINE_TOKEN_LIMIT
 
@@ -75,6 +76,17 @@ def test_calls_of_one_route_chunk_align_in_one_program():
     big = plan(geo, 512).specs()  # the 512-token bucket's calls of 171 and more tokens need the scatter
     assert {s.fact["SCATTER"] for s in big if s.kernel == "moe.align_plan"} == {0, 1}
     assert any(s.kernel == "moe.align_scatter" for s in big)
+    assert any(s.kernel == "moe.align_count" for s in big)  # the count programs before the plan's sum
+
+
+def test_every_catalog_call_over_one_chunk_holds_its_align_counts_in_its_route_slots():
+    """The count programs write their rows at the start of ``sorted_ids`` (``max_blocks_for(...) * bm`` slots):
+    every catalog geometry's calls of more than one chunk, up to 64k tokens, at every block size, must hold them."""
+    for geo in load_catalog().moe:
+        for pairs in (ALIGN_CHUNK + 1, 4 * ALIGN_CHUNK + 1, 65536 * geo.top_k):
+            for bm in (8, 16, 32, 64, 128, 256):
+                slots = max_blocks_for(pairs, geo.experts, bm) * bm
+                assert slots >= align_count_programs(pairs) * experts_bins(geo.experts), (geo.name, pairs, bm)
 
 
 def test_few_token_calls_read_their_routes_as_blocks_up_to_the_routed_token_count(monkeypatch):

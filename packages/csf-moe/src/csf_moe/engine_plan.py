@@ -25,10 +25,9 @@ from csf_kernels.moe.engine_specs import (
 from csf_kernels.moe.launch import max_blocks_for
 from csf_kernels.moe.specs import (
     ALIGN_CHUNK,
-    align_plan_spec,
     align_routes_spec,
-    align_scatter_spec,
     align_scatters_in_plan,
+    align_specs,
 )
 from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_TILE_N, gather_fp8_spec, w4a8_gemm_spec, w4a8_serves
 from csf_kernels.runtime.programs import ProgramSpec
@@ -116,9 +115,7 @@ class EnginePlan:
         if tokens == 1 and max_blocks_for(pairs, g.experts, bm) >= pairs:  # each route a block of its own
             align = [align_routes_spec(bm, ids64, pairs)]
         else:
-            scatter = align_scatters_in_plan(pairs)
-            align = [align_plan_spec(g.experts, bm, ids64, scatter=scatter)]
-            align += [] if scatter else [align_scatter_spec(ids64)]
+            align = align_specs(g.experts, bm, ids64, {align_scatters_in_plan(pairs)})
         if self.w4a8:
             gather = gather_fp8_spec(bm, self.convention)
             body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]

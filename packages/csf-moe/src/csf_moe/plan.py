@@ -31,9 +31,8 @@ from csf_kernels.moe.specs import (
     GemmConfig,
     ScaleRead,
     align_forms,
-    align_plan_spec,
     align_routes_spec,
-    align_scatter_spec,
+    align_specs,
     combine_slot_tiles,
     combine_spec,
     copies_weights_early,
@@ -252,11 +251,7 @@ class MoEPlan:
                         out[s.key] = s
             for ids64 in (False, True):
                 # what the bucket's calls (up to its size) align and combine with
-                forms = align_forms(b.tokens * g.top_k)
-                for s in [align_plan_spec(g.experts, b.config.bm, ids64, scatter=one) for one in forms]:
-                    out[s.key] = s
-                if False in forms:
-                    s = align_scatter_spec(ids64)
+                for s in align_specs(g.experts, b.config.bm, ids64, align_forms(b.tokens * g.top_k)):
                     out[s.key] = s
                 if b is self.buckets[0]:  # the bucket one-token calls run in: their routes align as blocks
                     s = align_routes_spec(b.config.bm, ids64, g.top_k)

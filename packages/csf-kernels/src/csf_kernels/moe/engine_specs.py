@@ -13,7 +13,7 @@ import math
 
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.moe.engine_panels import ENGINE_SCALES, PANEL_STEP_K, ROW_BLOCK
-from csf_kernels.moe.specs import MOE_PDL, align_forms, align_plan_spec, align_scatter_spec
+from csf_kernels.moe.specs import MOE_PDL, align_forms, align_specs
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
@@ -150,7 +150,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     specs = []
     for bm in ENGINE_TILE_N:
         for ids64 in (False, True):
-            specs += [align_plan_spec(geo.experts, bm, ids64, scatter=sc) for sc in align_forms(math.inf)]
+            specs += align_specs(geo.experts, bm, ids64, align_forms(math.inf))
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
         specs.append(engine_gather_spec(bm))
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
@@ -161,7 +161,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                             specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
                                                           schedule, ragged, occ))  # fmt: skip
     for ids64 in (False, True):
-        specs += [align_scatter_spec(ids64), engine_combine_spec(ids64, geo.bias)]
+        specs.append(engine_combine_spec(ids64, geo.bias))
     return specs
 
 

@@ -21,6 +21,8 @@ from csf_kernels.moe.specs import (
     SCATTER_CHUNK,
     GemmConfig,
     ScaleRead,
+    align_count_programs,
+    align_count_spec,
     align_plan_spec,
     align_routes_spec,
     align_scatter_spec,
@@ -85,34 +87,23 @@ def align_launches(
         return [Launch(align_routes_spec(bm, ids64, pairs), (1,), args)]
     scatter_here = align_scatters_in_plan(pairs)
     plan = align_plan_spec(num_experts, bm, ids64, scatter=scatter_here)
-    if cursor.numel() < plan.fact["EP"]:
-        raise ValueError(f"cursor needs {plan.fact['EP']} entries")
-    launches = [
-        Launch(
-            plan,
-            (1,),
-            (
-                topk_ids,
-                cursor,
-                block_expert,
-                active_experts,
-                meta,
-                sorted_ids,
-                pairs,
-                num_experts,
-                active_experts.numel(),
-            ),
-        ),
+    bins = plan.fact["EP"]
+    if cursor.numel() < bins:
+        raise ValueError(f"cursor needs {bins} entries")
+    plan_args = (topk_ids, cursor, block_expert, active_experts, meta, sorted_ids, pairs, num_experts,
+                 active_experts.numel())  # fmt: skip
+    if scatter_here:
+        return [Launch(plan, (1,), plan_args)]
+    counters = align_count_programs(pairs)
+    if sorted_ids.numel() < counters * bins:  # the count programs' rows are written at its start
+        raise ValueError(f"sorted_ids holds {sorted_ids.numel()} routes, fewer than the {counters} x {bins} counts "
+                         f"of {pairs} routes")  # fmt: skip
+    scatter_args = (topk_ids, cursor, sorted_ids, pairs, num_experts)
+    return [
+        Launch(align_count_spec(num_experts, ids64), (counters,), (topk_ids, sorted_ids, pairs, num_experts)),
+        Launch(plan, (1,), plan_args),
+        Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter_args),
     ]
-    if not scatter_here:
-        launches.append(
-            Launch(
-                align_scatter_spec(ids64),
-                (-(-pairs // SCATTER_CHUNK),),
-                (topk_ids, cursor, sorted_ids, pairs, num_experts),
-            )
-        )
-    return launches
 
 
 def max_blocks_for(pairs: int, num_experts: int, bm: int) -> int:

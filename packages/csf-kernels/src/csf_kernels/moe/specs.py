@@ -24,6 +24,7 @@ __all__ = [
     "DECODE_TRITON",
     "DECODE_WIDE",
     "DECODE_WIDEST",
+    "MOE_ALIGN_COUNT",
     "MOE_ALIGN_PLAN",
     "MOE_ALIGN_ROUTES",
     "MOE_ALIGN_SCATTER",
@@ -34,11 +35,14 @@ __all__ = [
     "PREFILL",
     "GemmConfig",
     "ScaleRead",
+    "align_count_programs",
+    "align_count_spec",
     "align_forms",
     "align_plan_spec",
     "align_routes_spec",
     "align_scatter_spec",
     "align_scatters_in_plan",
+    "align_specs",
     "combine_columns",
     "combine_slot_tiles",
     "combine_slots",
@@ -55,10 +59,18 @@ __all__ = [
 
 MOE_ALIGN_PLAN = TritonFamily(
     kernel="moe.align_plan",
-    version=2,  # 2: four chunks' routes counted an iteration
+    version=3,  # 3: beyond one chunk, sums the count programs' rows
     module="csf_kernels.moe.kernels.align",
     function="moe_align_plan",
     signature="SIGNATURE_PLAN",
+    num_warps=8,
+)
+MOE_ALIGN_COUNT = TritonFamily(
+    kernel="moe.align_count",
+    version=1,
+    module="csf_kernels.moe.kernels.align",
+    function="moe_align_count",
+    signature="SIGNATURE_COUNT",
     num_warps=8,
 )
 MOE_ALIGN_ROUTES = TritonFamily(
@@ -118,6 +130,7 @@ class ScaleRead(enum.Enum):
 
 
 ALIGN_CHUNK = 1024
+ALIGN_COUNT_CHUNKS = 4  # chunks a count program (kernels/align.py's PLAN_CHUNKS)
 SCATTER_CHUNK = 256
 COMBINE_COLUMNS = 1024
 # calls of up to this many tokens combine a token's slots as one [TK, 256] tile (32 registers a thread at 16
@@ -276,6 +289,38 @@ def align_forms(max_pairs: int | float) -> set[bool]:
     """How calls of 1 to ``max_pairs`` routes align: True, the plan program scatters too (one chunk of
     routes); False, a scatter program follows it (:func:`align_scatter_spec`)."""
     return {align_scatters_in_plan(1), align_scatters_in_plan(max_pairs)}
+
+
+def align_count_spec(num_experts: int, ids64: bool) -> ProgramSpec:
+    """The count programs of calls over ``ALIGN_CHUNK`` routes (before the plan program; kernels/align.py)."""
+    return ProgramSpec.of(
+        MOE_ALIGN_COUNT.kernel,
+        MOE_ALIGN_COUNT.version,
+        IDS64=int(ids64),
+        EP=experts_bins(num_experts),
+        CH=ALIGN_CHUNK,
+        PDL=MOE_PDL,
+        num_warps=MOE_ALIGN_COUNT.num_warps,
+    )
+
+
+def align_count_programs(pairs: int) -> int:
+    """Count programs of a call of ``pairs`` routes: one a ``ALIGN_COUNT_CHUNKS`` chunks of routes."""
+    return -(-pairs // (ALIGN_COUNT_CHUNKS * ALIGN_CHUNK))
+
+
+def align_specs(num_experts: int, bm: int, ids64: bool, forms) -> list[ProgramSpec]:
+    """The align programs of calls in ``forms`` (:func:`align_forms`) at ``bm`` routes a block, in launch order
+    (not the one-token form, :func:`align_routes_spec`): True, the plan program alone; False, the count programs,
+    the plan, the scatter."""
+    specs = []
+    for scatter in sorted(forms, reverse=True):
+        if scatter:
+            specs.append(align_plan_spec(num_experts, bm, ids64, scatter=True))
+        else:
+            specs += [align_count_spec(num_experts, ids64), align_plan_spec(num_experts, bm, ids64),
+                      align_scatter_spec(ids64)]  # fmt: skip
+    return specs
 
 
 def align_scatter_spec(ids64: bool) -> ProgramSpec:
@@ -466,13 +511,11 @@ def moe_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                         specs.append(gemm_spec(geo.fmt, source, fc1=True, activation=geo.activation, bias=geo.bias,
                                                config=config, routed=True, ids64=ids64, early=True))  # fmt: skip
         for ids64 in (False, True):
-            for scatter in align_forms(math.inf):
-                specs.append(align_plan_spec(geo.experts, config.bm, ids64, scatter=scatter))
+            specs += align_specs(geo.experts, config.bm, ids64, align_forms(math.inf))
             specs.append(align_routes_spec(config.bm, ids64, geo.top_k))
     gscale = geo.fmt.name == "nvfp4"
     for ids64 in (False, True):
         specs += [
-            align_scatter_spec(ids64),
             *(combine_spec(ids64, slots=slots) for slots in combine_slot_tiles(math.inf, geo.top_k)),
             *(
                 combine_spec(ids64, slots=slots, partial=True, bias=geo.bias, gscale=gscale)
