@@ -3,9 +3,10 @@
 the ring of stages, the units a launch walks (after the predecessor's writes, PDL), and warp 0's walk filling the
 ring by TMA, its activation copy optionally a route gather (:class:`RowGather`).
 
-A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``; CTA ``c`` walks ``u = c, c + G, ...``
-below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale bytes
-and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
+A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``, or in a split program (block, tile, K
+split) (:mod:`~csf_kernels.moe.kernels.engine_work`, the one map every role reads); CTA ``c`` walks ``u = c, c + G,
+...`` below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale
+bytes and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
 gathering threads' arrivals once their ``cp.async`` copies land).
 """
 
@@ -18,6 +19,7 @@ import cutlass.pipeline as pipeline
 from csf_kernels.moe.engine_rows import ROW_CHUNKS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.kernels import engine_routes as routes
+from csf_kernels.moe.kernels.engine_work import UnitWork
 
 __all__ = ["GATHER_BARRIER", "UNROLLED_COPIES", "RowGather", "make_ring", "produce", "units_in_use"]
 
@@ -61,14 +63,16 @@ class RowGather:
     counts ``threads`` arrivals beside the TMA thread's. A unit's slots' token rows go to a shared table first.
 
     ``operands`` (device values of one trace): ``(x, sorted_ids, top_k, table, s_b, b_smem, rank)``: the shared
-    table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank."""
+    table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank.
+    ``work``: the program's :class:`UnitWork` (``None``: unsplit)."""
 
-    def __init__(self, tile_n: int, warps: tuple[int, ...]):
+    def __init__(self, tile_n: int, warps: tuple[int, ...], work: UnitWork | None = None):
         if 0 not in warps or not set(warps) <= {0, 1, 2, 3}:
             raise ValueError(f"the gathering warps are producer warps, warp 0 among them; got {warps}")
         self.tile_n = tile_n
         self.warps = tuple(sorted(warps))
         self.threads = 32 * len(self.warps)
+        self.work = UnitWork(False) if work is None else work
 
     def gathers(self, warp):
         """Whether ``warp`` (warp-uniform) gathers (traced inline)."""
@@ -130,14 +134,15 @@ class RowGather:
             routes.copy_chunk(dst, src, cutlass.Int32(live))
 
     @cute.jit
-    def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps):
+    def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps, split_steps):
         """A gathering warp other than warp 0 (traced inline): its share of every stage warp 0 fills, in warp 0's
         order, each stage once it is empty."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
         u = cute.arch.block_idx()[0]
         while u < units:
-            self.unit(operands, u // tiles_m)
-            for k in cutlass.range(k_steps, unroll=1):
+            b, _, _, k0, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
+            self.unit(operands, b)
+            for k in cutlass.range(k0, k0 + steps, unroll=1):
                 ring.sync_object_empty.wait(state.index, state.phase)
                 self.stage(operands, k, state.index, ring.producer_get_barrier(state))
                 state.advance()
@@ -145,37 +150,40 @@ class RowGather:
 
 
 def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None,
-            facts=None):  # fmt: skip
+            facts=None, work=None, split_steps=None):  # fmt: skip
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
     (``copies[2]``, ``(None, b, k)``; or, with a :class:`RowGather` and its ``operands``, warp 0's share of the
     routes' rows). ``facts``: ``(UnitFacts, slots, operands)``: each unit's facts into its first stage's slot
     (``slots`` Int32 ``[FACT_WORDS, stages]``) before the warp arrives on it
-    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`)."""
+    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`). ``work``: the program's :class:`UnitWork` (``None``: unsplit)
+    and ``split_steps`` its K steps a split."""
     publisher = None if facts is None else facts[0]
-    _Producer(stages, gather, publisher).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
-                                              None if facts is None else facts[1:])  # fmt: skip
+    work = UnitWork(False) if work is None else work
+    split_steps = k_steps if split_steps is None else split_steps
+    _Producer(stages, gather, publisher, work).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
+                                                    None if facts is None else facts[1:], split_steps)  # fmt: skip
 
 
 class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None, facts=None):
+    def __init__(self, stages: int, gather: RowGather | None, facts=None, work: UnitWork | None = None):
         self.stages = stages
         self.gather = gather
         self.facts = facts
+        self.work = work
 
     @cute.jit
-    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts):
+    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts, split_steps):
         tma_a, t_ag, t_as = copies[0]
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         u = cute.arch.block_idx()[0]
         while u < units:
-            b = u // tiles_m
-            tm = u - b * tiles_m
+            b, tm, _, k0, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
             # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a block
             # the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
             e = block_expert[b]
@@ -185,7 +193,7 @@ class _Producer:
                 slots, fact_operands = facts
                 ring.sync_object_empty.wait(state.index, state.phase)
                 self.facts.publish(slots[(None, state.index)], fact_operands, b, tm, lane)
-            for k in cutlass.range(k_steps, unroll=1):
+            for k in cutlass.range(k0, k0 + steps, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
                 cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)
