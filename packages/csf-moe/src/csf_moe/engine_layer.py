@@ -14,9 +14,9 @@ sum with FC2's bias, reading a token's ``k`` rows in order. Few-token calls whos
 split K instead (:mod:`csf_moe.engine_split`): both GEMMs store float32 partials that FC1's finish and the partial
 combine reduce. Routes of experts outside ``[0, E)`` join no block and contribute nothing. The GEMMs and the Triton
 passes launch as programmatic dependent launches where the runtime allows (each waits for its predecessor before
-reading). Every buffer is allocated when a token count is bound, or
-carved from a caller's scratch (:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call
-allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+reading). Every buffer is allocated when a token count is bound, or carved from a caller's scratch
+(:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call allocates nothing and follows
+new routings as device data, so CUDA graphs capture it.
 
 **W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
 in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
