@@ -10,8 +10,8 @@ timeout 150 $P tests/moe/test_engine_split_gpu.py > $R/t_split.log 2>&1
 log "split GEMM rc=$?: $(tail -1 $R/t_split.log)"
 timeout 120 $P tests/moe/test_engine_split_layer_gpu.py tests/moe/test_engine_layer_gpu.py > $R/t_layer.log 2>&1
 log "layers rc=$?: $(tail -1 $R/t_layer.log)"
-timeout 120 $P tests/moe/test_engine_gemm_gpu.py tests/moe/test_engine_inline_gpu.py tests/moe/test_engine_served_gpu.py \
-  -k "not triton" > $R/t_engine.log 2>&1
+timeout 150 $P tests/moe/test_engine_gemm_gpu.py tests/moe/test_engine_inline_gpu.py tests/moe/test_engine_served_gpu.py \
+  tests/moe/test_engine_inline_probe_gpu.py -k "not triton" > $R/t_engine.log 2>&1
 log "engine rc=$?: $(tail -1 $R/t_engine.log)"
 timeout 120 python3 benchmarks/bench_moe.py --geometries peers \
   --arms triton_kernels,engine,engine_unsplit,engine_inline,engine_inline_unsplit --tokens 1,2,4,8 --reps 10 \
