@@ -11,7 +11,9 @@ every block whole, no ragged tails (§4.12), "engine_quarter_ragged" tails in th
 "engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11);
 "engine_inline_pass": inline scales with FC1's rows from the gather pass (its producer warps then only decode and
 copy tiles, no row gathers beside the decoder: the issue-slot question of docs/moe-engine.md §7);
-"engine_half_blocks": blocks sized for half an expert's mean routes (more, smaller blocks; shorter tails).
+"engine_half_blocks": blocks sized for half an expert's mean routes (more, smaller blocks; shorter tails);
+"engine_unsplit" / "engine_inline_unsplit": no K splits (``splits=1``), the baseline of the few-token calls that
+"engine" / "engine_inline" split (csf_moe.engine_split: another summation order, so not "engine"'s bits).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
     "engine_two_mul": ({}, {"one_multiply": False}),
     "engine_inline_pass": ({"scale_source": "inline"}, {"fc1_rows": "pass"}),
     "engine_half_blocks": ({}, {"block_fill": 0.5}),
+    "engine_unsplit": ({}, {"splits": 1}),
+    "engine_inline_unsplit": ({"scale_source": "inline"}, {"splits": 1}),
 }
 
 
@@ -45,6 +49,9 @@ def engine_layer(arm: str, reference, geo) -> EngineMoE:
 
 
 def same_bits_as_engine(arm: str) -> bool:
-    """Whether ``arm`` must store the "engine" arm's bits: another scale source, or a forced default."""
+    """Whether ``arm`` must store the "engine" arm's bits: another scale source, or a forced default (not the K
+    splits: an unsplit call sums in another order)."""
     weights, options = ENGINE_ARMS[arm]
+    if "splits" in options:
+        return False
     return arm != "engine" and (weights.get("scale_source") == "inline" or bool(options))

@@ -197,6 +197,7 @@ def test_metadata(built):
         "ctas",
         "top_k",
         "pairs",
+        "split_steps",
         "pdl",
         "stream",
     ]

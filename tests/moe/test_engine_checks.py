@@ -120,12 +120,13 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
     ids = torch.zeros(NX, dtype=torch.int32)  # NX slots
     fc1 = grouped_fp4_gemm_launch(w, s, x[:tokens], out, be, meta, tile_n=16, io="gather", sorted_ids=ids,
                                   top_k=top_k)  # fmt: skip
-    # (..., sorted_ids, ctas, top_k, pairs, pdl): a live route id is below tokens x top_k
+    # (..., sorted_ids, ctas, top_k, pairs, split_steps, pdl): a live route id is below tokens x top_k; one split:
+    # all of K's steps
     assert fc1.spec == engine_gemm_spec(16, io="gather") and fc1.args[8] is ids
-    assert fc1.args[11:] == (top_k, tokens * top_k, 1)  # after the wide-block flags and the CTA count
+    assert fc1.args[11:] == (top_k, tokens * top_k, x.shape[1] // 64, 1)  # after the wide-block flags, CTA count
     y = torch.zeros(tokens * top_k + 3, R, dtype=torch.bfloat16)  # pairs rows: any count
     fc2 = grouped_fp4_gemm_launch(w, s, x, y, be, meta, tile_n=16, io="scatter", sorted_ids=ids)
-    assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y and fc2.args[-2] == y.shape[0]
+    assert fc2.spec.fact["IO"] == "scatter" and fc2.args[3] is y and fc2.args[-3] == y.shape[0]
     runtime.set_pdl(False)
     try:
         assert grouped_fp4_gemm_launch(*_operands(), tile_n=16).args[-1] == 0
@@ -133,9 +134,9 @@ def test_routed_calls_pass_their_slots_top_k_and_pdl():
         runtime.set_pdl(True)
     dense = grouped_fp4_gemm_launch(*_operands(), tile_n=16)
     # sorted_ids unread (block_expert stands in), pairs 0: every block whole
-    assert dense.args[-1] == 1 and dense.args[8] is dense.args[6] and dense.args[-2] == 0
+    assert dense.args[-1] == 1 and dense.args[8] is dense.args[6] and dense.args[-3] == 0
     with_ids = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, sorted_ids=ids, pairs=40)
-    assert with_ids.args[8] is ids and with_ids.args[-2] == 40 and with_ids.spec.fact["IO"] == "dense"
+    assert with_ids.args[8] is ids and with_ids.args[-3] == 40 and with_ids.spec.fact["IO"] == "dense"
     with pytest.raises(TypeError, match="sorted_ids"):
         grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=16, sorted_ids=ids[:8], pairs=40)
     with pytest.raises(ValueError, match="pairs"):

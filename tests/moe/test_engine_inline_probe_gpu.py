@@ -78,10 +78,10 @@ def test_inline_scale_slots_equal_the_twins(tile_n, fmt):
             for ctas in sorted({launch.grid[0], 5, 1}, reverse=True):
                 out = torch.full((x.shape[0], rows), float("nan"), dtype=torch.bfloat16, device="cuda")
                 args = [out if a is stand_in else a for a in launch.args]
-                assert args[-4] == launch.grid[0], (
-                    "the CTA count is the fourth argument from the end (top_k, pairs, pdl)"
+                assert args[-5] == launch.grid[0], (
+                    "the CTA count is the fifth argument from the end (top_k, pairs, split_steps, pdl)"
                 )
-                args[-4] = ctas
+                args[-5] = ctas
                 dataclasses.replace(launch, grid=(ctas, 1, 1), args=tuple(args)).bind("inline probe")()
                 torch.cuda.synchronize()
                 text = report(probe.exposed(out), want, probe, records, ctas=ctas, stages=stages)

@@ -10,11 +10,13 @@ A call: align the routes into blocks of ``bm`` routes per expert (the alignment 
 grouped GEMM whose producer fetches each slot's token row of ``x`` itself and whose epilogue adds W13's bias and
 applies the activation into ``[slots, N]`` (bf16; or, unfused, the GEMM ``[slots, 2N]`` then an activation pass);
 FC2 as a grouped GEMM whose epilogue stores each slot's row at its route, ``[pairs, H]``; then the top-k weighted
-sum with FC2's bias, reading a token's ``k`` rows in order. Routes of experts outside ``[0, E)`` join no block and
-contribute nothing. The GEMMs and the Triton passes launch as programmatic dependent launches where the runtime
-allows (each waits for its predecessor before reading). Every buffer is allocated when a token count is bound, or
-carved from a caller's scratch (:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call
-allocates nothing and follows new routings as device data, so CUDA graphs capture it.
+sum with FC2's bias, reading a token's ``k`` rows in order. Few-token calls whose GEMM units would leave SMs idle
+split K instead (:mod:`csf_moe.engine_split`): both GEMMs store float32 partials that FC1's finish and the partial
+combine reduce. Routes of experts outside ``[0, E)`` join no block and contribute nothing. The GEMMs and the Triton
+passes launch as programmatic dependent launches where the runtime allows (each waits for its predecessor before
+reading). Every buffer is allocated when a token count is bound, or carved from a caller's scratch
+(:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call allocates nothing and follows
+new routings as device data, so CUDA graphs capture it.
 
 **W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
 in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
@@ -32,7 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from csf_kernels import runtime
-from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import (
+    act_launch,
+    combine_launch,
+    fc1_finish_launch,
+    gather_launch,
+    grouped_fp4_gemm_launch,
+    partial_combine_launch,
+)
 from csf_kernels.moe.engine_inline import InlineScales, inline_scales
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel, fc1_engine_rows
 from csf_kernels.moe.engine_specs import (
@@ -51,6 +60,7 @@ from csf_kernels.runtime import aligned
 from csf_kernels.runtime.programs import ALIGNMENT
 
 from .call_args import checked_output
+from .engine_split import call_splits, finish_bias, splits_option
 from .reference import QuantizedExperts
 
 __all__ = [
@@ -216,12 +226,15 @@ class EngineMoE:
     ``one_multiply`` (MXFP4): row blocks whose scale bytes allow it convert with one multiply a pair (the same
     bits); False: two everywhere. ``block_fill``: a block is the smallest program tile holding this fraction of an
     expert's mean routes (1: the mean, as the peer sizes its ``block_m``; 0.5: half of it, so an expert's routes
-    spill into more, smaller blocks and its tail pads less); the same bits whatever the size."""
+    spill into more, smaller blocks and its tail pads less); the same bits whatever the size. ``splits``: K splits
+    of few-token calls (:mod:`csf_moe.engine_split`; ``None``: the heuristic, 1: never, a count or an ``(fc1,
+    fc2)`` pair: forced where the call's block size has split programs, refused where K cannot make it); split
+    GEMMs run their block size's default schedule and CTAs an SM."""
 
     def __init__(
         self, weights: EngineWeights, top_k: int, *, activations: str = "per_token", schedule: str | None = None,
         fc1_rows: str | None = None, ragged: int | bool | None = None, ctas_per_sm: int | None = None,
-        one_multiply: bool = True, block_fill: float = 1.0,
+        one_multiply: bool = True, block_fill: float = 1.0, splits: int | tuple[int, int] | None = None,
     ):  # fmt: skip
         if not 0 < block_fill <= 1:
             raise ValueError(f"block_fill is a fraction of an expert's mean routes in (0, 1]; got {block_fill!r}")
@@ -241,6 +254,9 @@ class EngineMoE:
         self.one_multiply = one_multiply
         self.activations = activations
         self.schedule = schedule
+        self.splits = splits_option(splits)
+        # FC1's finish reads W13's bias as [gate; up] columns (made once here, never per call)
+        self._finish_b13 = finish_bias(weights.b13) if weights.fused and weights.b13 is not None else None
 
     def _gemm(self, fc: str, x: dict, out, block_expert, meta, bm, **epilogue) -> runtime.Launch:
         """FC1 (``fc`` ``"13"``) or FC2's grouped GEMM of ``x`` (``{"x": bf16}``, or W4A8's ``{"xq": E4M3 bytes,
@@ -272,6 +288,36 @@ class EngineMoE:
         """Routes a block for a call of ``tokens`` tokens: the smallest program tile holding ``block_fill`` of an
         expert's mean routes."""
         return call_tile_n(tokens * self.top_k, self.weights.experts, self.weights.w4a8, self.block_fill)
+
+    def call_splits(self, tokens: int) -> tuple[int, int]:
+        """FC1's and FC2's K splits for a call of ``tokens`` tokens (``(1, 1)``: the unsplit layer)."""
+        w = self.weights
+        return call_splits(tokens, self.top_k, w.experts, w.hidden, w.inter, w.fmt, self.tile_n(tokens),
+                           want=self.splits, split_layer=w.fused and not w.w4a8)  # fmt: skip
+
+    def _split_body(self, x, topk_ids, weights32, out, buf, splits, bm) -> list:
+        """A split call's GEMMs and finishing kernels (after the alignment): FC1's partials, its finish into FC2's
+        route-order input, FC2's partials over those rows, the partial combine (:mod:`csf_moe.engine_split`)."""
+        w = self.weights
+        tokens = x.shape[0]
+        common = dict(block_expert=buf["block_expert"], meta=buf["meta"], tile_n=bm, fmt=w.fmt, io="gather",
+                      sorted_ids=buf["sorted_ids"])  # fmt: skip
+
+        def gemm(fc, rows, out, **kw):
+            wide = getattr(w, "wide" + fc) if self.one_multiply else None
+            return grouped_fp4_gemm_launch(getattr(w, "w" + fc), getattr(w, "s" + fc), rows, out,
+                                           global_scale=getattr(w, "g" + fc), wide=wide, **common, **kw)  # fmt: skip
+
+        finish = dict(splits=splits[0], activation=w.activation, bias=self._finish_b13, global_scale=w.g13,
+                      num_experts=w.experts)  # fmt: skip
+        ids = topk_ids.view(tokens, self.top_k)
+        combine = dict(splits=splits[1], num_experts=w.experts)
+        return [
+            gemm("13", x, buf["part1"], top_k=self.top_k, partial="fc1", splits=splits[0]),
+            fc1_finish_launch(buf["part1"], ids.reshape(-1), buf["a"], **finish),
+            gemm("2", buf["a"], buf["part2"], top_k=1, partial="rows", splits=splits[1]),
+            partial_combine_launch(buf["part2"], w.b2, w.g2, ids, weights32, out, **combine),
+        ]
 
     def call(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
@@ -309,10 +355,11 @@ class EngineMoE:
         pairs = tokens * self.top_k
         experts = w.experts
         bm = self.tile_n(tokens)
+        splits = self.call_splits(tokens)
         fc1_rows = "pass" if w.w4a8 else (self.fc1_rows or fc1_rows_for(bm, w.scale_source))
         shapes = call_buffers(tokens, self.top_k, experts, w.hidden, w.inter, w4a8=w.w4a8, fused=w.fused,
                               fc1_rows=fc1_rows, float_weights=topk_weights.dtype != torch.float32,
-                              block_fill=self.block_fill)  # fmt: skip
+                              block_fill=self.block_fill, splits=splits)  # fmt: skip
         buf = _carve(shapes, x.device, scratch)
         cursor, block_expert, active, meta, sorted_ids = (buf[k] for k in ("cursor", "block_expert", "active",
                                                                             "meta", "sorted_ids"))  # fmt: skip
@@ -322,6 +369,13 @@ class EngineMoE:
         scratch_views = dict(
             cursor=cursor, block_expert=block_expert, active_experts=active, meta=meta, sorted_ids=sorted_ids
         )
+        if splits != (1, 1):
+            launches = [
+                *align_launches(topk_ids, num_experts=experts, bm=bm, **scratch_views),
+                *self._split_body(x, topk_ids, weights32, out, buf, splits, bm),
+            ]
+            keep = (cursor, block_expert, active, meta, sorted_ids, buf["part1"], a, buf["part2"], weights32)
+            return launches, keep
         if w.w4a8:
             # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
             # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
@@ -459,10 +513,12 @@ def call_buffers(
     fc1_rows: str = "producer",
     float_weights: bool = False,
     block_fill: float = 1.0,
+    splits: tuple[int, int] = (1, 1),
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows`` ``"pass"``:
     FC1's block-order input rows (W4A8 always quantizes them in block order); ``float_weights``: the routing weights
-    come in another dtype and are copied to float32 first; ``block_fill``: as :class:`EngineMoE`'s."""
+    come in another dtype and are copied to float32 first; ``block_fill``: as :class:`EngineMoE`'s; ``splits``: FC1's
+    and FC2's K splits (a split call's partials, and FC2's input at the routes' rows)."""
     pairs = tokens * top_k
     bm = call_tile_n(pairs, experts, w4a8, block_fill)
     blocks = max_blocks_for(pairs, experts, bm)
@@ -475,6 +531,12 @@ def call_buffers(
         "meta": ((4,), i32),
         "sorted_ids": ((slots,), i32),
     }
+    if splits != (1, 1):  # csf_moe.engine_split
+        out |= {"part1": ((splits[0] * pairs, 2 * inter), f32), "a": ((pairs, inter), bf16),
+                "part2": ((splits[1] * pairs, hidden), f32)}  # fmt: skip
+        if float_weights:
+            out["weights32"] = ((tokens, top_k), f32)
+        return out
     if not fused:
         out["h"] = ((slots, 2 * inter), bf16)
     out["a"] = ((slots, inter), bf16)

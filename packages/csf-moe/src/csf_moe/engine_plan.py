@@ -2,7 +2,9 @@
 
 The engine layer picks its route-block size per call from the routes an expert gets (``engine_tile_n``, or
 ``w4a8_tile_n`` for W4A8) and launches align (1 or 2 programs), FC1's input pass where it reads block-order rows,
-FC1 with its activation fused, FC2 (W4A8: FC2's FP8 gather first), and the combine. :class:`EnginePlan` holds
+FC1 with its activation fused, FC2 (W4A8: FC2's FP8 gather first), and the combine; or, for few-token calls whose
+units would leave SMs idle (:mod:`csf_moe.engine_split`), FC1's partials, their finish, FC2's partials and the
+partial combine. :class:`EnginePlan` holds
 what a served layer needs to know before its first call: the token buckets (the catalog's plus the engine's
 CUDA-graph sizes), the block sizes each bucket's calls run, the scale source, the activations, the shared scratch
 the calls carve their buffers from, and :meth:`EnginePlan.specs`, exactly the programs those calls launch, so a
@@ -16,15 +18,19 @@ from fractions import Fraction
 
 from csf_kernels.catalog import MoEGeometry, load_catalog
 from csf_kernels.moe.engine_specs import (
+    ENGINE_SPLIT_TILE_N,
     ENGINE_TILE_N,
     engine_combine_spec,
+    engine_fc1_finish_spec,
     engine_gather_spec,
     engine_gemm_spec,
+    engine_partial_combine_spec,
     engine_serves,
 )
 from csf_kernels.moe.launch import max_blocks_for
 from csf_kernels.moe.specs import (
     ALIGN_CHUNK,
+    COMBINE_TILE_TOKENS,
     align_routes_spec,
     align_scatters_in_plan,
     align_specs,
@@ -34,6 +40,7 @@ from csf_kernels.runtime.programs import ProgramSpec
 
 from .buckets import bucket_for
 from .engine_layer import call_buffer_bytes, call_buffers, call_tile_n, fc1_rows_for
+from .engine_split import call_splits
 
 __all__ = [
     "ACTIVATIONS",
@@ -107,6 +114,13 @@ class EnginePlan:
     def bucket_for(self, tokens: int) -> EngineBucket:
         return bucket_for(self.buckets, tokens, self.max_tokens, self.geometry.name)
 
+    def splits(self, tokens: int) -> tuple[int, int]:
+        """FC1's and FC2's K splits for a call of ``tokens`` tokens, as the engine layer's heuristic chooses them
+        (``(1, 1)``: unsplit)."""
+        g = self.geometry
+        return call_splits(tokens, self.top_k, g.experts, g.hidden, g.intermediate, self.fmt, self.tile_n(tokens),
+                           split_layer=not self.w4a8)  # fmt: skip
+
     def call_specs(self, tokens: int, ids64: bool) -> tuple[ProgramSpec, ...]:
         """The programs a call of ``tokens`` tokens launches, in order, with int64 (``ids64``) or int32 route ids
         (``EngineMoE.launches``; ``tests/moe/test_engine_plan.py`` holds the two together)."""
@@ -116,6 +130,12 @@ class EnginePlan:
             align = [align_routes_spec(bm, ids64, pairs)]
         else:
             align = align_specs(g.experts, bm, ids64, {align_scatters_in_plan(pairs)})
+        if self.splits(tokens) != (1, 1):
+            source = self.scale_source
+            body = [engine_gemm_spec(bm, None, False, self.fmt, source, "gather", partial="fc1"),
+                    engine_fc1_finish_spec(g.activation, g.bias, self.fmt, ids64),
+                    engine_gemm_spec(bm, None, False, self.fmt, source, "gather", partial="rows")]  # fmt: skip
+            return (*align, *body, engine_partial_combine_spec(g.bias, self.fmt, ids64, tokens, self.top_k))
         if self.w4a8:
             gather = gather_fp8_spec(bm, self.convention)
             body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]
@@ -129,10 +149,22 @@ class EnginePlan:
 
     def _breakpoints(self) -> set[int]:
         """Token counts ``t`` after which a call's programs may change (``t + 1`` runs others): a block size's
-        last count, the last one-chunk alignment, the one-token alignment."""
+        last count, the last one-chunk alignment, the one-token alignment, the partial combine's last slot-tile
+        count, and every count up to the last split call's."""
         e, k = self.geometry.experts, self.top_k
         points = {int(Fraction(t * e, k)) for t in self._tiles()}  # routes an expert t * E / k: the last at t
-        return points | {ALIGN_CHUNK // k, 1}
+        return points | {ALIGN_CHUNK // k, 1, COMBINE_TILE_TOKENS} | set(range(1, self._last_split() + 1))
+
+    def _last_split(self) -> int:
+        """The largest token count that may split (0: none): split programs exist for the smallest blocks only,
+        which calls run while an expert's routes are few, so the walk stops at the first count past them."""
+        last = 0
+        for t in range(1, self.max_tokens + 1):
+            if self.tile_n(t) > max(ENGINE_SPLIT_TILE_N):
+                break
+            if self.splits(t) != (1, 1):
+                last = t
+        return last
 
     def specs(self) -> tuple[ProgramSpec, ...]:
         """Every program this plan's calls launch (1 to ``max_tokens`` tokens, int32 and int64 route ids), each once:
@@ -153,7 +185,7 @@ class EnginePlan:
         bm = self.tile_n(tokens)
         shapes = call_buffers(tokens, self.top_k, g.experts, g.hidden, g.intermediate, w4a8=self.w4a8,
                               fc1_rows="pass" if self.w4a8 else fc1_rows_for(bm, self.scale_source),
-                              float_weights=True)  # fmt: skip
+                              float_weights=True, splits=self.splits(tokens))  # fmt: skip
         return call_buffer_bytes(shapes)
 
 

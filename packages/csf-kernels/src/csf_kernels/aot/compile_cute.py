@@ -46,6 +46,7 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
             schedule,
             ragged,
             int(facts.get("OCC", 1)),
+            facts.get("PART"),  # K-split partials' form, where the program stores them
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

@@ -303,6 +303,7 @@ def engine_gemm_name(
     schedule: str = "slice",
     ragged: int = 0,
     ctas_per_sm: int = 1,
+    partial: str | None = None,
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -314,6 +315,7 @@ def engine_gemm_name(
         + ("" if schedule == "slice" else f"_{schedule}")
         + ("" if not ragged else "_ragged" if int(ragged) == 1 else f"_ragged{int(ragged)}")
         + ("" if ctas_per_sm == 1 else f"_occ{ctas_per_sm}")
+        + ("" if partial is None else f"_part{partial}")
     )
 
 
@@ -327,6 +329,7 @@ def engine_gemm_program(
     schedule: str = "slice",
     ragged: int = 0,
     ctas_per_sm: int = 1,
+    partial: str | None = None,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
@@ -334,11 +337,12 @@ def engine_gemm_program(
     (inline); ``io``: rows in block order, FC1's input gathered by route or FC2's output scattered to routes; its
     consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``);
     ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only (1), or
-    also its first quarter that quarter (2)."""
+    also its first quarter that quarter (2); ``partial`` (``rows``, ``fc1``): K splits of ``split_steps`` K steps
+    storing float32 partials ``out [splits * pairs, R]`` (``moe/kernels/engine_work.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
     options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged,
-                   ctas_per_sm=ctas_per_sm)  # fmt: skip
+                   ctas_per_sm=ctas_per_sm, partial=partial)  # fmt: skip
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -359,14 +363,15 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm, partial),
         program="engine_gemm",
         factory=factory,
         tensors=(
             ("w_panel", "uint64", ("E", "KS", "RB", 256)),
             *scales_args,
             ("x", "bfloat16", ("NX", "K")),  # NX: slots, or tokens where FC1 gathers
-            ("out", "bfloat16", ("NO", "RO")),  # NO: slots, or routes where FC2 scatters; RO: R, or R / 2 (activated)
+            # NO: slots, or routes where FC2 scatters, or splits x routes (partials); RO: R, or R / 2 (activated)
+            ("out", "bfloat16" if partial is None else "float32", ("NO", "RO")),
             ("bias", "float32", ("EB", "RBI")),
             ("gscale", "float32", ("EG",)),
             ("block_expert", "int32", ("MB",)),
@@ -374,7 +379,7 @@ def engine_gemm_program(
             ("sorted_ids", "int32", ("NS",)),
             ("wide", "uint8", ("EW", "RBW")),  # MXFP4: 64-row blocks taking two multiplies a pair (1) or one (0)
         ),
-        scalars=("ctas", "top_k", "pairs", "pdl"),
+        scalars=("ctas", "top_k", "pairs", "split_steps", "pdl"),
         # R: whole row blocks of 64
         divisible=(("K", TILE_K), ("RO", TILE_M // 4), ("R2", TILE_M), ("RW", TILE_M // 2)),
         launch=(("grid", ("ctas", 1, 1)), ("block", (kernel.threads, 1, 1)), ("dynamic_shared_bytes", 0)),
@@ -390,6 +395,7 @@ def engine_gemm_program(
             ("schedule", schedule),
             ("ragged", int(ragged)),
             ("ctas_per_sm", ctas_per_sm),
+            ("partial", partial or ""),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),

@@ -10,20 +10,32 @@ from csf_kernels.moe.engine_inline import InlineScales
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK, panel_scales
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
+    ENGINE_PARTIAL_FORMS,
     ENGINE_TILE_M,
     ENGINE_TILE_N,
     engine_act_spec,
     engine_combine_spec,
+    engine_fc1_finish_spec,
     engine_gather_spec,
     engine_gemm_spec,
     engine_occupancy,
+    engine_partial_combine_spec,
     engine_ragged,
     engine_schedule,
+    engine_split_steps,
 )
 from csf_kernels.runtime import config as runtime_config
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["act_launch", "combine_launch", "dense_fp4_gemm_launch", "gather_launch", "grouped_fp4_gemm_launch"]
+__all__ = [
+    "act_launch",
+    "combine_launch",
+    "dense_fp4_gemm_launch",
+    "fc1_finish_launch",
+    "gather_launch",
+    "grouped_fp4_gemm_launch",
+    "partial_combine_launch",
+]
 
 
 def grouped_fp4_gemm_launch(
@@ -48,6 +60,8 @@ def grouped_fp4_gemm_launch(
     ctas_per_sm: int | None = None,
     wide: torch.Tensor | None = None,
     max_ctas: int | None = None,
+    partial: str | None = None,
+    splits: int = 1,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -89,14 +103,24 @@ def grouped_fp4_gemm_launch(
     panel holds them: a 64-row block flagged 0 converts each pair with one multiply (its E8M0 bytes are all <= 128
     or 255), 1 with two; ``None``: two everywhere. The same bits either way.
 
+    ``partial`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_PARTIAL_FORMS`; ``io="gather"``, no activation or bias):
+    ``splits`` K splits (whole engine records each: :func:`~csf_kernels.moe.engine_specs.engine_split_steps`), each
+    unit's float32 accumulator, unscaled, to ``out`` float32 ``[splits * pairs, R]`` (``pairs = tokens * top_k``),
+    row ``s * pairs + route``: W13's engine rows as ``[gate; up]`` columns (``"fc1"``, what
+    :func:`fc1_finish_launch` reads) or rows as they are (``"rows"``, :func:`partial_combine_launch`'s); slots
+    without a route store nothing. Split ``s``'s partial is the bits the same program stores at one split on that K
+    range alone, from either scale source.
+
     The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"tile_n must be one of {ENGINE_TILE_N}; got {tile_n}")
     if io not in ENGINE_IO:
         raise ValueError(f"io must be one of {ENGINE_IO}; got {io!r}")
     per_step = panel_scales(fmt).per_step
-    if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
-        raise TypeError("x and out must be 2-D bf16 tensors")
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or out.dim() != 2:
+        raise TypeError("x and out must be 2-D (x bf16)")
+    if partial is None and out.dtype != torch.bfloat16:
+        raise TypeError(f"out must be bf16 (float32 partials need partial=); got {out.dtype}")
     if block_expert.dtype != torch.int32 or meta.dtype != torch.int32 or block_expert.dim() != 1 or meta.numel() < 1:
         raise TypeError("block_expert and meta must be int32 vectors (meta holds at least the block count)")
     rows_x, k = x.shape
@@ -105,6 +129,17 @@ def grouped_fp4_gemm_launch(
     if bias is not None and (activation is None or bias.dtype != torch.float32 or bias.shape != (experts, rows)):
         raise ValueError(f"bias must be float32 [{experts}, {rows}] and come with an activation")
     out_cols = rows if activation is None else rows // 2
+    if partial is not None:
+        if partial not in ENGINE_PARTIAL_FORMS or io != "gather" or activation is not None or bias is not None:
+            raise ValueError(f"partials ({partial!r}) are one of {ENGINE_PARTIAL_FORMS}, from gathering GEMMs with no "
+                             f"activation or bias; got io {io!r}, activation {activation!r}")  # fmt: skip
+        if out.dtype != torch.float32:
+            raise TypeError(f"partials are float32; got out {out.dtype}")
+        split_steps = engine_split_steps(steps, splits, fmt)
+    elif splits != 1:
+        raise ValueError(f"{splits} K splits need a partial program (partial='fc1' or 'rows')")
+    else:
+        split_steps = steps
     if io == "dense" and sorted_ids is not None:  # route ids beside block-order rows: live slots only
         if sorted_ids.dtype != torch.int32 or sorted_ids.shape != (rows_x,):
             raise TypeError(f"dense: sorted_ids must be int32 [{rows_x}] (x's slots) where given")
@@ -118,6 +153,8 @@ def grouped_fp4_gemm_launch(
         else:  # a live route id is below the routes x (gather) or out (scatter) holds
             pairs = rows_x * top_k if io == "gather" else out.shape[0]
     out_rows = out.shape[0] if io == "scatter" else slots
+    if partial is not None:
+        out_rows = splits * pairs
     if out.shape != (out_rows, out_cols) or k != steps * PANEL_STEP_K:
         raise ValueError(
             f"shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, weight panel {tuple(w_panel.shape)} "
@@ -141,7 +178,7 @@ def grouped_fp4_gemm_launch(
     if nv and (global_scale.dtype != torch.float32 or tuple(global_scale.shape) != (experts,)):
         raise ValueError(f"global_scale must be float32 [{experts}]; got {global_scale.dtype} "
                          f"{tuple(global_scale.shape)}")  # fmt: skip
-    units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n))
+    units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n)) * splits
     sched = engine_schedule(tile_n, schedule)
     occ = engine_occupancy(tile_n, sched, ctas_per_sm)
     ctas = max(1, min(occ * num_sms(x.device), units))
@@ -151,7 +188,7 @@ def grouped_fp4_gemm_launch(
         ctas = min(ctas, max_ctas)
     source = "inline" if inline else "native"
     spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
-                            engine_ragged(tile_n, ragged, sched), occ)  # fmt: skip
+                            0 if partial else engine_ragged(tile_n, ragged, sched), occ, partial)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
@@ -165,7 +202,7 @@ def grouped_fp4_gemm_launch(
         raise ValueError(f"wide must be uint8 [{experts}, {blocks}] (64-row blocks); got {wide.dtype} "
                          f"{tuple(wide.shape)}")  # fmt: skip
     pdl = int(runtime_config.pdl_enabled())
-    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, wide, ctas, top_k, pairs, pdl)
+    args = (w_panel, *s, x, out, b, g, block_expert, meta, sorted_ids, wide, ctas, top_k, pairs, split_steps, pdl)
     return runtime.Launch(spec, (ctas, 1, 1), args)
 
 
@@ -277,3 +314,55 @@ def combine_launch(
     b = bias if bias is not None else runtime.placeholder(y.device)
     inv = inverse if inverse is not None else runtime.placeholder(y.device)
     return runtime.Launch(spec, grid, (y, inv, b, topk_ids, topk_weights, out, hidden, top_k, num_experts))
+
+
+def fc1_finish_launch(
+    part: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, *, splits: int, activation: str,
+    bias: torch.Tensor | None, global_scale: torch.Tensor | None, num_experts: int,
+) -> runtime.Launch:  # fmt: skip
+    """A split FC1's finish: ``out [pairs, N]`` bf16 (FC2's input, a route's row at its index) = the activation of
+    ``sum_s part[s * pairs + route]`` (float32 ``[splits * pairs, 2N]``, ``[gate; up]`` columns:
+    ``grouped_fp4_gemm_launch(partial="fc1")``) times NVFP4's ``global_scale`` plus ``bias`` (float32 ``[E, 2N]`` in
+    the same ``[gate; up]`` order), splits summed in order; routes of experts outside ``[0, E)`` are skipped."""
+    pairs = topk_ids.numel()
+    n = out.shape[1]
+    if part.dtype != torch.float32 or part.shape != (splits * pairs, 2 * n):
+        raise ValueError(f"fc1 finish: partials must be float32 [{splits} x {pairs}, {2 * n}]; got {part.dtype} "
+                         f"{tuple(part.shape)}")  # fmt: skip
+    if out.dtype != torch.bfloat16 or out.shape[0] != pairs:
+        raise ValueError(f"fc1 finish: out must be bf16 [{pairs}, N]; got {out.dtype} {tuple(out.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (num_experts, 2 * n)):
+        raise ValueError(f"fc1 finish: bias must be float32 [{num_experts}, {2 * n}] ([gate; up])")
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
+        raise TypeError("topk_ids must be contiguous int32 or int64")
+    fmt = "nvfp4" if global_scale is not None else "mxfp4"
+    spec = engine_fc1_finish_spec(activation, bias is not None, fmt, topk_ids.dtype == torch.int64)
+    ph = runtime.placeholder(out.device)
+    g = global_scale if global_scale is not None else ph
+    args = (part, topk_ids, g, bias if bias is not None else ph, out, pairs, n, splits, num_experts)
+    return runtime.Launch(spec, (pairs, -(-n // spec.fact["BH"])), args)
+
+
+def partial_combine_launch(
+    part: torch.Tensor, bias: torch.Tensor | None, global_scale: torch.Tensor | None, topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, out: torch.Tensor, *, splits: int, num_experts: int,
+) -> runtime.Launch:  # fmt: skip
+    """A split FC2's combine: ``out[t] = sum_j w[t, j] * (g[e_j] * sum_s part[s * pairs + t k + j] + b2[e_j])`` over
+    the partials (float32 ``[splits * pairs, H]``, ``grouped_fp4_gemm_launch(partial="rows")``), splits and then
+    ``j`` in order; routes of experts outside ``[0, E)`` are skipped."""
+    tokens, top_k = topk_ids.shape
+    pairs = tokens * top_k
+    hidden = out.shape[1]
+    if part.dtype != torch.float32 or part.shape != (splits * pairs, hidden):
+        raise ValueError(f"combine: partials must be float32 [{splits} x {pairs}, {hidden}]; got {part.dtype} "
+                         f"{tuple(part.shape)}")  # fmt: skip
+    if topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape or out.shape[0] != tokens:
+        raise ValueError("combine: topk_weights must be float32 like topk_ids, out a row a token")
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_ids.is_contiguous():
+        raise TypeError("topk_ids must be contiguous int32 or int64")
+    fmt = "nvfp4" if global_scale is not None else "mxfp4"
+    spec = engine_partial_combine_spec(bias is not None, fmt, topk_ids.dtype == torch.int64, tokens, top_k)
+    ph = runtime.placeholder(out.device)
+    args = (out, part, global_scale if global_scale is not None else ph, bias if bias is not None else ph, topk_ids,
+            topk_weights, out, hidden, top_k, num_experts, splits, pairs)  # fmt: skip
+    return runtime.Launch(spec, (tokens, -(-hidden // spec.fact["BH"])), args)

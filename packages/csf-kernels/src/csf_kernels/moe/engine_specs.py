@@ -4,7 +4,8 @@ The grouped FP4 x bf16 GEMM (:mod:`csf_kernels.moe.kernels.engine_gemm`) serves 
 one expert, a dense GEMM; one program per route-block size, weight format (a fact of its spec: the scale panel's
 bytes and conversion, NVFP4's global scale), scale source (``SRC``: ``native`` panels, or ``inline`` engine records
 a producer warp decodes) and row mode (``IO``: FC1 gathers its routes' rows of ``x``, FC2 scatters its output to its
-routes' rows), every shape at run time.
+routes' rows), every shape at run time. K-split programs (fact ``PART``: few-token calls whose units leave SMs idle,
+``docs/moe-engine.md`` §4.6) store float32 partials that the finish (FC1) and the partial combine (FC2) sum.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import math
 
 from csf_kernels.catalog import MoEGeometry
 from csf_kernels.moe.engine_panels import ENGINE_SCALES, PANEL_STEP_K, ROW_BLOCK
-from csf_kernels.moe.specs import MOE_PDL, align_forms, align_specs
+from csf_kernels.moe.specs import (
+    MOE_PDL,
+    align_forms,
+    align_specs,
+    combine_slot_tiles,
+    combine_slots,
+    combine_spec,
+    fc1_finish_spec,
+)
 from csf_kernels.runtime.programs import ProgramSpec, TritonFamily
 
 __all__ = [
@@ -27,11 +36,13 @@ __all__ = [
     "ENGINE_IO",
     "ENGINE_PAIRED_BY_DEFAULT",
     "ENGINE_PAIRED_TILE_N",
+    "ENGINE_PARTIAL_FORMS",
     "ENGINE_PINGPONG_TILE_N",
     "ENGINE_RAGGED_LEVELS",
     "ENGINE_RAGGED_TILE_N",
     "ENGINE_SCALE_SOURCES",
     "ENGINE_SCHEDULES",
+    "ENGINE_SPLIT_TILE_N",
     "ENGINE_STAGE_TILE_N",
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
@@ -39,24 +50,28 @@ __all__ = [
     "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
+    "engine_fc1_finish_spec",
     "engine_gather_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
     "engine_occupancies",
     "engine_occupancy",
+    "engine_partial_combine_spec",
     "engine_ragged",
     "engine_schedule",
     "engine_schedules",
     "engine_serves",
     "engine_specs",
+    "engine_split_finish_specs",
+    "engine_split_steps",
     "engine_tile_n",
 ]
 
 ENGINE_GEMM = "moe.engine_gemm"
 # 3: the per-expert global scale argument (NVFP4); 4: sorted_ids, top_k, pdl (IO modes); 5: IO modes beside the
 # inline scale source (its gather spares the decoder warp), PDL in the shared producer code; 6: the pairs argument
-# (live route ids, for ragged blocks)
-ENGINE_GEMM_VERSION = 6
+# (live route ids, for ragged blocks); 7: the split_steps argument (K-split programs, fact PART)
+ENGINE_GEMM_VERSION = 7
 ENGINE_IO = ("dense", "gather", "scatter")  # kernels.engine_gemm.IO_MODES (that module imports cutlass)
 ENGINE_FORMATS = tuple(ENGINE_SCALES)  # weight formats the GEMM serves
 ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache holds
@@ -89,6 +104,14 @@ ENGINE_RAGGED_LEVELS = (0, 2, 1)  # the default last
 ENGINE_PAIRED_TILE_N = (16, 32, 64)
 ENGINE_PAIRED_BY_DEFAULT = (16, 32, 64)
 INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset table holds (K <= 16384 MXFP4)
+# K splits (kernels.engine_work): block sizes built with partial programs (few-token calls run 16-route blocks; 32
+# covers a call whose routes land a few to an expert), the partials' forms (W13's engine rows as [gate; up] columns
+# for FC1's finish, rows as they are for FC2's combine), and K steps an engine record covers (four scale columns:
+# MXFP4's 32-K blocks two steps, NVFP4's 16-K blocks one): a split starts at a whole record, so the inline decoder
+# starts a unit at one, and native programs split alike (the same partial bits from either source)
+ENGINE_SPLIT_TILE_N = (16, 32)
+ENGINE_PARTIAL_FORMS = ("fc1", "rows")
+ENGINE_RECORD_STEPS = {"mxfp4": 2, "nvfp4": 1}
 
 
 _GLUE = "csf_kernels.moe.kernels.engine_glue"
@@ -108,6 +131,24 @@ GATHER_COLUMNS = 1024
 GATHER_ROWS = 16  # slots a gather program: 32 KB, eight 16-byte loads a thread in flight (four: 92k programs at 8192)
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
+
+
+def engine_split_steps(k_steps: int, splits: int, fmt: str) -> int:
+    """K steps a split for ``splits`` K splits of ``k_steps`` steps of ``fmt`` weights: whole records a split, the
+    last split the rest. A count the steps cannot make (a split left empty, or fewer splits than asked once each
+    starts at a whole record) is refused with the counts that can."""
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"K splits must be a positive int; got {splits!r}")
+    per = ENGINE_RECORD_STEPS[fmt]
+    if splits == 1:
+        return k_steps
+    step = -(-k_steps // splits)
+    step = -(-step // per) * per
+    if -(-k_steps // step) != splits:
+        can = sorted({-(-k_steps // (per * m)) for m in range(1, -(-k_steps // per) + 1)})
+        raise ValueError(f"{splits} K splits of {k_steps} {fmt} K steps (whole records of {per} steps a split) are "
+                         f"not possible: {can} are")  # fmt: skip
+    return step
 
 
 def engine_serves(geo: MoEGeometry) -> bool:
@@ -162,7 +203,30 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
                                                           schedule, ragged, occ))  # fmt: skip
     for ids64 in (False, True):
         specs.append(engine_combine_spec(ids64, geo.bias))
+        specs += engine_split_finish_specs(geo, ids64)
     return specs
+
+
+def engine_fc1_finish_spec(activation: str, bias: bool, fmt: str, ids64: bool) -> ProgramSpec:
+    """A split FC1's finish: the partials summed in split order, global scale (NVFP4), bias and the activation, into
+    FC2's input at the routes' rows (``kernels/fc1_finish.py``)."""
+    return fc1_finish_spec(ids64, activation=activation, bias=bias, gscale=fmt == "nvfp4")
+
+
+def engine_partial_combine_spec(bias: bool, fmt: str, ids64: bool, tokens: int | float, top_k: int) -> ProgramSpec:
+    """A split FC2's combine for calls of ``tokens`` tokens: the partials summed in split order, global scale
+    (NVFP4), bias, the routes' weights (``kernels/combine.py``)."""
+    return combine_spec(ids64, slots=combine_slots(tokens, top_k), partial=True, bias=bias, gscale=fmt == "nvfp4")
+
+
+def engine_split_finish_specs(geo: MoEGeometry, ids64: bool) -> list[ProgramSpec]:
+    """What finishes a split layer's partials at every token count: FC1's finish and the partial combine."""
+    fmt = geo.fmt.name
+    combines = [
+        combine_spec(ids64, slots=slots, partial=True, bias=geo.bias, gscale=fmt == "nvfp4")
+        for slots in sorted(combine_slot_tiles(math.inf, geo.top_k))
+    ]
+    return [engine_fc1_finish_spec(geo.activation, geo.bias, fmt, ids64), *combines]
 
 
 def engine_schedules(tile_n: int) -> tuple[str, ...]:
@@ -223,6 +287,7 @@ def engine_gemm_spec(
     schedule: str | None = None,
     ragged: int | bool | None = None,
     ctas_per_sm: int | None = None,
+    partial: str | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
@@ -232,7 +297,9 @@ def engine_gemm_spec(
     the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
     its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``;
     ping-pong programs apply it within a unit's half block);
-    ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``)."""
+    ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``);
+    ``partial`` (:data:`ENGINE_PARTIAL_FORMS`, at :data:`ENGINE_SPLIT_TILE_N`): K splits storing float32 partials
+    (gathering, no activation or bias, whole blocks, never ping-pong; fact ``PART``)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -248,6 +315,8 @@ def engine_gemm_spec(
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
     if schedule == "pingpong" and tile_n not in ENGINE_PINGPONG_TILE_N:
         raise ValueError(f"ping-pong consumers are built for {ENGINE_PINGPONG_TILE_N} routes a block; got {tile_n}")
+    if schedule == "pingpong" and partial is not None:  # a split unit's K range is walked once, by both warpgroups
+        raise ValueError(f"K-split partials ({partial!r}) are never ping-pong: their units are whole blocks")
     ragged = engine_ragged(tile_n, None, schedule) if ragged is None else int(ragged)
     if ragged not in engine_raggeds(tile_n, schedule):
         raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block (levels "
@@ -262,16 +331,25 @@ def engine_gemm_spec(
         raise ValueError(f"the engine GEMM for {tile_n} routes a block under {schedule!r} is built for "
                          f"{engine_occupancies(tile_n, schedule)} CTAs an SM; got {ctas_per_sm}")  # fmt: skip
     occ = {"OCC": 2} if ctas_per_sm == 2 else {}
+    part = {}
+    if partial is not None:
+        if partial not in ENGINE_PARTIAL_FORMS or tile_n not in ENGINE_SPLIT_TILE_N:
+            raise ValueError(f"K-split partials are built as {ENGINE_PARTIAL_FORMS} at {ENGINE_SPLIT_TILE_N} routes a "
+                             f"block; got {partial!r} at {tile_n}")  # fmt: skip
+        if io != "gather" or activation is not None or ragged:
+            raise ValueError(f"K-split partials come from gathering programs of whole blocks without an activation; "
+                             f"got rows {io!r}, activation {activation!r}, ragged {ragged}")  # fmt: skip
+        part = {"PART": partial}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source, **sched, **rag, **occ)  # fmt: skip
+                          **source, **sched, **rag, **occ, **part)  # fmt: skip
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size, whole-block and (128 and 256 routes) ragged, one and (16-64 routes) two CTAs an SM (they take
-    every shape at run time; ping-pong consumers at 128 and 256)."""
-    return [
+    the block size (ping-pong consumers at 128 and 256), whole-block and (128 and 256 routes) ragged, one and (16-64
+    routes) two CTAs an SM, and the K-split partial programs (they take every shape and split count at run time)."""
+    plain = [
         engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ)
         for fmt in formats
         for scales in ENGINE_SCALE_SOURCES
@@ -281,3 +359,11 @@ def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
         for ragged in engine_raggeds(tn, schedule)
         for occ in engine_occupancies(tn, schedule)
     ]
+    split = [  # the size's default schedule and occupancy
+        engine_gemm_spec(tn, fmt=fmt, scales=scales, io="gather", partial=form)
+        for fmt in formats
+        for scales in ENGINE_SCALE_SOURCES
+        for tn in ENGINE_SPLIT_TILE_N
+        for form in ENGINE_PARTIAL_FORMS
+    ]
+    return plain + split

@@ -5,10 +5,11 @@ they choose are defined in :mod:`csf_kernels.moe.specs`."""
 from __future__ import annotations
 
 from csf_kernels.moe import specs
+from csf_kernels.moe.engine_specs import ENGINE_RECORD_STEPS, engine_split_steps
 from csf_kernels.moe.specs import FIN_STEPS, GemmConfig, routes_as_blocks
 from csf_kernels.runtime import device
 
-__all__ = ["ROUTED_TOKENS", "decode_config_for", "fc2_finishes_fc1", "split_count"]
+__all__ = ["ROUTED_TOKENS", "decode_config_for", "engine_splits", "fc2_finishes_fc1", "split_count"]
 
 NARROW_ROUTES_PER_EXPERT = 4  # routes per expert (T * k / E) up to which DECODE_NARROW runs
 BLOCK_ROUTES_PER_EXPERT = 8  # ... DECODE above, up to this
@@ -52,3 +53,45 @@ def fc2_finishes_fc1(config: GemmConfig, tokens: int, fc2_splits: int, fc2_k_ste
     at most :data:`FIN_STEPS` K steps (never more splits for it: forcing them measured slower)."""
     fits = -(-fc2_k_steps // fc2_splits) <= FIN_STEPS
     return tokens <= ROUTED_TOKENS and routes_as_blocks(config) and config.word_stages > 1 and fits
+
+
+# The engine GEMM's K splits (docs/moe-engine.md §4.6): a call whose units (route block, 128-row tile) leave CTA
+# slots (SMs x CTAs an SM) idle splits K so that the busiest SM finishes first. Model [D, to calibrate on the GPU]: a
+# unit costs its K steps plus ENGINE_UNIT_FIXED_STEPS (its start, its epilogue's stores, the partials' extra traffic);
+# CTA c runs on SM c mod SMs and walks units c, c + CTAs, ...; an SM's two CTAs together run at ENGINE_PAIR_RATE
+# times one alone (decode units are latency-bound, so a second CTA adds throughput, not a second SM's worth). Each
+# larger count must beat the best so far by ENGINE_SPLIT_MARGIN (the finishing kernels and partials cost a launch's
+# worth).
+ENGINE_UNIT_FIXED_STEPS = 2
+ENGINE_PAIR_RATE = 1.5
+ENGINE_SPLIT_MARGIN = 0.05
+ENGINE_MAX_SPLITS = 16
+ENGINE_MIN_SPLIT_STEPS = 2  # K steps a split at least (one MXFP4 record)
+
+
+def _engine_time(units: int, steps: int, sms: int, ctas_per_sm: int) -> float:
+    """The busiest SM's time (in K steps) for ``units`` units of ``steps`` K steps each."""
+    ctas = min(units, sms * ctas_per_sm)
+    worst = 0.0
+    for sm in range(min(sms, ctas)):
+        loads = [len(range(c, units, ctas)) for c in range(sm, ctas, sms)]
+        worst = max(worst, max(max(loads), sum(loads) / min(len(loads), ENGINE_PAIR_RATE)))
+    return worst * (steps + ENGINE_UNIT_FIXED_STEPS)
+
+
+def engine_splits(units: int, k_steps: int, fmt: str, ctas_per_sm: int) -> int:
+    """K splits for an engine GEMM of ``units`` units (route blocks x 128-row tiles, an upper bound) over ``k_steps``
+    K steps of ``fmt`` weights at ``ctas_per_sm`` CTAs an SM: 1 where the units fill every CTA slot of the device
+    (``runtime.device``'s SM count), else the count (whole records a split) the model above finishes first."""
+    sms = device.num_sms()
+    if units >= sms * ctas_per_sm:
+        return 1
+    per = ENGINE_RECORD_STEPS[fmt]
+    counts = {-(-k_steps // step) for step in range(max(per, ENGINE_MIN_SPLIT_STEPS), k_steps + 1, per)}
+    best, best_time = 1, _engine_time(units, k_steps, sms, ctas_per_sm)
+    for splits in sorted(c for c in counts if 1 < c <= ENGINE_MAX_SPLITS):
+        step = engine_split_steps(k_steps, splits, fmt)
+        t = _engine_time(units * splits, step, sms, ctas_per_sm)
+        if t < best_time * (1 - ENGINE_SPLIT_MARGIN):  # more splits: only for a margin over the best so far
+            best, best_time = splits, t
+    return best

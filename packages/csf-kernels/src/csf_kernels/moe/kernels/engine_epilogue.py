@@ -11,7 +11,9 @@ its warpgroup's 64, its value ``4 c + i`` being row ``r0 + 8 (i // 2)``, route `
   a thread (:mod:`~csf_kernels.moe.kernels.engine_routes`);
 * :meth:`Epilogue.activation`: FC1's activation, W13's rows in engine order (``engine_panels.fc1_engine_rows``) so
   that rows ``r0`` and ``r0 + 8`` are output ``n``'s gate and up; bias first, then SiLU-and-mul or gpt-oss's
-  clamped SwiGLU; bf16 stored straight to ``out [NX, R / 2]``.
+  clamped SwiGLU; bf16 stored straight to ``out [NX, R / 2]``;
+* :meth:`Epilogue.partial`: a K split's float32 accumulator as it is (no global scale, bias or activation: the
+  finishing kernels apply them to the sum of the splits) at its route's row of split ``s``'s partials.
 """
 
 from __future__ import annotations
@@ -72,21 +74,35 @@ def _sigmoid(x):
     return cute.arch.rcp_approx(1.0 + cute.math.exp2(x * -LOG2_E, fastmath=True))
 
 
+PARTIAL_FORMS = ("rows", "fc1")  # a split's partials: rows as they are (FC2), or W13's engine rows as [gate; up]
+
+
 class Epilogue:
     """The epilogue of one program: ``tile_n`` routes a block, ``act`` (``ACT_*``) with W13's ``bias``,
     ``scaled``: each value times a float32 ``g`` (NVFP4's global scale) before the bias, and ``scatter``: the plain
     form stores slot ``s``'s row at row ``sorted_ids[s]`` of ``out [pairs, R]`` (nothing for an empty slot).
+    ``partial`` (:data:`PARTIAL_FORMS`, or ``None``): the program stores float32 partials instead
+    (:meth:`partial`).
 
     ``pingpong``: one consumer warpgroup stores a unit alone (``moe/kernels/engine_pingpong.py``): ``tile_n`` is
     half a route block (block ``b`` here is half ``b % 2`` of the layer's block ``b // 2``, whose expert it reads),
     each warpgroup has its own named barrier (``PINGPONG_BARRIER + wg``, 128 threads), its own two subtile buffers
-    and its own storing warp (its first), so one warpgroup's epilogue runs beside the other's K loop."""
+    and its own storing warp (its first), so one warpgroup's epilogue runs beside the other's K loop. Never with
+    ``partial`` (a split program's units are whole blocks)."""
 
-    def __init__(self, tile_n: int, act: int, bias: bool, scaled: bool, scatter: bool = False, pingpong=False):
+    def __init__(
+        self, tile_n: int, act: int, bias: bool, scaled: bool, scatter: bool = False, pingpong=False, partial=None
+    ):
         if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
             raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
         if scatter and act != ACT_NONE:
             raise ValueError(f"activation {act}: the scattering epilogue stores the plain GEMM only")
+        if partial is not None and (partial not in PARTIAL_FORMS or act != ACT_NONE or scatter):
+            raise ValueError(f"partials ({partial!r}) are one of {PARTIAL_FORMS}, of the plain gathered GEMM (no "
+                             f"activation: the finish applies it; got {act}, scatter {scatter})")  # fmt: skip
+        if partial is not None and pingpong:
+            raise ValueError(f"partials ({partial!r}) are never ping-pong")
+        self.partial_form = partial
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -272,6 +288,35 @@ class Epilogue:
                         out[(token, n)] = v.to(cutlass.BFloat16)
                 else:
                     out[(token, n)] = v.to(cutlass.BFloat16)
+
+    @cute.jit
+    def partial(self, acc, part, sorted_ids, pairs, b, tm, s, t, lane, row_block, r0):
+        """A K split's accumulator (traced inline) to ``part [splits * pairs, R]`` float32: slot ``i`` of block ``b``
+        with route ``sorted_ids[b * TILE_N + i]`` in ``[0, pairs)`` to row ``s * pairs + route`` (nothing for an empty
+        slot), weight row ``r`` to column ``r`` (``rows``) or, W13's engine rows (``fc1``: rows ``r0`` and ``r0 + 8``
+        of the thread are output ``n``'s gate and up), gate ``n`` to column ``n`` and up ``n`` to ``R / 2 + n``: the
+        order the finish (``kernels/fc1_finish.py``) reads. Rows past ``R`` store nothing."""
+        columns = cute.size(part, mode=[1])
+        q = lane % 4
+        col0 = tm * TILE_M + r0  # rows: r0 and r0 + 8 as they are
+        col8 = col0 + 8
+        live0 = col0 < columns
+        live8 = col8 < columns
+        if cutlass.const_expr(self.partial_form == "fc1"):
+            n = tm * (TILE_M // 2) + row_block * 32 + (t // 32) * 8 + lane // 4
+            col0 = n
+            col8 = columns // 2 + n
+            live0 = n < columns // 2
+            live8 = live0
+        row0 = s * pairs
+        for c in cutlass.range_constexpr(self.tile_n // 8):
+            for i in cutlass.range_constexpr(2):
+                route = sorted_ids[b * self.tile_n + 8 * c + 2 * q + i]
+                if (route >= 0) & (route < pairs):
+                    if live0:
+                        part[(row0 + route, col0)] = acc[4 * c + i]
+                    if live8:
+                        part[(row0 + route, col8)] = acc[4 * c + 2 + i]
 
 
 class _Partitions:

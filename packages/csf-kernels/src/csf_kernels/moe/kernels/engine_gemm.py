@@ -41,6 +41,11 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
   subtile at its route, 16 bytes a thread.
+* K splits (``partial``, few-token calls whose units would leave SMs idle; ``docs/moe-engine.md`` §4.6): a unit is a
+  (block, tile, K split) (:mod:`~csf_kernels.moe.kernels.engine_work`, ``split_steps`` K steps a split, a run-time
+  argument) and its float32 accumulator goes as it is to its routes' rows of split ``s``'s partials, ``out``
+  float32 ``[splits * pairs, R]``, which the finishing kernels sum in split order. A split program is never
+  ping-pong (its units are whole blocks of a K range; ping-pong's are half blocks of all of K).
 
 Launched as a programmatic dependent launch (``pdl``), every thread waits for the predecessor
 (``griddepcontrol.wait``) after the ring's set-up and before its first global read, then lets the successor launch.
@@ -64,7 +69,7 @@ from csf_kernels.moe.engine_specs import ENGINE_PAIRED_TILE_N as PAIRED_TILE_N
 from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TILE_N
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, Epilogue
+from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, PARTIAL_FORMS, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
 from csf_kernels.moe.kernels.engine_mainloop import ConsumerStep
 from csf_kernels.moe.kernels.engine_pingpong import PINGPONG_TILE_N, PingpongConsumers
@@ -78,6 +83,7 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
 )
 from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS
 from csf_kernels.moe.kernels.engine_unit_facts import FACT_WORDS, UnitFacts
+from csf_kernels.moe.kernels.engine_work import UnitWork
 
 __all__ = [
     "ACT_NONE",
@@ -85,6 +91,7 @@ __all__ = [
     "ACT_SWIGLU_OAI",
     "IO_MODES",
     "PAIRED_TILE_N",
+    "PARTIAL_FORMS",
     "PINGPONG_TILE_N",
     "RAGGED_LEVELS",
     "RAGGED_TILE_N",
@@ -118,10 +125,15 @@ class GroupedFp4Gemm:
     ``sorted_ids[s] // top_k`` (zeros for a slot without a route), ``scatter`` stores it to ``out [pairs, R]`` at row
     ``sorted_ids[s]`` (never for a slot without one); ``schedule``: the consumers' wgmma schedule
     (:data:`SCHEDULES`; the same output bits either way).
-    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, ctas, top_k, pdl,
-    stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4, ``sorted_ids`` and ``top_k`` in ``dense``
-    mode; ``ctas`` persistent CTAs (the SM count); ``pdl`` 1 launches as a programmatic dependent launch (the
-    program waits for its predecessor before it reads anything the predecessor may write).
+    ``partial`` (:data:`PARTIAL_FORMS`; gathering, no activation or bias, whole blocks): the program's units are K
+    splits of ``split_steps`` K steps, each storing its float32 accumulator unscaled to ``out`` float32 ``[splits *
+    pairs, R]`` (split ``s``, route ``r``: row ``s * pairs + r``), W13's engine rows as ``[gate; up]`` columns
+    (``"fc1"``) or rows as they are (``"rows"``); NVFP4's global scale, bias and activation are the finish's.
+    Call signature: ``(w_panel, s_panel, x, out, bias, gscale, block_expert, meta, sorted_ids, wide, ctas, top_k,
+    pairs, split_steps, pdl, stream)``; ``bias`` is unread without it, ``gscale`` for MXFP4 and partials,
+    ``sorted_ids`` and ``top_k`` in ``dense`` mode, ``split_steps`` unsplit; ``ctas`` persistent CTAs (the SM
+    count); ``pdl`` 1 launches as a programmatic dependent launch (the program waits for its predecessor before it
+    reads anything the predecessor may write).
 
     ``scales="inline"``: the scales come from engine records (``csf_codec.engine_records``) that the decoder warps
     decode into the same slots (:mod:`~csf_kernels.moe.kernels.engine_record_decoder`); compile :meth:`call_inline`,
@@ -133,7 +145,7 @@ class GroupedFp4Gemm:
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
         scales: str = "native", io: str = "dense", schedule: str = "slice", ragged: bool = False,
-        ctas_per_sm: int = 1,
+        ctas_per_sm: int = 1, partial: str | None = None,
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -143,21 +155,28 @@ class GroupedFp4Gemm:
         if schedule not in SCHEDULES or (pingpong and (tile_n not in PINGPONG_TILE_N or ctas_per_sm != 1)):
             raise ValueError(f"schedules {SCHEDULES}, pingpong at {PINGPONG_TILE_N} routes and one CTA an SM; got "
                              f"{schedule!r} at {tile_n} x {ctas_per_sm}")  # fmt: skip
+        if partial is not None and (io != "gather" or int(ragged) or pingpong):
+            raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks, never ping-pong; "
+                             f"got rows {io!r}, ragged {ragged}, schedule {schedule!r}")  # fmt: skip
         self.pingpong = pingpong
         # routes a stage's B tile holds: the block's, or (ping-pong) half of them, a unit's
         self.b_rows = tile_n // 2 if self.pingpong else tile_n
         halves = 2 if self.pingpong else 1
         self.halves = halves
-        # validates act and bias
+        # validates act, bias and the partials' form
         self.epilogue = Epilogue(self.b_rows, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter",
-                                 pingpong=self.pingpong)  # fmt: skip
+                                 pingpong=self.pingpong, partial=partial)  # fmt: skip
+        self.partial = partial
+        # a split program's units are K splits of whole blocks (never ping-pong: halves and splits are exclusive);
+        # before the gather, which walks the same units
+        self.work = UnitWork(partial is not None)
         if scales not in SCALE_SOURCES:
             raise ValueError(f"scale source must be one of {SCALE_SOURCES}; got {scales!r}")
         self.scales = scales
         self.inline = scales == "inline"
         self.io = io
         self.decoders = DECODER_WARPS if self.inline else ()
-        self.gather = RowGather(self.b_rows, GATHER_WARPS[scales], halves) if io == "gather" else None
+        self.gather = RowGather(self.b_rows, GATHER_WARPS[scales], halves, self.work) if io == "gather" else None
         self.schedule = schedule
         step_schedule = "slice" if self.pingpong else schedule  # ping-pong converts a slice at a time
         # gathered stages are fenced before wgmma reads them
@@ -228,12 +247,13 @@ class GroupedFp4Gemm:
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
+        split_steps: cutlass.Int32,
         pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(self.inline):
             raise TypeError("an inline-scale program is compiled through GroupedFp4Gemm.call_inline")
-        routes = (sorted_ids, top_k, pairs, pdl)
+        routes = (sorted_ids, top_k, pairs, split_steps, pdl)
         self._launch(w_panel, s_panel, None, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream)
 
     @cute.jit
@@ -256,18 +276,20 @@ class GroupedFp4Gemm:
         ctas: cutlass.Int32,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
+        split_steps: cutlass.Int32,
         pdl: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         if cutlass.const_expr(not self.inline):
             raise TypeError("GroupedFp4Gemm.call_inline needs scales='inline'")
         records = (base_ref, base_delta, block_start, record_units, body)
-        routes = (sorted_ids, top_k, pairs, pdl)
+        routes = (sorted_ids, top_k, pairs, split_steps, pdl)
         self._launch(w_panel, None, records, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream)
 
     def _launch(self, w_panel, s_panel, records, x, out, bias, gscale, wide, block_expert, meta, routes, ctas, stream):
         """Both entry points' host side (traced inline): views, the MMA, TMA atoms, shared storage, the launch.
-        ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pairs, pdl)``."""
+        ``s_panel`` for native scales, else ``records``; ``routes``: ``(sorted_ids, top_k, pairs, split_steps,
+        pdl)``."""
         bf16 = cutlass.BFloat16
         # operand views: weights (256 words, row blocks, steps, experts), scales (2 R bytes or R words, steps,
         # experts), activations (NX, K) K-major, output (R, NX): rows contiguous (M-major C)
@@ -277,7 +299,11 @@ class GroupedFp4Gemm:
         else:
             m_s = cute.make_tensor(s_panel.iterator, cute.select(s_panel.layout, mode=[2, 1, 0]))
         m_b = x
-        m_c = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 0]))
+        m_c = None  # partials: stored by the consumers, no TMA
+        c_layout = cutlass.tensor_utils.LayoutEnum.COL_MAJOR  # the subtiles' (unused by partials), M-major
+        if cutlass.const_expr(self.partial is None):
+            m_c = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 0]))
+            c_layout = cutlass.tensor_utils.LayoutEnum.from_tensor(m_c)
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             bf16,
@@ -302,7 +328,6 @@ class GroupedFp4Gemm:
         b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
         b_smem = cute.tile_to_shape(b_atom, (self.b_rows, TILE_K, self.stages), order=(0, 1, 2))
-        c_layout = cutlass.tensor_utils.LayoutEnum.from_tensor(m_c)
         epi_smem = self.epilogue.smem_layout(c_layout)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -318,9 +343,11 @@ class GroupedFp4Gemm:
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
             g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.b_rows, TILE_K)
         )  # gathering, unused: the producer warps copy the routes' rows themselves
-        tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
-        )  # scattering, unused: the consumers store each slot's row at its route
+        tma_c, tma_m_c = tma_a, tma_m_a  # partials: unused stand-ins
+        if cutlass.const_expr(self.partial is None):
+            tma_c, tma_m_c = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
+            )  # scattering, unused: the consumers store each slot's row at its route
 
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
@@ -328,12 +355,12 @@ class GroupedFp4Gemm:
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
-        sorted_ids, top_k, pairs, pdl = routes
+        sorted_ids, top_k, pairs, split_steps, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
             tiled_mma, (half_mma, quarter_mma), a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias,
             gscale,
-            sorted_ids, wide, top_k, pairs, *records,
+            sorted_ids, wide, top_k, pairs, split_steps, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
@@ -370,6 +397,7 @@ class GroupedFp4Gemm:
         wide: cute.Tensor,
         top_k: cutlass.Int32,
         pairs: cutlass.Int32,
+        split_steps: cutlass.Int32,
         base_ref: cute.Tensor,
         base_delta: cute.Tensor,
         block_start: cute.Tensor,
@@ -412,7 +440,9 @@ class GroupedFp4Gemm:
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
         # ping-pong: tiles of half a block (block b's half h is tile 2 b + h)
         g_b = cute.local_tile(m_b, (self.b_rows, TILE_K), (None, None))  # (TN, 64, blocks, KS)
-        g_c = cute.local_tile(m_c, (TILE_M, self.b_rows), (None, None))  # (128, TN, RT, blocks)
+        g_c = None  # partials: the consumers store them
+        if cutlass.const_expr(self.partial is None):
+            g_c = cute.local_tile(m_c, (TILE_M, self.b_rows), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
         t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 4), cute.group_modes(g_a, 0, 4))
         scale_copy = None  # inline: no scale TMA, the decoder warp fills the scale slots
@@ -429,7 +459,7 @@ class GroupedFp4Gemm:
             held = (held + 1) // 2
         if cutlass.const_expr(self.gather is not None):
             held = cute.size(sorted_ids) // self.tile_n
-        units = units_in_use(meta, block_expert, held, tiles_m)
+        units = self.work.units(units_in_use(meta, block_expert, held, tiles_m), k_steps, split_steps)
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -447,13 +477,13 @@ class GroupedFp4Gemm:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
             facts = (self.facts, s_facts, (sorted_ids, pairs, block_expert, wide, gscale, cute.size(m_a, mode=[3])))
             produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, facts,
-                    self.halves)  # fmt: skip
+                    self.halves, self.work, split_steps)  # fmt: skip
         if cutlass.const_expr(self.gather is not None):
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
-                self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps)
+                self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps, split_steps)
         if cutlass.const_expr(self.inline):
             if decoder:  # the warp's own staging slots, barriers, decoded tile and offset table
-                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.halves)
+                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.halves, self.work)
                 s_rec = cute.make_tensor(storage.rec_stage.data_ptr() + rank * (dec.slots * RECORD_BYTES),
                                          cute.make_layout((RECORD_BYTES, dec.slots)))  # fmt: skip
                 s_tile = cute.make_tensor(storage.rec_tile.data_ptr() + rank * 128, cute.make_layout(128))
@@ -462,26 +492,27 @@ class GroupedFp4Gemm:
                 dec.run(
                     ring, s_s, storage.rec_bars.data_ptr() + rank * dec.slots, s_rec, s_tile, s_offs,
                     base_ref, base_delta, block_start, record_units, body, block_expert, units, tiles_m, k_steps,
-                    cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]), rank,
+                    cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]), rank, split_steps,
                 )  # fmt: skip
 
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
-            if cutlass.const_expr(self.pingpong):
+            if cutlass.const_expr(self.pingpong):  # never split: its units span all of K
                 self.consumers.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, self.c_layout, g_c,
                                        tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias, s_facts, block_expert,
                                        sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
             else:
                 self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
-                             k_steps, tidx, warp, wg, out, bias, s_facts, block_expert, sorted_ids,
-                             cute.size(m_a, mode=[3]))  # fmt: skip
+                             (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert,
+                             sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
 
     @cute.jit
     def consume(
-        self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg,
+        self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_extent, tidx, warp, wg,
         out, bias, s_facts, block_expert, sorted_ids, experts,
     ):  # fmt: skip
         tiled_mma, half_mma, quarter_mma = mmas
+        k_steps, split_steps, pairs = k_extent
         t = tidx % 128
         row_block = wg - 1
         lane = t % 32
@@ -494,7 +525,9 @@ class GroupedFp4Gemm:
         s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
-        epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
+        epi = None  # partials: stored from the accumulators
+        if cutlass.const_expr(self.partial is None):
+            epi = self.epilogue.partitions(tiled_mma, self.c_layout, s_c, acc, tidx)
         half, quarter = None, None
         if cutlass.const_expr(self.ragged > 0):
             half = self._part_operands(half_mma, self.tile_n // 2, s_b, acc, tidx)
@@ -506,8 +539,7 @@ class GroupedFp4Gemm:
         done = cutlass.Int32(0)  # tiles this CTA has stored: the epilogue's buffer parity
         u = cute.arch.block_idx()[0]
         while u < units:
-            b = u // tiles_m
-            tm = u - b * tiles_m
+            b, tm, s, _, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             # the unit's facts, published by the producer into its first stage's slot (engine_unit_facts): its live
@@ -522,27 +554,30 @@ class GroupedFp4Gemm:
                 quarter_operands = (quarter_mma, quarter[0], frags, words, s_words, s_s, quarter[1], t, row_block, r0)
             if cutlass.const_expr(self.ragged > 1):
                 if extent <= self.tile_n // 4:
-                    read, release = self._k_loop(ring, read, release, k_steps, quarter_operands, one)
+                    read, release = self._k_loop(ring, read, release, steps, quarter_operands, one)
                 elif extent <= self.tile_n // 2:
-                    read, release = self._k_loop(ring, read, release, k_steps, half_operands, one)
+                    read, release = self._k_loop(ring, read, release, steps, half_operands, one)
                 else:
-                    read, release = self._k_loop(ring, read, release, k_steps, operands, one)
+                    read, release = self._k_loop(ring, read, release, steps, operands, one)
             elif cutlass.const_expr(self.ragged > 0):
                 if extent <= self.tile_n // 2:
-                    read, release = self._k_loop(ring, read, release, k_steps, half_operands, one)
+                    read, release = self._k_loop(ring, read, release, steps, half_operands, one)
                 else:
-                    read, release = self._k_loop(ring, read, release, k_steps, operands, one)
+                    read, release = self._k_loop(ring, read, release, steps, operands, one)
             else:
-                read, release = self._k_loop(ring, read, release, k_steps, operands, one)
+                read, release = self._k_loop(ring, read, release, steps, operands, one)
 
-            if cutlass.const_expr(self.act == ACT_NONE):
+            if cutlass.const_expr(self.partial is not None):
+                self.epilogue.partial(acc, out, sorted_ids, pairs, b, tm, s, t, lane, row_block, r0)
+            elif cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, tidx - 128) if self.io == "scatter" else None
                 self.epilogue.store(epi, g_e, s_c, g_c, tma_c, tm, b, done, warp, scatter_to)
             else:
                 self.epilogue.activation(acc, g_e, out, bias, block_expert, experts, b, tm, t, lane, row_block, r0)
             done += 1
             u += cute.arch.grid_dim()[0]
-        epi.ring.producer_tail()
+        if cutlass.const_expr(self.partial is None):
+            epi.ring.producer_tail()
 
     @cute.jit
     def _k_loop(self, ring, read, release, k_steps, operands, one):

@@ -3,9 +3,10 @@
 the ring of stages, the units a launch walks (after the predecessor's writes, PDL), and warp 0's walk filling the
 ring by TMA, its activation copy optionally a route gather (:class:`RowGather`).
 
-A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``; CTA ``c`` walks ``u = c, c + G, ...``
-below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale bytes
-and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
+A unit is (route block ``b``, 128-row tile ``tm``), ``u = b * tiles_m + tm``, or in a split program (block, tile, K
+split) (:mod:`~csf_kernels.moe.kernels.engine_work`, the one map every role reads); CTA ``c`` walks ``u = c, c + G,
+...`` below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale
+bytes and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
 gathering threads' arrivals once their ``cp.async`` copies land).
 
 Ping-pong programs (``halves`` 2) split each unit into its block's two halves of routes, walked one after the
@@ -22,6 +23,7 @@ import cutlass.pipeline as pipeline
 from csf_kernels.moe.engine_rows import ROW_CHUNKS
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.kernels import engine_routes as routes
+from csf_kernels.moe.kernels.engine_work import UnitWork
 
 __all__ = ["GATHER_BARRIER", "UNROLLED_COPIES", "RowGather", "make_ring", "produce", "units_in_use"]
 
@@ -57,6 +59,12 @@ def units_in_use(meta, block_expert, blocks_held, tiles_m):
     return blocks * tiles_m
 
 
+def _exclusive(halves: int, work: UnitWork | None) -> None:
+    """A program's units are walked once (cooperative, split or not) or once a half (ping-pong, never split)."""
+    if halves not in (1, 2) or (halves > 1 and work is not None and work.split):
+        raise ValueError(f"units are walked once or twice (ping-pong halves, never K splits); got {halves} halves")
+
+
 class RowGather:
     """FC1's activation copy by route (``io="gather"``): the B stage's ``tile_n`` rows come from ``x [tokens, K]``,
     slot ``s`` taking token ``sorted_ids[s] // top_k``'s row (zeros for an empty slot), by 16-byte ``cp.async`` of
@@ -66,15 +74,19 @@ class RowGather:
     counts ``threads`` arrivals beside the TMA thread's. A unit's slots' token rows go to a shared table first.
 
     ``operands`` (device values of one trace): ``(x, sorted_ids, top_k, table, s_b, b_smem, rank)``: the shared
-    table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank."""
+    table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank.
+    ``halves``: 2 walks each unit's two halves of routes (ping-pong; ``tile_n`` is then half a block's); ``work``:
+    the program's :class:`UnitWork` (``None``: unsplit; a split program is never ping-pong)."""
 
-    def __init__(self, tile_n: int, warps: tuple[int, ...], halves: int = 1):
+    def __init__(self, tile_n: int, warps: tuple[int, ...], halves: int = 1, work: UnitWork | None = None):
         if 0 not in warps or not set(warps) <= {0, 1, 2, 3}:
             raise ValueError(f"the gathering warps are producer warps, warp 0 among them; got {warps}")
+        _exclusive(halves, work)
         self.tile_n = tile_n  # a stage's routes (ping-pong: half a block's)
         self.halves = halves
         self.warps = tuple(sorted(warps))
         self.threads = 32 * len(self.warps)
+        self.work = UnitWork(False) if work is None else work
 
     def gathers(self, warp):
         """Whether ``warp`` (warp-uniform) gathers (traced inline)."""
@@ -136,15 +148,16 @@ class RowGather:
             routes.copy_chunk(dst, src, cutlass.Int32(live))
 
     @cute.jit
-    def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps):
+    def walk(self, ring, stages: cutlass.Constexpr, operands, tiles_m, units, k_steps, split_steps):
         """A gathering warp other than warp 0 (traced inline): its share of every stage warp 0 fills, in warp 0's
         order, each stage once it is empty."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
         u = cute.arch.block_idx()[0]
         while u < units:
-            for h in cutlass.range(self.halves, unroll=1):
-                self.unit(operands, (u // tiles_m) * self.halves + h)
-                for k in cutlass.range(k_steps, unroll=1):
+            b, _, _, k0, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
+            for h in cutlass.range(self.halves, unroll=1):  # ping-pong: the same unit's K range once a half
+                self.unit(operands, b * self.halves + h)
+                for k in cutlass.range(k0, k0 + steps, unroll=1):
                     ring.sync_object_empty.wait(state.index, state.phase)
                     self.stage(operands, k, state.index, ring.producer_get_barrier(state))
                     state.advance()
@@ -152,7 +165,7 @@ class RowGather:
 
 
 def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None,
-            facts=None, halves: int = 1):  # fmt: skip
+            facts=None, halves: int = 1, work=None, split_steps=None):  # fmt: skip
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
@@ -160,46 +173,53 @@ def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, ga
     routes' rows). ``facts``: ``(UnitFacts, slots, operands)``: each unit's facts into its first stage's slot
     (``slots`` Int32 ``[FACT_WORDS, stages]``) before the warp arrives on it
     (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`). ``halves``: 2 walks each unit's two halves of routes
-    (ping-pong; ``copies[2]``'s tiles and the gather's block are then half a block's)."""
+    (ping-pong; ``copies[2]``'s tiles and the gather's block are then half a block's). ``work``: the program's
+    :class:`UnitWork` (``None``: unsplit) and ``split_steps`` its K steps a split (a split program is never
+    ping-pong)."""
     publisher = None if facts is None else facts[0]
-    _Producer(stages, gather, publisher, halves).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
-                                              None if facts is None else facts[1:])  # fmt: skip
+    work = UnitWork(False) if work is None else work
+    split_steps = k_steps if split_steps is None else split_steps
+    _Producer(stages, gather, publisher, halves, work).walk(ring, copies, block_expert, tiles_m, units, k_steps,
+                                                            operands, None if facts is None else facts[1:],
+                                                            split_steps)  # fmt: skip
 
 
 class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None, facts=None, halves: int = 1):
+    def __init__(self, stages: int, gather: RowGather | None, facts=None, halves: int = 1,
+                 work: UnitWork | None = None):  # fmt: skip
+        _exclusive(halves, work)
         self.stages = stages
         self.gather = gather
         self.facts = facts
         self.halves = halves
+        self.work = UnitWork(False) if work is None else work
 
     @cute.jit
-    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts):
+    def walk(self, ring, copies, block_expert, tiles_m, units, k_steps, operands, facts, split_steps):
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         u = cute.arch.block_idx()[0]
         while u < units:
-            b = u // tiles_m
-            tm = u - b * tiles_m
+            b, tm, _, k0, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
             # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a block
             # the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
             e = block_expert[b]
             if cutlass.const_expr(self.halves == 1):
-                state = self._unit(ring, state, copies, b, b, tm, e, k_steps, operands, facts, lane)
-            else:
+                state = self._unit(ring, state, copies, b, b, tm, e, k0, steps, operands, facts, lane)
+            else:  # ping-pong (never split: k0 is 0, steps all of K)
                 for h in cutlass.range(self.halves, unroll=1):
-                    state = self._unit(ring, state, copies, b, b * self.halves + h, tm, e, k_steps, operands, facts,
+                    state = self._unit(ring, state, copies, b, b * self.halves + h, tm, e, k0, steps, operands, facts,
                                        lane)  # fmt: skip
             u += cute.arch.grid_dim()[0]
         ring.producer_tail(state)
 
     @cute.jit
-    def _unit(self, ring, state, copies, b, bh, tm, e, k_steps, operands, facts, lane):
-        """Unit ``(b, tm)``'s stages (of its half ``bh``, ping-pong; else ``bh`` is ``b``), from ``state`` on;
-        returns the state past them."""
+    def _unit(self, ring, state, copies, b, bh, tm, e, k0, steps, operands, facts, lane):
+        """Unit ``(b, tm)``'s stages, K steps ``k0`` to ``k0 + steps`` (of its half ``bh``, ping-pong; else ``bh``
+        is ``b``), from ``state`` on; returns the state past them."""
         if cutlass.const_expr(self.gather is not None):
             self.gather.unit(operands, bh)
         extent = cutlass.Int32(1)
@@ -212,18 +232,18 @@ class _Producer:
             # reads nothing but the first stage's facts, so its stages carry no copy (the gathering warps'
             # zero-filled rows and the decoder's slots still arrive, as the ring counts them)
             if extent == 0:
-                state = self._arrivals(ring, state, k_steps, operands)
+                state = self._arrivals(ring, state, k0, steps, operands)
             else:
-                state = self._copies(ring, state, copies, bh, tm, e, k_steps, operands)
+                state = self._copies(ring, state, copies, bh, tm, e, k0, steps, operands)
         else:
-            state = self._copies(ring, state, copies, bh, tm, e, k_steps, operands)
+            state = self._copies(ring, state, copies, bh, tm, e, k0, steps, operands)
         return state
 
     @cute.jit
-    def _arrivals(self, ring, state, k_steps, operands):
+    def _arrivals(self, ring, state, k0, steps, operands):
         """An empty half's stages (traced inline): the TMA thread's arrival without bytes, and warp 0's share of the
         gathered rows (all empty slots: zeros, no global read)."""
-        for k in cutlass.range(k_steps, unroll=1):
+        for k in cutlass.range(k0, k0 + steps, unroll=1):
             ring.sync_object_empty.wait(state.index, state.phase)
             bar = ring.producer_get_barrier(state)
             if cutlass.const_expr(self.gather is not None):
@@ -234,11 +254,11 @@ class _Producer:
         return state
 
     @cute.jit
-    def _copies(self, ring, state, copies, bh, tm, e, k_steps, operands):
-        """A unit's stages (traced inline): per K step the weight panel, scales and activation tile (of half
-        ``bh``)."""
+    def _copies(self, ring, state, copies, bh, tm, e, k0, steps, operands):
+        """A unit's stages (traced inline): per K step ``k0`` to ``k0 + steps`` the weight panel, scales and
+        activation tile (of half ``bh``)."""
         tma_a, t_ag, t_as = copies[0]
-        for k in cutlass.range(k_steps, unroll=1):
+        for k in cutlass.range(k0, k0 + steps, unroll=1):
             ring.producer_acquire(state)
             bar = ring.producer_get_barrier(state)
             cute.copy(tma_a, t_ag[(None, 0, tm, k, e)], t_as[(None, state.index)], tma_bar_ptr=bar)

@@ -67,6 +67,7 @@ from csf_kernels.moe.kernels.engine_record_lanes import (
     spread_pairs,
     tile_byte,
 )
+from csf_kernels.moe.kernels.engine_work import UnitWork
 
 __all__ = [
     "DECODER_ARRIVALS",
@@ -98,18 +99,6 @@ def _bulk_copy(dst: Int32, src: Int64, size: Int32, bar: Int32) -> None:
     )
 
 
-@cute.jit
-def _row_block(block_expert, u, units, tiles_m, experts):
-    """Unit ``u``'s row block of records, ``-1`` where it has none (past the units, or an invalid expert's block)."""
-    rb = Int32(-1)
-    if u < units:
-        b = u // tiles_m
-        e = block_expert[b]
-        if e >= 0 and e < experts:
-            rb = e * tiles_m + (u - b * tiles_m)
-    return rb
-
-
 def decoder_bytes(warps: int) -> int:
     """Shared memory of ``warps`` decoder warps: each one's staging slots, decoded tile, offset table and staging
     barriers, and alignment."""
@@ -137,59 +126,66 @@ class RecordDecoderWarp:
     ``halves``: 2 where the producers walk each unit twice (ping-pong: a stage a K step of each half of the block's
     routes, the same 128 rows and scale slots): the warp decodes the unit's records once for each half, in the
     ring's order (filling both halves' stages from one decode would wait for a stage a half's K loop ahead of the
-    consumers, whose next stage waits for this warp)."""
+    consumers, whose next stage waits for this warp); ``work`` the program's
+    :class:`~csf_kernels.moe.kernels.engine_work.UnitWork` (``None``: unsplit). A split program is never ping-pong:
+    ``halves`` 2 walks whole-K units."""
 
-    def __init__(self, nvfp4: bool, stages: int, warps: int, halves: int = 1):
+    def __init__(self, nvfp4: bool, stages: int, warps: int, halves: int = 1, work: UnitWork | None = None):
+        if halves not in (1, 2) or (halves > 1 and work is not None and work.split):
+            raise ValueError(f"the decoder walks a unit once or twice (ping-pong, never split); got {halves} halves")
         self.halves = halves
         self.nvfp4 = nvfp4
         self.stages = stages
         self.warps = warps
         self.slots = RECORD_SLOTS
         self.steps_per_record = 1 if nvfp4 else 2
+        self.work = UnitWork(False) if work is None else work
 
     @cute.jit
     def run(
         self, ring, s_s, bars, s_rec, s_tile, s_offs, base_ref, base_delta, block_start, record_units, body,
-        block_expert, units, tiles_m, k_steps, rows, experts, rank,
+        block_expert, units, tiles_m, k_steps, rows, experts, rank, split_steps,
     ):  # fmt: skip
-        """The warp's whole life: every unit this CTA walks, in the producers' order, decoding the records dealt to
-        ``rank`` (:func:`~csf_kernels.moe.kernels.engine_record_lanes.first_dealt`). Records stream across units:
-        while a unit decodes, the next unit's lengths, start and bases are loaded (used only at its first copy), and
-        the warp's first records of the next unit are copied behind its last of this one, so a unit starts with its
-        records in flight and no global read between it and its first decode. ``bars``, ``s_rec``, ``s_tile`` and
-        ``s_offs`` are this warp's own."""
+        """The warp's whole life: every unit this CTA walks, in the producers' order (ping-pong: each unit once a
+        half; a split unit decodes its K range's records, from the row block's offset table at its first record),
+        decoding the records dealt to ``rank`` (:func:`~csf_kernels.moe.kernels.engine_record_lanes.first_dealt`).
+        Records stream across units: while a unit decodes, the next unit's lengths, start and bases are loaded (used
+        only at its first copy), and the warp's first records of the next unit are copied behind its last of this
+        one, so a unit starts with its records in flight and no global read between it and its first decode.
+        ``bars``, ``s_rec``, ``s_tile`` and ``s_offs`` are this warp's own."""
         lane = cute.arch.lane_idx()
         deal = self.warps
         taken = Int32(0)  # records this warp has waited for
         issued = Int32(0)  # records whose copy has started: with ``taken``, the staging ring's positions
         cols = k_steps * (4 if self.nvfp4 else 2)
-        tiles = (cols + TILE_COLS - 1) // TILE_COLS
+        tiles = (cols + TILE_COLS - 1) // TILE_COLS  # a row block's records (all of K)
         full = cols // TILE_COLS
         words = cute.make_rmem_tensor((4,), Uint32)
         lengths = cute.make_rmem_tensor((LENGTH_CHUNKS,), Int32)  # a unit's record lengths, 32 records a register
         stride = cute.arch.grid_dim()[0]
         u = cute.arch.block_idx()[0]
-        rb = _row_block(block_expert, u, units, tiles_m, experts)
-        walked = Int32(0)  # units walked before this one (every decoder warp counts them all)
+        rb, tm, j0, n, steps = self._unit_records(block_expert, u, units, tiles_m, k_steps, split_steps, experts)
+        seq = Int32(0)  # records of the units walked before this one (every decoder warp counts them all)
+        stage0 = Int32(0)  # ring stages filled before this unit
         warm = Int32(0)  # the unit's table is in ``s_offs`` half ``half`` and this warp's first records are in flight
-        cursor = Int32(0)  # the next record this warp copies, counted from this unit's first (past ``tiles``: the
+        cursor = Int32(0)  # the next record this warp copies, counted from this unit's first (past ``n``: the
         # next unit's)
         half = Int32(0)
         ref = Uint32(0)
         delta = Uint32(0)
         h = Int32(0)  # ping-pong: the half of the unit's routes whose stages come next
         while u < units:
-            tm = u - (u // tiles_m) * tiles_m
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
             nxt = u + stride
             h_next = Int32(0)
             if cutlass.const_expr(self.halves > 1):
-                if h < self.halves - 1:  # the same unit's next half: the same records again
+                if h < self.halves - 1:  # the same unit's next half: the same records (rb, tm, j0, n, steps) again
                     nxt = u
                     h_next = h + 1
-            rb_next = _row_block(block_expert, nxt, units, tiles_m, experts)
-            first = first_dealt(rank, walked * tiles, deal)
-            stage0 = walked * k_steps  # ring stages filled before this unit
+            rb_next, tm_next, j0_next, n_next, steps_next = self._unit_records(
+                block_expert, nxt, units, tiles_m, k_steps, split_steps, experts
+            )
+            first = first_dealt(rank, seq, deal)
             if rb >= 0:
                 if warm == 0:  # a cold start: the unit's table, bases and first records now
                     self._load(lengths, record_units, rb, tiles, lane)
@@ -197,8 +193,8 @@ class RecordDecoderWarp:
                     ref, delta = self._base_words(base_ref, base_delta, rb, lane)
                     cursor = first
                     for _ in cutlass.range(self.slots, unroll=1):
-                        if cursor < tiles:
-                            self._issue(bars, s_rec, s_offs, half, body, cursor, issued % self.slots, lane)
+                        if cursor < n:
+                            self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued % self.slots, lane)
                             issued += 1
                             cursor += deal
                 bases = self._bases(ref, delta)
@@ -208,39 +204,66 @@ class RecordDecoderWarp:
                     start_next = Int32(block_start[rb_next])
                     ref, delta = self._base_words(base_ref, base_delta, rb_next, lane)
                 next_table = Int32(0)  # the next unit's offsets are in table half ``1 - half``
-                for j in cutlass.range(first, tiles, deal, unroll=1):
+                for i in cutlass.range(first, n, deal, unroll=1):
                     slot = taken % self.slots
                     cute.arch.mbarrier_wait(bars + slot, (taken // self.slots) % 2)
-                    tc = _tile_cols(j, full, cols)
+                    tc = _tile_cols(j0 + i, full, cols)
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
                     taken += 1
-                    if cursor < tiles:  # the record a staging slot's lead ahead: this unit's, then the next's
-                        self._issue(bars, s_rec, s_offs, half, body, cursor, issued % self.slots, lane)
+                    if cursor < n:  # the record a staging slot's lead ahead: this unit's, then the next's
+                        self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued % self.slots, lane)
                         issued += 1
                         cursor += deal
-                    elif (rb_next >= 0) & (cursor < 2 * tiles):
+                    elif (rb_next >= 0) & (cursor < n + n_next):
                         if next_table == 0:
                             self._offsets(s_offs, 1 - half, lengths, start_next, tiles, lane)
                             next_table = Int32(1)
-                        self._issue(bars, s_rec, s_offs, 1 - half, body, cursor - tiles, issued % self.slots, lane)
+                        self._issue(bars, s_rec, s_offs, 1 - half, body, j0_next + cursor - n, issued % self.slots,
+                                    lane)  # fmt: skip
                         issued += 1
                         cursor += deal
-                    self._fill_record(ring, s_s, words, stage0, j, tc, tail_rows, lane, Uint32(0xFFFFFFFF))
+                    self._fill_record(ring, s_s, words, stage0, i, tc, tail_rows, lane, Uint32(0xFFFFFFFF))
                 # warm: this warp's first records of the next unit are in flight (the last of a unit may deal it
                 # none of this unit's records: then nothing was copied ahead, and it starts the next one cold)
                 warm = next_table
-                cursor = cursor - tiles
+                cursor = cursor - n
             else:
-                for j in cutlass.range(first, tiles, deal, unroll=1):
-                    tc = _tile_cols(j, full, cols)
-                    self._fill_record(ring, s_s, words, stage0, j, tc, tail_rows, lane, Uint32(0))
+                for i in cutlass.range(first, n, deal, unroll=1):
+                    tc = _tile_cols(j0 + i, full, cols)
+                    self._fill_record(ring, s_s, words, stage0, i, tc, tail_rows, lane, Uint32(0))
                 warm = Int32(0)
             half = 1 - half
-            walked += 1
+            seq += n
+            stage0 += steps
             u = nxt
             h = h_next
             rb = rb_next
+            tm = tm_next
+            j0 = j0_next
+            n = n_next
+            steps = steps_next
+
+    @cute.jit
+    def _unit_records(self, block_expert, u, units, tiles_m, k_steps, split_steps, experts):
+        """Unit ``u``'s row block of records (``-1`` where it has none: past the units, or an invalid expert's block),
+        its row tile, its first record, its records and its K steps (a split starts at a whole record: the launch checks
+        it)."""
+        rb = Int32(-1)
+        tm = Int32(0)
+        j0 = Int32(0)
+        n = Int32(0)
+        steps = Int32(0)
+        if u < units:
+            b, tm_u, _, k0, steps_u = self.work.unit(u, tiles_m, k_steps, split_steps)
+            tm = tm_u
+            steps = steps_u
+            j0 = k0 // self.steps_per_record
+            n = (k0 + steps + self.steps_per_record - 1) // self.steps_per_record - j0
+            e = block_expert[b]
+            if e >= 0 and e < experts:
+                rb = e * tiles_m + tm
+        return rb, tm, j0, n, steps
 
     @cute.jit
     def _load(self, lengths, record_units, rb, tiles, lane):
@@ -401,8 +424,8 @@ class RecordDecoderWarp:
 
     @cute.jit
     def _fill_record(self, ring, s_s, words, stage0, j, tc, tail_rows, lane, keep):
-        """Record ``j``'s ring stages of the unit whose first is ring stage ``stage0`` (MXFP4: one a two-column
-        step, NVFP4: one), from the lane's words masked by ``keep``."""
+        """The unit's record ``j`` (counted from its first)'s ring stages, the unit's first being ring stage
+        ``stage0`` (MXFP4: one a two-column step, NVFP4: one), from the lane's words masked by ``keep``."""
         steps = Int32(1)
         if cutlass.const_expr(not self.nvfp4):
             steps = tc // 2
