@@ -25,7 +25,7 @@ SEED = int.from_bytes(os.urandom(3), "little")
 GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"), ("qwen3-30b-a3b", 1, "mxfp4"),
               ("deepseek-v4.1-flash", 4, "nvfp4"), ("qwen3-30b-a3b", 1, "nvfp4")]  # fmt: skip
 TOKENS = (1, 2, 4, 8)
-# None: the heuristic (splits at 1-2 tokens, not at 8); (2, 2): both GEMMs in two, at every count (each peer's K
+# None: the heuristic (splits at one token only); (2, 2): both GEMMs in two, at every count (each peer's K
 # makes two whole-record splits)
 SPLITS = [None, (2, 2)]
 

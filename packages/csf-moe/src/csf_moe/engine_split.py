@@ -21,7 +21,7 @@ from csf_kernels.moe.engine_specs import (
     engine_schedule,
     engine_split_steps,
 )
-from csf_kernels.moe.heuristics import engine_splits
+from csf_kernels.moe.heuristics import ENGINE_SPLIT_MAX_TOKENS, engine_splits
 from csf_kernels.moe.launch import max_blocks_for
 
 __all__ = ["call_splits", "finish_bias", "splits_option"]
@@ -47,7 +47,8 @@ def call_splits(
     """FC1's and FC2's K splits for a call of ``tokens`` tokens at ``tile_n`` routes a block: ``(1, 1)`` unsplit.
     ``want`` (:func:`splits_option`) forces the counts (refused where the K steps cannot make them);
     ``split_layer`` False (W4A8, or FC1's activation not fused into engine-order rows) never splits. Otherwise
-    the heuristic (:func:`csf_kernels.moe.heuristics.engine_splits`) on the call's units (route blocks as the
+    calls of at most ``ENGINE_SPLIT_MAX_TOKENS`` tokens take the heuristic
+    (:func:`csf_kernels.moe.heuristics.engine_splits`) on the call's units (route blocks as the
     alignment may use them x 128-row tiles) at the split programs' CTAs an SM, at the block sizes split programs are
     built for."""
     if not split_layer or tile_n not in ENGINE_SPLIT_TILE_N or want == (1, 1):
@@ -56,6 +57,8 @@ def call_splits(
     if want is not None:
         engine_split_steps(k1, want[0], fmt), engine_split_steps(k2, want[1], fmt)  # refuses what cannot be made
         return want
+    if tokens > ENGINE_SPLIT_MAX_TOKENS:
+        return 1, 1
     occ = engine_occupancy(tile_n, engine_schedule(tile_n))
     blocks = max_blocks_for(tokens * top_k, experts, tile_n)
     fc1 = engine_splits(blocks * -(-2 * inter // _TILE_M), k1, fmt, occ)

@@ -66,6 +66,7 @@ ENGINE_UNIT_FIXED_STEPS = 2
 ENGINE_PAIR_RATE = 1.5
 ENGINE_SPLIT_MARGIN = 0.05
 ENGINE_MAX_SPLITS = 16
+ENGINE_SPLIT_MAX_TOKENS = 1  # calls of more tokens run unsplit: splits measured no gain there (docs/moe-engine.md §7)
 ENGINE_MIN_SPLIT_STEPS = 2  # K steps a split at least (one MXFP4 record)
 
 
