@@ -13,11 +13,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csf_codec import MXFP4, NVFP4, CSFError, compact, encode_compact
+from csf_codec import MXFP4, NVFP4, CSFError, compact, encode_compact, encode_inline, inline_from_payload
+from csf_codec import inline as inline_mod
 from csf_codec import native as native_mod
 from csf_codec.compact_decode_c import decode_rows_c
 from csf_codec.compact_decode_np import decode_rows_np
 from csf_codec.compact_np import scan_bases_np
+from csf_codec.container import HEADER_BYTES
+from csf_codec.inline_decode_c import decode_class_c
+from csf_codec.inline_np import decode_class_np
 from csf_codec.synthetic import DOWN_PROJ_DENSE, EXCEPTION_DENSE, NVFP4_TYPICAL, SEED_REGIME, synthetic_scale_plane
 
 from .planes_for_tests import clustered_plane, reseal, special_rows
@@ -133,3 +137,70 @@ def test_missing_extension_is_an_import_error(monkeypatch):
             compact.decode_compact(encode_compact(torch.zeros(2, 256, 4, dtype=torch.uint8), MXFP4).payload)
     finally:
         native_mod.native.cache_clear()
+
+
+def _inline_both(payload: torch.Tensor):
+    """(numpy outcome, C outcome) of the CPU inline decoder on one payload, as :func:`_compact_both`."""
+    got = []
+    for fn in (decode_class_np, decode_class_c):
+        try:
+            inline = inline_from_payload(payload, name="p")
+            g = inline.geometry
+            got.append(inline_mod._decode_np(inline, g, "p", decode_class=fn).numpy().reshape(-1))
+        except CSFError as e:
+            got.append((type(e), str(e)))
+    return tuple(got)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 3, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_decoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    a, b = _inline_both(encode_inline(plane, fmt, row_group=group, verify=False).to_payload())
+    assert isinstance(a, np.ndarray) and _same(a, b)
+    assert np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_inline_decoders_agree_on_bench_shaped_planes(regime):
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape, group in (((6, 1152, 160 * k), 576), ((6, 5120, 18 * k), None)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+        a, b = _inline_both(encode_inline(plane, fmt, row_group=group, verify=False).to_payload())
+        assert _same(a, b) and np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("shape,group", [((3, 120, 16), None), ((2, 130, 7), 65), ((2, 200, 9), None)])
+def test_inline_decoders_agree_on_mutations(fmt, shape, group):
+    """Bit flips and byte overwrites in the records (CRCs recomputed): the same plane or the same error."""
+    plane = special_rows(clustered_plane(shape, seed=5, exception_rate=0.08), seed=5)
+    g = torch.Generator().manual_seed(5)
+    plane[0, 40:60] = torch.randint(0, 256, (20, shape[2]), generator=g).to(torch.uint8)  # raw tiles
+    blob = bytearray(encode_inline(plane, fmt, row_group=group).to_payload().numpy().tobytes())
+    rng = random.Random(f"inline-{fmt.name}-{shape}")
+    faults = set()
+    for _ in range(300):
+        bad = bytearray(blob)
+        for _ in range(rng.randint(1, 2)):
+            at = rng.randrange(HEADER_BYTES, len(bad))
+            if rng.random() < 0.7:
+                bad[at] ^= 1 << rng.randrange(8)
+            else:
+                bad[at] = rng.choice((0, 0xFF, rng.randrange(256)))
+        a, b = _inline_both(reseal(torch.frombuffer(bad, dtype=torch.uint8).clone()))
+        assert _same(a, b), [x if isinstance(x, tuple) else "a plane" for x in (a, b)]
+        if isinstance(a, tuple):
+            faults.add(a[1])
+    assert len(faults) >= 4, faults
