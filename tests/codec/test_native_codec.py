@@ -22,6 +22,7 @@ from csf_codec.compact_np import scan_bases_np
 from csf_codec.container import HEADER_BYTES
 from csf_codec.inline_decode_c import decode_class_c
 from csf_codec.inline_np import decode_class_np
+from csf_codec.rowbase import _row_bases_torch, row_bases_c, row_bases_np
 from csf_codec.synthetic import DOWN_PROJ_DENSE, EXCEPTION_DENSE, NVFP4_TYPICAL, SEED_REGIME, synthetic_scale_plane
 
 from .planes_for_tests import clustered_plane, reseal, special_rows
@@ -204,3 +205,31 @@ def test_inline_decoders_agree_on_mutations(fmt, shape, group):
         if isinstance(a, tuple):
             faults.add(a[1])
     assert len(faults) >= 4, faults
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 300),
+    cols=st.sampled_from([0, 1, 2, 5, 18, 36, 160, 320, 700]),
+    lo=st.integers(0, 255),
+    spread=st.sampled_from([1, 2, 5, 16, 17, 33, 64, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_row_bases_agree(rows, cols, lo, spread, seed):
+    """The C row bases against the numpy reference and the torch histogram, every width 0-8."""
+    g = torch.Generator().manual_seed(seed)
+    x = ((lo + torch.randint(0, spread, (rows, cols), generator=g)) % 256).to(torch.uint8)
+    widths = tuple(range(9))
+    got, want = row_bases_c(x.numpy(), widths), row_bases_np(x.numpy(), widths)
+    ref = _row_bases_torch(x, widths)
+    for w in widths:
+        assert np.array_equal(got[w], want[w]) and np.array_equal(got[w], ref[w].numpy()), w
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_row_bases_agree_on_bench_planes(regime):
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane((4, 1152, 160 * (2 if fmt is NVFP4 else 1)), fmt, stats=stats, seed=3)
+    rows = plane.reshape(-1, plane.shape[-1]).numpy()
+    got, want = row_bases_c(rows, (1, 2, 4)), row_bases_np(rows, (1, 2, 4))
+    assert all(np.array_equal(got[w], want[w]) for w in (1, 2, 4))

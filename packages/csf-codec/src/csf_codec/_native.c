@@ -677,7 +677,98 @@ done:
     return ret;
 }
 
+/* Row bases (rowbase.py's rule): for each row of a uint8 [R, C] plane and each width w in widths, the smallest b
+in [0, 256 - 2**w] that maximises the row's bytes in [b, b + 2**w - 1], into outs[i] (uint8 [R]), rows [a, b).
+A row spanning fewer than 2**w values takes max(0, max - 2**w + 1); the others a sliding window over their
+histogram, from the first window that reaches the row's minimum. */
+static PyObject *row_bases(PyObject *self, PyObject *args) {
+    PyObject *o_rows, *o_widths, *o_outs;
+    Py_ssize_t ra, rb, cols;
+    if (!PyArg_ParseTuple(args, "OOOnnn", &o_rows, &o_widths, &o_outs, &ra, &rb, &cols)) return NULL;
+    Py_ssize_t nw = PySequence_Size(o_widths);
+    if (nw < 0 || nw > 9 || PySequence_Size(o_outs) != nw) {
+        PyErr_SetString(PyExc_ValueError, "row_bases: up to 9 widths, one output each");
+        return NULL;
+    }
+    Buf bufs[10];
+    memset(bufs, 0, sizeof bufs);
+    int widths[9];
+    uint8_t *outs[9];
+    PyObject *ret = NULL;
+    if (get_buf(o_rows, &bufs[0], 0, 1, "rows")) goto done;
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        PyObject *wo = PySequence_GetItem(o_widths, i), *oo = PySequence_GetItem(o_outs, i);
+        long w = wo ? PyLong_AsLong(wo) : -1;
+        int bad = !oo || get_buf(oo, &bufs[1 + i], 1, 1, "out");
+        Py_XDECREF(wo);
+        Py_XDECREF(oo);
+        if (bad) goto done;
+        if (w < 0 || w > 8) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "row_bases: widths lie in [0, 8]");
+            goto done;
+        }
+        widths[i] = (int)w;
+        outs[i] = bufs[1 + i].b.buf;
+        if (bufs[1 + i].b.len < rb) {
+            PyErr_SetString(PyExc_ValueError, "row_bases: an output is shorter than the rows");
+            goto done;
+        }
+    }
+    if (ra < 0 || rb < ra || cols < 0 || rb * cols > bufs[0].b.len) {
+        PyErr_SetString(PyExc_ValueError, "row_bases: rows out of range");
+        goto done;
+    }
+    const uint8_t *x = bufs[0].b.buf;
+    Py_BEGIN_ALLOW_THREADS;
+    int32_t h[256];
+    memset(h, 0, sizeof h);
+    for (int64_t r = ra; r < rb; r++) {
+        const uint8_t *row = x + r * cols;
+        if (cols == 0) {
+            for (int i = 0; i < nw; i++) outs[i][r] = 0;
+            continue;
+        }
+        int mn = 255, mx = 0;
+        for (int64_t j = 0; j < cols; j++) {
+            int v = row[j];
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        int filled = 0;
+        for (int i = 0; i < nw; i++) {
+            const int span = 1 << widths[i];
+            if (mx - mn < span) {
+                outs[i][r] = (uint8_t)(mx - span + 1 > 0 ? mx - span + 1 : 0);
+                continue;
+            }
+            if (!filled) {
+                for (int64_t j = 0; j < cols; j++) h[row[j]]++;
+                filled = 1;
+            }
+            int b0 = mn - span + 1 > 0 ? mn - span + 1 : 0, b1 = mx < 256 - span ? mx : 256 - span;
+            int32_t c = 0, best = -1;
+            int at = b0;
+            for (int k = b0; k < b0 + span; k++) c += h[k];
+            for (int b = b0;; b++) {
+                if (c > best) best = c, at = b;
+                if (b == b1) break;
+                c += h[b + span] - h[b];
+            }
+            outs[i][r] = (uint8_t)at;
+        }
+        if (filled)
+            for (int64_t j = 0; j < cols; j++) h[row[j]] = 0;
+    }
+    Py_END_ALLOW_THREADS;
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(bufs, 10);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"row_bases", row_bases, METH_VARARGS, "row_bases(rows, widths, outs, a, b, cols): rowbase.py's rule"},
     {"decode_inline_span", decode_inline_span, METH_VARARGS, "the inline decoder's blocks [a, b): (fault, mode, at)"},
     {"far_counts", far_counts, METH_VARARGS, "far_counts(stream, listed, bit_offsets, out): far flags per chunk"},
     {"decode_compact_span", decode_compact_span, METH_VARARGS, "the compact decoder's rows [a, b): (fault, position)"},
