@@ -720,7 +720,8 @@ static PyObject *row_bases(PyObject *self, PyObject *args) {
     }
     const uint8_t *x = bufs[0].b.buf;
     Py_BEGIN_ALLOW_THREADS;
-    int32_t h[256];
+    int32_t h[256], dc[256];
+    uint8_t dv[256];
     memset(h, 0, sizeof h);
     for (int64_t r = ra; r < rb; r++) {
         const uint8_t *row = x + r * cols;
@@ -734,30 +735,39 @@ static PyObject *row_bases(PyObject *self, PyObject *args) {
             mn = v < mn ? v : mn;
             mx = v > mx ? v : mx;
         }
-        int filled = 0;
+        int nd = -1; /* distinct values of the row, ascending, and their counts: once a row, when needed */
         for (int i = 0; i < nw; i++) {
             const int span = 1 << widths[i];
             if (mx - mn < span) {
                 outs[i][r] = (uint8_t)(mx - span + 1 > 0 ? mx - span + 1 : 0);
                 continue;
             }
-            if (!filled) {
+            if (nd < 0) {
                 for (int64_t j = 0; j < cols; j++) h[row[j]]++;
-                filled = 1;
+                nd = 0;
+                for (int v = mn; v <= mx; v++) { /* branch-free: a row's values are unpredictable */
+                    dv[nd] = (uint8_t)v;
+                    dc[nd] = h[v];
+                    nd += h[v] != 0;
+                    h[v] = 0;
+                }
             }
-            int b0 = mn - span + 1 > 0 ? mn - span + 1 : 0, b1 = mx < 256 - span ? mx : 256 - span;
-            int32_t c = 0, best = -1;
-            int at = b0;
-            for (int k = b0; k < b0 + span; k++) c += h[k];
-            for (int b = b0;; b++) {
-                if (c > best) best = c, at = b;
-                if (b == b1) break;
-                c += h[b + span] - h[b];
+            /* the smallest maximising b is 0 or has a value at its window's top (else b - 1 held as many):
+               b = 0 first, then b = v - span + 1 for each value v >= span - 1, ascending, by two pointers */
+            int32_t best = 0, c = 0;
+            int at = 0, left = 0;
+            for (int j = 0; j < nd && dv[j] <= span - 1; j++) best += dc[j];
+            for (int j = 0; j < nd; j++) {
+                c += dc[j]; /* c: the counts of dv[left..j] */
+                if (dv[j] < span - 1) continue;
+                const int b = dv[j] - span + 1;
+                while (dv[left] < b) c -= dc[left++];
+                const int better = c > best;
+                best = better ? c : best;
+                at = better ? b : at;
             }
             outs[i][r] = (uint8_t)at;
         }
-        if (filled)
-            for (int64_t j = 0; j < cols; j++) h[row[j]] = 0;
     }
     Py_END_ALLOW_THREADS;
     ret = Py_None;
