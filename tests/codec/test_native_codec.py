@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from csf_codec import MXFP4, NVFP4, CSFError, compact, encode_compact, encode_inline, inline_from_payload
 from csf_codec import inline as inline_mod
 from csf_codec import native as native_mod
-from csf_codec.compact_decode_c import decode_rows_c
+from csf_codec.compact_decode_c import decode_rows_c, scan_bases_c
 from csf_codec.compact_decode_np import decode_rows_np
 from csf_codec.compact_np import scan_bases_np
 from csf_codec.container import HEADER_BYTES
@@ -233,3 +233,11 @@ def test_row_bases_agree_on_bench_planes(regime):
     rows = plane.reshape(-1, plane.shape[-1]).numpy()
     got, want = row_bases_c(rows, (1, 2, 4)), row_bases_np(rows, (1, 2, 4))
     assert all(np.array_equal(got[w], want[w]) for w in (1, 2, 4))
+
+
+@settings(max_examples=30, deadline=None)
+@given(codes=st.lists(st.integers(0, 3), max_size=600), seed=st.integers(0, 2**31 - 1))
+def test_scan_bases_agree(codes, seed):
+    codes = np.array(codes, dtype=np.uint8)
+    escapes = np.random.default_rng(seed).integers(0, 256, int((codes == 3).sum()), dtype=np.uint8)
+    assert np.array_equal(scan_bases_c(codes, escapes), scan_bases_np(codes, escapes))

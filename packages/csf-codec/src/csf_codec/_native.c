@@ -777,7 +777,55 @@ done:
     return ret;
 }
 
+/* Row bases from the compact form's 2-bit codes (0 same, 1 up, 2 down, 3 escaped: the next escaped base), as
+compact_np.scan_bases_np: int32 [R] into out. The caller checked that the escapes are as many as the codes say. */
+static PyObject *scan_bases(PyObject *self, PyObject *args) {
+    PyObject *o_codes, *o_esc, *o_out;
+    if (!PyArg_ParseTuple(args, "OOO", &o_codes, &o_esc, &o_out)) return NULL;
+    Buf bufs[3];
+    memset(bufs, 0, sizeof bufs);
+    PyObject *ret = NULL;
+    if (get_buf(o_codes, &bufs[0], 0, 1, "codes") || get_buf(o_esc, &bufs[1], 0, 1, "escapes") ||
+        get_buf(o_out, &bufs[2], 1, 4, "out"))
+        goto done;
+    const uint8_t *codes = bufs[0].b.buf, *esc = bufs[1].b.buf;
+    int32_t *out = bufs[2].b.buf;
+    const int64_t r = bufs[0].b.len, n_esc = bufs[1].b.len;
+    if (N_OF(bufs[2]) != r) {
+        PyErr_SetString(PyExc_ValueError, "scan_bases: one base a code");
+        goto done;
+    }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    int32_t base = 0;
+    int64_t k = 0;
+    for (int64_t i = 0; i < r; i++) {
+        const int c = codes[i] & 3;
+        if (c == 3) {
+            if (k >= n_esc) {
+                bad = 1;
+                break;
+            }
+            base = esc[k++];
+        } else {
+            base += c == 1 ? 1 : (c == 2 ? -1 : 0);
+        }
+        out[i] = base;
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "scan_bases: more escape codes than escaped bases");
+        goto done;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(bufs, 3);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"scan_bases", scan_bases, METH_VARARGS, "scan_bases(codes, escapes, out): compact row bases from their codes"},
     {"row_bases", row_bases, METH_VARARGS, "row_bases(rows, widths, outs, a, b, cols): rowbase.py's rule"},
     {"decode_inline_span", decode_inline_span, METH_VARARGS, "the inline decoder's blocks [a, b): (fault, mode, at)"},
     {"far_counts", far_counts, METH_VARARGS, "far_counts(stream, listed, bit_offsets, out): far flags per chunk"},

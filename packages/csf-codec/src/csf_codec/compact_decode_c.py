@@ -17,7 +17,7 @@ from .errors import CorruptPayloadError
 from .native import native
 from .swar import gather_bits, map_spans
 
-__all__ = ["decode_rows_c"]
+__all__ = ["decode_rows_c", "scan_bases_c"]
 
 # by the C code's fault number (_native.c), the reference's message
 _FAULTS = {
@@ -32,6 +32,13 @@ _FAULTS = {
     9: "a raw chunk holds few enough exceptions to be listed",
     10: "an exception index lies outside its section",
 }
+
+
+def scan_bases_c(codes: np.ndarray, escapes: np.ndarray) -> np.ndarray:
+    """:func:`csf_codec.compact_np.scan_bases_np` (the reference) in one C pass."""
+    out = np.empty(codes.size, dtype=np.int32)
+    native().scan_bases(np.ascontiguousarray(codes, dtype=np.uint8), np.ascontiguousarray(escapes, np.uint8), out)
+    return out
 
 
 def _i64(x) -> np.ndarray:
