@@ -31,8 +31,8 @@ import torch
 
 from .bitfields import packed_nbytes, unpack_fields
 from .compact_code import CHUNK, MAX_LISTED, RAW
-from .compact_decode_np import decode_rows_np
-from .compact_np import chunk_lengths_np, chunk_table, encode_sections_np, scan_bases_np
+from .compact_decode_c import decode_rows_c, scan_bases_c
+from .compact_np import chunk_lengths_np, chunk_table, encode_sections_np
 from .compact_torch import ChunkTableT, chunk_lengths, chunk_table_torch, decode_torch, encode_torch
 from .container import HEADER_BYTES, Envelope, open_envelope, plane_digest, seal, seal_in_place
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
@@ -268,12 +268,12 @@ def decode_compact_digest(
             raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
         plane = _decode_torch(lay, bases, name)
         return plane, plane_digest(plane) if digest else None
-    bases = scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy())
+    bases = scan_bases_c(lay.base_codes.numpy(), lay.escapes.numpy())
     if r and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << w)):
         raise CorruptPayloadError(name, "a row base leaves the byte range of its window")
     hasher = hashlib.sha256() if digest else None
     sec = (lay.selectors.numpy(), lay.table.numpy(), lay.exceptions.numpy())
-    plane = torch.from_numpy(decode_rows_np(bases, *sec, r, c, w, name, hasher)).reshape(lay.shape)
+    plane = torch.from_numpy(decode_rows_c(bases, *sec, r, c, w, name, hasher)).reshape(lay.shape)
     return plane, hasher.digest() if digest else None
 
 

@@ -25,7 +25,7 @@ from .compact_code import (
     exact_distances,
     listed_cost_bits,
 )
-from .rowbase import row_bases_np
+from .rowbase import row_bases_c
 from .swar import group_counts, map_spans, pack_bits, scatter_bits
 
 __all__ = ["ChunkTable", "base_codes_np", "chunk_table", "encode_sections_np", "exclusive_cumsum"]
@@ -239,7 +239,7 @@ def _listed_fields(ex: _SpanExceptions, keep: np.ndarray, n: np.ndarray, bit0: n
 def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
     """The width and five body sections of the compact form of a uint8 [R, C] plane."""
     r, c = rows.shape
-    bases = row_bases_np(rows, widths)  # one pass: the level counts are shared by every width
+    bases = row_bases_c(rows, widths)  # one pass: the level counts are shared by every width
     spans = row_spans(r, c)
     lens = chunk_lengths_np(r * c)
     width, (n, far, esc), codes = _choose_width(rows, bases, widths, spans, lens)

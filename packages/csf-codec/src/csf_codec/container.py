@@ -28,6 +28,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .errors import CorruptPayloadError, FormatVersionError
@@ -174,7 +175,7 @@ def open_envelope(
         fault = "truncated payload" if sum(sections) > body_len else "trailing bytes after the payload"
         raise CorruptPayloadError(name, f"{fault}: header promises {sum(sections)} body bytes, found {body_len}")
     body = payload[HEADER_BYTES:]
-    if check_body and _crc(body.cpu().numpy().tobytes()) != body_crc:
+    if check_body and _crc(memoryview(np.ascontiguousarray(body.cpu().numpy()))) != body_crc:  # no copy
         raise CorruptPayloadError(name, "body checksum mismatch (corrupt payload)")
     env = Envelope(
         magic=got_magic,

@@ -50,7 +50,7 @@ from .inline import (
 from .inline_np import _gather_tiles, _scatter, block_spans
 from .planes import as_rows
 from .record_layout import DELTA_BITS
-from .rowbase import proven_bases, row_bases_np
+from .rowbase import proven_bases, row_bases_c
 from .swar import map_spans, unpack_bits
 from .tile_layout import TILE_ROWS, InlineGeometry
 
@@ -277,7 +277,7 @@ def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, n
     valid = br >= 0
     wb = rec.fmt.row_base_width
     if not proven.any():  # nothing proven (NVFP4): the rule over the whole plane, in row order
-        natural = row_bases_np(out, (wb,))[wb][np.maximum(br, 0)]
+        natural = row_bases_c(out, (wb,))[wb][np.maximum(br, 0)]
     else:
         natural = np.clip(base, 0, 255).astype(np.uint8)
         redo = np.flatnonzero((valid & ~proven).reshape(-1))
@@ -285,7 +285,7 @@ def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, n
 
         def check(a: int) -> None:  # a chunk of the open rows
             slots = redo[a : a + step]
-            natural.reshape(-1)[slots] = row_bases_np(out[br.reshape(-1)[slots]], (wb,))[wb]
+            natural.reshape(-1)[slots] = row_bases_c(out[br.reshape(-1)[slots]], (wb,))[wb]
 
         map_spans(check, range(0, redo.size, step))
     ref, delta2 = block_references_np(natural, valid, rec.fmt)

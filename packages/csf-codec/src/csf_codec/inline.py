@@ -38,10 +38,11 @@ from .bitfields import pack_fields, unpack_fields
 from .container import Envelope, open_envelope, plane_digest, seal
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
-from .inline_np import ClassPlan, decode_class_np, encode_class_np
+from .inline_decode_c import decode_class_c
+from .inline_np import ClassPlan, encode_class_np
 from .planes import as_rows
 from .record_layout import DELTA_BITS, EXCEPTION_BYTES, HEADER_BYTES, MAX_EXCEPTIONS, MODE_RAW, MODE_WIDTH
-from .rowbase import row_bases, row_bases_np
+from .rowbase import row_bases, row_bases_c
 from .swar import pack_bits, unpack_bits
 from .tile_layout import TILE_COLS, TILE_ROWS, InlineGeometry
 
@@ -185,7 +186,7 @@ def _block_rows_np(geo: InlineGeometry) -> np.ndarray:
 def _block_bases_np(rows: np.ndarray, geo: InlineGeometry, fmt: ScaleFormat):
     """:func:`_block_bases` in numpy, for CPU planes: (reference, deltas, block rows)."""
     br = _block_rows_np(geo)
-    natural = row_bases_np(rows, (fmt.row_base_width,))[fmt.row_base_width]
+    natural = row_bases_c(rows, (fmt.row_base_width,))[fmt.row_base_width]
     slot_base = natural[np.maximum(br, 0)] if natural.size else np.zeros(br.shape, dtype=np.uint8)
     return (*block_references_np(slot_base, br >= 0, fmt), br)
 
@@ -196,7 +197,7 @@ def block_references_np(slot_base: np.ndarray, valid: np.ndarray, fmt: ScaleForm
     slot_base = np.where(valid, slot_base, slot_base[:, :1])  # padding repeats slot 0: the reference stays
     bits = DELTA_BITS[fmt.name]
     if slot_base.shape[0] and bits < 8:
-        ref = row_bases_np(slot_base, (bits,))[bits]
+        ref = row_bases_c(slot_base, (bits,))[bits]
     else:
         ref = np.zeros(slot_base.shape[0], dtype=np.uint8)
     delta = np.clip(slot_base.astype(np.int16) - ref[:, None], 0, (1 << bits) - 1)
@@ -591,8 +592,9 @@ def _decode_torch(inline: InlineScales, geo: InlineGeometry, name: str) -> torch
     return rows.view(inline.shape)
 
 
-def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Tensor:
-    """:func:`decode_inline` for CPU storage, in numpy, with the same checks."""
+def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str, decode_class=None) -> torch.Tensor:
+    """:func:`decode_inline` for CPU storage: the tiles on the C loops (``decode_class``: the numpy reference
+    :func:`csf_codec.inline_np.decode_class_np` where a test asks for it), with the same checks."""
     brn = _block_rows_np(geo)
     valid = brn >= 0
     packed = inline.base_delta.numpy()
@@ -621,7 +623,7 @@ def _decode_np(inline: InlineScales, geo: InlineGeometry, name: str) -> torch.Te
             continue
         records = rec.numpy().reshape(-1, s)
         raw_tiles = raw.numpy().reshape(-1, TILE_ROWS * plan.cols)
-        decode_class_np(out, records, raw_tiles, brn, base, valid, plan, s, exception_capacity, name)
+        (decode_class or decode_class_c)(out, records, raw_tiles, brn, base, valid, plan, s, exception_capacity, name)
     return torch.from_numpy(out).view(inline.shape)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from .swar import grouped_histogram, map_spans
 
-__all__ = ["proven_bases", "row_bases", "row_bases_for_widths", "row_bases_np"]
+__all__ = ["proven_bases", "row_bases", "row_bases_c", "row_bases_for_widths", "row_bases_np"]
 
 _ROWS_PER_CHUNK = 1 << 15  # bounds the [rows, 256] histogram to 32 MiB of int32
 
@@ -23,7 +23,7 @@ def row_bases_for_widths(rows: torch.Tensor, widths: tuple[int, ...]) -> dict[in
     if rows.dtype != torch.uint8 or rows.dim() != 2:
         raise TypeError(f"row_bases expects a uint8 [rows, columns] tensor, got {rows.dtype} {tuple(rows.shape)}")
     if rows.device.type == "cpu":
-        return {w: torch.from_numpy(b) for w, b in row_bases_np(rows.numpy(), widths).items()}
+        return {w: torch.from_numpy(b) for w, b in row_bases_c(rows.numpy(), widths).items()}
     return _row_bases_torch(rows, widths)
 
 
@@ -42,6 +42,21 @@ def _row_bases_torch(rows: torch.Tensor, widths: tuple[int, ...]) -> dict[int, t
             span = 1 << w
             window = cum[:, span:] - cum[:, : 257 - span]  # window[:, b] = count in [b, b + span - 1]
             out[w][start : start + chunk.shape[0]] = window.argmax(dim=1).to(torch.uint8)
+    return out
+
+
+def row_bases_c(rows: np.ndarray, widths: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """:func:`row_bases_np` (the reference) on the C extension: one pass a row for every width, rows in two
+    halves on the span workers (the GIL released)."""
+    from .native import native
+
+    nat = native()
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    r, c = rows.shape
+    out = {w: np.empty(r, dtype=np.uint8) for w in widths}
+    ws, outs = list(out), list(out.values())
+    step = max(1, min(-(-r // 2), _SCALES_PER_PASS // max(c, 1)))
+    map_spans(lambda a: nat.row_bases(rows, ws, outs, a, min(a + step, r), c), range(0, r, step))
     return out
 
 

@@ -1,0 +1,243 @@
+"""The C loops (csf_codec._native) against the numpy reference: the same bytes on fresh random planes of every
+regime the bench uses, and the same verdict (accept with the same plane, or refuse with the same error type and
+message) on mutated payloads. The reference is asked for explicitly here; the codec itself never falls back."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from csf_codec import MXFP4, NVFP4, CSFError, compact, encode_compact, encode_inline, inline_from_payload
+from csf_codec import inline as inline_mod
+from csf_codec import native as native_mod
+from csf_codec.compact_decode_c import decode_rows_c, scan_bases_c
+from csf_codec.compact_decode_np import decode_rows_np
+from csf_codec.compact_np import scan_bases_np
+from csf_codec.container import HEADER_BYTES
+from csf_codec.inline_decode_c import decode_class_c
+from csf_codec.inline_np import decode_class_np
+from csf_codec.rowbase import _row_bases_torch, row_bases_c, row_bases_np
+from csf_codec.synthetic import DOWN_PROJ_DENSE, EXCEPTION_DENSE, NVFP4_TYPICAL, SEED_REGIME, synthetic_scale_plane
+
+from .planes_for_tests import clustered_plane, reseal, special_rows
+
+BENCH_REGIMES = [
+    ("seed", MXFP4, SEED_REGIME),
+    ("dense", MXFP4, EXCEPTION_DENSE),
+    ("down_proj", MXFP4, DOWN_PROJ_DENSE),
+    ("nvfp4", NVFP4, NVFP4_TYPICAL),
+]
+
+
+def _compact_both(payload: torch.Tensor):
+    """(numpy outcome, C outcome) of the CPU decoder's span work on one compact payload: the plane, or the error's
+    (type, message); errors raised before the span work (layout, row bases) are the same code for both."""
+    try:
+        lay = compact.compact_layout(payload, name="p")
+        bases = scan_bases_np(lay.base_codes.numpy(), lay.escapes.numpy())
+        if lay.rows and (int(bases.min()) < 0 or int(bases.max()) > 256 - (1 << lay.width)):
+            return ("shared", "base"), ("shared", "base")
+    except CSFError as e:
+        return (type(e), str(e)), (type(e), str(e))
+    sec = (lay.selectors.numpy(), lay.table.numpy(), lay.exceptions.numpy())
+    got = []
+    for fn in (decode_rows_np, decode_rows_c):
+        try:
+            got.append(fn(bases, *sec, lay.rows, lay.cols, lay.width, "p"))
+        except CSFError as e:
+            got.append((type(e), str(e)))
+    return tuple(got)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("widths", [(1, 2, 4), (1,), (2,), (4,)], ids=["auto", "w1", "w2", "w4"])
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_compact_decoders_agree_on_fresh_planes(regime, widths, experts, rows, cols, seed):
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    a, b = _compact_both(encode_compact(plane, fmt, widths=widths, verify=False).payload)
+    assert isinstance(a, np.ndarray) and _same(a, b)
+    assert np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_compact_decoders_agree_on_bench_shaped_planes(regime):
+    """The bench's W13 and W2 shapes (fewer experts): several spans, two threads."""
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape in ((6, 1152, 160 * k), (6, 5120, 18 * k)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+        a, b = _compact_both(encode_compact(plane, fmt, verify=False).payload)
+        assert _same(a, b) and np.array_equal(b, plane.numpy().reshape(-1))
+        assert torch.equal(compact.decode_compact(encode_compact(plane, fmt).payload), plane)
+
+
+def _mutation_plane() -> torch.Tensor:
+    """Exceptions of every kind: near, far, escaped, in listed and in raw chunks."""
+    plane = special_rows(clustered_plane((3, 120, 16), seed=5, exception_rate=0.06), seed=5)
+    g = torch.Generator().manual_seed(5)
+    plane[1, 40:60] = torch.randint(0, 256, (20, 16), generator=g).to(torch.uint8)
+    return plane
+
+
+@pytest.mark.parametrize("small_spans", [False, True], ids=["spans", "256-row-spans"])
+@pytest.mark.parametrize("fmt,width", [(MXFP4, 1), (NVFP4, 2), (NVFP4, 4)], ids=["w1", "w2", "w4"])
+def test_compact_decoders_agree_on_mutations(monkeypatch, fmt, width, small_spans):
+    """Bit flips in the body (CRCs recomputed): the C and numpy decoders accept with the same plane or refuse with
+    the same error type and message, on every mutation; many reach the span checks."""
+    from csf_codec import compact_np
+
+    if small_spans:  # span edges inside the streams' bytes
+        monkeypatch.setattr(compact_np, "_SCALES_PER_SPAN", 1)
+    plane = _mutation_plane()
+    payload = encode_compact(plane, fmt, widths=(width,)).payload
+    lay = compact.compact_layout(payload)
+    body0 = payload.numel() - lay.exceptions.numel() - lay.counts.numel() - lay.selectors.numel()
+    blob = bytearray(payload.numpy().tobytes())
+    rng = random.Random(f"native-{width}-{small_spans}")
+    faults = set()
+    for _ in range(400):
+        bad = bytearray(blob)
+        for _ in range(rng.randint(1, 3)):
+            bit = rng.randrange(8 * body0, 8 * len(blob))
+            bad[bit // 8] ^= 1 << (bit % 8)
+        a, b = _compact_both(reseal(torch.frombuffer(bad, dtype=torch.uint8).clone()))
+        assert _same(a, b), [x if isinstance(x, tuple) else "a plane" for x in (a, b)]
+        if isinstance(a, tuple):
+            faults.add(a[1])
+    assert len(faults) >= 5, faults  # the mutations reach several different checks
+
+
+def test_missing_extension_is_an_import_error(monkeypatch):
+    """No silent fallback: without the extension the CPU decoder raises ImportError saying how to build it."""
+    import csf_codec
+
+    monkeypatch.setitem(sys.modules, "csf_codec._native", None)
+    monkeypatch.delattr(csf_codec, "_native", raising=False)
+    native_mod.native.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="build_ext --inplace"):
+            compact.decode_compact(encode_compact(torch.zeros(2, 256, 4, dtype=torch.uint8), MXFP4).payload)
+    finally:
+        native_mod.native.cache_clear()
+
+
+def _inline_both(payload: torch.Tensor):
+    """(numpy outcome, C outcome) of the CPU inline decoder on one payload, as :func:`_compact_both`."""
+    got = []
+    for fn in (decode_class_np, decode_class_c):
+        try:
+            inline = inline_from_payload(payload, name="p")
+            g = inline.geometry
+            got.append(inline_mod._decode_np(inline, g, "p", decode_class=fn).numpy().reshape(-1))
+        except CSFError as e:
+            got.append((type(e), str(e)))
+    return tuple(got)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 3, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_decoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    a, b = _inline_both(encode_inline(plane, fmt, row_group=group, verify=False).to_payload())
+    assert isinstance(a, np.ndarray) and _same(a, b)
+    assert np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_inline_decoders_agree_on_bench_shaped_planes(regime):
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape, group in (((6, 1152, 160 * k), 576), ((6, 5120, 18 * k), None)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+        a, b = _inline_both(encode_inline(plane, fmt, row_group=group, verify=False).to_payload())
+        assert _same(a, b) and np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("fmt", [MXFP4, NVFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("shape,group", [((3, 120, 16), None), ((2, 130, 7), 65), ((2, 200, 9), None)])
+def test_inline_decoders_agree_on_mutations(fmt, shape, group):
+    """Bit flips and byte overwrites in the records (CRCs recomputed): the same plane or the same error."""
+    plane = special_rows(clustered_plane(shape, seed=5, exception_rate=0.08), seed=5)
+    g = torch.Generator().manual_seed(5)
+    plane[0, 40:60] = torch.randint(0, 256, (20, shape[2]), generator=g).to(torch.uint8)  # raw tiles
+    blob = bytearray(encode_inline(plane, fmt, row_group=group).to_payload().numpy().tobytes())
+    rng = random.Random(f"inline-{fmt.name}-{shape}")
+    faults = set()
+    for _ in range(300):
+        bad = bytearray(blob)
+        for _ in range(rng.randint(1, 2)):
+            at = rng.randrange(HEADER_BYTES, len(bad))
+            if rng.random() < 0.7:
+                bad[at] ^= 1 << rng.randrange(8)
+            else:
+                bad[at] = rng.choice((0, 0xFF, rng.randrange(256)))
+        a, b = _inline_both(reseal(torch.frombuffer(bad, dtype=torch.uint8).clone()))
+        assert _same(a, b), [x if isinstance(x, tuple) else "a plane" for x in (a, b)]
+        if isinstance(a, tuple):
+            faults.add(a[1])
+    assert len(faults) >= 4, faults
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 300),
+    cols=st.sampled_from([0, 1, 2, 5, 18, 36, 160, 320, 700]),
+    lo=st.integers(0, 255),
+    spread=st.sampled_from([1, 2, 5, 16, 17, 33, 64, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_row_bases_agree(rows, cols, lo, spread, seed):
+    """The C row bases against the numpy reference and the torch histogram, every width 0-8."""
+    g = torch.Generator().manual_seed(seed)
+    x = ((lo + torch.randint(0, spread, (rows, cols), generator=g)) % 256).to(torch.uint8)
+    widths = tuple(range(9))
+    got, want = row_bases_c(x.numpy(), widths), row_bases_np(x.numpy(), widths)
+    ref = _row_bases_torch(x, widths)
+    for w in widths:
+        assert np.array_equal(got[w], want[w]) and np.array_equal(got[w], ref[w].numpy()), w
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_row_bases_agree_on_bench_planes(regime):
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane((4, 1152, 160 * (2 if fmt is NVFP4 else 1)), fmt, stats=stats, seed=3)
+    rows = plane.reshape(-1, plane.shape[-1]).numpy()
+    got, want = row_bases_c(rows, (1, 2, 4)), row_bases_np(rows, (1, 2, 4))
+    assert all(np.array_equal(got[w], want[w]) for w in (1, 2, 4))
+
+
+@settings(max_examples=30, deadline=None)
+@given(codes=st.lists(st.integers(0, 3), max_size=600), seed=st.integers(0, 2**31 - 1))
+def test_scan_bases_agree(codes, seed):
+    codes = np.array(codes, dtype=np.uint8)
+    escapes = np.random.default_rng(seed).integers(0, 256, int((codes == 3).sum()), dtype=np.uint8)
+    assert np.array_equal(scan_bases_c(codes, escapes), scan_bases_np(codes, escapes))
