@@ -5,6 +5,8 @@
 mkdir -p aot_cache && tar xzf aot_cache/carry.tgz -C aot_cache
 export PYTHONPATH=$(printf '%s:' $PWD/packages/*/src)$PWD/benchmarks PYTHONUNBUFFERED=1 CSF_COMMIT=$(cat .ab/COMMIT)
 R=$OUT/r && mkdir -p $R
+# the codec's C extension, built here for the device's Python (scripts/build_codec_native.sh) and carried: no compiler there
+python3 -c "import csf_codec._native" 2>> $R/tests.log || echo "csf_codec._native missing: CSF encode/decode will fail" | tee -a $R/tests.log
 trap "cd $OUT && tar czf $1.tgz r && rm -rf r" EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv > $R/gpu.txt 2>&1
 t0=$(date +%s)
