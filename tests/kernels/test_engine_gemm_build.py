@@ -391,6 +391,15 @@ def test_pingpong_epilogue_per_warpgroup(pingpong):
         assert sass.count("UTMASTG") == 2 * (half // epi_routes(half)) and named
 
 
+def test_pingpong_k_loops_ordered(pingpong):
+    """The K loops' order barriers (``engine_pingpong``: an mbarrier's parity names a phase only while the one before
+    has completed, so a warpgroup starts a unit only once the other has passed its waits): one 256-thread sync
+    before a unit's first wait and one 256-thread arrival after its K loop, ids chosen at run time (5 or 6)."""
+    _, _, sass = pingpong
+    assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", sass)) == 1
+    assert len(re.findall(r"BAR\.ARV R\d+, 0x100", sass)) == 1
+
+
 def test_pingpong_producers_copy_half_blocks(pingpong):
     """The producer's activation copy is half a block's: a TMA box of TILE_N / 2 routes, or the gathering warps'
     16-byte copies of TILE_N / 2 rows (warp 0's twice: its copying stages and an empty half's stages, which copy

@@ -29,12 +29,23 @@ from csf_kernels.moe.engine_rows import OUT_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels import engine_routes as routes
 
-__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "PINGPONG_BARRIER", "Epilogue", "asm_f32", "asm_u32"]
+__all__ = [
+    "ACT_NONE",
+    "ACT_SILU",
+    "ACT_SWIGLU_OAI",
+    "PINGPONG_BARRIER",
+    "PINGPONG_ORDER_BARRIER",
+    "Epilogue",
+    "asm_f32",
+    "asm_u32",
+]
 
 ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
 # ping-pong warpgroup wg's named barrier is PINGPONG_BARRIER + wg (3, 4): 1 is the cooperative epilogue's, 2 the
-# gathering producer warps' (engine_producer.GATHER_BARRIER)
+# gathering producer warps' (engine_producer.GATHER_BARRIER); the ping-pong K loops' order barriers are
+# PINGPONG_ORDER_BARRIER + h (5, 6: engine_pingpong)
 PINGPONG_BARRIER = 2
+PINGPONG_ORDER_BARRIER = 5
 SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
 SWIGLU_LIMIT = 7.0
 

@@ -18,12 +18,17 @@ adds the same products in the same K order as the cooperative program: the same 
 MMAs already rely on).
 
 The ring: each stage is consumed by one warpgroup (its empty barrier counts 4 warps); a warpgroup's read and
-release states skip the other's unit's ``k_steps`` stages. No ordered "math barrier" between the two warpgroups'
-K loops (CUTLASS's pingpong has one): the ring orders them already. Half 1's first stage is filled only after
-warpgroup 1 has released half 0's stage ``k_steps - stages``, so warpgroup 2 starts at most a ring's depth of stages
-before warpgroup 1 ends, and warpgroup 1's next unit waits, in turn, for warpgroup 2's releases: the K loops overlap
-by at most a ring's depth (where both share the tensor pipe, each converting under the other's wgmmas) and an
-epilogue always has the other warpgroup's stages in hand. A barrier would only forbid that overlap.
+release states skip the other's unit's ``k_steps`` stages. An mbarrier's wait names a phase by its parity only: it
+is right only while the barrier has completed the phase before (else the one before that, complete, answers at once
+or a phase two back is taken for it). A cooperative consumer waits on every stage in order, so it always has; a
+ping-pong warpgroup skips the other's stages, so nothing in the ring shows it that the stage ``stages`` back was
+filled: warpgroup 2's first wait (stage ``k_steps``, phase ``k_steps // stages``) passed at once on the barrier's
+phase 0 and it read and released stages warpgroup 1 owned (run 322's fault at 45 K steps and 9 stages). So the K
+loops are ordered as CUTLASS's pingpong orders them (its "math barrier"): a warpgroup starts a unit's first wait
+only once the other has passed every wait of its unit before (named barriers ``PINGPONG_ORDER_BARRIER + h``, 256
+threads: warpgroup ``1 + h`` arrives after its K loop, the other syncs before its next one), so every stage before
+a wait's was filled and every parity names the phase meant. The K loops no longer overlap (the arrival follows the
+last step's drain); each epilogue still runs beside the other warpgroup's K loop.
 
 Ragged levels apply within the half (its live extent: ``n{H / 2}``, ``n{H / 4}`` loops as built), and a half with no
 live routes runs no wgmma: it waits for and releases its stages, into which the producer copied nothing
@@ -40,7 +45,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE
+from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, PINGPONG_ORDER_BARRIER
 from csf_kernels.moe.kernels.engine_mainloop import SLICES, STEP_GROUP
 
 __all__ = ["PINGPONG_TILE_N", "PingpongConsumers"]
@@ -117,13 +122,20 @@ class PingpongConsumers:
             read = _skip(read, k_steps)
             release = _skip(release, k_steps)
         done = cutlass.Int32(0)  # units this warpgroup has stored: its epilogue buffers' parity
-        u = cute.arch.block_idx()[0]
+        # the K loops' order (module docstring): warpgroup 1 + h arrives on PINGPONG_ORDER_BARRIER + h once its K
+        # loop has passed every wait, the other syncs on it before its next K loop's first wait
+        after_mine = pipeline.NamedBarrier(barrier_id=PINGPONG_ORDER_BARRIER + h, num_threads=256)
+        after_other = pipeline.NamedBarrier(barrier_id=PINGPONG_ORDER_BARRIER + 1 - h, num_threads=256)
+        first = cute.arch.block_idx()[0]
+        u = first
         while u < units:
             b = u // tiles_m
             tm = u - b * tiles_m
             bh = b * 2 + h  # the half as the producers see it: a block of H routes
             acc0.fill(0.0)
             acc1.fill(0.0)
+            if (h > 0) | (u != first):  # the other's K loop before this one has passed its waits
+                after_other.arrive_and_wait()
             self.step.wait(ring, read)
             extent, one0, g_e = self.facts.read(s_facts[(None, read.index)], 0)
             _, one1, _ = self.facts.read(s_facts[(None, read.index)], 1)
@@ -137,6 +149,10 @@ class PingpongConsumers:
                                                  common, one)  # fmt: skip
             else:
                 read, release = self._k_loop(ring, read, release, k_steps, whole, frags, common, one)
+            # this K loop's waits have passed: the other's next K loop may start (warpgroup 2 signals only where
+            # warpgroup 1 has a next unit to sync on it: no arrival is left pending at exit)
+            if (h == 0) | (u + cute.arch.grid_dim()[0] < units):
+                after_mine.arrive()
 
             if cutlass.const_expr(self.act == ACT_NONE):
                 scatter_to = (sorted_ids, out, epi_smem, t) if self.io == "scatter" else None
