@@ -34,7 +34,8 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_decode_np import base_window_counts, decode_records
+from .engine_records_decode_c import decode_records_c
+from .engine_records_decode_np import base_window_counts
 from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
@@ -218,6 +219,12 @@ def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
 
 def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.Tensor:
     """The native plane (uint8, CPU) of engine records, refusing every encoding but the canonical one."""
+    return _decode_engine(rec, name, decode_records_c)
+
+
+def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
+    """:func:`decode_engine_records` with a class decoder: the C one, or the numpy reference
+    (:func:`csf_codec.engine_records_decode_np.decode_records`), which the tests compare."""
     geo = rec.geometry
     _check_arrays(rec, geo, name)
     units = rec.record_units.numpy().astype(np.int64)
@@ -255,7 +262,7 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
         for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
+            vals = decode_class(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
             _scatter(out, vals, br[a:b], plan)
             if count:  # the tiles are in the plane now: the counts may overwrite them
                 counts += base_window_counts(vals, base[a:b], plan, wb)
