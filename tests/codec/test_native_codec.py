@@ -323,3 +323,22 @@ def test_engine_decoders_agree_on_mutations(regime, shape, group):
         if isinstance(a, tuple):
             faults.add(a[1])
     assert len(faults) >= 4, faults
+
+
+def test_engine_record_past_its_row_takes_the_numpy_path():
+    """A record longer than its staged row (split_records never stages one) is decided by the numpy decoder."""
+    from csf_codec.inline import CANDIDATE_WINDOWS
+    from csf_codec.inline_np import ClassPlan
+
+    plan = ClassPlan(start=0, count=1, cols=1)
+    rec = np.zeros((1, 32), dtype=np.uint8)
+    rec[0, 0] = 3 << 2  # a 1-bit header of 3 units in a 2-unit row
+    units = np.array([3], dtype=np.int64)
+    base, valid = np.zeros((1, 128), dtype=np.int16), np.ones((1, 128), dtype=bool)
+    got = []
+    for fn in (decode_records, decode_records_c):
+        try:
+            got.append(fn(rec, units, base, valid, plan, CANDIDATE_WINDOWS["mxfp4"], 1, "p"))
+        except Exception as e:  # whatever numpy does, C does the same
+            got.append((type(e), str(e)))
+    assert _same(*got)

@@ -839,37 +839,38 @@ whole-array passes report the first check any tile fails: the least rank over ti
 static inline int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static inline int64_t units_of(int64_t used) { return -floordiv(-used, 16); }
 
-/* decode_engine_span(vals, rec, units, base, valid, windows, thresholds, count, cols, base_width) -> (fault, tile):
-engine_records_decode_np.decode_records for one column class of a span, a tile at a time: rec uint8 [T, width]
-staged records, units int64 [T], base int16 / valid bool [blocks, 128], windows int64 [W, 2] (width, origin),
-thresholds int32 (engine_records_np.thresholds); vals uint8 [T, 128 cols] gets the tiles (slot order). Each tile's
+/* decode_engine_span(vals, rec, units, base, valid, windows, thresholds, at, count, cols, base_width) -> (fault,
+tile): engine_records_decode_np.decode_records for one column class of a span, a tile at a time: rec uint8 records,
+units int64 [T], base int16 / valid bool [blocks, 128], windows int64 [W, 2] (width, origin),
+thresholds int32 (engine_records_np.thresholds), at int64 [T] each record's first byte in rec (staged rows, or the
+body itself); vals uint8 [T, 128 cols] gets the tiles (slot order). Each tile's
 C(k) (its positions at offset <= k from the row base, padding at 0) is counted as numpy counts it, and the window
 choice checked from it (window_units, pick_windows). */
 static PyObject *decode_engine_span(PyObject *self, PyObject *args) {
-    PyObject *o[7];
+    PyObject *o[8];
     Py_ssize_t count, cols, base_width;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &count, &cols,
-                          &base_width))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &count,
+                          &cols, &base_width))
         return NULL;
-    static const Py_ssize_t sizes[7] = {1, 1, 8, 2, 1, 8, 4};
-    static const char *names[7] = {"vals", "rec", "units", "base", "valid", "windows", "thresholds"};
-    Buf bufs[7];
+    static const Py_ssize_t sizes[8] = {1, 1, 8, 2, 1, 8, 4, 8};
+    static const char *names[8] = {"vals", "rec", "units", "base", "valid", "windows", "thresholds", "at"};
+    Buf bufs[8];
     memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         if (get_buf(o[i], &bufs[i], i == 0, sizes[i], names[i])) goto done;
     const int64_t size = 128 * (int64_t)cols;
     uint8_t *vals = bufs[0].b.buf;
     const uint8_t *rec = bufs[1].b.buf, *valid = bufs[4].b.buf;
+    const int64_t *rec_at = bufs[7].b.buf, rec_len = bufs[1].b.len;
     const int64_t *units = bufs[2].b.buf, *win = bufs[5].b.buf;
     const int16_t *base = bufs[3].b.buf;
     const int32_t *ks = bufs[6].b.buf;
     const int64_t T = N_OF(bufs[2]), nw = N_OF(bufs[5]) / 2, nk = N_OF(bufs[6]);
     const int64_t blocks = N_OF(bufs[3]) / 128;
-    const int64_t width = T ? bufs[1].b.len / T : 0;
     if (cols < 1 || cols > 4 || count < 1 || base_width < 0 || base_width > 8 || nw < 1 || nw > 64 || nk < 1 ||
         nk > 250 || N_OF(bufs[3]) != blocks * 128 || bufs[4].b.len != blocks * 128 || T != blocks * count ||
-        N_OF(bufs[0]) != T * size || (T && bufs[1].b.len % T) || N_OF(bufs[5]) != 2 * nw) {
+        N_OF(bufs[0]) != T * size || N_OF(bufs[7]) != T || N_OF(bufs[5]) != 2 * nw) {
         PyErr_SetString(PyExc_ValueError, "decode_engine_span: inconsistent arguments");
         goto done;
     }
@@ -924,9 +925,10 @@ static PyObject *decode_engine_span(PyObject *self, PyObject *args) {
     }
     int fail_rank = 1 << 30;
     for (int64_t t = 0; t < T; t++)
-        if (units[t] < 1 || units[t] * 16 > width) fail_rank = EF_BOUNDS; /* never staged so: numpy decides */
+        if (units[t] < 1 || rec_at[t] < 0 || rec_at[t] > rec_len - units[t] * 16)
+            fail_rank = EF_BOUNDS; /* never staged so: numpy decides */
     for (int64_t t = 0; t < T && fail_rank != EF_BOUNDS; t++) {
-        const uint8_t *r = rec + t * width;
+        const uint8_t *r = rec + rec_at[t];
         const int64_t blk = t / count, u = units[t];
         const uint8_t *vb = valid + blk * 128;
         const int16_t *bb = base + blk * 128;
@@ -1125,7 +1127,7 @@ engine_out:
     }
     ret = Py_BuildValue("(iL)", fault, (long long)where);
 done:
-    release(bufs, 7);
+    release(bufs, 8);
     return ret;
 }
 

@@ -49,26 +49,33 @@ _FAULTS = {
 _BOUNDS = 61  # a record longer than its staged row (split_records never stages one): the numpy path decides
 
 
-def decode_records_c(rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str) -> np.ndarray:
-    """:func:`csf_codec.engine_records_decode_np.decode_records` (same arguments, bytes and errors) in C."""
-    t_count, size = rec.shape[0], TILE_ROWS * plan.cols
+def decode_records_c(
+    rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str, *, at=None, staged=None
+) -> np.ndarray:
+    """:func:`csf_codec.engine_records_decode_np.decode_records` (same arguments, bytes and errors) in C. With ``at``
+    (int64 [T]: each record's first byte), ``rec`` is the span's body itself, read in place; ``staged`` then gives
+    the staged records for the numpy path, which decides a record longer than its row (never staged so)."""
+    t_count, size = units.shape[0], TILE_ROWS * plan.cols
     vals = np.empty((t_count, size), dtype=np.uint8)
     if not t_count:
         return vals
+    if at is None:
+        at = np.arange(t_count, dtype=np.int64) * rec.shape[1]
     fault, _ = native().decode_engine_span(
         vals,
-        np.ascontiguousarray(rec, dtype=np.uint8),
+        np.ascontiguousarray(rec, dtype=np.uint8).reshape(-1),
         np.ascontiguousarray(units, dtype=np.int64),
         np.ascontiguousarray(base, dtype=np.int16),
         np.ascontiguousarray(valid, dtype=np.bool_),
         np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
         np.array(thresholds(tuple(windows)), dtype=np.int32),
+        np.ascontiguousarray(at, dtype=np.int64),
         plan.count,
         plan.cols,
         base_width,
     )
     if fault == _BOUNDS:
-        return decode_records(rec, units, base, valid, plan, windows, base_width, name)
+        return decode_records(rec if staged is None else staged(), units, base, valid, plan, windows, base_width, name)
     if fault:
         raise CorruptPayloadError(name, _FAULTS[fault])
     return vals
