@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,6 +21,9 @@ from csf_codec.compact_decode_c import decode_rows_c, scan_bases_c
 from csf_codec.compact_decode_np import decode_rows_np
 from csf_codec.compact_np import scan_bases_np
 from csf_codec.container import HEADER_BYTES
+from csf_codec.engine_records import _decode_engine, encode_engine_records
+from csf_codec.engine_records_decode_c import decode_records_c
+from csf_codec.engine_records_decode_np import decode_records
 from csf_codec.inline_decode_c import decode_class_c
 from csf_codec.inline_np import decode_class_np
 from csf_codec.rowbase import _row_bases_torch, row_bases_c, row_bases_np
@@ -241,3 +245,100 @@ def test_scan_bases_agree(codes, seed):
     codes = np.array(codes, dtype=np.uint8)
     escapes = np.random.default_rng(seed).integers(0, 256, int((codes == 3).sum()), dtype=np.uint8)
     assert np.array_equal(scan_bases_c(codes, escapes), scan_bases_np(codes, escapes))
+
+
+# ------------------------------------------------------------------------------------------- engine records
+
+
+def _engine_both(rec):
+    """(numpy outcome, C outcome) of engine decode: the plane, or the error's (type, message)."""
+    got = []
+    for fn in (decode_records, decode_records_c):
+        try:
+            got.append(_decode_engine(rec, "p", fn).numpy().reshape(-1))
+        except CSFError as e:
+            got.append((type(e), str(e)))
+    return tuple(got)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 3, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_engine_decoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    a, b = _engine_both(encode_engine_records(plane, fmt, row_group=group, verify=False))
+    assert isinstance(a, np.ndarray) and _same(a, b)
+    assert np.array_equal(b, plane.numpy().reshape(-1))
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_engine_decoders_agree_on_bench_shaped_planes(regime):
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape, group in (((6, 1152, 160 * k), 576), ((6, 5120, 18 * k), None)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+        a, b = _engine_both(encode_engine_records(plane, fmt, row_group=group, verify=False))
+        assert _same(a, b) and np.array_equal(b, plane.numpy().reshape(-1))
+
+
+def _flip(t: torch.Tensor, rng: random.Random, lo: int = 0) -> torch.Tensor:
+    a = bytearray(t.numpy().tobytes())
+    for _ in range(rng.randint(1, 2)):
+        at = rng.randrange(lo, len(a))
+        if rng.random() < 0.7:
+            a[at] ^= 1 << rng.randrange(8)
+        else:
+            a[at] = rng.choice((0, 0xFF, rng.randrange(256)))
+    return torch.frombuffer(a, dtype=t.dtype).clone().view(t.shape)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@pytest.mark.parametrize("shape,group", [((3, 120, 16), None), ((2, 130, 7), 65), ((2, 200, 9), None)])
+def test_engine_decoders_agree_on_mutations(regime, shape, group):
+    """Bit flips and byte overwrites in the records' body, and in the row bases' deltas (forged bases): the same
+    plane or the same error."""
+    name, fmt, stats = regime
+    plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+    g = torch.Generator().manual_seed(5)
+    plane[0, 40:60] = torch.randint(0, 256, (20, shape[2]), generator=g).to(torch.uint8)  # raw tiles
+    rec = encode_engine_records(plane, fmt, row_group=group)
+    rng = random.Random(f"engine-{name}-{shape}")
+    faults = set()
+    for i in range(300):
+        if i % 10 == 9:
+            bad = replace(rec, base_delta=_flip(rec.base_delta, rng))
+        else:
+            bad = replace(rec, body=_flip(rec.body, rng))
+        a, b = _engine_both(bad)
+        assert _same(a, b), [x if isinstance(x, tuple) else "a plane" for x in (a, b)]
+        if isinstance(a, tuple):
+            faults.add(a[1])
+    assert len(faults) >= 4, faults
+
+
+def test_engine_record_past_its_row_takes_the_numpy_path():
+    """A record longer than its staged row (split_records never stages one) is decided by the numpy decoder."""
+    from csf_codec.inline import CANDIDATE_WINDOWS
+    from csf_codec.inline_np import ClassPlan
+
+    plan = ClassPlan(start=0, count=1, cols=1)
+    rec = np.zeros((1, 32), dtype=np.uint8)
+    rec[0, 0] = 3 << 2  # a 1-bit header of 3 units in a 2-unit row
+    units = np.array([3], dtype=np.int64)
+    base, valid = np.zeros((1, 128), dtype=np.int16), np.ones((1, 128), dtype=bool)
+    got = []
+    for fn in (decode_records, decode_records_c):
+        try:
+            got.append(fn(rec, units, base, valid, plan, CANDIDATE_WINDOWS["mxfp4"], 1, "p"))
+        except Exception as e:  # whatever numpy does, C does the same
+            got.append((type(e), str(e)))
+    assert _same(*got)

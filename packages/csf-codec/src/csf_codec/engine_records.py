@@ -18,6 +18,7 @@ goes raw only when no window's record is shorter than the raw one; the decoder r
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +35,9 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_decode_np import base_window_counts, decode_records
-from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
+from .engine_records_decode_c import decode_records_c
+from .engine_records_decode_np import base_window_counts
+from .engine_records_np import _class_slots, build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline import (
@@ -218,6 +220,12 @@ def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
 
 def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.Tensor:
     """The native plane (uint8, CPU) of engine records, refusing every encoding but the canonical one."""
+    return _decode_engine(rec, name, decode_records_c)
+
+
+def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
+    """:func:`decode_engine_records` with a class decoder: the C one, or the numpy reference
+    (:func:`csf_codec.engine_records_decode_np.decode_records`), which the tests compare."""
     geo = rec.geometry
     _check_arrays(rec, geo, name)
     units = rec.record_units.numpy().astype(np.int64)
@@ -253,9 +261,19 @@ def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
-        for plan, staged in zip(plans, split_records(seg, units[a:b], plans), strict=True):
+        if decode_class is decode_records_c:  # the C decoder reads the records in place: no staging copy
+            _, first, ids = _class_slots(units[a:b], plans)
+            staged = [None] * len(plans)
+        else:
+            staged = split_records(seg, units[a:b], plans)
+        for i, plan in enumerate(plans):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            vals = decode_records(staged, u, base[a:b], valid[a:b], plan, windows, wb, name)
+            args = (u, base[a:b], valid[a:b], plan, windows, wb, name)
+            if staged[i] is None:
+                again = functools.partial(lambda i: split_records(seg, units[a:b], plans)[i], i)
+                vals = decode_records_c(seg, *args, at=first[ids[i]] * RECORD_ALIGN, staged=again)
+            else:
+                vals = decode_class(staged[i], *args)
             _scatter(out, vals, br[a:b], plan)
             if count:  # the tiles are in the plane now: the counts may overwrite them
                 counts += base_window_counts(vals, base[a:b], plan, wb)

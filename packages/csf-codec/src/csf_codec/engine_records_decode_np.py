@@ -1,5 +1,6 @@
 """Engine records' CPU decoder (:mod:`csf_codec.engine_records`): one column class of a span of row blocks, every
-field checked, in whole-array numpy passes.
+field checked, in whole-array numpy passes. The reference: :mod:`csf_codec.engine_records_decode_c` runs the same
+checks, in the same order and with the same messages, in the C extension, and the tests compare the two.
 
 Canonical choice is checked from what decoding reads, without re-encoding: a tile's record length under any
 candidate window follows from ``C(k)``, its positions whose offset from the row base is ``<= k`` (padding at

@@ -1,0 +1,81 @@
+"""Engine records' CPU decoder on the C extension (:mod:`csf_codec.native`): one column class of a span in one C
+call that releases the GIL, a tile at a time: every field checked, the values, and the canonical-choice check from
+each tile's ``C(k)`` (the numpy decoder's checks, order and messages:
+:func:`csf_codec.engine_records_decode_np.decode_records`, the reference). The numpy passes report the first
+check any tile fails; the C loop ranks its faults in that order and reports the least."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .engine_records_decode_np import decode_records
+from .engine_records_np import thresholds
+from .errors import CorruptPayloadError
+from .inline_np import ClassPlan
+from .native import native
+from .record_layout import MODE_WIDTH
+from .tile_layout import TILE_ROWS
+
+__all__ = ["decode_records_c"]
+
+_MODE_FAULTS = (
+    "a {w}-bit record's window is not a candidate window",
+    "a tile window leaves the byte range",
+    "a record's selectors and exception count run past its length",
+    "a padding slot's selector is not zero",
+    "the unused half of a record's last exception entry is not zero",
+    "an exception position lies outside its tile",
+    "exception positions are not strictly ascending",
+    "an exception sits on padding or on a non-zero selector",
+    "a record's length disagrees with its exception count and escapes",
+    "an exception repeats a value its selector could express",
+    "an escape holds a value a code reaches",
+    "an exception code points outside the byte range",
+    "a record's padding bytes are not zero",
+)
+_RAW_FAULTS = (
+    "a raw record's header carries an origin or a count",
+    "a raw record's length is not the raw length",
+    "a record's padding bytes are not zero",
+    "a raw record stores non-zero bytes for padding slots",
+)
+_FAULTS = {
+    1: "a record header's length disagrees with its offsets byte",
+    2: "a record header's reserved bits are not zero",
+    **{3 + 16 * m + k: f.format(w=MODE_WIDTH[m]) for m in MODE_WIDTH for k, f in enumerate(_MODE_FAULTS)},
+    **{51 + k: f for k, f in enumerate(_RAW_FAULTS)},
+    60: "a tile's record is not the shortest its candidate windows give",
+}
+_BOUNDS = 61  # a record longer than its staged row (split_records never stages one): the numpy path decides
+
+
+def decode_records_c(
+    rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str, *, at=None, staged=None
+) -> np.ndarray:
+    """:func:`csf_codec.engine_records_decode_np.decode_records` (same arguments, bytes and errors) in C. With ``at``
+    (int64 [T]: each record's first byte), ``rec`` is the span's body itself, read in place; ``staged`` then gives
+    the staged records for the numpy path, which decides a record longer than its row (never staged so)."""
+    t_count, size = units.shape[0], TILE_ROWS * plan.cols
+    vals = np.empty((t_count, size), dtype=np.uint8)
+    if not t_count:
+        return vals
+    if at is None:
+        at = np.arange(t_count, dtype=np.int64) * rec.shape[1]
+    fault, _ = native().decode_engine_span(
+        vals,
+        np.ascontiguousarray(rec, dtype=np.uint8).reshape(-1),
+        np.ascontiguousarray(units, dtype=np.int64),
+        np.ascontiguousarray(base, dtype=np.int16),
+        np.ascontiguousarray(valid, dtype=np.bool_),
+        np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
+        np.array(thresholds(tuple(windows)), dtype=np.int32),
+        np.ascontiguousarray(at, dtype=np.int64),
+        plan.count,
+        plan.cols,
+        base_width,
+    )
+    if fault == _BOUNDS:
+        return decode_records(rec if staged is None else staged(), units, base, valid, plan, windows, base_width, name)
+    if fault:
+        raise CorruptPayloadError(name, _FAULTS[fault])
+    return vals
