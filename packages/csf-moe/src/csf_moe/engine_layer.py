@@ -243,8 +243,6 @@ class EngineMoE:
                                       f"{activations!r} (MXFP8's per-k32 promotion) is not built")  # fmt: skip
         if schedule is not None and (weights.w4a8 or schedule not in ENGINE_SCHEDULES):
             raise ValueError(f"schedule {schedule!r}: the FP4 GEMMs' are {ENGINE_SCHEDULES} (W4A8 has its own)")
-        if schedule == "pingpong":  # docs/moe-engine.md §4.13: not served until its fault is fixed
-            raise NotImplementedError("the ping-pong schedule's programs fault on the GPU; the layer does not serve it")
         if fc1_rows is not None and (weights.w4a8 or fc1_rows not in ENGINE_FC1_ROWS):
             raise ValueError(f"fc1_rows {fc1_rows!r}: the FP4 FC1's are {ENGINE_FC1_ROWS} (W4A8 always passes)")
         self.weights = weights
