@@ -21,7 +21,7 @@ from csf_kernels.moe.specs import (
     align_scatter_spec,
     experts_bins,
 )
-from csf_kernels.runtime import Launch
+from csf_kernels.runtime import Launch, placeholder
 from tests.interpreter import run_launch
 
 
@@ -46,10 +46,11 @@ def _two_programs(ids: torch.Tensor, experts: int, bm: int, s: dict) -> list[Lau
     pairs = ids.numel()
     count = Launch(align_count_spec(experts, ids64), (align_count_programs(pairs),), (ids, s["sorted_ids"], pairs,
                                                                                         experts))  # fmt: skip
-    plan_args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], pairs, experts,
-                 s["active_experts"].numel())  # fmt: skip
+    no_slots = placeholder(ids.device)  # route slots are not asked for (INV=0)
+    plan_args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], no_slots, pairs,
+                 experts, s["active_experts"].numel())  # fmt: skip
     plan = Launch(align_plan_spec(experts, bm, ids64, scatter=False), (1,), plan_args)
-    scatter = (ids, s["cursor"], s["sorted_ids"], pairs, experts)
+    scatter = (ids, s["cursor"], s["sorted_ids"], no_slots, pairs, experts)
     return [count, plan, Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter)]
 
 
@@ -82,8 +83,9 @@ def _one_token(ids: torch.Tensor, experts: int, bm: int) -> int:
     # the plan program scattering the routes itself, as for calls of more tokens
     plan = align_plan_spec(experts, bm, ids.dtype == torch.int64, scatter=True)
     s = plans
-    args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], pairs, experts,
-            s["active_experts"].numel())  # fmt: skip
+    no_slots = placeholder(ids.device)
+    args = (ids, s["cursor"], s["block_expert"], s["active_experts"], s["meta"], s["sorted_ids"], no_slots, pairs,
+            experts, s["active_experts"].numel())  # fmt: skip
     run_launch(Launch(plan, (1,), args))
     flat = ids.reshape(-1).to(torch.int64)
     valid = [r for r in range(pairs) if 0 <= int(flat[r]) < experts]

@@ -5,7 +5,7 @@ twin of its scattering epilogue into ``[pairs, H]``),
 against a per-token torch model of the same roundings. The alignment's slots are checked as the GEMMs rely on them:
 every route of an expert in ``[0, E)`` in exactly one slot of a block of its expert, each 16-byte chunk of its row
 fetched by exactly one producer thread each K step and stored exactly once; empty slots fetch zeros and store
-nothing; ids outside ``[0, E)`` contribute nothing.
+nothing; ids outside ``[0, E)`` contribute nothing; each route's slot (the gather pass's input) is sorted_ids' inverse.
 
 Usage: python -m tests.moe.interpret_engine_glue SEED -> prints "ok <cases>" or exits non-zero.
 """
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from csf_kernels.moe.engine import act_launch, combine_launch, gather_launch
+from csf_kernels.moe.engine import act_launch, combine_launch, gather_tokens_launch
 from csf_kernels.moe.engine_rows import (
     GATHER_THREADS,
     ROW_CHUNKS,
@@ -56,15 +56,21 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
         "active_experts": torch.full((min(pairs, experts),), poison, **i32),
         "meta": torch.full((4,), poison, **i32),
         "sorted_ids": torch.full((blocks * bm,), poison, **i32),
+        "route_slots": torch.full((pairs,), poison, **i32),
     }
     for launch in align_launches(ids, num_experts=experts, bm=bm, **s):
         run_launch(launch)
     used = int(s["meta"][0])
     _check_slots(ids, s, used, bm, top_k, experts, hidden)
+    # each route's slot, as the token-order gather pass reads them: the slot holding it, -1 where none does
+    want_slots = torch.full((pairs,), -1, **i32)
+    held = (s["sorted_ids"][: used * bm] >= 0) & (s["sorted_ids"][: used * bm] < pairs)
+    want_slots[s["sorted_ids"][: used * bm][held].long()] = held.nonzero().flatten().to(torch.int32)
+    assert torch.equal(s["route_slots"], want_slots), "the alignment's route slots are not sorted_ids' inverse"
     xs = gathered_x(x, s["sorted_ids"], used, bm, top_k)  # what FC1's stages hold
     # the gather pass (FC1 reading block-order rows by TMA) writes the same rows at the routes' slots, nothing else
     passed = torch.full((blocks * bm, hidden), float("nan"), dtype=torch.bfloat16)
-    run_launch(gather_launch(x, s["sorted_ids"], s["meta"], passed, top_k=top_k, bm=bm))
+    run_launch(gather_tokens_launch(x, s["route_slots"], passed, top_k=top_k))
     routed = torch.zeros(blocks * bm, dtype=torch.bool)
     routed[: used * bm] = (s["sorted_ids"][: used * bm] >= 0) & (s["sorted_ids"][: used * bm] < pairs)
     assert torch.equal(passed[routed], xs[: used * bm][routed[: used * bm]]), "the pass's rows differ from FC1's"
@@ -139,6 +145,7 @@ def main(seed: int) -> None:
         (1, 8, 128, 64, 2, "silu", False),
         (40, 8, 128, 128, 3, "swiglu_oai", True),
         (300, 4, 64, 64, 2, "silu", True),
+        (700, 8, 64, 64, 2, "silu", False),  # 1400 routes: the count, plan and scatter programs
     ]
     for case in cases:
         _case(seed, *case)

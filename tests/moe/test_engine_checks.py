@@ -7,7 +7,7 @@ import torch
 
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
-from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_launch, grouped_fp4_gemm_launch
+from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather_tokens_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
@@ -295,8 +295,10 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
         )
         assert all(s.fact["FMT"] == "nvfp4" and s.fact["ACT"] == 1 + (geo.activation == "swiglu_oai") for s in fc1)
-        passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather"]
-        assert sorted(s.fact["BM"] for s in passes) == sorted(ENGINE_TILE_N)
+        passes = [s for s in engine_geometry_specs(geo) if s.kernel == "moe.engine_gather_tokens"]
+        assert len(passes) == 1  # one pass for every block size: it reads the routes' slots, not the blocks
+        inverse = [s for s in engine_geometry_specs(geo) if s.kernel.startswith("moe.align") and s.fact.get("INV")]
+        assert {s.fact.get("BM") for s in inverse if "BM" in s.fact} == set(ENGINE_TILE_N)
     plain = engine_specs()
     want = {
         (f, t, src, io, sched, rag, occ)
@@ -435,22 +437,21 @@ def test_the_layer_passes_its_schedule_to_the_fp4_gemms():
 
 def test_gather_pass_refuses_what_it_cannot_serve():
     x = torch.zeros(5, 128, dtype=torch.bfloat16)
-    ids = torch.zeros(64, dtype=torch.int32)
-    meta = torch.zeros(4, dtype=torch.int32)
+    route_slots = torch.zeros(10, dtype=torch.int32)
     xs = torch.zeros(64, 128, dtype=torch.bfloat16)
-    launch = gather_launch(x, ids, meta, xs, top_k=2, bm=16)
-    assert launch.spec.kernel == "moe.engine_gather" and launch.grid == (4, 1)  # 16 slots a program
-    assert launch.args[-1] == 10  # pairs: routes at or past it are empty slots
+    launch = gather_tokens_launch(x, route_slots, xs, top_k=2)
+    assert launch.spec.kernel == "moe.engine_gather_tokens" and launch.grid == (1, 1)  # 8 tokens a program
+    assert launch.args[3:] == (5, 128, 2, 64)  # tokens, hidden, top_k, and xs's slots: a slot past them is not stored
     with pytest.raises(TypeError, match="bf16"):
-        gather_launch(x.float(), ids, meta, xs, top_k=2, bm=16)
+        gather_tokens_launch(x.float(), route_slots, xs, top_k=2)
     with pytest.raises(TypeError, match="bf16"):
-        gather_launch(x[:, :64], ids, meta, xs, top_k=2, bm=16)
-    with pytest.raises(ValueError, match="slots"):
-        gather_launch(x, ids[:48], meta, xs, top_k=2, bm=16)
-    with pytest.raises(ValueError, match="slots"):
-        gather_launch(x, ids, meta, xs, top_k=2, bm=128)
+        gather_tokens_launch(x[:, :64], route_slots, xs, top_k=2)
+    with pytest.raises(ValueError, match="route_slots"):
+        gather_tokens_launch(x, route_slots[:9], xs, top_k=2)
+    with pytest.raises(ValueError, match="route_slots"):
+        gather_tokens_launch(x, route_slots.long(), xs, top_k=2)
     with pytest.raises(ValueError, match="top_k"):
-        gather_launch(x, ids, meta, xs, top_k=0, bm=16)
+        gather_tokens_launch(x, route_slots, xs, top_k=0)
 
 
 def test_fc1_rows_option_is_checked():

@@ -6,4 +6,4 @@ from tests.interpreted import run_interpreted
 
 
 def test_engine_glue_in_the_interpreter():
-    run_interpreted("tests.moe.interpret_engine_glue", "ok 3")
+    run_interpreted("tests.moe.interpret_engine_glue", "ok 4")

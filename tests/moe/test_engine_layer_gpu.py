@@ -46,7 +46,7 @@ def test_engine_layer_matches_the_reference(model, tp, fmt, fused):
             assert fused and names[-3:] == ["moe.fc1_finish", "moe.engine_gemm", "moe.combine"]
         else:
             assert names[-1] == "moe.engine_combine"
-            assert len(names) <= (6 if fused else 7) + ("moe.engine_gather" in names)  # align: 1 to 3
+            assert len(names) <= (6 if fused else 7) + ("moe.engine_gather_tokens" in names)  # align: 1-3
         run()
         want = moe_reference(x, ref, w, ids, kind=geo.activation)
         err = float((out.float() - want).norm() / want.norm())
@@ -86,8 +86,9 @@ def test_engine_layer_replays_new_routings_in_a_graph(fmt):
 
 @pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
 def test_fc1_rows_from_the_gather_pass_give_the_producer_gathers_bits(model, tp, fmt):
-    """FC1 reading block-order rows a gather pass wrote (``fc1_rows="pass"``, TMA tiles) and FC1 gathering them in
-    its producer warps: the same bits at every block size, padding routes included, and in a replayed graph."""
+    """FC1 reading block-order rows a gather pass wrote (``fc1_rows="pass"``, token by token through the alignment's
+    route slots; TMA tiles) and FC1 gathering them in its producer warps: the same bits at every block size, padding
+    routes included, and in a replayed graph."""
     geo = load_catalog().moe_geometry(model, tp, fmt)
     weights = engine_weights(synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference(), geo.activation)
     # unsplit: a split call gathers FC1's rows in its producer warps whatever fc1_rows says
@@ -103,7 +104,7 @@ def test_fc1_rows_from_the_gather_pass_give_the_producer_gathers_bits(model, tp,
             outs[rows] = torch.full_like(x, float("nan"))
             run = layer.call(x, ids, w, outs[rows])
             names = [name for name, _ in run.launches]
-            assert ("moe.engine_gather" in names) == (rows == "pass")
+            assert ("moe.engine_gather_tokens" in names) == (rows == "pass")
             run()
         assert torch.isfinite(outs["pass"].float()).all(), f"seed {SEED} {geo.name} T={t}: unwritten outputs"
         assert torch.equal(outs["pass"], outs["producer"]), f"seed {SEED} {geo.name} T={t}: FC1's rows differ"

@@ -38,7 +38,7 @@ from csf_kernels.moe.engine import (
     act_launch,
     combine_launch,
     fc1_finish_launch,
-    gather_launch,
+    gather_tokens_launch,
     grouped_fp4_gemm_launch,
     partial_combine_launch,
 )
@@ -401,7 +401,8 @@ class EngineMoE:
             fc2_in = []
             if fc1_rows == "pass":
                 x1 = {"x": buf["xs"]}
-                fc1_in = [gather_launch(x, sorted_ids, meta, x1["x"], top_k=self.top_k, bm=bm)]
+                scratch_views["route_slots"] = buf["route_slots"]  # the alignment writes each route's slot
+                fc1_in = [gather_tokens_launch(x, buf["route_slots"], x1["x"], top_k=self.top_k)]
                 gather = dict(sorted_ids=sorted_ids, pairs=pairs)  # block-order rows; the ids tell live slots
             else:
                 x1, fc1_in = {"x": x}, []
@@ -417,7 +418,8 @@ class EngineMoE:
                 y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
             ),
         ]
-        keep = (cursor, block_expert, active, meta, sorted_ids, inverse, x1, x2, h, a, y, weights32)
+        keep = (cursor, block_expert, active, meta, sorted_ids, buf.get("route_slots"), inverse, x1, x2, h, a, y,
+                weights32)  # fmt: skip
         return launches, keep
 
 
@@ -515,10 +517,11 @@ def call_buffers(
     block_fill: float = 1.0,
     splits: tuple[int, int] = (1, 1),
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows`` ``"pass"``:
-    FC1's block-order input rows (W4A8 always quantizes them in block order); ``float_weights``: the routing weights
-    come in another dtype and are copied to float32 first; ``block_fill``: as :class:`EngineMoE`'s; ``splits``: FC1's
-    and FC2's K splits (a split call's partials, and FC2's input at the routes' rows)."""
+    """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows``
+    ``"pass"``: FC1's block-order input rows and each route's slot (W4A8 always quantizes them in block order);
+    ``float_weights``: the routing weights come in another dtype and are copied to float32 first; ``block_fill``: as
+    :class:`EngineMoE`'s; ``splits``: FC1's and FC2's K splits (a split call's partials, and FC2's input at the
+    routes' rows)."""
     pairs = tokens * top_k
     bm = call_tile_n(pairs, experts, w4a8, block_fill)
     blocks = max_blocks_for(pairs, experts, bm)
@@ -546,7 +549,8 @@ def call_buffers(
                 "inverse2": ((slots,), i32)}  # fmt: skip
     else:
         out["y"] = ((pairs, hidden), bf16)
-        if fc1_rows == "pass":
+        if fc1_rows == "pass":  # the pass reads each route's slot
+            out["route_slots"] = ((pairs,), i32)
             out["xs"] = ((slots, hidden), bf16)
     if float_weights:
         out["weights32"] = ((tokens, top_k), f32)

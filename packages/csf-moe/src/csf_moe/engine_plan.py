@@ -22,7 +22,7 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_TILE_N,
     engine_combine_spec,
     engine_fc1_finish_spec,
-    engine_gather_spec,
+    engine_gather_tokens_spec,
     engine_gemm_spec,
     engine_partial_combine_spec,
     engine_serves,
@@ -126,10 +126,12 @@ class EnginePlan:
         (``EngineMoE.launches``; ``tests/moe/test_engine_plan.py`` holds the two together)."""
         g, bm = self.geometry, self.tile_n(tokens)
         pairs = tokens * self.top_k
+        passes = not self.w4a8 and fc1_rows_for(bm, self.scale_source) == "pass"  # the token-order pass
+        inverse = passes and self.splits(tokens) == (1, 1)  # reads the routes' slots the alignment writes
         if tokens == 1 and max_blocks_for(pairs, g.experts, bm) >= pairs:  # each route a block of its own
-            align = [align_routes_spec(bm, ids64, pairs)]
+            align = [align_routes_spec(bm, ids64, pairs, inverse=inverse)]
         else:
-            align = align_specs(g.experts, bm, ids64, {align_scatters_in_plan(pairs)})
+            align = align_specs(g.experts, bm, ids64, {align_scatters_in_plan(pairs)}, inverse=inverse)
         if self.splits(tokens) != (1, 1):
             source = self.scale_source
             body = [engine_gemm_spec(bm, None, False, self.fmt, source, "gather", partial="fc1"),
@@ -141,9 +143,8 @@ class EnginePlan:
             body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]
         else:
             source = self.scale_source
-            passes = fc1_rows_for(bm, source) == "pass"
             fc1 = engine_gemm_spec(bm, g.activation, g.bias, self.fmt, source, "dense" if passes else "gather")
-            body = [engine_gather_spec(bm)] if passes else []
+            body = [engine_gather_tokens_spec()] if passes else []
             body += [fc1, engine_gemm_spec(bm, None, False, self.fmt, source, "scatter")]
         return (*align, *body, engine_combine_spec(ids64, g.bias, inverse=self.w4a8))
 

@@ -16,7 +16,7 @@ from csf_kernels.moe.engine_specs import (
     engine_act_spec,
     engine_combine_spec,
     engine_fc1_finish_spec,
-    engine_gather_spec,
+    engine_gather_tokens_spec,
     engine_gemm_spec,
     engine_occupancy,
     engine_partial_combine_spec,
@@ -32,7 +32,7 @@ __all__ = [
     "combine_launch",
     "dense_fp4_gemm_launch",
     "fc1_finish_launch",
-    "gather_launch",
+    "gather_tokens_launch",
     "grouped_fp4_gemm_launch",
     "partial_combine_launch",
 ]
@@ -257,22 +257,22 @@ def dense_fp4_gemm_launch(
                                    fmt=fmt, global_scale=global_scale)  # fmt: skip
 
 
-def gather_launch(
-    x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, *, top_k: int, bm: int
-) -> runtime.Launch:
-    """FC1's input in block order: ``xs[s] = x[sorted_ids[s] // top_k]`` (bf16 ``[slots, H]``) for each slot holding
-    a route ``t * top_k + j`` in ``[0, pairs)``, for the FC1 GEMM reading block-order rows (``io="dense"``). Other
-    slots are left as they are: a slot's row reaches only that slot's outputs, which nothing reads."""
+def gather_tokens_launch(x: torch.Tensor, route_slots: torch.Tensor, xs: torch.Tensor, *, top_k: int) -> runtime.Launch:
+    """FC1's input in block order, token by token: ``xs[route_slots[t * top_k + j]] = x[t]`` for each route with a
+    slot in ``[0, slots)`` (``route_slots``: int32 ``[T * top_k]``, the alignment's inverse, -1 for none). Each row
+    of ``x`` is read once; other slots are left as they are: a slot's row reaches only that slot's outputs, which
+    nothing reads."""
     slots, hidden = xs.shape
     if x.dtype != torch.bfloat16 or xs.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden:
         raise TypeError(f"gather: x must be bf16 [T, {hidden}] like xs's columns; got {x.dtype} {tuple(x.shape)}")
-    if sorted_ids.dtype != torch.int32 or sorted_ids.numel() != slots or slots % bm:
-        raise ValueError(f"gather: {sorted_ids.numel()} int32 slots for xs's {slots} rows in blocks of {bm}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
-    spec = engine_gather_spec(bm)
-    grid = (-(-slots // spec.fact["RB"]), -(-hidden // spec.fact["BH"]))
-    return runtime.Launch(spec, grid, (x, sorted_ids, meta, xs, hidden, top_k, x.shape[0] * top_k))
+    tokens = x.shape[0]
+    if route_slots.dtype != torch.int32 or route_slots.numel() < tokens * top_k:
+        raise ValueError(f"gather: route_slots must be int32 with {tokens * top_k} entries at least")
+    spec = engine_gather_tokens_spec()
+    grid = (-(-tokens // spec.fact["RT"]), -(-hidden // spec.fact["BH"]))
+    return runtime.Launch(spec, grid, (x, route_slots, xs, tokens, hidden, top_k, slots))
 
 
 def act_launch(

@@ -17,6 +17,7 @@ from csf_kernels.moe.engine_panels import ENGINE_SCALES, PANEL_STEP_K, ROW_BLOCK
 from csf_kernels.moe.specs import (
     MOE_PDL,
     align_forms,
+    align_routes_spec,
     align_specs,
     combine_slot_tiles,
     combine_slots,
@@ -30,7 +31,7 @@ __all__ = [
     "ENGINE_COMBINE",
     "ENGINE_FC1_ROWS",
     "ENGINE_FORMATS",
-    "ENGINE_GATHER",
+    "ENGINE_GATHER_TOKENS",
     "ENGINE_GEMM",
     "ENGINE_GEMM_VERSION",
     "ENGINE_IO",
@@ -51,7 +52,7 @@ __all__ = [
     "engine_act_spec",
     "engine_combine_spec",
     "engine_fc1_finish_spec",
-    "engine_gather_spec",
+    "engine_gather_tokens_spec",
     "engine_gemm_spec",
     "engine_geometry_specs",
     "engine_occupancies",
@@ -78,7 +79,8 @@ ENGINE_TILE_N = (16, 32, 64, 128, 256)  # routes a block: the programs the cache
 ENGINE_TILE_M = 2 * ROW_BLOCK  # weight rows a CTA tile: two consumer warpgroups of a row block each
 ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 # how FC1 gets its routes' rows of x: its producer warps gather them by cp.async ("producer"), or a gather pass
-# writes them in block order and FC1 reads them by TMA tiles ("pass"; docs/moe-engine.md §4.11)
+# writes them in block order, token by token through the alignment's route slots, and FC1 reads them by TMA tiles
+# ("pass"; docs/moe-engine.md §4.11)
 ENGINE_FC1_ROWS = ("producer", "pass")
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
 # the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, or each
@@ -118,9 +120,9 @@ _GLUE = "csf_kernels.moe.kernels.engine_glue"
 ENGINE_ACT = TritonFamily(
     kernel="moe.engine_act", version=1, module=_GLUE, function="engine_act", signature="SIGNATURE_ACT", num_warps=4
 )
-ENGINE_GATHER = TritonFamily(
-    kernel="moe.engine_gather", version=3, module=_GLUE, function="engine_gather", signature="SIGNATURE_GATHER",
-    num_warps=8,
+ENGINE_GATHER_TOKENS = TritonFamily(
+    kernel="moe.engine_gather_tokens", version=1, module=_GLUE, function="engine_gather_tokens",
+    signature="SIGNATURE_GATHER_TOKENS", num_warps=8,
 )  # fmt: skip
 ENGINE_COMBINE = TritonFamily(
     kernel="moe.engine_combine", version=3, module=_GLUE, function="engine_combine", signature="SIGNATURE_COMBINE",
@@ -128,7 +130,7 @@ ENGINE_COMBINE = TritonFamily(
 )  # fmt: skip
 ACT_COLUMNS = 1024
 GATHER_COLUMNS = 1024
-GATHER_ROWS = 16  # slots a gather program: 32 KB, eight 16-byte loads a thread in flight (four: 92k programs at 8192)
+GATHER_TOKENS = 8  # tokens a token-order gather program: 16 KB read, four 16-byte loads a thread, top_k stores each
 COMBINE_COLUMNS = 1024
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
@@ -168,10 +170,11 @@ def engine_act_spec(bm: int, activation: str, bias: bool) -> ProgramSpec:
                           HAS_BIAS=int(bias), PDL=MOE_PDL, num_warps=ENGINE_ACT.num_warps)  # fmt: skip
 
 
-def engine_gather_spec(bm: int) -> ProgramSpec:
-    """FC1's input in block order (:data:`ENGINE_FC1_ROWS` ``"pass"``)."""
-    return ProgramSpec.of(ENGINE_GATHER.kernel, ENGINE_GATHER.version, BM=bm, RB=GATHER_ROWS, BH=GATHER_COLUMNS,
-                          PDL=MOE_PDL, num_warps=ENGINE_GATHER.num_warps)  # fmt: skip
+def engine_gather_tokens_spec() -> ProgramSpec:
+    """The gather pass (:data:`ENGINE_FC1_ROWS` ``"pass"``): FC1's input in block order, written token by token through
+    the alignment's route slots."""
+    return ProgramSpec.of(ENGINE_GATHER_TOKENS.kernel, ENGINE_GATHER_TOKENS.version, RT=GATHER_TOKENS,
+                          BH=GATHER_COLUMNS, PDL=MOE_PDL, num_warps=ENGINE_GATHER_TOKENS.num_warps)  # fmt: skip
 
 
 def engine_combine_spec(ids64: bool, bias: bool, inverse: bool = False) -> ProgramSpec:
@@ -191,9 +194,11 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     specs = []
     for bm in ENGINE_TILE_N:
         for ids64 in (False, True):
-            specs += align_specs(geo.experts, bm, ids64, align_forms(math.inf))
+            for inverse in (False, True):  # the token-order gather pass reads the routes' slots
+                specs += align_specs(geo.experts, bm, ids64, align_forms(math.inf), inverse=inverse)
+            if bm == min(ENGINE_TILE_N):  # one-token calls, should one pass
+                specs.append(align_routes_spec(bm, ids64, geo.top_k, inverse=True))
         specs.append(engine_act_spec(bm, geo.activation, geo.bias))
-        specs.append(engine_gather_spec(bm))
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
             for schedule in engine_schedules(bm):
                 for io in ("gather", "dense"):
@@ -204,6 +209,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
     for ids64 in (False, True):
         specs.append(engine_combine_spec(ids64, geo.bias))
         specs += engine_split_finish_specs(geo, ids64)
+    specs.append(engine_gather_tokens_spec())
     return specs
 
 

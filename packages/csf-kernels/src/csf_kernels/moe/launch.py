@@ -69,12 +69,14 @@ def align_launches(
     active_experts: torch.Tensor,
     meta: torch.Tensor,
     sorted_ids: torch.Tensor,
+    route_slots: torch.Tensor | None = None,
 ) -> list[Launch]:
-    """Group ``topk_ids`` [T, k] into blocks of ``bm`` routes per expert (see kernels/moe_align.py); one
+    """Group ``topk_ids`` [T, k] into blocks of ``bm`` routes per expert (see kernels/align.py); one
     token's routes, each a block of its own.
 
     The scratch views are int32: ``cursor`` [bins], ``block_expert`` [max_blocks], ``active_experts``
-    [max_active], ``meta`` [>= 1], ``sorted_ids`` [max_blocks * bm]."""
+    [max_active], ``meta`` [>= 1], ``sorted_ids`` [max_blocks * bm]; ``route_slots`` [>= T * k], if given, gets
+    each route's slot (-1: the route joins no block)."""
     ids64 = _ids64(topk_ids)
     pairs = topk_ids.numel()
     max_blocks = block_expert.numel()
@@ -82,15 +84,20 @@ def align_launches(
         raise ValueError(f"sorted_ids holds {sorted_ids.numel()} routes, {max_blocks} blocks of {bm} need more")
     if max_blocks < max_blocks_for(pairs, num_experts, bm):
         raise ValueError(f"{max_blocks} blocks cannot hold {pairs} routes over {num_experts} experts")
+    inverse = route_slots is not None
+    if inverse and (route_slots.dtype != torch.int32 or route_slots.numel() < pairs):
+        raise ValueError(f"route_slots must be int32 with {pairs} entries at least")
+    slots_arg = route_slots if inverse else placeholder(topk_ids.device)
     if topk_ids.dim() == 2 and topk_ids.shape[0] == 1 and max_blocks >= pairs:
-        args = (topk_ids, block_expert, active_experts, meta, sorted_ids, pairs, num_experts, active_experts.numel())
-        return [Launch(align_routes_spec(bm, ids64, pairs), (1,), args)]
+        args = (topk_ids, block_expert, active_experts, meta, sorted_ids, slots_arg, pairs, num_experts,
+                active_experts.numel())  # fmt: skip
+        return [Launch(align_routes_spec(bm, ids64, pairs, inverse=inverse), (1,), args)]
     scatter_here = align_scatters_in_plan(pairs)
-    plan = align_plan_spec(num_experts, bm, ids64, scatter=scatter_here)
+    plan = align_plan_spec(num_experts, bm, ids64, scatter=scatter_here, inverse=inverse)
     bins = plan.fact["EP"]
     if cursor.numel() < bins:
         raise ValueError(f"cursor needs {bins} entries")
-    plan_args = (topk_ids, cursor, block_expert, active_experts, meta, sorted_ids, pairs, num_experts,
+    plan_args = (topk_ids, cursor, block_expert, active_experts, meta, sorted_ids, slots_arg, pairs, num_experts,
                  active_experts.numel())  # fmt: skip
     if scatter_here:
         return [Launch(plan, (1,), plan_args)]
@@ -98,11 +105,11 @@ def align_launches(
     if sorted_ids.numel() < counters * bins:  # the count programs' rows are written at its start
         raise ValueError(f"sorted_ids holds {sorted_ids.numel()} routes, fewer than the {counters} x {bins} counts "
                          f"of {pairs} routes")  # fmt: skip
-    scatter_args = (topk_ids, cursor, sorted_ids, pairs, num_experts)
+    scatter_args = (topk_ids, cursor, sorted_ids, slots_arg, pairs, num_experts)
     return [
         Launch(align_count_spec(num_experts, ids64), (counters,), (topk_ids, sorted_ids, pairs, num_experts)),
         Launch(plan, (1,), plan_args),
-        Launch(align_scatter_spec(ids64), (-(-pairs // SCATTER_CHUNK),), scatter_args),
+        Launch(align_scatter_spec(ids64, inverse=inverse), (-(-pairs // SCATTER_CHUNK),), scatter_args),
     ]
 
 

@@ -59,7 +59,7 @@ __all__ = [
 
 MOE_ALIGN_PLAN = TritonFamily(
     kernel="moe.align_plan",
-    version=3,  # 3: beyond one chunk, sums the count programs' rows
+    version=4,  # 3: beyond one chunk, sums the count programs' rows; 4: route_slots (INV)
     module="csf_kernels.moe.kernels.align",
     function="moe_align_plan",
     signature="SIGNATURE_PLAN",
@@ -75,7 +75,7 @@ MOE_ALIGN_COUNT = TritonFamily(
 )
 MOE_ALIGN_ROUTES = TritonFamily(
     kernel="moe.align_routes",
-    version=1,
+    version=2,  # 2: route_slots (INV)
     module="csf_kernels.moe.kernels.align",
     function="moe_align_routes",
     signature="SIGNATURE_ROUTES",
@@ -83,7 +83,7 @@ MOE_ALIGN_ROUTES = TritonFamily(
 )
 MOE_ALIGN_SCATTER = TritonFamily(
     kernel="moe.align_scatter",
-    version=1,
+    version=2,  # 2: route_slots (INV)
     module="csf_kernels.moe.kernels.align",
     function="moe_align_scatter",
     signature="SIGNATURE_SCATTER",
@@ -251,9 +251,11 @@ def experts_bins(num_experts: int) -> int:
     return p
 
 
-def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = False) -> ProgramSpec:
+def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = False, inverse: bool = False
+                    ) -> ProgramSpec:  # fmt: skip
     """The align plan program; ``scatter``: it also scatters the routes (calls of at most
-    ``ALIGN_CHUNK`` routes: :func:`align_scatters_in_plan`), so no scatter program runs."""
+    ``ALIGN_CHUNK`` routes: :func:`align_scatters_in_plan`), so no scatter program runs; ``inverse``: the
+    scattering program also writes each route's slot (the engine's gather pass reads them)."""
     return ProgramSpec.of(
         MOE_ALIGN_PLAN.kernel,
         MOE_ALIGN_PLAN.version,
@@ -262,19 +264,22 @@ def align_plan_spec(num_experts: int, bm: int, ids64: bool, *, scatter: bool = F
         BM=bm,
         CH=ALIGN_CHUNK,
         SCATTER=int(scatter),
+        INV=int(scatter and inverse),
         PDL=MOE_PDL,
         num_warps=MOE_ALIGN_PLAN.num_warps,
     )
 
 
-def align_routes_spec(bm: int, ids64: bool, top_k: int) -> ProgramSpec:
-    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/moe_align.py)."""
+def align_routes_spec(bm: int, ids64: bool, top_k: int, *, inverse: bool = False) -> ProgramSpec:
+    """The alignment of one-token calls (``top_k`` routes, each a block of its own: kernels/align.py);
+    ``inverse``: each route's slot written too."""
     return ProgramSpec.of(
         MOE_ALIGN_ROUTES.kernel,
         MOE_ALIGN_ROUTES.version,
         IDS64=int(ids64),
         P=max(32, 1 << (top_k - 1).bit_length()),  # a warp's lanes, each a route
         BM=bm,
+        INV=int(inverse),
         PDL=MOE_PDL,
         num_warps=MOE_ALIGN_ROUTES.num_warps,
     )
@@ -309,26 +314,28 @@ def align_count_programs(pairs: int) -> int:
     return -(-pairs // (ALIGN_COUNT_CHUNKS * ALIGN_CHUNK))
 
 
-def align_specs(num_experts: int, bm: int, ids64: bool, forms) -> list[ProgramSpec]:
+def align_specs(num_experts: int, bm: int, ids64: bool, forms, *, inverse: bool = False) -> list[ProgramSpec]:
     """The align programs of calls in ``forms`` (:func:`align_forms`) at ``bm`` routes a block, in launch order
     (not the one-token form, :func:`align_routes_spec`): True, the plan program alone; False, the count programs,
-    the plan, the scatter."""
+    the plan, the scatter. ``inverse``: the scattering program writes each route's slot too."""
     specs = []
     for scatter in sorted(forms, reverse=True):
         if scatter:
-            specs.append(align_plan_spec(num_experts, bm, ids64, scatter=True))
+            specs.append(align_plan_spec(num_experts, bm, ids64, scatter=True, inverse=inverse))
         else:
             specs += [align_count_spec(num_experts, ids64), align_plan_spec(num_experts, bm, ids64),
-                      align_scatter_spec(ids64)]  # fmt: skip
+                      align_scatter_spec(ids64, inverse=inverse)]  # fmt: skip
     return specs
 
 
-def align_scatter_spec(ids64: bool) -> ProgramSpec:
+def align_scatter_spec(ids64: bool, *, inverse: bool = False) -> ProgramSpec:
+    """The scatter program of calls over ``ALIGN_CHUNK`` routes; ``inverse``: each route's slot written too."""
     return ProgramSpec.of(
         MOE_ALIGN_SCATTER.kernel,
         MOE_ALIGN_SCATTER.version,
         IDS64=int(ids64),
         CH=SCATTER_CHUNK,
+        INV=int(inverse),
         PDL=MOE_PDL,
         num_warps=MOE_ALIGN_SCATTER.num_warps,
     )

@@ -20,6 +20,9 @@ bins): its routes go to distinct experts (a router's top-k), so each route is a 
 what the two programs above would produce, in another order (a block's position changes nothing in a GEMM's
 output). Should two routes of the token name one expert, each still gets its block: exact either way.
 
+``INV`` programs also write each route's slot (``route_slots [pairs]``, -1 for a route that joins no block): the
+engine's gather pass copies a token's row once to its routes' slots with it (kernels/engine_glue.py).
+
 Route ids outside [0, E) (vLLM's CUDA-graph padding) join no block: they are computed by nobody and
 the combine step skips them. Within a block the order of routes is whatever the atomics produced; a
 GEMM's output row for a route does not depend on its position in the block, so results are exact
@@ -41,6 +44,7 @@ SIGNATURE_PLAN = {
     "active_experts": "*i32",  # [max_active]
     "meta": "*i32",  # [0]: blocks used
     "sorted_ids": "*i32",  # [max_blocks * BM]
+    "route_slots": "*i32",  # [pairs] (INV), each route's slot or -1
     "pairs": "i32",
     "num_experts": "i32",
     "max_active": "i32",
@@ -49,6 +53,7 @@ SIGNATURE_PLAN = {
     "BM": "constexpr",
     "CH": "constexpr",
     "SCATTER": "constexpr",  # 1: pairs <= CH, the routes scattered here too (no moe_align_scatter launch)
+    "INV": "constexpr",  # 1: route_slots written too (SCATTER)
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
@@ -58,12 +63,14 @@ SIGNATURE_ROUTES = {
     "active_experts": "*i32",  # [max_active]
     "meta": "*i32",  # [0]: blocks used
     "sorted_ids": "*i32",  # [>= pairs * BM]
+    "route_slots": "*i32",  # [pairs] (INV)
     "pairs": "i32",
     "num_experts": "i32",
     "max_active": "i32",
     "IDS64": "constexpr",
     "P": "constexpr",  # a power of two >= pairs
     "BM": "constexpr",
+    "INV": "constexpr",
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
@@ -82,10 +89,12 @@ SIGNATURE_SCATTER = {
     "topk_ids": "*i32",
     "cursor": "*i32",
     "sorted_ids": "*i32",
+    "route_slots": "*i32",  # [pairs] (INV)
     "pairs": "i32",
     "num_experts": "i32",
     "IDS64": "constexpr",
     "CH": "constexpr",
+    "INV": "constexpr",
     "PDL": "constexpr",  # launched as a programmatic dependent launch (kernels/pdl.py)
 }
 
@@ -125,6 +134,7 @@ def moe_align_plan(
     active_experts,
     meta,
     sorted_ids,
+    route_slots,
     pairs,
     num_experts,
     max_active,
@@ -133,6 +143,7 @@ def moe_align_plan(
     BM: tl.constexpr,
     CH: tl.constexpr,
     SCATTER: tl.constexpr,
+    INV: tl.constexpr,
     PDL: tl.constexpr,
 ):
     await_predecessor(PDL)
@@ -167,7 +178,7 @@ def moe_align_plan(
     tl.store(meta, total)
     if SCATTER:  # every route in one chunk (the host checks pairs <= CH)
         tl.debug_barrier()  # the cursors and sentinels above are stored before any route takes a slot
-        _scatter(topk_ids, cursor, sorted_ids, tl.arange(0, CH), pairs, num_experts, IDS64)
+        _scatter(topk_ids, cursor, sorted_ids, route_slots, tl.arange(0, CH), pairs, num_experts, IDS64, INV)
 
 
 @triton.jit
@@ -181,19 +192,25 @@ def moe_align_count(topk_ids, counts, pairs, num_experts, IDS64: tl.constexpr, E
 
 
 @triton.jit
-def _scatter(topk_ids, cursor, sorted_ids, offs, pairs, num_experts, IDS64: tl.constexpr):
-    """Routes ``offs`` take the next slot of their expert (an atomic add on its cursor)."""
+def _scatter(topk_ids, cursor, sorted_ids, route_slots, offs, pairs, num_experts, IDS64: tl.constexpr,
+             INV: tl.constexpr):  # fmt: skip
+    """Routes ``offs`` take the next slot of their expert (an atomic add on its cursor); ``INV``: each route's slot
+    (-1: none) is stored at the route too."""
     e, valid = _route_experts(topk_ids, offs, pairs, num_experts, IDS64)
     pos = tl.atomic_add(cursor + e, tl.full(offs.shape, 1, tl.int32), mask=valid)
     tl.store(sorted_ids + pos, offs, mask=valid)
+    if INV:
+        tl.store(route_slots + offs, tl.where(valid, pos, -1), mask=offs < pairs)
 
 
 @triton.jit
 def moe_align_scatter(
-    topk_ids, cursor, sorted_ids, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr
-):
+    topk_ids, cursor, sorted_ids, route_slots, pairs, num_experts, IDS64: tl.constexpr, CH: tl.constexpr,
+    INV: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     await_predecessor(PDL)
-    _scatter(topk_ids, cursor, sorted_ids, tl.program_id(0) * CH + tl.arange(0, CH), pairs, num_experts, IDS64)
+    offs = tl.program_id(0) * CH + tl.arange(0, CH)
+    _scatter(topk_ids, cursor, sorted_ids, route_slots, offs, pairs, num_experts, IDS64, INV)
 
 
 @triton.jit
@@ -203,12 +220,14 @@ def moe_align_routes(
     active_experts,
     meta,
     sorted_ids,
+    route_slots,
     pairs,
     num_experts,
     max_active,
     IDS64: tl.constexpr,
     P: tl.constexpr,
     BM: tl.constexpr,
+    INV: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One token's routes as blocks of one route each (valid routes in order), the distinct experts they
@@ -220,6 +239,8 @@ def moe_align_routes(
     tl.store(block_expert + block, e, mask=valid)
     slot = tl.arange(0, BM)[None, :]
     tl.store(sorted_ids + block[:, None] * BM + slot, tl.where(slot == 0, r[:, None], pairs), mask=valid[:, None])
+    if INV:
+        tl.store(route_slots + r, tl.where(valid, block * BM, -1), mask=r < pairs)
     # a route's expert is new unless an earlier valid route names it
     seen = (r[None, :] < r[:, None]) & valid[None, :] & (e[None, :] == e[:, None])
     first = valid & (tl.max(seen.to(tl.int32), 1) == 0)

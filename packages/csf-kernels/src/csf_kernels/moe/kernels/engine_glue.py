@@ -7,11 +7,14 @@
   rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
   outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
   ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
-* ``engine_gather``: FC1's input in block order, ``xs[s] = x[sorted_ids[s] // top_k]``, for the FC1 GEMM that reads
-  its rows by TMA tiles instead of gathering them in its producer warps. A slot without a route is not written: its
-  row only ever reaches that slot's own outputs (a GEMM's output column for a route reads that route's row alone),
-  which FC2 never stores, and an expert's padding is up to a third of the slots at 8192 tokens.
-* ``slot_route``: a block-order slot's route and token, the first step of every Triton gather.
+* ``engine_gather_tokens``: FC1's input in block order, for the FC1 GEMM that reads its rows by TMA tiles instead of
+  gathering them in its producer warps: a program reads ``RT`` tokens' rows of ``x`` once and stores each at its
+  routes' slots (``route_slots [pairs]``, the alignment's inverse, -1: no slot). A slot without a route is not
+  written: its row only ever reaches that slot's own outputs (a GEMM's output column for a route reads that route's
+  row alone), which FC2 never stores, and an expert's padding is up to a third of the slots at 8192 tokens. Going by
+  token reads ``x`` once where going by slot reads a token's row once a route (``top_k`` times, from DRAM once ``x``
+  outgrows L2).
+* ``slot_route``: a block-order slot's route and token, the first step of W4A8's quantizing gather.
 """
 
 from __future__ import annotations
@@ -54,16 +57,15 @@ SIGNATURE_COMBINE = {
     "PDL": "constexpr",
 }
 
-SIGNATURE_GATHER = {
+SIGNATURE_GATHER_TOKENS = {
     "x": "*bf16",
-    "sorted_ids": "*i32",
-    "meta": "*i32",
+    "route_slots": "*i32",
     "xs": "*bf16",
+    "tokens": "i32",
     "hidden": "i32",
     "top_k": "i32",
-    "pairs": "i32",
-    "BM": "constexpr",
-    "RB": "constexpr",  # slots a program: RB rows of BH columns in flight at once
+    "slots": "i32",  # xs's rows: a slot past them (never written by the alignment) is not stored
+    "RT": "constexpr",  # tokens a program
     "BH": "constexpr",
     "PDL": "constexpr",
 }
@@ -82,18 +84,18 @@ def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
 
 
 @triton.jit
-def engine_gather(x, sorted_ids, meta, xs, hidden, top_k, pairs, BM: tl.constexpr, RB: tl.constexpr,
-                  BH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+def engine_gather_tokens(x, route_slots, xs, tokens, hidden, top_k, slots, RT: tl.constexpr, BH: tl.constexpr,
+                         PDL: tl.constexpr):  # fmt: skip
     await_predecessor(PDL)
-    s0 = tl.program_id(0) * RB
-    if s0 >= tl.load(meta) * BM:  # blocks past meta[0] are never read
-        return
-    _, live, token, _ = slot_route(sorted_ids, meta, s0 + tl.arange(0, RB), top_k, pairs, BM)
+    t = tl.program_id(0) * RT + tl.arange(0, RT)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = (c[None, :] < hidden) & live[:, None]
-    v = tl.load(x + token[:, None] * hidden + c[None, :], mask=m)
-    s = (s0 + tl.arange(0, RB)).to(tl.int64)
-    tl.store(xs + s[:, None] * hidden + c[None, :], v, mask=m)
+    held = t < tokens
+    cols = c[None, :] < hidden
+    v = tl.load(x + t.to(tl.int64)[:, None] * hidden + c[None, :], mask=held[:, None] & cols)
+    for j in range(0, top_k):
+        s = tl.load(route_slots + t * top_k + j, mask=held, other=-1)
+        live = (s >= 0) & (s < slots)
+        tl.store(xs + tl.where(live, s, 0).to(tl.int64)[:, None] * hidden + c[None, :], v, mask=live[:, None] & cols)
 
 
 @triton.jit
