@@ -4,14 +4,20 @@ pyproject.toml."""
 from setuptools import Extension, setup
 
 # scripts/build_codec_native.sh compiles the same files with `cc`
-SOURCES = ["native_module.c", "native_compact.c", "native_inline.c", "native_rowbase.c", "native_engine.c"]
+SOURCES = [
+    "native_module.c",
+    "native_compact.c",
+    "native_inline.c",
+    "native_rowbase.c",
+    "native_engine_decode.c",
+]
 
 setup(
     ext_modules=[
         Extension(
             "csf_codec._native",
             [f"src/csf_codec/{f}" for f in SOURCES],
-            depends=["src/csf_codec/native_common.h"],
+            depends=["src/csf_codec/native_common.h", "src/csf_codec/native_engine.h"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
         )
     ]

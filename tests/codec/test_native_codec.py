@@ -342,3 +342,86 @@ def test_engine_record_past_its_row_takes_the_numpy_path():
         except Exception as e:  # whatever numpy does, C does the same
             got.append((type(e), str(e)))
     assert _same(*got)
+
+
+def test_engine_span_falls_back_to_numpy_when_c_says_so(monkeypatch):
+    """A span the C call leaves to numpy (a table index numpy would refuse) is decoded again, whole, by the numpy
+    path: the plane comes out the same."""
+    from csf_codec import engine_records_decode_c as dc
+
+    plane = synthetic_scale_plane((2, 300, 7), MXFP4, stats=SEED_REGIME, seed=3)
+    rec = encode_engine_records(plane, MXFP4)
+    real = dc.native()
+
+    class Bounds:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_engine_rows(self, out, *args):
+            real.decode_engine_rows(out, *args)
+            out[:] = 0xAB  # whatever C wrote is overwritten by the numpy path
+            return 61, -1
+
+    monkeypatch.setattr(dc, "native", lambda: Bounds())
+    assert torch.equal(_decode_engine(rec, "p", decode_records_c), plane)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@pytest.mark.parametrize("shape,group", [((3, 120, 16), None), ((2, 130, 7), 65), ((2, 200, 9), None)])
+def test_engine_span_row_base_proof_agrees(regime, shape, group):
+    """The C span call's rows and row-base proof are numpy's (decode_records, _scatter, base_window_counts, then
+    proven_bases), slot for slot, for the stored bases and for forged ones (or the same error)."""
+    from csf_codec.engine_records_decode_c import decode_span_c
+    from csf_codec.engine_records_decode_np import base_window_counts
+    from csf_codec.engine_records_np import split_records
+    from csf_codec.inline import CANDIDATE_WINDOWS, _block_bases_np, _class_plans
+    from csf_codec.inline_np import _scatter
+    from csf_codec.rowbase import proven_bases
+
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+    rec = encode_engine_records(plane, fmt, row_group=group)
+    geo = rec.geometry
+    ref, delta, br = _block_bases_np(plane.reshape(-1, shape[2]).numpy(), geo, fmt)
+    valid = br >= 0
+    plans = [p for p in _class_plans(geo) if p.count]
+    windows = CANDIDATE_WINDOWS[fmt.name]
+    units = rec.record_units.numpy().astype(np.int64)
+    body = rec.body.numpy()
+    wb = fmt.row_base_width
+    rng = np.random.default_rng(sum(shape))
+    base0 = ref[:, None].astype(np.int16) + delta
+    faults = 0
+    for trial in range(6):
+        base = base0.copy()
+        if trial:  # forged: some slots' bases moved, a few out of the byte range
+            hit = rng.random(base.shape) < 0.3 / trial
+            base[hit] += rng.integers(-3, 4, size=int(hit.sum())).astype(np.int16)
+            base[rng.random(base.shape) < 0.02 / trial] = 300
+        out_np = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+        counts = np.zeros((3, *br.shape), dtype=np.int32)
+        staged = split_records(body, units, plans)
+        col, want = 0, None
+        for i, plan in enumerate(plans):
+            u = units[:, col : col + plan.count].reshape(-1)
+            col += plan.count
+            try:
+                vals = decode_records(staged[i], u, base, valid, plan, windows, wb, "p")
+            except CSFError as e:
+                want = (type(e), str(e))
+                break
+            _scatter(out_np, vals, br, plan)
+            counts += base_window_counts(vals, base, plan, wb)
+        out_c = np.zeros_like(out_np)
+        proven_c = np.zeros(br.shape, dtype=bool)
+        try:
+            assert decode_span_c(out_c, body, units, base, valid, br, windows, wb, True, proven_c, "p")
+            got = None
+        except CSFError as e:
+            got = (type(e), str(e))
+        assert got == want
+        faults += want is not None
+        if want is None:
+            assert np.array_equal(out_np, out_c)
+            assert np.array_equal(proven_bases(base, *counts, geo.cols, wb), proven_c)
+    assert faults < 6

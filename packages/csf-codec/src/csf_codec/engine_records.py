@@ -18,7 +18,6 @@ goes raw only when no window's record is shorter than the raw one; the decoder r
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +34,9 @@ from .engine_record_layout import (
     RECORD_ALIGN,
     UNITS_MASK,
 )
-from .engine_records_decode_c import decode_records_c
-from .engine_records_decode_np import base_window_counts
-from .engine_records_np import _class_slots, build_records, choose_windows, join_records, offsets, split_records
+from .engine_records_decode_c import decode_records_c, decode_span_c
+from .engine_records_decode_np import base_window_counts, decode_records
+from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline import (
@@ -260,20 +259,15 @@ def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
+        one = (out, seg, units[a:b], base[a:b], valid[a:b], br[a:b], windows, wb, count, proven[a:b], name)
+        if decode_class is decode_records_c and decode_span_c(*one):  # in one C call, records read in place
+            return
+        cls = decode_records if decode_class is decode_records_c else decode_class  # numpy decides what C leaves
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
-        if decode_class is decode_records_c:  # the C decoder reads the records in place: no staging copy
-            _, first, ids = _class_slots(units[a:b], plans)
-            staged = [None] * len(plans)
-        else:
-            staged = split_records(seg, units[a:b], plans)
+        staged = split_records(seg, units[a:b], plans)
         for i, plan in enumerate(plans):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            args = (u, base[a:b], valid[a:b], plan, windows, wb, name)
-            if staged[i] is None:
-                again = functools.partial(lambda i: split_records(seg, units[a:b], plans)[i], i)
-                vals = decode_records_c(seg, *args, at=first[ids[i]] * RECORD_ALIGN, staged=again)
-            else:
-                vals = decode_class(staged[i], *args)
+            vals = cls(staged[i], u, base[a:b], valid[a:b], plan, windows, wb, name)
             _scatter(out, vals, br[a:b], plan)
             if count:  # the tiles are in the plane now: the counts may overwrite them
                 counts += base_window_counts(vals, base[a:b], plan, wb)

@@ -48,7 +48,17 @@ static inline int field_at(const uint8_t *sel, int64_t k, int w) {
     return (sel[bit >> 3] >> (bit & 7)) & ((1 << w) - 1);
 }
 
-static inline int popcount64(uint64_t x) { return __builtin_popcountll(x); }
+/* inline: without -mpopcnt, __builtin_popcountll is a call into libgcc */
+static inline int popcount64(uint64_t x) {
+#if defined(__POPCNT__) || !defined(__x86_64__)
+    return __builtin_popcountll(x);
+#else
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+    return (int)((x * 0x0101010101010101ull) >> 56);
+#endif
+}
 
 typedef struct {
     Py_buffer b;
@@ -68,6 +78,7 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args); /* native_compact
 PyObject *scan_bases(PyObject *self, PyObject *args);          /* native_compact.c */
 PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.c */
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
-PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine.c */
+PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
+PyObject *decode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 
 #endif

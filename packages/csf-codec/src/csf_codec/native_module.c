@@ -59,6 +59,7 @@ static PyMethodDef methods[] = {
     {"far_counts", far_counts, METH_VARARGS, "far_counts(stream, listed, bit_offsets, out): far flags per chunk"},
     {"decode_compact_span", decode_compact_span, METH_VARARGS, "the compact decoder's rows [a, b): (fault, position)"},
     {"decode_engine_span", decode_engine_span, METH_VARARGS, "engine records of one class: (fault, tile)"},
+    {"decode_engine_rows", decode_engine_rows, METH_VARARGS, "engine records of a span into rows: (fault, tile)"},
     {NULL, NULL, 0, NULL},
 };
 
