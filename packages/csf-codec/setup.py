@@ -10,6 +10,7 @@ SOURCES = [
     "native_inline.c",
     "native_rowbase.c",
     "native_engine_decode.c",
+    "native_engine_encode.c",
 ]
 
 setup(

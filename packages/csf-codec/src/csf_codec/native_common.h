@@ -80,5 +80,6 @@ PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
 PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *decode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_decode.c */
+PyObject *encode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_encode.c */
 
 #endif

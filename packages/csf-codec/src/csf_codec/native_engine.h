@@ -1,5 +1,5 @@
-/* Engine records' window tables and window choice (native_engine_decode.c): engine_records_np.thresholds,
-window_units and pick_windows for one tile at a time. */
+/* Engine records' window tables and window choice, shared by their decoder (native_engine_decode.c) and encoder
+(native_engine_encode.c): engine_records_np.thresholds, window_units and pick_windows for one tile at a time. */
 #ifndef CSF_NATIVE_ENGINE_H
 #define CSF_NATIVE_ENGINE_H
 

@@ -60,6 +60,7 @@ static PyMethodDef methods[] = {
     {"decode_compact_span", decode_compact_span, METH_VARARGS, "the compact decoder's rows [a, b): (fault, position)"},
     {"decode_engine_span", decode_engine_span, METH_VARARGS, "engine records of one class: (fault, tile)"},
     {"decode_engine_rows", decode_engine_rows, METH_VARARGS, "engine records of a span into rows: (fault, tile)"},
+    {"encode_engine_rows", encode_engine_rows, METH_VARARGS, "engine records of a span's rows: bytes written"},
     {NULL, NULL, 0, NULL},
 };
 
