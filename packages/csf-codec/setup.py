@@ -7,6 +7,7 @@ from setuptools import Extension, setup
 SOURCES = [
     "native_module.c",
     "native_compact.c",
+    "native_compact_encode.c",
     "native_inline.c",
     "native_rowbase.c",
     "native_engine_decode.c",

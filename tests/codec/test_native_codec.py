@@ -467,3 +467,53 @@ def test_engine_encoders_agree_on_bench_shaped_planes(regime):
         b = _encode_engine(plane, fmt, group, "p", False, _span_c)
         for f in ("base_ref", "base_delta", "block_start", "record_units", "body"):
             assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+# ------------------------------------------------------------------------------------------- compact encoder
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 700),
+    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    lo=st.integers(0, 255),
+    spread=st.sampled_from([1, 2, 5, 16, 40, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_compact_chunk_counts_agree(rows, cols, lo, spread, seed):
+    """The C chunk counts against compact_np._chunk_counts, every width, every span, bases at both byte ends."""
+    from csf_codec.compact_np import _chunk_counts, _chunk_counts_c, row_spans
+
+    g = torch.Generator().manual_seed(seed)
+    x = ((lo + torch.randint(0, spread, (rows, cols), generator=g)) % 256).to(torch.uint8).numpy()
+    for w in (1, 2, 4):
+        bases = row_bases_c(x, (w,))[w]
+        bases[:: max(1, rows // 5)] = np.uint8(256 - (1 << w))  # windows at the top of the byte range
+        bases[1 :: max(1, rows // 4)] = 0
+        for span in row_spans(rows, cols) + [(0, rows)] * (rows * cols % 256 == 0):
+            a, b = _chunk_counts(x, bases, w, span), _chunk_counts_c(x, bases, w, span)
+            assert all(np.array_equal(p, q) and q.dtype == np.int64 for p, q in zip(a, b, strict=True)), (w, span)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_compact_encoders_agree_on_fresh_planes(regime, experts, rows, cols, seed):
+    """The compact payload with the C chunk counts is byte for byte the one with the numpy reference's."""
+    from csf_codec import compact_np
+
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    got = encode_compact(plane, fmt, verify=False).payload
+    assert compact_np.CHUNK_COUNTS is compact_np._chunk_counts_c
+    compact_np.CHUNK_COUNTS = compact_np._chunk_counts
+    try:
+        want = encode_compact(plane, fmt, verify=False).payload
+    finally:
+        compact_np.CHUNK_COUNTS = compact_np._chunk_counts_c
+    assert torch.equal(got, want)

@@ -76,6 +76,7 @@ static inline int64_t b_len_div(Py_ssize_t len, Py_ssize_t s) { return s > 0 ? l
 PyObject *far_counts(PyObject *self, PyObject *args);          /* native_compact.c */
 PyObject *decode_compact_span(PyObject *self, PyObject *args); /* native_compact.c */
 PyObject *scan_bases(PyObject *self, PyObject *args);          /* native_compact.c */
+PyObject *chunk_counts(PyObject *self, PyObject *args);        /* native_compact_encode.c */
 PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.c */
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
 PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
