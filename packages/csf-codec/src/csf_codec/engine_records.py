@@ -179,7 +179,7 @@ def _span_c(rows, br, base, valid, plans, windows, base_width: int, cols: int) -
         units,
         body,
     )
-    return units, body[:used]
+    return units, body[:used].copy()  # a copy: the span's buffer (raw length a tile) is freed at once
 
 
 def _encode_engine(plane, fmt, row_group, name: str, verify: bool, encode_span) -> EngineRecords:
