@@ -9,6 +9,7 @@ SOURCES = [
     "native_compact.c",
     "native_compact_encode.c",
     "native_inline.c",
+    "native_inline_encode.c",
     "native_rowbase.c",
     "native_engine_decode.c",
     "native_engine_encode.c",

@@ -517,3 +517,54 @@ def test_compact_encoders_agree_on_fresh_planes(regime, experts, rows, cols, see
     finally:
         compact_np.CHUNK_COUNTS = compact_np._chunk_counts_c
     assert torch.equal(got, want)
+
+
+# -------------------------------------------------------------------------------------------- inline encoder
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tiles=st.integers(1, 40),
+    cols=st.integers(1, 4),
+    spread=st.sampled_from([2, 16, 40, 64, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_level_counts_agree(tiles, cols, spread, seed):
+    """The C level counts against inline_np._level_counts_np: every format's levels, offsets past every bin."""
+    from csf_codec.inline import CANDIDATE_WINDOWS
+    from csf_codec.inline_np import _level_counts_c, _level_counts_np, _levels
+
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(0, spread, (tiles, 128 * cols), generator=g).to(torch.uint8).numpy()
+    e[:, ::7] = 255  # padding reads 255
+    for windows in CANDIDATE_WINDOWS.values():
+        levels = _levels(windows)
+        a, b = _level_counts_np(e, 128 * cols, levels), _level_counts_c(e, 128 * cols, levels)
+        assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) and b[k].dtype == a[k].dtype for k in a)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 3, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_encoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    """The inline payload with the C level counts is byte for byte the one with the numpy reference's."""
+    from csf_codec import inline_np
+
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    got = encode_inline(plane, fmt, row_group=group, verify=False).to_payload()
+    assert inline_np.LEVEL_COUNTS is inline_np._level_counts_c
+    inline_np.LEVEL_COUNTS = inline_np._level_counts_np
+    try:
+        want = encode_inline(plane, fmt, row_group=group, verify=False).to_payload()
+    finally:
+        inline_np.LEVEL_COUNTS = inline_np._level_counts_c
+    assert torch.equal(got, want)

@@ -78,6 +78,7 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args); /* native_compact
 PyObject *scan_bases(PyObject *self, PyObject *args);          /* native_compact.c */
 PyObject *chunk_counts(PyObject *self, PyObject *args);        /* native_compact_encode.c */
 PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.c */
+PyObject *level_counts(PyObject *self, PyObject *args);        /* native_inline_encode.c */
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
 PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *decode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_decode.c */

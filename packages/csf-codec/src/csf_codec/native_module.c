@@ -57,6 +57,7 @@ static PyMethodDef methods[] = {
     {"row_bases", row_bases, METH_VARARGS, "row_bases(rows, widths, outs, a, b, cols): rowbase.py's rule"},
     {"decode_inline_span", decode_inline_span, METH_VARARGS, "the inline decoder's blocks [a, b): (fault, mode, at)"},
     {"chunk_counts", chunk_counts, METH_VARARGS, "the compact encoder's exceptions per chunk at one width"},
+    {"level_counts", level_counts, METH_VARARGS, "the inline encoder's offsets at or below each level, per tile"},
     {"far_counts", far_counts, METH_VARARGS, "far_counts(stream, listed, bit_offsets, out): far flags per chunk"},
     {"decode_compact_span", decode_compact_span, METH_VARARGS, "the compact decoder's rows [a, b): (fault, position)"},
     {"decode_engine_span", decode_engine_span, METH_VARARGS, "engine records of one class: (fault, tile)"},
