@@ -342,3 +342,229 @@ def test_engine_record_past_its_row_takes_the_numpy_path():
         except Exception as e:  # whatever numpy does, C does the same
             got.append((type(e), str(e)))
     assert _same(*got)
+
+
+def test_engine_span_falls_back_to_numpy_when_c_says_so(monkeypatch):
+    """A span the C call leaves to numpy (a table index numpy would refuse) is decoded again, whole, by the numpy
+    path: the plane comes out the same."""
+    from csf_codec import engine_records_decode_c as dc
+
+    plane = synthetic_scale_plane((2, 300, 7), MXFP4, stats=SEED_REGIME, seed=3)
+    rec = encode_engine_records(plane, MXFP4)
+    real = dc.native()
+
+    class Bounds:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_engine_rows(self, out, *args):
+            real.decode_engine_rows(out, *args)
+            out[:] = 0xAB  # whatever C wrote is overwritten by the numpy path
+            return 61, -1
+
+    monkeypatch.setattr(dc, "native", lambda: Bounds())
+    assert torch.equal(_decode_engine(rec, "p", decode_records_c), plane)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@pytest.mark.parametrize("shape,group", [((3, 120, 16), None), ((2, 130, 7), 65), ((2, 200, 9), None)])
+def test_engine_span_row_base_proof_agrees(regime, shape, group):
+    """The C span call's rows and row-base proof are numpy's (decode_records, _scatter, base_window_counts, then
+    proven_bases), slot for slot, for the stored bases and for forged ones (or the same error)."""
+    from csf_codec.engine_records_decode_c import decode_span_c
+    from csf_codec.engine_records_decode_np import base_window_counts
+    from csf_codec.engine_records_np import split_records
+    from csf_codec.inline import CANDIDATE_WINDOWS, _block_bases_np, _class_plans
+    from csf_codec.inline_np import _scatter
+    from csf_codec.rowbase import proven_bases
+
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape))
+    rec = encode_engine_records(plane, fmt, row_group=group)
+    geo = rec.geometry
+    ref, delta, br = _block_bases_np(plane.reshape(-1, shape[2]).numpy(), geo, fmt)
+    valid = br >= 0
+    plans = [p for p in _class_plans(geo) if p.count]
+    windows = CANDIDATE_WINDOWS[fmt.name]
+    units = rec.record_units.numpy().astype(np.int64)
+    body = rec.body.numpy()
+    wb = fmt.row_base_width
+    rng = np.random.default_rng(sum(shape))
+    base0 = ref[:, None].astype(np.int16) + delta
+    faults = 0
+    for trial in range(6):
+        base = base0.copy()
+        if trial:  # forged: some slots' bases moved, a few out of the byte range
+            hit = rng.random(base.shape) < 0.3 / trial
+            base[hit] += rng.integers(-3, 4, size=int(hit.sum())).astype(np.int16)
+            base[rng.random(base.shape) < 0.02 / trial] = 300
+        out_np = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
+        counts = np.zeros((3, *br.shape), dtype=np.int32)
+        staged = split_records(body, units, plans)
+        col, want = 0, None
+        for i, plan in enumerate(plans):
+            u = units[:, col : col + plan.count].reshape(-1)
+            col += plan.count
+            try:
+                vals = decode_records(staged[i], u, base, valid, plan, windows, wb, "p")
+            except CSFError as e:
+                want = (type(e), str(e))
+                break
+            _scatter(out_np, vals, br, plan)
+            counts += base_window_counts(vals, base, plan, wb)
+        out_c = np.zeros_like(out_np)
+        proven_c = np.zeros(br.shape, dtype=bool)
+        try:
+            assert decode_span_c(out_c, body, units, base, valid, br, windows, wb, True, proven_c, "p")
+            got = None
+        except CSFError as e:
+            got = (type(e), str(e))
+        assert got == want
+        faults += want is not None
+        if want is None:
+            assert np.array_equal(out_np, out_c)
+            assert np.array_equal(proven_bases(base, *counts, geo.cols, wb), proven_c)
+    assert faults < 6
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 2, 3, 4, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_engine_encoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    """The C span encoder writes the numpy reference's records byte for byte."""
+    from csf_codec.engine_records import _encode_engine, _span_c, _span_np
+
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    if seed % 3 == 0:  # raw tiles too
+        g = torch.Generator().manual_seed(seed)
+        plane.view(-1, cols)[: min(40, experts * rows)] = torch.randint(
+            0, 256, (min(40, experts * rows), cols), generator=g
+        ).to(torch.uint8)
+    a = _encode_engine(plane, fmt, group, "p", False, _span_np)
+    b = _encode_engine(plane, fmt, group, "p", True, _span_c)
+    for f in ("base_ref", "base_delta", "block_start", "record_units", "body"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_engine_encoders_agree_on_bench_shaped_planes(regime):
+    from csf_codec.engine_records import _encode_engine, _span_c, _span_np
+
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape, group in (((6, 1152, 160 * k), 576), ((6, 5120, 18 * k), None)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape) + 1)
+        a = _encode_engine(plane, fmt, group, "p", False, _span_np)
+        b = _encode_engine(plane, fmt, group, "p", False, _span_c)
+        for f in ("base_ref", "base_delta", "block_start", "record_units", "body"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+# ------------------------------------------------------------------------------------------- compact encoder
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 700),
+    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    lo=st.integers(0, 255),
+    spread=st.sampled_from([1, 2, 5, 16, 40, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_compact_chunk_counts_agree(rows, cols, lo, spread, seed):
+    """The C chunk counts against compact_np._chunk_counts, every width, every span, bases at both byte ends."""
+    from csf_codec.compact_np import _chunk_counts, _chunk_counts_c, row_spans
+
+    g = torch.Generator().manual_seed(seed)
+    x = ((lo + torch.randint(0, spread, (rows, cols), generator=g)) % 256).to(torch.uint8).numpy()
+    for w in (1, 2, 4):
+        bases = row_bases_c(x, (w,))[w]
+        bases[:: max(1, rows // 5)] = np.uint8(256 - (1 << w))  # windows at the top of the byte range
+        bases[1 :: max(1, rows // 4)] = 0
+        for span in row_spans(rows, cols) + [(0, rows)] * (rows * cols % 256 == 0):
+            a, b = _chunk_counts(x, bases, w, span), _chunk_counts_c(x, bases, w, span)
+            assert all(np.array_equal(p, q) and q.dtype == np.int64 for p, q in zip(a, b, strict=True)), (w, span)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_compact_encoders_agree_on_fresh_planes(regime, experts, rows, cols, seed):
+    """The compact payload with the C chunk counts is byte for byte the one with the numpy reference's."""
+    from csf_codec import compact_np
+
+    _, fmt, stats = regime
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    got = encode_compact(plane, fmt, verify=False).payload
+    assert compact_np.CHUNK_COUNTS is compact_np._chunk_counts_c
+    compact_np.CHUNK_COUNTS = compact_np._chunk_counts
+    try:
+        want = encode_compact(plane, fmt, verify=False).payload
+    finally:
+        compact_np.CHUNK_COUNTS = compact_np._chunk_counts_c
+    assert torch.equal(got, want)
+
+
+# -------------------------------------------------------------------------------------------- inline encoder
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tiles=st.integers(1, 40),
+    cols=st.integers(1, 4),
+    spread=st.sampled_from([2, 16, 40, 64, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_level_counts_agree(tiles, cols, spread, seed):
+    """The C level counts against inline_np._level_counts_np: every format's levels, offsets past every bin."""
+    from csf_codec.inline import CANDIDATE_WINDOWS
+    from csf_codec.inline_np import _level_counts_c, _level_counts_np, _levels
+
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(0, spread, (tiles, 128 * cols), generator=g).to(torch.uint8).numpy()
+    e[:, ::7] = 255  # padding reads 255
+    for windows in CANDIDATE_WINDOWS.values():
+        levels = _levels(windows)
+        a, b = _level_counts_np(e, 128 * cols, levels), _level_counts_c(e, 128 * cols, levels)
+        assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) and b[k].dtype == a[k].dtype for k in a)
+
+
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    experts=st.integers(1, 3),
+    rows=st.sampled_from([1, 7, 128, 300, 1152]),
+    cols=st.sampled_from([1, 3, 5, 18, 36, 160]),
+    group=st.sampled_from([None, 64, 576]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_inline_encoders_agree_on_fresh_planes(regime, experts, rows, cols, group, seed):
+    """The inline payload with the C level counts is byte for byte the one with the numpy reference's."""
+    from csf_codec import inline_np
+
+    _, fmt, stats = regime
+    if group is not None and rows % group:
+        group = None
+    plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
+    got = encode_inline(plane, fmt, row_group=group, verify=False).to_payload()
+    assert inline_np.LEVEL_COUNTS is inline_np._level_counts_c
+    inline_np.LEVEL_COUNTS = inline_np._level_counts_np
+    try:
+        want = encode_inline(plane, fmt, row_group=group, verify=False).to_payload()
+    finally:
+        inline_np.LEVEL_COUNTS = inline_np._level_counts_c
+    assert torch.equal(got, want)

@@ -19,7 +19,7 @@ from .swar import gather_bits, map_spans
 
 __all__ = ["decode_rows_c", "scan_bases_c"]
 
-# by the C code's fault number (_native.c), the reference's message
+# by the C code's fault number (native_compact.c), the reference's message
 _FAULTS = {
     1: "a chunk's position code does not hold its count of exceptions",
     2: "an exception position lies past the end of its chunk",

@@ -18,7 +18,6 @@ goes raw only when no window's record is shorter than the raw one; the decoder r
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,10 +33,11 @@ from .engine_record_layout import (
     MODE_RAW,
     RECORD_ALIGN,
     UNITS_MASK,
+    raw_units,
 )
-from .engine_records_decode_c import decode_records_c
-from .engine_records_decode_np import base_window_counts
-from .engine_records_np import _class_slots, build_records, choose_windows, join_records, offsets, split_records
+from .engine_records_decode_c import decode_records_c, decode_span_c
+from .engine_records_decode_np import base_window_counts, decode_records
+from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records, thresholds
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
 from .formats import ScaleFormat, scale_format
 from .inline import (
@@ -50,6 +50,7 @@ from .inline import (
     delta_bytes,
 )
 from .inline_np import _gather_tiles, _scatter, block_spans
+from .native import native
 from .planes import as_rows
 from .record_layout import DELTA_BITS
 from .rowbase import proven_bases, row_bases_c
@@ -141,9 +142,52 @@ def encode_engine_records(
 ) -> EngineRecords:
     """Engine records of a native plane (uint8 [N, KB] or [E, N, KB]; a device plane is copied to the CPU).
     ``verify`` (default) decodes the result, every rule checked, and compares it byte for byte with the plane."""
+    return _encode_engine(plane, fmt, row_group, name, verify, _span_c)
+
+
+def _span_np(rows, br, base, valid, plans, windows, base_width: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A span's record lengths / 16 (int64 [blocks, col tiles]) and body, by the numpy passes of
+    :mod:`csf_codec.engine_records_np`: the reference :func:`_span_c` is compared with."""
+    staged, units = [], []
+    for plan in plans:
+        tiles = _gather_tiles(rows, br, plan)
+        e = offsets(tiles, base, valid, plan)
+        choice = choose_windows(tiles, e, base, valid, plan, windows, base_width)
+        staged.append(build_records(tiles, e, base, valid, plan, windows, (*choice, base_width)))
+        units.append(choice[2].reshape(br.shape[0], plan.count))
+    u = np.concatenate(units, axis=1) if units else np.zeros((br.shape[0], 0), dtype=np.int64)
+    return u, join_records(staged, u, plans)
+
+
+def _span_c(rows, br, base, valid, plans, windows, base_width: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_span_np` in one C call (GIL released): tiles gathered, windows chosen and records written a tile at a
+    time, straight into the body."""
+    nb = br.shape[0]
+    if not plans:  # no columns: no records
+        return np.zeros((nb, 0), dtype=np.int64), np.zeros(0, dtype=np.uint8)
+    units = np.empty((nb, sum(p.count for p in plans)), dtype=np.int64)
+    body = np.empty(nb * RECORD_ALIGN * sum(p.count * raw_units(p.cols) for p in plans), dtype=np.uint8)
+    used = native().encode_engine_rows(
+        rows,
+        np.ascontiguousarray(br, dtype=np.int64),
+        np.ascontiguousarray(base, dtype=np.int16),
+        np.ascontiguousarray(valid, dtype=np.bool_),
+        np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
+        np.array(thresholds(tuple(windows)), dtype=np.int32),
+        cols,
+        base_width,
+        units,
+        body,
+    )
+    return units, body[:used].copy()  # a copy: the span's buffer (raw length a tile) is freed at once
+
+
+def _encode_engine(plane, fmt, row_group, name: str, verify: bool, encode_span) -> EngineRecords:
+    """:func:`encode_engine_records` with a span encoder: the C one, or the numpy reference (:func:`_span_np`),
+    which the tests compare."""
     fmt = scale_format(fmt)
     rows_t, shape = as_rows(plane, name=name)
-    rows = rows_t.cpu().numpy()
+    rows = np.ascontiguousarray(rows_t.cpu().numpy())
     geo = InlineGeometry.for_shape(shape, row_group, name=name)
     ref, delta, br = _block_bases_np(rows, geo, fmt)
     base = ref[:, None].astype(np.int16) + delta
@@ -153,16 +197,7 @@ def encode_engine_records(
 
     def span(sp: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         a, b = sp
-        staged, units = [], []
-        for plan in plans:
-            tiles = _gather_tiles(rows, br[a:b], plan)
-            e = offsets(tiles, base[a:b], valid[a:b], plan)
-            choice = choose_windows(tiles, e, base[a:b], valid[a:b], plan, windows, fmt.row_base_width)
-            staged.append(build_records(tiles, e, base[a:b], valid[a:b], plan, windows, (*choice, fmt.row_base_width)))
-            u = choice[2]
-            units.append(u.reshape(b - a, plan.count))
-        u = np.concatenate(units, axis=1) if units else np.zeros((b - a, 0), dtype=np.int64)
-        return u, join_records(staged, u, plans)
+        return encode_span(rows, br[a:b], base[a:b], valid[a:b], plans, windows, fmt.row_base_width, geo.cols)
 
     done = map_spans(span, _spans(geo, _ENCODE_SCALES), then=_within_reach(name))
     units = np.concatenate([u for u, _ in done]) if done else np.zeros((0, geo.col_tiles), dtype=np.int64)
@@ -260,20 +295,15 @@ def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
     def span(sp: tuple[int, int]) -> None:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
+        one = (out, seg, units[a:b], base[a:b], valid[a:b], br[a:b], windows, wb, count, proven[a:b], name)
+        if decode_class is decode_records_c and decode_span_c(*one):  # in one C call, records read in place
+            return
+        cls = decode_records if decode_class is decode_records_c else decode_class  # numpy decides what C leaves
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
-        if decode_class is decode_records_c:  # the C decoder reads the records in place: no staging copy
-            _, first, ids = _class_slots(units[a:b], plans)
-            staged = [None] * len(plans)
-        else:
-            staged = split_records(seg, units[a:b], plans)
+        staged = split_records(seg, units[a:b], plans)
         for i, plan in enumerate(plans):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
-            args = (u, base[a:b], valid[a:b], plan, windows, wb, name)
-            if staged[i] is None:
-                again = functools.partial(lambda i: split_records(seg, units[a:b], plans)[i], i)
-                vals = decode_records_c(seg, *args, at=first[ids[i]] * RECORD_ALIGN, staged=again)
-            else:
-                vals = decode_class(staged[i], *args)
+            vals = cls(staged[i], u, base[a:b], valid[a:b], plan, windows, wb, name)
             _scatter(out, vals, br[a:b], plan)
             if count:  # the tiles are in the plane now: the counts may overwrite them
                 counts += base_window_counts(vals, base[a:b], plan, wb)

@@ -1,8 +1,10 @@
-"""Engine records' CPU decoder on the C extension (:mod:`csf_codec.native`): one column class of a span in one C
-call that releases the GIL, a tile at a time: every field checked, the values, and the canonical-choice check from
-each tile's ``C(k)`` (the numpy decoder's checks, order and messages:
-:func:`csf_codec.engine_records_decode_np.decode_records`, the reference). The numpy passes report the first
-check any tile fails; the C loop ranks its faults in that order and reports the least."""
+"""Engine records' CPU decoder on the C extension (:mod:`csf_codec.native`): a span's row blocks in one C call that
+releases the GIL (:func:`decode_span_c`), or one column class of them (:func:`decode_records_c`), a tile at a
+time: every field checked, the values, and the canonical-choice check from each tile's ``C(k)`` (the numpy
+decoder's checks, order and messages: :func:`csf_codec.engine_records_decode_np.decode_records`, the reference).
+The numpy passes report the first check any tile fails; the C loop ranks its faults in that order and reports the
+least. The span call also writes the tiles to their rows and counts the row-base proof
+(:func:`csf_codec.engine_records_decode_np.base_window_counts`, :func:`csf_codec.rowbase.proven_bases`)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from .errors import CorruptPayloadError
 from .inline_np import ClassPlan
 from .native import native
 from .record_layout import MODE_WIDTH
+from .rowbase import proven_bases
 from .tile_layout import TILE_ROWS
 
-__all__ = ["decode_records_c"]
+__all__ = ["decode_records_c", "decode_span_c"]
 
 _MODE_FAULTS = (
     "a {w}-bit record's window is not a candidate window",
@@ -79,3 +82,36 @@ def decode_records_c(
     if fault:
         raise CorruptPayloadError(name, _FAULTS[fault])
     return vals
+
+
+def decode_span_c(out, seg, units, base, valid, br, windows, base_width: int, count: bool, proven, name: str) -> bool:
+    """A span of row blocks, whole: every column class's records (``seg``, the span's body; ``units`` int [blocks,
+    col tiles]) decoded and checked class by class as :func:`decode_records_c` does, the tiles written to their rows
+    of ``out`` (uint8 [plane rows, cols]; ``br``: each slot's plane row, -1 for padding), and with ``count``,
+    ``proven`` (bool [blocks, 128], written in place) set where the decoded rows' counts prove the stored base.
+    False when the numpy path must decide (a table index numpy would refuse): the caller decodes the span again
+    that way."""
+    if not units.size:  # no columns: nothing to decode, and the proof of empty rows
+        if count:
+            zero = np.zeros(base.shape, dtype=np.int32)
+            proven[...] = proven_bases(base, zero, zero, zero, out.shape[1], base_width)
+        return True
+    fault, _ = native().decode_engine_rows(
+        out,
+        seg,
+        np.ascontiguousarray(units, dtype=np.int64),
+        np.ascontiguousarray(base, dtype=np.int16),
+        np.ascontiguousarray(valid, dtype=np.bool_),
+        np.ascontiguousarray(br, dtype=np.int64),
+        np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
+        np.array(thresholds(tuple(windows)), dtype=np.int32),
+        out.shape[1],
+        base_width,
+        int(count),
+        proven,
+    )
+    if fault == _BOUNDS:
+        return False
+    if fault:
+        raise CorruptPayloadError(name, _FAULTS[fault])
+    return True

@@ -168,14 +168,33 @@ def _span_offsets(rows, br, base, valid, plan: ClassPlan) -> tuple[np.ndarray, n
     return tiles, _biased(tiles, base, valid, plan)
 
 
+def _level_counts_np(e: np.ndarray, size: int, levels: list[int]) -> dict[int, np.ndarray]:
+    """Each tile's (``size`` bytes of ``e``) bytes at or below each level (int64 [T] a level), by one
+    compare-and-count pass a level: the reference :func:`_level_counts_c` is compared with."""
+    flags = np.empty(e.size, dtype=bool)  # one buffer for every level: no fresh pages a level
+    le = {}
+    for k in levels:
+        np.less_equal(e.reshape(-1), k, out=flags)
+        le[k] = group_counts(flags, size)
+    return le
+
+
+def _level_counts_c(e: np.ndarray, size: int, levels: list[int]) -> dict[int, np.ndarray]:
+    """:func:`_level_counts_np` in one C pass over the tiles (a histogram of each), the GIL released."""
+    from .native import native
+
+    out = np.empty((len(levels), e.size // size), dtype=np.int64)
+    native().level_counts(np.ascontiguousarray(e).reshape(-1), size, np.array(levels, dtype=np.int64), out)
+    return dict(zip(levels, out, strict=True))
+
+
+LEVEL_COUNTS = _level_counts_c  # the encoder's; the tests set _level_counts_np here to compare payloads
+
+
 def _window_counts(e: np.ndarray, base, valid, plan: ClassPlan, windows):
     """:func:`window_stats` from a span's biased offsets."""
     size = TILE_ROWS * plan.cols
-    flags = np.empty(e.size, dtype=bool)  # one buffer for every level: no fresh pages a level
-    le = {}
-    for k in _levels(windows):
-        np.less_equal(e.reshape(-1), k, out=flags)
-        le[k] = group_counts(flags, size)
+    le = LEVEL_COUNTS(e, size, _levels(windows))
     nvalid = np.repeat(valid.sum(axis=1) * plan.cols, plan.count)
     b = base.astype(np.int32)
     bmin = np.where(valid, b, 1 << 20).min(axis=1)

@@ -1,4 +1,4 @@
-"""The codec's C loops (``csf_codec._native``, built from ``_native.c`` when the package is installed).
+"""The codec's C loops (``csf_codec._native``, built from ``native_*.c`` when the package is installed).
 
 The CPU decoders run there; the numpy modules stay the reference the tests compare against. There is no
 silent fallback: a missing extension is an ImportError that says how to build it.
