@@ -5,7 +5,12 @@ measured bf16 peak at R = N = 8192, K = 2880).
 Every arm is a CUDA graph replayed after an L2 flush; each arm's output is checked against the float32 reference
 before it is timed (``correct`` in the JSON). Run on the GPU machine with the AOT cache (frozen):
 
-    python3 benchmarks/bench_engine.py --out results.json [--peer-path .peers]
+    python3 benchmarks/bench_engine.py --out results.json [--peer-path .peers] [--probes]
+
+``--probes`` also times the grouped GEMMs' bound probes (``ENGINE_PROBES``, docs/moe-engine.md §7) beside the same
+GEMMs run whole-block (``whole``, the probes' baseline, checked): ``noconvert`` (the loop without the conversion) and
+``ss`` (A from shared memory, a transform warpgroup's consumers). Their outputs are wrong by design: ``correct`` is
+null and ``probe`` true for them.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from csf_codec.quantize import dequantize_mxfp4
 from csf_kernels import env, runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
-from csf_kernels.moe.engine_specs import ENGINE_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_PROBE_TILE_N, ENGINE_PROBES, ENGINE_TILE_N
 
 # (weight rows R, tokens N, K): the gate's square problem, then gpt-oss's FC1 (2N rows) and FC2 per expert at the
 # routes an expert sees at 8192 tokens (256) and at 512 (16)
@@ -132,10 +137,11 @@ def _random_panels(experts: int, rows: int, k: int, g: torch.Generator):
     return w_panel, s_panel, first
 
 
-def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak) -> dict:
+def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak, probes=False) -> dict:
     """FC1 (2N rows over H) and FC2 (H rows over N) of one MoE layer as the engine's grouped GEMMs on a uniform
     top-k routing: routes sorted into blocks of each expert (host-side, not timed), GEMMs alone (no gather,
-    activation or combine: what the engine's fused epilogues will add)."""
+    activation or combine: what the engine's fused epilogues will add). ``probes``: also each GEMM whole-block and
+    as each bound probe, where the block size has them."""
     g = torch.Generator(device="cuda").manual_seed(tokens * 131 + experts)
     w13, s13, w13_0 = _random_panels(experts, 2 * inter, hidden, g)
     w2, s2, w2_0 = _random_panels(experts, hidden, inter, g)
@@ -168,6 +174,8 @@ def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak
     for label, fn in (("fc1", fc1), ("fc2", fc2), ("fc1+fc2", lambda: (fc1(), fc2()))):
         t = replay_times(capture(fn), reps, flush)
         arms[label] = {"samples_s": t, "median_us": statistics.median(t) * 1e6}
+    if probes and tile_n in ENGINE_PROBE_TILE_N:
+        _time_probes(arms, (w13, s13, x1, out1, w13_0), (w2, s2, x2, out2, w2_0), be, meta, tile_n, b0, reps, flush)
     med = arms["fc1+fc2"]["median_us"] / 1e6
     print(f"  {name} T={tokens} blocks of {tile_n} ({blocks}): fc1 {arms['fc1']['median_us']:.1f} us, "
           f"fc2 {arms['fc2']['median_us']:.1f} us, both {med * 1e6:.1f} us, {useful / med / 1e12:.0f} useful TFLOP/s, "
@@ -186,6 +194,31 @@ def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak
     }
 
 
+def _time_probes(arms, fc1, fc2, be, meta, tile_n, b0, reps, flush) -> None:
+    """FC1 and FC2 whole-block (``whole_fc1``, checked against expert 0's block) and as each bound probe
+    (``<probe>_fc1``: outputs wrong by design, not checked), each timed alone."""
+    for variant in ("whole", *ENGINE_PROBES):
+        probe = None if variant == "whole" else variant
+        for label, (w, s, x, out, w0) in (("fc1", fc1), ("fc2", fc2)):
+            fn = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=tile_n, ragged=False, probe=probe)
+            fn = fn.bind("bench_engine")
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            sl = slice(b0 * tile_n, (b0 + 1) * tile_n)
+            ref = x[sl].float() @ w0.float().T
+            worst = None if probe else _within(out[sl], ref, x[sl].float().abs() @ w0.float().abs().T)
+            t = replay_times(capture(fn), reps, flush)
+            arms[f"{variant}_{label}"] = {
+                "samples_s": t,
+                "median_us": statistics.median(t) * 1e6,
+                "probe": probe is not None,
+                "worst_error_over_tolerance": worst,
+                "correct": None if probe else worst <= 1.0,
+            }
+            print(f"    {variant}_{label}: {statistics.median(t) * 1e6:.1f} us", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -193,6 +226,7 @@ def main() -> None:
     ap.add_argument("--peer-path", default=str(Path(__file__).resolve().parents[1] / ".peers"))
     ap.add_argument("--tokens", default="2048,8192", help="token counts of the grouped (MoE layer) GEMMs")
     ap.add_argument("--skip-dense", action="store_true")
+    ap.add_argument("--probes", action="store_true", help="also time the grouped GEMMs' bound probes")
     a = ap.parse_args()
     env.configure_runtime()
     runtime.freeze()
@@ -219,7 +253,7 @@ def main() -> None:
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     for geo in GROUPED:
         for tokens in (int(t) for t in a.tokens.split(",")):
-            grouped.append(bench_grouped(*geo, tokens, a.reps, flush, peak["median_TFLOPs"]))
+            grouped.append(bench_grouped(*geo, tokens, a.reps, flush, peak["median_TFLOPs"], a.probes))
             doc["compilations_while_frozen"] = runtime.compilations()
             Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
         torch.cuda.empty_cache()

@@ -11,11 +11,14 @@ from csf_kernels.moe.engine import combine_launch, dense_fp4_gemm_launch, gather
 from csf_kernels.moe.engine_panels import fc1_engine_rows, panel_scales_to_plane
 from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
+    ENGINE_PROBE_TILE_N,
+    ENGINE_PROBES,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
     engine_occupancies,
     engine_occupancy,
+    engine_probe_specs,
     engine_ragged,
     engine_schedule,
     engine_serves,
@@ -362,6 +365,36 @@ def test_pingpong_programs_are_asked_for_never_defaults():
     assert pp.spec == engine_gemm_spec(256, schedule="pingpong")
     plain = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256)
     assert plain.spec.fact.get("SCHED", "slice") == "slice" and pp.grid == plain.grid
+
+
+def test_bound_probes_are_diagnostic_programs_no_plan_serves():
+    """The bound probes are MXFP4 native dense GEMMs without an activation, whole blocks, at the sizes 2048-8192
+    tokens run, carrying the fact ``PROBE``; anything else is refused, the launch asks for them only when told, and
+    no program a layer's plan binds is one."""
+    specs = engine_probe_specs()
+    built = {(s.fact["PROBE"], s.fact["TN"]) for s in specs}
+    assert built == {(p, t) for p in ENGINE_PROBES for t in ENGINE_PROBE_TILE_N}
+    assert all("RAG" not in s.fact and s.fact["IO"] == "dense" and s.fact["FMT"] == "mxfp4" for s in specs)
+    for bad in (
+        {"tile_n": 64},
+        {"tile_n": 256, "fmt": "nvfp4"},
+        {"tile_n": 256, "io": "gather"},
+        {"tile_n": 256, "activation": "silu"},
+        {"tile_n": 256, "scales": "inline"},
+        {"tile_n": 256, "ragged": 1},
+        {"tile_n": 256, "probe": "fast"},
+    ):
+        with pytest.raises(ValueError, match="probe"):
+            engine_gemm_spec(**{"ragged": 0, "probe": "ss", **bad})
+    w, s, x, out, be, meta = _operands()
+    probe = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256, probe="noconvert")
+    assert probe.spec == engine_gemm_spec(256, ragged=0, probe="noconvert")
+    plain = dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=128)
+    assert "PROBE" not in plain.spec.fact
+    assert dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=128, probe="ss").spec.fact["PROBE"] == "ss"
+    geo = next(g for g in load_catalog().moe if g.fmt.name == "mxfp4")
+    layer_specs = engine_geometry_specs(geo) + engine_specs()
+    assert not any("PROBE" in spec.fact for spec in layer_specs)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])

@@ -47,6 +47,7 @@ def compile_cute(spec: ProgramSpec) -> Artifact:
             ragged,
             int(facts.get("OCC", 1)),
             facts.get("PART"),  # K-split partials' form, where the program stores them
+            facts.get("PROBE"),  # a bound probe's loop (diagnostic programs)
         )
     elif spec.kernel == W4A8_GEMM:
         prog = w4a8_gemm_program(int(facts["TN"]), int(facts["ACT"]), bool(facts["BIAS"]))

@@ -304,6 +304,7 @@ def engine_gemm_name(
     ragged: int = 0,
     ctas_per_sm: int = 1,
     partial: str | None = None,
+    probe: str | None = None,
 ) -> str:
     return (
         f"csf_engine_gemm_n{int(tile_n)}"
@@ -316,6 +317,7 @@ def engine_gemm_name(
         + ("" if not ragged else "_ragged" if int(ragged) == 1 else f"_ragged{int(ragged)}")
         + ("" if ctas_per_sm == 1 else f"_occ{ctas_per_sm}")
         + ("" if partial is None else f"_part{partial}")
+        + ("" if probe is None else f"_probe{probe}")
     )
 
 
@@ -330,6 +332,7 @@ def engine_gemm_program(
     ragged: int = 0,
     ctas_per_sm: int = 1,
     partial: str | None = None,
+    probe: str | None = None,
 ) -> CuteProgram:
     """The engine's grouped FP4 x bf16 GEMM (``moe/kernels/engine_gemm.py``) for ``tile_n`` routes a block of
     ``fmt`` weights, its epilogue storing the GEMM (``act`` 0) or FC1's activation of it (1: SiLU, 2: gpt-oss's
@@ -338,11 +341,12 @@ def engine_gemm_program(
     consumers' wgmmas issued a K slice or a stage at a time (``schedule``, ``moe/kernels/engine_mainloop.py``);
     ``ragged``: a block whose live routes (ids in ``[0, pairs)``) lie in its first half runs that half only (1), or
     also its first quarter that quarter (2); ``partial`` (``rows``, ``fc1``): K splits of ``split_steps`` K steps
-    storing float32 partials ``out [splits * pairs, R]`` (``moe/kernels/engine_work.py``)."""
+    storing float32 partials ``out [splits * pairs, R]`` (``moe/kernels/engine_work.py``); ``probe``: a diagnostic
+    loop without the conversion (``moe/kernels/engine_mainloop.py``)."""
     from csf_kernels.moe.kernels.engine_gemm import TILE_K, TILE_M, GroupedFp4Gemm
 
     options = dict(act=act, bias=bias, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged,
-                   ctas_per_sm=ctas_per_sm, partial=partial)  # fmt: skip
+                   ctas_per_sm=ctas_per_sm, partial=partial, probe=probe)  # fmt: skip
     kernel = GroupedFp4Gemm(tile_n, **options)  # validates
     inline = scales == "inline"
 
@@ -363,7 +367,7 @@ def engine_gemm_program(
     else:
         scales_args = (("s_panel", "uint8", ("E", "KS", "R2")),)
     return CuteProgram(
-        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm, partial),
+        name=engine_gemm_name(tile_n, act, bias, fmt, scales, io, schedule, ragged, ctas_per_sm, partial, probe),
         program="engine_gemm",
         factory=factory,
         tensors=(
@@ -396,6 +400,7 @@ def engine_gemm_program(
             ("ragged", int(ragged)),
             ("ctas_per_sm", ctas_per_sm),
             ("partial", partial or ""),
+            ("probe", probe or ""),
             ("wgmmas_in_flight", kernel.step.wgmmas_in_flight()),
             ("ring_shared_bytes", kernel.ring_bytes),
         ),

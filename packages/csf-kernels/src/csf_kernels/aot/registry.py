@@ -22,7 +22,7 @@ from csf_kernels.expand.specs import (
 )
 from csf_kernels.mla.heuristics import catalog_configs
 from csf_kernels.mla.specs import sparse_mla_specs
-from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_serves, engine_specs
+from csf_kernels.moe.engine_specs import engine_geometry_specs, engine_probe_specs, engine_serves, engine_specs
 from csf_kernels.moe.specs import moe_geometry_specs
 from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, w4a8_geometry_specs, w4a8_specs
 from csf_kernels.runtime.programs import ProgramSpec
@@ -62,8 +62,12 @@ def catalog_specs(catalog: Catalog, *, cute: bool = True) -> dict[str, tuple[Pro
             for s in record_bytes_choices(geo.fmt, TILE_COLS):
                 spec = stage_decoder_spec(geo.fmt, s)
                 _add(out, spec, geo.name)
-        for spec in engine_specs(sorted({g.fmt.name for g in catalog.moe if engine_serves(g)})):
+        engine_formats = sorted({g.fmt.name for g in catalog.moe if engine_serves(g)})
+        for spec in engine_specs(engine_formats):
             _add(out, spec, "engine")
+        if "mxfp4" in engine_formats:  # diagnostic programs (never served), for benchmarks/bench_engine.py
+            for spec in engine_probe_specs():
+                _add(out, spec, "engine-probes")
         if any(g.fmt.name in W4A8_FORMATS for g in catalog.moe):
             for spec in w4a8_specs():
                 _add(out, spec, "engine")

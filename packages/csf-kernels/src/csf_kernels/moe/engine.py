@@ -62,6 +62,7 @@ def grouped_fp4_gemm_launch(
     max_ctas: int | None = None,
     partial: str | None = None,
     splits: int = 1,
+    probe: str | None = None,
 ) -> runtime.Launch:
     """Route block ``b < meta[0]`` (rows ``b * tile_n ..`` of ``x`` and ``out``) times expert ``block_expert[b]``:
     ``out[row, r] = x[row, :] . bf16(w[e, r, :] * scale)`` over panels from :mod:`csf_kernels.moe.engine_panels`
@@ -110,6 +111,8 @@ def grouped_fp4_gemm_launch(
     :func:`fc1_finish_launch` reads) or rows as they are (``"rows"``, :func:`partial_combine_launch`'s); slots
     without a route store nothing. Split ``s``'s partial is the bits the same program stores at one split on that K
     range alone, from either scale source.
+
+    ``probe``: a diagnostic program in the GEMM's place (:func:`dense_fp4_gemm_launch`; wrong outputs by design).
 
     The launch is a programmatic dependent one where the runtime's PDL setting allows."""
     if tile_n not in ENGINE_TILE_N:
@@ -187,8 +190,9 @@ def grouped_fp4_gemm_launch(
             raise ValueError(f"max_ctas must be at least 1; got {max_ctas}")
         ctas = min(ctas, max_ctas)
     source = "inline" if inline else "native"
+    whole = partial is not None or probe is not None
     spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
-                            0 if partial else engine_ragged(tile_n, ragged, sched), occ, partial)  # fmt: skip
+                            0 if whole else engine_ragged(tile_n, ragged, sched), occ, partial, probe)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:
@@ -244,17 +248,20 @@ def _unread(device: torch.device) -> torch.Tensor:
 
 def dense_fp4_gemm_launch(
     w_panel: torch.Tensor, s_panel: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, tile_n: int = 256,
-    fmt: str = "mxfp4", global_scale: torch.Tensor | None = None,
+    fmt: str = "mxfp4", global_scale: torch.Tensor | None = None, probe: str | None = None,
 ) -> runtime.Launch:  # fmt: skip
     """``out[n, r] = x[n, :] . bf16(w[r, :] * scale)``: the grouped GEMM with one expert (``w_panel`` ``[K / 64,
     R / 64, 256]``, ``s_panel`` ``[K / 64, b R]``, NVFP4's ``global_scale`` float32 ``[1]``) and ``ceil(N /
-    tile_n)`` blocks. The block map it makes lives as long as the launch."""
+    tile_n)`` blocks. The block map it makes lives as long as the launch.
+
+    ``probe`` (:data:`~csf_kernels.moe.engine_specs.ENGINE_PROBES`, MXFP4): launch that diagnostic program of the
+    GEMM instead (whole blocks); its ``out`` is wrong by design: for timing beside the GEMM only."""
     n = x.shape[0]
     blocks = max(1, -(-n // tile_n))
     block_expert = torch.zeros(blocks, dtype=torch.int32, device=x.device)
     meta = torch.tensor([blocks], dtype=torch.int32, device=x.device)
     return grouped_fp4_gemm_launch(w_panel[None], s_panel[None], x, out, block_expert, meta, tile_n=tile_n,
-                                   fmt=fmt, global_scale=global_scale)  # fmt: skip
+                                   fmt=fmt, global_scale=global_scale, probe=probe)  # fmt: skip
 
 
 def gather_tokens_launch(x: torch.Tensor, route_slots: torch.Tensor, xs: torch.Tensor, *, top_k: int) -> runtime.Launch:

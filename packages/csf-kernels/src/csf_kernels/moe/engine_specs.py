@@ -39,6 +39,8 @@ __all__ = [
     "ENGINE_PAIRED_TILE_N",
     "ENGINE_PARTIAL_FORMS",
     "ENGINE_PINGPONG_TILE_N",
+    "ENGINE_PROBES",
+    "ENGINE_PROBE_TILE_N",
     "ENGINE_RAGGED_LEVELS",
     "ENGINE_RAGGED_TILE_N",
     "ENGINE_SCALE_SOURCES",
@@ -58,6 +60,7 @@ __all__ = [
     "engine_occupancies",
     "engine_occupancy",
     "engine_partial_combine_spec",
+    "engine_probe_specs",
     "engine_ragged",
     "engine_schedule",
     "engine_schedules",
@@ -112,6 +115,12 @@ INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset ta
 # MXFP4's 32-K blocks two steps, NVFP4's 16-K blocks one): a split starts at a whole record, so the inline decoder
 # starts a unit at one, and native programs split alike (the same partial bits from either source)
 ENGINE_SPLIT_TILE_N = (16, 32)
+# bound probes (fact PROBE; diagnostic programs, never served, their outputs wrong by design: kernels.engine_mainloop):
+# the MXFP4 dense GEMM's loop without the conversion ("noconvert", today's register-A structure) and with A from
+# shared memory ("ss", a transform warpgroup's consumers), at the block sizes 2048-8192 tokens run (docs/moe-engine.md
+# §7: what a transform warpgroup could gain, measured before it is built)
+ENGINE_PROBES = ("noconvert", "ss")
+ENGINE_PROBE_TILE_N = (128, 256)
 ENGINE_PARTIAL_FORMS = ("fc1", "rows")
 ENGINE_RECORD_STEPS = {"mxfp4": 2, "nvfp4": 1}
 
@@ -294,6 +303,7 @@ def engine_gemm_spec(
     ragged: int | bool | None = None,
     ctas_per_sm: int | None = None,
     partial: str | None = None,
+    probe: str | None = None,
 ) -> ProgramSpec:
     """The grouped GEMM for ``tile_n`` routes a block of ``fmt`` weights; ``activation``: FC1's, fused into its
     epilogue (with W13's ``bias``), else the plain bf16 GEMM; ``scales``: where its scale slots come from (an
@@ -305,7 +315,9 @@ def engine_gemm_spec(
     ping-pong programs apply it within a unit's half block);
     ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``);
     ``partial`` (:data:`ENGINE_PARTIAL_FORMS`, at :data:`ENGINE_SPLIT_TILE_N`): K splits storing float32 partials
-    (gathering, no activation or bias, whole blocks, never ping-pong; fact ``PART``)."""
+    (gathering, no activation or bias, whole blocks, never ping-pong; fact ``PART``); ``probe``
+    (:data:`ENGINE_PROBES`, at :data:`ENGINE_PROBE_TILE_N`): a diagnostic program of the MXFP4 native dense GEMM
+    without an activation at the size's defaults (fact ``PROBE``; never served: its outputs are wrong by design)."""
     if tile_n not in ENGINE_TILE_N:
         raise ValueError(f"the engine GEMM is built for {ENGINE_TILE_N} routes a block; got {tile_n}")
     if bias and activation is None:
@@ -346,8 +358,22 @@ def engine_gemm_spec(
             raise ValueError(f"K-split partials come from gathering programs of whole blocks without an activation; "
                              f"got rows {io!r}, activation {activation!r}, ragged {ragged}")  # fmt: skip
         part = {"PART": partial}
+    diag = {}
+    if probe is not None:
+        if probe not in ENGINE_PROBES or tile_n not in ENGINE_PROBE_TILE_N:
+            raise ValueError(f"probes {ENGINE_PROBES} are built at {ENGINE_PROBE_TILE_N} routes a block; got "
+                             f"{probe!r} at {tile_n}")  # fmt: skip
+        if (fmt, scales, io, activation, sched, rag, occ, part) != ("mxfp4", "native", "dense", None, {}, {}, {}, {}):
+            raise ValueError("probes are of the MXFP4 native dense GEMM without an activation, at the size's "
+                             "defaults but whole blocks")  # fmt: skip
+        diag = {"PROBE": probe}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
-                          **source, **sched, **rag, **occ, **part)  # fmt: skip
+                          **source, **sched, **rag, **occ, **part, **diag)  # fmt: skip
+
+
+def engine_probe_specs() -> list[ProgramSpec]:
+    """The bound probes the AOT cache holds (``benchmarks/bench_engine.py`` times them beside the GEMM they probe)."""
+    return [engine_gemm_spec(tn, ragged=0, probe=p) for p in ENGINE_PROBES for tn in ENGINE_PROBE_TILE_N]
 
 
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:

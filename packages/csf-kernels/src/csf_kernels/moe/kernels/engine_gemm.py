@@ -70,8 +70,8 @@ from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TIL
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, PARTIAL_FORMS, Epilogue
+from csf_kernels.moe.kernels.engine_mainloop import PROBES, ConsumerStep
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
-from csf_kernels.moe.kernels.engine_mainloop import ConsumerStep
 from csf_kernels.moe.kernels.engine_pingpong import PINGPONG_TILE_N, PingpongConsumers
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
@@ -93,6 +93,7 @@ __all__ = [
     "PAIRED_TILE_N",
     "PARTIAL_FORMS",
     "PINGPONG_TILE_N",
+    "PROBES",
     "RAGGED_LEVELS",
     "RAGGED_TILE_N",
     "SCALE_SOURCES",
@@ -140,12 +141,18 @@ class GroupedFp4Gemm:
     whose arguments replace ``s_panel`` by the plane's ``base_ref`` (uint8 ``[RB]``), ``base_delta`` (uint8
     ``[RB, 64]`` MXFP4, ``[RB, 128]`` NVFP4), ``block_start`` (int32 ``[RB]``: 16-byte units), ``record_units``
     (uint8 ``[RB, tiles]``) and ``body`` (uint8), the records of W's rows in this program's row order, one row
-    group an expert (``RB = E * ceil(R / 128)``)."""
+    group an expert (``RB = E * ceil(R / 128)``).
+
+    ``probe`` (:data:`PROBES`; diagnostic programs, never served, their outputs wrong by design): ``noconvert`` feeds
+    the placed words to wgmma unconverted, ``ss`` runs each stage's wgmmas with A from one of two unwritten bf16
+    tiles in shared memory (the ring one or two stages shorter for them): what the loop costs without the conversion,
+    in today's structure and in a transform warpgroup's (``docs/moe-engine.md`` §7). MXFP4, native scales, dense
+    rows, no activation, the slice schedule, whole blocks, one CTA an SM."""
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
         scales: str = "native", io: str = "dense", schedule: str = "slice", ragged: bool = False,
-        ctas_per_sm: int = 1, partial: str | None = None,
+        ctas_per_sm: int = 1, partial: str | None = None, probe: str | None = None,
     ):  # fmt: skip
         if tile_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
@@ -158,6 +165,14 @@ class GroupedFp4Gemm:
         if partial is not None and (io != "gather" or int(ragged) or pingpong):
             raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks, never ping-pong; "
                              f"got rows {io!r}, ragged {ragged}, schedule {schedule!r}")  # fmt: skip
+        if probe is not None and (
+            probe not in PROBES
+            or (fmt, scales, io, act, schedule, int(ragged), ctas_per_sm, partial)
+            != ("mxfp4", "native", "dense", ACT_NONE, "slice", 0, 1, None)
+        ):
+            raise ValueError(f"probes {PROBES} are built for MXFP4 native dense GEMMs without an activation, slice "
+                             f"schedule, whole blocks, one CTA an SM; got {probe!r}")  # fmt: skip
+        self.probe = probe
         self.pingpong = pingpong
         # routes a stage's B tile holds: the block's, or (ping-pong) half of them, a unit's
         self.b_rows = tile_n // 2 if self.pingpong else tile_n
@@ -179,12 +194,17 @@ class GroupedFp4Gemm:
         self.gather = RowGather(self.b_rows, GATHER_WARPS[scales], halves, self.work) if io == "gather" else None
         self.schedule = schedule
         step_schedule = "slice" if self.pingpong else schedule  # ping-pong converts a slice at a time
+        if probe == "ss":  # A from shared memory: no register hazard, a stage's wgmmas a commit group
+            step_schedule = "stage"
         # gathered stages are fenced before wgmma reads them
-        self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather")
-        # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair
+        self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather", probe=probe)
+        # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair (a probe
+        # converts nothing: one loop)
         self.step_one = (
             None if fmt == "nvfp4" else ConsumerStep(step_schedule, False, io == "gather", one_multiply=True)
         )
+        if probe is not None:
+            self.step_one = self.step
         ragged = int(ragged)
         if ragged not in RAGGED_LEVELS or (ragged and tile_n not in RAGGED_TILE_N):
             raise ValueError(f"ragged levels {RAGGED_LEVELS} are built for {RAGGED_TILE_N} routes a block (0 for any); "
@@ -215,6 +235,8 @@ class GroupedFp4Gemm:
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + self.b_rows * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
+        if probe == "ss":  # the two bf16 A tiles the probe's wgmmas read
+            dec_bytes = 2 * TILE_M * TILE_K * 2
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
         # ping-pong's stages hold half a block's routes (half the MMA time each): as many as fit, up to twice the
         # cooperative cap, keeps about the cooperative ring's bytes and MMA time in flight
@@ -313,7 +335,7 @@ class GroupedFp4Gemm:
             self.acc_dtype,
             self.atom_layout_mnk,
             tiler_mn=(64, self.b_rows),
-            a_source=warpgroup.OperandSource.RMEM,
+            a_source=warpgroup.OperandSource.SMEM if self.probe == "ss" else warpgroup.OperandSource.RMEM,
         )
         # ragged: the MMAs of a unit's first half and quarter (each accumulator the first half or quarter of the full
         # one's registers)
@@ -349,18 +371,20 @@ class GroupedFp4Gemm:
                 cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
             )  # scattering, unused: the consumers store each slot's row at its route
 
+        # probe ss: two bf16 A tiles (TILE_M x TILE_K, K-major, 128-byte swizzle), alternating by stage
+        at_smem = cute.tile_to_shape(b_atom, (TILE_M, TILE_K, 2), order=(0, 1, 2))
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
             cute.cosize(epi_smem), self.b_rows if self.gather else 0, len(self.decoders),
+            cute.cosize(at_smem) if self.probe == "ss" else 0,
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
         sorted_ids, top_k, pairs, split_steps, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, (half_mma, quarter_mma), a_smem, s_smem, b_smem, epi_smem, block_expert, meta, x, out, bias,
-            gscale,
-            sorted_ids, wide, top_k, pairs, split_steps, *records,
+            tiled_mma, (half_mma, quarter_mma), a_smem, s_smem, b_smem, epi_smem, at_smem, block_expert, meta, x, out,
+            bias, gscale, sorted_ids, wide, top_k, pairs, split_steps, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
@@ -387,6 +411,7 @@ class GroupedFp4Gemm:
         s_smem: cute.Layout,
         b_smem: cute.ComposedLayout,
         epi_smem: cute.ComposedLayout,
+        at_smem: cute.ComposedLayout,
         block_expert: cute.Tensor,
         meta: cute.Tensor,
         x: cute.Tensor,
@@ -436,6 +461,9 @@ class GroupedFp4Gemm:
         s_s = storage.s_s.get_tensor(s_smem)
         s_b = storage.s_b.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
+        s_at = None
+        if cutlass.const_expr(self.probe == "ss"):
+            s_at = storage.s_at.get_tensor(at_smem.outer, swizzle=at_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
         # ping-pong: tiles of half a block (block b's half h is tile 2 b + h)
@@ -504,12 +532,12 @@ class GroupedFp4Gemm:
             else:
                 self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
                              (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert,
-                             sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
+                             sorted_ids, cute.size(m_a, mode=[3]), s_at)  # fmt: skip
 
     @cute.jit
     def consume(
         self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_extent, tidx, warp, wg,
-        out, bias, s_facts, block_expert, sorted_ids, experts,
+        out, bias, s_facts, block_expert, sorted_ids, experts, s_at,
     ):  # fmt: skip
         tiled_mma, half_mma, quarter_mma = mmas
         k_steps, split_steps, pairs = k_extent
@@ -521,7 +549,10 @@ class GroupedFp4Gemm:
         t_cs_b = thr_mma.partition_B(s_b)
         t_cr_b = tiled_mma.make_fragment_B(t_cs_b)  # (MMA, MMA_N, MMA_K = 4, stages)
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, self.tile_n)), self.acc_dtype)
-        frags = self.step.fragments(tiled_mma, thr_mma, TILE_M)
+        if cutlass.const_expr(self.probe == "ss"):  # A's fragments: descriptors of the unwritten shared tiles
+            frags = tiled_mma.make_fragment_A(thr_mma.partition_A(s_at))
+        else:
+            frags = self.step.fragments(tiled_mma, thr_mma, TILE_M)
         s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
 
@@ -611,10 +642,10 @@ class GroupedFp4Gemm:
         return acc_part, t_cr_b
 
 
-def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders):
+def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders, probe_a=0):
     """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales each of
-    the ``decoders`` decoder warps' staging barriers, staging slots, decoded tile and record offsets, and,
-    gathering, the unit's ``gathered`` slots' token rows."""
+    the ``decoders`` decoder warps' staging barriers, staging slots, decoded tile and record offsets, gathering,
+    the unit's ``gathered`` slots' token rows, and (probe ``ss``) ``probe_a`` bf16 elements of A tiles."""
     mem, align = cute.struct.MemRange, cute.struct.Align
     fields = {
         "bars": mem[cutlass.Int64, stages * 2],
@@ -633,4 +664,6 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
         }
     if gathered:
         fields["tokens"] = mem[cutlass.Int32, gathered]
+    if probe_a:
+        fields["s_at"] = align[mem[cutlass.BFloat16, probe_a], 1024]
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))

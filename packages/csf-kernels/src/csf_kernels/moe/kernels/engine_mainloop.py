@@ -14,6 +14,11 @@ accumulator, so their outputs are the same bits; only when each wgmma may start 
 The caller releases a stage to the producer after the step whose wait retires its wgmmas: in ``stage``, the next
 step's, right after its one wait; in ``slice`` the next step's too, after its fourth slice.
 
+Bound probes (``probe``, diagnostic programs only, wrong outputs by design; ``docs/moe-engine.md`` §7): ``noconvert``
+feeds each placed word to wgmma as it is (the conversion's instructions and scale reads gone, the rest of the loop
+kept), ``ss`` issues each stage's four wgmmas with A from a bf16 tile in shared memory that nothing writes (the
+consumer side of a transform warpgroup: no weight words read, no conversion), as ``stage`` does.
+
 ptxas (C7513) accepts a conversion that writes registers while other wgmmas are in flight only where it can prove
 them disjoint, and it cannot across a loop's back edge: the ``last`` step of an unrolled group waits for zero
 groups, else ptxas serializes every wgmma of the kernel.
@@ -25,6 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
+from csf_kernels.moe.engine_specs import ENGINE_PROBES
 from csf_kernels.moe.kernels.engine_convert import (
     E4M3_FACTOR_PTX,
     FACTOR_PTX,
@@ -34,9 +40,11 @@ from csf_kernels.moe.kernels.engine_convert import (
 )
 from csf_kernels.moe.kernels.engine_epilogue import asm_u32
 
-__all__ = ["SCHEDULES", "STEP_GROUP", "ConsumerStep"]
+__all__ = ["PROBES", "SCHEDULES", "STEP_GROUP", "ConsumerStep"]
 
 SCHEDULES = ("slice", "stage")
+# the diagnostic loops bounding what the conversion costs (see the module's docstring)
+PROBES = ENGINE_PROBES
 SLICES = 4  # K slices of 16 a stage (a 64-K panel step)
 STEP_GROUP = 4  # K steps a loop iteration, unrolled (an even count: ``stage`` alternates two register sets)
 
@@ -45,13 +53,20 @@ class ConsumerStep:
     """One consumer warpgroup's K step of a program: ``schedule`` (``SCHEDULES``), ``nvfp4`` the scale slots'
     format (E4M3 words, else E8M0 bytes), ``gathered`` whether the producer warps fill a stage's B rows by
     ``cp.async`` (FC1 gathering its routes' rows) rather than TMA, ``one_multiply`` (MXFP4) whether each pair takes
-    one multiply by ``2**126`` times its scale (a row block whose E8M0 bytes are all <= 128 or 255) or two."""
+    one multiply by ``2**126`` times its scale (a row block whose E8M0 bytes are all <= 128 or 255) or two;
+    ``probe`` (:data:`PROBES`, MXFP4 only): a diagnostic loop, never served (``ss`` runs the ``stage`` schedule)."""
 
-    def __init__(self, schedule: str, nvfp4: bool, gathered: bool = False, one_multiply: bool = False):
+    def __init__(
+        self, schedule: str, nvfp4: bool, gathered: bool = False, one_multiply: bool = False, probe: str | None = None
+    ):
         if schedule not in SCHEDULES:
             raise ValueError(f"the consumer schedule must be one of {SCHEDULES}; got {schedule!r}")
         if one_multiply and nvfp4:
             raise ValueError("NVFP4's E4M3 factors take two multiplies (2**126 times 448 overflows bf16)")
+        if probe is not None and (probe not in PROBES or nvfp4 or (probe == "ss" and schedule != "stage")):
+            raise ValueError(f"probes {PROBES} are built for MXFP4 (ss on the stage schedule); got {probe!r}, "
+                             f"{schedule!r}, nvfp4 {nvfp4}")  # fmt: skip
+        self.probe = probe
         self.schedule = schedule
         self.nvfp4 = nvfp4
         self.gathered = gathered
@@ -91,8 +106,16 @@ class ConsumerStep:
         f0a, f0b, f1a, f1b = scales
         return (f0a, f1a) if j < 2 else (f0b, f1b)  # slices 0, 1: the step's first scale block
 
+    def _factors(self, scales, j: int):
+        """Slice ``j``'s factors, or (probe ``noconvert``) none read."""
+        return (None, None) if scales is None else self._slice_factors(scales, j)
+
     def _convert(self, dst, word, f0, f1):
         """A slice's four bf16x2 A registers from one placed word (rows r0: pairs 0 and 2, r0 + 8: 1 and 3)."""
+        if self.probe == "noconvert":  # the word itself in each register: the loop's cost without the conversion
+            for i in range(4):
+                dst[i] = word
+            return
         dst[0] = asm_u32(self.pair_ptx[0], word, f0)
         dst[1] = asm_u32(self.pair_ptx[1], word, f1)
         dst[2] = asm_u32(self.pair_ptx[2], word, f0)
@@ -102,13 +125,20 @@ class ConsumerStep:
         """One K step (traced inline): the thread's four weight words and scale factors from the stage, then the
         schedule's conversions and wgmmas. ``parity``: the step's place in its unrolled group (``stage`` writes
         register set ``parity % 2``); the ``last`` step of a group waits for every wgmma."""
+        if self.probe == "ss":  # frags: A from shared memory (partitioned, two tiles that alternate by stage)
+            warpgroup.fence()
+            for j in range(SLICES):
+                cute.gemm(tiled_mma, acc, frags[(None, None, j, stage % 2)], t_cr_b[(None, None, j, stage)], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0 if last else 1)
+            return
         frag, frag_words = frags
         for i in range(SLICES):
             words[i] = s_words[(t * 4 + i, row_block, 0, 0, stage)]
-        scales = self._scales(s_s, stage, r0)
+        scales = None if self.probe == "noconvert" else self._scales(s_s, stage, r0)
         if self.schedule == "slice":
             for j in range(SLICES):
-                self._convert(frag_words[j % 2][0], words[j], *self._slice_factors(scales, j))
+                self._convert(frag_words[j % 2][0], words[j], *self._factors(scales, j))
                 warpgroup.fence()
                 cute.gemm(tiled_mma, acc, frag[j % 2][0][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
                 warpgroup.commit_group()
@@ -116,7 +146,7 @@ class ConsumerStep:
         else:
             p = parity % 2
             for j in range(SLICES):
-                self._convert(frag_words[p][j], words[j], *self._slice_factors(scales, j))
+                self._convert(frag_words[p][j], words[j], *self._factors(scales, j))
             warpgroup.fence()
             for j in range(SLICES):
                 cute.gemm(tiled_mma, acc, frag[p][j][(None, None, 0)], t_cr_b[(None, None, j, stage)], acc)
