@@ -1,7 +1,7 @@
 """The engine GEMM's bound probes (diagnostic programs, ``csf_kernels.moe.kernels.engine_mainloop``) build for sm_90a
-and are what they claim to bound: ``noconvert`` is the slice loop without a conversion's multiply, its wgmmas issued
-and retired as the served program's; ``ss`` reads A from shared memory (no A registers), a stage's four wgmmas a
-commit group, and gives two of the ring's stages at 256 routes a block to its A tiles' 32 KB where they are needed."""
+and are what they claim to bound: ``noconvert`` is the size's served loop without a conversion's multiply, its wgmmas
+issued and retired as the served program's (slice at 256 routes a block, stage at 16); ``ss`` reads A from shared
+memory (no A registers), a stage's four wgmmas a commit group, its A tiles' 32 KB taken from the ring where needed."""
 
 from __future__ import annotations
 
@@ -20,47 +20,52 @@ from .test_engine_gemm_build import _wgmma_events
 from .test_stage_decoder_build import _toolchain_or_skip
 
 TILE_N = 256
+# (probe, routes a block): the 2048-8192-token size (slice schedule, one CTA an SM) and the decode size (stage, two)
+CASES = [("noconvert", 256), ("ss", 256), ("noconvert", 16), ("ss", 16)]
 
 
-@pytest.fixture(scope="module", params=["noconvert", "ss"])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{p}-n{t}" for p, t in CASES])
 def built(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    program = export.engine_gemm_program(TILE_N, probe=request.param)
-    meta = export.build_cute_program(program, tmp_path_factory.mktemp(f"probe-{request.param}"))
+    probe, tile_n = request.param
+    schedule, occ = ("slice", 1) if tile_n == 256 else ("stage", 2)
+    program = export.engine_gemm_program(tile_n, schedule=schedule, ctas_per_sm=occ, probe=probe)
+    meta = export.build_cute_program(program, tmp_path_factory.mktemp(f"probe-{probe}-{tile_n}"))
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
-    return request.param, meta, sass
+    return probe, tile_n, meta, sass
 
 
 def test_probes_build_without_spills_and_convert_nothing(built):
-    probe, meta, sass = built
+    probe, _, meta, sass = built
     assert meta["probe"] == probe
     assert meta["sass"]["local_bytes"] == 0 and meta["sass"]["local_memory_ops"] == 0
     assert "HMUL2" not in sass  # no scale multiply: the served program has 48 a step group (see its build test)
 
 
 def test_probes_issue_the_loop_they_bound(built):
-    probe, _, sass = built
-    events = _wgmma_events(sass, TILE_N)
-    a_operands = [re.search(rf"HGMMA\.64x{TILE_N}x16\.F32\.BF16 R\d+, (\S+?),", line).group(1)
-                  for line in sass.splitlines() if f"HGMMA.64x{TILE_N}x16.F32.BF16" in line]  # fmt: skip
+    probe, tile_n, _, sass = built
+    events = _wgmma_events(sass, tile_n)
+    a_operands = [re.search(rf"HGMMA\.64x{tile_n}x16\.F32\.BF16 R\d+, (\S+?),", line).group(1)
+                  for line in sass.splitlines() if f"HGMMA.64x{tile_n}x16.F32.BF16" in line]  # fmt: skip
     # the one- and two-multiply loops are one probe loop traced twice (the flag still selects between them)
     loops = 2
-    if probe == "noconvert":  # the served slice schedule: a wgmma a commit group, one left in flight
+    if probe == "noconvert" and tile_n == 256:  # the served slice schedule: a wgmma a commit group, one in flight
         slice_ = ["F", "M", "W1"]
         group = slice_ * (4 * STEP_GROUP - 1) + ["F", "M", "W0"]
         assert events == (group + slice_ * 3 + ["F", "M", "W0"]) * loops
-        assert all(a.startswith("R") for a in a_operands)
-    else:  # shared-memory A (a descriptor), a stage a commit group
+    else:  # the stage schedule: a stage's four wgmmas a commit group, one group in flight
         stage = ["F", "m", "m", "m", "M"]
         assert events == ([*stage, "W1"] * STEP_GROUP + ["W0", *stage, "W0"]) * loops
-        assert all(a.startswith("gdesc") for a in a_operands)
+    # A from registers, or (ss) from shared memory by descriptor
+    assert all(a.startswith("gdesc" if probe == "ss" else "R") for a in a_operands)
 
 
 def test_ss_probe_gives_ring_stages_to_its_a_tiles():
     assert GroupedFp4Gemm(TILE_N, probe="ss").stages == GroupedFp4Gemm(TILE_N).stages - 1
     assert GroupedFp4Gemm(128, probe="ss").stages == GroupedFp4Gemm(128).stages  # 8 stages fit either way
+    assert GroupedFp4Gemm(16, schedule="stage", ctas_per_sm=2, probe="ss").stages == 8
     with pytest.raises(ValueError, match="probe"):
         GroupedFp4Gemm(TILE_N, io="gather", probe="ss")

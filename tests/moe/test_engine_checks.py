@@ -368,15 +368,15 @@ def test_pingpong_programs_are_asked_for_never_defaults():
 
 
 def test_bound_probes_are_diagnostic_programs_no_plan_serves():
-    """The bound probes are MXFP4 native dense GEMMs without an activation, whole blocks, at the sizes 2048-8192
-    tokens run, carrying the fact ``PROBE``; anything else is refused, the launch asks for them only when told, and
-    no program a layer's plan binds is one."""
+    """The bound probes are MXFP4 native dense GEMMs without an activation, whole blocks, at every block size with its
+    default schedule and occupancy, carrying the fact ``PROBE``; anything else is refused, the launch asks for them
+    only when told, and no program a layer's plan binds is one."""
     specs = engine_probe_specs()
     built = {(s.fact["PROBE"], s.fact["TN"]) for s in specs}
     assert built == {(p, t) for p in ENGINE_PROBES for t in ENGINE_PROBE_TILE_N}
     assert all("RAG" not in s.fact and s.fact["IO"] == "dense" and s.fact["FMT"] == "mxfp4" for s in specs)
     for bad in (
-        {"tile_n": 64},
+        {"tile_n": 64, "schedule": "slice"},
         {"tile_n": 256, "fmt": "nvfp4"},
         {"tile_n": 256, "io": "gather"},
         {"tile_n": 256, "activation": "silu"},
@@ -392,6 +392,8 @@ def test_bound_probes_are_diagnostic_programs_no_plan_serves():
     plain = dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=128)
     assert "PROBE" not in plain.spec.fact
     assert dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=128, probe="ss").spec.fact["PROBE"] == "ss"
+    small = dense_fp4_gemm_launch(w[0], s[0], x, out, tile_n=16, probe="ss")
+    assert small.spec == engine_gemm_spec(16, probe="ss") and small.spec.fact["OCC"] == 2
     geo = next(g for g in load_catalog().moe if g.fmt.name == "mxfp4")
     layer_specs = engine_geometry_specs(geo) + engine_specs()
     assert not any("PROBE" in spec.fact for spec in layer_specs)

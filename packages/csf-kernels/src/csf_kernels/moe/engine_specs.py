@@ -117,10 +117,10 @@ INLINE_MAX_COL_TILES = 128  # records a row block the inline decoder's offset ta
 ENGINE_SPLIT_TILE_N = (16, 32)
 # bound probes (fact PROBE; diagnostic programs, never served, their outputs wrong by design: kernels.engine_mainloop):
 # the MXFP4 dense GEMM's loop without the conversion ("noconvert", today's register-A structure) and with A from
-# shared memory ("ss", a transform warpgroup's consumers), at the block sizes 2048-8192 tokens run (docs/moe-engine.md
-# §7: what a transform warpgroup could gain, measured before it is built)
+# shared memory ("ss", a transform warpgroup's consumers), at every block size with its default schedule and
+# occupancy, whole blocks (docs/moe-engine.md §7: what a transform warpgroup could gain, measured before it is built)
 ENGINE_PROBES = ("noconvert", "ss")
-ENGINE_PROBE_TILE_N = (128, 256)
+ENGINE_PROBE_TILE_N = ENGINE_TILE_N
 ENGINE_PARTIAL_FORMS = ("fc1", "rows")
 ENGINE_RECORD_STEPS = {"mxfp4": 2, "nvfp4": 1}
 
@@ -363,9 +363,10 @@ def engine_gemm_spec(
         if probe not in ENGINE_PROBES or tile_n not in ENGINE_PROBE_TILE_N:
             raise ValueError(f"probes {ENGINE_PROBES} are built at {ENGINE_PROBE_TILE_N} routes a block; got "
                              f"{probe!r} at {tile_n}")  # fmt: skip
-        if (fmt, scales, io, activation, sched, rag, occ, part) != ("mxfp4", "native", "dense", None, {}, {}, {}, {}):
+        defaults = schedule == engine_schedule(tile_n) and ctas_per_sm == engine_occupancy(tile_n, schedule)
+        if (fmt, scales, io, activation, rag, part) != ("mxfp4", "native", "dense", None, {}, {}) or not defaults:
             raise ValueError("probes are of the MXFP4 native dense GEMM without an activation, at the size's "
-                             "defaults but whole blocks")  # fmt: skip
+                             "default schedule and occupancy, whole blocks")  # fmt: skip
         diag = {"PROBE": probe}
     return ProgramSpec.of(ENGINE_GEMM, ENGINE_GEMM_VERSION, TN=tile_n, ACT=act, BIAS=int(bias), FMT=fmt, IO=io,
                           **source, **sched, **rag, **occ, **part, **diag)  # fmt: skip

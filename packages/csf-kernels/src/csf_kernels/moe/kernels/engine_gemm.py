@@ -147,7 +147,7 @@ class GroupedFp4Gemm:
     the placed words to wgmma unconverted, ``ss`` runs each stage's wgmmas with A from one of two unwritten bf16
     tiles in shared memory (the ring one or two stages shorter for them): what the loop costs without the conversion,
     in today's structure and in a transform warpgroup's (``docs/moe-engine.md`` §7). MXFP4, native scales, dense
-    rows, no activation, the slice schedule, whole blocks, one CTA an SM."""
+    rows, no activation, whole blocks, never ping-pong."""
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
@@ -167,11 +167,11 @@ class GroupedFp4Gemm:
                              f"got rows {io!r}, ragged {ragged}, schedule {schedule!r}")  # fmt: skip
         if probe is not None and (
             probe not in PROBES
-            or (fmt, scales, io, act, schedule, int(ragged), ctas_per_sm, partial)
-            != ("mxfp4", "native", "dense", ACT_NONE, "slice", 0, 1, None)
+            or (fmt, scales, io, act, int(ragged), partial) != ("mxfp4", "native", "dense", ACT_NONE, 0, None)
+            or pingpong
         ):
-            raise ValueError(f"probes {PROBES} are built for MXFP4 native dense GEMMs without an activation, slice "
-                             f"schedule, whole blocks, one CTA an SM; got {probe!r}")  # fmt: skip
+            raise ValueError(f"probes {PROBES} are built for MXFP4 native dense GEMMs without an activation, whole "
+                             f"blocks, never ping-pong; got {probe!r}")  # fmt: skip
         self.probe = probe
         self.pingpong = pingpong
         # routes a stage's B tile holds: the block's, or (ping-pong) half of them, a unit's
