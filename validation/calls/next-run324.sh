@@ -8,7 +8,7 @@
 # where the pass pays: engine (the pass from 64 routes a block with native scales, 32 with inline), engine_pass (the
 # pass at every size) and engine_producer beside the peer at 8-1024 tokens, inline arms too. Last, the grouped GEMMs'
 # bound probes at 128-8192 tokens (docs/moe-engine.md §7: the loop without the conversion, and with A from shared
-# memory, beside the same GEMMs whole-block): whether a transform warpgroup can pay. ~480 s.
+# memory, beside the same GEMMs whole-block): whether a transform warpgroup can pay. ~530 s.
 # Carry (64 MiB): aot_cache/carry.tgz without MLA, stage-decoder, W4A8, RAG=2, ping-pong or NVFP4 engine programs
 # (883 of 1163: the Triton layer's NVFP4 programs and the expanders travel);
 # .peers/triton_kernels, .peers/SOURCE, .ab/COMMIT and the codec's cp312 extension.
@@ -23,7 +23,7 @@ timeout 170 python3 benchmarks/bench_moe.py --geometries peers \
   --arms triton_kernels,engine,engine_pass,engine_producer,engine_inline,engine_inline_pass \
   --tokens 8,32,128,512,1024 --reps 4 --peer-path $PWD/.peers --out $R/moe_pass.json > $R/moe_pass.log 2>&1
 log "bench 8-1024 rc=$?"
-timeout 150 python3 benchmarks/bench_engine.py --skip-dense --probes --tokens 128,512,2048,8192 --reps 10 \
+timeout 200 python3 benchmarks/bench_engine.py --skip-dense --probes --tokens 128,512,2048,8192 --reps 10 \
   --out $R/engine_probes.json > $R/engine_probes.log 2>&1
 log "probes rc=$?"
 grep -h "^FAILED\|^E  " $R/t_*.log | head -30
