@@ -93,12 +93,10 @@ def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: 
     assert torch.equal(stores, live.to(torch.int64)), "FC2 stores each live route's row once, nothing else"
     out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16)
     run_launch(combine_launch(y, b2, ids, wts, out, num_experts=experts))
-    # W4A8's form: FC2's rows left in block order, each route found through its slot (dropped routes: never read)
-    inverse = torch.full((pairs,), -(1 << 30), dtype=torch.int32)
-    held = (s["sorted_ids"][: used * bm] >= 0) & (s["sorted_ids"][: used * bm] < pairs)
-    inverse[s["sorted_ids"][: used * bm][held].long()] = held.nonzero().flatten().to(torch.int32)
+    # W4A8's form: FC2's rows left in block order, each route found through the alignment's slot (dropped routes:
+    # -1, never read)
     by_slot = torch.full_like(out, float("nan"))
-    run_launch(combine_launch(y_slots, b2, ids, wts, by_slot, num_experts=experts, inverse=inverse))
+    run_launch(combine_launch(y_slots, b2, ids, wts, by_slot, num_experts=experts, inverse=s["route_slots"]))
     assert torch.equal(by_slot, out), "the combine through each route's slot equals the one over routes"
 
     want = torch.zeros(tokens, hidden)

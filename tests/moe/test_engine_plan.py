@@ -156,7 +156,7 @@ def test_the_scratch_holds_every_calls_buffers(acts):
         _, keep = layer.launches(x, ids, w, torch.empty_like(x), scratch=scratch)
         start, end = scratch.data_ptr(), scratch.data_ptr() + scratch.numel()
         tensors = [b for b in keep if isinstance(b, torch.Tensor)]
-        tensors += [v for b in keep if isinstance(b, dict) for k, v in b.items() if k not in ("x", "ids")]
+        tensors += [v for b in keep if isinstance(b, dict) for k, v in b.items() if k != "x"]
         assert tensors and all(start <= b.data_ptr() < end for b in tensors), t
         assert keep[-1].dtype == torch.float32  # bf16 routing weights copied into the scratch
         shapes = call_buffers(t, geo.top_k, geo.experts, geo.hidden, geo.intermediate, w4a8=p.w4a8,
@@ -287,7 +287,7 @@ def test_served_calls_check_their_operands():
     geo = _geo()
     p = plan(geo, 64, gemm="engine")
     weights = prepare_engine_weights(p, **synthetic_layer(geo, seed=0).weight_kwargs())
-    layer = EngineLayer(p, weights, _scratch(p.scratch_bytes), None)
+    layer = EngineLayer(p, weights, _scratch(p.scratch_bytes))
     x, ids, w = synthetic_routing(geo, 65, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="exceed the plan's max_tokens=64"):
         layer.run(x, ids, w)

@@ -2,7 +2,7 @@
 exactly its quantized operands (E4M3 activations, folded and promoted weight blocks) to FP8 accumulation and bf16
 output rounding, writes every output of the blocks in use and nothing past them, computes zeros for invalid experts,
 is deterministic and replays in a CUDA graph; the layer agrees with ``csf_moe.w4a8_reference`` and with the W4A16
-reference within W4A8's measured accuracy.
+reference within W4A8's measured accuracy, and its output bits do not depend on what its padding slots held.
 
 Fresh random data every run (the seed is in the messages); outputs are poisoned with NaN before each launch. Scales
 put some blocks far from their row base so that some tiles take the promotion path."""
@@ -230,6 +230,37 @@ def test_w4a8_layer_matches_the_references(model, tp, fused):
         # 364488) while the kernel held its exact-operand reference; held to the bound from 300 tokens
         if t >= 300:
             assert err16 < W4A16_REL_TOL, f"seed {SEED} {geo.name} T={t}: {err16:.3e} from W4A16"
+
+
+@pytest.mark.usefixtures("frozen_runtime")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-act", "act-pass"])
+def test_w4a8_layer_bits_do_not_depend_on_what_padding_slots_hold(fused):
+    """FC1's gather writes the routes' slots only: an expert's padding slots keep whatever the scratch held before
+    (docs/moe-engine.md §8.2). The GEMMs compute a slot's row from that slot's bytes and scale alone and the combine
+    reads routed slots only, so a scratch of zeros and one of 0xFF bytes (E4M3 NaN, NaN scales and bf16 rows) give the
+    same output bits, all finite."""
+    from csf_kernels.catalog import load_catalog
+    from csf_moe.engine_layer import EngineMoE, call_buffer_bytes, call_buffers, engine_weights
+    from csf_moe.synthetic import synthetic_layer, synthetic_routing
+
+    geo = load_catalog().moe_geometry("qwen3-30b-a3b", 1, "mxfp4")
+    ref = synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference()
+    layer = EngineMoE(engine_weights(ref, geo.activation, fused=fused, w4a8=True), geo.top_k)
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for t in (7, 300):  # 56 and 2400 routes over 128 experts: most slots of the blocks in use are padding at 7
+        x, ids, w = synthetic_routing(geo, t, gen)
+        ids = ids.clone()
+        ids[0, 0] = -1
+        shapes = call_buffers(t, geo.top_k, geo.experts, geo.hidden, geo.intermediate, w4a8=True, fused=fused,
+                              fc1_rows="pass", float_weights=w.dtype != torch.float32)  # fmt: skip
+        outs = []
+        for fill in (0, 0xFF):
+            scratch = torch.full((call_buffer_bytes(shapes),), fill, dtype=torch.uint8, device="cuda")
+            out = torch.full_like(x, float("nan"))
+            layer.call(x, ids, w, out, scratch=scratch)()
+            outs.append(out)
+        assert torch.isfinite(outs[1].float()).all(), f"seed {SEED} T={t}: a padding slot reached the output"
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), f"seed {SEED} T={t}"
 
 
 @pytest.mark.usefixtures("frozen_runtime")

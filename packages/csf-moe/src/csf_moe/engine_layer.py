@@ -18,11 +18,12 @@ reading). Every buffer is allocated when a token count is bound, or carved from 
 (:func:`call_buffers`: what a served layer does, its layers sharing one); a bound call allocates nothing and follows
 new routings as device data, so CUDA graphs capture it.
 
-**W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): a gather program quantizes FC1's input to E4M3
-in block order with one float32 scale a route (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``),
-both GEMMs run on FP8 tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`) over block-order rows, FC2's
-input is FC1's bf16 output quantized the same way (the gather program over the slots in place), and the combine
-reads FC2's block-order rows through each route's slot. The float32 reference of exactly these operands is
+**W4A8** (issue 47; ``engine_weights(..., w4a8=True)``, MXFP4 only): the alignment also writes each route's slot
+(``route_slots``), a gather program reads each token's row of ``x`` once and stores it quantized to E4M3 at its routes'
+slots with one float32 scale (vLLM's dynamic per-token FP8, ``csf_kernels.moe.fp8_activations``), both GEMMs run on
+FP8 tensor cores (:mod:`csf_kernels.moe.kernels.engine_gemm_fp8`) over block-order rows, FC2's input is FC1's bf16
+output quantized the same way where it lies (row by row in block order), and the combine reads FC2's block-order rows
+through each route's slot. The float32 reference of exactly these operands is
 :func:`csf_moe.w4a8_reference.w4a8_moe_reference` (it quantizes FC1's float32 output; the layer rounds it to bf16
 first).
 """
@@ -53,7 +54,7 @@ from csf_kernels.moe.engine_specs import (
 )
 from csf_kernels.moe.launch import align_launches, max_blocks_for, wide_row_tiles
 from csf_kernels.moe.specs import experts_bins
-from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch
+from csf_kernels.moe.w4a8 import gather_fp8_launch, grouped_w4a8_gemm_launch, quantize_rows_fp8_launch
 from csf_kernels.moe.w4a8_panels import w4a8_bases, w4a8_tile_flags, w4a8_weight_panel
 from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_GEMM_CONVENTIONS, w4a8_tile_n
 from csf_kernels.runtime import aligned
@@ -321,15 +322,13 @@ class EngineMoE:
 
     def call(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
-        scratch: torch.Tensor | None = None, slot_ids: torch.Tensor | None = None, name: str = "engine layer",
+        scratch: torch.Tensor | None = None, name: str = "engine layer",
     ):  # fmt: skip
         """A zero-argument function running the layer on ``x`` into ``out`` with these routes (their values may
         change between runs; their shapes may not), its buffers allocated now, or (``scratch``: uint8, at least
         :func:`call_buffer_bytes` for the call, 256-byte aligned) carved from that caller-owned buffer, which layers
-        that run one after another may share. ``slot_ids`` (W4A8): int32 ``0, 1, ..`` covering the call's slots, the
-        identity slot map of FC2's gather (allocated here where not given); ``name``: what a missing program's error
-        says it was for."""
-        launches, keep = self.launches(x, topk_ids, topk_weights, out, scratch=scratch, slot_ids=slot_ids)
+        that run one after another may share. ``name``: what a missing program's error says it was for."""
+        launches, keep = self.launches(x, topk_ids, topk_weights, out, scratch=scratch)
         weights32 = keep[-1]
         bound = [launch.bind(name) for launch in launches]
 
@@ -346,7 +345,7 @@ class EngineMoE:
 
     def launches(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
-        scratch: torch.Tensor | None = None, slot_ids: torch.Tensor | None = None,
+        scratch: torch.Tensor | None = None,
     ) -> tuple[list[runtime.Launch], tuple]:  # fmt: skip
         """The programs a call runs, in order, unbound, and the buffers they use (the float32 routing weights last):
         what :meth:`call` binds."""
@@ -363,7 +362,6 @@ class EngineMoE:
         buf = _carve(shapes, x.device, scratch)
         cursor, block_expert, active, meta, sorted_ids = (buf[k] for k in ("cursor", "block_expert", "active",
                                                                             "meta", "sorted_ids"))  # fmt: skip
-        slots = sorted_ids.numel()
         h, a = buf.get("h"), buf["a"]
         weights32 = buf["weights32"].copy_(topk_weights) if "weights32" in buf else topk_weights
         scratch_views = dict(
@@ -377,25 +375,20 @@ class EngineMoE:
             keep = (cursor, block_expert, active, meta, sorted_ids, buf["part1"], a, buf["part2"], weights32)
             return launches, keep
         if w.w4a8:
-            # its own FP8 gather: FC1's input and FC2's quantized in block order with their scales (FC2's in place:
-            # the identity slot map), the GEMMs over block-order rows, FC2's rows found through each route's slot
-            inverse = buf["inverse"]
+            # FC1's input quantized by token at the routes' slots (the alignment writes them), FC2's quantized where
+            # it lies, the GEMMs over block-order rows, the combine finding FC2's rows through the same slots
+            by_slot = scratch_views["route_slots"] = buf["route_slots"]
             y = buf["y"]
             x1 = {"xq": buf["xq1"], "xscale": buf["xscale1"]}
-            if slot_ids is None:
-                slot_ids = torch.arange(slots, dtype=torch.int32, device=x.device)
-            elif slot_ids.dtype != torch.int32 or slot_ids.numel() < slots:
-                raise ValueError(f"slot_ids must be int32 0 .. {slots - 1} at least")
-            x2 = {"xq": buf["xq2"], "xscale": buf["xscale2"], "ids": slot_ids[:slots], "inverse": buf["inverse2"]}
-            quantize = dict(convention=self.activations, bm=bm)
-            fc1_in = [gather_fp8_launch(x, sorted_ids, meta, x1["xq"], x1["xscale"], inverse, top_k=self.top_k,
-                                        **quantize)]  # fmt: skip
-            fc2_in = [gather_fp8_launch(a, x2["ids"], meta, x2["xq"], x2["xscale"], x2["inverse"], top_k=1, **quantize)]
+            x2 = {"xq": buf["xq2"], "xscale": buf["xscale2"]}
+            conv = self.activations
+            fc1_in = [gather_fp8_launch(x, by_slot, x1["xq"], x1["xscale"], top_k=self.top_k, convention=conv)]
+            fc2_in = [quantize_rows_fp8_launch(a, meta, x2["xq"], x2["xscale"], bm=bm, convention=conv)]
             gather, scatter = {}, {}
         else:
             # FC1's producer gathers its routes' rows of x (or reads them from a gather pass); FC2's epilogue stores
             # each slot's row at its route
-            inverse = None
+            by_slot = None
             y = buf["y"]  # a token's k rows contiguous
             x2 = {"x": a}
             fc2_in = []
@@ -415,11 +408,10 @@ class EngineMoE:
             *fc2_in,
             self._gemm("2", x2, y, block_expert, meta, bm, **scatter),
             combine_launch(
-                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=inverse
+                y, w.b2, topk_ids.view(tokens, self.top_k), weights32, out, num_experts=experts, inverse=by_slot
             ),
         ]
-        keep = (cursor, block_expert, active, meta, sorted_ids, buf.get("route_slots"), inverse, x1, x2, h, a, y,
-                weights32)  # fmt: skip
+        keep = (cursor, block_expert, active, meta, sorted_ids, buf.get("route_slots"), x1, x2, h, a, y, weights32)
         return launches, keep
 
 
@@ -429,11 +421,10 @@ class EngineLayer:
     is :meth:`csf_moe.MoELayer.run`'s: a call binds its launches once per (token count, route id dtype, operand
     addresses) and allocates nothing but its output (nothing given ``out``), so CUDA graphs capture it."""
 
-    def __init__(self, plan, weights: EngineWeights, scratch: torch.Tensor, slot_ids: torch.Tensor | None):
+    def __init__(self, plan, weights: EngineWeights, scratch: torch.Tensor):
         self.plan = plan
         self.weights = weights
         self.scratch = scratch
-        self.slot_ids = slot_ids
         self.moe = EngineMoE(weights, plan.top_k, activations=plan.convention)
         self._bound = runtime.BindingCache()
 
@@ -458,8 +449,7 @@ class EngineLayer:
         key = (t, ids.dtype, w.dtype, x.data_ptr(), ids.data_ptr(), w.data_ptr(), out.data_ptr())
 
         def bind_call():
-            return (self.moe.call(x, ids, w, out, scratch=self.scratch, slot_ids=self.slot_ids,
-                                  name=geo.name),)  # fmt: skip
+            return (self.moe.call(x, ids, w, out, scratch=self.scratch, name=geo.name),)
 
         for call in self._bound.get(key, bind_call):
             call()
@@ -491,10 +481,7 @@ def bind_engine(plan, weights: EngineWeights, scratch: torch.Tensor) -> EngineLa
                          f"prepared for the plan's {want}")  # fmt: skip
     for spec in plan.specs():  # resolved now: a missing program fails at bind, not mid-forward
         runtime.program(spec, geometry=geo.name)
-    slot_ids = None
-    if plan.w4a8:
-        slot_ids = torch.arange(plan.max_slots, dtype=torch.int32, device=scratch.device)
-    return EngineLayer(plan, weights, scratch, slot_ids)
+    return EngineLayer(plan, weights, scratch)
 
 
 def call_tile_n(pairs: int, experts: int, w4a8: bool, block_fill: float = 1.0) -> int:
@@ -518,7 +505,7 @@ def call_buffers(
     splits: tuple[int, int] = (1, 1),
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The buffers a call of ``tokens`` tokens uses, in carving order: name -> (shape, dtype). ``fc1_rows``
-    ``"pass"``: FC1's block-order input rows and each route's slot (W4A8 always quantizes them in block order);
+    ``"pass"``: FC1's block-order input rows and each route's slot (W4A8 always stores them quantized there);
     ``float_weights``: the routing weights come in another dtype and are copied to float32 first; ``block_fill``: as
     :class:`EngineMoE`'s; ``splits``: FC1's and FC2's K splits (a split call's partials, and FC2's input at the
     routes' rows)."""
@@ -544,9 +531,8 @@ def call_buffers(
         out["h"] = ((slots, 2 * inter), bf16)
     out["a"] = ((slots, inter), bf16)
     if w4a8:
-        out |= {"inverse": ((pairs,), i32), "y": ((slots, hidden), bf16), "xq1": ((slots, hidden), u8),
-                "xscale1": ((slots,), f32), "xq2": ((slots, inter), u8), "xscale2": ((slots,), f32),
-                "inverse2": ((slots,), i32)}  # fmt: skip
+        out |= {"route_slots": ((pairs,), i32), "y": ((slots, hidden), bf16), "xq1": ((slots, hidden), u8),
+                "xscale1": ((slots,), f32), "xq2": ((slots, inter), u8), "xscale2": ((slots,), f32)}  # fmt: skip
     else:
         out["y"] = ((pairs, hidden), bf16)
         if fc1_rows == "pass":  # the pass reads each route's slot

@@ -2,7 +2,7 @@
 
 The engine layer picks its route-block size per call from the routes an expert gets (``engine_tile_n``, or
 ``w4a8_tile_n`` for W4A8) and launches align (1 or 2 programs), FC1's input pass where it reads block-order rows,
-FC1 with its activation fused, FC2 (W4A8: FC2's FP8 gather first), and the combine; or, for few-token calls whose
+FC1 with its activation fused, FC2 (W4A8: FC2's input quantized first), and the combine; or, for few-token calls whose
 units would leave SMs idle (:mod:`csf_moe.engine_split`), FC1's partials, their finish, FC2's partials and the
 partial combine. :class:`EnginePlan` holds
 what a served layer needs to know before its first call: the token buckets (the catalog's plus the engine's
@@ -35,7 +35,14 @@ from csf_kernels.moe.specs import (
     align_scatters_in_plan,
     align_specs,
 )
-from csf_kernels.moe.w4a8_specs import W4A8_FORMATS, W4A8_TILE_N, gather_fp8_spec, w4a8_gemm_spec, w4a8_serves
+from csf_kernels.moe.w4a8_specs import (
+    W4A8_FORMATS,
+    W4A8_TILE_N,
+    gather_fp8_spec,
+    quantize_rows_fp8_spec,
+    w4a8_gemm_spec,
+    w4a8_serves,
+)
 from csf_kernels.runtime.programs import ProgramSpec
 
 from .buckets import bucket_for
@@ -99,11 +106,6 @@ class EnginePlan:
     def max_pairs(self) -> int:
         return self.max_tokens * self.top_k
 
-    @property
-    def max_slots(self) -> int:
-        """Block-order slots of the largest call (W4A8's identity slot map covers them)."""
-        return max(max_blocks_for(self.max_pairs, self.geometry.experts, t) * t for t in self._tiles())
-
     def _tiles(self) -> tuple[int, ...]:
         return W4A8_TILE_N if self.w4a8 else ENGINE_TILE_N
 
@@ -127,7 +129,8 @@ class EnginePlan:
         g, bm = self.geometry, self.tile_n(tokens)
         pairs = tokens * self.top_k
         passes = not self.w4a8 and fc1_rows_for(bm, self.scale_source) == "pass"  # the token-order pass
-        inverse = passes and self.splits(tokens) == (1, 1)  # reads the routes' slots the alignment writes
+        # the token-order pass and W4A8's gather read the routes' slots the alignment writes
+        inverse = (passes or self.w4a8) and self.splits(tokens) == (1, 1)
         if tokens == 1 and max_blocks_for(pairs, g.experts, bm) >= pairs:  # each route a block of its own
             align = [align_routes_spec(bm, ids64, pairs, inverse=inverse)]
         else:
@@ -139,8 +142,9 @@ class EnginePlan:
                     engine_gemm_spec(bm, None, False, self.fmt, source, "gather", partial="rows")]  # fmt: skip
             return (*align, *body, engine_partial_combine_spec(g.bias, self.fmt, ids64, tokens, self.top_k))
         if self.w4a8:
-            gather = gather_fp8_spec(bm, self.convention)
-            body = [gather, w4a8_gemm_spec(bm, g.activation, g.bias), gather, w4a8_gemm_spec(bm)]
+            fc2_in = quantize_rows_fp8_spec(self.convention)
+            body = [gather_fp8_spec(self.convention), w4a8_gemm_spec(bm, g.activation, g.bias), fc2_in,
+                    w4a8_gemm_spec(bm)]  # fmt: skip
         else:
             source = self.scale_source
             fc1 = engine_gemm_spec(bm, g.activation, g.bias, self.fmt, source, "dense" if passes else "gather")

@@ -8,35 +8,76 @@ from csf_kernels import runtime
 from csf_kernels.moe.engine_panels import PANEL_STEP_K, ROW_BLOCK
 from csf_kernels.moe.fp8_activations import MX_BLOCK
 from csf_kernels.moe.w4a8_operands import TILE_ROWS
-from csf_kernels.moe.w4a8_specs import GATHER_FP8_COLUMNS, W4A8_TILE_N, gather_fp8_spec, w4a8_gemm_spec
+from csf_kernels.moe.w4a8_specs import (
+    FP8_COLUMNS,
+    W4A8_TILE_N,
+    gather_fp8_spec,
+    quantize_rows_fp8_spec,
+    w4a8_gemm_spec,
+)
 from csf_kernels.runtime.device import num_sms
 
-__all__ = ["gather_fp8_launch", "grouped_w4a8_gemm_launch"]
+__all__ = ["gather_fp8_launch", "grouped_w4a8_gemm_launch", "quantize_rows_fp8_launch"]
+
+
+def _fp8_operands(what: str, rows_in: torch.Tensor, xq: torch.Tensor, xscale: torch.Tensor, convention: str):
+    """``xq``'s (slots, columns) once checked against the bf16 rows it quantizes and the convention's scales."""
+    slots, hidden = xq.shape
+    if rows_in.dtype != torch.bfloat16 or rows_in.dim() != 2 or rows_in.shape[1] != hidden or xq.dtype != torch.uint8:
+        raise TypeError(f"{what}: the rows must be bf16 [n, {hidden}] and xq uint8 [slots, {hidden}]; got "
+                        f"{rows_in.dtype} {tuple(rows_in.shape)} and {xq.dtype}")  # fmt: skip
+    if hidden % MX_BLOCK:
+        raise ValueError(f"{what}: {hidden} columns are not a multiple of {MX_BLOCK}")
+    if convention == "per_token":
+        want = (torch.float32, (slots,))
+    elif convention == "mxfp8":
+        want = (torch.uint8, (slots, hidden // MX_BLOCK))
+    else:
+        raise ValueError(f"{what}: unknown activation convention {convention!r}")
+    if (xscale.dtype, tuple(xscale.shape)) != want:
+        raise ValueError(f"{what}: {convention} scales must be {want[0]} {list(want[1])}; got {xscale.dtype} "
+                         f"{list(xscale.shape)}")  # fmt: skip
+    return slots, hidden
 
 
 def gather_fp8_launch(
-    x: torch.Tensor, sorted_ids: torch.Tensor, meta: torch.Tensor, xq: torch.Tensor, xscale: torch.Tensor,
-    inverse: torch.Tensor, *, top_k: int, bm: int, convention: str,
+    x: torch.Tensor, route_slots: torch.Tensor, xq: torch.Tensor, xscale: torch.Tensor, *, top_k: int,
+    convention: str,
 ) -> runtime.Launch:  # fmt: skip
-    """FC1's input in block order as FP8: ``xq`` uint8 ``[slots, H]`` (E4M3 bytes) with ``xscale`` float32 ``[slots]``
-    (``per_token``) or uint8 ``[slots, H / 32]`` (``mxfp8``, E8M0), and each route's slot in ``inverse [pairs]``."""
-    slots, hidden = xq.shape
-    pairs = inverse.numel()
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden or xq.dtype != torch.uint8:
-        raise TypeError(f"gather: x must be bf16 [T, {hidden}] and xq uint8 [slots, {hidden}]")
-    if sorted_ids.numel() != slots or pairs != x.shape[0] * top_k or hidden % MX_BLOCK:
-        raise ValueError(f"gather: x {tuple(x.shape)}, xq {tuple(xq.shape)}, {sorted_ids.numel()} slots, {pairs} "
-                         f"routes of top-{top_k} disagree (H must be a multiple of {MX_BLOCK})")  # fmt: skip
-    spec = gather_fp8_spec(bm, convention)
-    if convention == "per_token":
-        want, grid = (torch.float32, (slots,)), (slots,)
-    else:
-        want, grid = (torch.uint8, (slots, hidden // MX_BLOCK)), (slots, -(-hidden // GATHER_FP8_COLUMNS["mxfp8"]))
-    if (xscale.dtype, tuple(xscale.shape)) != want:
-        raise ValueError(f"gather: {convention} scales must be {want[0]} {list(want[1])}; got {xscale.dtype} "
-                         f"{list(xscale.shape)}")  # fmt: skip
-    args = (x, sorted_ids, meta, xq, xscale, inverse, hidden, top_k, pairs)
-    return runtime.Launch(spec, grid, args)
+    """FC1's input in block order as FP8, token by token: ``xq[s]`` uint8 ``[slots, H]`` (E4M3 bytes) and its scale
+    ``xscale[s]`` (float32 ``[slots]``, ``per_token``; uint8 ``[slots, H / 32]``, ``mxfp8``: E8M0) quantize ``x[t]``
+    for each route ``t * top_k + j`` with a slot ``s = route_slots[t * top_k + j]`` in ``[0, slots)``
+    (``route_slots``: int32 ``[T * top_k]``, the alignment's inverse, -1 for none). Each row of ``x`` is read and
+    quantized once; slots without a route are left as they are (``docs/moe-engine.md`` §8.2: nothing reads them)."""
+    slots, hidden = _fp8_operands("gather", x, xq, xscale, convention)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
+    tokens = x.shape[0]
+    if route_slots.dtype != torch.int32 or route_slots.numel() < tokens * top_k:
+        raise ValueError(f"gather: route_slots must be int32 with {tokens * top_k} entries at least")
+    spec = gather_fp8_spec(convention)
+    grid = (-(-tokens // spec.fact["RT"]),)
+    if convention == "mxfp8":
+        grid += (-(-hidden // FP8_COLUMNS[convention]),)
+    return runtime.Launch(spec, grid, (x, route_slots, xq, xscale, tokens, hidden, top_k, slots))
+
+
+def quantize_rows_fp8_launch(
+    a: torch.Tensor, meta: torch.Tensor, xq: torch.Tensor, xscale: torch.Tensor, *, bm: int, convention: str
+) -> runtime.Launch:
+    """FC2's input as FP8 where it lies: row ``s`` of ``a`` (bf16 ``[slots, N]``, FC1's output in block order)
+    quantized into ``xq[s]`` and ``xscale[s]`` (as :func:`gather_fp8_launch`'s) for the rows of the blocks in use,
+    ``s < meta[0] * bm`` (device data); the rows past them are left as they are."""
+    slots, hidden = _fp8_operands("quantize", a, xq, xscale, convention)
+    if a.shape[0] != slots:
+        raise ValueError(f"quantize: a has {a.shape[0]} rows, xq {slots}")
+    if meta.dtype != torch.int32 or meta.numel() < 1:
+        raise TypeError("quantize: meta must be int32 holding the block count")
+    if isinstance(bm, bool) or not isinstance(bm, int) or bm < 1:
+        raise ValueError(f"quantize: bm must be a positive int; got {bm!r}")
+    spec = quantize_rows_fp8_spec(convention)
+    grid = (slots,) if convention == "per_token" else (slots, -(-hidden // FP8_COLUMNS[convention]))
+    return runtime.Launch(spec, grid, (a, meta, xq, xscale, hidden, bm))
 
 
 def grouped_w4a8_gemm_launch(

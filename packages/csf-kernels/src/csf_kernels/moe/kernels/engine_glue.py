@@ -6,15 +6,14 @@
 * ``engine_combine``: ``out[t] = sum_j w[t, j] * (y[t k + j] + b2[e_j])`` in float32, ``j`` in order, over FC2's
   rows stored at their routes (``y [pairs, H]``, a token's ``k`` rows contiguous); a route whose expert id lies
   outside [0, E) contributes nothing (FC2 never stored its row). ``INV`` (W4A8, whose FC2 stores in block order):
-  ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]``.
+  ``y [slots, H]``, route ``t k + j``'s row at its slot ``inverse[t k + j]`` (the alignment's ``route_slots``).
 * ``engine_gather_tokens``: FC1's input in block order, for the FC1 GEMM that reads its rows by TMA tiles instead of
   gathering them in its producer warps: a program reads ``RT`` tokens' rows of ``x`` once and stores each at its
   routes' slots (``route_slots [pairs]``, the alignment's inverse, -1: no slot). A slot without a route is not
   written: its row only ever reaches that slot's own outputs (a GEMM's output column for a route reads that route's
   row alone), which FC2 never stores, and an expert's padding is up to a third of the slots at 8192 tokens. Going by
   token reads ``x`` once where going by slot reads a token's row once a route (``top_k`` times, from DRAM once ``x``
-  outgrows L2).
-* ``slot_route``: a block-order slot's route and token, the first step of W4A8's quantizing gather.
+  outgrows L2). W4A8's quantizing gather goes the same way (:mod:`~csf_kernels.moe.kernels.engine_fp8_gather`).
 """
 
 from __future__ import annotations
@@ -72,15 +71,6 @@ SIGNATURE_GATHER_TOKENS = {
 
 SWIGLU_ALPHA = tl.constexpr(1.702)
 SWIGLU_LIMIT = tl.constexpr(7.0)
-
-
-@triton.jit
-def slot_route(sorted_ids, meta, s, top_k, pairs, BM: tl.constexpr):
-    """(in use, live, token row as int64, route) of block-order slot ``s``: every gather's first step."""
-    used = s < tl.load(meta) * BM
-    route = tl.load(sorted_ids + s, mask=used, other=-1)
-    live = used & (route >= 0) & (route < pairs)
-    return used, live, (tl.where(live, route, 0) // top_k).to(tl.int64), route
 
 
 @triton.jit
