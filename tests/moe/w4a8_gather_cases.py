@@ -14,6 +14,7 @@ from csf_kernels.moe.fp8_activations import ACTIVATION_CONVENTIONS, quantize_act
 from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch
+from tests.moe.padding_routes import with_padding_routes
 
 POISON = torch.iinfo(torch.int32).min
 # tokens, experts, hidden, top_k: expert counts of catalog geometries (gpt-oss-20b's 32, gpt-oss-120b's 128), whose
@@ -32,9 +33,7 @@ def run_case(seed: int, tokens: int, experts: int, hidden: int, top_k: int, *, r
         x[2, :32] = 0
     x = x.to(torch.bfloat16)
     ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=1).indices.to(torch.int32).contiguous()
-    ids[0, 0] = -1  # graph padding
-    if tokens > 1:
-        ids[-1, -1] = experts
+    ids = with_padding_routes(ids, experts)  # graph padding (the last route too when it is another token's)
     pairs = tokens * top_k
     bm = engine_tile_n(pairs / experts)
     blocks = max_blocks_for(pairs, experts, bm)
