@@ -31,15 +31,14 @@ from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_moe.reference import activation
 from tests.interpreter import run_launch
+from tests.moe.padding_routes import with_padding_routes
 
 
 def _case(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: int, act: str, bias: bool) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
     ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=1).indices.to(torch.int32).contiguous()
-    ids[0, 0] = -1  # graph padding
-    if tokens > 1:
-        ids[-1, -1] = experts
+    ids = with_padding_routes(ids, experts)  # graph padding (the last route too when it is another token's)
     wts = torch.rand(tokens, top_k, generator=g)
     w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(torch.bfloat16)
     w2 = (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(torch.bfloat16)

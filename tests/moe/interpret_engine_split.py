@@ -22,6 +22,7 @@ from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from tests.interpreter import run_launch
+from tests.moe.padding_routes import with_padding_routes
 
 REL_TOL = 2e-2  # tests/moe/test_engine_layer_gpu.py's
 
@@ -68,7 +69,7 @@ def _case(seed: int, fmt: str, act: str, bias: bool, tokens: int, splits) -> Non
     layer = EngineMoE(engine_weights(ref, act), geo.top_k, splits=splits)
     x, ids, w = synthetic_routing(geo, tokens, torch.Generator().manual_seed(seed))
     if tokens > 1:  # graph padding: inert
-        ids[0, 0] = -1
+        ids = with_padding_routes(ids, geo.experts, invalid=[-1])
     out = torch.full_like(x, float("nan"))
     launches, keep = layer.launches(x, ids, w, out)
     for buf in keep:  # every buffer poisoned: what the split programs do not write stays NaN (or -1)

@@ -19,6 +19,7 @@ from csf_moe.layer import MoELayer
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer
 from tests.interpreter import run_launch
+from tests.moe.padding_routes import with_padding_routes
 
 
 def geometries():
@@ -81,8 +82,7 @@ def main(seed: int) -> None:
         for t in (5, 8):
             x = (torch.randn(t, geo.hidden, generator=gen)).to(torch.bfloat16)
             ids = torch.randint(0, geo.experts, (t, geo.top_k), generator=gen, dtype=torch.int32)
-            ids[1, 0] = -1  # vLLM's graph padding
-            ids[3, -1] = geo.experts
+            ids = with_padding_routes(ids, geo.experts)  # vLLM's graph padding
             w = torch.rand(t, geo.top_k, generator=gen)
             want = moe_reference(x, layer_data.reference(), w, ids, kind=geo.activation)
             outs = {}

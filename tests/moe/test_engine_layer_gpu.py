@@ -16,6 +16,7 @@ from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from tests.cuda_graphs import captured, replay_allocating_nothing
+from tests.moe.padding_routes import with_padding_routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")
@@ -36,8 +37,7 @@ def test_engine_layer_matches_the_reference(model, tp, fmt, fused):
     for t in TOKENS:
         x, ids, w = synthetic_routing(geo, t, gen)
         if t >= 7:  # graph padding: ids outside [0, E) contribute nothing
-            ids = ids.clone()
-            ids[0, 0], ids[-1, -1] = -1, geo.experts
+            ids = with_padding_routes(ids, geo.experts)
         out = torch.full_like(x, float("nan"))
         run = layer.call(x, ids, w, out)
         names = [name for name, _ in run.launches]
@@ -97,8 +97,7 @@ def test_fc1_rows_from_the_gather_pass_give_the_producer_gathers_bits(model, tp,
     for t in TOKENS:
         x, ids, w = synthetic_routing(geo, t, gen)
         if t >= 7:
-            ids = ids.clone()
-            ids[0, 0], ids[-1, -1] = -1, geo.experts
+            ids = with_padding_routes(ids, geo.experts)
         outs = {}
         for rows, layer in layers.items():
             outs[rows] = torch.full_like(x, float("nan"))
@@ -130,8 +129,7 @@ def test_pingpong_layer_gives_the_default_layers_bits(model, tp, fmt):
     for t in (*TOKENS, 8192):
         x, ids, w = synthetic_routing(geo, t, gen)
         if t >= 7:
-            ids = ids.clone()
-            ids[0, 0], ids[-1, -1] = -1, geo.experts
+            ids = with_padding_routes(ids, geo.experts)
         outs = {}
         for schedule, layer in layers.items():
             outs[schedule] = torch.full_like(x, float("nan"))

@@ -17,6 +17,7 @@ from csf_moe.engine_layer import EngineMoE, call_buffer_bytes, call_buffers, eng
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from tests.cuda_graphs import captured, replay_allocating_nothing
+from tests.moe.padding_routes import with_padding_routes
 
 from .test_engine_layer_gpu import REL_TOL
 
@@ -60,8 +61,7 @@ def test_split_layer_matches_the_reference(model, tp, fmt, splits):
     for t in TOKENS:
         x, ids, w = synthetic_routing(geo, t, gen)
         if t >= 2:  # graph padding: ids outside [0, E) contribute nothing
-            ids = ids.clone()
-            ids[0, 0], ids[-1, -1] = -1, geo.experts
+            ids = with_padding_routes(ids, geo.experts)
         out, run = _run(layer, geo, x, ids, w, _poisoned_scratch(layer, geo, t, w))
         names = [name for name, _ in run.launches]
         if layer.call_splits(t) != (1, 1):

@@ -14,6 +14,8 @@ from csf_moe import LocalRoutes, RankShard, RouteBuffers, local_expert_map, plan
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 
+from .padding_routes import with_padding_routes
+
 # the models' usual expert-parallel sizes, as catalog.yaml lists them
 EP_SIZES = {"deepseek-v3": (8,), "deepseek-v4.1-flash": (2, 4, 8), "kimi-k2": (2, 8, 16), "qwen3-30b-a3b": (4, 8)}
 TINY = MoEGeometry(model="tiny", tp=1, fmt=scale_format("mxfp4"), experts=8, hidden=256, intermediate=128, top_k=3)
@@ -129,7 +131,7 @@ def test_ranks_reference_outputs_sum_to_the_whole_layers(tp, ep, fmt):
     geo = replace(TINY, fmt=scale_format(fmt))
     data, whole = _whole(geo)
     x, ids, w = synthetic_routing(geo, 9, torch.Generator().manual_seed(1))
-    ids[0, 0] = -1  # an engine's padding route: inert on every rank
+    ids = with_padding_routes(ids, geo.experts, invalid=[-1])  # an engine's padding route: inert on every rank
     want = moe_reference(x, data.reference(), w, ids)
     total = torch.zeros_like(want)
     for t_rank in range(tp):

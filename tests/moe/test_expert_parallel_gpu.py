@@ -13,6 +13,7 @@ from csf_kernels.catalog import load_catalog
 from csf_moe import LocalRoutes, RankShard, bind, local_expert_map, plan, prepare_weights, shard_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from tests.cuda_graphs import replay_allocating_nothing
+from tests.moe.padding_routes import with_padding_routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
@@ -51,7 +52,7 @@ def test_a_ranks_layer_is_bit_identical_to_its_slice_of_the_whole_layer(model, e
             if _bucket_numerics(local.plan, t) != _bucket_numerics(whole.plan, t):
                 continue  # other K splits sum in another order: equal within rounding only
             x, ids, w = synthetic_routing(whole_geo, t, gen)
-            ids[0, -1] = -1  # an engine's padding route
+            ids = with_padding_routes(ids, whole_geo.experts, invalid=[-1])  # an engine's padding route
             mine = (ids >= held.start) & (ids < held.stop)
             want = whole.run(x, torch.where(mine, ids, -1), w)  # the whole layer, this rank's experts only
             got = local.run(x, routes(ids), w)

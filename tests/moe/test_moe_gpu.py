@@ -16,6 +16,7 @@ from csf_moe import bind, plan, prepare_weights
 from csf_moe.reference import moe_reference
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
 from tests.cuda_graphs import replay_allocating_nothing
+from tests.moe.padding_routes import with_padding_routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("frozen_runtime")]
 SEED = int.from_bytes(os.urandom(3), "little")  # fresh data every run; in every failure message
@@ -150,13 +151,10 @@ def test_padding_routes_contribute_exactly_nothing(ids_dtype):
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     for t in (1, 3, 5, 600):  # routes read as blocks (1, 3: no alignment); records read in the GEMM; expanded
         x, ids, w = synthetic_routing(geo, t, gen, ids_dtype=ids_dtype)
-        padded = ids.clone()
-        padded[::2, 0] = -1
-        padded[1::3, -1] = geo.experts
-        padded[2::5, 1] = torch.iinfo(ids_dtype).max
-        padded[3::7, 2] = torch.iinfo(ids_dtype).min
-        if t <= 3:  # a token without a live slot (one token: the whole call) gets zero rows
-            padded[-1] = -1
+        invalid = (-1, geo.experts, torch.iinfo(ids_dtype).max, torch.iinfo(ids_dtype).min)
+        # 15% of the routes (each invalid id once 4 are drawn); t <= 3: a token without a live slot (one token: the
+        # whole call) gets zero rows
+        padded = with_padding_routes(ids, geo.experts, invalid=invalid, fraction=0.15, gen=gen, empty_token=t <= 3)
         live = (padded >= 0) & (padded < geo.experts)
         got = _poisoned_run(layer, x, padded, w)
         # the same routes with padding replaced by a real expert at weight exactly zero

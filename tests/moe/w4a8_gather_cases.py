@@ -23,6 +23,7 @@ from csf_kernels.moe.launch import align_launches, max_blocks_for
 from csf_kernels.moe.specs import experts_bins
 from csf_kernels.moe.w4a8 import gather_fp8_launch, quantize_rows_fp8_launch
 from csf_kernels.moe.w4a8_specs import w4a8_tile_n
+from tests.moe.padding_routes import with_padding_routes
 
 POISON = torch.iinfo(torch.int32).min
 POISON_BYTE = 0xA5
@@ -68,11 +69,9 @@ def run_case(seed: int, tokens: int, experts: int, hidden: int, top_k: int, *, r
     g = torch.Generator().manual_seed(seed)
     x = _rows(g, tokens, hidden)
     ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=1).indices.to(torch.int32).contiguous()
-    ids[0, 0] = -1  # graph padding
-    if tokens > 1:
-        ids[-1, -1] = experts
+    ids = with_padding_routes(ids, experts)  # graph padding (the last route too when it is another token's)
     if tokens > 3:
-        ids[tokens // 2, 0] = experts + 7
+        ids[tokens // 2, 0] = experts + 7  # an id far past E
     pairs = tokens * top_k
     bm = w4a8_tile_n(pairs / experts)
     blocks = max_blocks_for(pairs, experts, bm)
