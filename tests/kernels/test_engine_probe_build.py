@@ -50,8 +50,7 @@ def test_probes_issue_the_loop_they_bound(built):
     events = _wgmma_events(sass, tile_n)
     a_operands = [re.search(rf"HGMMA\.64x{tile_n}x16\.F32\.BF16 R\d+, (\S+?),", line).group(1)
                   for line in sass.splitlines() if f"HGMMA.64x{tile_n}x16.F32.BF16" in line]  # fmt: skip
-    # the one- and two-multiply loops are one probe loop traced twice (the flag still selects between them)
-    loops = 2
+    loops = 1  # a probe converts nothing: no one-multiply twin of its loop
     if probe == "noconvert" and tile_n == 256:  # the served slice schedule: a wgmma a commit group, one in flight
         slice_ = ["F", "M", "W1"]
         group = slice_ * (4 * STEP_GROUP - 1) + ["F", "M", "W0"]

@@ -261,11 +261,16 @@ def test_engine_weights_of_nvfp4_experts(fused):
 
 
 # the schedules the cache holds a block size's programs of, and the ragged levels of each: both cooperative
-# schedules at the decode sizes; ping-pong beside slice at 128 and 256, at one ragged level (within the half)
-_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "pingpong") if t >= 128 else ("slice",)
+# schedules at the decode sizes; ping-pong and transform warps beside slice at 128 and 256, at one ragged level
+_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "pingpong", "transform") if t >= 128 else ("slice",)
               for t in ENGINE_TILE_N}  # fmt: skip
-_RAGGEDS = {(t, sched): (1,) if sched == "pingpong" else (0, 1, 2) if t >= 128 else (0,)
+_RAGGEDS = {(t, sched): (1,) if sched in ("pingpong", "transform") else (0, 1, 2) if t >= 128 else (0,)
             for t in ENGINE_TILE_N for sched in _SCHEDULES[t]}  # fmt: skip
+
+
+def _serves(sched: str, src: str, io: str) -> bool:
+    """Transform warps are producer warps 1-3: built for native scales and rows not gathered only."""
+    return sched != "transform" or (src == "native" and io != "gather")
 
 
 def test_catalog_nvfp4_geometries_get_engine_programs():
@@ -294,6 +299,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
             for src in ("native", "inline")
             for sched in _SCHEDULES[t]
             for io in ("gather", "dense")
+            if _serves(sched, src, io)
             for rag in _RAGGEDS[t, sched]
             for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
         )
@@ -310,6 +316,7 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
         for src in ("native", "inline")
         for io in ENGINE_IO
         for sched in _SCHEDULES[t]
+        if _serves(sched, src, io)
         for rag in _RAGGEDS[t, sched]
         for occ in ((2,) if t <= 64 and sched == "stage" else (1,))
     }

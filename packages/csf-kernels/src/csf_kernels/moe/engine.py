@@ -182,7 +182,7 @@ def grouped_fp4_gemm_launch(
         raise ValueError(f"global_scale must be float32 [{experts}]; got {global_scale.dtype} "
                          f"{tuple(global_scale.shape)}")  # fmt: skip
     units = -(-rows // ENGINE_TILE_M) * min(block_expert.numel(), -(-slots // tile_n)) * splits
-    sched = engine_schedule(tile_n, schedule)
+    sched = engine_schedule(tile_n, schedule, "inline" if isinstance(s_panel, InlineScales) else "native", io)
     occ = engine_occupancy(tile_n, sched, ctas_per_sm)
     ctas = max(1, min(occ * num_sms(x.device), units))
     if max_ctas is not None:

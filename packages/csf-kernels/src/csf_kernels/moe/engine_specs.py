@@ -50,6 +50,8 @@ __all__ = [
     "ENGINE_TILE_K",
     "ENGINE_TILE_M",
     "ENGINE_TILE_N",
+    "ENGINE_TRANSFORM_RAGGED",
+    "ENGINE_TRANSFORM_TILE_N",
     "INLINE_MAX_COL_TILES",
     "engine_act_spec",
     "engine_combine_spec",
@@ -63,6 +65,7 @@ __all__ = [
     "engine_probe_specs",
     "engine_ragged",
     "engine_schedule",
+    "engine_schedule_serves",
     "engine_schedules",
     "engine_serves",
     "engine_specs",
@@ -86,9 +89,10 @@ ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 # ("pass"; docs/moe-engine.md §4.11)
 ENGINE_FC1_ROWS = ("producer", "pass")
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
-# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, or each
-# warpgroup alone on alternate half-block units (moe/kernels/engine_pingpong.py); the same bits
-ENGINE_SCHEDULES = ("slice", "stage", "pingpong")
+# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, each
+# warpgroup alone on alternate half-block units (moe/kernels/engine_pingpong.py), or A from the bf16 tiles producer
+# warps 1-3 convert (moe/kernels/engine_transform.py); the same bits
+ENGINE_SCHEDULES = ("slice", "stage", "pingpong", "transform")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
@@ -97,6 +101,11 @@ ENGINE_STAGE_TILE_N = (16, 32, 64)
 # half's own halves; an empty half runs no wgmma at any level), to keep the cache's growth small
 ENGINE_PINGPONG_TILE_N = (128, 256)
 ENGINE_PINGPONG_RAGGED = 1
+# block sizes built with a transform warpgroup (kernels.engine_transform: a fourth warpgroup converts each stage's
+# weights into a bf16 A tile in shared memory, the consumers' wgmmas read A from there) beside "slice", which stays the
+# default until a GPU run measures it (issue 46 asks both measured; docs/moe-engine.md §4.4, §7)
+ENGINE_TRANSFORM_TILE_N = (128, 256)
+ENGINE_TRANSFORM_RAGGED = 1  # the default ragged level only, to keep the cache's growth small
 # block sizes built ragged (a block whose live routes lie in its first half runs that half only, level 1; at level 2
 # one whose live routes lie in its first quarter runs that quarter; docs/moe-engine.md §4.12), beside the whole-block
 # programs (level 0); level 1 serves them by default: level 2 has not run on a GPU yet (next-run319.sh measures it);
@@ -211,6 +220,8 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
             for schedule in engine_schedules(bm):
                 for io in ("gather", "dense"):
+                    if not engine_schedule_serves(schedule, scales, io):
+                        continue
                     for ragged in engine_raggeds(bm, schedule):
                         for occ in engine_occupancies(bm, schedule):
                             specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
@@ -248,7 +259,15 @@ def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block (the default last)."""
     if tile_n in ENGINE_STAGE_TILE_N:
         return ("slice", "stage")
-    return ("pingpong", "slice") if tile_n in ENGINE_PINGPONG_TILE_N else ("slice",)
+    built = ("pingpong",) if tile_n in ENGINE_PINGPONG_TILE_N else ()
+    built += ("transform",) if tile_n in ENGINE_TRANSFORM_TILE_N else ()
+    return (*built, "slice")
+
+
+def engine_schedule_serves(schedule: str, scales: str, io: str) -> bool:
+    """Whether ``schedule``'s programs exist for a scale source and row mode: transform warps are producer warps 1-3,
+    which inline scales (their record decoders) and gathered rows (their row copies) already hold."""
+    return schedule != "transform" or (scales == "native" and io != "gather")
 
 
 def engine_occupancies(tile_n: int, schedule: str) -> tuple[int, ...]:
@@ -270,9 +289,12 @@ def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int
 def engine_raggeds(tile_n: int, schedule: str | None = None) -> tuple[int, ...]:
     """The ragged levels the AOT cache holds ``tile_n``'s programs of ``schedule`` (``None``: the size's default) of
     (0: whole blocks only; 1: the half loop; 2: the half and quarter loops; the default last). Ping-pong programs
-    (a unit: half a block) hold :data:`ENGINE_PINGPONG_RAGGED` only."""
+    (a unit: half a block) hold :data:`ENGINE_PINGPONG_RAGGED` only, transform programs
+    :data:`ENGINE_TRANSFORM_RAGGED`."""
     if schedule == "pingpong":
         return (ENGINE_PINGPONG_RAGGED,)
+    if schedule == "transform":
+        return (ENGINE_TRANSFORM_RAGGED,)
     return ENGINE_RAGGED_LEVELS if tile_n in ENGINE_RAGGED_TILE_N else (0,)
 
 
@@ -283,12 +305,13 @@ def engine_ragged(tile_n: int, want: int | bool | None = None, schedule: str | N
     return int(want) if want is not None and int(want) in built else built[-1]
 
 
-def engine_schedule(tile_n: int, want: str | None = None) -> str:
-    """The schedule serving ``tile_n`` routes a block: ``want`` where the cache holds it for that size, else the
-    default (``stage`` at :data:`ENGINE_STAGE_TILE_N`, ``slice`` above)."""
+def engine_schedule(tile_n: int, want: str | None = None, scales: str = "native", io: str = "dense") -> str:
+    """The schedule serving ``tile_n`` routes a block (of a ``scales`` source and ``io`` row mode): ``want`` where
+    the cache holds it for that size and those operands (:func:`engine_schedule_serves`), else the default
+    (``stage`` at :data:`ENGINE_STAGE_TILE_N`, ``slice`` above)."""
     if want is not None and want not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {want!r}")
-    built = engine_schedules(tile_n)
+    built = [s for s in engine_schedules(tile_n) if engine_schedule_serves(s, scales, io)]
     return want if want in built else built[-1]
 
 
@@ -335,6 +358,12 @@ def engine_gemm_spec(
         raise ValueError(f"ping-pong consumers are built for {ENGINE_PINGPONG_TILE_N} routes a block; got {tile_n}")
     if schedule == "pingpong" and partial is not None:  # a split unit's K range is walked once, by both warpgroups
         raise ValueError(f"K-split partials ({partial!r}) are never ping-pong: their units are whole blocks")
+    if schedule == "transform" and (
+        tile_n not in ENGINE_TRANSFORM_TILE_N or not engine_schedule_serves(schedule, scales, io) or partial is not None
+    ):
+        raise ValueError(f"transform warps are built at {ENGINE_TRANSFORM_TILE_N} routes a block with native scales, "
+                         f"rows not gathered, no K splits; got {tile_n}, {scales!r}, rows {io!r}, partial "
+                         f"{partial!r}")  # fmt: skip
     ragged = engine_ragged(tile_n, None, schedule) if ragged is None else int(ragged)
     if ragged not in engine_raggeds(tile_n, schedule):
         raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block (levels "
@@ -389,6 +418,7 @@ def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
         for schedule in engine_schedules(tn)
+        if engine_schedule_serves(schedule, scales, io)
         for ragged in engine_raggeds(tn, schedule)
         for occ in engine_occupancies(tn, schedule)
     ]

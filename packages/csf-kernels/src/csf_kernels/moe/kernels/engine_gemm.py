@@ -37,6 +37,10 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
   converts the next stage under them (``stage``). Schedule ``pingpong`` (128 and 256 routes a block) instead gives
   each warpgroup all 128 rows of alternate half-block units (:mod:`~csf_kernels.moe.kernels.engine_pingpong`).
+  Schedule ``transform`` (128 and 256 routes a block, native scales, rows not gathered) gives producer warps 1-3 the
+  conversion of each stage's weights into a bf16 A tile in shared memory
+  (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then issue the stage schedule's wgmmas with A
+  from shared memory and convert nothing.
 * the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
@@ -69,6 +73,7 @@ from csf_kernels.moe.engine_specs import ENGINE_PAIRED_TILE_N as PAIRED_TILE_N
 from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TILE_N
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
+from csf_kernels.moe.engine_specs import ENGINE_TRANSFORM_TILE_N as TRANSFORM_TILE_N
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, PARTIAL_FORMS, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import PROBES, ConsumerStep
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
@@ -82,6 +87,13 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
     decoder_bytes,
 )
 from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS
+from csf_kernels.moe.kernels.engine_transform import (
+    A_TILES,
+    TRANSFORM_REGISTERS,
+    TRANSFORM_WARPS,
+    SharedATiles,
+    TransformWarps,
+)
 from csf_kernels.moe.kernels.engine_unit_facts import FACT_WORDS, UnitFacts
 from csf_kernels.moe.kernels.engine_work import UnitWork
 
@@ -106,8 +118,9 @@ __all__ = [
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
 # the consumers' schedules: both warpgroups on every unit, a K slice or a stage a commit group (engine_mainloop), or
-# each warpgroup alone on alternate half-block units (engine_pingpong; PINGPONG_TILE_N only)
-SCHEDULES = (*_STEP_SCHEDULES, "pingpong")
+# each warpgroup alone on alternate half-block units (engine_pingpong; PINGPONG_TILE_N only), or A tiles from a
+# transform warpgroup (engine_transform; TRANSFORM_TILE_N only)
+SCHEDULES = (*_STEP_SCHEDULES, "pingpong", "transform")
 # block sizes whose blocks may run part of their routes (engine_specs, which the catalog reads without cutlass): a
 # block whose live slots all lie in its first half issues wgmma.m64n{TILE_N / 2} on them only, in its first quarter
 # (ragged level 2) m64n{TILE_N / 4} (an expert's last block is its tail: up to half the padded work at 2048-8192)
@@ -162,6 +175,15 @@ class GroupedFp4Gemm:
         if schedule not in SCHEDULES or (pingpong and (tile_n not in PINGPONG_TILE_N or ctas_per_sm != 1)):
             raise ValueError(f"schedules {SCHEDULES}, pingpong at {PINGPONG_TILE_N} routes and one CTA an SM; got "
                              f"{schedule!r} at {tile_n} x {ctas_per_sm}")  # fmt: skip
+        transform = schedule == "transform"
+        if transform and (
+            tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None or scales != "native"
+            or io == "gather"
+        ):  # fmt: skip
+            raise ValueError(f"transform warps are built at {TRANSFORM_TILE_N} routes a block, one CTA an SM, native "
+                             f"scales, rows not gathered (producer warps 1-3 convert), no K splits; got {tile_n} x "
+                             f"{ctas_per_sm}, {scales!r}, rows {io!r}, partial {partial!r}")  # fmt: skip
+        self.transform = transform
         if partial is not None and (io != "gather" or int(ragged) or pingpong):
             raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks, never ping-pong; "
                              f"got rows {io!r}, ragged {ragged}, schedule {schedule!r}")  # fmt: skip
@@ -169,6 +191,7 @@ class GroupedFp4Gemm:
             probe not in PROBES
             or (fmt, scales, io, act, int(ragged), partial) != ("mxfp4", "native", "dense", ACT_NONE, 0, None)
             or pingpong
+            or transform
         ):
             raise ValueError(f"probes {PROBES} are built for MXFP4 native dense GEMMs without an activation, whole "
                              f"blocks, never ping-pong; got {probe!r}")  # fmt: skip
@@ -197,13 +220,16 @@ class GroupedFp4Gemm:
         if probe == "ss":  # A from shared memory: no register hazard, a stage's wgmmas a commit group
             step_schedule = "stage"
         # gathered stages are fenced before wgmma reads them
-        self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather", probe=probe)
+        self.tiles = SharedATiles() if transform else None
+        if transform:  # the transform warpgroup converts; the consumers issue a stage's wgmmas a commit group
+            step_schedule = "stage"
+        self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather", probe=probe, tiles=self.tiles)
         # MXFP4 row blocks flagged neither wide (no E8M0 byte in 129..254) convert with one multiply a pair (a probe
         # converts nothing: one loop)
         self.step_one = (
             None if fmt == "nvfp4" else ConsumerStep(step_schedule, False, io == "gather", one_multiply=True)
         )
-        if probe is not None:
+        if probe is not None or transform:  # the consumers convert nothing: one loop
             self.step_one = self.step
         ragged = int(ragged)
         if ragged not in RAGGED_LEVELS or (ragged and tile_n not in RAGGED_TILE_N):
@@ -211,6 +237,11 @@ class GroupedFp4Gemm:
                              f"got {ragged} at {tile_n}")  # fmt: skip
         self.ragged = ragged
         self.facts = UnitFacts(self.b_rows, ragged > 0, fmt == "nvfp4", halves)
+        self.transformer = None
+        if transform:  # its conversions are the other schedules' (the same bits)
+            one = None if fmt == "nvfp4" else ConsumerStep("stage", False, one_multiply=True)
+            self.transformer = TransformWarps(ConsumerStep("stage", fmt == "nvfp4"), one, fmt == "nvfp4", self.tiles,
+                                              self.facts, self.work)  # fmt: skip
         if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
             raise ValueError(
                 f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
@@ -218,7 +249,9 @@ class GroupedFp4Gemm:
         self.ctas_per_sm = ctas_per_sm
         # registers a consumer thread after setmaxnreg: one CTA an SM gives them all it can (232); two share the
         # SM's 65,536 at 80 a thread at launch: 128 producers at 40 and 256 consumers at 96 (29,696 <= 384 x 80)
-        self.consumer_registers = 232 if ctas_per_sm == 1 else 96
+        # with transform warps the producers keep 56 (the conversion's fragments) and the consumers 224
+        self.consumer_registers = 224 if transform else 232 if ctas_per_sm == 1 else 96
+        self.producer_registers = TRANSFORM_REGISTERS if transform else 40
         self.tile_n = tile_n
         self.act = act
         self.bias = bias
@@ -235,8 +268,8 @@ class GroupedFp4Gemm:
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + self.b_rows * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
-        if probe == "ss":  # the two bf16 A tiles the probe's wgmmas read
-            dec_bytes = 2 * TILE_M * TILE_K * 2
+        self.a_tiles = A_TILES if transform else 2 if probe == "ss" else 0  # bf16 A tiles the wgmmas read
+        dec_bytes += self.a_tiles * (TILE_M * TILE_K * 2 + 16)  # and their barriers
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
         # ping-pong's stages hold half a block's routes (half the MMA time each): as many as fit, up to twice the
         # cooperative cap, keeps about the cooperative ring's bytes and MMA time in flight
@@ -335,8 +368,12 @@ class GroupedFp4Gemm:
             self.acc_dtype,
             self.atom_layout_mnk,
             tiler_mn=(64, self.b_rows),
-            a_source=warpgroup.OperandSource.SMEM if self.probe == "ss" else warpgroup.OperandSource.RMEM,
+            a_source=warpgroup.OperandSource.SMEM if self.a_tiles else warpgroup.OperandSource.RMEM,
         )
+        # the transform warpgroup writes A as the register-A MMA's fragments hold it (the SS MMA reads that layout)
+        rs_mma = tiled_mma
+        if cutlass.const_expr(self.transform):
+            rs_mma = self._part_mma(self.b_rows, warpgroup.OperandSource.RMEM)
         # ragged: the MMAs of a unit's first half and quarter (each accumulator the first half or quarter of the full
         # one's registers)
         half_mma, quarter_mma = tiled_mma, tiled_mma
@@ -371,20 +408,20 @@ class GroupedFp4Gemm:
                 cpasync.CopyBulkTensorTileS2GOp(), m_c, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile
             )  # scattering, unused: the consumers store each slot's row at its route
 
-        # probe ss: two bf16 A tiles (TILE_M x TILE_K, K-major, 128-byte swizzle), alternating by stage
-        at_smem = cute.tile_to_shape(b_atom, (TILE_M, TILE_K, 2), order=(0, 1, 2))
+        # the bf16 A tiles (TILE_M x TILE_K, K-major, 128-byte swizzle) of a transform warpgroup or the ss probe
+        at_smem = cute.tile_to_shape(b_atom, (TILE_M, TILE_K, max(self.a_tiles, 1)), order=(0, 1, 2))
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
             cute.cosize(epi_smem), self.b_rows if self.gather else 0, len(self.decoders),
-            cute.cosize(at_smem) if self.probe == "ss" else 0,
+            cute.cosize(at_smem) if self.a_tiles else 0, 2 * A_TILES if self.transform else 0,
         )  # fmt: skip
         self.c_layout = c_layout
         records = records if self.inline else (block_expert,) * 5  # native: placeholders, never read
         sorted_ids, top_k, pairs, split_steps, pdl = routes
         kernel = self.kernel(
             tma_a, tma_m_a, tma_s, tma_m_s, tma_b, tma_m_b, tma_c, tma_m_c,
-            tiled_mma, (half_mma, quarter_mma), a_smem, s_smem, b_smem, epi_smem, at_smem, block_expert, meta, x, out,
-            bias, gscale, sorted_ids, wide, top_k, pairs, split_steps, *records,
+            tiled_mma, (half_mma, quarter_mma, rs_mma), a_smem, s_smem, b_smem, epi_smem, at_smem, block_expert, meta,
+            x, out, bias, gscale, sorted_ids, wide, top_k, pairs, split_steps, *records,
         )  # fmt: skip
         kernel.launch(
             grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(1, 1, 1), min_blocks_per_mp=self.ctas_per_sm,
@@ -443,9 +480,10 @@ class GroupedFp4Gemm:
         # a stage's arrivals: the TMA thread's (which expects the bytes), the lanes of the inline decoder warp that
         # decoded its record, and the gathering threads' once their copies land
         producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
-        # a stage's consumer warps: both warpgroups', or (ping-pong) its unit's warpgroup's
+        # a stage's consumer warps: both warpgroups', or (ping-pong) its unit's warpgroup's, and the transform
+        # warpgroup's, which release it once they have read its weights and scales
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
-                         4 if self.pingpong else 8)  # fmt: skip
+                         4 if self.pingpong else 8 + len(TRANSFORM_WARPS) * self.transform)  # fmt: skip
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]
@@ -455,6 +493,12 @@ class GroupedFp4Gemm:
                     for i in cutlass.range_constexpr(RECORD_SLOTS):
                         cute.arch.mbarrier_init(storage.rec_bars.data_ptr() + rank * RECORD_SLOTS + i, 1)
                 cute.arch.mbarrier_init_fence()
+        a_bars = None  # the A tiles' full and empty barriers (transform warpgroup)
+        if cutlass.const_expr(self.transform):
+            a_bars = storage.a_bars.data_ptr()
+            if warp == TRANSFORM_WARPS[0]:
+                with cute.arch.elect_one():
+                    self.tiles.init(a_bars)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         s_a = storage.s_a.get_tensor(a_smem)
@@ -462,7 +506,7 @@ class GroupedFp4Gemm:
         s_b = storage.s_b.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         s_c = storage.s_c.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
         s_at = None
-        if cutlass.const_expr(self.probe == "ss"):
+        if cutlass.const_expr(self.a_tiles > 0):
             s_at = storage.s_at.get_tensor(at_smem.outer, swizzle=at_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
@@ -493,7 +537,7 @@ class GroupedFp4Gemm:
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(self.producer_registers)
         # gathering: the operands of the routes' rows (self.gather is read where used: the DSL carries no Python
         # object through a dynamic branch)
         rows = None
@@ -523,21 +567,25 @@ class GroupedFp4Gemm:
                     cute.size(m_a, mode=[1]) * (TILE_M // 2), cute.size(m_a, mode=[3]), rank, split_steps,
                 )  # fmt: skip
 
+        if cutlass.const_expr(self.transform):
+            if (warp > 0) & (warp < 4):
+                self.transformer.run(ring, self.stages, a_bars, part_mmas[2], s_a, s_s, s_at, s_facts, units, tiles_m,
+                                     k_steps, split_steps, warp, tidx % 32)  # fmt: skip
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
             if cutlass.const_expr(self.pingpong):  # never split: its units span all of K
-                self.consumers.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, self.c_layout, g_c,
-                                       tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias, s_facts, block_expert,
-                                       sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
+                self.consumers.consume(ring, (tiled_mma, *part_mmas[:2]), s_a, s_s, s_b, s_c, epi_smem, self.c_layout,
+                                       g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias, s_facts,
+                                       block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
             else:
-                self.consume(ring, (tiled_mma, *part_mmas), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
-                             (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert,
-                             sorted_ids, cute.size(m_a, mode=[3]), s_at)  # fmt: skip
+                self.consume(ring, (tiled_mma, *part_mmas[:2]), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m,
+                             units, (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert,
+                             sorted_ids, cute.size(m_a, mode=[3]), (s_at, a_bars))  # fmt: skip
 
     @cute.jit
     def consume(
         self, ring, mmas, s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units, k_extent, tidx, warp, wg,
-        out, bias, s_facts, block_expert, sorted_ids, experts, s_at,
+        out, bias, s_facts, block_expert, sorted_ids, experts, a_tiles,
     ):  # fmt: skip
         tiled_mma, half_mma, quarter_mma = mmas
         k_steps, split_steps, pairs = k_extent
@@ -549,8 +597,9 @@ class GroupedFp4Gemm:
         t_cs_b = thr_mma.partition_B(s_b)
         t_cr_b = tiled_mma.make_fragment_B(t_cs_b)  # (MMA, MMA_N, MMA_K = 4, stages)
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, self.tile_n)), self.acc_dtype)
-        if cutlass.const_expr(self.probe == "ss"):  # A's fragments: descriptors of the unwritten shared tiles
-            frags = tiled_mma.make_fragment_A(thr_mma.partition_A(s_at))
+        if cutlass.const_expr(self.a_tiles > 0):  # A's fragments: descriptors of the shared tiles, their barriers
+            s_at, a_bars = a_tiles
+            frags = (tiled_mma.make_fragment_A(thr_mma.partition_A(s_at)), a_bars)
         else:
             frags = self.step.fragments(tiled_mma, thr_mma, TILE_M)
         s_words = cute.recast_tensor(s_a, cutlass.Uint32)  # (512, 2, 1, 1, stages)
@@ -612,8 +661,9 @@ class GroupedFp4Gemm:
 
     @cute.jit
     def _k_loop(self, ring, read, release, k_steps, operands, one):
-        """A unit's K loop (traced inline): MXFP4 row blocks flagged ``one`` take one multiply a pair."""
-        if cutlass.const_expr(self.nvfp4):
+        """A unit's K loop (traced inline): MXFP4 row blocks flagged ``one`` take one multiply a pair (consumers that
+        convert nothing, a probe's or a transform's, have one loop)."""
+        if cutlass.const_expr(self.nvfp4 or self.probe is not None or self.transform):
             read, release = self.step.k_loop(ring, read, release, k_steps, operands)
         else:
             if one:
@@ -622,12 +672,15 @@ class GroupedFp4Gemm:
                 read, release = self.step.k_loop(ring, read, release, k_steps, operands)
         return read, release
 
-    def _part_mma(self, routes: int):
-        """Host side: the MMA of a block's first ``routes`` routes (traced inline)."""
+    def _part_mma(self, routes: int, a_source=None):
+        """Host side: the MMA of a block's first ``routes`` routes (traced inline), A from registers or (A tiles)
+        shared memory unless ``a_source`` says."""
         bf16 = cutlass.BFloat16
+        if a_source is None:
+            a_source = warpgroup.OperandSource.SMEM if self.a_tiles else warpgroup.OperandSource.RMEM
         return sm90_utils.make_trivial_tiled_mma(
             bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, self.acc_dtype,
-            self.atom_layout_mnk, tiler_mn=(64, routes), a_source=warpgroup.OperandSource.RMEM,
+            self.atom_layout_mnk, tiler_mn=(64, routes), a_source=a_source,
         )  # fmt: skip
 
     def _part_operands(self, mma, routes: int, s_b, acc, tidx):
@@ -642,10 +695,13 @@ class GroupedFp4Gemm:
         return acc_part, t_cr_b
 
 
-def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders, probe_a=0):
+def _shared_storage(
+    stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems, gathered, decoders, a_tile_elems=0, a_bars=0
+):
     """The CTA's shared memory: the ring's barriers and stages, the epilogue's subtiles, for inline scales each of
     the ``decoders`` decoder warps' staging barriers, staging slots, decoded tile and record offsets, gathering,
-    the unit's ``gathered`` slots' token rows, and (probe ``ss``) ``probe_a`` bf16 elements of A tiles."""
+    the unit's ``gathered`` slots' token rows, and (transform warpgroup, probe ``ss``) ``a_tile_elems`` bf16
+    elements of A tiles with ``a_bars`` mbarriers."""
     mem, align = cute.struct.MemRange, cute.struct.Align
     fields = {
         "bars": mem[cutlass.Int64, stages * 2],
@@ -664,6 +720,8 @@ def _shared_storage(stages, s_dtype, inline, a_words, s_elems, b_elems, c_elems,
         }
     if gathered:
         fields["tokens"] = mem[cutlass.Int32, gathered]
-    if probe_a:
-        fields["s_at"] = align[mem[cutlass.BFloat16, probe_a], 1024]
+    if a_tile_elems:
+        fields["s_at"] = align[mem[cutlass.BFloat16, a_tile_elems], 1024]
+    if a_bars:
+        fields["a_bars"] = mem[cutlass.Int64, a_bars]
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))

@@ -54,11 +54,14 @@ class ConsumerStep:
     format (E4M3 words, else E8M0 bytes), ``gathered`` whether the producer warps fill a stage's B rows by
     ``cp.async`` (FC1 gathering its routes' rows) rather than TMA, ``one_multiply`` (MXFP4) whether each pair takes
     one multiply by ``2**126`` times its scale (a row block whose E8M0 bytes are all <= 128 or 255) or two;
-    ``probe`` (:data:`PROBES`, MXFP4 only): a diagnostic loop, never served (``ss`` runs the ``stage`` schedule)."""
+    ``probe`` (:data:`PROBES`, MXFP4 only): a diagnostic loop, never served (``ss`` runs the ``stage`` schedule);
+    ``tiles`` (schedule ``transform``, :class:`~csf_kernels.moe.kernels.engine_transform.SharedATiles`): the
+    consumers of a transform warpgroup, their A from the bf16 tiles it writes, the ``stage`` schedule's wgmmas."""
 
     def __init__(
-        self, schedule: str, nvfp4: bool, gathered: bool = False, one_multiply: bool = False, probe: str | None = None
-    ):
+        self, schedule: str, nvfp4: bool, gathered: bool = False, one_multiply: bool = False,
+        probe: str | None = None, tiles=None,
+    ):  # fmt: skip
         if schedule not in SCHEDULES:
             raise ValueError(f"the consumer schedule must be one of {SCHEDULES}; got {schedule!r}")
         if one_multiply and nvfp4:
@@ -66,7 +69,12 @@ class ConsumerStep:
         if probe is not None and (probe not in PROBES or nvfp4 or (probe == "ss" and schedule != "stage")):
             raise ValueError(f"probes {PROBES} are built for MXFP4 (ss on the stage schedule); got {probe!r}, "
                              f"{schedule!r}, nvfp4 {nvfp4}")  # fmt: skip
+        if tiles is not None and (schedule != "stage" or probe is not None):
+            raise ValueError("a transform warpgroup's consumers run the stage schedule's wgmmas, never a probe")
         self.probe = probe
+        self.tiles = tiles
+        # A from shared memory: the ss probe's unwritten tiles, or the transform warpgroup's
+        self.shared_a = probe == "ss" or tiles is not None
         self.schedule = schedule
         self.nvfp4 = nvfp4
         self.gathered = gathered
@@ -121,14 +129,23 @@ class ConsumerStep:
         dst[2] = asm_u32(self.pair_ptx[2], word, f0)
         dst[3] = asm_u32(self.pair_ptx[3], word, f1)
 
-    def step(self, tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, parity, last):
+    def step(
+        self, tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, stage, t, row_block, r0, parity, last, count=None
+    ):
         """One K step (traced inline): the thread's four weight words and scale factors from the stage, then the
         schedule's conversions and wgmmas. ``parity``: the step's place in its unrolled group (``stage`` writes
-        register set ``parity % 2``); the ``last`` step of a group waits for every wgmma."""
-        if self.probe == "ss":  # frags: A from shared memory (partitioned, two tiles that alternate by stage)
+        register set ``parity % 2``); the ``last`` step of a group waits for every wgmma. A from shared memory
+        (``frags``: the tiles' A partition and, with a transform warpgroup, their barriers): tile ``count %
+        tiles`` (``count``: the stages consumed so far), waited for where the transform warpgroup writes it."""
+        if self.shared_a:
+            a_tiles, bars = frags
+            a = count % 2
+            if cutlass.const_expr(self.tiles is not None):
+                self.tiles.wait_full(bars, count)
+                a = self.tiles.tile(count)
             warpgroup.fence()
             for j in range(SLICES):
-                cute.gemm(tiled_mma, acc, frags[(None, None, j, stage % 2)], t_cr_b[(None, None, j, stage)], acc)
+                cute.gemm(tiled_mma, acc, a_tiles[(None, None, j, a)], t_cr_b[(None, None, j, stage)], acc)
             warpgroup.commit_group()
             warpgroup.wait_group(0 if last else 1)
             return
@@ -153,6 +170,12 @@ class ConsumerStep:
             warpgroup.commit_group()
             warpgroup.wait_group(0 if last else 1)
 
+    def release(self, ring, release, frags):
+        """Release a stage whose wgmmas retired (traced inline), and its A tile to a transform warpgroup."""
+        ring.consumer_release(release)
+        if cutlass.const_expr(self.tiles is not None):
+            self.tiles.release(frags[1], release.count)
+
     def wait(self, ring, read):
         """Wait for a full stage (traced inline); gathered, its B rows were written by ``cp.async`` (the generic
         proxy), so fence them before wgmma reads the stage through the async proxy."""
@@ -176,36 +199,38 @@ class ConsumerStep:
                 for g in cutlass.range_constexpr(STEP_GROUP):
                     self.wait(ring, read)
                     self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
-                              False)  # fmt: skip
+                              False, read.count)  # fmt: skip
                     # the step's wait retired the previous stage's wgmmas: that stage is free (a unit's first has none)
                     if cutlass.const_expr(g > 0):
-                        ring.consumer_release(release)
+                        self.release(ring, release, frags)
                         release.advance()
                     else:
                         if i > 0:
-                            ring.consumer_release(release)
+                            self.release(ring, release, frags)
                             release.advance()
                     read.advance()
             warpgroup.wait_group(0)  # unconditional: ptxas sees every path to the accumulator's readers drained
             if groups > 0:
-                ring.consumer_release(release)
+                self.release(ring, release, frags)
                 release.advance()
         else:
             for _ in cutlass.range(groups, unroll=1):
                 for g in cutlass.range_constexpr(STEP_GROUP):
                     self.wait(ring, read)
                     self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, g,
-                              g == STEP_GROUP - 1)  # fmt: skip
+                              g == STEP_GROUP - 1, read.count)  # fmt: skip
                     if g > 0:  # the previous step's wgmmas completed (its stage is free)
-                        ring.consumer_release(release)
+                        self.release(ring, release, frags)
                         release.advance()
                     read.advance()
-                ring.consumer_release(release)
+                self.release(ring, release, frags)
                 release.advance()
         for _ in cutlass.range(k_steps - groups * STEP_GROUP, unroll=1):
             self.wait(ring, read)
-            self.step(tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, 0, True)
-            ring.consumer_release(release)
+            self.step(
+                tiled_mma, acc, frags, words, s_words, s_s, t_cr_b, read.index, t, row_block, r0, 0, True, read.count
+            )
+            self.release(ring, release, frags)
             release.advance()
             read.advance()
         return read, release
