@@ -192,7 +192,7 @@ def grouped_fp4_gemm_launch(
     source = "inline" if inline else "native"
     whole = partial is not None or probe is not None
     spec = engine_gemm_spec(tile_n, activation, bias is not None, fmt, source, io, sched,
-                            0 if whole else engine_ragged(tile_n, ragged, sched), occ, partial, probe)  # fmt: skip
+                            0 if whole else engine_ragged(tile_n, ragged), occ, partial, probe)  # fmt: skip
     b = bias if bias is not None else _unread(x.device)
     g = global_scale if nv else _unread(x.device)[0]
     if inline:

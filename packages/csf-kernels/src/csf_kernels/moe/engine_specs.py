@@ -38,7 +38,6 @@ __all__ = [
     "ENGINE_PAIRED_BY_DEFAULT",
     "ENGINE_PAIRED_TILE_N",
     "ENGINE_PARTIAL_FORMS",
-    "ENGINE_PINGPONG_TILE_N",
     "ENGINE_PROBES",
     "ENGINE_PROBE_TILE_N",
     "ENGINE_RAGGED_LEVELS",
@@ -86,17 +85,11 @@ ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 # ("pass"; docs/moe-engine.md §4.11)
 ENGINE_FC1_ROWS = ("producer", "pass")
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
-# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, or each
-# warpgroup alone on alternate half-block units (moe/kernels/engine_pingpong.py); the same bits
-ENGINE_SCHEDULES = ("slice", "stage", "pingpong")
+# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group; the same bits
+ENGINE_SCHEDULES = ("slice", "stage")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
-# block sizes built with ping-pong consumers (kernels.engine_pingpong.PINGPONG_TILE_N) beside "slice", which stays the
-# default until a GPU run measures them (docs/moe-engine.md §4.13); one ragged level only (ENGINE_PINGPONG_RAGGED: the
-# half's own halves; an empty half runs no wgmma at any level), to keep the cache's growth small
-ENGINE_PINGPONG_TILE_N = (128, 256)
-ENGINE_PINGPONG_RAGGED = 1
 # block sizes built ragged (a block whose live routes lie in its first half runs that half only, level 1; at level 2
 # one whose live routes lie in its first quarter runs that quarter; docs/moe-engine.md §4.12), beside the whole-block
 # programs (level 0); level 1 serves them by default: level 2 has not run on a GPU yet (next-run319.sh measures it);
@@ -211,7 +204,7 @@ def engine_geometry_specs(geo: MoEGeometry) -> list[ProgramSpec]:
         for scales in ENGINE_SCALE_SOURCES:  # FC1 gathering its rows or reading them gathered, its activation fused
             for schedule in engine_schedules(bm):
                 for io in ("gather", "dense"):
-                    for ragged in engine_raggeds(bm, schedule):
+                    for ragged in engine_raggeds(bm):
                         for occ in engine_occupancies(bm, schedule):
                             specs.append(engine_gemm_spec(bm, geo.activation, geo.bias, geo.fmt.name, scales, io,
                                                           schedule, ragged, occ))  # fmt: skip
@@ -246,9 +239,7 @@ def engine_split_finish_specs(geo: MoEGeometry, ids64: bool) -> list[ProgramSpec
 
 def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block (the default last)."""
-    if tile_n in ENGINE_STAGE_TILE_N:
-        return ("slice", "stage")
-    return ("pingpong", "slice") if tile_n in ENGINE_PINGPONG_TILE_N else ("slice",)
+    return ("slice", "stage") if tile_n in ENGINE_STAGE_TILE_N else ("slice",)
 
 
 def engine_occupancies(tile_n: int, schedule: str) -> tuple[int, ...]:
@@ -267,19 +258,16 @@ def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int
     return want if want in built else built[-1]
 
 
-def engine_raggeds(tile_n: int, schedule: str | None = None) -> tuple[int, ...]:
-    """The ragged levels the AOT cache holds ``tile_n``'s programs of ``schedule`` (``None``: the size's default) of
-    (0: whole blocks only; 1: the half loop; 2: the half and quarter loops; the default last). Ping-pong programs
-    (a unit: half a block) hold :data:`ENGINE_PINGPONG_RAGGED` only."""
-    if schedule == "pingpong":
-        return (ENGINE_PINGPONG_RAGGED,)
+def engine_raggeds(tile_n: int) -> tuple[int, ...]:
+    """The ragged levels the AOT cache holds ``tile_n``'s programs of (0: whole blocks only; 1: the half loop; 2: the
+    half and quarter loops; the default last), under either schedule."""
     return ENGINE_RAGGED_LEVELS if tile_n in ENGINE_RAGGED_TILE_N else (0,)
 
 
-def engine_ragged(tile_n: int, want: int | bool | None = None, schedule: str | None = None) -> int:
-    """The ragged level ``tile_n`` routes a block run at under ``schedule``: ``want`` (``True``: 1, ``False``: 0)
-    where the cache holds it, else the size's default."""
-    built = engine_raggeds(tile_n, schedule)
+def engine_ragged(tile_n: int, want: int | bool | None = None) -> int:
+    """The ragged level ``tile_n`` routes a block run at: ``want`` (``True``: 1, ``False``: 0) where the cache holds
+    it, else the size's default."""
+    built = engine_raggeds(tile_n)
     return int(want) if want is not None and int(want) in built else built[-1]
 
 
@@ -311,11 +299,10 @@ def engine_gemm_spec(
     route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
     the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
-    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``;
-    ping-pong programs apply it within a unit's half block);
+    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``);
     ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``);
     ``partial`` (:data:`ENGINE_PARTIAL_FORMS`, at :data:`ENGINE_SPLIT_TILE_N`): K splits storing float32 partials
-    (gathering, no activation or bias, whole blocks, never ping-pong; fact ``PART``); ``probe``
+    (gathering, no activation or bias, whole blocks; fact ``PART``); ``probe``
     (:data:`ENGINE_PROBES`, at :data:`ENGINE_PROBE_TILE_N`): a diagnostic program of the MXFP4 native dense GEMM
     without an activation at the size's defaults (fact ``PROBE``; never served: its outputs are wrong by design)."""
     if tile_n not in ENGINE_TILE_N:
@@ -331,15 +318,10 @@ def engine_gemm_spec(
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
-    if schedule == "pingpong" and tile_n not in ENGINE_PINGPONG_TILE_N:
-        raise ValueError(f"ping-pong consumers are built for {ENGINE_PINGPONG_TILE_N} routes a block; got {tile_n}")
-    if schedule == "pingpong" and partial is not None:  # a split unit's K range is walked once, by both warpgroups
-        raise ValueError(f"K-split partials ({partial!r}) are never ping-pong: their units are whole blocks")
-    ragged = engine_ragged(tile_n, None, schedule) if ragged is None else int(ragged)
-    if ragged not in engine_raggeds(tile_n, schedule):
+    ragged = engine_ragged(tile_n) if ragged is None else int(ragged)
+    if ragged not in engine_raggeds(tile_n):
         raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block (levels "
-                         f"{engine_raggeds(tile_n, schedule)} under {schedule!r}); got level {ragged} at "
-                         f"{tile_n}")  # fmt: skip
+                         f"{engine_raggeds(tile_n)}); got level {ragged} at {tile_n}")  # fmt: skip
     act = 0 if activation is None else 1 + ACTIVATIONS[activation]
     source = {} if scales == "native" else {"SRC": scales}
     sched = {} if schedule == "slice" else {"SCHED": schedule}
@@ -380,7 +362,7 @@ def engine_probe_specs() -> list[ProgramSpec]:
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size (ping-pong consumers at 128 and 256), whole-block and (128 and 256 routes) ragged, one and (16-64
+    the block size, whole-block and (128 and 256 routes) ragged, one and (16-64
     routes) two CTAs an SM, and the K-split partial programs (they take every shape and split count at run time)."""
     plain = [
         engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ)
@@ -389,7 +371,7 @@ def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
         for io in ENGINE_IO
         for tn in ENGINE_TILE_N
         for schedule in engine_schedules(tn)
-        for ragged in engine_raggeds(tn, schedule)
+        for ragged in engine_raggeds(tn)
         for occ in engine_occupancies(tn, schedule)
     ]
     split = [  # the size's default schedule and occupancy
