@@ -27,14 +27,15 @@ GATHER_BARRIER = 2  # the gathering warps' named barrier (the epilogue's is 1)
 UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this many, else a loop
 
 
-def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1) -> pipeline.PipelineTmaAsync:
+def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = 8) -> pipeline.PipelineTmaAsync:
     """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
-    thread filling slots with its own stores or copies), one arrival a consumer warp (8), ``tx`` bytes a stage."""
+    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: 8, both
+    consumer warpgroups'), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrival a consumer warp
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers),  # one arrival a consumer warp
         tx_count=tx,
         cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         defer_sync=True,
