@@ -19,7 +19,6 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 
 from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.engine_rows import GATHER_WARPS, OUT_CHUNKS, ROW_CHUNKS, STORE_THREADS, epi_routes
-from csf_kernels.moe.kernels.engine_mainloop import SLICES as SLICES_PER_STEP
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 from csf_kernels.moe.kernels.engine_producer import UNROLLED_COPIES
 
@@ -294,124 +293,11 @@ def test_paired_programs_fit_two_ctas_an_sm(tmp_path, tile_n, act, bias, io, sca
     assert events.count("W0") == 2 * loops and events.count("M") == (STEP_GROUP + 1) * loops  # as one CTA's
 
 
-# ping-pong consumers (128 and 256 routes a block, the one ragged level the cache holds, and level 0 once): each
-# row mode, fused FC1 (gathering and on block-order rows), both scale sources, both formats
-_PINGPONG = [(256, 0, False, "dense", "mxfp4", "native", 0), (256, 0, False, "dense", "mxfp4", "native", 1),
-             (256, 2, True, "gather", "mxfp4", "native", 1), (256, 2, True, "dense", "mxfp4", "inline", 1),
-             (256, 0, False, "scatter", "mxfp4", "inline", 1), (128, 1, False, "gather", "nvfp4", "native", 1),
-             (256, 0, False, "dense", "nvfp4", "inline", 1),
-             (128, 0, False, "scatter", "nvfp4", "native", 1)]  # fmt: skip
+def test_the_program_refuses_the_removed_pingpong_schedule():
+    """The ping-pong consumers are gone (``docs/moe-engine.md`` §4.13): the program refuses the schedule, naming
+    those it has."""
+    from csf_kernels.moe.kernels.engine_gemm import SCHEDULES, GroupedFp4Gemm
 
-
-@pytest.fixture(scope="module", params=_PINGPONG, ids=lambda v: f"n{v[0]}-act{v[1]}-{v[3]}-{v[4]}-{v[5]}-rag{v[6]}")
-def pingpong(request, tmp_path_factory):
-    _toolchain_or_skip()
-    tool = export.find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, io, fmt, scales, level = request.param
-    out = tmp_path_factory.mktemp(f"pingpong{tile_n}")
-    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, schedule="pingpong",
-                                         ragged=level)  # fmt: skip
-    meta = export.build_cute_program(program, out)
-    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
-    return tile_n, meta, sass
-
-
-def _consumer_registers(sass: str) -> int:
-    """The highest register the consumers' code names (after their allocation), plus one."""
-    lines = sass.splitlines()
-    start = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
-    code = [line.split("/*")[1] if line.count("/*") > 1 else line for line in lines[start:]]
-    return max(int(r) for line in code for r in re.findall(r"\bR(\d+)\b", line)) + 1
-
-
-def test_pingpong_fits_its_registers_and_shared_memory(pingpong):
-    """One warpgroup holds a unit's 128 x TILE_N / 2 accumulator (two 64-row blocks) and two A register sets of each
-    row block: within the consumers' 232 registers, no spills; the producers' 40; half-block B stages: the ring
-    holds more of them than the cooperative program's (8 at 128 routes, 5 at 256) beside both warpgroups'
-    subtile buffers."""
-    _, meta, sass = pingpong
-    facts = meta["sass"]
-    assert facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass and re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL .*0xe8", sass)
-    assert _consumer_registers(sass) <= 232 and _producer_registers(sass) <= 40
-    assert meta["schedule"] == "pingpong" and meta["ring_shared_bytes"] <= 227 * 1024
-    assert meta["stages"] >= (14 if meta["tile_n"] == 128 else 8)
-
-
-def test_pingpong_wgmmas_pipelined_two_row_blocks_a_slice(pingpong):
-    """Each K loop (the unit's half, its half and quarter as built, one- and two-multiply MXFP4 forms) issues per K
-    slice one fence, ``wgmma.m64n{N}k16`` into row block 0's accumulator and then row block 1's (distinct
-    accumulators and A registers) closing one commit group, and waits for one group left (none
-    at a group's and a remainder step's last slice); no wgmma carries an accumulate predicate."""
-    tile_n, meta, sass = pingpong
-    half = tile_n // 2
-    parts = [half] + ([half // 2] if meta["ragged"] >= 1 else []) + ([half // 4] if meta["ragged"] == 2 else [])
-    loops = _k_loops(meta)
-    events, slices = [], []
-    for line in sass.splitlines():
-        code = line.split(";")[0]
-        if "WARPGROUP.ARRIVE" in code:
-            events.append("F")
-        elif m := re.search(r"HGMMA\.64x(\d+)x16\.F32\.BF16 (R\d+), (R\d+), (gdesc\[\w+\]), (R\d+)(.*)", code):
-            assert int(m.group(1)) in parts and m.group(2) == m.group(5), code
-            assert not re.search(r"\bUP\d|UPT", m.group(6)), code
-            events.append("M" if "gsb0" in m.group(6) else "m")
-            slices.append((int(m.group(1)), m.group(2), m.group(3), m.group(4)))
-        elif m := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d)", code):
-            events.append(f"W{m.group(1)}")
-    per_loop = SLICES_PER_STEP * (STEP_GROUP + 1)
-    group = ["F", "m", "M", "W1"] * (SLICES_PER_STEP * STEP_GROUP - 1) + ["F", "m", "M", "W0"]
-    remainder = ["F", "m", "M", "W1"] * (SLICES_PER_STEP - 1) + ["F", "m", "M", "W0"]
-    assert events == (group + remainder) * loops * len(parts)
-    assert len(slices) == 2 * per_loop * loops * len(parts)
-    for (n0, acc0, a0, _), (n1, acc1, a1, _) in zip(slices[::2], slices[1::2], strict=True):
-        assert n0 == n1 and acc0 != acc1 and a0 != a1
-    for n in parts:  # each part's loops: the accumulators of the two row blocks, the same in every loop
-        assert len({acc for m, acc, _, _ in slices if m == n}) == 2
-
-
-def test_pingpong_epilogue_per_warpgroup(pingpong):
-    """A warpgroup's epilogue synchronizes its own 128 threads by a named barrier chosen at run time (3 or 4: no
-    256-thread barrier among the consumers); the plain form stores its half block's subtiles by TMA (two boxes a
-    128-row subtile), the scattering one by 16-byte stores of 128 threads, the fused activation by plain stores."""
-    tile_n, meta, sass = pingpong
-    half = tile_n // 2
-    assert not re.search(r"BAR\.SYNC\S* 0x1, 0x100", sass)
-    named = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (R\d+), 0x80", sass)
-    if meta["act"]:
-        assert sass.count("UTMASTG") == 0 and not named
-    elif meta["io"] == "scatter":
-        passes = epi_routes(half) // (STORE_THREADS // 2 // OUT_CHUNKS)
-        stores = meta["sass"]["opcodes"].get("STG", 0)
-        assert sass.count("UTMASTG") == 0 and stores == (half // epi_routes(half)) * passes
-        assert named
-    else:
-        assert sass.count("UTMASTG") == 2 * (half // epi_routes(half)) and named
-
-
-def test_pingpong_k_loops_ordered(pingpong):
-    """The K loops' order barriers (``engine_pingpong``: an mbarrier's parity names a phase only while the one before
-    has completed, so a warpgroup starts a unit only once the other has passed its waits): one 256-thread sync
-    before a unit's first wait and one 256-thread arrival after its K loop, ids chosen at run time (5 or 6)."""
-    _, _, sass = pingpong
-    assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", sass)) == 1
-    assert len(re.findall(r"BAR\.ARV R\d+, 0x100", sass)) == 1
-
-
-def test_pingpong_producers_copy_half_blocks(pingpong):
-    """The producer's activation copy is half a block's: a TMA box of TILE_N / 2 routes, or the gathering warps'
-    16-byte copies of TILE_N / 2 rows (warp 0's twice: its copying stages and an empty half's stages, which copy
-    no weights, scales or TMA tile but still zero-fill its rows); every program waits for its predecessor once."""
-    tile_n, meta, sass = pingpong
-    io, scales = meta["io"], meta["scales"]
-    assert sass.count("UTMALDG") == (scales == "native") + 1 + (io != "gather")
-    if io == "gather":
-        copies = -(-(tile_n // 2) // (32 * len(GATHER_WARPS[scales]) // ROW_CHUNKS))
-        copies = copies if copies <= UNROLLED_COPIES else 1
-        loops = 2 + (len(GATHER_WARPS[scales]) > 1)
-        assert meta["sass"]["ldgsts_forms"] == ["LDGSTS.E.BYPASS.128"]
-        assert meta["sass"]["opcodes"].get("LDGSTS", 0) == loops * copies
-    assert sass.count("ACQBULK") == 1 and sass.count("PREEXIT") == 1
-    assert sass.count("UBLKCP.S.G") == (3 if scales == "inline" else 0)
+    assert "pingpong" not in SCHEDULES and {"slice", "stage"} <= set(SCHEDULES)
+    with pytest.raises(ValueError, match=re.escape(f"schedules {SCHEDULES}; got 'pingpong'")):
+        GroupedFp4Gemm(256, schedule="pingpong")

@@ -98,25 +98,3 @@ def test_partial_programs_refuse_other_row_modes():
         GroupedFp4Gemm(16, io="gather", partial="columns")
     with pytest.raises(ValueError, match="gathering programs"):
         GroupedFp4Gemm(128, io="gather", ragged=1, partial="rows")
-
-
-def test_partial_programs_are_never_pingpong():
-    """A split program's units are whole blocks of a K range; ping-pong's are halves of all of K: every role that
-    walks units (the program, the producers, the gathering and decoder warps) refuses both at once."""
-    from csf_kernels.moe.kernels.engine_gemm import GroupedFp4Gemm
-    from csf_kernels.moe.kernels.engine_producer import RowGather, produce
-    from csf_kernels.moe.kernels.engine_record_decoder import RecordDecoderWarp
-    from csf_kernels.moe.kernels.engine_work import UnitWork
-
-    for form in ("fc1", "rows"):
-        with pytest.raises(ValueError, match="never ping-pong"):
-            GroupedFp4Gemm(128, io="gather", schedule="pingpong", ragged=1, partial=form)
-    with pytest.raises(ValueError, match="never K splits"):
-        RowGather(64, (0, 1, 2, 3), 2, UnitWork(True))
-    with pytest.raises(ValueError, match="never K splits"):
-        produce(None, 4, None, None, 1, 1, 1, halves=2, work=UnitWork(True))
-    with pytest.raises(ValueError, match="never split"):
-        RecordDecoderWarp(False, 4, 3, 2, UnitWork(True))
-    # either alone is a program
-    assert GroupedFp4Gemm(128, io="gather", schedule="pingpong", ragged=1).halves == 2
-    assert GroupedFp4Gemm(16, io="gather", partial="rows").work.split

@@ -15,18 +15,16 @@ from csf_kernels.moe.kernels.engine_record_lanes import first_dealt
 TILE_COLS = 4
 
 
-def _units(valid: list[bool], k_steps: int, nvfp4: bool, split_steps: int | None = None, halves: int = 1):
+def _units(valid: list[bool], k_steps: int, nvfp4: bool, split_steps: int | None = None):
     """The walk's units as the program's unit map gives them (``moe/kernels/engine_work.py``): ``(valid, first
-    record, records, K steps)``, each tile's splits in turn (``split_steps`` None: unsplit), or, ping-pong
-    (``halves`` 2, never split), each unit walked once a half: the same records again."""
-    assert halves == 1 or split_steps is None, "a split program is never ping-pong"
+    record, records, K steps)``, each tile's splits in turn (``split_steps`` None: unsplit)."""
     per = 1 if nvfp4 else 2
     step = split_steps or k_steps
     out = []
     for ok in valid:
         for k0 in range(0, k_steps, step):
             steps = min(step, k_steps - k0)
-            out += [(ok, k0 // per, -(-(k0 + steps) // per) - k0 // per, steps)] * halves
+            out.append((ok, k0 // per, -(-(k0 + steps) // per) - k0 // per, steps))
     return out
 
 
@@ -131,24 +129,6 @@ def test_split_units_fill_their_k_ranges_records(warps, slots, nvfp4, k_steps, s
                 assert rank == (records_before + record - j0) % warps
             records_before += n
             stage += steps
-
-
-@pytest.mark.parametrize("warps, slots", [(1, 4), (3, 2)])
-@pytest.mark.parametrize("nvfp4", [False, True])
-@pytest.mark.parametrize("k_steps", [1, 2, 3, 9, 45])
-def test_pingpong_halves_refill_the_units_records(warps, slots, nvfp4, k_steps):
-    """Ping-pong (``halves`` 2): the walk is each unit twice (the next unit of a first half is the same unit), each
-    half's stages in turn filled once from the record covering that K step, the warps taking turns across halves."""
-    rng = random.Random(k_steps * 13 + warps + nvfp4)
-    per_record = 1 if nvfp4 else 2
-    tiles = -(-k_steps * (4 if nvfp4 else 2) // TILE_COLS)
-    for _ in range(20):
-        valid = [rng.random() > 0.3 for _ in range(rng.randint(1, 6))]
-        fills = _fills(warps, slots, _units(valid, k_steps, nvfp4, halves=2), k_steps, nvfp4)
-        assert sorted(fills) == list(range(2 * len(valid) * k_steps)), "a ring stage left unfilled"
-        for stage, (rank, record) in fills.items():
-            walk, s = divmod(stage, k_steps)  # walk 2 u + h: unit u's half h
-            assert record == s // per_record and rank == (walk * tiles + s // per_record) % warps
 
 
 def test_dealt_warps_take_turns_across_units():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from csf_kernels.moe.engine_specs import (
     ENGINE_IO,
     ENGINE_PROBE_TILE_N,
     ENGINE_PROBES,
+    ENGINE_SCHEDULES,
     ENGINE_TILE_N,
     engine_gemm_spec,
     engine_geometry_specs,
@@ -261,10 +264,10 @@ def test_engine_weights_of_nvfp4_experts(fused):
 
 
 # the schedules the cache holds a block size's programs of, and the ragged levels of each: both cooperative
-# schedules at the decode sizes; ping-pong and transform warps beside slice at 128 and 256, at one ragged level
-_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "pingpong", "transform") if t >= 128 else ("slice",)
+# schedules at the decode sizes; transform warps beside slice at 128 and 256, at one ragged level
+_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "transform") if t >= 128 else ("slice",)
               for t in ENGINE_TILE_N}  # fmt: skip
-_RAGGEDS = {(t, sched): (1,) if sched in ("pingpong", "transform") else (0, 1, 2) if t >= 128 else (0,)
+_RAGGEDS = {(t, sched): (1,) if sched == "transform" else (0, 1, 2) if t >= 128 else (0,)
             for t in ENGINE_TILE_N for sched in _SCHEDULES[t]}  # fmt: skip
 
 
@@ -279,9 +282,8 @@ def test_catalog_nvfp4_geometries_get_engine_programs():
     assert nv and all(engine_serves(g) for g in nv)
     for geo in nv:
         fc1 = [s for s in engine_geometry_specs(geo) if s.kernel == engine_gemm_spec(16).kernel]
-        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes
-        # (ping-pong beside slice at 128 and 256), gathering its routes' rows itself or reading them from the
-        # gather pass; the stage schedule two CTAs an SM
+        # FC1 at every block size, from scale panels and from inline records, both schedules at the decode sizes,
+        # gathering its routes' rows itself or reading them from the gather pass; the stage schedule two CTAs an SM
         got = sorted(
             (
                 s.fact["TN"],
@@ -352,26 +354,25 @@ def test_schedules_default_by_block_size_and_fall_back_where_not_built():
     assert big.spec == engine_gemm_spec(128, schedule="slice")
 
 
-def test_pingpong_programs_are_asked_for_never_defaults():
-    """``pingpong`` (128 and 256 routes a block) is built beside ``slice`` without changing any default: its programs
-    carry ``SCHED=pingpong`` and its one ragged level, a size without it falls back to the size's default, and
-    the slice programs keep their identity."""
-    assert [engine_schedule(t, "pingpong") for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "pingpong",
-                                                                        "pingpong"]  # fmt: skip
-    assert [engine_schedule(t) for t in ENGINE_TILE_N] == ["stage", "stage", "stage", "slice", "slice"]
-    spec = engine_gemm_spec(256, "swiglu_oai", True, "mxfp4", "native", "gather", "pingpong")
-    assert spec.fact["SCHED"] == "pingpong" and spec.fact["RAG"] == 1 and "OCC" not in spec.fact
-    assert engine_ragged(256, 2, "pingpong") == 1 and engine_ragged(256, 2) == 2
-    assert engine_gemm_spec(128) == engine_gemm_spec(128, schedule="slice", ragged=1)
-    with pytest.raises(ValueError, match="ping-pong"):
-        engine_gemm_spec(64, schedule="pingpong")
-    with pytest.raises(ValueError, match="ragged"):
-        engine_gemm_spec(256, schedule="pingpong", ragged=2)
+def test_pingpong_is_refused():
+    """The ping-pong consumer schedule is gone (``docs/moe-engine.md`` §4.13): asking for it names the schedules that
+    exist, at the specs, the launch and the layer, and the cache holds no ``SCHED=pingpong`` program."""
+    assert "pingpong" not in ENGINE_SCHEDULES and {"slice", "stage"} <= set(ENGINE_SCHEDULES)
+    named = re.escape(f"{ENGINE_SCHEDULES}; got 'pingpong'")
+    with pytest.raises(ValueError, match=named):
+        engine_schedule(256, "pingpong")
+    with pytest.raises(ValueError, match=named):
+        engine_gemm_spec(256, schedule="pingpong")
     w, s, x, out, be, meta = _operands()
-    pp = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256, schedule="pingpong", ragged=2)
-    assert pp.spec == engine_gemm_spec(256, schedule="pingpong")
-    plain = grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256)
-    assert plain.spec.fact.get("SCHED", "slice") == "slice" and pp.grid == plain.grid
+    with pytest.raises(ValueError, match=named):
+        grouped_fp4_gemm_launch(w, s, x, out, be[:1], meta, tile_n=256, schedule="pingpong")
+    layer = engine_weights(_experts("mxfp4", 128, 128), "silu", fused=False)
+    with pytest.raises(ValueError, match=re.escape(f"schedule 'pingpong': the FP4 GEMMs' are {ENGINE_SCHEDULES}")):
+        EngineMoE(layer, 2, schedule="pingpong")
+    assert not [spec for spec in engine_specs() if spec.fact.get("SCHED") == "pingpong"]
+    # the 128- and 256-route programs keep the identity they had beside ping-pong
+    assert engine_gemm_spec(128) == engine_gemm_spec(128, schedule="slice", ragged=1)
+    assert engine_ragged(256, 2) == 2
 
 
 def test_bound_probes_are_diagnostic_programs_no_plan_serves():

@@ -114,31 +114,3 @@ def test_fc1_rows_from_the_gather_pass_give_the_producer_gathers_bits(model, tp,
     again = torch.full_like(x, float("nan"))
     layers["producer"].call(x, ids, w, again)()
     assert torch.equal(out, again), f"seed {SEED} {geo.name}: the replayed gather pass differs"
-
-
-@pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
-def test_pingpong_layer_gives_the_default_layers_bits(model, tp, fmt):
-    """``schedule="pingpong"`` (ping-pong consumers at 128- and 256-route blocks, the default elsewhere): the default
-    layer's bits at every token count, padding routes included; where the call's blocks hold 128 or 256 routes
-    (from 1500 tokens) both GEMMs run the ping-pong programs."""
-    geo = load_catalog().moe_geometry(model, tp, fmt)
-    weights = engine_weights(synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference(), geo.activation)
-    layers = {s: EngineMoE(weights, geo.top_k, schedule=s) for s in (None, "pingpong")}
-    gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
-    served = []  # token counts the ping-pong programs served
-    for t in (*TOKENS, 8192):
-        x, ids, w = synthetic_routing(geo, t, gen)
-        if t >= 7:
-            ids = with_padding_routes(ids, geo.experts)
-        outs = {}
-        for schedule, layer in layers.items():
-            outs[schedule] = torch.full_like(x, float("nan"))
-            launches, _ = layer.launches(x, ids, w, outs[schedule])
-            gemms = [launch.spec for launch in launches if launch.spec.kernel == "moe.engine_gemm"]
-            if schedule and gemms[0].fact["TN"] >= 128:
-                assert all(spec.fact.get("SCHED") == "pingpong" for spec in gemms), (t, gemms)
-                served.append(t)
-            layer.call(x, ids, w, outs[schedule])()
-        assert torch.isfinite(outs["pingpong"].float()).all(), f"seed {SEED} {geo.name} T={t}: unwritten outputs"
-        assert torch.equal(outs["pingpong"], outs[None]), f"seed {SEED} {geo.name} T={t}: ping-pong differs"
-    assert 8192 in served, served

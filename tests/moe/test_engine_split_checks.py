@@ -103,18 +103,6 @@ def test_partial_programs_are_catalogued_at_the_split_block_sizes():
         engine_gemm_spec(16, io="scatter", partial="rows")
 
 
-@pytest.mark.parametrize("form", ["fc1", "rows"])
-def test_partial_programs_are_never_pingpong(form):
-    """K splits and ping-pong consumers are exclusive: a split unit is a whole block of a K range, a ping-pong unit
-    half a block of all of K (the decoder and producers walk one or the other)."""
-    for tile_n in (128, 256):
-        with pytest.raises(ValueError, match="never ping-pong"):
-            engine_gemm_spec(tile_n, io="gather", schedule="pingpong", partial=form)
-    specs = engine_specs(("mxfp4", "nvfp4"))
-    assert not [s for s in specs if "PART" in s.fact and s.fact.get("SCHED") == "pingpong"]
-    assert [s for s in specs if s.fact.get("SCHED") == "pingpong"], "ping-pong programs are catalogued beside"
-
-
 def test_finishing_launches_check_the_partials():
     pairs, n, hidden = TOKENS * TOP_K, 64, 128
     ids = torch.zeros(TOKENS, TOP_K, dtype=torch.int32)

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Kept as the record of its call: the ping-pong schedule, its tests and the engine_pingpong arm it names were
+# removed after run 323 (docs/moe-engine.md §4.13); run it from its own commit.
 # Run 322 (wip/merge321: K splits merged into ping-pong, the slots-only gather pass and the align count programs;
 # never a split ping-pong program). First GPU run of both features on one tree: the split GEMMs' partials against one
 # split a K range, the ping-pong programs against the cooperative ones (bit for bit), the split layer against the

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Kept as the record of its call: the ping-pong schedule, its tests and the engine_pingpong arm it names were
+# removed after run 323 (docs/moe-engine.md §4.13); run it from its own commit.
 # Run 323, second call (same tree and carry as next-run323.sh): per-kernel times at 8192 tokens (plain launches,
 # CSF_PDL=0) of the default engine (token-order pass), the slot-order pass, ping-pong and the peer, on the three
 # peer geometries: what the glue (alignment, pass, combine) and each GEMM cost. ~200 s.

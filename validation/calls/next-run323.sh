@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Kept as the record of its call: the ping-pong schedule, its tests and the engine_pingpong arm it names were
+# removed after run 323 (docs/moe-engine.md §4.13); run it from its own commit.
 # Run 323, first call (wip/gather-scatter: main b327f65, the layer serving ping-pong again, the token-order gather
 # pass). The ping-pong fix's first GPU run (the two consumer warpgroups' K loops ordered by named barriers 5/6,
 # docs/moe-engine.md §4.13): the ping-pong GEMM tests (bit for bit against the cooperative programs, run 322's

@@ -38,7 +38,6 @@ __all__ = [
     "ENGINE_PAIRED_BY_DEFAULT",
     "ENGINE_PAIRED_TILE_N",
     "ENGINE_PARTIAL_FORMS",
-    "ENGINE_PINGPONG_TILE_N",
     "ENGINE_PROBES",
     "ENGINE_PROBE_TILE_N",
     "ENGINE_RAGGED_LEVELS",
@@ -89,20 +88,14 @@ ENGINE_TILE_K = PANEL_STEP_K  # K a stage: one panel step
 # ("pass"; docs/moe-engine.md §4.11)
 ENGINE_FC1_ROWS = ("producer", "pass")
 ENGINE_SCALE_SOURCES = ("native", "inline")  # scale panels by TMA, or engine records decoded by a producer warp
-# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, each
-# warpgroup alone on alternate half-block units (moe/kernels/engine_pingpong.py), or A from the bf16 tiles producer
-# warps 1-3 convert (moe/kernels/engine_transform.py); the same bits
-ENGINE_SCHEDULES = ("slice", "stage", "pingpong", "transform")
+# the consumers' wgmma schedule (moe/kernels/engine_mainloop.py): a K slice or a stage a commit group, or A from the
+# bf16 tiles producer warps 1-3 convert (moe/kernels/engine_transform.py); the same bits
+ENGINE_SCHEDULES = ("slice", "stage", "transform")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
-# block sizes built with ping-pong consumers (kernels.engine_pingpong.PINGPONG_TILE_N) beside "slice", which stays the
-# default until a GPU run measures them (docs/moe-engine.md §4.13); one ragged level only (ENGINE_PINGPONG_RAGGED: the
-# half's own halves; an empty half runs no wgmma at any level), to keep the cache's growth small
-ENGINE_PINGPONG_TILE_N = (128, 256)
-ENGINE_PINGPONG_RAGGED = 1
-# block sizes built with a transform warpgroup (kernels.engine_transform: a fourth warpgroup converts each stage's
-# weights into a bf16 A tile in shared memory, the consumers' wgmmas read A from there) beside "slice", which stays the
+# block sizes built with transform warps (kernels.engine_transform: producer warps 1-3 convert each stage's weights
+# into a bf16 A tile in shared memory, the consumers' wgmmas read A from there) beside "slice", which stays the
 # default until a GPU run measures it (issue 46 asks both measured; docs/moe-engine.md §4.4, §7)
 ENGINE_TRANSFORM_TILE_N = (128, 256)
 ENGINE_TRANSFORM_RAGGED = 1  # the default ragged level only, to keep the cache's growth small
@@ -259,9 +252,7 @@ def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block (the default last)."""
     if tile_n in ENGINE_STAGE_TILE_N:
         return ("slice", "stage")
-    built = ("pingpong",) if tile_n in ENGINE_PINGPONG_TILE_N else ()
-    built += ("transform",) if tile_n in ENGINE_TRANSFORM_TILE_N else ()
-    return (*built, "slice")
+    return ("transform", "slice") if tile_n in ENGINE_TRANSFORM_TILE_N else ("slice",)
 
 
 def engine_schedule_serves(schedule: str, scales: str, io: str) -> bool:
@@ -288,11 +279,8 @@ def engine_occupancy(tile_n: int, schedule: str, want: int | None = None) -> int
 
 def engine_raggeds(tile_n: int, schedule: str | None = None) -> tuple[int, ...]:
     """The ragged levels the AOT cache holds ``tile_n``'s programs of ``schedule`` (``None``: the size's default) of
-    (0: whole blocks only; 1: the half loop; 2: the half and quarter loops; the default last). Ping-pong programs
-    (a unit: half a block) hold :data:`ENGINE_PINGPONG_RAGGED` only, transform programs
-    :data:`ENGINE_TRANSFORM_RAGGED`."""
-    if schedule == "pingpong":
-        return (ENGINE_PINGPONG_RAGGED,)
+    (0: whole blocks only; 1: the half loop; 2: the half and quarter loops; the default last). Transform programs hold
+    :data:`ENGINE_TRANSFORM_RAGGED` only."""
     if schedule == "transform":
         return (ENGINE_TRANSFORM_RAGGED,)
     return ENGINE_RAGGED_LEVELS if tile_n in ENGINE_RAGGED_TILE_N else (0,)
@@ -334,11 +322,10 @@ def engine_gemm_spec(
     route (``gather``) or FC2's output scattered to routes (``scatter``, no activation); ``schedule``: its
     consumers' (:data:`ENGINE_SCHEDULES`; ``None``: :func:`engine_schedule`'s default; ``stage`` programs carry
     the fact ``SCHED``, ``slice`` ones keep their earlier identity); ``ragged``: a block whose live routes lie in
-    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``;
-    ping-pong programs apply it within a unit's half block);
+    its first half runs that half only (``None``: :func:`engine_ragged`'s default; ragged programs carry ``RAG``);
     ``ctas_per_sm``: 1 or 2 (``None``: :func:`engine_occupancy`'s default; two-CTA programs carry ``OCC``);
     ``partial`` (:data:`ENGINE_PARTIAL_FORMS`, at :data:`ENGINE_SPLIT_TILE_N`): K splits storing float32 partials
-    (gathering, no activation or bias, whole blocks, never ping-pong; fact ``PART``); ``probe``
+    (gathering, no activation or bias, whole blocks; fact ``PART``); ``probe``
     (:data:`ENGINE_PROBES`, at :data:`ENGINE_PROBE_TILE_N`): a diagnostic program of the MXFP4 native dense GEMM
     without an activation at the size's defaults (fact ``PROBE``; never served: its outputs are wrong by design)."""
     if tile_n not in ENGINE_TILE_N:
@@ -354,10 +341,6 @@ def engine_gemm_spec(
     schedule = engine_schedule(tile_n) if schedule is None else schedule
     if schedule not in ENGINE_SCHEDULES:
         raise ValueError(f"the engine GEMM's schedules are {ENGINE_SCHEDULES}; got {schedule!r}")
-    if schedule == "pingpong" and tile_n not in ENGINE_PINGPONG_TILE_N:
-        raise ValueError(f"ping-pong consumers are built for {ENGINE_PINGPONG_TILE_N} routes a block; got {tile_n}")
-    if schedule == "pingpong" and partial is not None:  # a split unit's K range is walked once, by both warpgroups
-        raise ValueError(f"K-split partials ({partial!r}) are never ping-pong: their units are whole blocks")
     if schedule == "transform" and (
         tile_n not in ENGINE_TRANSFORM_TILE_N or not engine_schedule_serves(schedule, scales, io) or partial is not None
     ):
@@ -409,8 +392,9 @@ def engine_probe_specs() -> list[ProgramSpec]:
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size (ping-pong consumers at 128 and 256), whole-block and (128 and 256 routes) ragged, one and (16-64
-    routes) two CTAs an SM, and the K-split partial programs (they take every shape and split count at run time)."""
+    the block size (transform warps at 128 and 256 routes, native scales, rows not gathered), whole-block and (128
+    and 256 routes) ragged, one and (16-64 routes) two CTAs an SM, and the K-split partial programs (they take every
+    shape and split count at run time)."""
     plain = [
         engine_gemm_spec(tn, fmt=fmt, scales=scales, io=io, schedule=schedule, ragged=ragged, ctas_per_sm=occ)
         for fmt in formats

@@ -29,23 +29,9 @@ from csf_kernels.moe.engine_rows import OUT_CHUNKS, STORE_THREADS, epi_routes
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.kernels import engine_routes as routes
 
-__all__ = [
-    "ACT_NONE",
-    "ACT_SILU",
-    "ACT_SWIGLU_OAI",
-    "PINGPONG_BARRIER",
-    "PINGPONG_ORDER_BARRIER",
-    "Epilogue",
-    "asm_f32",
-    "asm_u32",
-]
+__all__ = ["ACT_NONE", "ACT_SILU", "ACT_SWIGLU_OAI", "Epilogue", "asm_f32", "asm_u32"]
 
 ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI = 0, 1, 2  # the epilogue: the GEMM, or FC1's activation of it
-# ping-pong warpgroup wg's named barrier is PINGPONG_BARRIER + wg (3, 4): 1 is the cooperative epilogue's, 2 the
-# gathering producer warps' (engine_producer.GATHER_BARRIER); the ping-pong K loops' order barriers are
-# PINGPONG_ORDER_BARRIER + h (5, 6: engine_pingpong)
-PINGPONG_BARRIER = 2
-PINGPONG_ORDER_BARRIER = 5
 SWIGLU_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (csf_moe.reference)
 SWIGLU_LIMIT = 7.0
 
@@ -93,17 +79,9 @@ class Epilogue:
     ``scaled``: each value times a float32 ``g`` (NVFP4's global scale) before the bias, and ``scatter``: the plain
     form stores slot ``s``'s row at row ``sorted_ids[s]`` of ``out [pairs, R]`` (nothing for an empty slot).
     ``partial`` (:data:`PARTIAL_FORMS`, or ``None``): the program stores float32 partials instead
-    (:meth:`partial`).
+    (:meth:`partial`)."""
 
-    ``pingpong``: one consumer warpgroup stores a unit alone (``moe/kernels/engine_pingpong.py``): ``tile_n`` is
-    half a route block (block ``b`` here is half ``b % 2`` of the layer's block ``b // 2``, whose expert it reads),
-    each warpgroup has its own named barrier (``PINGPONG_BARRIER + wg``, 128 threads), its own two subtile buffers
-    and its own storing warp (its first), so one warpgroup's epilogue runs beside the other's K loop. Never with
-    ``partial`` (a split program's units are whole blocks)."""
-
-    def __init__(
-        self, tile_n: int, act: int, bias: bool, scaled: bool, scatter: bool = False, pingpong=False, partial=None
-    ):
+    def __init__(self, tile_n: int, act: int, bias: bool, scaled: bool, scatter: bool = False, partial=None):
         if act not in (ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI) or (bias and act == ACT_NONE):
             raise ValueError(f"activation {act} (bias {bias}): a bias comes with a fused activation only")
         if scatter and act != ACT_NONE:
@@ -111,8 +89,6 @@ class Epilogue:
         if partial is not None and (partial not in PARTIAL_FORMS or act != ACT_NONE or scatter):
             raise ValueError(f"partials ({partial!r}) are one of {PARTIAL_FORMS}, of the plain gathered GEMM (no "
                              f"activation: the finish applies it; got {act}, scatter {scatter})")  # fmt: skip
-        if partial is not None and pingpong:
-            raise ValueError(f"partials ({partial!r}) are never ping-pong")
         self.partial_form = partial
         self.tile_n = tile_n
         self.act = act
@@ -123,28 +99,22 @@ class Epilogue:
         if self.tile[1] % (STORE_THREADS // OUT_CHUNKS):
             raise ValueError(f"a subtile's {self.tile[1]} slots are not whole passes of the scattering threads")
         self.stages = 2
-        self.pingpong = pingpong
-        self.groups = 2 if pingpong else 1  # warpgroups with their own subtile buffers
-        self.threads = STORE_THREADS // self.groups  # consumer threads storing a unit
-        if self.tile[1] % (self.threads // OUT_CHUNKS):
-            raise ValueError(f"a subtile's {self.tile[1]} slots are not whole passes of {self.threads} threads")
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory of the bf16 subtiles (the plain form's; reserved for both), every warpgroup's."""
-        return self.tile[0] * self.tile[1] * 2 * self.stages * self.groups
+        """Shared memory of the bf16 subtiles (the plain form's; reserved for both)."""
+        return self.tile[0] * self.tile[1] * 2 * self.stages
 
     def smem_layout(self, c_layout):
         """Host side: the shared subtiles' layout for ``out``'s layout enum."""
         bf16 = cutlass.BFloat16
         atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(c_layout, bf16, self.tile[0]), bf16)
-        return cute.tile_to_shape(atom, (*self.tile, self.stages * self.groups), order=(1, 0, 2))
+        return cute.tile_to_shape(atom, (*self.tile, self.stages), order=(1, 0, 2))
 
-    def partitions(self, tiled_mma, c_layout, s_c, acc, tidx, wg=None):
+    def partitions(self, tiled_mma, c_layout, s_c, acc, tidx):
         """Device side, once a kernel (traced inline): the register-to-shared copy of the accumulator and the
         store ring, as CUTLASS's Hopper persistent GEMM builds them. ``tidx``: the thread's index in the MMA plus
-        128 (a ping-pong thread's row block 1 is the MMA's thread ``t + 128``); ``wg`` (ping-pong): the consumer
-        warpgroup (1 or 2) whose barrier, buffers and storing warp these are."""
+        128."""
         c_store = sm90_utils.sm90_get_smem_store_op(c_layout, elem_ty_d=cutlass.BFloat16, elem_ty_acc=cutlass.Float32)
         c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.BFloat16)
         r2s = cute.make_tiled_copy_S(c_store, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
@@ -156,15 +126,10 @@ class Epilogue:
             t_rs_acc=r2s.retile(acc),
             t_rs_d=cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, cutlass.Float32),
             t_rs_out=cute.make_rmem_tensor(cute.make_layout(rd_shape[:3]).shape, cutlass.BFloat16),
-            bar=pipeline.NamedBarrier(barrier_id=1, num_threads=256)
-            if wg is None
-            else pipeline.NamedBarrier(barrier_id=PINGPONG_BARRIER + wg, num_threads=128),
+            bar=pipeline.NamedBarrier(barrier_id=1, num_threads=256),
             ring=pipeline.PipelineTmaStore.create(
-                num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256 if wg is None else 128),
+                num_stages=self.stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256)
             ),
-            store_warp=4 if wg is None else 4 * wg,  # the warpgroup's first warp
-            buffers=0 if wg is None else (wg - 1) * self.stages,  # its first subtile buffer
         )
 
     @cute.jit
@@ -172,37 +137,31 @@ class Epilogue:
         """The plain form (traced inline): bf16 subtiles of ``(128 rows, 32 routes)`` of tile ``(tm, b)`` through
         the shared buffers (``done``: tiles this CTA stored before, the buffers' parity), stored by warp 4, or,
         scattering, by every consumer thread (``scatter_to``: ``(sorted_ids, out, epi_smem, t)``, ``t`` the
-        thread's index among the storing threads). ``p``: :meth:`partitions`, or (ping-pong) a tuple of each row
-        block's, the first's barrier, ring, storing warp and buffers serving both."""
-        parts = p if isinstance(p, tuple) else (p,)
-        p = parts[0]
+        thread's index among the consumers). ``p``: :meth:`partitions`."""
         if cutlass.const_expr(not self.scatter):
             g_c_tile = cute.zipped_divide(g_c[(None, None, tm, b)], self.tile)
             b_sd, b_gd = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), g_c_tile)
         subtiles = self.tile_n // self.tile[1]
         # locals: a value an `if` carries must not be an attribute of a Python object
-        t_rs_d, t_rs_out, bar, ring = p.t_rs_d, p.t_rs_out, p.bar, p.ring
+        t_rs_d, t_rs_acc, t_rs_out, bar, ring = p.t_rs_d, p.t_rs_acc, p.t_rs_out, p.bar, p.ring
         ids = None
         if cutlass.const_expr(self.scatter):  # every subtile's route ids at once: one load latency, not one each
             ids = self._route_ids(scatter_to, b)
         per_sub = cute.size(t_rs_d)
         for e in cutlass.range_constexpr(subtiles):
-            buf = 0
-            for part in parts:  # each row block's values of the subtile
-                t_rs_acc = part.t_rs_acc
-                for v in cutlass.range_constexpr(per_sub):
-                    if cutlass.const_expr(self.scaled):
-                        t_rs_d[v] = t_rs_acc[e * per_sub + v] * g
-                    else:
-                        t_rs_d[v] = t_rs_acc[e * per_sub + v]
-                t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
-                buf = (done * subtiles + e) % self.stages + p.buffers
-                cute.copy(part.r2s, t_rs_out, part.t_rs_s[(None, None, None, buf)])
+            for v in cutlass.range_constexpr(per_sub):
+                if cutlass.const_expr(self.scaled):
+                    t_rs_d[v] = t_rs_acc[e * per_sub + v] * g
+                else:
+                    t_rs_d[v] = t_rs_acc[e * per_sub + v]
+            t_rs_out.store(t_rs_d.load().to(cutlass.BFloat16))
+            buf = (done * subtiles + e) % self.stages
+            cute.copy(p.r2s, t_rs_out, p.t_rs_s[(None, None, None, buf)])
             cute.arch.fence_proxy("async.shared", space="cta")
             bar.arrive_and_wait()
             if cutlass.const_expr(self.scatter):
                 self._scatter_subtile(s_c, scatter_to, ids, tm, e, buf)
-            elif warp == p.store_warp:
+            elif warp == 4:
                 cute.copy(tma_c, b_sd[(None, buf)], b_gd[(None, e)])
                 ring.producer_commit()
                 ring.producer_acquire()
@@ -218,7 +177,7 @@ class Epilogue:
         """The route ids of the slots this thread stores in each of block ``b``'s subtiles (traced inline): slot
         ``t // 16 + 16 j`` of subtile ``e`` at ``e * passes + j``, loaded together before the first subtile."""
         sorted_ids, _, _, t = scatter_to
-        per = self.threads // OUT_CHUNKS
+        per = STORE_THREADS // OUT_CHUNKS
         ids = cute.make_rmem_tensor((self.tile_n // per,), cutlass.Int32)
         for e in cutlass.range_constexpr(self.tile_n // self.tile[1]):
             for j in cutlass.range_constexpr(self.tile[1] // per):
@@ -233,7 +192,7 @@ class Epilogue:
         (``ids``: :meth:`_route_ids`) of ``out [pairs, R]``; a slot without a route and columns past ``R`` store
         nothing."""
         _, out, epi_smem, t = scatter_to
-        per = self.threads // OUT_CHUNKS  # slots a pass of the storing threads
+        per = STORE_THREADS // OUT_CHUNKS  # slots a pass of the consumers
         base = s_c.iterator.toint()
         rows = cute.size(out, mode=[0])
         columns = cute.size(out, mode=[1])
@@ -254,8 +213,6 @@ class Epilogue:
         then row + 8) are routes ``8 c + 2 q + (i % 2)`` of the block, each times ``g`` (if ``scaled``) before the
         bias. bf16 stores straight to ``out [NX, R / 2]``, past its end predicated off."""
         e = block_expert[b]
-        if cutlass.const_expr(self.pingpong):  # b is half a block
-            e = block_expert[b // 2]
         e = cutlass.min(cutlass.max(e, 0), experts - 1)  # an invalid block computes zeros; its bias index stays in
         rows = cute.size(bias, mode=[1])
         n = tm * (TILE_M // 2) + row_block * 32 + (t // 32) * 8 + lane // 4

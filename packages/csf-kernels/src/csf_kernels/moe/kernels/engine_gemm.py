@@ -35,12 +35,10 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
-  converts the next stage under them (``stage``). Schedule ``pingpong`` (128 and 256 routes a block) instead gives
-  each warpgroup all 128 rows of alternate half-block units (:mod:`~csf_kernels.moe.kernels.engine_pingpong`).
-  Schedule ``transform`` (128 and 256 routes a block, native scales, rows not gathered) gives producer warps 1-3 the
-  conversion of each stage's weights into a bf16 A tile in shared memory
-  (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then issue the stage schedule's wgmmas with A
-  from shared memory and convert nothing.
+  converts the next stage under them (``stage``). Schedule ``transform`` (128 and 256 routes a block, native
+  scales, rows not gathered) gives producer warps 1-3 the conversion of each stage's weights into a bf16 A tile in
+  shared memory (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then issue the stage schedule's
+  wgmmas with A from shared memory and convert nothing.
 * the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
@@ -48,8 +46,7 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
 * K splits (``partial``, few-token calls whose units would leave SMs idle; ``docs/moe-engine.md`` §4.6): a unit is a
   (block, tile, K split) (:mod:`~csf_kernels.moe.kernels.engine_work`, ``split_steps`` K steps a split, a run-time
   argument) and its float32 accumulator goes as it is to its routes' rows of split ``s``'s partials, ``out``
-  float32 ``[splits * pairs, R]``, which the finishing kernels sum in split order. A split program is never
-  ping-pong (its units are whole blocks of a K range; ping-pong's are half blocks of all of K).
+  float32 ``[splits * pairs, R]``, which the finishing kernels sum in split order.
 
 Launched as a programmatic dependent launch (``pdl``), every thread waits for the predecessor
 (``griddepcontrol.wait``) after the ring's set-up and before its first global read, then lets the successor launch.
@@ -77,7 +74,6 @@ from csf_kernels.moe.engine_specs import ENGINE_TRANSFORM_TILE_N as TRANSFORM_TI
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, PARTIAL_FORMS, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import PROBES, ConsumerStep
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
-from csf_kernels.moe.kernels.engine_pingpong import PINGPONG_TILE_N, PingpongConsumers
 from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
@@ -104,7 +100,6 @@ __all__ = [
     "IO_MODES",
     "PAIRED_TILE_N",
     "PARTIAL_FORMS",
-    "PINGPONG_TILE_N",
     "PROBES",
     "RAGGED_LEVELS",
     "RAGGED_TILE_N",
@@ -118,9 +113,8 @@ __all__ = [
 _SMEM_BYTES = 232448  # a block's dynamic shared memory on sm_90a
 SCALE_SOURCES = ("native", "inline")  # scale panels copied by TMA, or engine records decoded by producer warps
 # the consumers' schedules: both warpgroups on every unit, a K slice or a stage a commit group (engine_mainloop), or
-# each warpgroup alone on alternate half-block units (engine_pingpong; PINGPONG_TILE_N only), or A tiles from a
-# transform warpgroup (engine_transform; TRANSFORM_TILE_N only)
-SCHEDULES = (*_STEP_SCHEDULES, "pingpong", "transform")
+# A tiles from transform warps (engine_transform; TRANSFORM_TILE_N only)
+SCHEDULES = (*_STEP_SCHEDULES, "transform")
 # block sizes whose blocks may run part of their routes (engine_specs, which the catalog reads without cutlass): a
 # block whose live slots all lie in its first half issues wgmma.m64n{TILE_N / 2} on them only, in its first quarter
 # (ragged level 2) m64n{TILE_N / 4} (an expert's last block is its tail: up to half the padded work at 2048-8192)
@@ -160,7 +154,7 @@ class GroupedFp4Gemm:
     the placed words to wgmma unconverted, ``ss`` runs each stage's wgmmas with A from one of two unwritten bf16
     tiles in shared memory (the ring one or two stages shorter for them): what the loop costs without the conversion,
     in today's structure and in a transform warpgroup's (``docs/moe-engine.md`` §7). MXFP4, native scales, dense
-    rows, no activation, whole blocks, never ping-pong."""
+    rows, no activation, whole blocks."""
 
     def __init__(
         self, tile_n: int = 256, stages: int = 0, act: int = ACT_NONE, bias: bool = False, fmt="mxfp4",
@@ -171,10 +165,8 @@ class GroupedFp4Gemm:
             raise ValueError(f"TILE_N must be 16, 32, 64, 128 or 256; got {tile_n}")
         if io not in IO_MODES or (io == "scatter" and act != ACT_NONE):
             raise ValueError(f"rows {io!r} (activation {act}): one of {IO_MODES}, scatter with no activation")
-        pingpong = schedule == "pingpong"
-        if schedule not in SCHEDULES or (pingpong and (tile_n not in PINGPONG_TILE_N or ctas_per_sm != 1)):
-            raise ValueError(f"schedules {SCHEDULES}, pingpong at {PINGPONG_TILE_N} routes and one CTA an SM; got "
-                             f"{schedule!r} at {tile_n} x {ctas_per_sm}")  # fmt: skip
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedules {SCHEDULES}; got {schedule!r}")
         transform = schedule == "transform"
         if transform and (
             tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None or scales != "native"
@@ -184,29 +176,21 @@ class GroupedFp4Gemm:
                              f"scales, rows not gathered (producer warps 1-3 convert), no K splits; got {tile_n} x "
                              f"{ctas_per_sm}, {scales!r}, rows {io!r}, partial {partial!r}")  # fmt: skip
         self.transform = transform
-        if partial is not None and (io != "gather" or int(ragged) or pingpong):
-            raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks, never ping-pong; "
-                             f"got rows {io!r}, ragged {ragged}, schedule {schedule!r}")  # fmt: skip
+        if partial is not None and (io != "gather" or int(ragged)):
+            raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks; got rows {io!r}, "
+                             f"ragged {ragged}")  # fmt: skip
         if probe is not None and (
             probe not in PROBES
             or (fmt, scales, io, act, int(ragged), partial) != ("mxfp4", "native", "dense", ACT_NONE, 0, None)
-            or pingpong
             or transform
         ):
             raise ValueError(f"probes {PROBES} are built for MXFP4 native dense GEMMs without an activation, whole "
-                             f"blocks, never ping-pong; got {probe!r}")  # fmt: skip
+                             f"blocks; got {probe!r}")  # fmt: skip
         self.probe = probe
-        self.pingpong = pingpong
-        # routes a stage's B tile holds: the block's, or (ping-pong) half of them, a unit's
-        self.b_rows = tile_n // 2 if self.pingpong else tile_n
-        halves = 2 if self.pingpong else 1
-        self.halves = halves
         # validates act, bias and the partials' form
-        self.epilogue = Epilogue(self.b_rows, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter",
-                                 pingpong=self.pingpong, partial=partial)  # fmt: skip
+        self.epilogue = Epilogue(tile_n, act, bias, scaled=fmt == "nvfp4", scatter=io == "scatter", partial=partial)
         self.partial = partial
-        # a split program's units are K splits of whole blocks (never ping-pong: halves and splits are exclusive);
-        # before the gather, which walks the same units
+        # a split program's units are K splits of whole blocks; before the gather, which walks the same units
         self.work = UnitWork(partial is not None)
         if scales not in SCALE_SOURCES:
             raise ValueError(f"scale source must be one of {SCALE_SOURCES}; got {scales!r}")
@@ -214,11 +198,10 @@ class GroupedFp4Gemm:
         self.inline = scales == "inline"
         self.io = io
         self.decoders = DECODER_WARPS if self.inline else ()
-        self.gather = RowGather(self.b_rows, GATHER_WARPS[scales], halves, self.work) if io == "gather" else None
+        self.gather = RowGather(tile_n, GATHER_WARPS[scales], self.work) if io == "gather" else None
         self.schedule = schedule
-        step_schedule = "slice" if self.pingpong else schedule  # ping-pong converts a slice at a time
-        if probe == "ss":  # A from shared memory: no register hazard, a stage's wgmmas a commit group
-            step_schedule = "stage"
+        # probe ss: A from shared memory, no register hazard, a stage's wgmmas a commit group
+        step_schedule = "stage" if probe == "ss" else schedule
         # gathered stages are fenced before wgmma reads them
         self.tiles = SharedATiles() if transform else None
         if transform:  # the transform warpgroup converts; the consumers issue a stage's wgmmas a commit group
@@ -236,7 +219,7 @@ class GroupedFp4Gemm:
             raise ValueError(f"ragged levels {RAGGED_LEVELS} are built for {RAGGED_TILE_N} routes a block (0 for any); "
                              f"got {ragged} at {tile_n}")  # fmt: skip
         self.ragged = ragged
-        self.facts = UnitFacts(self.b_rows, ragged > 0, fmt == "nvfp4", halves)
+        self.facts = UnitFacts(tile_n, ragged > 0, fmt == "nvfp4")
         self.transformer = None
         if transform:  # its conversions are the other schedules' (the same bits)
             one = None if fmt == "nvfp4" else ConsumerStep("stage", False, one_multiply=True)
@@ -265,26 +248,20 @@ class GroupedFp4Gemm:
         self.atom_layout_mnk = (2, 1, 1)
         self.threads = 3 * 128
         self.epi_tile = self.epilogue.tile
-        stage_bytes = TILE_M * TILE_K // 2 + s_bytes + self.b_rows * TILE_K * 2
+        stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
         self.a_tiles = A_TILES if transform else 2 if probe == "ss" else 0  # bf16 A tiles the wgmmas read
         dec_bytes += self.a_tiles * (TILE_M * TILE_K * 2 + 16)  # and their barriers
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
-        # ping-pong's stages hold half a block's routes (half the MMA time each): as many as fit, up to twice the
-        # cooperative cap, keeps about the cooperative ring's bytes and MMA time in flight
-        self.stages = stages or min(fit, 16 if self.pingpong else 8)
+        self.stages = stages or min(fit, 8)
         if not 2 <= self.stages <= fit:
             raise ValueError(f"{self.stages} stages of {stage_bytes} bytes do not fit shared memory ({fit} do)")
         # what the launch sizes its shared memory to, beside the barriers' few bytes and alignment (reports)
         self.ring_bytes = self.stages * stage_bytes + epi_bytes + dec_bytes
         self.a_tx = TILE_M * TILE_K // 2
         self.s_tx = 0 if self.inline else s_bytes  # inline: the decoder warp's stores and arrivals, not bytes
-        self.b_tx = 0 if self.gather else self.b_rows * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
-        self.consumers = None
-        if self.pingpong:
-            self.consumers = PingpongConsumers(self.b_rows, self.stages, self.step, self.step_one, ragged,
-                                               self.epilogue, self.facts, act, io, self.nvfp4)  # fmt: skip
+        self.b_tx = 0 if self.gather else tile_n * TILE_K * 2  # gathering: the gatherers' arrivals, not bytes
 
     @cute.jit
     def __call__(
@@ -367,26 +344,26 @@ class GroupedFp4Gemm:
             cute.nvgpu.OperandMajorMode.K,
             self.acc_dtype,
             self.atom_layout_mnk,
-            tiler_mn=(64, self.b_rows),
+            tiler_mn=(64, self.tile_n),
             a_source=warpgroup.OperandSource.SMEM if self.a_tiles else warpgroup.OperandSource.RMEM,
         )
-        # the transform warpgroup writes A as the register-A MMA's fragments hold it (the SS MMA reads that layout)
+        # the transform warps write A as the register-A MMA's fragments hold it (the SS MMA reads that layout)
         rs_mma = tiled_mma
         if cutlass.const_expr(self.transform):
-            rs_mma = self._part_mma(self.b_rows, warpgroup.OperandSource.RMEM)
-        # ragged: the MMAs of a unit's first half and quarter (each accumulator the first half or quarter of the full
+            rs_mma = self._part_mma(self.tile_n, warpgroup.OperandSource.RMEM)
+        # ragged: the MMAs of a block's first half and quarter (each accumulator the first half or quarter of the full
         # one's registers)
         half_mma, quarter_mma = tiled_mma, tiled_mma
         if cutlass.const_expr(self.ragged > 0):
-            half_mma = self._part_mma(self.b_rows // 2)
+            half_mma = self._part_mma(self.tile_n // 2)
         if cutlass.const_expr(self.ragged > 1):
-            quarter_mma = self._part_mma(self.b_rows // 4)
+            quarter_mma = self._part_mma(self.tile_n // 4)
 
         a_smem = cute.make_layout((_PANEL_WORDS, 2, 1, 1, self.stages))
         s_smem = cute.make_layout((self.s_elems, 1, 1, self.stages))
         b_layout = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR  # (N, K) with K contiguous
         b_atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(b_layout, bf16, TILE_K), bf16)
-        b_smem = cute.tile_to_shape(b_atom, (self.b_rows, TILE_K, self.stages), order=(0, 1, 2))
+        b_smem = cute.tile_to_shape(b_atom, (self.tile_n, TILE_K, self.stages), order=(0, 1, 2))
         epi_smem = self.epilogue.smem_layout(c_layout)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -400,7 +377,7 @@ class GroupedFp4Gemm:
                 g2s, m_s, cute.slice_(s_smem, (None, None, None, 0)), (self.s_elems, 1, 1)
             )
         tma_b, tma_m_b = cpasync.make_tiled_tma_atom(
-            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.b_rows, TILE_K)
+            g2s, m_b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, TILE_K)
         )  # gathering, unused: the producer warps copy the routes' rows themselves
         tma_c, tma_m_c = tma_a, tma_m_a  # partials: unused stand-ins
         if cutlass.const_expr(self.partial is None):
@@ -412,7 +389,7 @@ class GroupedFp4Gemm:
         at_smem = cute.tile_to_shape(b_atom, (TILE_M, TILE_K, max(self.a_tiles, 1)), order=(0, 1, 2))
         self.shared_storage = _shared_storage(
             self.stages, self.s_dtype, self.inline, cute.cosize(a_smem), cute.cosize(s_smem), cute.cosize(b_smem),
-            cute.cosize(epi_smem), self.b_rows if self.gather else 0, len(self.decoders),
+            cute.cosize(epi_smem), self.tile_n if self.gather else 0, len(self.decoders),
             cute.cosize(at_smem) if self.a_tiles else 0, 2 * A_TILES if self.transform else 0,
         )  # fmt: skip
         self.c_layout = c_layout
@@ -480,10 +457,10 @@ class GroupedFp4Gemm:
         # a stage's arrivals: the TMA thread's (which expects the bytes), the lanes of the inline decoder warp that
         # decoded its record, and the gathering threads' once their copies land
         producers = 1 + DECODER_ARRIVALS * self.inline + (self.gather.threads if self.gather else 0)
-        # a stage's consumer warps: both warpgroups', or (ping-pong) its unit's warpgroup's, and the transform
-        # warpgroup's, which release it once they have read its weights and scales
+        # a stage's consumer warps: both warpgroups', and the transform warps, which release it once they have read
+        # its weights and scales
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
-                         4 if self.pingpong else 8 + len(TRANSFORM_WARPS) * self.transform)  # fmt: skip
+                         8 + len(TRANSFORM_WARPS) * self.transform)  # fmt: skip
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]
@@ -510,11 +487,10 @@ class GroupedFp4Gemm:
             s_at = storage.s_at.get_tensor(at_smem.outer, swizzle=at_smem.inner)
 
         g_a = cute.local_tile(m_a, (_PANEL_WORDS, 2, 1, 1), (None, None, None, None))  # (256, 2, 1, 1, 1, RT, KS, E)
-        # ping-pong: tiles of half a block (block b's half h is tile 2 b + h)
-        g_b = cute.local_tile(m_b, (self.b_rows, TILE_K), (None, None))  # (TN, 64, blocks, KS)
+        g_b = cute.local_tile(m_b, (self.tile_n, TILE_K), (None, None))  # (TN, 64, blocks, KS)
         g_c = None  # partials: the consumers store them
         if cutlass.const_expr(self.partial is None):
-            g_c = cute.local_tile(m_c, (TILE_M, self.b_rows), (None, None))  # (128, TN, RT, blocks)
+            g_c = cute.local_tile(m_c, (TILE_M, self.tile_n), (None, None))  # (128, TN, RT, blocks)
         one = cute.make_layout(1)
         t_as, t_ag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(s_a, 0, 4), cute.group_modes(g_a, 0, 4))
         scale_copy = None  # inline: no scale TMA, the decoder warp fills the scale slots
@@ -527,8 +503,6 @@ class GroupedFp4Gemm:
         tiles_m = cute.size(g_a, mode=[5])
         # blocks the activations hold: x's rows in block order, or, gathering, the slots sorted_ids holds
         held = cute.size(g_b, mode=[2])
-        if cutlass.const_expr(self.pingpong):  # tiles of half a block (a last block may hold one half's rows)
-            held = (held + 1) // 2
         if cutlass.const_expr(self.gather is not None):
             held = cute.size(sorted_ids) // self.tile_n
         units = self.work.units(units_in_use(meta, block_expert, held, tiles_m), k_steps, split_steps)
@@ -542,20 +516,20 @@ class GroupedFp4Gemm:
         # object through a dynamic branch)
         rows = None
         if cutlass.const_expr(self.gather is not None):
-            table = storage.tokens.get_tensor(cute.make_layout(self.b_rows))
+            table = storage.tokens.get_tensor(cute.make_layout(self.tile_n))
             rows = (x, sorted_ids, top_k, table, s_b, b_smem, self.gather.rank(tidx))
         s_facts = storage.facts.get_tensor(cute.make_layout((FACT_WORDS, self.stages)))
         if warp == 0:
             copies = ((tma_a, t_ag, t_as), scale_copy, (tma_b, t_bg, t_bs))
             facts = (self.facts, s_facts, (sorted_ids, pairs, block_expert, wide, gscale, cute.size(m_a, mode=[3])))
             produce(ring, self.stages, copies, block_expert, tiles_m, units, k_steps, self.gather, rows, facts,
-                    self.halves, self.work, split_steps)  # fmt: skip
+                    self.work, split_steps)  # fmt: skip
         if cutlass.const_expr(self.gather is not None):
             if (warp > 0) & self.gather.gathers(warp):  # the other gathering warps copy their share of each stage
                 self.gather.walk(ring, self.stages, rows, tiles_m, units, k_steps, split_steps)
         if cutlass.const_expr(self.inline):
             if decoder:  # the warp's own staging slots, barriers, decoded tile and offset table
-                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.halves, self.work)
+                dec = RecordDecoderWarp(self.nvfp4, self.stages, len(self.decoders), self.work)
                 s_rec = cute.make_tensor(storage.rec_stage.data_ptr() + rank * (dec.slots * RECORD_BYTES),
                                          cute.make_layout((RECORD_BYTES, dec.slots)))  # fmt: skip
                 s_tile = cute.make_tensor(storage.rec_tile.data_ptr() + rank * 128, cute.make_layout(128))
@@ -573,14 +547,9 @@ class GroupedFp4Gemm:
                                      k_steps, split_steps, warp, tidx % 32)  # fmt: skip
         if wg > 0:
             cute.arch.setmaxregister_increase(self.consumer_registers)
-            if cutlass.const_expr(self.pingpong):  # never split: its units span all of K
-                self.consumers.consume(ring, (tiled_mma, *part_mmas[:2]), s_a, s_s, s_b, s_c, epi_smem, self.c_layout,
-                                       g_c, tma_c, tiles_m, units, k_steps, tidx, warp, wg, out, bias, s_facts,
-                                       block_expert, sorted_ids, cute.size(m_a, mode=[3]))  # fmt: skip
-            else:
-                self.consume(ring, (tiled_mma, *part_mmas[:2]), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m,
-                             units, (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert,
-                             sorted_ids, cute.size(m_a, mode=[3]), (s_at, a_bars))  # fmt: skip
+            self.consume(ring, (tiled_mma, *part_mmas[:2]), s_a, s_s, s_b, s_c, epi_smem, g_c, tma_c, tiles_m, units,
+                         (k_steps, split_steps, pairs), tidx, warp, wg, out, bias, s_facts, block_expert, sorted_ids,
+                         cute.size(m_a, mode=[3]), (s_at, a_bars))  # fmt: skip
 
     @cute.jit
     def consume(

@@ -8,10 +8,6 @@ split) (:mod:`~csf_kernels.moe.kernels.engine_work`, the one map every role read
 ...`` below the units in use, and so do its consumers, in the same order. A stage is a K step's weight panel, scale
 bytes and activation tile, all completing on the stage's mbarrier by their transaction bytes (a gathered tile: by the
 gathering threads' arrivals once their ``cp.async`` copies land).
-
-Ping-pong programs (``halves`` 2) split each unit into its block's two halves of routes, walked one after the
-other, each its own ``k_steps`` stages: the producers see half ``h`` of block ``b`` as block ``2 b + h`` of half
-the routes.
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this m
 
 def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = 8) -> pipeline.PipelineTmaAsync:
     """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
-    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: 8, or 4 where
-    one warpgroup consumes a stage, ping-pong), ``tx`` bytes a stage."""
+    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: 8, both
+    consumer warpgroups'), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,
@@ -59,12 +55,6 @@ def units_in_use(meta, block_expert, blocks_held, tiles_m):
     return blocks * tiles_m
 
 
-def _exclusive(halves: int, work: UnitWork | None) -> None:
-    """A program's units are walked once (cooperative, split or not) or once a half (ping-pong, never split)."""
-    if halves not in (1, 2) or (halves > 1 and work is not None and work.split):
-        raise ValueError(f"units are walked once or twice (ping-pong halves, never K splits); got {halves} halves")
-
-
 class RowGather:
     """FC1's activation copy by route (``io="gather"``): the B stage's ``tile_n`` rows come from ``x [tokens, K]``,
     slot ``s`` taking token ``sorted_ids[s] // top_k``'s row (zeros for an empty slot), by 16-byte ``cp.async`` of
@@ -75,15 +65,12 @@ class RowGather:
 
     ``operands`` (device values of one trace): ``(x, sorted_ids, top_k, table, s_b, b_smem, rank)``: the shared
     table (int32 ``[tile_n]``), the B stages (tensor and composed layout) and this thread's gathering rank.
-    ``halves``: 2 walks each unit's two halves of routes (ping-pong; ``tile_n`` is then half a block's); ``work``:
-    the program's :class:`UnitWork` (``None``: unsplit; a split program is never ping-pong)."""
+    ``work``: the program's :class:`UnitWork` (``None``: unsplit)."""
 
-    def __init__(self, tile_n: int, warps: tuple[int, ...], halves: int = 1, work: UnitWork | None = None):
+    def __init__(self, tile_n: int, warps: tuple[int, ...], work: UnitWork | None = None):
         if 0 not in warps or not set(warps) <= {0, 1, 2, 3}:
             raise ValueError(f"the gathering warps are producer warps, warp 0 among them; got {warps}")
-        _exclusive(halves, work)
-        self.tile_n = tile_n  # a stage's routes (ping-pong: half a block's)
-        self.halves = halves
+        self.tile_n = tile_n  # a stage's routes
         self.warps = tuple(sorted(warps))
         self.threads = 32 * len(self.warps)
         self.work = UnitWork(False) if work is None else work
@@ -155,46 +142,39 @@ class RowGather:
         u = cute.arch.block_idx()[0]
         while u < units:
             b, _, _, k0, steps = self.work.unit(u, tiles_m, k_steps, split_steps)
-            for h in cutlass.range(self.halves, unroll=1):  # ping-pong: the same unit's K range once a half
-                self.unit(operands, b * self.halves + h)
-                for k in cutlass.range(k0, k0 + steps, unroll=1):
-                    ring.sync_object_empty.wait(state.index, state.phase)
-                    self.stage(operands, k, state.index, ring.producer_get_barrier(state))
-                    state.advance()
+            self.unit(operands, b)
+            for k in cutlass.range(k0, k0 + steps, unroll=1):
+                ring.sync_object_empty.wait(state.index, state.phase)
+                self.stage(operands, k, state.index, ring.producer_get_barrier(state))
+                state.advance()
             u += cute.arch.grid_dim()[0]
 
 
 def produce(ring, stages: int, copies, block_expert, tiles_m, units, k_steps, gather=None, operands=None,
-            facts=None, halves: int = 1, work=None, split_steps=None):  # fmt: skip
+            facts=None, work=None, split_steps=None):  # fmt: skip
     """Warp 0's walk (traced inline): per unit and K step, acquire a stage and copy into it the weight panel
     (``copies[0]``: atom, global partition indexed ``(None, 0, tm, k, e)``, shared partition), the scale bytes
     (``copies[1]``, ``(None, tm, k, e)``; ``None`` where another warp fills the slots) and the activation tile
     (``copies[2]``, ``(None, b, k)``; or, with a :class:`RowGather` and its ``operands``, warp 0's share of the
     routes' rows). ``facts``: ``(UnitFacts, slots, operands)``: each unit's facts into its first stage's slot
     (``slots`` Int32 ``[FACT_WORDS, stages]``) before the warp arrives on it
-    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`). ``halves``: 2 walks each unit's two halves of routes
-    (ping-pong; ``copies[2]``'s tiles and the gather's block are then half a block's). ``work``: the program's
-    :class:`UnitWork` (``None``: unsplit) and ``split_steps`` its K steps a split (a split program is never
-    ping-pong)."""
+    (:mod:`~csf_kernels.moe.kernels.engine_unit_facts`). ``work``: the program's :class:`UnitWork` (``None``:
+    unsplit) and ``split_steps`` its K steps a split."""
     publisher = None if facts is None else facts[0]
     work = UnitWork(False) if work is None else work
     split_steps = k_steps if split_steps is None else split_steps
-    _Producer(stages, gather, publisher, halves, work).walk(ring, copies, block_expert, tiles_m, units, k_steps,
-                                                            operands, None if facts is None else facts[1:],
-                                                            split_steps)  # fmt: skip
+    _Producer(stages, gather, publisher, work).walk(ring, copies, block_expert, tiles_m, units, k_steps, operands,
+                                                    None if facts is None else facts[1:], split_steps)  # fmt: skip
 
 
 class _Producer:
     """Warp 0's walk of one program (its configuration read as attributes: the DSL carries no Python object
     through a dynamic loop)."""
 
-    def __init__(self, stages: int, gather: RowGather | None, facts=None, halves: int = 1,
-                 work: UnitWork | None = None):  # fmt: skip
-        _exclusive(halves, work)
+    def __init__(self, stages: int, gather: RowGather | None, facts=None, work: UnitWork | None = None):
         self.stages = stages
         self.gather = gather
         self.facts = facts
-        self.halves = halves
         self.work = UnitWork(False) if work is None else work
 
     @cute.jit
@@ -207,56 +187,20 @@ class _Producer:
             # an expert id outside [0, E) lies outside the panels' TMA bounds: its tiles load as zeros, so a block
             # the alignment never fills (or a corrupt id) computes zeros and reads nothing out of bounds
             e = block_expert[b]
-            if cutlass.const_expr(self.halves == 1):
-                state = self._unit(ring, state, copies, b, b, tm, e, k0, steps, operands, facts, lane)
-            else:  # ping-pong (never split: k0 is 0, steps all of K)
-                for h in cutlass.range(self.halves, unroll=1):
-                    state = self._unit(ring, state, copies, b, b * self.halves + h, tm, e, k0, steps, operands, facts,
-                                       lane)  # fmt: skip
+            state = self._unit(ring, state, copies, b, tm, e, k0, steps, operands, facts, lane)
             u += cute.arch.grid_dim()[0]
         ring.producer_tail(state)
 
     @cute.jit
-    def _unit(self, ring, state, copies, b, bh, tm, e, k0, steps, operands, facts, lane):
-        """Unit ``(b, tm)``'s stages, K steps ``k0`` to ``k0 + steps`` (of its half ``bh``, ping-pong; else ``bh``
-        is ``b``), from ``state`` on; returns the state past them."""
+    def _unit(self, ring, state, copies, b, tm, e, k0, steps, operands, facts, lane):
+        """Unit ``(b, tm)``'s stages, K steps ``k0`` to ``k0 + steps`` (the weight panel, scales and activation tile
+        of each), from ``state`` on; returns the state past them."""
         if cutlass.const_expr(self.gather is not None):
-            self.gather.unit(operands, bh)
-        extent = cutlass.Int32(1)
+            self.gather.unit(operands, b)
         if cutlass.const_expr(self.facts is not None):  # into the unit's first stage, once it is free
             slots, fact_operands = facts
             ring.sync_object_empty.wait(state.index, state.phase)
-            extent = self.facts.publish(slots[(None, state.index)], fact_operands, bh, tm, lane)
-        if cutlass.const_expr(self.halves > 1):
-            # a half with no live route (an expert's tail block's second half): its warpgroup runs no wgmma and
-            # reads nothing but the first stage's facts, so its stages carry no copy (the gathering warps'
-            # zero-filled rows and the decoder's slots still arrive, as the ring counts them)
-            if extent == 0:
-                state = self._arrivals(ring, state, k0, steps, operands)
-            else:
-                state = self._copies(ring, state, copies, bh, tm, e, k0, steps, operands)
-        else:
-            state = self._copies(ring, state, copies, bh, tm, e, k0, steps, operands)
-        return state
-
-    @cute.jit
-    def _arrivals(self, ring, state, k0, steps, operands):
-        """An empty half's stages (traced inline): the TMA thread's arrival without bytes, and warp 0's share of the
-        gathered rows (all empty slots: zeros, no global read)."""
-        for k in cutlass.range(k0, k0 + steps, unroll=1):
-            ring.sync_object_empty.wait(state.index, state.phase)
-            bar = ring.producer_get_barrier(state)
-            if cutlass.const_expr(self.gather is not None):
-                self.gather.stage(operands, k, state.index, bar)
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(bar)
-            state.advance()
-        return state
-
-    @cute.jit
-    def _copies(self, ring, state, copies, bh, tm, e, k0, steps, operands):
-        """A unit's stages (traced inline): per K step ``k0`` to ``k0 + steps`` the weight panel, scales and
-        activation tile (of half ``bh``)."""
+            self.facts.publish(slots[(None, state.index)], fact_operands, b, tm, lane)
         tma_a, t_ag, t_as = copies[0]
         for k in cutlass.range(k0, k0 + steps, unroll=1):
             ring.producer_acquire(state)
@@ -267,7 +211,7 @@ class _Producer:
                 cute.copy(tma_s, t_sg[(None, tm, k, e)], t_ss[(None, state.index)], tma_bar_ptr=bar)
             if cutlass.const_expr(self.gather is None):
                 tma_b, t_bg, t_bs = copies[2]
-                cute.copy(tma_b, t_bg[(None, bh, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, t_bg[(None, b, k)], t_bs[(None, state.index)], tma_bar_ptr=bar)
             else:
                 self.gather.stage(operands, k, state.index, bar)
             ring.producer_commit(state)

@@ -122,18 +122,10 @@ def _producer_state(stages: cutlass.Constexpr, count):
 
 class RecordDecoderWarp:
     """A decoder warp of one program: ``nvfp4`` picks the slot format (MXFP4: two scale bytes a row a step,
-    NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to,
-    ``halves``: 2 where the producers walk each unit twice (ping-pong: a stage a K step of each half of the block's
-    routes, the same 128 rows and scale slots): the warp decodes the unit's records once for each half, in the
-    ring's order (filling both halves' stages from one decode would wait for a stage a half's K loop ahead of the
-    consumers, whose next stage waits for this warp); ``work`` the program's
-    :class:`~csf_kernels.moe.kernels.engine_work.UnitWork` (``None``: unsplit). A split program is never ping-pong:
-    ``halves`` 2 walks whole-K units."""
+    NVFP4: four), ``stages`` the ring's depth, ``warps`` how many decoder warps the records are dealt to, ``work``
+    the program's :class:`~csf_kernels.moe.kernels.engine_work.UnitWork` (``None``: unsplit)."""
 
-    def __init__(self, nvfp4: bool, stages: int, warps: int, halves: int = 1, work: UnitWork | None = None):
-        if halves not in (1, 2) or (halves > 1 and work is not None and work.split):
-            raise ValueError(f"the decoder walks a unit once or twice (ping-pong, never split); got {halves} halves")
-        self.halves = halves
+    def __init__(self, nvfp4: bool, stages: int, warps: int, work: UnitWork | None = None):
         self.nvfp4 = nvfp4
         self.stages = stages
         self.warps = warps
@@ -146,9 +138,9 @@ class RecordDecoderWarp:
         self, ring, s_s, bars, s_rec, s_tile, s_offs, base_ref, base_delta, block_start, record_units, body,
         block_expert, units, tiles_m, k_steps, rows, experts, rank, split_steps,
     ):  # fmt: skip
-        """The warp's whole life: every unit this CTA walks, in the producers' order (ping-pong: each unit once a
-        half; a split unit decodes its K range's records, from the row block's offset table at its first record),
-        decoding the records dealt to ``rank`` (:func:`~csf_kernels.moe.kernels.engine_record_lanes.first_dealt`).
+        """The warp's whole life: every unit this CTA walks, in the producers' order (a split unit decodes its K
+        range's records, from the row block's offset table at its first record), decoding the records dealt to
+        ``rank`` (:func:`~csf_kernels.moe.kernels.engine_record_lanes.first_dealt`).
         Records stream across units: while a unit decodes, the next unit's lengths, start and bases are loaded (used
         only at its first copy), and the warp's first records of the next unit are copied behind its last of this
         one, so a unit starts with its records in flight and no global read between it and its first decode.
@@ -173,15 +165,9 @@ class RecordDecoderWarp:
         half = Int32(0)
         ref = Uint32(0)
         delta = Uint32(0)
-        h = Int32(0)  # ping-pong: the half of the unit's routes whose stages come next
         while u < units:
             tail_rows = rows - tm * 128 <= 64  # the tile's rows 64..127 lie past the expert's
             nxt = u + stride
-            h_next = Int32(0)
-            if cutlass.const_expr(self.halves > 1):
-                if h < self.halves - 1:  # the same unit's next half: the same records (rb, tm, j0, n, steps) again
-                    nxt = u
-                    h_next = h + 1
             rb_next, tm_next, j0_next, n_next, steps_next = self._unit_records(
                 block_expert, nxt, units, tiles_m, k_steps, split_steps, experts
             )
@@ -237,7 +223,6 @@ class RecordDecoderWarp:
             seq += n
             stage0 += steps
             u = nxt
-            h = h_next
             rb = rb_next
             tm = tm_next
             j0 = j0_next

@@ -12,9 +12,6 @@ reused only once the stage is, so the ring's own barriers order every write and 
 Word 0: the live extent (one past the block's last live slot; ``TILE_N`` where every block is whole) in bits 0-15,
 row block 0's one-multiply flag in bit 16, row block 1's in bit 17. Word 1: NVFP4's global scale of the block's expert
 (float32 bits; 1.0 for an invalid block).
-
-A ping-pong unit (``moe/kernels/engine_pingpong.py``) is half a route block: its facts are its half's live extent
-(``tile_n`` is then the half's routes) and the block's flags and scale; its warpgroup reads both row blocks' flags.
 """
 
 from __future__ import annotations
@@ -45,15 +42,12 @@ def live_extent(sorted_ids, pairs, b, tile_n: cutlass.Constexpr, lane):
 
 class UnitFacts:
     """The facts of one program (its configuration read as attributes: the DSL carries no Python object through a
-    dynamic loop): ``tile_n`` routes a unit, ``ragged`` whether the extent is needed, ``nvfp4`` the format,
-    ``halves`` the units a route block is split in (2: ping-pong; a unit ``b`` is then half ``b % 2`` of block
-    ``b // 2``)."""
+    dynamic loop): ``tile_n`` routes a unit, ``ragged`` whether the extent is needed, ``nvfp4`` the format."""
 
-    def __init__(self, tile_n: int, ragged: bool, nvfp4: bool, halves: int = 1):
+    def __init__(self, tile_n: int, ragged: bool, nvfp4: bool):
         self.tile_n = tile_n
         self.ragged = ragged
         self.nvfp4 = nvfp4
-        self.halves = halves
 
     @cute.jit
     def publish(self, slot, operands, b, tm, lane):
@@ -66,8 +60,6 @@ class UnitFacts:
         if cutlass.const_expr(self.ragged):
             extent = live_extent(sorted_ids, pairs, b, self.tile_n, lane)
         e = block_expert[b]
-        if cutlass.const_expr(self.halves > 1):
-            e = block_expert[b // self.halves]
         inside = cutlass.min(cutlass.max(e, 0), experts - 1)
         word0 = extent
         g = cutlass.Float32(1.0)
