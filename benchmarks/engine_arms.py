@@ -5,8 +5,9 @@
 of its own, "engine_inline" decodes its scales from engine records in a producer warp, "engine_w4a8" runs the
 W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations). The others force one choice of the defaults where the
 cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_stage" the consumer schedule
-(docs/moe-engine.md §4.9), "engine_transform" producer warps 1-3 converting the weights into bf16 A tiles for SS
-wgmmas at 128- and 256-route blocks with native scales (§4.4, §7; the default schedule elsewhere), "engine_pass" /
+(docs/moe-engine.md §4.9), "engine_transform" producer warps converting the weights into bf16 A tiles for SS
+wgmmas at 128- and 256-route blocks (§4.4, §7; the default schedule elsewhere; "engine_inline_transform" with
+inline scales), "engine_pass" /
 "engine_producer" where FC1's rows come from (§4.11), "engine_whole" every block whole, no ragged tails (§4.12),
 "engine_quarter_ragged" tails in their first quarter run as quarter blocks,
 "engine_two_mul" two multiplies a pair everywhere (MXFP4, §4.11);
@@ -31,6 +32,7 @@ ENGINE_ARMS = {  # arm -> (engine_weights' options, EngineMoE's options)
     "engine_slice": ({}, {"schedule": "slice"}),
     "engine_stage": ({}, {"schedule": "stage"}),
     "engine_transform": ({}, {"schedule": "transform"}),
+    "engine_inline_transform": ({"scale_source": "inline"}, {"schedule": "transform"}),
     "engine_pass": ({}, {"fc1_rows": "pass"}),
     "engine_producer": ({}, {"fc1_rows": "producer"}),
     "engine_whole": ({}, {"ragged": False}),

@@ -1,7 +1,8 @@
 """Transform warps (schedule ``transform``, ``csf_kernels.moe.kernels.engine_transform``) build for sm_90a without a
 GPU: no spills under the producer warpgroup's 56 registers and the consumers' 224; the consumers convert nothing and
 issue the stage schedule's wgmmas with A from shared memory (descriptors, no A registers); the conversions (and
-their multiplies) happen once a stage in the transform warps, which ``stmatrix`` each MMA warp's four K slices."""
+their multiplies) happen once a stage in the transform warps (three, or two beside an inline decoder warp), which
+``stmatrix`` each MMA warp's four K slices."""
 
 from __future__ import annotations
 
@@ -15,25 +16,30 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: the 
 from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import GroupedFp4Gemm
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
-from csf_kernels.moe.kernels.engine_transform import TRANSFORM_WARPS
+from csf_kernels.moe.kernels.engine_transform import transform_warps
 
 from .test_stage_decoder_build import _toolchain_or_skip
 
-# (routes a block, activation, bias, format, rows, ragged): the plain GEMM, FC2 scattering, gpt-oss's fused FC1
-CASES = [(256, 0, False, "mxfp4", "dense", 1), (128, 0, False, "nvfp4", "scatter", 1), (256, 2, True, "mxfp4",
-         "dense", 1)]  # fmt: skip
-# MMA warps' fragments a transform warp converts a stage (8 dealt to 3 warps: the unrolled loop's shares)
-SHARES = -(-8 // len(TRANSFORM_WARPS))
+# (routes a block, activation, bias, format, rows, ragged, scales): the plain GEMM, FC2 scattering, gpt-oss's fused
+# FC1, natively and from inline records
+CASES = [(256, 0, False, "mxfp4", "dense", 1, "native"), (128, 0, False, "nvfp4", "scatter", 1, "native"),
+         (256, 2, True, "mxfp4", "dense", 1, "native"), (256, 0, False, "mxfp4", "dense", 1, "inline"),
+         (128, 0, False, "nvfp4", "scatter", 1, "inline"), (256, 2, True, "mxfp4", "dense", 1, "inline")]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"n{c[0]}-act{c[1]}-{c[3]}-{c[4]}")
+def _shares(scales: str) -> int:
+    """MMA warps' fragments a transform warp converts a stage (8 dealt to its warps: the unrolled loop's shares)."""
+    return -(-8 // len(transform_warps(scales == "inline")))
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"n{c[0]}-act{c[1]}-{c[3]}-{c[4]}-{c[6]}")
 def built(request, tmp_path_factory):
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, fmt, io, ragged = request.param
-    program = export.engine_gemm_program(tile_n, act, bias, fmt, io=io, schedule="transform", ragged=ragged)
+    tile_n, act, bias, fmt, io, ragged, scales = request.param
+    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales, io, schedule="transform", ragged=ragged)
     meta = export.build_cute_program(program, tmp_path_factory.mktemp(f"transform{tile_n}"))
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
     return request.param, meta, sass
@@ -63,7 +69,7 @@ def _events(sass: str) -> tuple[list[str], list[int]]:
 
 
 def test_consumers_read_a_from_shared_memory_a_stage_a_commit_group(built):
-    (tile_n, _, _, _, _, ragged), _, sass = built
+    (tile_n, _, _, _, _, ragged, _), _, sass = built
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x" in line]
     assert hgmma and all(re.search(r"HGMMA\.\S+ R\d+, gdesc\[", line) for line in hgmma)  # A by descriptor
     stage = ["F", "m", "m", "m", "M"]
@@ -76,15 +82,17 @@ def test_consumers_read_a_from_shared_memory_a_stage_a_commit_group(built):
 def test_transform_warps_convert_and_store_each_fragment_once(built):
     """Each of a transform warp's shares: four K slices converted (MXFP4 in a two- and a one-multiply branch: 48
     multiplies, NVFP4 32) and stored by four ``stmatrix.x4`` (the epilogue's subtiles go by the transposed form)."""
-    (_, _, _, fmt, _, _), _, sass = built
+    (_, _, _, fmt, _, _, scales), _, sass = built
     per_share = 48 if fmt == "mxfp4" else 32
-    assert sass.count("HMUL2") == SHARES * per_share
-    assert sass.count("STSM.16.M88.4") == SHARES * 4
+    assert sass.count("HMUL2") == _shares(scales) * per_share
+    assert sass.count("STSM.16.M88.4") == _shares(scales) * 4
 
 
-def test_transform_is_built_where_producer_warps_1_3_are_free():
+def test_transform_is_built_where_the_producer_warps_are_free():
     assert GroupedFp4Gemm(256, schedule="transform").stages == 4  # two 16 KB A tiles cost the ring one stage
-    for bad in (dict(scales="inline"), dict(io="gather"), dict(tile_n=64)):
+    inline = GroupedFp4Gemm(256, scales="inline", schedule="transform")
+    assert inline.decoders == (1,) and inline.transform_warps == (2, 3)  # one decoder beside two transform warps
+    for bad in (dict(io="gather"), dict(tile_n=64), dict(ctas_per_sm=2, tile_n=64)):
         options = {"tile_n": 256, **bad}
         with pytest.raises(ValueError, match="transform"):
             GroupedFp4Gemm(options.pop("tile_n"), schedule="transform", **options)

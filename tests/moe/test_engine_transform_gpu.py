@@ -1,6 +1,7 @@
-"""Transform warps (schedule ``transform``: producer warps 1-3 convert the weights into bf16 A tiles that the
-consumers' wgmmas read from shared memory; ``csf_kernels.moe.kernels.engine_transform``) on the GPU, AOT-built and
-frozen: the slice schedule's bits, which the other GPU tests hold to the float32 reference, on block-order rows at
+"""Transform warps (schedule ``transform``: producer warps convert the weights into bf16 A tiles that the consumers'
+wgmmas read from shared memory; ``csf_kernels.moe.kernels.engine_transform``) on the GPU, AOT-built and frozen, from
+native scale panels and from inline engine records (one decoder warp beside two transform warps): the slice
+schedule's native bits, which the other GPU tests hold to the float32 reference, on block-order rows at
 K step counts with and without a remainder over more units than SMs (the A tiles' phases wrapping across units),
 invalid blocks inert, FC1 with its activation and ragged tails, scattering FC2, one-multiply row blocks, and the
 layer at every token count. Fresh random data (the seed is in the messages); outputs poisoned with NaN first."""
@@ -15,6 +16,7 @@ import torch
 from csf_kernels import runtime
 from csf_kernels.catalog import load_catalog
 from csf_kernels.moe.engine import grouped_fp4_gemm_launch
+from csf_kernels.moe.engine_inline import inline_scales
 from csf_kernels.moe.engine_specs import ENGINE_TRANSFORM_TILE_N
 from csf_moe.engine_layer import EngineMoE, engine_weights
 from csf_moe.synthetic import synthetic_layer, synthetic_routing
@@ -38,19 +40,26 @@ def _launch(*args, schedule: str, **kwargs) -> torch.Tensor:
     return args[3]
 
 
-def _both(make_out, *args, **kwargs) -> dict[str, torch.Tensor]:
-    return {s: _launch(*args[:3], make_out(), *args[3:], schedule=s, **kwargs) for s in ("slice", "transform")}
+def _both(make_out, *args, inline=None, **kwargs) -> dict[str, torch.Tensor]:
+    """The slice schedule from native panels and the transform warps from ``inline`` records where given (the same
+    rows' scales), else from the same panels."""
+    outs = {"slice": _launch(*args[:3], make_out(), *args[3:], schedule="slice", **kwargs)}
+    transform_args = args if inline is None else (args[0], inline, *args[2:])
+    outs["transform"] = _launch(*transform_args[:3], make_out(), *transform_args[3:], schedule="transform", **kwargs)
+    return outs
 
 
+@pytest.mark.parametrize("scales", ["native", "inline"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_TRANSFORM_TILE_N)
 @pytest.mark.parametrize("k", [64, 256, 448, 2880], ids=lambda k: f"k{k}")
-def test_transform_gives_the_slice_schedules_bits(k, tile_n, fmt):
+def test_transform_gives_the_slice_schedules_bits(k, tile_n, fmt, scales):
     """Block-order rows: 1, 4, 7 and 45 K steps a unit, 9 row tiles x 40 blocks (each CTA walks several units, the A
     tiles' phases wrapping), blocks of expert -1 and E computing zeros."""
     experts, rows, blocks = 3, 1152, 40
-    packed, scales, gscale, w = _random_experts(experts, rows, k, SEED + k + tile_n, fmt)
-    w_panel, s_panel = _panels(packed, scales, fmt)
+    packed, planes, gscale, w = _random_experts(experts, rows, k, SEED + k + tile_n, fmt)
+    w_panel, s_panel = _panels(packed, planes, fmt)
+    inline = inline_scales(planes.cuda(), fmt) if scales == "inline" else None
     g = torch.Generator().manual_seed(SEED + 3)
     x = (torch.randn(blocks * tile_n, k, generator=g) * 2).to(torch.bfloat16).cuda()
     ids = torch.randint(-1, experts + 1, (blocks,), generator=g, dtype=torch.int32)
@@ -59,7 +68,8 @@ def test_transform_gives_the_slice_schedules_bits(k, tile_n, fmt):
     def out():
         return torch.full((blocks * tile_n, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
 
-    outs = _both(out, w_panel, s_panel, x, block_expert, meta, tile_n=tile_n, fmt=fmt, global_scale=gscale)
+    outs = _both(out, w_panel, s_panel, x, block_expert, meta, inline=inline, tile_n=tile_n, fmt=fmt,
+                 global_scale=gscale)  # fmt: skip
     assert torch.equal(outs["slice"].view(torch.int16), outs["transform"].view(torch.int16)), f"seed {SEED}"
     for b in (0, blocks // 2, blocks - 1):  # and right, not merely equal
         e, span = int(ids[b]), slice(b * tile_n, (b + 1) * tile_n)
@@ -69,15 +79,17 @@ def test_transform_gives_the_slice_schedules_bits(k, tile_n, fmt):
             assert torch.equal(outs["transform"][span].float(), torch.zeros_like(outs["transform"][span].float()))
 
 
+@pytest.mark.parametrize("scales", ["native", "inline"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("tile_n", ENGINE_TRANSFORM_TILE_N)
-def test_transform_routed_fc1_and_fc2_give_the_slice_schedules_bits(tile_n, fmt):
+def test_transform_routed_fc1_and_fc2_give_the_slice_schedules_bits(tile_n, fmt, scales):
     """FC1 on block-order rows with its route ids (ragged tails in the half loop) and its activation fused, and
     FC2 scattering to the routes: the slice schedule's bits on every live slot, NaN-free where stored."""
     experts, rows, k, top_k = 4, 256, 640, 3
     tokens = 3 * tile_n + 5
-    packed, scales, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 7, fmt)
-    w_panel, s_panel = _panels(packed, scales, fmt)
+    packed, planes, gscale, _ = _random_experts(experts, rows, k, SEED + tile_n + 7, fmt)
+    w_panel, s_panel = _panels(packed, planes, fmt)
+    inline = inline_scales(planes.cuda(), fmt) if scales == "inline" else None
     g = torch.Generator().manual_seed(SEED + 9)
     sorted_ids, block_expert, meta, used = _routed_slots(tokens, top_k, experts, tile_n, g)
     slots, pairs = sorted_ids.numel(), tokens * top_k
@@ -86,9 +98,10 @@ def test_transform_routed_fc1_and_fc2_give_the_slice_schedules_bits(tile_n, fmt)
     xs = torch.randn(slots, k, generator=g).to(torch.bfloat16).cuda()
     common = dict(tile_n=tile_n, fmt=fmt, global_scale=gscale, sorted_ids=sorted_ids)
     fc1 = _both(lambda: torch.full((slots, rows // 2), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                w_panel, s_panel, xs, block_expert, meta, pairs=pairs, activation="silu", **common)  # fmt: skip
+                w_panel, s_panel, xs, block_expert, meta, pairs=pairs, activation="silu", inline=inline,
+                **common)  # fmt: skip
     fc2 = _both(lambda: torch.full((pairs, rows), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                w_panel, s_panel, xs, block_expert, meta, io="scatter", **common)  # fmt: skip
+                w_panel, s_panel, xs, block_expert, meta, io="scatter", inline=inline, **common)  # fmt: skip
     for name, outs in (("FC1", {s: o[: used * tile_n][live] for s, o in fc1.items()}), ("FC2", fc2)):
         assert torch.isfinite(outs["transform"].float()).any(), f"{name}: nothing stored"
         assert torch.equal(outs["slice"].view(torch.int16), outs["transform"].view(torch.int16)), (
@@ -124,12 +137,14 @@ GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"),
 
 
 @pytest.mark.usefixtures("frozen_runtime")
+@pytest.mark.parametrize("scales", ["native", "inline"])
 @pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
-def test_transform_layer_gives_the_default_layers_bits(model, tp, fmt):
+def test_transform_layer_gives_the_default_layers_bits(model, tp, fmt, scales):
     """``EngineMoE(schedule="transform")``: the default layer's bits at every token count, padding routes included;
     where the call's blocks hold 128 or 256 routes both GEMMs run transform programs (FC1 reads the gather pass)."""
     geo = load_catalog().moe_geometry(model, tp, fmt)
-    weights = engine_weights(synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference(), geo.activation)
+    reference = synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference()
+    weights = engine_weights(reference, geo.activation, scale_source=scales)
     layers = {s: EngineMoE(weights, geo.top_k, schedule=s) for s in (None, "transform")}
     gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
     served = []

@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
 # Run 324, second call (same tree as next-run324.sh; its carry drops what that one drops but keeps the transform
-# programs, SCHED=transform, 14 of them). Prepared 2026-12-07, not run. What decides the next structures:
+# programs, SCHED=transform, 28 of them: native and inline). Prepared 2026-12-07, not run. What decides the next
+# structures:
 # (1) the transform warps (docs/moe-engine.md §4.4, §7: producer warps 1-3 convert, the consumers run SS wgmma):
-#     their GPU tests (the slice schedule's bits, the layer's), then engine_transform beside engine and the peer at
-#     2048 and 8192 tokens (to read beside next-run324.sh's bound probes);
-# (2) where a one-token call's time goes (issue 46 asks <= 0.50 of the peer at one token; plain launches, CSF_PDL=0):
-#     csf's Triton layer, the split engine, the unsplit engine and the peer at 1 and 8 tokens;
-# (3) the W4A16 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps). ~480 s.
+#     their GPU tests (the slice schedule's bits, the layer's, native and inline), then engine_transform and
+#     engine_inline_transform beside engine, engine_inline and the peer at 2048 and 8192 tokens (to read beside
+#     next-run324.sh's bound probes);
+# (2) the W4A16 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps). ~430 s.
 set -uo pipefail
 source validation/calls/preamble.sh run324b
-timeout 150 $P tests/moe/test_engine_transform_gpu.py > $R/t_transform.log 2>&1
+timeout 200 $P tests/moe/test_engine_transform_gpu.py > $R/t_transform.log 2>&1
 log "transform tests rc=$?: $(tail -1 $R/t_transform.log)"
-timeout 120 python3 benchmarks/bench_moe.py --geometries peers --arms triton_kernels,engine,engine_transform \
-  --tokens 2048,8192 --reps 4 --peer-path $PWD/.peers --out $R/moe_transform.json > $R/moe_transform.log 2>&1
+timeout 150 python3 benchmarks/bench_moe.py --geometries peers \
+  --arms triton_kernels,engine,engine_transform,engine_inline,engine_inline_transform --tokens 2048,8192 \
+  --reps 4 --peer-path $PWD/.peers --out $R/moe_transform.json > $R/moe_transform.log 2>&1
 log "bench transform rc=$?"
-for m in "gpt-oss-120b --tp 1" "deepseek-v4.1-flash --tp 4" "qwen3-30b-a3b --tp 1"; do
-  CSF_PDL=0 timeout 50 python3 benchmarks/kernel_times.py --model $m --tokens 1,8 \
-    --arms native,engine,engine_unsplit,triton_kernels --peer-path $PWD/.peers \
-    --out $R/kernel_times_${m%% *}.json > $R/kt_${m%% *}.log 2>&1
-  log "kernel times $m rc=$?"
-done
 MET="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum"
 MET="$MET,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active"
 timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 --metrics $MET --section WarpStateStats \

@@ -94,9 +94,10 @@ ENGINE_SCHEDULES = ("slice", "stage", "transform")
 # block sizes whose stage is latency-bound (four m64nNk16 wgmmas of a few clocks each): built with both schedules and
 # served by "stage" (docs/moe-engine.md §4.9); larger blocks are MMA-bound and keep "slice"
 ENGINE_STAGE_TILE_N = (16, 32, 64)
-# block sizes built with transform warps (kernels.engine_transform: producer warps 1-3 convert each stage's weights
-# into a bf16 A tile in shared memory, the consumers' wgmmas read A from there) beside "slice", which stays the
-# default until a GPU run measures it (issue 46 asks both measured; docs/moe-engine.md §4.4, §7)
+# block sizes built with transform warps (kernels.engine_transform: producer warps 1-3, or 2-3 beside an inline
+# decoder, convert each stage's weights into a bf16 A tile in shared memory, the consumers' wgmmas read A from there)
+# beside "slice", which stays the default until a GPU run measures it (issue 46 asks both measured;
+# docs/moe-engine.md §4.4, §7)
 ENGINE_TRANSFORM_TILE_N = (128, 256)
 ENGINE_TRANSFORM_RAGGED = 1  # the default ragged level only, to keep the cache's growth small
 # block sizes built ragged (a block whose live routes lie in its first half runs that half only, level 1; at level 2
@@ -256,9 +257,9 @@ def engine_schedules(tile_n: int) -> tuple[str, ...]:
 
 
 def engine_schedule_serves(schedule: str, scales: str, io: str) -> bool:
-    """Whether ``schedule``'s programs exist for a scale source and row mode: transform warps are producer warps 1-3,
-    which inline scales (their record decoders) and gathered rows (their row copies) already hold."""
-    return schedule != "transform" or (scales == "native" and io != "gather")
+    """Whether ``schedule``'s programs exist for a scale source and row mode: transform warps are producer warps,
+    which gathered rows (their row copies) already hold."""
+    return schedule != "transform" or io != "gather"
 
 
 def engine_occupancies(tile_n: int, schedule: str) -> tuple[int, ...]:
@@ -344,9 +345,8 @@ def engine_gemm_spec(
     if schedule == "transform" and (
         tile_n not in ENGINE_TRANSFORM_TILE_N or not engine_schedule_serves(schedule, scales, io) or partial is not None
     ):
-        raise ValueError(f"transform warps are built at {ENGINE_TRANSFORM_TILE_N} routes a block with native scales, "
-                         f"rows not gathered, no K splits; got {tile_n}, {scales!r}, rows {io!r}, partial "
-                         f"{partial!r}")  # fmt: skip
+        raise ValueError(f"transform warps are built at {ENGINE_TRANSFORM_TILE_N} routes a block, rows not gathered, "
+                         f"no K splits; got {tile_n}, rows {io!r}, partial {partial!r}")  # fmt: skip
     ragged = engine_ragged(tile_n, None, schedule) if ragged is None else int(ragged)
     if ragged not in engine_raggeds(tile_n, schedule):
         raise ValueError(f"ragged blocks are built for {ENGINE_RAGGED_TILE_N} routes a block (levels "
@@ -392,7 +392,7 @@ def engine_probe_specs() -> list[ProgramSpec]:
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size (transform warps at 128 and 256 routes, native scales, rows not gathered), whole-block and (128
+    the block size (transform warps at 128 and 256 routes, rows not gathered), whole-block and (128
     and 256 routes) ragged, one and (16-64 routes) two CTAs an SM, and the K-split partial programs (they take every
     shape and split count at run time)."""
     plain = [

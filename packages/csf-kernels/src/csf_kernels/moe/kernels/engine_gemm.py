@@ -35,10 +35,10 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
-  converts the next stage under them (``stage``). Schedule ``transform`` (128 and 256 routes a block, native
-  scales, rows not gathered) gives producer warps 1-3 the conversion of each stage's weights into a bf16 A tile in
-  shared memory (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then issue the stage schedule's
-  wgmmas with A from shared memory and convert nothing.
+  converts the next stage under them (``stage``). Schedule ``transform`` (128 and 256 routes a block, rows not
+  gathered) gives producer warps 1-3 (inline scales: 2-3, warp 1 decoding the records) the conversion of each stage's
+  weights into a bf16 A tile in shared memory (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then
+  issue the stage schedule's wgmmas with A from shared memory and convert nothing.
 * the epilogue (:mod:`~csf_kernels.moe.kernels.engine_epilogue`): the consumers round the fp32 accumulators to bf16,
   ``stmatrix`` them into a shared subtile and warp 4 stores it by TMA (``out`` is M-major from the MMA's view:
   weight rows are contiguous); scattering (FC2, ``io="scatter"``), the consumers store each slot's row of the
@@ -85,10 +85,11 @@ from csf_kernels.moe.kernels.engine_record_decoder import (
 from csf_kernels.moe.kernels.engine_record_lanes import RECORD_SLOTS
 from csf_kernels.moe.kernels.engine_transform import (
     A_TILES,
+    TRANSFORM_DECODER_WARPS,
     TRANSFORM_REGISTERS,
-    TRANSFORM_WARPS,
     SharedATiles,
     TransformWarps,
+    transform_warps,
 )
 from csf_kernels.moe.kernels.engine_unit_facts import FACT_WORDS, UnitFacts
 from csf_kernels.moe.kernels.engine_work import UnitWork
@@ -168,13 +169,10 @@ class GroupedFp4Gemm:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedules {SCHEDULES}; got {schedule!r}")
         transform = schedule == "transform"
-        if transform and (
-            tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None or scales != "native"
-            or io == "gather"
-        ):  # fmt: skip
-            raise ValueError(f"transform warps are built at {TRANSFORM_TILE_N} routes a block, one CTA an SM, native "
-                             f"scales, rows not gathered (producer warps 1-3 convert), no K splits; got {tile_n} x "
-                             f"{ctas_per_sm}, {scales!r}, rows {io!r}, partial {partial!r}")  # fmt: skip
+        if transform and (tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None or io == "gather"):
+            raise ValueError(f"transform warps are built at {TRANSFORM_TILE_N} routes a block, one CTA an SM, rows "
+                             f"not gathered (producer warps convert), no K splits; got {tile_n} x {ctas_per_sm}, rows "
+                             f"{io!r}, partial {partial!r}")  # fmt: skip
         self.transform = transform
         if partial is not None and (io != "gather" or int(ragged)):
             raise ValueError(f"partials ({partial!r}) come from gathering programs of whole blocks; got rows {io!r}, "
@@ -197,13 +195,15 @@ class GroupedFp4Gemm:
         self.scales = scales
         self.inline = scales == "inline"
         self.io = io
-        self.decoders = DECODER_WARPS if self.inline else ()
+        # inline: the decoder warps (one beside transform warps, whose stages' MMAs are long enough for it)
+        self.decoders = (TRANSFORM_DECODER_WARPS if transform else DECODER_WARPS) if self.inline else ()
+        self.transform_warps = transform_warps(self.inline) if transform else ()
         self.gather = RowGather(tile_n, GATHER_WARPS[scales], self.work) if io == "gather" else None
         self.schedule = schedule
         # probe ss: A from shared memory, no register hazard, a stage's wgmmas a commit group
         step_schedule = "stage" if probe == "ss" else schedule
         # gathered stages are fenced before wgmma reads them
-        self.tiles = SharedATiles() if transform else None
+        self.tiles = SharedATiles(len(self.transform_warps)) if transform else None
         if transform:  # the transform warpgroup converts; the consumers issue a stage's wgmmas a commit group
             step_schedule = "stage"
         self.step = ConsumerStep(step_schedule, fmt == "nvfp4", gathered=io == "gather", probe=probe, tiles=self.tiles)
@@ -223,8 +223,8 @@ class GroupedFp4Gemm:
         self.transformer = None
         if transform:  # its conversions are the other schedules' (the same bits)
             one = None if fmt == "nvfp4" else ConsumerStep("stage", False, one_multiply=True)
-            self.transformer = TransformWarps(ConsumerStep("stage", fmt == "nvfp4"), one, fmt == "nvfp4", self.tiles,
-                                              self.facts, self.work)  # fmt: skip
+            self.transformer = TransformWarps(self.transform_warps, ConsumerStep("stage", fmt == "nvfp4"), one,
+                                              fmt == "nvfp4", self.tiles, self.facts, self.work)  # fmt: skip
         if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and tile_n not in PAIRED_TILE_N):
             raise ValueError(
                 f"two CTAs an SM are built for {PAIRED_TILE_N} routes a block; got {tile_n} x {ctas_per_sm}"
@@ -460,7 +460,7 @@ class GroupedFp4Gemm:
         # a stage's consumer warps: both warpgroups', and the transform warps, which release it once they have read
         # its weights and scales
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
-                         8 + len(TRANSFORM_WARPS) * self.transform)  # fmt: skip
+                         8 + len(self.transform_warps))  # fmt: skip
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]
@@ -473,7 +473,7 @@ class GroupedFp4Gemm:
         a_bars = None  # the A tiles' full and empty barriers (transform warpgroup)
         if cutlass.const_expr(self.transform):
             a_bars = storage.a_bars.data_ptr()
-            if warp == TRANSFORM_WARPS[0]:
+            if warp == self.transform_warps[0]:
                 with cute.arch.elect_one():
                     self.tiles.init(a_bars)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
@@ -542,7 +542,7 @@ class GroupedFp4Gemm:
                 )  # fmt: skip
 
         if cutlass.const_expr(self.transform):
-            if (warp > 0) & (warp < 4):
+            if (warp >= self.transform_warps[0]) & (warp <= self.transform_warps[-1]):
                 self.transformer.run(ring, self.stages, a_bars, part_mmas[2], s_a, s_s, s_at, s_facts, units, tiles_m,
                                      k_steps, split_steps, warp, tidx % 32)  # fmt: skip
         if wg > 0:

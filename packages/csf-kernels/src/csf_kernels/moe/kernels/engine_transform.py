@@ -1,19 +1,21 @@
 """The transform warps of the engine's grouped FP4 x bf16 GEMM (schedule ``transform``; ``docs/moe-engine.md`` §4.4,
-§7): producer warps 1-3 convert each stage's 128 x 64 FP4 weight panel into a bf16 A tile in shared memory, and the
-consumer warpgroups run their wgmmas with A from shared memory (SS) instead of converting in their registers.
+§7): producer warps 1-3 (native scales) or 2-3 (inline: warp 1 decodes the engine records) convert each stage's
+128 x 64 FP4 weight panel into a bf16 A tile in shared memory, and the consumer warpgroups run their wgmmas with A
+from shared memory (SS) instead of converting in their registers.
 
 Why the producer warpgroup: a fourth warpgroup would make 512 threads, and ptxas compiles every thread of a kernel
 under the launch's register share (65,536 / 512 = 128), too few for a 64 x 256 fp32 accumulator and its wgmma
-(ptxas C7602); warps 1-3 are idle where the producer copies by TMA alone (native scales, rows in block order).
+(ptxas C7602); warps 1-3 are idle where warp 0 copies by TMA alone (rows in block order), but for the one decoder
+warp inline scales need (at 128- and 256-route blocks a stage's MMAs are long enough for one warp to decode).
 
 The conversion is the consumers' of the other schedules (the same
 :class:`~csf_kernels.moe.kernels.engine_mainloop.ConsumerStep`): the tile's eight MMA warps' fragments (row block
-``g // 4``, MMA warp ``g % 4``) are dealt to the three transform warps in turn, each playing MMA warp ``g``'s lanes,
+``g // 4``, MMA warp ``g % 4``) are dealt to the transform warps in turn, each playing MMA warp ``g``'s lanes,
 then ``stmatrix``-ed into the tile through the MMA's own A partition, so each weight lands where the SS wgmma reads
 it: the same bf16 values at the same (row, K) as the register operand, and so the same output bits.
 
-Hand-offs: the ring's stage (weights, scales, activations) is released by the three transform warps once they have
-read its weights and scales, and by the consumers' eight once their wgmmas have read its activations (11 arrivals).
+Hand-offs: the ring's stage (weights, scales, activations) is released by the transform warps once they have read
+its weights and scales, and by the consumers' eight once their wgmmas have read its activations (10 or 11 arrivals).
 The A tiles (:data:`A_TILES`, a full and an empty mbarrier each) go round by the stage count both sides keep: the
 transform waits for tile ``count % A_TILES`` to be empty, writes it, fences it for the async proxy and arrives on its
 full barrier (one arrival a warp); the consumers wait for it full and release it when the wgmmas that read it retire
@@ -29,10 +31,24 @@ import cutlass.pipeline as pipeline
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 
-__all__ = ["A_TILES", "TRANSFORM_REGISTERS", "TRANSFORM_WARPS", "SharedATiles", "TransformWarps"]
+__all__ = [
+    "A_TILES",
+    "TRANSFORM_DECODER_WARPS",
+    "TRANSFORM_REGISTERS",
+    "SharedATiles",
+    "TransformWarps",
+    "transform_warps",
+]
 
 A_TILES = 2  # bf16 A tiles in flight: the transform converts a stage ahead of the consumers' wgmmas
-TRANSFORM_WARPS = (1, 2, 3)  # producer warps (warp 0 copies by TMA)
+TRANSFORM_DECODER_WARPS = (1,)  # inline scales: the one producer warp that decodes the engine records
+
+
+def transform_warps(inline: bool) -> tuple[int, ...]:
+    """The producer warps that convert (warp 0 copies by TMA; inline, warp 1 decodes)."""
+    return (2, 3) if inline else (1, 2, 3)
+
+
 # the producer warpgroup's registers a thread after setmaxnreg (384 threads share 65,536: producers 56, consumers
 # 224; without a transform 40 and 232)
 TRANSFORM_REGISTERS = 56
@@ -42,16 +58,18 @@ _CONSUMER_WARPS = 8
 
 class SharedATiles:
     """The A tiles' barriers (``bars``: ``2 * tiles`` Int64 mbarriers, full then empty), indexed by a ring state's
-    ``count`` (stages consumed since the start, the same on both sides)."""
+    ``count`` (stages consumed since the start, the same on both sides); ``writers``: the transform warps, one
+    arrival each on a full barrier."""
 
-    def __init__(self, tiles: int = A_TILES):
+    def __init__(self, writers: int, tiles: int = A_TILES):
+        self.writers = writers
         self.tiles = tiles
 
     @cute.jit
     def init(self, bars):
         """One thread (traced inline, before the CTA's barrier-initialisation sync)."""
         for i in cutlass.range_constexpr(self.tiles):
-            cute.arch.mbarrier_init(bars + i, len(TRANSFORM_WARPS))
+            cute.arch.mbarrier_init(bars + i, self.writers)
             cute.arch.mbarrier_init(bars + self.tiles + i, _CONSUMER_WARPS)
         cute.arch.mbarrier_init_fence()
 
@@ -90,11 +108,15 @@ class SharedATiles:
 
 
 class TransformWarps:
-    """The transform warps of one program: ``step`` and ``step_one`` the conversions (``ConsumerStep``: two
-    multiplies a pair, or (MXFP4 row blocks flagged so) one; ``step_one`` is ``None`` for NVFP4), ``tiles`` the
-    A tiles' barriers, ``facts`` and ``work`` the program's unit facts and unit map."""
+    """The transform warps of one program: ``warps`` which producer warps they are, ``step`` and ``step_one`` the
+    conversions (``ConsumerStep``: two multiplies a pair, or (MXFP4 row blocks flagged so) one; ``step_one`` is
+    ``None`` for NVFP4), ``tiles`` the A tiles' barriers, ``facts`` and ``work`` the program's unit facts and unit
+    map."""
 
-    def __init__(self, step, step_one, nvfp4: bool, tiles: SharedATiles, facts, work):
+    def __init__(self, warps: tuple[int, ...], step, step_one, nvfp4: bool, tiles: SharedATiles, facts, work):
+        if tiles.writers != len(warps):
+            raise ValueError(f"the A tiles' full barriers count {tiles.writers} writers; {len(warps)} warps convert")
+        self.warps = tuple(warps)
         self.step = step
         self.step_one = step_one
         self.nvfp4 = nvfp4
@@ -105,7 +127,7 @@ class TransformWarps:
     @cute.jit
     def run(self, ring, stages, bars, rs_mma, s_a, s_s, s_at, s_facts, units, tiles_m, k_steps, split_steps, warp,
             lane):  # fmt: skip
-        """A transform warp's walk (traced inline; ``warp`` one of :data:`TRANSFORM_WARPS`): every unit of this CTA,
+        """A transform warp's walk (traced inline; ``warp`` one of ``warps``): every unit of this CTA,
         each K step's stage converted into A tile ``count % A_TILES``, its share of the MMA warps' fragments.
         ``rs_mma``: the register-A MMA whose A partition the conversion writes (the consumers' SS MMA reads the same
         layout from ``s_at``)."""
@@ -116,8 +138,8 @@ class TransformWarps:
         frag_words = cute.recast_tensor(frag, cutlass.Uint32)
         src = r2s.retile(frag)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
-        rank = warp - TRANSFORM_WARPS[0]
-        shares = -(-_MMA_WARPS // len(TRANSFORM_WARPS))
+        rank = warp - self.warps[0]
+        shares = -(-_MMA_WARPS // len(self.warps))
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         u = cute.arch.block_idx()[0]
@@ -132,7 +154,7 @@ class TransformWarps:
                 self.tiles.wait_empty(bars, count)
                 a = self.tiles.tile(count)
                 for j in cutlass.range_constexpr(shares):
-                    g = rank + len(TRANSFORM_WARPS) * j  # MMA warp g: row block g // 4, its warp g % 4 there
+                    g = rank + len(self.warps) * j  # MMA warp g: row block g // 4, its warp g % 4 there
                     if g < _MMA_WARPS:
                         rb = g // 4
                         t = (g % 4) * 32 + lane  # the MMA thread's index in its warpgroup
