@@ -6,7 +6,7 @@ of its own, "engine_inline" decodes its scales from engine records in a producer
 W4A8 GEMMs (MXFP4 geometries; per-token E4M3 activations). The others force one choice of the defaults where the
 cache holds it, so their outputs are "engine"'s bits: "engine_slice" / "engine_stage" the consumer schedule
 (docs/moe-engine.md §4.9), "engine_transform" producer warps converting the weights into bf16 A tiles for SS
-wgmmas at 128- and 256-route blocks (§4.4, §7; the default schedule elsewhere; "engine_inline_transform" with
+wgmmas at 64- to 256-route blocks (§4.4, §7; the default schedule elsewhere; "engine_inline_transform" with
 inline scales), "engine_pass" /
 "engine_producer" where FC1's rows come from (§4.11), "engine_whole" every block whole, no ragged tails (§4.12),
 "engine_quarter_ragged" tails in their first quarter run as quarter blocks,

@@ -24,7 +24,8 @@ from .test_stage_decoder_build import _toolchain_or_skip
 # FC1, natively and from inline records
 CASES = [(256, 0, False, "mxfp4", "dense", 1, "native"), (128, 0, False, "nvfp4", "scatter", 1, "native"),
          (256, 2, True, "mxfp4", "dense", 1, "native"), (256, 0, False, "mxfp4", "dense", 1, "inline"),
-         (128, 0, False, "nvfp4", "scatter", 1, "inline"), (256, 2, True, "mxfp4", "dense", 1, "inline")]  # fmt: skip
+         (128, 0, False, "nvfp4", "scatter", 1, "inline"), (256, 2, True, "mxfp4", "dense", 1, "inline"),
+         (64, 1, False, "mxfp4", "dense", 0, "inline")]  # fmt: skip
 
 
 def _shares(scales: str) -> int:
@@ -92,7 +93,7 @@ def test_transform_is_built_where_the_producer_warps_are_free():
     assert GroupedFp4Gemm(256, schedule="transform").stages == 4  # two 16 KB A tiles cost the ring one stage
     inline = GroupedFp4Gemm(256, scales="inline", schedule="transform")
     assert inline.decoders == (1,) and inline.transform_warps == (2, 3)  # one decoder beside two transform warps
-    for bad in (dict(io="gather"), dict(tile_n=64), dict(ctas_per_sm=2, tile_n=64)):
+    for bad in (dict(io="gather"), dict(tile_n=32), dict(ctas_per_sm=2, tile_n=64)):
         options = {"tile_n": 256, **bad}
         with pytest.raises(ValueError, match="transform"):
             GroupedFp4Gemm(options.pop("tile_n"), schedule="transform", **options)

@@ -264,10 +264,10 @@ def test_engine_weights_of_nvfp4_experts(fused):
 
 
 # the schedules the cache holds a block size's programs of, and the ragged levels of each: both cooperative
-# schedules at the decode sizes; transform warps beside slice at 128 and 256, at one ragged level
-_SCHEDULES = {t: ("slice", "stage") if t <= 64 else ("slice", "transform") if t >= 128 else ("slice",)
+# schedules at the decode sizes; transform warps beside them at 64, 128 and 256, at one ragged level
+_SCHEDULES = {t: ("slice", "stage") + (("transform",) if t == 64 else ()) if t <= 64 else ("slice", "transform")
               for t in ENGINE_TILE_N}  # fmt: skip
-_RAGGEDS = {(t, sched): (1,) if sched == "transform" else (0, 1, 2) if t >= 128 else (0,)
+_RAGGEDS = {(t, sched): ((1,) if sched == "transform" else (0, 1, 2)) if t >= 128 else (0,)
             for t in ENGINE_TILE_N for sched in _SCHEDULES[t]}  # fmt: skip
 
 

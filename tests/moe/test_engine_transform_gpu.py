@@ -141,7 +141,7 @@ GEOMETRIES = [("gpt-oss-120b", 1, "mxfp4"), ("deepseek-v4.1-flash", 4, "mxfp4"),
 @pytest.mark.parametrize(("model", "tp", "fmt"), GEOMETRIES, ids=[f"{m}-tp{t}-{f}" for m, t, f in GEOMETRIES])
 def test_transform_layer_gives_the_default_layers_bits(model, tp, fmt, scales):
     """``EngineMoE(schedule="transform")``: the default layer's bits at every token count, padding routes included;
-    where the call's blocks hold 128 or 256 routes both GEMMs run transform programs (FC1 reads the gather pass)."""
+    where the call's blocks hold 64 to 256 routes both GEMMs run transform programs (FC1 reads the gather pass)."""
     geo = load_catalog().moe_geometry(model, tp, fmt)
     reference = synthetic_layer(geo, seed=SEED % 1000, device="cuda").reference()
     weights = engine_weights(reference, geo.activation, scale_source=scales)
@@ -158,7 +158,7 @@ def test_transform_layer_gives_the_default_layers_bits(model, tp, fmt, scales):
             outs[schedule] = torch.full_like(x, float("nan"))
             launches, _ = layer.launches(x, ids, w, outs[schedule])
             gemms = [launch.spec for launch in launches if launch.spec.kernel == "moe.engine_gemm"]
-            if schedule and gemms[0].fact["TN"] >= 128:
+            if schedule and gemms[0].fact["TN"] >= 64:
                 assert all(spec.fact.get("SCHED") == "transform" for spec in gemms), (t, gemms)
                 served.append(t)
             layer.call(x, ids, w, outs[schedule])()

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Run 324, second call (same tree as next-run324.sh; its carry drops what that one drops but keeps the transform
-# programs, SCHED=transform, 28 of them: native and inline). Prepared 2026-12-07, not run. What decides the next
+# programs, SCHED=transform, 42 of them: native and inline). Prepared 2026-12-07, not run. What decides the next
 # structures:
 # (1) the transform warps (docs/moe-engine.md §4.4, §7: producer warps 1-3 convert, the consumers run SS wgmma):
 #     their GPU tests (the slice schedule's bits, the layer's, native and inline), then engine_transform and
 #     engine_inline_transform beside engine, engine_inline and the peer at 2048 and 8192 tokens (to read beside
 #     next-run324.sh's bound probes);
-# (2) the W4A16 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps). ~430 s.
+# (2) the W4A16 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps). ~470 s.
 set -uo pipefail
 source validation/calls/preamble.sh run324b
-timeout 200 $P tests/moe/test_engine_transform_gpu.py > $R/t_transform.log 2>&1
+timeout 240 $P tests/moe/test_engine_transform_gpu.py > $R/t_transform.log 2>&1
 log "transform tests rc=$?: $(tail -1 $R/t_transform.log)"
 timeout 150 python3 benchmarks/bench_moe.py --geometries peers \
   --arms triton_kernels,engine,engine_transform,engine_inline,engine_inline_transform --tokens 2048,8192 \

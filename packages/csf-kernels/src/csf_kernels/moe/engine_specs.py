@@ -98,7 +98,7 @@ ENGINE_STAGE_TILE_N = (16, 32, 64)
 # decoder, convert each stage's weights into a bf16 A tile in shared memory, the consumers' wgmmas read A from there)
 # beside "slice", which stays the default until a GPU run measures it (issue 46 asks both measured;
 # docs/moe-engine.md §4.4, §7)
-ENGINE_TRANSFORM_TILE_N = (128, 256)
+ENGINE_TRANSFORM_TILE_N = (64, 128, 256)
 ENGINE_TRANSFORM_RAGGED = 1  # the default ragged level only, to keep the cache's growth small
 # block sizes built ragged (a block whose live routes lie in its first half runs that half only, level 1; at level 2
 # one whose live routes lie in its first quarter runs that quarter; docs/moe-engine.md §4.12), beside the whole-block
@@ -251,9 +251,10 @@ def engine_split_finish_specs(geo: MoEGeometry, ids64: bool) -> list[ProgramSpec
 
 def engine_schedules(tile_n: int) -> tuple[str, ...]:
     """The consumer schedules the AOT cache holds for ``tile_n`` routes a block (the default last)."""
+    transform = ("transform",) if tile_n in ENGINE_TRANSFORM_TILE_N else ()
     if tile_n in ENGINE_STAGE_TILE_N:
-        return ("slice", "stage")
-    return ("transform", "slice") if tile_n in ENGINE_TRANSFORM_TILE_N else ("slice",)
+        return ("slice", *transform, "stage")
+    return (*transform, "slice")
 
 
 def engine_schedule_serves(schedule: str, scales: str, io: str) -> bool:
@@ -283,7 +284,7 @@ def engine_raggeds(tile_n: int, schedule: str | None = None) -> tuple[int, ...]:
     (0: whole blocks only; 1: the half loop; 2: the half and quarter loops; the default last). Transform programs hold
     :data:`ENGINE_TRANSFORM_RAGGED` only."""
     if schedule == "transform":
-        return (ENGINE_TRANSFORM_RAGGED,)
+        return (ENGINE_TRANSFORM_RAGGED,) if tile_n in ENGINE_RAGGED_TILE_N else (0,)
     return ENGINE_RAGGED_LEVELS if tile_n in ENGINE_RAGGED_TILE_N else (0,)
 
 
@@ -392,7 +393,7 @@ def engine_probe_specs() -> list[ProgramSpec]:
 def engine_specs(formats=ENGINE_FORMATS) -> list[ProgramSpec]:
     """Every engine GEMM without an activation the AOT cache holds for weights of ``formats``, of both scale sources,
     in each row mode (the dense GEMM, FC1 gathering (the unfused arm) and FC2 scattering), each schedule built for
-    the block size (transform warps at 128 and 256 routes, rows not gathered), whole-block and (128
+    the block size (transform warps at 64 to 256 routes, rows not gathered), whole-block and (128
     and 256 routes) ragged, one and (16-64 routes) two CTAs an SM, and the K-split partial programs (they take every
     shape and split count at run time)."""
     plain = [

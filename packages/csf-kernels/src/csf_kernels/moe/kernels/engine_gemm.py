@@ -35,7 +35,7 @@ Roles, one CTA per SM walking units ``u = (block, 128-row tile)`` from its index
   A registers (:mod:`~csf_kernels.moe.kernels.engine_convert`), then issues ``wgmma.m64n{TILE_N}k16`` with A from
   registers and B from the stage; the program's schedule (:mod:`~csf_kernels.moe.kernels.engine_mainloop`) either
   leaves one wgmma in flight while the next slice converts (``slice``) or issues a stage's four at once and
-  converts the next stage under them (``stage``). Schedule ``transform`` (128 and 256 routes a block, rows not
+  converts the next stage under them (``stage``). Schedule ``transform`` (64 to 256 routes a block, rows not
   gathered) gives producer warps 1-3 (inline scales: 2-3, warp 1 decoding the records) the conversion of each stage's
   weights into a bf16 A tile in shared memory (:mod:`~csf_kernels.moe.kernels.engine_transform`); the consumers then
   issue the stage schedule's wgmmas with A from shared memory and convert nothing.

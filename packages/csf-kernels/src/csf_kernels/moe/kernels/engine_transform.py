@@ -6,7 +6,7 @@ from shared memory (SS) instead of converting in their registers.
 Why the producer warpgroup: a fourth warpgroup would make 512 threads, and ptxas compiles every thread of a kernel
 under the launch's register share (65,536 / 512 = 128), too few for a 64 x 256 fp32 accumulator and its wgmma
 (ptxas C7602); warps 1-3 are idle where warp 0 copies by TMA alone (rows in block order), but for the one decoder
-warp inline scales need (at 128- and 256-route blocks a stage's MMAs are long enough for one warp to decode).
+warp inline scales need (at 64- to 256-route blocks a stage's MMAs are long enough for one warp to decode).
 
 The conversion is the consumers' of the other schedules (the same
 :class:`~csf_kernels.moe.kernels.engine_mainloop.ConsumerStep`): the tile's eight MMA warps' fragments (row block
