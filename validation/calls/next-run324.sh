@@ -9,8 +9,9 @@
 # pass at every size) and engine_producer beside the peer at 8-1024 tokens, inline arms too. Last, the grouped GEMMs'
 # bound probes at 128-8192 tokens (docs/moe-engine.md §7: the loop without the conversion, and with A from shared
 # memory, beside the same GEMMs whole-block): whether a transform warpgroup can pay. ~530 s.
-# Carry (64 MiB): aot_cache/carry.tgz without MLA, stage-decoder, W4A8, RAG=2 or NVFP4 engine programs
-# (893 of 1125: the Triton layer's NVFP4 programs and the expanders travel);
+# Carry (64 MiB): aot_cache/carry.tgz without MLA, stage-decoder, W4A8, RAG=2, SCHED=transform or NVFP4 engine
+# programs (--drop "moe.engine_gemm:SCHED=transform" beside the others; the Triton layer's NVFP4 programs, the
+# expanders and the bound probes travel);
 # .peers/triton_kernels, .peers/SOURCE, .ab/COMMIT and the codec's cp312 extension.
 set -uo pipefail
 source validation/calls/preamble.sh run324
