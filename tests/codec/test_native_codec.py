@@ -21,8 +21,7 @@ from csf_codec.compact_decode_c import decode_rows_c, scan_bases_c
 from csf_codec.compact_decode_np import decode_rows_np
 from csf_codec.compact_np import scan_bases_np
 from csf_codec.container import HEADER_BYTES
-from csf_codec.engine_records import _decode_engine, encode_engine_records
-from csf_codec.engine_records_decode_c import decode_records_c
+from csf_codec.engine_records import _decode_engine, decode_engine_records, encode_engine_records
 from csf_codec.engine_records_decode_np import decode_records
 from csf_codec.inline_decode_c import decode_class_c
 from csf_codec.inline_np import decode_class_np
@@ -251,11 +250,12 @@ def test_scan_bases_agree(codes, seed):
 
 
 def _engine_both(rec):
-    """(numpy outcome, C outcome) of engine decode: the plane, or the error's (type, message)."""
+    """(numpy outcome, C outcome) of engine decode: the plane, or the error's (type, message). The C outcome is the
+    production decoder's (a span a C call)."""
     got = []
-    for fn in (decode_records, decode_records_c):
+    for decode in (lambda: _decode_engine(rec, "p", decode_records), lambda: decode_engine_records(rec, name="p")):
         try:
-            got.append(_decode_engine(rec, "p", fn).numpy().reshape(-1))
+            got.append(decode().numpy().reshape(-1))
         except CSFError as e:
             got.append((type(e), str(e)))
     return tuple(got)
@@ -325,25 +325,6 @@ def test_engine_decoders_agree_on_mutations(regime, shape, group):
     assert len(faults) >= 4, faults
 
 
-def test_engine_record_past_its_row_takes_the_numpy_path():
-    """A record longer than its staged row (split_records never stages one) is decided by the numpy decoder."""
-    from csf_codec.inline import CANDIDATE_WINDOWS
-    from csf_codec.inline_np import ClassPlan
-
-    plan = ClassPlan(start=0, count=1, cols=1)
-    rec = np.zeros((1, 32), dtype=np.uint8)
-    rec[0, 0] = 3 << 2  # a 1-bit header of 3 units in a 2-unit row
-    units = np.array([3], dtype=np.int64)
-    base, valid = np.zeros((1, 128), dtype=np.int16), np.ones((1, 128), dtype=bool)
-    got = []
-    for fn in (decode_records, decode_records_c):
-        try:
-            got.append(fn(rec, units, base, valid, plan, CANDIDATE_WINDOWS["mxfp4"], 1, "p"))
-        except Exception as e:  # whatever numpy does, C does the same
-            got.append((type(e), str(e)))
-    assert _same(*got)
-
-
 def test_engine_span_falls_back_to_numpy_when_c_says_so(monkeypatch):
     """A span the C call leaves to numpy (a table index numpy would refuse) is decoded again, whole, by the numpy
     path: the plane comes out the same."""
@@ -363,7 +344,69 @@ def test_engine_span_falls_back_to_numpy_when_c_says_so(monkeypatch):
             return 61, -1
 
     monkeypatch.setattr(dc, "native", lambda: Bounds())
-    assert torch.equal(_decode_engine(rec, "p", decode_records_c), plane)
+    assert torch.equal(decode_engine_records(rec, name="p"), plane)
+
+
+def _engine_entry_args(plane, fmt):
+    """Consistent arguments of the two engine span entries (decode_engine_rows, encode_engine_rows) for a plane."""
+    from csf_codec.engine_records_np import thresholds
+    from csf_codec.inline import CANDIDATE_WINDOWS, _block_bases_np
+
+    rec = encode_engine_records(plane, fmt)
+    rows = np.ascontiguousarray(plane.reshape(-1, plane.shape[-1]).numpy())
+    ref, delta, br = _block_bases_np(rows, rec.geometry, fmt)
+    base = ref[:, None].astype(np.int16) + delta
+    windows = np.array(CANDIDATE_WINDOWS[fmt.name], dtype=np.int64).reshape(-1)
+    ks = np.array(thresholds(CANDIDATE_WINDOWS[fmt.name]), dtype=np.int32)
+    units = rec.record_units.numpy().astype(np.int64)
+    common = dict(rows=rows, br=np.ascontiguousarray(br, dtype=np.int64), base=base, valid=br >= 0, units=units)
+    return common, windows, ks, rec.body.numpy(), fmt.row_base_width
+
+
+def _decode_entry(a, windows, ks, body, wb):
+    out = np.zeros_like(a["rows"])
+    proven = np.zeros(a["base"].shape, dtype=bool)
+    args = (out, body, a["units"], a["base"], a["valid"], a["br"], windows, ks, a["rows"].shape[1], wb, 1, proven)
+    return native_mod.native().decode_engine_rows(*args), out
+
+
+def _encode_entry(a, windows, ks, body, wb):
+    units = np.zeros_like(a["units"])
+    room = np.zeros(2 * body.size + 4096 * a["units"].size, dtype=np.uint8)
+    args = (a["rows"], a["br"], a["base"], a["valid"], windows, ks, a["rows"].shape[1], wb, units, room)
+    return native_mod.native().encode_engine_rows(*args), units
+
+
+@pytest.mark.parametrize("entry", [_decode_entry, _encode_entry], ids=["decode", "encode"])
+def test_engine_entries_check_their_shared_arguments(entry):
+    """Both engine span entries check what they share in one helper: each inconsistency below is a ValueError naming
+    the entry (never a read past a buffer), and the consistent arguments run."""
+    plane = synthetic_scale_plane((2, 300, 7), MXFP4, stats=SEED_REGIME, seed=3)
+    a, windows, ks, body, wb = _engine_entry_args(plane, MXFP4)
+    fn = "decode_engine_rows" if entry is _decode_entry else "encode_engine_rows"
+    (got, _), want_units = entry(a, windows, ks, body, wb), a["units"]
+    if entry is _decode_entry:
+        assert got == (0, -1)
+    else:
+        assert got == body.size and np.array_equal(_, want_units)
+    past = a["br"].copy()
+    past[1, 5] = a["rows"].shape[0]  # a slot's row past the plane
+    bad = {
+        "a slot's row past the plane": (dict(a, br=past), windows, ks),
+        "units of another shape": (dict(a, units=a["units"][:, :1].copy()), windows, ks),
+        "bases of another shape": (dict(a, base=a["base"][:-1].copy()), windows, ks),
+        "valid flags of another shape": (dict(a, valid=a["valid"][:, :64].copy()), windows, ks),
+    }
+    for _what, (args, win, k) in bad.items():
+        with pytest.raises(ValueError, match=f"^{fn}: inconsistent arguments$"):
+            entry(args, win, k, body, wb)
+    for win, k, why in (
+        (windows[:-1].copy(), ks, "windows are not \\(width, origin\\) pairs"),
+        (np.array([3, 0], dtype=np.int64), ks, "a window is not \\(1\\|2\\|4, int8\\)"),
+        (windows, ks[1:].copy(), "a window's threshold is missing"),
+    ):
+        with pytest.raises(ValueError, match=f"^{fn}: {why}$"):
+            entry(a, win, k, body, wb)
 
 
 @pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])

@@ -35,7 +35,7 @@ from .engine_record_layout import (
     UNITS_MASK,
     raw_units,
 )
-from .engine_records_decode_c import decode_records_c, decode_span_c
+from .engine_records_decode_c import decode_span_c
 from .engine_records_decode_np import base_window_counts, decode_records
 from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records, thresholds
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
@@ -255,12 +255,13 @@ def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
 
 def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.Tensor:
     """The native plane (uint8, CPU) of engine records, refusing every encoding but the canonical one."""
-    return _decode_engine(rec, name, decode_records_c)
+    return _decode_engine(rec, name)
 
 
-def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
-    """:func:`decode_engine_records` with a class decoder: the C one, or the numpy reference
-    (:func:`csf_codec.engine_records_decode_np.decode_records`), which the tests compare."""
+def _decode_engine(rec: EngineRecords, name: str, decode_class=None) -> torch.Tensor:
+    """:func:`decode_engine_records`: each span in one C call (:func:`decode_span_c`), or with ``decode_class`` (the
+    numpy reference, :func:`csf_codec.engine_records_decode_np.decode_records`, which the tests compare) class by
+    class in numpy. A span the C call leaves to numpy is decoded again that way."""
     geo = rec.geometry
     _check_arrays(rec, geo, name)
     units = rec.record_units.numpy().astype(np.int64)
@@ -296,9 +297,9 @@ def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
         one = (out, seg, units[a:b], base[a:b], valid[a:b], br[a:b], windows, wb, count, proven[a:b], name)
-        if decode_class is decode_records_c and decode_span_c(*one):  # in one C call, records read in place
+        if decode_class is None and decode_span_c(*one):  # in one C call, records read in place
             return
-        cls = decode_records if decode_class is decode_records_c else decode_class  # numpy decides what C leaves
+        cls = decode_records if decode_class is None else decode_class  # numpy decides what C leaves
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
         staged = split_records(seg, units[a:b], plans)
         for i, plan in enumerate(plans):

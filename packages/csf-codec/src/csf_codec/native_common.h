@@ -67,6 +67,9 @@ typedef struct {
 
 void release(Buf *bufs, int n);
 int get_buf(PyObject *o, Buf *out, int writable, Py_ssize_t itemsize, const char *what);
+/* an entry's n buffer arguments: o[i] into bufs[i] (zeroed first) as items of sizes[i] bytes, writable where bit i
+of writable is set; -1 with the exception set on the first that is not (bufs is released by the caller, always) */
+int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names, unsigned writable);
 
 static inline int64_t b_len_div(Py_ssize_t len, Py_ssize_t s) { return s > 0 ? len / s : 0; }
 
@@ -80,7 +83,6 @@ PyObject *chunk_counts(PyObject *self, PyObject *args);        /* native_compact
 PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.c */
 PyObject *level_counts(PyObject *self, PyObject *args);        /* native_inline_encode.c */
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
-PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *decode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *encode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_encode.c */
 

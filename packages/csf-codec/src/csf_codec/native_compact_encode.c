@@ -13,12 +13,10 @@ PyObject *chunk_counts(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOninnOOO", &o[0], &o[1], &cols, &width, &ra, &rb, &o[2], &o[3], &o[4]))
         return NULL;
     static const Py_ssize_t sizes[5] = {1, 1, 8, 8, 8};
-    static const char *names[5] = {"rows", "bases", "n", "far", "esc"};
+    static const char *const names[5] = {"rows", "bases", "n", "far", "esc"};
     Buf bufs[5];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 5; i++)
-        if (get_buf(o[i], &bufs[i], i >= 2, sizes[i], names[i])) goto done;
+    if (get_bufs(o, bufs, 5, sizes, names, 1u << 2 | 1u << 3 | 1u << 4)) goto done;
     const uint8_t *x = bufs[0].b.buf, *bases = bufs[1].b.buf;
     int64_t *n = bufs[2].b.buf, *far = bufs[3].b.buf, *esc = bufs[4].b.buf;
     const int64_t scales = (rb - ra) * cols, chunks = (scales + CHUNK - 1) / CHUNK;

@@ -3,15 +3,15 @@
 
 /* ------------------------------------------------------------------------------------ engine records' decoder */
 
-/* Fault ranks of decode_engine_span, in the order engine_records_decode_np.decode_records checks them (its
+/* Fault ranks of a tile (decode_tile), in the order engine_records_decode_np.decode_records checks them (its
 whole-array passes report the first check any tile fails: the least rank over tiles). */
 #define EF_UNITS 1    /* a record header's length disagrees with its offsets byte */
 #define EF_RESERVED 2 /* reserved bits */
 #define EF_MODE(m, k) (3 + 16 * (m) + (k)) /* per selector width, k = 0..12 in the numpy order */
 #define EF_RAW(k) (51 + (k))               /* raw records, k = 0..3 */
 #define EF_CHOICE 60
-#define EF_BOUNDS 61 /* a record longer than its staged row, or a table index numpy would refuse: the wrapper
-                        takes the numpy path, whatever it decides */
+#define EF_BOUNDS 61 /* a record length below one unit, or a table index numpy would refuse: the wrapper takes
+                        the numpy path, whatever it decides */
 /* One record (r, u units) of a tile of cols columns into v (uint8 [128 cols], slot order), every check of
 engine_records_decode_np.decode_records and the canonical choice from the tile's C(k); vb, bb: its block's valid
 flags and row bases; bmin, bmax, npad: block_limits. Returns 0, or the least fault rank the tile fails (fld: a
@@ -174,95 +174,11 @@ static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint
     return 0;
 }
 
-/* decode_engine_span(vals, rec, units, base, valid, windows, thresholds, at, count, cols, base_width) -> (fault,
-tile): engine_records_decode_np.decode_records for one column class of a span, a tile at a time: rec uint8 records,
-units int64 [T], base int16 / valid bool [blocks, 128], windows int64 [W, 2] (width, origin),
-thresholds int32 (engine_records_np.thresholds), at int64 [T] each record's first byte in rec (staged rows, or the
-body itself); vals uint8 [T, 128 cols] gets the tiles (slot order). Each tile's
-C(k) (its positions at offset <= k from the row base, padding at 0) is counted as numpy counts it, and the window
-choice checked from it (window_units, pick_windows). */
-PyObject *decode_engine_span(PyObject *self, PyObject *args) {
-    PyObject *o[8];
-    Py_ssize_t count, cols, base_width;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &count,
-                          &cols, &base_width))
-        return NULL;
-    static const Py_ssize_t sizes[8] = {1, 1, 8, 2, 1, 8, 4, 8};
-    static const char *names[8] = {"vals", "rec", "units", "base", "valid", "windows", "thresholds", "at"};
-    Buf bufs[8];
-    memset(bufs, 0, sizeof bufs);
-    PyObject *ret = NULL;
-    for (int i = 0; i < 8; i++)
-        if (get_buf(o[i], &bufs[i], i == 0, sizes[i], names[i])) goto done;
-    const int64_t size = 128 * (int64_t)cols;
-    uint8_t *vals = bufs[0].b.buf;
-    const uint8_t *rec = bufs[1].b.buf, *valid = bufs[4].b.buf;
-    const int64_t *rec_at = bufs[7].b.buf, rec_len = bufs[1].b.len;
-    const int64_t *units = bufs[2].b.buf;
-    const int16_t *base = bufs[3].b.buf;
-    const int64_t T = N_OF(bufs[2]);
-    const int64_t blocks = N_OF(bufs[3]) / 128;
-    if (cols < 1 || cols > 4 || count < 1 || base_width < 0 || base_width > 8 || N_OF(bufs[3]) != blocks * 128 ||
-        bufs[4].b.len != blocks * 128 || T != blocks * count || N_OF(bufs[0]) != T * size || N_OF(bufs[7]) != T ||
-        N_OF(bufs[5]) % 2) {
-        PyErr_SetString(PyExc_ValueError, "decode_engine_span: inconsistent arguments");
-        goto done;
-    }
-    Windows E;
-    const char *bad = windows_init(&E, bufs[5].b.buf, N_OF(bufs[5]) / 2, bufs[6].b.buf, N_OF(bufs[6]));
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "decode_engine_span: %s", bad);
-        goto done;
-    }
-    int fault = 0, nomem = 0;
-    int64_t where = -1;
-    Py_BEGIN_ALLOW_THREADS;
-    const int span = 1 << base_width;
-    const int64_t nb1 = blocks ? blocks : 1;
-    int64_t *bmin = malloc(sizeof(int64_t) * nb1), *bmax = malloc(sizeof(int64_t) * nb1);
-    int64_t *npad = malloc(sizeof(int64_t) * nb1);
-    uint8_t *fld = malloc(size);
-    if (!bmin || !bmax || !npad || !fld) {
-        nomem = 1;
-        goto engine_out;
-    }
-    block_limits(base, valid, blocks, cols, bmin, bmax, npad);
-    int fail_rank = 1 << 30;
-    for (int64_t t = 0; t < T; t++)
-        if (units[t] < 1 || rec_at[t] < 0 || rec_at[t] > rec_len - units[t] * 16)
-            fail_rank = EF_BOUNDS; /* never staged so: numpy decides */
-    for (int64_t t = 0; t < T && fail_rank != EF_BOUNDS; t++) {
-        const int64_t blk = t / count;
-        const int rank = decode_tile(&E, rec + rec_at[t], units[t], valid + blk * 128, base + blk * 128, bmin[blk],
-                                     bmax[blk], npad[blk], cols, span, vals + t * size, fld);
-        if (rank == EF_BOUNDS) {
-            fail_rank = rank, where = t;
-            break;
-        }
-        if (rank && rank < fail_rank) {
-            fail_rank = rank, where = t;
-            if (rank == EF_UNITS) break; /* the least rank */
-        }
-    }
-    fault = fail_rank == (1 << 30) ? 0 : fail_rank;
-engine_out:
-    free(bmin), free(bmax), free(npad), free(fld);
-    Py_END_ALLOW_THREADS;
-    if (nomem) {
-        PyErr_SetString(PyExc_MemoryError, "decode_engine_span");
-        goto done;
-    }
-    ret = Py_BuildValue("(iL)", fault, (long long)where);
-done:
-    release(bufs, 8);
-    return ret;
-}
-
 /* decode_engine_rows(out, body, units, base, valid, br, windows, thresholds, cols, base_width, count, proven) ->
 (fault, tile): engine_records._decode_engine's span, whole, in one call: every column class (the full 4-column
-tiles, then the tail tile) in turn, as decode_engine_span decodes it, reading the records in place from the span's
-body (uint8: the records of its row blocks, in body order; units int64 [blocks, col tiles] their lengths / 16),
-then each decoded tile written to its rows of out (uint8 [plane rows, cols]; br int64 [blocks, 128]: each slot's
+tiles, then the tail tile) in turn, each tile as engine_records_decode_np.decode_records decodes it (decode_tile),
+reading the records in place from the span's body (uint8: the records of its row blocks, in body order; units
+int64 [blocks, col tiles] their lengths / 16), then each decoded tile written to its rows of out (uint8 [plane rows, cols]; br int64 [blocks, 128]: each slot's
 plane row, or -1 for padding) as inline_np._scatter writes it. A class that fails a check stops the span before the
 next class (fault: the class's least rank, tile: its index in the class). With count set, the row-base proof of
 engine_records_decode_np.base_window_counts and rowbase.proven_bases: per slot, the row's decoded scales at its
@@ -276,39 +192,31 @@ PyObject *decode_engine_rows(PyObject *self, PyObject *args) {
                           &base_width, &count, &o[8]))
         return NULL;
     static const Py_ssize_t sizes[9] = {1, 1, 8, 2, 1, 8, 8, 4, 1};
-    static const char *names[9] = {"out", "body", "units", "base", "valid", "br", "windows", "thresholds", "proven"};
+    static const char *const names[9] = {"out",  "body",    "units",      "base",  "valid",
+                                         "br",   "windows", "thresholds", "proven"};
     Buf bufs[9];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 9; i++)
-        if (get_buf(o[i], &bufs[i], i == 0 || i == 8, sizes[i], names[i])) goto done;
+    EngineSpan S;
+    if (get_bufs(o, bufs, 9, sizes, names, 1u << 0 | 1u << 8) ||
+        engine_span_args("decode_engine_rows", cols, base_width, &bufs[0], &bufs[5], &bufs[3], &bufs[4], &bufs[2],
+                         &bufs[6], &bufs[7], &S))
+        goto done;
     uint8_t *out = bufs[0].b.buf, *proven = bufs[8].b.buf;
     const uint8_t *body = bufs[1].b.buf, *valid = bufs[4].b.buf;
     const int64_t *units = bufs[2].b.buf, *br = bufs[5].b.buf;
     const int16_t *base = bufs[3].b.buf;
-    const int64_t blocks = N_OF(bufs[3]) / 128, full = cols / 4, tail = cols % 4, ct = full + (tail != 0);
-    const int64_t n_rows = cols > 0 ? N_OF(bufs[0]) / cols : 0, body_len = bufs[1].b.len;
-    int bad_args = cols < 1 || base_width < 0 || base_width > 8 || N_OF(bufs[3]) != blocks * 128 ||
-                   bufs[4].b.len != blocks * 128 || N_OF(bufs[5]) != blocks * 128 || N_OF(bufs[2]) != blocks * ct ||
-                   bufs[8].b.len != blocks * 128 || N_OF(bufs[6]) % 2 || N_OF(bufs[0]) != n_rows * cols;
+    const int64_t blocks = S.blocks, full = S.full, tail = S.tail, ct = S.ct;
     int64_t total = 0;
-    for (int64_t i = 0; i < blocks * ct && !bad_args; i++) total += units[i] > 0 ? units[i] : 0;
-    bad_args |= total * 16 > body_len;
-    for (int64_t i = 0; i < blocks * 128 && !bad_args; i++) bad_args |= br[i] >= n_rows;
-    if (bad_args) {
+    for (int64_t i = 0; i < blocks * ct; i++) total += units[i] > 0 ? units[i] : 0;
+    if (total * 16 > bufs[1].b.len || bufs[8].b.len != blocks * 128) {
         PyErr_SetString(PyExc_ValueError, "decode_engine_rows: inconsistent arguments");
         goto done;
     }
-    Windows E;
-    const char *bad = windows_init(&E, bufs[6].b.buf, N_OF(bufs[6]) / 2, bufs[7].b.buf, N_OF(bufs[7]));
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "decode_engine_rows: %s", bad);
-        goto done;
-    }
+    const Windows E = S.E;
     int fault = 0, nomem = 0;
     int64_t where = -1;
     Py_BEGIN_ALLOW_THREADS;
-    const int span = 1 << base_width;
+    const int span = S.span;
     const int64_t nb1 = blocks ? blocks : 1;
     int64_t *bmin = malloc(sizeof(int64_t) * nb1), *bmax = malloc(sizeof(int64_t) * nb1);
     int64_t *npad = malloc(sizeof(int64_t) * nb1), *at = malloc(sizeof(int64_t) * (blocks * ct + 1));
