@@ -20,7 +20,11 @@ setup(
         Extension(
             "csf_codec._native",
             [f"src/csf_codec/{f}" for f in SOURCES],
-            depends=["src/csf_codec/native_common.h", "src/csf_codec/native_engine.h"],
+            depends=[
+                "src/csf_codec/native_common.h",
+                "src/csf_codec/native_engine.h",
+                "src/csf_codec/native_rowbase.h",
+            ],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
         )
     ]
