@@ -8,6 +8,7 @@ SOURCES = [
     "native_module.c",
     "native_compact.c",
     "native_compact_encode.c",
+    "native_compact_span.c",
     "native_inline.c",
     "native_inline_encode.c",
     "native_rowbase.c",

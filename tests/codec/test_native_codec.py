@@ -515,51 +515,90 @@ def test_engine_encoders_agree_on_bench_shaped_planes(regime):
 # ------------------------------------------------------------------------------------------- compact encoder
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
-    rows=st.integers(1, 700),
-    cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    rows=st.integers(0, 700),
+    cols=st.sampled_from([0, 1, 5, 18, 36, 64, 65, 160, 320]),
     lo=st.integers(0, 255),
-    spread=st.sampled_from([1, 2, 5, 16, 40, 256]),
+    spread=st.sampled_from([1, 2, 3, 5, 16, 17, 40, 256]),
+    widths=st.sampled_from([(1, 2, 4), (1,), (2,), (4,), (4, 1)]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_compact_chunk_counts_agree(rows, cols, lo, spread, seed):
-    """The C chunk counts against compact_np._chunk_counts, every width, every span, bases at both byte ends."""
-    from csf_codec.compact_np import _chunk_counts, _chunk_counts_c, row_spans
+def test_compact_row_pass_agrees(rows, cols, lo, spread, widths, seed):
+    """The C row pass against the numpy reference (compact_np.width_stats_np: row_bases_np, base_codes_np and
+    _chunk_counts): every width's row bases, base codes and per-chunk counts over every span, with rows whose windows
+    sit at both ends of the byte range (their far windows clipped) and rows crossing chunk edges."""
+    from csf_codec.compact_encode_c import width_stats_c
+    from csf_codec.compact_np import row_spans, width_stats_np
 
     g = torch.Generator().manual_seed(seed)
     x = ((lo + torch.randint(0, spread, (rows, cols), generator=g)) % 256).to(torch.uint8).numpy()
-    for w in (1, 2, 4):
-        bases = row_bases_c(x, (w,))[w]
-        bases[:: max(1, rows // 5)] = np.uint8(256 - (1 << w))  # windows at the top of the byte range
-        bases[1 :: max(1, rows // 4)] = 0
-        for span in row_spans(rows, cols) + [(0, rows)] * (rows * cols % 256 == 0):
-            a, b = _chunk_counts(x, bases, w, span), _chunk_counts_c(x, bases, w, span)
-            assert all(np.array_equal(p, q) and q.dtype == np.int64 for p, q in zip(a, b, strict=True)), (w, span)
+    if cols:
+        x[::7] = torch.randint(0, 3, x[::7].shape, generator=g).numpy()  # base 0
+        x[3::7] = torch.randint(253, 256, x[3::7].shape, generator=g).numpy()  # base 256 - 2**w
+        x[::7, 0], x[3::7, 0] = 200, 30  # far exceptions beside them
+    spans = row_spans(rows, cols)
+    got, want = width_stats_c(x, widths, spans), width_stats_np(x, widths, spans)
+    for w in widths:
+        assert np.array_equal(got[0][w], want[0][w]), ("bases", w)
+        assert np.array_equal(got[1][w], want[1][w]), ("codes", w)
+        for q, part in enumerate(("exceptions", "far", "escaped")):
+            assert got[2][w][q].dtype == np.int64 and np.array_equal(got[2][w][q], want[2][w][q]), (part, w)
+
+
+def _compact_both_encoders(monkeypatch, plane, fmt, widths=(1, 2, 4)):
+    """(C payload, numpy reference payload) of one plane: the row pass and the span sections swapped together."""
+    from csf_codec import compact_np
+
+    got = encode_compact(plane, fmt, widths=widths, verify=False).payload
+    assert compact_np.WIDTH_STATS is compact_np.width_stats_c
+    assert compact_np.SPAN_SECTIONS is compact_np.span_sections_c
+    with monkeypatch.context() as m:
+        m.setattr(compact_np, "WIDTH_STATS", compact_np.width_stats_np)
+        m.setattr(compact_np, "SPAN_SECTIONS", compact_np.span_sections_np)
+        want = encode_compact(plane, fmt, widths=widths, verify=False).payload
+    return got, want
 
 
 @pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
     experts=st.integers(1, 3),
     rows=st.sampled_from([1, 7, 128, 300, 1152]),
     cols=st.sampled_from([1, 5, 18, 36, 160, 320]),
+    widths=st.sampled_from([(1, 2, 4), (1,), (2,), (4,)]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_compact_encoders_agree_on_fresh_planes(regime, experts, rows, cols, seed):
-    """The compact payload with the C chunk counts is byte for byte the one with the numpy reference's."""
-    from csf_codec import compact_np
-
+def test_compact_encoders_agree_on_fresh_planes(monkeypatch, regime, experts, rows, cols, widths, seed):
+    """The C encoder's payload is byte for byte the numpy reference's."""
     _, fmt, stats = regime
     plane = synthetic_scale_plane((experts, rows, cols), fmt, stats=stats, seed=seed)
-    got = encode_compact(plane, fmt, verify=False).payload
-    assert compact_np.CHUNK_COUNTS is compact_np._chunk_counts_c
-    compact_np.CHUNK_COUNTS = compact_np._chunk_counts
-    try:
-        want = encode_compact(plane, fmt, verify=False).payload
-    finally:
-        compact_np.CHUNK_COUNTS = compact_np._chunk_counts_c
+    if seed % 3 == 0:  # raw chunks too
+        g = torch.Generator().manual_seed(seed)
+        n = min(40, experts * rows)
+        plane.view(-1, cols)[:n] = torch.randint(0, 256, (n, cols), generator=g).to(torch.uint8)
+    got, want = _compact_both_encoders(monkeypatch, plane, fmt, widths)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("small_spans", [False, True], ids=["spans", "256-row-spans"])
+@pytest.mark.parametrize("regime", BENCH_REGIMES, ids=[r[0] for r in BENCH_REGIMES])
+def test_compact_encoders_agree_on_bench_shaped_planes(monkeypatch, regime, small_spans):
+    """The bench's W13 and W2 shapes (fewer experts): several spans on two threads; with 256-row spans, span edges
+    fall inside the listed streams' and far codes' bytes, which neighbouring spans share."""
+    from csf_codec import compact_np
+
+    if small_spans:
+        monkeypatch.setattr(compact_np, "_SCALES_PER_SPAN", 1)
+    _, fmt, stats = regime
+    k = 2 if fmt is NVFP4 else 1
+    for shape in ((6, 1152, 160 * k), (6, 5120, 18 * k)):
+        plane = synthetic_scale_plane(shape, fmt, stats=stats, seed=sum(shape) + 2)
+        got, want = _compact_both_encoders(monkeypatch, plane, fmt)
+        assert torch.equal(got, want)
+        assert torch.equal(compact.decode_compact(got), plane)
 
 
 # -------------------------------------------------------------------------------------------- inline encoder

@@ -3,25 +3,6 @@ numpy passes of engine_records_np (offsets, choose_windows, build_records, join_
 reference. */
 #include "native_engine.h"
 
-/* The fields (uint8, one a byte, < 2**w) into packed w-bit selectors, LSB first: field p at bit p * w. */
-static void pack_fields(const uint8_t *fld, int64_t size, int w, uint8_t *sel) {
-    if (w == 1) {
-        for (int64_t i = 0; i < size / 8; i++) {
-            uint64_t x;
-            memcpy(&x, fld + 8 * i, 8);
-            sel[i] = (uint8_t)((x * 0x0102040810204080ull) >> 56); /* byte k's bit 0 to bit 56 + k: no carries */
-        }
-    } else if (w == 2) {
-        for (int64_t i = 0; i < size / 4; i++) {
-            uint32_t x;
-            memcpy(&x, fld + 4 * i, 4);
-            sel[i] = (uint8_t)((x & 3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0));
-        }
-    } else {
-        for (int64_t i = 0; i < size / 2; i++) sel[i] = (uint8_t)(fld[2 * i] | fld[2 * i + 1] << 4);
-    }
-}
-
 /* One tile's record at rec (zeroed, raw length or more), from its native bytes v (uint8 [128 cols], slot order,
 padding 0): C(k) counted from each position's offset (value less the row base; padding at 0), the window of
 fewest bytes, then its fields, 12-bit exception entries and escapes, or the raw bytes. Returns the record's
