@@ -3,8 +3,8 @@ releases the GIL (:func:`decode_span_c`), column class by column class, a tile a
 values, and the canonical-choice check from each tile's ``C(k)`` (the numpy decoder's checks, order and messages:
 :func:`csf_codec.engine_records_decode_np.decode_records`, the reference). The numpy passes report the first check
 any tile fails; the C loop ranks its faults in that order and reports the least. The call also writes the tiles to
-their rows and counts the row-base proof (:func:`csf_codec.engine_records_decode_np.base_window_counts`,
-:func:`csf_codec.rowbase.proven_bases`)."""
+their rows and checks each row block's stored bases against its rows while they are in cache
+(:func:`csf_codec.engine_records._span_bases_ok`, the reference)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import numpy as np
 from .engine_records_np import thresholds
 from .errors import CorruptPayloadError
 from .native import native
-from .record_layout import MODE_WIDTH
-from .rowbase import proven_bases
+from .record_layout import DELTA_BITS, MODE_WIDTH
 
 __all__ = ["decode_span_c"]
 
@@ -49,19 +48,14 @@ _FAULTS = {
 _BOUNDS = 61  # a table index numpy would refuse (a record length below one unit, refused before): numpy decides
 
 
-def decode_span_c(out, seg, units, base, valid, br, windows, base_width: int, count: bool, proven, name: str) -> bool:
-    """A span of row blocks, whole: every column class's records (``seg``, the span's body; ``units`` int [blocks,
-    col tiles]) decoded and checked class by class as the numpy reference checks them, the tiles written to their rows
-    of ``out`` (uint8 [plane rows, cols]; ``br``: each slot's plane row, -1 for padding), and with ``count``,
-    ``proven`` (bool [blocks, 128], written in place) set where the decoded rows' counts prove the stored base.
-    False when the numpy path must decide (a table index numpy would refuse): the caller decodes the span again
-    that way."""
-    if not units.size:  # no columns: nothing to decode, and the proof of empty rows
-        if count:
-            zero = np.zeros(base.shape, dtype=np.int32)
-            proven[...] = proven_bases(base, zero, zero, zero, out.shape[1], base_width)
-        return True
-    fault, _ = native().decode_engine_rows(
+def decode_span_c(out, seg, units, base, valid, br, base_ref, windows, fmt, name: str) -> bool | None:
+    """A span of row blocks, whole, in one C call: every record (``seg``, the span's body; ``units`` int [blocks,
+    col tiles]) decoded and checked as the numpy reference checks them, full tiles before tail tiles, the tiles
+    written to their rows of ``out`` (uint8 [plane rows, cols]; ``br``: each slot's plane row, -1 for padding); then
+    whether each block's stored bases (``base`` int [blocks, 128], ``base_ref`` uint8 [blocks]) are the ones its rows
+    give, proven from the rows' counts for 1-bit base windows or recomputed. None when the numpy path must decide (a
+    table index numpy would refuse): the caller decodes the span again that way."""
+    fault, _, bases_ok = native().decode_engine_rows(
         out,
         seg,
         np.ascontiguousarray(units, dtype=np.int64),
@@ -71,12 +65,13 @@ def decode_span_c(out, seg, units, base, valid, br, windows, base_width: int, co
         np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
         np.array(thresholds(tuple(windows)), dtype=np.int32),
         out.shape[1],
-        base_width,
-        int(count),
-        proven,
+        fmt.row_base_width,
+        int(fmt.row_base_width == 1),  # three counts a row prove a 1-bit window's base for nearly every row
+        np.ascontiguousarray(base_ref, dtype=np.uint8),
+        DELTA_BITS[fmt.name],
     )
     if fault == _BOUNDS:
-        return False
+        return None
     if fault:
         raise CorruptPayloadError(name, _FAULTS[fault])
-    return True
+    return bool(bases_ok)
