@@ -392,8 +392,11 @@ def test_engine_entries_check_their_shared_arguments(entry):
         assert got == body.size and np.array_equal(_, want_units)
     past = a["br"].copy()
     past[1, 5] = a["rows"].shape[0]  # a slot's row past the plane
+    rowless = a["br"].copy()
+    rowless[0, 3] = -1  # a real slot without a row
     bad = {
         "a slot's row past the plane": (dict(a, br=past), windows, ks),
+        "a real slot without a row": (dict(a, br=rowless), windows, ks),
         "units of another shape": (dict(a, units=a["units"][:, :1].copy()), windows, ks),
         "bases of another shape": (dict(a, base=a["base"][:-1].copy()), windows, ks),
         "valid flags of another shape": (dict(a, valid=a["valid"][:, :64].copy()), windows, ks),

@@ -89,7 +89,8 @@ void release(Buf *bufs, int n);
 int get_buf(PyObject *o, Buf *out, int writable, Py_ssize_t itemsize, const char *what);
 /* an entry's n buffer arguments: o[i] into bufs[i] (zeroed first) as items of sizes[i] bytes, writable where bit i
 of writable is set; -1 with the exception set on the first that is not (bufs is released by the caller, always) */
-int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names, unsigned writable);
+int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names,
+             unsigned writable);
 
 static inline int64_t b_len_div(Py_ssize_t len, Py_ssize_t s) { return s > 0 ? len / s : 0; }
 

@@ -73,8 +73,8 @@ typedef struct {
 
 /* The arguments both entries take, checked (fn names the entry in the errors): plane uint8 [n_rows, cols] (the rows
 read or written), br int64 [blocks, 128] (each slot's plane row, negative for padding), base int16 and valid bool
-[blocks, 128], units int64 [blocks, col tiles], windows int64 [W, 2] and thresholds int32 (the window tables).
-0 with S filled, or -1 with a ValueError set. */
+[blocks, 128] (a real slot has a row), units int64 [blocks, col tiles], windows int64 [W, 2] and thresholds int32
+(the window tables). 0 with S filled, or -1 with a ValueError set. */
 static int engine_span_args(const char *fn, Py_ssize_t cols, Py_ssize_t base_width, const Buf *plane, const Buf *br,
                             const Buf *base, const Buf *valid, const Buf *units, const Buf *win, const Buf *ks,
                             EngineSpan *S) {
@@ -84,7 +84,8 @@ static int engine_span_args(const char *fn, Py_ssize_t cols, Py_ssize_t base_wid
     int bad = cols < 1 || base_width < 0 || base_width > 8 || N_OF(*base) != nb || valid->b.len != nb ||
               N_OF(*br) != nb || N_OF(*units) != S->blocks * S->ct || N_OF(*plane) != S->n_rows * cols;
     const int64_t *rows = br->b.buf;
-    for (int64_t i = 0; i < nb && !bad; i++) bad |= rows[i] >= S->n_rows;
+    const uint8_t *real = valid->b.buf;
+    for (int64_t i = 0; i < nb && !bad; i++) bad |= rows[i] >= S->n_rows || (real[i] && rows[i] < 0);
     if (bad) {
         PyErr_Format(PyExc_ValueError, "%s: inconsistent arguments", fn);
         return -1;

@@ -185,7 +185,8 @@ static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint
 
 /* The tile's decoded values v (uint8 [128 tc], slot order) to their rows of out (uint8 [plane rows, cols], from
 column c0; rows: each slot's plane row, negative for padding), as inline_np._scatter writes them. */
-static inline void write_rows(uint8_t *out, int64_t cols, int64_t c0, const int64_t *rows, const uint8_t *v, int64_t tc) {
+static inline void write_rows(uint8_t *out, int64_t cols, int64_t c0, const int64_t *rows, const uint8_t *v,
+                              int64_t tc) {
     uint8_t *dst = out + c0;
     if (tc == 4) { /* a word a row */
         for (int s = 0; s < 128; s++)

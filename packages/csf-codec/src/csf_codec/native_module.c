@@ -52,7 +52,8 @@ int get_buf(PyObject *o, Buf *out, int writable, Py_ssize_t itemsize, const char
     return 0;
 }
 
-int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names, unsigned writable) {
+int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names,
+             unsigned writable) {
     memset(bufs, 0, sizeof(Buf) * n);
     for (int i = 0; i < n; i++)
         if (get_buf(o[i], &bufs[i], (writable >> i) & 1, sizes[i], names[i])) return -1;
