@@ -58,33 +58,35 @@ PyObject *compact_rows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     row_rule_init(R, cols);
     memset(counts, 0, sizeof(int64_t) * nw * 3 * chunks);
+    int span[3], K[3], prev[3] = {0, 0, 0}; /* prev: each width's base of the row above */
+    for (int64_t i = 0; i < nw; i++) span[i] = 1 << widths[i], K[i] = (1 << (widths[i] - 1)) - 1;
+    static const uint8_t code_of_step[3] = {DOWN_CODE, SAME_CODE, UP_CODE}; /* by the base's step + 1 */
     for (int64_t r = ra; r < rb; r++) {
         const uint8_t *row = x + r * cols;
         const int64_t i0 = (r - ra) * cols, k0 = i0 / CHUNK, k1 = (i0 + cols - 1) / CHUNK;
-        if (cols) row_rule_start(R, row);
+        int mn = 0, mx = 0;
+        if (cols) row_rule_start(R, row), mn = R->mn, mx = R->mx;
+        const int first = r % SEGMENT_ROWS == 0; /* a segment's first row escapes */
         for (int64_t i = 0; i < nw; i++) {
-            const int width = (int)widths[i], span = 1 << width, K = (1 << (width - 1)) - 1;
-            uint8_t *bi = bases + i * n_rows, *ci = codes + i * n_rows;
-            int b = 0;
+            int b;
             int64_t out[3] = {0, 0, 0}; /* the row's scales outside at each reach */
-            if (cols && R->mx - R->mn < span) {
-                b = R->mx - span + 1 > 0 ? R->mx - span + 1 : 0; /* one window holds the row: no exceptions */
-            } else if (cols) {
-                b = row_rule_base(R, row, span);
-                out[0] = row_rule_outside(R, b, span, 0);
-                out[1] = row_rule_outside(R, b, span, K + 1);
-                out[2] = row_rule_outside(R, b, span, K + 1 + ESCAPE_CODE);
+            if (mx - mn < span[i]) {
+                b = mx - span[i] + 1 > 0 ? mx - span[i] + 1 : 0; /* one window holds the row: no exceptions */
+            } else {
+                b = row_rule_base(R, row, span[i]);
+                out[0] = row_rule_outside(R, b, span[i], 0);
+                out[1] = row_rule_outside(R, b, span[i], K[i] + 1);
+                out[2] = row_rule_outside(R, b, span[i], K[i] + 1 + ESCAPE_CODE);
             }
-            bi[r] = (uint8_t)b;
-            static const uint8_t code_of_step[3] = {DOWN_CODE, SAME_CODE, UP_CODE}; /* by the base's step + 1 */
-            const unsigned step = r % SEGMENT_ROWS ? (unsigned)(b - bi[r - 1] + 1) : 3; /* a segment's first row */
-            ci[r] = step < 3 ? code_of_step[step] : ESCAPE_BASE;
+            const unsigned step = first ? 3 : (unsigned)(b - prev[i] + 1);
+            bases[i * n_rows + r] = (uint8_t)b, codes[i * n_rows + r] = step < 3 ? code_of_step[step] : ESCAPE_BASE;
+            prev[i] = b;
             if (!(out[0] | out[1] | out[2])) continue;
             int64_t *n = counts + i * 3 * chunks;
             for (int64_t k = k0; k < k1; k++) { /* the row's part in each chunk but its last, byte by byte */
                 int64_t part[3] = {0, 0, 0};
                 const int64_t j0 = k == k0 ? 0 : k * CHUNK - i0, j1 = (k + 1) * CHUNK - i0;
-                count_outside(row, j0, j1, b, width, part);
+                count_outside(row, j0, j1, b, (int)widths[i], part);
                 for (int q = 0; q < 3; q++) n[q * chunks + k] += part[q], out[q] -= part[q];
             }
             for (int q = 0; q < 3; q++) n[q * chunks + k1] += out[q]; /* the rest lies in its last chunk */

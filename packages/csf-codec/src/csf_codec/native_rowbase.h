@@ -1,6 +1,7 @@
-/* The row base rule (rowbase.py) for one row, shared by the row-base entry (native_rowbase.c) and the compact
-encoder's row pass (native_compact_rows.c): for width w, the smallest b in [0, 256 - 2**w] that maximises the row's
-bytes in [b, b + 2**w - 1], and how many bytes lie outside that window widened by a reach on each side. */
+/* The row base rule (rowbase.py) for one row, shared by the row-base entry (native_rowbase.c), the compact encoder's
+row pass (native_compact_encode.c) and the engine decoder's base check (native_engine_decode.c): for width w, the
+smallest b in [0, 256 - 2**w] that maximises the row's bytes in [b, b + 2**w - 1], and how many bytes lie outside
+that window widened by a reach on each side. */
 #ifndef CSF_NATIVE_ROWBASE_H
 #define CSF_NATIVE_ROWBASE_H
 
@@ -14,11 +15,11 @@ value do not wait on each other's increments; every bank is zero again when the 
 typedef struct {
     int64_t cols;
     int mn, mx, filled;
-    uint8_t h8[4][256];       /* narrow rows' histogram banks (at most 16 bytes a bank) */
-    int32_t h32[4][256];      /* wide rows' */
+    uint8_t h8[4][256];    /* narrow rows' histogram banks (at most 16 bytes a bank) */
+    int32_t h32[4][256];   /* wide rows' */
     uint8_t lev8[256 + 1]; /* narrow rows: lev8[k] = bytes <= mn + k - 1 for k in [0, spread + 1] */
     int32_t lev[256 + 1];  /* wide rows' */
-    uint8_t dv[256];                      /* wide: the distinct values, ascending, and their counts */
+    uint8_t dv[256];       /* wide rows: the distinct values, ascending, and their counts */
     int32_t dc[256];
     int nd;
 } RowRule;
@@ -44,7 +45,15 @@ static inline void row_rule_start(RowRule *R, const uint8_t *restrict row) {
 static inline void row_rule_fill(RowRule *R, const uint8_t *restrict row) {
     const int64_t cols = R->cols;
     const int mn = R->mn, mx = R->mx;
-    if (cols <= RB_NARROW) {
+    if (cols <= RB_NARROW && mx - mn < 8) {
+        /* a spread under 8 levels: the counts as eight byte lanes of one word (a lane holds at most 64), their
+           running sums by one multiply: lane k of the product is the row's bytes <= mn + k */
+        uint64_t h = 0;
+        for (int64_t j = 0; j < cols; j++) h += 1ull << (8 * (row[j] - mn));
+        const uint64_t le = h * 0x0101010101010101ull;
+        R->lev8[0] = 0;
+        memcpy(R->lev8 + 1, &le, 8);
+    } else if (cols <= RB_NARROW) {
         uint8_t(*restrict h)[256] = R->h8, *restrict lev = R->lev8;
         int64_t j = 0;
         for (; j + 4 <= cols; j += 4) {
@@ -88,15 +97,16 @@ static inline int64_t row_rule_le(const RowRule *R, int v) {
     return R->cols <= RB_NARROW ? R->lev8[k] : R->lev[k];
 }
 
-/* the row's base for windows of span = 2**w bytes (span <= smax) */
+/* the row's base for windows of span = 2**w bytes (span <= 256) */
 static inline int row_rule_base(RowRule *R, const uint8_t *restrict row, int span) {
     const int mn = R->mn, mx = R->mx;
     if (mx - mn < span) return mx - span + 1 > 0 ? mx - span + 1 : 0; /* one window holds the row */
     if (!R->filled) row_rule_fill(R, row);
     if (R->cols <= RB_NARROW) {
         /* relative to mn, a window at j < 0 holds lev[j + span] <= lev[span], one past spread + 1 - span no more than
-           the one before it: only j in [0, spread + 1 - span] can win, the first of the greatest count. Where j = 0 wins, the smallest window holding as many
-           starts at k - span + 1, k the greatest level below span the row occupies (the byte range cuts it at 0) */
+           the one before it: only j in [0, spread + 1 - span] can win, the first of the greatest count. Where j = 0
+           wins, the smallest window holding as many starts at k - span + 1, k the greatest level below span the row
+           occupies (the byte range cuts it at 0) */
         const uint8_t *lev = R->lev8;
         const int last = mx - mn + 1 - span;
         int best = -1, at = 0;
