@@ -147,15 +147,9 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args) {
         for (int64_t j = 0; j < cols; j += 8) {
             uint64_t x = bits_at(sel, n_sel, (j0 + j) * width), v;
             if (width == 1) {
-                x &= 0xFF;
-                x = (x | x << 28) & 0x0000000F0000000Full;
-                x = (x | x << 14) & 0x0003000300030003ull;
-                v = (x | x << 7) & 0x0101010101010101ull;
+                v = UNPACK1[x & 0xFF];
             } else if (width == 2) {
-                x &= 0xFFFF;
-                x = (x | x << 24) & 0x000000FF000000FFull;
-                x = (x | x << 12) & 0x000F000F000F000Full;
-                v = (x | x << 6) & 0x0303030303030303ull;
+                v = (uint64_t)UNPACK2[x & 0xFF] | (uint64_t)UNPACK2[(x >> 8) & 0xFF] << 32;
             } else {
                 x &= 0xFFFFFFFF;
                 x = (x | x << 16) & 0x0000FFFF0000FFFFull;
