@@ -24,11 +24,11 @@ def width_stats_c(rows: np.ndarray, widths: tuple[int, ...], spans):
 
     def span(sp: tuple[int, int]) -> np.ndarray:
         a, b = sp
-        out = np.empty((len(widths), 3, -(-(b - a) * c // CHUNK)), dtype=np.int64)
+        out = np.empty((len(widths), 3, -(-(b - a) * c // CHUNK)), dtype=np.uint16)  # at most 256 a chunk
         nat.compact_rows(rows, c, ws, a, b, bases, codes, out)
         return out
 
-    per_span = map_spans(span, spans) or [np.zeros((len(widths), 3, 0), dtype=np.int64)]
+    per_span = map_spans(span, spans) or [np.zeros((len(widths), 3, 0), dtype=np.uint16)]
     counts = np.concatenate(per_span, axis=2)
     return (
         {w: bases[i] for i, w in enumerate(widths)},

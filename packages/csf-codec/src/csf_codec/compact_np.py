@@ -172,8 +172,8 @@ def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, span: tuple[i
 
 def width_stats_np(rows: np.ndarray, widths: tuple[int, ...], spans):
     """Every width's row bases (uint8 [R]), base codes (uint8 [R]) and per-chunk (exceptions, far, escaped) counts
-    (int64 [chunks] each), by numpy passes: the reference :func:`csf_codec.compact_encode_c.width_stats_c` is
-    compared with."""
+    ([chunks] each; the C pass gives uint16), by numpy passes: the reference
+    :func:`csf_codec.compact_encode_c.width_stats_c` is compared with."""
     bases = row_bases_np(rows, widths)
     codes = {w: base_codes_np(bases[w]) for w in widths}
     counts = {}
@@ -269,7 +269,7 @@ class BodyLayout:
     def of(cls, r: int, c: int, width: int, escapes: int, table: ChunkTable, far: np.ndarray, esc: np.ndarray):
         listed = ~table.raw
         raw_before, far_before, esc_before = (
-            np.concatenate([[0], np.cumsum(x)]).astype(np.int64)
+            np.concatenate([np.zeros(1, np.int64), np.cumsum(x, dtype=np.int64)])
             for x in (np.where(table.raw, table.lens, 0), np.where(listed, far, 0), np.where(listed, esc, 0))
         )
         far_bytes = -(-FAR_BITS * int(far_before[-1]) // 8)

@@ -25,14 +25,14 @@ static inline void count_outside(const uint8_t *row, int64_t j0, int64_t j1, int
 /* compact_rows(rows, cols, widths, a, b, bases, codes, counts): rows [a, b) of a uint8 [R, cols] plane (a a
 multiple of 256), for each width w in widths (1, 2 or 4): the row bases into bases[i] (uint8 [nw, R]); the base
 codes into codes[i] (uint8 [nw, R]: 0 the row above's base, 1 one more, 2 one less, 3 escaped, as every 128-row
-segment's first row); and per 256-scale chunk of the span's scales into counts[i] (int64 [nw, 3, chunks]) the scales
+segment's first row); and per 256-scale chunk of the span's scales into counts[i] (uint16 [nw, 3, chunks]) the scales
 outside the base's window widened by 0, K + 1 and K + 8 (exceptions, far ones, escaped ones). A row's counts come from
 its cumulative counts (native_rowbase.h); only the part of a row before a chunk edge is counted byte by byte. */
 PyObject *compact_rows(PyObject *self, PyObject *args) {
     PyObject *o[5];
     Py_ssize_t cols, ra, rb;
     if (!PyArg_ParseTuple(args, "OnOnnOOO", &o[0], &cols, &o[1], &ra, &rb, &o[2], &o[3], &o[4])) return NULL;
-    static const Py_ssize_t sizes[5] = {1, 8, 1, 1, 8};
+    static const Py_ssize_t sizes[5] = {1, 8, 1, 1, 2};
     static const char *const names[5] = {"rows", "widths", "bases", "codes", "counts"};
     Buf bufs[5];
     PyObject *ret = NULL;
@@ -40,7 +40,7 @@ PyObject *compact_rows(PyObject *self, PyObject *args) {
     const uint8_t *x = bufs[0].b.buf;
     const int64_t *widths = bufs[1].b.buf, nw = N_OF(bufs[1]);
     uint8_t *bases = bufs[2].b.buf, *codes = bufs[3].b.buf;
-    int64_t *counts = bufs[4].b.buf;
+    uint16_t *counts = bufs[4].b.buf; /* at most 256 a chunk */
     const int64_t n_rows = nw ? bufs[2].b.len / nw : 0, chunks = ((rb - ra) * cols + CHUNK - 1) / CHUNK;
     int bad = nw < 1 || nw > 3 || cols < 0 || ra < 0 || rb < ra || ra % 256 || rb > n_rows ||
               bufs[2].b.len != nw * n_rows || bufs[3].b.len != nw * n_rows || rb * cols > bufs[0].b.len ||
@@ -57,7 +57,7 @@ PyObject *compact_rows(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS;
     row_rule_init(R, cols);
-    memset(counts, 0, sizeof(int64_t) * nw * 3 * chunks);
+    memset(counts, 0, sizeof(uint16_t) * nw * 3 * chunks);
     int span[3], K[3], prev[3] = {0, 0, 0}; /* prev: each width's base of the row above */
     for (int64_t i = 0; i < nw; i++) span[i] = 1 << widths[i], K[i] = (1 << (widths[i] - 1)) - 1;
     static const uint8_t code_of_step[3] = {DOWN_CODE, SAME_CODE, UP_CODE}; /* by the base's step + 1 */
@@ -82,14 +82,14 @@ PyObject *compact_rows(PyObject *self, PyObject *args) {
             bases[i * n_rows + r] = (uint8_t)b, codes[i * n_rows + r] = step < 3 ? code_of_step[step] : ESCAPE_BASE;
             prev[i] = b;
             if (!(out[0] | out[1] | out[2])) continue;
-            int64_t *n = counts + i * 3 * chunks;
+            uint16_t *n = counts + i * 3 * chunks;
             for (int64_t k = k0; k < k1; k++) { /* the row's part in each chunk but its last, byte by byte */
                 int64_t part[3] = {0, 0, 0};
                 const int64_t j0 = k == k0 ? 0 : k * CHUNK - i0, j1 = (k + 1) * CHUNK - i0;
                 count_outside(row, j0, j1, b, (int)widths[i], part);
-                for (int q = 0; q < 3; q++) n[q * chunks + k] += part[q], out[q] -= part[q];
+                for (int q = 0; q < 3; q++) n[q * chunks + k] += (uint16_t)part[q], out[q] -= part[q];
             }
-            for (int q = 0; q < 3; q++) n[q * chunks + k1] += out[q]; /* the rest lies in its last chunk */
+            for (int q = 0; q < 3; q++) n[q * chunks + k1] += (uint16_t)out[q]; /* the rest: its last chunk */
         }
     }
     Py_END_ALLOW_THREADS;
