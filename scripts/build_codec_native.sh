@@ -10,6 +10,6 @@ include=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 suffix=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 out="$src/_native$suffix"
 # the sources of packages/csf-codec/setup.py's SOURCES
-sources=(native_module.c native_compact.c native_compact_encode.c native_inline.c native_inline_encode.c native_rowbase.c native_engine_decode.c native_engine_encode.c)
+sources=(native_module.c native_compact.c native_compact_encode.c native_compact_span.c native_inline.c native_inline_encode.c native_rowbase.c native_engine_decode.c native_engine_encode.c)
 cc -O3 -std=c99 -Wall -Wno-unused-function -shared -fPIC -I"$include" "${sources[@]/#/$src/}" -o "$out"
 echo "${out#"$(cd "$src/../../../.." && pwd)/"}"

@@ -8,6 +8,7 @@ SOURCES = [
     "native_module.c",
     "native_compact.c",
     "native_compact_encode.c",
+    "native_compact_span.c",
     "native_inline.c",
     "native_inline_encode.c",
     "native_rowbase.c",
@@ -20,7 +21,11 @@ setup(
         Extension(
             "csf_codec._native",
             [f"src/csf_codec/{f}" for f in SOURCES],
-            depends=["src/csf_codec/native_common.h", "src/csf_codec/native_engine.h"],
+            depends=[
+                "src/csf_codec/native_common.h",
+                "src/csf_codec/native_engine.h",
+                "src/csf_codec/native_rowbase.h",
+            ],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
         )
     ]

@@ -26,13 +26,12 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .bitfields import packed_nbytes, unpack_fields
 from .compact_code import CHUNK, MAX_LISTED, RAW
 from .compact_decode_c import decode_rows_c, scan_bases_c
-from .compact_np import chunk_lengths_np, chunk_table, encode_sections_np
+from .compact_np import chunk_lengths_np, chunk_table, encode_body_np
 from .compact_torch import ChunkTableT, chunk_lengths, chunk_table_torch, decode_torch, encode_torch
 from .container import HEADER_BYTES, Envelope, open_envelope, plane_digest, seal, seal_in_place
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
@@ -115,10 +114,7 @@ def encode_compact(
     if rows.device.type == "cpu":
         with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: the digest overlaps the encoding
             digest = pool.submit(plane_digest, rows)
-            width, secs = encode_sections_np(rows.numpy(), tuple(widths))
-            sections = tuple(int(p.size) for p in secs)
-            payload = np.empty(HEADER_BYTES + sum(sections), dtype=np.uint8)  # the body written once, in place
-            np.concatenate(secs, out=payload[HEADER_BYTES:])
+            width, sections, payload = encode_body_np(rows.numpy(), tuple(widths), HEADER_BYTES)  # in place
             env = Envelope(magic=MAGIC, fmt=fmt, param=width, shape=shape, extra=0, sections=sections)
             sealed = seal_in_place(env, torch.from_numpy(payload), digest=digest.result())
     else:

@@ -1,10 +1,14 @@
-"""The compact form's CPU encoder, as whole-array numpy passes over row spans, and the exception code's
-tables shared with the CPU decoder (:mod:`csf_codec.compact_decode_np`).
+"""The compact form's CPU encoder over row spans, and the exception code's tables shared with the CPU decoder
+(:mod:`csf_codec.compact_decode_np`).
 
 Byte-identical to the torch code in :mod:`csf_codec.compact_torch` (which stays the path for other
 devices); spans of a multiple of 256 rows split every section on chunk boundaries, so they are encoded
-independently, two at a time (numpy releases the GIL), and memory stays bounded by a span. Only the
-exception section's bit streams cross spans: the encoder ors the spans' bytes together.
+independently, two at a time (the loops release the GIL), and memory stays bounded by a span. Two passes: the
+row pass (every width's row bases, base codes and chunk counts) picks the width, and from the chunk table
+(:class:`BodyLayout`) each span writes its part of the body in place. Only the exception section's bit streams
+(listed streams, far codes) cross spans: the encoder ors the spans' bytes together. The loops run in C
+(:mod:`csf_codec.compact_encode_c`); the numpy passes here (:func:`width_stats_np`, :func:`span_sections_np`)
+are the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -25,10 +29,19 @@ from .compact_code import (
     exact_distances,
     listed_cost_bits,
 )
-from .rowbase import row_bases_c
+from .compact_encode_c import span_sections_c, width_stats_c
+from .rowbase import row_bases_np
 from .swar import group_counts, map_spans, pack_bits, scatter_bits
 
-__all__ = ["ChunkTable", "base_codes_np", "chunk_table", "encode_sections_np", "exclusive_cumsum"]
+__all__ = [
+    "BodyLayout",
+    "ChunkTable",
+    "base_codes_np",
+    "chunk_table",
+    "encode_body_np",
+    "encode_sections_np",
+    "exclusive_cumsum",
+]
 
 SEGMENT_ROWS = 128
 _SAME, _UP, _DOWN, _ESCAPE = 0, 1, 2, 3
@@ -157,44 +170,33 @@ def _chunk_counts(rows: np.ndarray, bases: np.ndarray, width: int, span: tuple[i
     return tuple(out)
 
 
-def _chunk_counts_c(rows: np.ndarray, bases: np.ndarray, width: int, span: tuple[int, int]):
-    """:func:`_chunk_counts` (the reference) in one C pass over the span's scales, the GIL released."""
-    from .native import native
+def width_stats_np(rows: np.ndarray, widths: tuple[int, ...], spans):
+    """Every width's row bases (uint8 [R]), base codes (uint8 [R]) and per-chunk (exceptions, far, escaped) counts
+    ([chunks] each; the C pass gives uint16), by numpy passes: the reference
+    :func:`csf_codec.compact_encode_c.width_stats_c` is compared with."""
+    bases = row_bases_np(rows, widths)
+    codes = {w: base_codes_np(bases[w]) for w in widths}
+    counts = {}
+    for w in widths:
+        per_span = [_chunk_counts(rows, bases[w], w, s) for s in spans] or [(np.zeros(0, np.int64),) * 3]
+        counts[w] = tuple(np.concatenate(p) for p in zip(*per_span, strict=True))
+    return bases, codes, counts
 
-    a, b = span
-    chunks = -(-(b - a) * rows.shape[1] // CHUNK)
-    out = tuple(np.empty(chunks, dtype=np.int64) for _ in range(3))
-    native().chunk_counts(rows, np.ascontiguousarray(bases, dtype=np.uint8), rows.shape[1], width, a, b, *out)
-    return out
 
-
-CHUNK_COUNTS = _chunk_counts_c  # the encoder's; the tests set _chunk_counts here to compare payloads
-
-
-def _choose_width(rows, bases, widths, spans, lens) -> tuple[int, tuple[np.ndarray, ...], dict[int, np.ndarray]]:
-    """The width of the smallest payload (ties: the smaller) with its per-chunk (exceptions, far,
-    escaped) counts and the base codes of every width sized. Widths are sized in increasing order; one
-    whose selectors alone outweigh the best payload so far is not counted."""
-    r, c = rows.shape
-    codes: dict[int, np.ndarray] = {}
+def _choose_width(r: int, c: int, widths, codes, counts, lens) -> int:
+    """The width of the smallest payload (ties: the smaller), from every width's base codes and chunk counts."""
     sections = -(-r // 4) + lens.size  # base codes and chunk counts: the same for every width
     best = None
     for w in sorted(widths):
-        if best is not None and sections + -(-r // SEGMENT_ROWS) + -(-(r * c * w) // 8) > best[0]:
-            continue  # every 128-row segment escapes once, and exceptions cost >= 0
-        codes[w] = base_codes_np(bases[w])
-        per_span = (
-            map_spans(partial(CHUNK_COUNTS, rows, bases[w], w), spans) if r * c else [(np.zeros(0, np.int64),) * 3]
-        )
-        n, far, esc = (np.concatenate(p) for p in zip(*per_span, strict=True))
+        n, far, esc = counts[w]
         raw = raw_chunks(n, far, esc, lens)
         listed = ~raw
         bits = int(LISTED_BITS[np.where(raw, 0, n)].sum())
         exc = -(-bits // 8) + int(lens[raw].sum()) + -(-FAR_BITS * int(far[listed].sum()) // 8) + int(esc[listed].sum())
-        size = sections + int((codes[w] == _ESCAPE).sum()) + -(-(r * c * w) // 8) + exc
+        size = sections + int(np.count_nonzero(codes[w] == _ESCAPE)) + -(-(r * c * w) // 8) + exc
         if best is None or size < best[0]:
-            best = (size, w, (n, far, esc))
-    return best[1], best[2], codes
+            best = (size, w)
+    return best[1]
 
 
 def _span_exceptions(x: np.ndarray, base: np.ndarray, width: int) -> _SpanExceptions:
@@ -250,58 +252,136 @@ def _listed_fields(ex: _SpanExceptions, keep: np.ndarray, n: np.ndarray, bit0: n
     return offsets, values, far
 
 
-def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
-    """The width and five body sections of the compact form of a uint8 [R, C] plane."""
+@dataclass(frozen=True)
+class BodyLayout:
+    """Where everything lies in the compact body at the chosen width, from the chunk table and counts alone, so that
+    each span writes its parts in place: the five sections' starts and sizes, and per chunk how many raw bytes,
+    listed far exceptions and listed escaped ones come before it."""
+
+    cols: int
+    starts: tuple[int, ...]  # each section's first byte in the body
+    sizes: tuple[int, ...]
+    raw_before: np.ndarray  # int64 [chunks + 1]
+    far_before: np.ndarray
+    esc_before: np.ndarray
+
+    @classmethod
+    def of(cls, r: int, c: int, width: int, escapes: int, table: ChunkTable, far: np.ndarray, esc: np.ndarray):
+        listed = ~table.raw
+        raw_before, far_before, esc_before = (
+            np.concatenate([np.zeros(1, np.int64), np.cumsum(x, dtype=np.int64)])
+            for x in (np.where(table.raw, table.lens, 0), np.where(listed, far, 0), np.where(listed, esc, 0))
+        )
+        far_bytes = -(-FAR_BITS * int(far_before[-1]) // 8)
+        exc = table.raw_end + far_bytes + int(esc_before[-1])
+        sizes = (-(-r // 4), escapes, -(-(r * c * width) // 8), table.lens.size, exc)
+        starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes[:-1])]))
+        return cls(c, starts, sizes, raw_before, far_before, esc_before)
+
+    def chunks(self, a: int, b: int) -> slice:
+        """The chunks of rows [a, b)."""
+        return slice(a * self.cols // CHUNK, -(-b * self.cols // CHUNK))
+
+    def span_parts(self, body: np.ndarray, table: ChunkTable, width: int, a: int, b: int):
+        """Rows [a, b)'s views of the body (selectors, raw chunks, escaped bytes), their listed streams' first byte
+        and length in bytes, and their far codes' first byte, first bit in it and count."""
+        sl = self.chunks(a, b)
+        c0, c1 = sl.start, sl.stop
+        sel_at = self.starts[2] + a * self.cols * width // 8
+        sel = body[sel_at : self.starts[2] + -(-b * self.cols * width // 8)]
+        exc = self.starts[4]
+        raw = body[exc + table.stream_bytes + self.raw_before[c0] : exc + table.stream_bytes + self.raw_before[c1]]
+        esc_at = exc + table.raw_end + -(-FAR_BITS * int(self.far_before[-1]) // 8)
+        esc = body[esc_at + self.esc_before[c0] : esc_at + self.esc_before[c1]]
+        start = int(table.bit_offsets[c0]) >> 3 if c1 > c0 else 0
+        end = table.stream_bits if c1 >= table.lens.size else int(table.bit_offsets[c1])
+        far0 = FAR_BITS * int(self.far_before[c0])
+        return (
+            sel,
+            raw,
+            esc,
+            (start, max(-(-end // 8) - start, 0)),
+            (far0 >> 3, far0 & 7, int(self.far_before[c1] - self.far_before[c0])),
+        )
+
+
+def span_sections_np(rows, bases, width: int, table: ChunkTable, lay: BodyLayout, body: np.ndarray, span):
+    """A span's part of the body at one width, by numpy passes (the reference
+    :func:`csf_codec.compact_encode_c.span_sections_c` is compared with): its packed selectors, raw chunks' bytes and
+    listed escaped bytes written into ``body`` where ``lay`` puts them; returns its listed streams' first byte and
+    bytes, and its far codes' first byte and bytes (from the bit the layout gives), which neighbouring spans may
+    share a byte of."""
+    a, b = span
+    sel, raw_view, esc_view, (start, stream_len), (far_at, far_bit0, _) = lay.span_parts(body, table, width, a, b)
+    k = exact_distances(width)
+    x = rows[a:b]
+    flat = x.reshape(-1)
+    base = bases[a:b]
+    ex = _span_exceptions(x, base, width)
+    fields = ex.fields
+    fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
+    sel[:] = pack_bits(fields, width)
+    sl = lay.chunks(a, b)
+    span_raw = table.raw[sl]
+    keep = ~span_raw[ex.idx >> 8]
+    bit0 = table.bit_offsets[sl]
+    offsets, values, far_l = _listed_fields(ex, keep, table.listed[sl], bit0 - 8 * start, width)
+    stream = scatter_bits(stream_len, offsets, values)
+    dist = ex.dist[keep][far_l]
+    far_codes = np.minimum(dist - (k + 2), ESCAPE_CODE)
+    far = scatter_bits(
+        -(-(far_bit0 + FAR_BITS * far_codes.size) // 8), far_bit0 + FAR_BITS * np.arange(far_codes.size), far_codes
+    )
+    esc_view[:] = flat[ex.idx[keep][far_l][far_codes == ESCAPE_CODE]]
+    copy_chunks(
+        raw_view,
+        exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)),
+        flat,
+        np.flatnonzero(span_raw),
+        table.lens[sl],
+        to_chunks=False,
+    )
+    return start, stream, far_at, far
+
+
+WIDTH_STATS = width_stats_c  # the encoder's; the tests set width_stats_np here to compare payloads
+SPAN_SECTIONS = span_sections_c  # the encoder's; the tests set span_sections_np here to compare payloads
+
+
+def encode_body_np(rows: np.ndarray, widths: tuple[int, ...], head: int = 0) -> tuple[int, tuple[int, ...], np.ndarray]:
+    """The width, five section sizes and body of the compact form of a uint8 [R, C] plane, the body written in
+    place after ``head`` unwritten bytes of the array returned (an envelope's header goes there)."""
     r, c = rows.shape
-    bases = row_bases_c(rows, widths)  # one pass: the level counts are shared by every width
     spans = row_spans(r, c)
     lens = chunk_lengths_np(r * c)
-    width, (n, far, esc), codes = _choose_width(rows, bases, widths, spans, lens)
+    bases, codes, counts = WIDTH_STATS(rows, widths, spans)  # one pass over the rows for every width
+    width = _choose_width(r, c, widths, codes, counts, lens)
+    n, far, esc = counts[width]
     raw = raw_chunks(n, far, esc, lens)
-    counts = np.where(raw, RAW, n).astype(np.uint8)
-    table = chunk_table(counts, lens)
-    k = exact_distances(width)
-
-    def span_sections(i: int):
-        a, b = spans[i]
-        x = rows[a:b]
-        flat = x.reshape(-1)
-        base = bases[width][a:b]
-        ex = _span_exceptions(x, base, width)
-        fields = ex.fields
-        fields[ex.idx] = exception_fields(ex.side, ex.dist, width)
-        selectors = pack_bits(fields, width)
-        c0 = a * c // CHUNK
-        sl = slice(c0, -(-b * c // CHUNK))
-        span_raw = table.raw[sl]
-        keep = ~span_raw[ex.idx >> 8]
-        bit0 = table.bit_offsets[sl]
-        start = int(bit0[0]) >> 3 if bit0.size else 0
-        end = table.stream_bits if sl.stop >= lens.size else int(table.bit_offsets[sl.stop])
-        offsets, values, far_l = _listed_fields(ex, keep, table.listed[sl], bit0 - 8 * start, width)
-        stream = scatter_bits(-(-end // 8) - start, offsets, values)
-        dist = ex.dist[keep][far_l]
-        far_codes = np.minimum(dist - (k + 2), ESCAPE_CODE)
-        escaped = flat[ex.idx[keep][far_l][far_codes == ESCAPE_CODE]]
-        raw_bytes = np.empty(int(table.lens[sl][span_raw].sum()), dtype=np.uint8)
-        copy_chunks(
-            raw_bytes,
-            exclusive_cumsum(np.where(span_raw, table.lens[sl], 0)),
-            flat,
-            np.flatnonzero(span_raw),
-            table.lens[sl],
-            to_chunks=False,
-        )
-        return selectors, start, stream, far_codes, escaped, raw_bytes
-
-    out = map_spans(span_sections, range(len(spans)))
-    streams = np.zeros(table.stream_bytes, dtype=np.uint8)
-    for _, start, stream, *_ in out:  # neighbouring spans may share a byte: or them in
-        streams[start : start + stream.size] |= stream
-    far_codes = np.concatenate([p[3] for p in out]) if out else np.zeros(0, np.int64)
-    far_bytes = scatter_bits(-(-FAR_BITS * far_codes.size // 8), FAR_BITS * np.arange(far_codes.size), far_codes)
-    empty = np.zeros(0, dtype=np.uint8)
-    section = [streams] + [p[5] for p in out] + [far_bytes] + [p[4] for p in out]
+    chunk_counts = np.where(raw, RAW, n).astype(np.uint8)
+    table = chunk_table(chunk_counts, lens)
     escapes = bases[width][codes[width] == _ESCAPE]
-    selectors = np.concatenate([p[0] for p in out]) if out else empty
-    return width, [pack_bits(codes[width], 2), escapes, selectors, counts, np.concatenate(section)]
+    lay = BodyLayout.of(r, c, width, escapes.size, table, far, esc)
+    payload = np.empty(head + sum(lay.sizes), dtype=np.uint8)
+    body = payload[head:]
+    s = lay.starts
+    body[s[0] : s[1]] = pack_bits(codes[width], 2)
+    body[s[1] : s[2]] = escapes
+    body[s[3] : s[4]] = chunk_counts
+    streams = body[s[4] : s[4] + table.stream_bytes]
+    streams[:] = 0
+    far_section = body[s[4] + table.raw_end : s[4] + table.raw_end + -(-FAR_BITS * int(lay.far_before[-1]) // 8)]
+    far_section[:] = 0
+    for start, stream, far_at, far_bytes in map_spans(
+        partial(SPAN_SECTIONS, rows, bases[width], width, table, lay, body), spans
+    ):
+        streams[start : start + stream.size] |= stream  # neighbouring spans may share a byte: or them in
+        far_section[far_at : far_at + far_bytes.size] |= far_bytes
+    return width, lay.sizes, payload
+
+
+def encode_sections_np(rows: np.ndarray, widths: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
+    """The width and five body sections (views of one body) of the compact form of a uint8 [R, C] plane."""
+    width, sizes, body = encode_body_np(rows, widths)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return width, [body[bounds[i] : bounds[i + 1]] for i in range(5)]

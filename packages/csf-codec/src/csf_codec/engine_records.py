@@ -35,7 +35,7 @@ from .engine_record_layout import (
     UNITS_MASK,
     raw_units,
 )
-from .engine_records_decode_c import decode_records_c, decode_span_c
+from .engine_records_decode_c import decode_span_c
 from .engine_records_decode_np import base_window_counts, decode_records
 from .engine_records_np import build_records, choose_windows, join_records, offsets, split_records, thresholds
 from .errors import CorruptPayloadError, ShapeMismatchError, VerificationError
@@ -255,12 +255,13 @@ def _check_arrays(rec: EngineRecords, geo: InlineGeometry, name: str) -> None:
 
 def decode_engine_records(rec: EngineRecords, *, name: str = "scales") -> torch.Tensor:
     """The native plane (uint8, CPU) of engine records, refusing every encoding but the canonical one."""
-    return _decode_engine(rec, name, decode_records_c)
+    return _decode_engine(rec, name)
 
 
-def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
-    """:func:`decode_engine_records` with a class decoder: the C one, or the numpy reference
-    (:func:`csf_codec.engine_records_decode_np.decode_records`), which the tests compare."""
+def _decode_engine(rec: EngineRecords, name: str, decode_class=None) -> torch.Tensor:
+    """:func:`decode_engine_records`: each span in one C call (:func:`decode_span_c`), or with ``decode_class`` (the
+    numpy reference, :func:`csf_codec.engine_records_decode_np.decode_records`, which the tests compare) class by
+    class in numpy. A span the C call leaves to numpy is decoded again that way."""
     geo = rec.geometry
     _check_arrays(rec, geo, name)
     units = rec.record_units.numpy().astype(np.int64)
@@ -279,7 +280,8 @@ def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
     packed = rec.base_delta.numpy()
     delta = packed if bits == 8 else unpack_bits(packed.reshape(-1), bits, packed.size * 8 // bits)
     delta = delta.reshape(geo.row_blocks, TILE_ROWS)
-    base = rec.base_ref.numpy().astype(np.int16)[:, None] + delta
+    base_ref = rec.base_ref.numpy()
+    base = base_ref.astype(np.int16)[:, None] + delta
     br = _block_rows_np(geo)
     valid = br >= 0
     plans = [p for p in _class_plans(geo) if p.count]
@@ -287,58 +289,46 @@ def _decode_engine(rec: EngineRecords, name: str, decode_class) -> torch.Tensor:
     body = rec.body.numpy()
     out = np.zeros((geo.experts * geo.rows, geo.cols), dtype=np.uint8)
     wb = fmt.row_base_width
-    proven = np.zeros(br.shape, dtype=bool)  # slots whose stored base their row's counts prove its own
-    # three counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half the
-    # rows of NVFP4's W13 open, and those are cheaper to recompute from the plane at once
-    count = wb == 1
 
-    def span(sp: tuple[int, int]) -> None:
+    def span(sp: tuple[int, int]) -> bool:
+        """Decodes row blocks [a, b); whether their stored bases are the ones their rows give."""
         a, b = sp
         seg = body[starts[a] : starts[a] + int(per_block[a:b].sum())]
-        one = (out, seg, units[a:b], base[a:b], valid[a:b], br[a:b], windows, wb, count, proven[a:b], name)
-        if decode_class is decode_records_c and decode_span_c(*one):  # in one C call, records read in place
-            return
-        cls = decode_records if decode_class is decode_records_c else decode_class  # numpy decides what C leaves
+        if decode_class is None and units.size:  # in one C call, records read in place, bases checked
+            ok = decode_span_c(out, seg, units[a:b], base[a:b], valid[a:b], br[a:b], base_ref[a:b], windows, fmt, name)
+            if ok is not None:
+                return ok
+        cls = decode_records if decode_class is None else decode_class  # numpy decides what C leaves
         counts = np.zeros((3, b - a, TILE_ROWS), dtype=np.int32)
         staged = split_records(seg, units[a:b], plans)
         for i, plan in enumerate(plans):
             u = units[a:b, _columns(plans, plan)].reshape(-1)
             vals = cls(staged[i], u, base[a:b], valid[a:b], plan, windows, wb, name)
             _scatter(out, vals, br[a:b], plan)
-            if count:  # the tiles are in the plane now: the counts may overwrite them
+            if wb == 1:  # the tiles are in the plane now: the counts may overwrite them
                 counts += base_window_counts(vals, base[a:b], plan, wb)
-        if count:
-            proven[a:b] = proven_bases(base[a:b], *counts, geo.cols, wb)
+        # three counts a row prove its base for 1-bit windows (all but a few rows); a 16-value window leaves half
+        # the rows of NVFP4's W13 open, and those are cheaper to recompute from the rows
+        proven = proven_bases(base[a:b], *counts, geo.cols, wb) if wb == 1 else np.zeros((b - a, TILE_ROWS), bool)
+        return _span_bases_ok(out, fmt, base_ref[a:b], delta[a:b], base[a:b], proven, br[a:b])
 
     scales = min(_DECODE_SCALES, max(_DECODE_MIN, geo.experts * geo.rows * geo.cols // _DECODE_SHARE))
-    map_spans(span, _spans(geo, scales))
-    _check_bases(out, rec, base, delta, proven, br, name)
+    if not all(map_spans(span, _spans(geo, scales))):  # after every span: a record's fault comes first
+        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
     return torch.from_numpy(out).view(rec.shape)
 
 
-_SCALES_PER_CHECK = 1 << 20  # rows whose bases the counts leave open are checked in chunks of this many scales
-
-
-def _check_bases(out: np.ndarray, rec: EngineRecords, base, delta, proven, br, name: str) -> None:
-    """The stored references and deltas are the ones the decoded plane gives (format section 6): each row's base
-    is its stored one where the decoder's counts prove it, else recomputed from the row."""
+def _span_bases_ok(out: np.ndarray, fmt: ScaleFormat, base_ref, delta, base, proven, br) -> bool:
+    """The stored references and deltas of a span's row blocks are the ones the decoded plane gives (format section
+    6): each row's base is its stored one where the counts prove it (``proven``), else recomputed from its row."""
     valid = br >= 0
-    wb = rec.fmt.row_base_width
-    if not proven.any():  # nothing proven (NVFP4): the rule over the whole plane, in row order
-        natural = row_bases_c(out, (wb,))[wb][np.maximum(br, 0)]
-    else:
-        natural = np.clip(base, 0, 255).astype(np.uint8)
-        redo = np.flatnonzero((valid & ~proven).reshape(-1))
-        step = max(1, _SCALES_PER_CHECK // max(out.shape[1], 1))
-
-        def check(a: int) -> None:  # a chunk of the open rows
-            slots = redo[a : a + step]
-            natural.reshape(-1)[slots] = row_bases_c(out[br.reshape(-1)[slots]], (wb,))[wb]
-
-        map_spans(check, range(0, redo.size, step))
-    ref, delta2 = block_references_np(natural, valid, rec.fmt)
-    if not (np.array_equal(ref, rec.base_ref.numpy()) and np.array_equal(delta2, delta)):
-        raise CorruptPayloadError(name, "row bases or base deltas are not the ones the plane gives")
+    wb = fmt.row_base_width
+    natural = np.clip(base, 0, 255).astype(np.uint8)
+    open_rows = valid & ~proven
+    if open_rows.any():
+        natural[open_rows] = row_bases_c(out[br[open_rows]], (wb,))[wb]
+    ref, delta2 = block_references_np(natural, valid, fmt)
+    return bool(np.array_equal(ref, base_ref) and np.array_equal(delta2, delta))
 
 
 def _columns(plans, plan) -> slice:

@@ -1,25 +1,21 @@
 """Engine records' CPU decoder on the C extension (:mod:`csf_codec.native`): a span's row blocks in one C call that
-releases the GIL (:func:`decode_span_c`), or one column class of them (:func:`decode_records_c`), a tile at a
-time: every field checked, the values, and the canonical-choice check from each tile's ``C(k)`` (the numpy
-decoder's checks, order and messages: :func:`csf_codec.engine_records_decode_np.decode_records`, the reference).
-The numpy passes report the first check any tile fails; the C loop ranks its faults in that order and reports the
-least. The span call also writes the tiles to their rows and counts the row-base proof
-(:func:`csf_codec.engine_records_decode_np.base_window_counts`, :func:`csf_codec.rowbase.proven_bases`)."""
+releases the GIL (:func:`decode_span_c`), column class by column class, a tile at a time: every field checked, the
+values, and the canonical-choice check from each tile's ``C(k)`` (the numpy decoder's checks, order and messages:
+:func:`csf_codec.engine_records_decode_np.decode_records`, the reference). The numpy passes report the first check
+any tile fails; the C loop ranks its faults in that order and reports the least. The call also writes the tiles to
+their rows and checks each row block's stored bases against its rows while they are in cache
+(:func:`csf_codec.engine_records._span_bases_ok`, the reference)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .engine_records_decode_np import decode_records
 from .engine_records_np import thresholds
 from .errors import CorruptPayloadError
-from .inline_np import ClassPlan
 from .native import native
-from .record_layout import MODE_WIDTH
-from .rowbase import proven_bases
-from .tile_layout import TILE_ROWS
+from .record_layout import DELTA_BITS, MODE_WIDTH
 
-__all__ = ["decode_records_c", "decode_span_c"]
+__all__ = ["decode_span_c"]
 
 _MODE_FAULTS = (
     "a {w}-bit record's window is not a candidate window",
@@ -49,54 +45,17 @@ _FAULTS = {
     **{51 + k: f for k, f in enumerate(_RAW_FAULTS)},
     60: "a tile's record is not the shortest its candidate windows give",
 }
-_BOUNDS = 61  # a record longer than its staged row (split_records never stages one): the numpy path decides
+_BOUNDS = 61  # a table index numpy would refuse (a record length below one unit, refused before): numpy decides
 
 
-def decode_records_c(
-    rec, units, base, valid, plan: ClassPlan, windows, base_width: int, name: str, *, at=None, staged=None
-) -> np.ndarray:
-    """:func:`csf_codec.engine_records_decode_np.decode_records` (same arguments, bytes and errors) in C. With ``at``
-    (int64 [T]: each record's first byte), ``rec`` is the span's body itself, read in place; ``staged`` then gives
-    the staged records for the numpy path, which decides a record longer than its row (never staged so)."""
-    t_count, size = units.shape[0], TILE_ROWS * plan.cols
-    vals = np.empty((t_count, size), dtype=np.uint8)
-    if not t_count:
-        return vals
-    if at is None:
-        at = np.arange(t_count, dtype=np.int64) * rec.shape[1]
-    fault, _ = native().decode_engine_span(
-        vals,
-        np.ascontiguousarray(rec, dtype=np.uint8).reshape(-1),
-        np.ascontiguousarray(units, dtype=np.int64),
-        np.ascontiguousarray(base, dtype=np.int16),
-        np.ascontiguousarray(valid, dtype=np.bool_),
-        np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
-        np.array(thresholds(tuple(windows)), dtype=np.int32),
-        np.ascontiguousarray(at, dtype=np.int64),
-        plan.count,
-        plan.cols,
-        base_width,
-    )
-    if fault == _BOUNDS:
-        return decode_records(rec if staged is None else staged(), units, base, valid, plan, windows, base_width, name)
-    if fault:
-        raise CorruptPayloadError(name, _FAULTS[fault])
-    return vals
-
-
-def decode_span_c(out, seg, units, base, valid, br, windows, base_width: int, count: bool, proven, name: str) -> bool:
-    """A span of row blocks, whole: every column class's records (``seg``, the span's body; ``units`` int [blocks,
-    col tiles]) decoded and checked class by class as :func:`decode_records_c` does, the tiles written to their rows
-    of ``out`` (uint8 [plane rows, cols]; ``br``: each slot's plane row, -1 for padding), and with ``count``,
-    ``proven`` (bool [blocks, 128], written in place) set where the decoded rows' counts prove the stored base.
-    False when the numpy path must decide (a table index numpy would refuse): the caller decodes the span again
-    that way."""
-    if not units.size:  # no columns: nothing to decode, and the proof of empty rows
-        if count:
-            zero = np.zeros(base.shape, dtype=np.int32)
-            proven[...] = proven_bases(base, zero, zero, zero, out.shape[1], base_width)
-        return True
-    fault, _ = native().decode_engine_rows(
+def decode_span_c(out, seg, units, base, valid, br, base_ref, windows, fmt, name: str) -> bool | None:
+    """A span of row blocks, whole, in one C call: every record (``seg``, the span's body; ``units`` int [blocks,
+    col tiles]) decoded and checked as the numpy reference checks them, full tiles before tail tiles, the tiles
+    written to their rows of ``out`` (uint8 [plane rows, cols]; ``br``: each slot's plane row, -1 for padding); then
+    whether each block's stored bases (``base`` int [blocks, 128], ``base_ref`` uint8 [blocks]) are the ones its rows
+    give, proven from the rows' counts for 1-bit base windows or recomputed. None when the numpy path must decide (a
+    table index numpy would refuse): the caller decodes the span again that way."""
+    fault, _, bases_ok = native().decode_engine_rows(
         out,
         seg,
         np.ascontiguousarray(units, dtype=np.int64),
@@ -106,12 +65,13 @@ def decode_span_c(out, seg, units, base, valid, br, windows, base_width: int, co
         np.ascontiguousarray(windows, dtype=np.int64).reshape(-1),
         np.array(thresholds(tuple(windows)), dtype=np.int32),
         out.shape[1],
-        base_width,
-        int(count),
-        proven,
+        fmt.row_base_width,
+        int(fmt.row_base_width == 1),  # three counts a row prove a 1-bit window's base for nearly every row
+        np.ascontiguousarray(base_ref, dtype=np.uint8),
+        DELTA_BITS[fmt.name],
     )
     if fault == _BOUNDS:
-        return False
+        return None
     if fault:
         raise CorruptPayloadError(name, _FAULTS[fault])
-    return True
+    return bool(bases_ok)

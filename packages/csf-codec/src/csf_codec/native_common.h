@@ -48,6 +48,26 @@ static inline int field_at(const uint8_t *sel, int64_t k, int w) {
     return (sel[bit >> 3] >> (bit & 7)) & ((1 << w) - 1);
 }
 
+/* size fields (uint8, one a byte, < 2**w; size a multiple of 8) into packed w-bit fields, LSB first: field p at
+bit p * w (w: 1, 2 or 4) */
+static inline void pack_fields(const uint8_t *fld, int64_t size, int w, uint8_t *sel) {
+    if (w == 1) {
+        for (int64_t i = 0; i < size / 8; i++) {
+            uint64_t x;
+            memcpy(&x, fld + 8 * i, 8);
+            sel[i] = (uint8_t)((x * 0x0102040810204080ull) >> 56); /* byte k's bit 0 to bit 56 + k: no carries */
+        }
+    } else if (w == 2) {
+        for (int64_t i = 0; i < size / 4; i++) {
+            uint32_t x;
+            memcpy(&x, fld + 4 * i, 4);
+            sel[i] = (uint8_t)((x & 3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0));
+        }
+    } else {
+        for (int64_t i = 0; i < size / 2; i++) sel[i] = (uint8_t)(fld[2 * i] | fld[2 * i + 1] << 4);
+    }
+}
+
 /* inline: without -mpopcnt, __builtin_popcountll is a call into libgcc */
 static inline int popcount64(uint64_t x) {
 #if defined(__POPCNT__) || !defined(__x86_64__)
@@ -67,6 +87,10 @@ typedef struct {
 
 void release(Buf *bufs, int n);
 int get_buf(PyObject *o, Buf *out, int writable, Py_ssize_t itemsize, const char *what);
+/* an entry's n buffer arguments: o[i] into bufs[i] (zeroed first) as items of sizes[i] bytes, writable where bit i
+of writable is set; -1 with the exception set on the first that is not (bufs is released by the caller, always) */
+int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names,
+             unsigned writable);
 
 static inline int64_t b_len_div(Py_ssize_t len, Py_ssize_t s) { return s > 0 ? len / s : 0; }
 
@@ -76,11 +100,11 @@ static inline int64_t b_len_div(Py_ssize_t len, Py_ssize_t s) { return s > 0 ? l
 PyObject *far_counts(PyObject *self, PyObject *args);          /* native_compact.c */
 PyObject *decode_compact_span(PyObject *self, PyObject *args); /* native_compact.c */
 PyObject *scan_bases(PyObject *self, PyObject *args);          /* native_compact.c */
-PyObject *chunk_counts(PyObject *self, PyObject *args);        /* native_compact_encode.c */
+PyObject *compact_rows(PyObject *self, PyObject *args);        /* native_compact_encode.c */
+PyObject *encode_compact_span(PyObject *self, PyObject *args); /* native_compact_span.c */
 PyObject *decode_inline_span(PyObject *self, PyObject *args);  /* native_inline.c */
 PyObject *level_counts(PyObject *self, PyObject *args);        /* native_inline_encode.c */
 PyObject *row_bases(PyObject *self, PyObject *args);           /* native_rowbase.c */
-PyObject *decode_engine_span(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *decode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_decode.c */
 PyObject *encode_engine_rows(PyObject *self, PyObject *args);  /* native_engine_encode.c */
 

@@ -29,14 +29,13 @@ static int64_t count_bits(const uint8_t *s, int64_t nbytes, int64_t p, int64_t q
 
 /* far flags set per listed chunk: out[k] for chunk k (int64 [chunks]) */
 PyObject *far_counts(PyObject *self, PyObject *args) {
-    PyObject *o_stream, *o_listed, *o_bits, *o_out;
-    if (!PyArg_ParseTuple(args, "OOOO", &o_stream, &o_listed, &o_bits, &o_out)) return NULL;
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    static const Py_ssize_t sizes[4] = {1, 8, 8, 8};
+    static const char *const names[4] = {"stream", "listed", "bit_offsets", "out"};
     Buf bufs[4];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    if (get_buf(o_stream, &bufs[0], 0, 1, "stream") || get_buf(o_listed, &bufs[1], 0, 8, "listed") ||
-        get_buf(o_bits, &bufs[2], 0, 8, "bit_offsets") || get_buf(o_out, &bufs[3], 1, 8, "out"))
-        goto done;
+    if (get_bufs(o, bufs, 4, sizes, names, 1u << 3)) goto done;
     const uint8_t *s = bufs[0].b.buf;
     int64_t nbytes = bufs[0].b.len, chunks = N_OF(bufs[1]);
     const int64_t *listed = bufs[1].b.buf, *bit0 = bufs[2].b.buf;
@@ -90,13 +89,11 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args) {
                           &o[9], &o[10], &o[11], &o[12], &stream_bytes, &ra, &rb, &cols, &width))
         return NULL;
     static const Py_ssize_t sizes[13] = {1, 1, 4, 1, 8, 8, 8, 1, 8, 1, 1, 8, 8};
-    static const char *names[13] = {"out",  "selectors",   "bases", "exceptions", "listed",     "bit_offsets", "lens",
+    static const char *const names[13] = {"out",  "selectors",   "bases", "exceptions", "listed",     "bit_offsets", "lens",
                                     "raw",  "raw_offsets", "codes", "escaped",    "esc_before", "far_before"};
     Buf bufs[13];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 13; i++)
-        if (get_buf(o[i], &bufs[i], i == 0, sizes[i], names[i])) goto done;
+    if (get_bufs(o, bufs, 13, sizes, names, 1u << 0)) goto done;
     if (width != 1 && width != 2 && width != 4) {
         PyErr_SetString(PyExc_ValueError, "width must be 1, 2 or 4");
         goto done;
@@ -150,15 +147,9 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args) {
         for (int64_t j = 0; j < cols; j += 8) {
             uint64_t x = bits_at(sel, n_sel, (j0 + j) * width), v;
             if (width == 1) {
-                x &= 0xFF;
-                x = (x | x << 28) & 0x0000000F0000000Full;
-                x = (x | x << 14) & 0x0003000300030003ull;
-                v = (x | x << 7) & 0x0101010101010101ull;
+                v = UNPACK1[x & 0xFF];
             } else if (width == 2) {
-                x &= 0xFFFF;
-                x = (x | x << 24) & 0x000000FF000000FFull;
-                x = (x | x << 12) & 0x000F000F000F000Full;
-                v = (x | x << 6) & 0x0303030303030303ull;
+                v = (uint64_t)UNPACK2[x & 0xFF] | (uint64_t)UNPACK2[(x >> 8) & 0xFF] << 32;
             } else {
                 x &= 0xFFFFFFFF;
                 x = (x | x << 16) & 0x0000FFFF0000FFFFull;
@@ -369,14 +360,13 @@ done:
 /* Row bases from the compact form's 2-bit codes (0 same, 1 up, 2 down, 3 escaped: the next escaped base), as
 compact_np.scan_bases_np: int32 [R] into out. The caller checked that the escapes are as many as the codes say. */
 PyObject *scan_bases(PyObject *self, PyObject *args) {
-    PyObject *o_codes, *o_esc, *o_out;
-    if (!PyArg_ParseTuple(args, "OOO", &o_codes, &o_esc, &o_out)) return NULL;
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    static const Py_ssize_t sizes[3] = {1, 1, 4};
+    static const char *const names[3] = {"codes", "escapes", "out"};
     Buf bufs[3];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    if (get_buf(o_codes, &bufs[0], 0, 1, "codes") || get_buf(o_esc, &bufs[1], 0, 1, "escapes") ||
-        get_buf(o_out, &bufs[2], 1, 4, "out"))
-        goto done;
+    if (get_bufs(o, bufs, 3, sizes, names, 1u << 2)) goto done;
     const uint8_t *codes = bufs[0].b.buf, *esc = bufs[1].b.buf;
     int32_t *out = bufs[2].b.buf;
     const int64_t r = bufs[0].b.len, n_esc = bufs[1].b.len;

@@ -63,6 +63,43 @@ static const char *windows_init(Windows *E, const int64_t *win, int64_t nw, cons
     return NULL;
 }
 
+/* What the engine's span entries (decode_engine_rows, encode_engine_rows) share: a span of row blocks of a plane of
+cols columns, in column tiles of four columns and a tail tile of tail columns, and the window tables. */
+typedef struct {
+    int64_t cols, blocks, full, tail, ct, n_rows; /* ct: column tiles a block (full, then the tail's one) */
+    int span;                                     /* 2**base_width: the row base's window */
+    Windows E;
+} EngineSpan;
+
+/* The arguments both entries take, checked (fn names the entry in the errors): plane uint8 [n_rows, cols] (the rows
+read or written), br int64 [blocks, 128] (each slot's plane row, negative for padding), base int16 and valid bool
+[blocks, 128] (a real slot has a row), units int64 [blocks, col tiles], windows int64 [W, 2] and thresholds int32
+(the window tables). 0 with S filled, or -1 with a ValueError set. */
+static int engine_span_args(const char *fn, Py_ssize_t cols, Py_ssize_t base_width, const Buf *plane, const Buf *br,
+                            const Buf *base, const Buf *valid, const Buf *units, const Buf *win, const Buf *ks,
+                            EngineSpan *S) {
+    S->cols = cols, S->blocks = N_OF(*base) / 128, S->full = cols / 4, S->tail = cols % 4;
+    S->ct = S->full + (S->tail != 0), S->n_rows = cols > 0 ? N_OF(*plane) / cols : 0;
+    const int64_t nb = S->blocks * 128;
+    int bad = cols < 1 || base_width < 0 || base_width > 8 || N_OF(*base) != nb || valid->b.len != nb ||
+              N_OF(*br) != nb || N_OF(*units) != S->blocks * S->ct || N_OF(*plane) != S->n_rows * cols;
+    const int64_t *rows = br->b.buf;
+    const uint8_t *real = valid->b.buf;
+    for (int64_t i = 0; i < nb && !bad; i++) bad |= rows[i] >= S->n_rows || (real[i] && rows[i] < 0);
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "%s: inconsistent arguments", fn);
+        return -1;
+    }
+    S->span = 1 << base_width;
+    const char *why = N_OF(*win) % 2 ? "windows are not (width, origin) pairs"
+                                     : windows_init(&S->E, win->b.buf, N_OF(*win) / 2, ks->b.buf, N_OF(*ks));
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", fn, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* Per block: the least and greatest real row base (1 << 20 and -(1 << 20) when it has none) and its padding
 positions in a tile of cols columns (engine_records_np.tile_limits). */
 static void block_limits(const int16_t *base, const uint8_t *valid, int64_t blocks, int64_t cols, int64_t *bmin,

@@ -1,17 +1,18 @@
 /* Engine records' decoder (engine_records_decode_c.py): a tile at a time, every check of the numpy reference. */
 #include "native_engine.h"
+#include "native_rowbase.h"
 
 /* ------------------------------------------------------------------------------------ engine records' decoder */
 
-/* Fault ranks of decode_engine_span, in the order engine_records_decode_np.decode_records checks them (its
+/* Fault ranks of a tile (decode_tile), in the order engine_records_decode_np.decode_records checks them (its
 whole-array passes report the first check any tile fails: the least rank over tiles). */
 #define EF_UNITS 1    /* a record header's length disagrees with its offsets byte */
 #define EF_RESERVED 2 /* reserved bits */
 #define EF_MODE(m, k) (3 + 16 * (m) + (k)) /* per selector width, k = 0..12 in the numpy order */
 #define EF_RAW(k) (51 + (k))               /* raw records, k = 0..3 */
 #define EF_CHOICE 60
-#define EF_BOUNDS 61 /* a record longer than its staged row, or a table index numpy would refuse: the wrapper
-                        takes the numpy path, whatever it decides */
+#define EF_BOUNDS 61 /* a record length below one unit, or a table index numpy would refuse: the wrapper takes
+                        the numpy path, whatever it decides */
 /* One record (r, u units) of a tile of cols columns into v (uint8 [128 cols], slot order), every check of
 engine_records_decode_np.decode_records and the canonical choice from the tile's C(k); vb, bb: its block's valid
 flags and row bases; bmin, bmax, npad: block_limits. Returns 0, or the least fault rank the tile fails (fld: a
@@ -19,6 +20,7 @@ scratch of 128 cols bytes). */
 static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint8_t *vb, const int16_t *bb,
                        int64_t bmin, int64_t bmax, int64_t npad, int64_t cols, int span, uint8_t *v, uint8_t *fld) {
     const int64_t size = 128 * cols, raw_u = units_of(4 + size);
+    const int32_t slot_mul = (65536 + (int32_t)cols - 1) / (int32_t)cols; /* (p * slot_mul) >> 16 = p / cols, p < 512 */
     const int padded = npad != 0;
     uint32_t h;
     memcpy(&h, r, 4);
@@ -65,14 +67,14 @@ static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint
             if (pos[i] <= pos[i - 1]) return (EF_MODE(mode, 6));
         int64_t nesc = 0;
         for (int64_t i = 0; i < n; i++) {
-            if (fld[pos[i]] || (padded && !vb[pos[i] / cols])) return (EF_MODE(mode, 7));
+            if (fld[pos[i]] || (padded && !vb[(pos[i] * slot_mul) >> 16])) return (EF_MODE(mode, 7));
             nesc += code[i] == 7;
         }
         const int64_t used = ee + nesc;
         if (units_of(used) != u) return (EF_MODE(mode, 8));
         int32_t value[512], lo_of[512];
         for (int64_t i = 0, er = 0; i < n; i++) {
-            const int32_t lo = ((uint8_t)bb[pos[i] / cols] + org) & 0xFF;
+            const int32_t lo = ((uint8_t)bb[(pos[i] * slot_mul) >> 16] + org) & 0xFF;
             const int c = code[i];
             lo_of[i] = lo;
             value[i] = c == 7 ? r[ee + er++] : c < 4 ? lo - 1 - c : lo + (1 << w) + (c - 4);
@@ -116,12 +118,19 @@ static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint
             }
             for (int f = 0; f < 16; f++) fh[f] = h4[0][f] + h4[1][f] + h4[2][f] + h4[3][f];
         }
-        if (cols == 4) {
+        if (cols == 4) { /* a slot's fields as one word: bytewise adds without carries */
             for (int s = 0; s < 128; s++) {
                 uint32_t a, b = (uint32_t)(uint8_t)((uint8_t)bb[s] + org) * 0x01010101u;
                 memcpy(&a, fld + 4 * s, 4);
                 const uint32_t sum = ((a & 0x7F7F7F7Fu) + (b & 0x7F7F7F7Fu)) ^ ((a ^ b) & 0x80808080u);
                 memcpy(v + 4 * s, &sum, 4);
+            }
+        } else if (cols == 2) {
+            for (int s = 0; s < 128; s++) {
+                uint16_t a, b = (uint16_t)((uint8_t)((uint8_t)bb[s] + org) * 0x0101u);
+                memcpy(&a, fld + 2 * s, 2);
+                const uint16_t sum = (uint16_t)(((a & 0x7F7Fu) + (b & 0x7F7Fu)) ^ ((a ^ b) & 0x8080u));
+                memcpy(v + 2 * s, &sum, 2);
             }
         } else {
             for (int s = 0; s < 128; s++) {
@@ -174,230 +183,206 @@ static int decode_tile(const Windows *E, const uint8_t *r, int64_t u, const uint
     return 0;
 }
 
-/* decode_engine_span(vals, rec, units, base, valid, windows, thresholds, at, count, cols, base_width) -> (fault,
-tile): engine_records_decode_np.decode_records for one column class of a span, a tile at a time: rec uint8 records,
-units int64 [T], base int16 / valid bool [blocks, 128], windows int64 [W, 2] (width, origin),
-thresholds int32 (engine_records_np.thresholds), at int64 [T] each record's first byte in rec (staged rows, or the
-body itself); vals uint8 [T, 128 cols] gets the tiles (slot order). Each tile's
-C(k) (its positions at offset <= k from the row base, padding at 0) is counted as numpy counts it, and the window
-choice checked from it (window_units, pick_windows). */
-PyObject *decode_engine_span(PyObject *self, PyObject *args) {
-    PyObject *o[8];
-    Py_ssize_t count, cols, base_width;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &count,
-                          &cols, &base_width))
-        return NULL;
-    static const Py_ssize_t sizes[8] = {1, 1, 8, 2, 1, 8, 4, 8};
-    static const char *names[8] = {"vals", "rec", "units", "base", "valid", "windows", "thresholds", "at"};
-    Buf bufs[8];
-    memset(bufs, 0, sizeof bufs);
-    PyObject *ret = NULL;
-    for (int i = 0; i < 8; i++)
-        if (get_buf(o[i], &bufs[i], i == 0, sizes[i], names[i])) goto done;
-    const int64_t size = 128 * (int64_t)cols;
-    uint8_t *vals = bufs[0].b.buf;
-    const uint8_t *rec = bufs[1].b.buf, *valid = bufs[4].b.buf;
-    const int64_t *rec_at = bufs[7].b.buf, rec_len = bufs[1].b.len;
-    const int64_t *units = bufs[2].b.buf;
-    const int16_t *base = bufs[3].b.buf;
-    const int64_t T = N_OF(bufs[2]);
-    const int64_t blocks = N_OF(bufs[3]) / 128;
-    if (cols < 1 || cols > 4 || count < 1 || base_width < 0 || base_width > 8 || N_OF(bufs[3]) != blocks * 128 ||
-        bufs[4].b.len != blocks * 128 || T != blocks * count || N_OF(bufs[0]) != T * size || N_OF(bufs[7]) != T ||
-        N_OF(bufs[5]) % 2) {
-        PyErr_SetString(PyExc_ValueError, "decode_engine_span: inconsistent arguments");
-        goto done;
+/* The tile's decoded values v (uint8 [128 tc], slot order) to their rows of out (uint8 [plane rows, cols], from
+column c0; rows: each slot's plane row, negative for padding), as inline_np._scatter writes them. */
+static inline void write_rows(uint8_t *out, int64_t cols, int64_t c0, const int64_t *rows, const uint8_t *v,
+                              int64_t tc) {
+    uint8_t *dst = out + c0;
+    if (tc == 4) { /* a word a row */
+        for (int s = 0; s < 128; s++)
+            if (rows[s] >= 0) memcpy(dst + rows[s] * cols, v + 4 * s, 4);
+    } else if (tc == 2) {
+        for (int s = 0; s < 128; s++)
+            if (rows[s] >= 0) memcpy(dst + rows[s] * cols, v + 2 * s, 2);
+    } else {
+        for (int s = 0; s < 128; s++)
+            if (rows[s] >= 0)
+                for (int c = 0; c < tc; c++) dst[rows[s] * cols + c] = v[s * tc + c];
     }
-    Windows E;
-    const char *bad = windows_init(&E, bufs[5].b.buf, N_OF(bufs[5]) / 2, bufs[6].b.buf, N_OF(bufs[6]));
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "decode_engine_span: %s", bad);
-        goto done;
-    }
-    int fault = 0, nomem = 0;
-    int64_t where = -1;
-    Py_BEGIN_ALLOW_THREADS;
-    const int span = 1 << base_width;
-    const int64_t nb1 = blocks ? blocks : 1;
-    int64_t *bmin = malloc(sizeof(int64_t) * nb1), *bmax = malloc(sizeof(int64_t) * nb1);
-    int64_t *npad = malloc(sizeof(int64_t) * nb1);
-    uint8_t *fld = malloc(size);
-    if (!bmin || !bmax || !npad || !fld) {
-        nomem = 1;
-        goto engine_out;
-    }
-    block_limits(base, valid, blocks, cols, bmin, bmax, npad);
-    int fail_rank = 1 << 30;
-    for (int64_t t = 0; t < T; t++)
-        if (units[t] < 1 || rec_at[t] < 0 || rec_at[t] > rec_len - units[t] * 16)
-            fail_rank = EF_BOUNDS; /* never staged so: numpy decides */
-    for (int64_t t = 0; t < T && fail_rank != EF_BOUNDS; t++) {
-        const int64_t blk = t / count;
-        const int rank = decode_tile(&E, rec + rec_at[t], units[t], valid + blk * 128, base + blk * 128, bmin[blk],
-                                     bmax[blk], npad[blk], cols, span, vals + t * size, fld);
-        if (rank == EF_BOUNDS) {
-            fail_rank = rank, where = t;
-            break;
-        }
-        if (rank && rank < fail_rank) {
-            fail_rank = rank, where = t;
-            if (rank == EF_UNITS) break; /* the least rank */
-        }
-    }
-    fault = fail_rank == (1 << 30) ? 0 : fail_rank;
-engine_out:
-    free(bmin), free(bmax), free(npad), free(fld);
-    Py_END_ALLOW_THREADS;
-    if (nomem) {
-        PyErr_SetString(PyExc_MemoryError, "decode_engine_span");
-        goto done;
-    }
-    ret = Py_BuildValue("(iL)", fault, (long long)where);
-done:
-    release(bufs, 8);
-    return ret;
 }
 
-/* decode_engine_rows(out, body, units, base, valid, br, windows, thresholds, cols, base_width, count, proven) ->
-(fault, tile): engine_records._decode_engine's span, whole, in one call: every column class (the full 4-column
-tiles, then the tail tile) in turn, as decode_engine_span decodes it, reading the records in place from the span's
-body (uint8: the records of its row blocks, in body order; units int64 [blocks, col tiles] their lengths / 16),
-then each decoded tile written to its rows of out (uint8 [plane rows, cols]; br int64 [blocks, 128]: each slot's
-plane row, or -1 for padding) as inline_np._scatter writes it. A class that fails a check stops the span before the
-next class (fault: the class's least rank, tile: its index in the class). With count set, the row-base proof of
-engine_records_decode_np.base_window_counts and rowbase.proven_bases: per slot, the row's decoded scales at its
-base, at its window's top and inside it, over every class, and into proven (bool [blocks, 128]) whether those
-counts prove the stored base. */
+/* Adds a tile's per-slot counts (engine_records_decode_np.base_window_counts): the slot's decoded scales at its row
+base (at), at its window's top (top) and inside it (in), the window [base, base + span - 1] taken mod 256 as numpy
+takes it (forged bases wrap; the proof refuses them). */
+static inline void add_counts(const uint8_t *v, const int16_t *bb, int64_t tc, int span, int32_t *at, int32_t *top,
+                              int32_t *in) {
+    if (tc == 4 && span <= 128) {
+        const uint32_t t = (uint32_t)(span - 1) * ONES32;
+        for (int s = 0; s < 128; s++) {
+            uint32_t x;
+            memcpy(&x, v + 4 * s, 4);
+            const uint32_t e = sub_bytes(x, (uint32_t)(uint8_t)bb[s] * ONES32); /* from the base, mod 256 */
+            at[s] += count_flags(lt_bytes(e, 1)), top[s] += count_flags(lt_bytes(e ^ t, 1));
+            in[s] += count_flags(lt_bytes(e, span));
+        }
+    } else if (tc == 2 && span <= 128) { /* two bytes a slot, in the low half of a word */
+        const uint32_t t = (uint32_t)(span - 1) * 0x0101u, pad = 0xFFFF0000u; /* high half: never counted */
+        for (int s = 0; s < 128; s++) {
+            uint16_t x16;
+            memcpy(&x16, v + 2 * s, 2);
+            const uint32_t e = sub_bytes(x16, (uint32_t)(uint8_t)bb[s] * 0x0101u) & 0xFFFFu;
+            at[s] += count_flags(lt_bytes(e | pad, 1)), top[s] += count_flags(lt_bytes((e ^ t) | pad, 1));
+            in[s] += count_flags(lt_bytes(e | pad, span));
+        }
+    } else {
+        for (int s = 0; s < 128; s++) {
+            const uint8_t bp = (uint8_t)bb[s];
+            int32_t n0 = 0, n1 = 0, n2 = 0;
+            for (int c = 0; c < tc; c++) {
+                const uint8_t e = (uint8_t)(v[s * tc + c] - bp); /* from the base, mod 256 */
+                n0 += e == 0, n1 += e == span - 1, n2 += e < span;
+            }
+            at[s] += n0, top[s] += n1, in[s] += n2;
+        }
+    }
+}
+
+/* Whether a decoded block's stored bases are the ones its rows give (format section 6; engine_records._span_bases_ok):
+each real slot's row base (width 2**wb = span) is its stored base where the counts prove it (proven, or NULL), else
+the rule's on its row of out; the block's reference and deltas of those bases (inline.block_references_np: padding
+slots repeat slot 0, the reference is the rule's at delta_bits over the block's 128 bases, 0 at 8 bits, deltas
+clipped to delta_bits) must be the stored ones: ref, and base less ref at every slot (0 at padding). */
+static int block_bases_ok(const uint8_t *out, int64_t cols, const int64_t *rows, const uint8_t *vb, const int16_t *bb,
+                          const uint8_t *proven, int span, int ref, int delta_bits, RowRule *Rrow, RowRule *Rblock) {
+    uint8_t nat[128];
+    for (int s = 0; s < 128; s++) {
+        if (!vb[s]) continue;
+        if (proven && proven[s]) {
+            nat[s] = (uint8_t)bb[s]; /* proven bases lie in [0, 256 - span] */
+        } else if (cols == 0) {
+            nat[s] = 0;
+        } else {
+            const uint8_t *row = out + rows[s] * cols;
+            row_rule_start(Rrow, row);
+            nat[s] = (uint8_t)row_rule_base(Rrow, row, span);
+        }
+    }
+    for (int s = 1; s < 128; s++)
+        if (!vb[s]) nat[s] = nat[0]; /* slot 0 of a block is always real */
+    int r = 0;
+    if (delta_bits < 8) {
+        row_rule_start(Rblock, nat);
+        r = row_rule_base(Rblock, nat, 1 << delta_bits);
+    }
+    if (r != ref) return 0;
+    const int top = (1 << delta_bits) - 1;
+    for (int s = 0; s < 128; s++) {
+        int d = vb[s] ? nat[s] - r : 0;
+        d = d < 0 ? 0 : d > top ? top : d;
+        if (d != bb[s] - ref) return 0;
+    }
+    return 1;
+}
+
+/* A class's verdict as its tiles are decoded in order: the least fault rank so far and the tile, and whether it is
+settled (a record length below one unit or an EF_BOUNDS tile: numpy decides; EF_UNITS: the least rank). */
+typedef struct {
+    int rank, settled;
+    int64_t where;
+} ClassFault;
+
+static inline void class_fault(ClassFault *F, int rank, int64_t t) {
+    if (!rank) return;
+    if (rank == EF_BOUNDS) {
+        F->rank = EF_BOUNDS, F->where = t, F->settled = 1;
+        return;
+    }
+    if (!F->rank || rank < F->rank) F->rank = rank, F->where = t;
+    if (rank == EF_UNITS) F->settled = 1;
+}
+
+/* decode_engine_rows(out, body, units, base, valid, br, windows, thresholds, cols, base_width, count, base_ref,
+delta_bits) -> (fault, tile, bases_ok): engine_records._decode_engine's span, whole, in one call, row block by row
+block: each of the block's tiles (its full 4-column tiles, then its tail tile) checked and decoded as
+engine_records_decode_np.decode_records checks it (decode_tile), reading the records in place from the span's body
+(uint8: the records of its row blocks, in body order; units int64 [blocks, col tiles] their lengths / 16), and
+written to its rows of out (uint8 [plane rows, cols]; br int64 [blocks, 128]: each slot's plane row, or -1 for
+padding). Faults are those of the numpy passes, which decode the full tiles of the span before its tail tiles: the
+least rank of the first class that has one (tile: its index in the class). With no fault, each block's stored bases
+are checked (block_bases_ok) while its rows are in cache: with count set, a slot's base is proven from its row's
+decoded scales at its base, at its window's top and inside it (engine_records_decode_np.base_window_counts and
+rowbase.proven_bases), else recomputed from the row; base_ref (uint8 [blocks]) and delta_bits are the stored
+references' and the format's. bases_ok is 0 when some block's bases are not the ones its rows give. */
 PyObject *decode_engine_rows(PyObject *self, PyObject *args) {
     PyObject *o[9];
     Py_ssize_t cols, base_width;
-    int count;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnniO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &cols,
-                          &base_width, &count, &o[8]))
+    int count, delta_bits;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnniOi", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &cols,
+                          &base_width, &count, &o[8], &delta_bits))
         return NULL;
     static const Py_ssize_t sizes[9] = {1, 1, 8, 2, 1, 8, 8, 4, 1};
-    static const char *names[9] = {"out", "body", "units", "base", "valid", "br", "windows", "thresholds", "proven"};
+    static const char *const names[9] = {"out", "body",    "units",      "base",    "valid",
+                                         "br",  "windows", "thresholds", "base_ref"};
     Buf bufs[9];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 9; i++)
-        if (get_buf(o[i], &bufs[i], i == 0 || i == 8, sizes[i], names[i])) goto done;
-    uint8_t *out = bufs[0].b.buf, *proven = bufs[8].b.buf;
-    const uint8_t *body = bufs[1].b.buf, *valid = bufs[4].b.buf;
+    EngineSpan S;
+    if (get_bufs(o, bufs, 9, sizes, names, 1u << 0) ||
+        engine_span_args("decode_engine_rows", cols, base_width, &bufs[0], &bufs[5], &bufs[3], &bufs[4], &bufs[2],
+                         &bufs[6], &bufs[7], &S))
+        goto done;
+    uint8_t *out = bufs[0].b.buf;
+    const uint8_t *body = bufs[1].b.buf, *valid = bufs[4].b.buf, *base_ref = bufs[8].b.buf;
     const int64_t *units = bufs[2].b.buf, *br = bufs[5].b.buf;
     const int16_t *base = bufs[3].b.buf;
-    const int64_t blocks = N_OF(bufs[3]) / 128, full = cols / 4, tail = cols % 4, ct = full + (tail != 0);
-    const int64_t n_rows = cols > 0 ? N_OF(bufs[0]) / cols : 0, body_len = bufs[1].b.len;
-    int bad_args = cols < 1 || base_width < 0 || base_width > 8 || N_OF(bufs[3]) != blocks * 128 ||
-                   bufs[4].b.len != blocks * 128 || N_OF(bufs[5]) != blocks * 128 || N_OF(bufs[2]) != blocks * ct ||
-                   bufs[8].b.len != blocks * 128 || N_OF(bufs[6]) % 2 || N_OF(bufs[0]) != n_rows * cols;
+    const int64_t blocks = S.blocks, full = S.full, tail = S.tail, ct = S.ct;
     int64_t total = 0;
-    for (int64_t i = 0; i < blocks * ct && !bad_args; i++) total += units[i] > 0 ? units[i] : 0;
-    bad_args |= total * 16 > body_len;
-    for (int64_t i = 0; i < blocks * 128 && !bad_args; i++) bad_args |= br[i] >= n_rows;
-    if (bad_args) {
+    for (int64_t i = 0; i < blocks * ct; i++) total += units[i] > 0 ? units[i] : 0;
+    if (total * 16 > bufs[1].b.len || bufs[8].b.len != blocks || delta_bits < 1 || delta_bits > 8) {
         PyErr_SetString(PyExc_ValueError, "decode_engine_rows: inconsistent arguments");
         goto done;
     }
-    Windows E;
-    const char *bad = windows_init(&E, bufs[6].b.buf, N_OF(bufs[6]) / 2, bufs[7].b.buf, N_OF(bufs[7]));
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "decode_engine_rows: %s", bad);
+    RowRule *R = malloc(2 * sizeof(RowRule)); /* a plane row's rule, and a block's bases' */
+    if (!R) {
+        PyErr_NoMemory();
         goto done;
     }
-    int fault = 0, nomem = 0;
-    int64_t where = -1;
+    const Windows *E = &S.E;
+    ClassFault F[2];
+    memset(F, 0, sizeof F);
+    int bases_ok = 1;
     Py_BEGIN_ALLOW_THREADS;
-    const int span = 1 << base_width;
-    const int64_t nb1 = blocks ? blocks : 1;
-    int64_t *bmin = malloc(sizeof(int64_t) * nb1), *bmax = malloc(sizeof(int64_t) * nb1);
-    int64_t *npad = malloc(sizeof(int64_t) * nb1), *at = malloc(sizeof(int64_t) * (blocks * ct + 1));
-    int32_t *cnt = count ? calloc(3 * nb1 * 128, sizeof(int32_t)) : NULL;
-    if (!bmin || !bmax || !npad || !at || (count && !cnt)) {
-        nomem = 1;
-        goto rows_out;
-    }
-    at[0] = 0; /* each record's first byte in the body */
-    for (int64_t i = 0; i < blocks * ct; i++) at[i + 1] = at[i] + 16 * units[i];
-    for (int k = 0; k < 2 && !fault; k++) {
-        const int64_t tc = k ? tail : 4, n_t = k ? (tail != 0) : full, c0 = k ? 4 * full : 0;
-        if (!n_t) continue;
-        uint8_t v[512], fld[512];
-        block_limits(base, valid, blocks, tc, bmin, bmax, npad);
-        int fail_rank = 1 << 30;
-        for (int64_t b = 0; b < blocks; b++)
-            for (int64_t j = 0; j < n_t; j++)
-                if (units[b * ct + (k ? full : j)] < 1) fail_rank = EF_BOUNDS; /* numpy decides */
-        int64_t t = 0;
-        for (int64_t b = 0; b < blocks && fail_rank != EF_BOUNDS && fail_rank != EF_UNITS; b++)
-            for (int64_t j = 0; j < n_t; j++, t++) {
-                const int64_t id = b * ct + (k ? full : j);
-                const uint8_t *vb = valid + b * 128;
-                const int16_t *bb = base + b * 128;
-                const int rank =
-                    decode_tile(&E, body + at[id], units[id], vb, bb, bmin[b], bmax[b], npad[b], tc, span, v, fld);
-                if (rank == EF_BOUNDS) {
-                    fail_rank = rank, where = t;
-                    break;
-                }
-                if (rank) {
-                    if (rank < fail_rank) fail_rank = rank, where = t;
-                    if (rank == EF_UNITS) break; /* the least rank */
-                    continue;
-                }
-                if (fail_rank != (1 << 30)) continue; /* the class fails: its rows and counts are not used */
-                const int64_t *rows = br + b * 128;
-                uint8_t *dst = out + c0 + j * tc;
-                if (tc == 4) /* a word a row */
-                    for (int s = 0; s < 128; s++) {
-                        if (rows[s] >= 0) memcpy(dst + rows[s] * cols, v + 4 * s, 4);
-                    }
-                else
-                    for (int s = 0; s < 128; s++)
-                        if (rows[s] >= 0)
-                            for (int c = 0; c < tc; c++) dst[rows[s] * cols + c] = v[s * tc + c];
-                if (count && tc == 4 && span <= 128) {
-                    int32_t *c_base = cnt + b * 128, *c_top = c_base + nb1 * 128, *c_in = c_top + nb1 * 128;
-                    const uint32_t top = (uint32_t)(span - 1) * ONES32;
-                    for (int s = 0; s < 128; s++) {
-                        uint32_t x;
-                        memcpy(&x, v + 4 * s, 4);
-                        const uint32_t e = sub_bytes(x, (uint32_t)(uint8_t)bb[s] * ONES32); /* from the base, mod 256 */
-                        c_base[s] += count_flags(lt_bytes(e, 1));
-                        c_top[s] += count_flags(lt_bytes(e ^ top, 1));
-                        c_in[s] += count_flags(lt_bytes(e, span));
-                    }
-                } else if (count) {
-                    int32_t *c_base = cnt + b * 128, *c_top = c_base + nb1 * 128, *c_in = c_top + nb1 * 128;
-                    for (int s = 0; s < 128; s++) {
-                        const uint8_t bp = (uint8_t)bb[s];
-                        int32_t n0 = 0, n1 = 0, n2 = 0;
-                        for (int c = 0; c < tc; c++) {
-                            const uint8_t e = (uint8_t)(v[s * tc + c] - bp); /* from the base, mod 256 */
-                            n0 += e == 0, n1 += e == span - 1, n2 += e < span;
-                        }
-                        c_base[s] += n0, c_top[s] += n1, c_in[s] += n2;
-                    }
-                }
-            }
-        if (fail_rank != (1 << 30)) fault = fail_rank;
-    }
-    if (!fault && count)
-        for (int64_t i = 0; i < blocks * 128; i++) {
-            const int64_t b = base[i], outside = cols - cnt[2 * nb1 * 128 + i];
-            int ok = b >= 0 && b <= 256 - span;
-            ok &= b == 0 || cnt[nb1 * 128 + i] > outside;
-            ok &= b == 256 - span || cnt[i] >= outside;
-            proven[i] = (uint8_t)ok;
+    const int span = S.span;
+    row_rule_init(&R[0], cols), row_rule_init(&R[1], 128);
+    for (int64_t b = 0; b < blocks; b++) /* a length below one unit: numpy decides (never past the body's end) */
+        for (int64_t j = 0; j < ct; j++)
+            if (units[b * ct + j] < 1) F[j >= full].settled = 1, F[j >= full].rank = EF_BOUNDS;
+    int64_t at = 0; /* the block's first record in the body */
+    for (int64_t b = 0; b < blocks && !F[0].settled; b++) {
+        const uint8_t *vb = valid + b * 128;
+        const int16_t *bb = base + b * 128;
+        const int64_t *rows = br + b * 128;
+        int64_t bmin = 1 << 20, bmax = -(1 << 20), nv = 0; /* block_limits */
+        for (int s = 0; s < 128; s++)
+            if (vb[s]) bmin = bb[s] < bmin ? bb[s] : bmin, bmax = bb[s] > bmax ? bb[s] : bmax, nv++;
+        int32_t cnt[3][128];
+        memset(cnt, 0, sizeof cnt);
+        for (int64_t j = 0; j < ct; j++) {
+            const int k = j >= full; /* the class: full tiles, or the tail */
+            const int64_t id = b * ct + j, u = units[id], tc = k ? tail : 4, t = k ? b : b * full + j;
+            const uint8_t *rec = body + at;
+            at += 16 * (u > 0 ? u : 0);
+            if (F[k].settled || (k && F[0].rank)) continue; /* a class that fails first stops the later one */
+            uint8_t v[512], fld[512];
+            class_fault(&F[k], decode_tile(E, rec, u, vb, bb, bmin, bmax, (128 - nv) * tc, tc, span, v, fld), t);
+            if (F[0].rank || F[1].rank) continue; /* the span fails: its rows are not used */
+            write_rows(out, cols, 4 * j, rows, v, tc);
+            if (count) add_counts(v, bb, tc, span, cnt[0], cnt[1], cnt[2]);
         }
-rows_out:
-    free(bmin), free(bmax), free(npad), free(at), free(cnt);
-    Py_END_ALLOW_THREADS;
-    if (nomem) {
-        PyErr_SetString(PyExc_MemoryError, "decode_engine_rows");
-        goto done;
+        if (F[0].rank || F[1].rank || !bases_ok) continue;
+        uint8_t proven[128];
+        if (count)
+            for (int s = 0; s < 128; s++) { /* rowbase.proven_bases */
+                const int64_t x = bb[s], outside = cols - cnt[2][s];
+                proven[s] = x >= 0 && x <= 256 - span && (x == 0 || cnt[1][s] > outside) &&
+                            (x == 256 - span || cnt[0][s] >= outside);
+            }
+        bases_ok = block_bases_ok(out, cols, rows, vb, bb, count ? proven : NULL, span, base_ref[b], delta_bits, &R[0],
+                                  &R[1]);
     }
-    ret = Py_BuildValue("(iL)", fault, (long long)where);
+    Py_END_ALLOW_THREADS;
+    free(R);
+    const ClassFault *f = F[0].rank ? &F[0] : &F[1];
+    ret = Py_BuildValue("(iLi)", f->rank, (long long)(f->rank ? f->where : -1), bases_ok);
 done:
     release(bufs, 9);
     return ret;

@@ -3,25 +3,6 @@ numpy passes of engine_records_np (offsets, choose_windows, build_records, join_
 reference. */
 #include "native_engine.h"
 
-/* The fields (uint8, one a byte, < 2**w) into packed w-bit selectors, LSB first: field p at bit p * w. */
-static void pack_fields(const uint8_t *fld, int64_t size, int w, uint8_t *sel) {
-    if (w == 1) {
-        for (int64_t i = 0; i < size / 8; i++) {
-            uint64_t x;
-            memcpy(&x, fld + 8 * i, 8);
-            sel[i] = (uint8_t)((x * 0x0102040810204080ull) >> 56); /* byte k's bit 0 to bit 56 + k: no carries */
-        }
-    } else if (w == 2) {
-        for (int64_t i = 0; i < size / 4; i++) {
-            uint32_t x;
-            memcpy(&x, fld + 4 * i, 4);
-            sel[i] = (uint8_t)((x & 3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0));
-        }
-    } else {
-        for (int64_t i = 0; i < size / 2; i++) sel[i] = (uint8_t)(fld[2 * i] | fld[2 * i + 1] << 4);
-    }
-}
-
 /* One tile's record at rec (zeroed, raw length or more), from its native bytes v (uint8 [128 cols], slot order,
 padding 0): C(k) counted from each position's offset (value less the row base; padding at 0), the window of
 fewest bytes, then its fields, 12-bit exception entries and escapes, or the raw bytes. Returns the record's
@@ -147,38 +128,30 @@ PyObject *encode_engine_rows(PyObject *self, PyObject *args) {
                           &o[7]))
         return NULL;
     static const Py_ssize_t sizes[8] = {1, 8, 2, 1, 8, 4, 8, 1};
-    static const char *names[8] = {"rows", "br", "base", "valid", "windows", "thresholds", "units", "body"};
+    static const char *const names[8] = {"rows", "br", "base", "valid", "windows", "thresholds", "units", "body"};
     Buf bufs[8];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 8; i++)
-        if (get_buf(o[i], &bufs[i], i >= 6, sizes[i], names[i])) goto done;
+    EngineSpan S;
+    if (get_bufs(o, bufs, 8, sizes, names, 1u << 6 | 1u << 7) ||
+        engine_span_args("encode_engine_rows", cols, base_width, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[6],
+                         &bufs[4], &bufs[5], &S))
+        goto done;
     const uint8_t *rows = bufs[0].b.buf, *valid = bufs[3].b.buf;
     const int64_t *br = bufs[1].b.buf;
     const int16_t *base = bufs[2].b.buf;
     int64_t *units = bufs[6].b.buf;
     uint8_t *body = bufs[7].b.buf;
-    const int64_t blocks = N_OF(bufs[2]) / 128, full = cols / 4, tail = cols % 4, ct = full + (tail != 0);
-    const int64_t n_rows = cols > 0 ? bufs[0].b.len / cols : 0, cap = bufs[7].b.len;
+    const int64_t blocks = S.blocks, full = S.full, tail = S.tail, ct = S.ct;
     const int64_t need = blocks * 16 * (full * units_of(4 + 512) + (tail ? units_of(4 + 128 * tail) : 0));
-    int bad_args = cols < 1 || base_width < 0 || base_width > 8 || N_OF(bufs[2]) != blocks * 128 ||
-                   bufs[3].b.len != blocks * 128 || N_OF(bufs[1]) != blocks * 128 || N_OF(bufs[6]) != blocks * ct ||
-                   N_OF(bufs[4]) % 2 || cap < need || bufs[0].b.len != n_rows * cols;
-    for (int64_t i = 0; i < blocks * 128 && !bad_args; i++) bad_args |= br[i] >= n_rows;
-    if (bad_args) {
+    if (bufs[7].b.len < need) {
         PyErr_SetString(PyExc_ValueError, "encode_engine_rows: inconsistent arguments");
         goto done;
     }
-    Windows E;
-    const char *bad = windows_init(&E, bufs[4].b.buf, N_OF(bufs[4]) / 2, bufs[5].b.buf, N_OF(bufs[5]));
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "encode_engine_rows: %s", bad);
-        goto done;
-    }
+    const Windows E = S.E;
     int fault = 0;
     int64_t at = 0;
     Py_BEGIN_ALLOW_THREADS;
-    const int span = 1 << base_width;
+    const int span = S.span;
     memset(body, 0, need);
     for (int64_t b = 0; b < blocks && !fault; b++) {
         const uint8_t *vb = valid + b * 128;

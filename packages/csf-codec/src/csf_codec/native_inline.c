@@ -33,12 +33,10 @@ PyObject *decode_inline_span(PyObject *self, PyObject *args) {
                           &count, &cols, &s))
         return NULL;
     static const Py_ssize_t sizes[8] = {1, 1, 1, 2, 1, 8, 8, 8};
-    static const char *names[8] = {"vals", "records", "raw", "base", "valid", "bmin", "bmax", "caps"};
+    static const char *const names[8] = {"vals", "records", "raw", "base", "valid", "bmin", "bmax", "caps"};
     Buf bufs[8];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 8; i++)
-        if (get_buf(o[i], &bufs[i], i == 0, sizes[i], names[i])) goto done;
+    if (get_bufs(o, bufs, 8, sizes, names, 1u << 0)) goto done;
     const int64_t size = 128 * (int64_t)cols;
     uint8_t *vals = bufs[0].b.buf;
     const uint8_t *rec = bufs[1].b.buf, *raw = bufs[2].b.buf, *valid = bufs[4].b.buf;

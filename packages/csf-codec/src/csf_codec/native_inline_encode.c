@@ -11,12 +11,10 @@ PyObject *level_counts(PyObject *self, PyObject *args) {
     Py_ssize_t size;
     if (!PyArg_ParseTuple(args, "OnOO", &o[0], &size, &o[1], &o[2])) return NULL;
     static const Py_ssize_t sizes[3] = {1, 8, 8};
-    static const char *names[3] = {"e", "levels", "out"};
+    static const char *const names[3] = {"e", "levels", "out"};
     Buf bufs[3];
-    memset(bufs, 0, sizeof bufs);
     PyObject *ret = NULL;
-    for (int i = 0; i < 3; i++)
-        if (get_buf(o[i], &bufs[i], i == 2, sizes[i], names[i])) goto done;
+    if (get_bufs(o, bufs, 3, sizes, names, 1u << 2)) goto done;
     const uint8_t *e = bufs[0].b.buf;
     const int64_t *levels = bufs[1].b.buf, nl = N_OF(bufs[1]);
     int64_t *out = bufs[2].b.buf;

@@ -52,15 +52,23 @@ int get_buf(PyObject *o, Buf *out, int writable, Py_ssize_t itemsize, const char
     return 0;
 }
 
+int get_bufs(PyObject *const *o, Buf *bufs, int n, const Py_ssize_t *sizes, const char *const *names,
+             unsigned writable) {
+    memset(bufs, 0, sizeof(Buf) * n);
+    for (int i = 0; i < n; i++)
+        if (get_buf(o[i], &bufs[i], (writable >> i) & 1, sizes[i], names[i])) return -1;
+    return 0;
+}
+
 static PyMethodDef methods[] = {
     {"scan_bases", scan_bases, METH_VARARGS, "scan_bases(codes, escapes, out): compact row bases from their codes"},
     {"row_bases", row_bases, METH_VARARGS, "row_bases(rows, widths, outs, a, b, cols): rowbase.py's rule"},
     {"decode_inline_span", decode_inline_span, METH_VARARGS, "the inline decoder's blocks [a, b): (fault, mode, at)"},
-    {"chunk_counts", chunk_counts, METH_VARARGS, "the compact encoder's exceptions per chunk at one width"},
+    {"compact_rows", compact_rows, METH_VARARGS, "the compact encoder's row bases, base codes and chunk counts"},
+    {"encode_compact_span", encode_compact_span, METH_VARARGS, "the compact encoder's sections of rows [a, b): fault"},
     {"level_counts", level_counts, METH_VARARGS, "the inline encoder's offsets at or below each level, per tile"},
     {"far_counts", far_counts, METH_VARARGS, "far_counts(stream, listed, bit_offsets, out): far flags per chunk"},
     {"decode_compact_span", decode_compact_span, METH_VARARGS, "the compact decoder's rows [a, b): (fault, position)"},
-    {"decode_engine_span", decode_engine_span, METH_VARARGS, "engine records of one class: (fault, tile)"},
     {"decode_engine_rows", decode_engine_rows, METH_VARARGS, "engine records of a span into rows: (fault, tile)"},
     {"encode_engine_rows", encode_engine_rows, METH_VARARGS, "engine records of a span's rows: bytes written"},
     {NULL, NULL, 0, NULL},
