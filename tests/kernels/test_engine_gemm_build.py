@@ -52,17 +52,23 @@ def _variant_id(v) -> str:
     return f"n{v[0]}-act{v[1]}{'-bias' if v[2] else ''}-{v[3]}-{v[4]}-{v[5]}-{v[6]}"
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
-def built(request, tmp_path_factory):
+def build_sass(program, out) -> tuple[dict, str]:
+    """Build an engine program for sm_90a into ``out``: its metadata and its SASS (skips without the toolchain or
+    cuobjdump); the engine's build tests share it."""
     _toolchain_or_skip()
     tool = export.find_cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to read the SASS")
-    tile_n, act, bias, io, fmt, scales, schedule = request.param
-    out = tmp_path_factory.mktemp(f"engine{tile_n}")
-    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, schedule=schedule)
     meta = export.build_cute_program(program, out)
     sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
+    return meta, sass
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=_variant_id)
+def built(request, tmp_path_factory):
+    tile_n, act, bias, io, fmt, scales, schedule = request.param
+    program = export.engine_gemm_program(tile_n, act, bias, fmt, scales=scales, io=io, schedule=schedule)
+    meta, sass = build_sass(program, tmp_path_factory.mktemp(f"engine{tile_n}"))
     return tile_n, meta, sass
 
 

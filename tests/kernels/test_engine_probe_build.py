@@ -6,7 +6,6 @@ memory (no A registers), a stage's four wgmmas a commit group, its A tiles' 32 K
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
@@ -16,8 +15,7 @@ from csf_kernels.aot import cute_export as export
 from csf_kernels.moe.kernels.engine_gemm import GroupedFp4Gemm
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 
-from .test_engine_gemm_build import _wgmma_events
-from .test_stage_decoder_build import _toolchain_or_skip
+from .test_engine_gemm_build import _wgmma_events, build_sass
 
 TILE_N = 256
 # (probe, routes a block): the 2048-8192-token size (slice schedule, one CTA an SM) and the decode size (stage, two)
@@ -26,15 +24,10 @@ CASES = [("noconvert", 256), ("ss", 256), ("noconvert", 16), ("ss", 16)]
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{p}-n{t}" for p, t in CASES])
 def built(request, tmp_path_factory):
-    _toolchain_or_skip()
-    tool = export.find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump to read the SASS")
     probe, tile_n = request.param
     schedule, occ = ("slice", 1) if tile_n == 256 else ("stage", 2)
     program = export.engine_gemm_program(tile_n, schedule=schedule, ctas_per_sm=occ, probe=probe)
-    meta = export.build_cute_program(program, tmp_path_factory.mktemp(f"probe-{probe}-{tile_n}"))
-    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
+    meta, sass = build_sass(program, tmp_path_factory.mktemp(f"probe-{probe}-{tile_n}"))
     return probe, tile_n, meta, sass
 
 

@@ -7,7 +7,6 @@ their multiplies) happen once a stage in the transform warps (three, or two besi
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
@@ -18,7 +17,7 @@ from csf_kernels.moe.kernels.engine_gemm import GroupedFp4Gemm
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 from csf_kernels.moe.kernels.engine_transform import transform_warps
 
-from .test_stage_decoder_build import _toolchain_or_skip
+from .test_engine_gemm_build import build_sass
 
 # (routes a block, activation, bias, format, rows, ragged, scales): the plain GEMM, FC2 scattering, gpt-oss's fused
 # FC1, natively and from inline records
@@ -35,14 +34,9 @@ def _shares(scales: str) -> int:
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"n{c[0]}-act{c[1]}-{c[3]}-{c[4]}-{c[6]}")
 def built(request, tmp_path_factory):
-    _toolchain_or_skip()
-    tool = export.find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump to read the SASS")
     tile_n, act, bias, fmt, io, ragged, scales = request.param
     program = export.engine_gemm_program(tile_n, act, bias, fmt, scales, io, schedule="transform", ragged=ragged)
-    meta = export.build_cute_program(program, tmp_path_factory.mktemp(f"transform{tile_n}"))
-    sass = subprocess.run([tool, "-sass", meta["paths"]["cubin"]], capture_output=True, text=True, check=True).stdout
+    meta, sass = build_sass(program, tmp_path_factory.mktemp(f"transform{tile_n}"))
     return request.param, meta, sass
 
 

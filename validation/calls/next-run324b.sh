@@ -15,9 +15,7 @@ timeout 150 python3 benchmarks/bench_moe.py --geometries peers \
   --arms triton_kernels,engine,engine_transform,engine_inline,engine_inline_transform --tokens 2048,8192 \
   --reps 4 --peer-path $PWD/.peers --out $R/moe_transform.json > $R/moe_transform.log 2>&1
 log "bench transform rc=$?"
-MET="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum"
-MET="$MET,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active"
-timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 --metrics $MET --section WarpStateStats \
+timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 --metrics $NCU_MET --section WarpStateStats \
   python3 benchmarks/profile_kernels.py engine --arm engine --model gpt-oss-120b --tp 1 --tokens 8192 2>&1 \
   | grep -v "^==PROF==" | tail -60 > $R/ncu_engine_gptoss_8192.txt
 log "ncu engine rc=$?"

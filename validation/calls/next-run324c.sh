@@ -15,9 +15,7 @@ log "W4A8 tests rc=$?: $(tail -1 $R/t_w4a8.log)"
 timeout 120 python3 benchmarks/bench_moe.py --geometries peers --arms triton_kernels,engine,engine_w4a8 \
   --tokens 8,512,2048,8192 --reps 4 --peer-path $PWD/.peers --out $R/moe_w4a8.json > $R/moe_w4a8.log 2>&1
 log "bench W4A8 rc=$?"
-MET="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum"
-MET="$MET,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active"
-timeout 60 ncu --clock-control none -k regex:GroupedW4A8Gemm -c 1 --metrics $MET --section WarpStateStats \
+timeout 60 ncu --clock-control none -k regex:GroupedW4A8Gemm -c 1 --metrics $NCU_MET --section WarpStateStats \
   python3 benchmarks/profile_kernels.py engine --arm engine_w4a8 --model gpt-oss-120b --tp 1 --tokens 8192 2>&1 \
   | grep -v "^==PROF==" | tail -60 > $R/ncu_w4a8_gptoss_8192.txt
 log "ncu W4A8 rc=$?"

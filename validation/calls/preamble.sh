@@ -12,3 +12,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,po
 t0=$(date +%s)
 log() { echo "$1 at $(( $(date +%s) - t0 )) s" | tee -a $R/tests.log; }
 P="python3 -m pytest -q -p no:cacheprovider -m gpu -rf"
+# ncu's counters of a GEMM's what-bounds-it questions (tensor pipe, time, issue slots, eligible warps)
+NCU_MET="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum"
+NCU_MET="$NCU_MET,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active"

@@ -67,7 +67,7 @@ from csf_kernels.moe.engine_panels import panel_scales
 from csf_kernels.moe.engine_rows import DECODER_WARPS, GATHER_WARPS
 from csf_kernels.moe.engine_specs import ENGINE_IO as IO_MODES  # dense: x and out in block order
 from csf_kernels.moe.engine_specs import ENGINE_PAIRED_TILE_N as PAIRED_TILE_N
-from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TILE_N
+from csf_kernels.moe.engine_specs import ENGINE_RAGGED_LEVELS, ENGINE_RAGGED_TILE_N, engine_schedule_serves
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
 from csf_kernels.moe.engine_specs import ENGINE_TRANSFORM_TILE_N as TRANSFORM_TILE_N
@@ -169,7 +169,10 @@ class GroupedFp4Gemm:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedules {SCHEDULES}; got {schedule!r}")
         transform = schedule == "transform"
-        if transform and (tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None or io == "gather"):
+        if transform and (
+            tile_n not in TRANSFORM_TILE_N or ctas_per_sm != 1 or partial is not None
+            or not engine_schedule_serves(schedule, scales, io)
+        ):  # fmt: skip
             raise ValueError(f"transform warps are built at {TRANSFORM_TILE_N} routes a block, one CTA an SM, rows "
                              f"not gathered (producer warps convert), no K splits; got {tile_n} x {ctas_per_sm}, rows "
                              f"{io!r}, partial {partial!r}")  # fmt: skip
@@ -251,7 +254,7 @@ class GroupedFp4Gemm:
         stage_bytes = TILE_M * TILE_K // 2 + s_bytes + tile_n * TILE_K * 2
         epi_bytes = self.epilogue.smem_bytes
         dec_bytes = decoder_bytes(len(self.decoders)) if self.inline else 0
-        self.a_tiles = A_TILES if transform else 2 if probe == "ss" else 0  # bf16 A tiles the wgmmas read
+        self.a_tiles = A_TILES if transform or probe == "ss" else 0  # bf16 A tiles the wgmmas read
         dec_bytes += self.a_tiles * (TILE_M * TILE_K * 2 + 16)  # and their barriers
         fit = ((_SMEM_BYTES // ctas_per_sm) - 1024 - epi_bytes - 3 * 1024 - dec_bytes) // stage_bytes
         self.stages = stages or min(fit, 8)

@@ -45,8 +45,9 @@ TRANSFORM_DECODER_WARPS = (1,)  # inline scales: the one producer warp that deco
 
 
 def transform_warps(inline: bool) -> tuple[int, ...]:
-    """The producer warps that convert (warp 0 copies by TMA; inline, warp 1 decodes)."""
-    return (2, 3) if inline else (1, 2, 3)
+    """The producer warps that convert: 1-3 (warp 0 copies by TMA) but the inline decoder's."""
+    decoders = TRANSFORM_DECODER_WARPS if inline else ()
+    return tuple(w for w in (1, 2, 3) if w not in decoders)
 
 
 # the producer warpgroup's registers a thread after setmaxnreg (384 threads share 65,536: producers 56, consumers
@@ -140,6 +141,12 @@ class TransformWarps:
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
         rank = warp - self.warps[0]
         shares = -(-_MMA_WARPS // len(self.warps))
+        # where each share's fragments land in the tiles (share j is MMA warp rank + j * warps; a last share past the
+        # eight MMA warps is never stored, its partition clamped in range): the same every stage
+        dst = [
+            r2s.get_slice(cutlass.min(rank + len(self.warps) * j, _MMA_WARPS - 1) * 32 + lane).partition_D(s_at)
+            for j in range(shares)
+        ]
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         u = cute.arch.block_idx()[0]
@@ -165,7 +172,7 @@ class TransformWarps:
                         if rb > 0:
                             one = one1
                         self._convert(frag_words, words, s_s, read.index, r0, one)
-                        cute.copy(r2s, src, r2s.get_slice(g * 32 + lane).partition_D(s_at)[(None, None, None, a)])
+                        cute.copy(r2s, src, dst[j][(None, None, None, a)])
                 self.tiles.publish(bars, count)
                 ring.consumer_release(read)  # the stage's weights and scales are read
                 read.advance()
