@@ -9,7 +9,7 @@
 # (2) the W4A16 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps). ~470 s.
 set -uo pipefail
 source validation/calls/preamble.sh run324b
-timeout 240 $P tests/moe/test_engine_transform_gpu.py > $R/t_transform.log 2>&1
+timeout 240 $P tests/moe/test_engine_transform_gpu.py -k "not nvfp4" > $R/t_transform.log 2>&1
 log "transform tests rc=$?: $(tail -1 $R/t_transform.log)"
 timeout 150 python3 benchmarks/bench_moe.py --geometries peers \
   --arms triton_kernels,engine,engine_transform,engine_inline,engine_inline_transform --tokens 2048,8192 \
