@@ -72,12 +72,25 @@ def built(request, tmp_path_factory):
     return tile_n, meta, sass
 
 
+def assert_register_pool_suffices(meta: dict, sass: str, ctas_per_sm: int = 1) -> None:
+    """``setmaxnreg``'s split fits the registers the CTA launched with: the producer warpgroup's 128 threads at the
+    lowered count and the consumers' 256 at the raised one take no more than 384 x the launch count (a consumer's
+    ``TRY_ALLOC`` would otherwise wait for registers no warp gives back: a hang, not an error); and the launch count
+    itself lets ``ctas_per_sm`` CTAs share an SM's 65,536."""
+    producer = int(re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", sass).group(1), 16)
+    consumer = int(re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, (0x[0-9a-f]+)", sass).group(1), 16)
+    launched = meta["sass"]["registers"]
+    assert 128 * producer + 256 * consumer <= 384 * launched, (producer, consumer, launched)
+    assert ctas_per_sm * 384 * launched <= 65536, (ctas_per_sm, launched)
+
+
 def test_no_spills_and_register_split(built):
     _, meta, sass = built
     facts = meta["sass"]
     assert facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass  # producer: 40 registers
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL" in sass and "0xe8" in sass  # consumers: 232
+    assert_register_pool_suffices(meta, sass)
 
 
 def _wgmma_events(sass: str, tile_n: int) -> list[str]:
@@ -293,6 +306,7 @@ def test_paired_programs_fit_two_ctas_an_sm(tmp_path, tile_n, act, bias, io, sca
     facts = meta["sass"]
     assert facts["registers"] <= 80 and facts["local_bytes"] == 0 and facts["local_memory_ops"] == 0
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in sass and re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL .*0x60", sass)
+    assert_register_pool_suffices(meta, sass, ctas_per_sm=2)
     assert meta["ctas_per_sm"] == 2 and 2 * meta["ring_shared_bytes"] <= 227 * 1024
     events = _wgmma_events(sass, tile_n)
     loops = _k_loops(meta)

@@ -17,7 +17,7 @@ from csf_kernels.moe.kernels.engine_gemm import GroupedFp4Gemm
 from csf_kernels.moe.kernels.engine_mainloop import STEP_GROUP
 from csf_kernels.moe.kernels.engine_transform import transform_warps
 
-from .test_engine_gemm_build import build_sass
+from .test_engine_gemm_build import assert_register_pool_suffices, build_sass
 
 # (routes a block, activation, bias, format, rows, ragged, scales): the plain GEMM, FC2 scattering, gpt-oss's fused
 # FC1, natively and from inline records
@@ -45,6 +45,7 @@ def test_no_spills_and_the_register_split(built):
     assert meta["sass"]["local_bytes"] == 0 and meta["sass"]["local_memory_ops"] == 0
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x38" in sass  # producers and transform warps: 56
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, 0xe0", sass)  # consumers: 224
+    assert_register_pool_suffices(meta, sass)
 
 
 def _events(sass: str) -> tuple[list[str], list[int]]:

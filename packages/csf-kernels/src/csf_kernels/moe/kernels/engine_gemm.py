@@ -74,7 +74,7 @@ from csf_kernels.moe.engine_specs import ENGINE_TRANSFORM_TILE_N as TRANSFORM_TI
 from csf_kernels.moe.kernels.engine_epilogue import ACT_NONE, ACT_SILU, ACT_SWIGLU_OAI, PARTIAL_FORMS, Epilogue
 from csf_kernels.moe.kernels.engine_mainloop import PROBES, ConsumerStep
 from csf_kernels.moe.kernels.engine_mainloop import SCHEDULES as _STEP_SCHEDULES
-from csf_kernels.moe.kernels.engine_producer import RowGather, make_ring, produce, units_in_use
+from csf_kernels.moe.kernels.engine_producer import CONSUMER_WARPS, RowGather, make_ring, produce, units_in_use
 from csf_kernels.moe.kernels.engine_record_decoder import (
     DECODER_ARRIVALS,
     OFFSET_TABLE,
@@ -463,7 +463,7 @@ class GroupedFp4Gemm:
         # a stage's consumer warps: both warpgroups', and the transform warps, which release it once they have read
         # its weights and scales
         ring = make_ring(storage.bars.data_ptr(), self.stages, self.a_tx + self.s_tx + self.b_tx, producers,
-                         8 + len(self.transform_warps))  # fmt: skip
+                         CONSUMER_WARPS + len(self.transform_warps))  # fmt: skip
         decoder = None  # this warp's rank among the decoder warps, when it is one
         if cutlass.const_expr(self.inline):
             rank = warp - self.decoders[0]

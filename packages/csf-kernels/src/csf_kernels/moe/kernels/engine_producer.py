@@ -27,10 +27,15 @@ GATHER_BARRIER = 2  # the gathering warps' named barrier (the epilogue's is 1)
 UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this many, else a loop
 
 
-def make_ring(bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = 8) -> pipeline.PipelineTmaAsync:
+CONSUMER_WARPS = 8  # both consumer warpgroups' warps: each releases a ring stage (and an A tile) once
+
+
+def make_ring(
+    bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = CONSUMER_WARPS
+) -> pipeline.PipelineTmaAsync:
     """The ring's full/empty barriers (traced inline): ``producers`` arrivals a stage (the TMA thread, and any
-    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: 8, both
-    consumer warpgroups'), ``tx`` bytes a stage."""
+    thread filling slots with its own stores or copies), one arrival a consumer warp (``consumers``: the
+    consumer warpgroups' :data:`CONSUMER_WARPS`, and any transform warp), ``tx`` bytes a stage."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=bars_ptr,
         num_stages=stages,

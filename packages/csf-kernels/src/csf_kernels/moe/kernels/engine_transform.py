@@ -30,6 +30,7 @@ import cutlass.pipeline as pipeline
 
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
+from csf_kernels.moe.kernels.engine_producer import CONSUMER_WARPS
 
 __all__ = [
     "A_TILES",
@@ -53,8 +54,6 @@ def transform_warps(inline: bool) -> tuple[int, ...]:
 # the producer warpgroup's registers a thread after setmaxnreg (384 threads share 65,536: producers 56, consumers
 # 224; without a transform 40 and 232)
 TRANSFORM_REGISTERS = 56
-_MMA_WARPS = 8  # the consumers' warps: the A fragments' owners
-_CONSUMER_WARPS = 8
 
 
 class SharedATiles:
@@ -71,7 +70,7 @@ class SharedATiles:
         """One thread (traced inline, before the CTA's barrier-initialisation sync)."""
         for i in cutlass.range_constexpr(self.tiles):
             cute.arch.mbarrier_init(bars + i, self.writers)
-            cute.arch.mbarrier_init(bars + self.tiles + i, _CONSUMER_WARPS)
+            cute.arch.mbarrier_init(bars + self.tiles + i, CONSUMER_WARPS)
         cute.arch.mbarrier_init_fence()
 
     def tile(self, count):
@@ -117,6 +116,8 @@ class TransformWarps:
     def __init__(self, warps: tuple[int, ...], step, step_one, nvfp4: bool, tiles: SharedATiles, facts, work):
         if tiles.writers != len(warps):
             raise ValueError(f"the A tiles' full barriers count {tiles.writers} writers; {len(warps)} warps convert")
+        if tuple(warps) != tuple(range(warps[0], warps[0] + len(warps))):
+            raise ValueError(f"transform warps {warps} are not consecutive (a warp's rank and the gate assume so)")
         self.warps = tuple(warps)
         self.step = step
         self.step_one = step_one
@@ -140,11 +141,11 @@ class TransformWarps:
         src = r2s.retile(frag)
         words = cute.make_rmem_tensor((4,), cutlass.Uint32)
         rank = warp - self.warps[0]
-        shares = -(-_MMA_WARPS // len(self.warps))
+        shares = -(-CONSUMER_WARPS // len(self.warps))
         # where each share's fragments land in the tiles (share j is MMA warp rank + j * warps; a last share past the
         # eight MMA warps is never stored, its partition clamped in range): the same every stage
         dst = [
-            r2s.get_slice(cutlass.min(rank + len(self.warps) * j, _MMA_WARPS - 1) * 32 + lane).partition_D(s_at)
+            r2s.get_slice(cutlass.min(rank + len(self.warps) * j, CONSUMER_WARPS - 1) * 32 + lane).partition_D(s_at)
             for j in range(shares)
         ]
 
@@ -162,7 +163,7 @@ class TransformWarps:
                 a = self.tiles.tile(count)
                 for j in cutlass.range_constexpr(shares):
                     g = rank + len(self.warps) * j  # MMA warp g: row block g // 4, its warp g % 4 there
-                    if g < _MMA_WARPS:
+                    if g < CONSUMER_WARPS:
                         rb = g // 4
                         t = (g % 4) * 32 + lane  # the MMA thread's index in its warpgroup
                         r0 = rb * 64 + (g % 4) * 16 + lane // 4
