@@ -50,12 +50,20 @@ def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8))
 
 
-def _rows(g: torch.Generator, n: int, width: int) -> torch.Tensor:
-    """bf16 rows with the conventions' edges: a row at the per-token scale's floor (MXFP8 exponents clamped),
-    a heavy-tailed one, a block of zeros, and a row of amax 13 holding 1.21875 * 2**e, whose quotients by its
-    per-token scale round to other E4M3 bytes if multiplied by the scale's reciprocal (vLLM's kernel divides)."""
+def _rows(g: torch.Generator, n: int, width: int, *, subnormals: bool) -> torch.Tensor:
+    """bf16 rows with the conventions' edges: a row at the per-token scale's floor whose second block lies under
+    2**-119 (MXFP8's exponent clamped at -127, a multiply by 2**127; with ``subnormals``, bf16 subnormals among them,
+    which a flush-to-zero would break: Triton's CPU interpreter converts those to float32 wrongly, so its cases keep
+    to normal values), a heavy-tailed one, a block of zeros, and a row of amax 13 holding 1.21875 * 2**e, whose
+    quotients by its per-token scale round to other E4M3 bytes if multiplied by the scale's reciprocal (vLLM's
+    kernel divides)."""
     r = torch.randn(n, width, generator=g)
     r[0] *= 2.0**-24
+    tiny = r[0, MX_BLOCK : 2 * MX_BLOCK]
+    if subnormals:
+        tiny *= 2.0**-104  # about 2**-128: subnormals and the smallest normals
+    else:
+        tiny.copy_(tiny.sign() * (1 + torch.rand(tiny.shape, generator=g)) * 2.0**-124)  # normal, under 2**-123
     if n > 3:
         r[1] = torch.randn(width, generator=g) ** 3 * 50
         r[2, :MX_BLOCK] = 0
@@ -67,7 +75,7 @@ def _rows(g: torch.Generator, n: int, width: int) -> torch.Tensor:
 def run_case(seed: int, tokens: int, experts: int, hidden: int, top_k: int, *, run: Callable, device: str) -> dict:
     """One routing's checks; ``run`` executes a launch on ``device``'s tensors. Returns what the case covered."""
     g = torch.Generator().manual_seed(seed)
-    x = _rows(g, tokens, hidden)
+    x = _rows(g, tokens, hidden, subnormals=device != "cpu")
     ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=1).indices.to(torch.int32).contiguous()
     ids = with_padding_routes(ids, experts)  # graph padding (the last route too when it is another token's)
     if tokens > 3:
@@ -114,7 +122,7 @@ def run_case(seed: int, tokens: int, experts: int, hidden: int, top_k: int, *, r
 
     # FC2's input: rows in block order (FC1's output, whatever it holds at padding slots) quantized where they lie
     inter = max(MX_BLOCK, hidden // 2 // MX_BLOCK * MX_BLOCK)
-    a = _rows(g, slots, inter).to(device)
+    a = _rows(g, slots, inter, subnormals=device != "cpu").to(device)
     for conv in ACTIVATION_CONVENTIONS:
         xq, xs = _poisoned(slots, inter, conv, device)
         run(quantize_rows_fp8_launch(a, s["meta"], xq, xs, bm=bm, convention=conv))

@@ -57,7 +57,9 @@ def per_token_fp8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 bytes uint8 [T, K], float32 scales [T]) by vLLM's dynamic per-token convention (module docstring)."""
     xf = _rows(x)
     amax = xf.abs().amax(dim=1) if xf.shape[1] else xf.new_zeros(xf.shape[0])
-    scale = (amax / E4M3_MAX).clamp(min=PER_TOKEN_MIN_SCALE)
+    # a 0-dim tensor divisor, not a Python number: CUDA torch multiplies by a number's reciprocal, which differs in
+    # the last bit from vLLM's (and the kernels') IEEE division
+    scale = (amax / amax.new_full((), E4M3_MAX)).clamp(min=PER_TOKEN_MIN_SCALE)
     return _e4m3(xf / scale[:, None]), scale
 
 

@@ -28,6 +28,8 @@ def _fp8_operands(what: str, rows_in: torch.Tensor, xq: torch.Tensor, xscale: to
                         f"{rows_in.dtype} {tuple(rows_in.shape)} and {xq.dtype}")  # fmt: skip
     if hidden % MX_BLOCK:
         raise ValueError(f"{what}: {hidden} columns are not a multiple of {MX_BLOCK}")
+    if not (rows_in.is_contiguous() and xq.is_contiguous() and xscale.is_contiguous()):
+        raise ValueError(f"{what}: the rows, xq and xscale must be contiguous (the programs step rows by {hidden})")
     if convention == "per_token":
         want = (torch.float32, (slots,))
     elif convention == "mxfp8":
@@ -53,8 +55,8 @@ def gather_fp8_launch(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"gather: top_k must be a positive int; got {top_k!r}")
     tokens = x.shape[0]
-    if route_slots.dtype != torch.int32 or route_slots.numel() < tokens * top_k:
-        raise ValueError(f"gather: route_slots must be int32 with {tokens * top_k} entries at least")
+    if route_slots.dtype != torch.int32 or route_slots.numel() < tokens * top_k or not route_slots.is_contiguous():
+        raise ValueError(f"gather: route_slots must be contiguous int32 with {tokens * top_k} entries at least")
     spec = gather_fp8_spec(convention)
     grid = (-(-tokens // spec.fact["RT"]),)
     if convention == "mxfp8":
