@@ -140,7 +140,7 @@ class ConsumerStep:
         tiles`` (``count``: the stages consumed so far), waited for where the transform warpgroup writes it."""
         if self.shared_a:
             a_tiles, bars = frags
-            a = count % A_TILES
+            a = count & (A_TILES - 1)  # as SharedATiles.tile
             if cutlass.const_expr(self.tiles is not None):
                 self.tiles.wait_full(bars, count)
                 a = self.tiles.tile(count)

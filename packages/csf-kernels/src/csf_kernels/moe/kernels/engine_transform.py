@@ -62,6 +62,8 @@ class SharedATiles:
     arrival each on a full barrier."""
 
     def __init__(self, writers: int, tiles: int = A_TILES):
+        if tiles < 1 or tiles & (tiles - 1):
+            raise ValueError(f"A tiles: {tiles} is not a power of two")
         self.writers = writers
         self.tiles = tiles
 
@@ -73,12 +75,14 @@ class SharedATiles:
             cute.arch.mbarrier_init(bars + self.tiles + i, CONSUMER_WARPS)
         cute.arch.mbarrier_init_fence()
 
+    # ``count`` is a signed Int32 that never goes negative: masks and shifts, not ``%`` and ``//``, whose signed
+    # forms cost fix-up instructions on every stage
     def tile(self, count):
-        return count % self.tiles
+        return count & (self.tiles - 1)
 
     def parity(self, count):
         """The phase parity of tile ``count % tiles``'s ``count // tiles``-th use."""
-        return (count // self.tiles) % 2
+        return (count >> (self.tiles.bit_length() - 1)) & 1
 
     @cute.jit
     def wait_full(self, bars, count):
