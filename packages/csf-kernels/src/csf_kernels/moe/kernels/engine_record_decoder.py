@@ -116,8 +116,10 @@ def _tile_cols(j, full, cols):
 
 @cute.jit
 def _producer_state(stages: cutlass.Constexpr, count):
-    """The ring's producer state after ``count`` stages (the producer's phase starts at 1)."""
-    return cutlass.pipeline.PipelineState(stages, count, count % stages, 1 ^ ((count // stages) & 1))
+    """The ring's producer state after ``count`` stages (the producer's phase starts at 1). ``count`` never goes
+    negative: its unsigned remainder and quotient by the constant cost no signed fix-ups."""
+    c = Uint32(count)
+    return cutlass.pipeline.PipelineState(stages, count, Int32(c % stages), Int32(1 ^ ((c // stages) & 1)))
 
 
 class RecordDecoderWarp:
@@ -130,6 +132,9 @@ class RecordDecoderWarp:
         self.stages = stages
         self.warps = warps
         self.slots = RECORD_SLOTS
+        if RECORD_SLOTS & (RECORD_SLOTS - 1):
+            raise ValueError(f"RECORD_SLOTS {RECORD_SLOTS} is not a power of two (slots and phases by mask and shift)")
+        self.slot_shift = RECORD_SLOTS.bit_length() - 1
         self.steps_per_record = 1 if nvfp4 else 2
         self.work = UnitWork(False) if work is None else work
 
@@ -180,7 +185,7 @@ class RecordDecoderWarp:
                     cursor = first
                     for _ in cutlass.range(self.slots, unroll=1):
                         if cursor < n:
-                            self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued % self.slots, lane)
+                            self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued & (self.slots - 1), lane)
                             issued += 1
                             cursor += deal
                 bases = self._bases(ref, delta)
@@ -191,22 +196,22 @@ class RecordDecoderWarp:
                     ref, delta = self._base_words(base_ref, base_delta, rb_next, lane)
                 next_table = Int32(0)  # the next unit's offsets are in table half ``1 - half``
                 for i in cutlass.range(first, n, deal, unroll=1):
-                    slot = taken % self.slots
-                    cute.arch.mbarrier_wait(bars + slot, (taken // self.slots) % 2)
+                    slot = taken & (self.slots - 1)
+                    cute.arch.mbarrier_wait(bars + slot, (taken >> self.slot_shift) & 1)
                     tc = _tile_cols(j0 + i, full, cols)
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
                     taken += 1
                     if cursor < n:  # the record a staging slot's lead ahead: this unit's, then the next's
-                        self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued % self.slots, lane)
+                        self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued & (self.slots - 1), lane)
                         issued += 1
                         cursor += deal
                     elif (rb_next >= 0) & (cursor < n + n_next):
                         if next_table == 0:
                             self._offsets(s_offs, 1 - half, lengths, start_next, tiles, lane)
                             next_table = Int32(1)
-                        self._issue(bars, s_rec, s_offs, 1 - half, body, j0_next + cursor - n, issued % self.slots,
-                                    lane)  # fmt: skip
+                        slot_next = issued & (self.slots - 1)
+                        self._issue(bars, s_rec, s_offs, 1 - half, body, j0_next + cursor - n, slot_next, lane)
                         issued += 1
                         cursor += deal
                     self._fill_record(ring, s_s, words, stage0, i, tc, tail_rows, lane, Uint32(0xFFFFFFFF))
