@@ -1,6 +1,7 @@
 """The C loops past 2**31 scales: a compact span of rows whose dims stay below 2**31 (the decoder's exception
-positions must not wrap). Slow and memory-hungry (a 2 GiB plane), skipped where the machine has too little memory
-free."""
+positions), and rows longer than that (the row rule, which row_bases_c and the row pass run on any rows before a
+header is written). Counts and positions must not wrap. Slow and memory-hungry (2 GiB planes), skipped where the
+machine has too little memory free."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pytest
 import torch
 
 from csf_codec import MXFP4, decode_compact, encode_compact
+from csf_codec.compact_encode_c import width_stats_c
+from csf_codec.compact_np import row_spans
+from csf_codec.rowbase import row_bases_c
 
 LONG = (1 << 31) + (1 << 20)  # scales: a window's count, or a span's positions, pass 2**31
 
@@ -36,6 +40,20 @@ def _row(pair: tuple[int, int], first: int) -> np.ndarray:
     x.reshape(-1).view(np.uint16)[:] = pair[0] | pair[1] << 8
     x[0, 0] = first
     return x
+
+
+def test_row_bases_of_a_row_past_2_31_scales():
+    """[100, 101] holds every byte but one: the rule's 1-bit base is 100, whatever the count's width."""
+    assert row_bases_c(_row((100, 101), 0), (1,))[1].tolist() == [100]
+
+
+def test_compact_row_pass_of_a_row_past_2_31_scales():
+    """A row of 255s but one 0: base 254 and one exception (far, escaped) in chunk 0, none elsewhere."""
+    x = _row((255, 255), 0)
+    bases, _, counts = width_stats_c(x, (1,), row_spans(*x.shape))
+    assert bases[1].tolist() == [254]
+    for part in counts[1]:  # exceptions, far ones, escaped ones
+        assert part.size == LONG // 256 and int(part[0]) == 1 and int(part.sum(dtype=np.int64)) == 1
 
 
 def test_compact_round_trip_of_a_span_past_2_31_scales():
