@@ -123,7 +123,7 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args) {
     int64_t where = -1;
     int64_t total = 0;
     for (int64_t c = c0; c < c1; c++) total += (listed[c] > 0 && listed[c] <= CHUNK) ? listed[c] : 0;
-    int32_t *idx = total ? malloc(sizeof(int32_t) * total) : NULL;
+    int64_t *idx = total ? malloc(sizeof(int64_t) * total) : NULL; /* span-flat: a span may outgrow int32 */
     uint8_t *far = total ? malloc(total) : NULL;
     if (total && (!idx || !far)) {
         free(idx);
@@ -197,7 +197,7 @@ PyObject *decode_compact_span(PyObject *self, PyObject *args) {
                     int64_t at = tail + (int64_t)l * rank;
                     int64_t lowv = (int64_t)(bits_at(stream, stream_bytes, at) & ((1u << l) - 1));
                     int64_t pos = (high << l) | lowv;
-                    idx[e + rank] = (int32_t)(base_idx + pos);
+                    idx[e + rank] = base_idx + pos;
                     far[e + rank] = (uint8_t)((bits_at(stream, stream_bytes, flags + rank)) & 1);
                     if (rank == n - 1 && pos >= lens[c] && !err_end) {
                         err_end = 1;

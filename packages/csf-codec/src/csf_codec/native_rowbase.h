@@ -16,11 +16,11 @@ typedef struct {
     int64_t cols;
     int mn, mx, filled;
     uint8_t h8[4][256];    /* narrow rows' histogram banks (at most 16 bytes a bank) */
-    int32_t h32[4][256];   /* wide rows' */
+    int64_t h64[4][256];   /* wide rows' (64-bit: a row may hold more bytes than an int32 counts) */
     uint8_t lev8[256 + 1]; /* narrow rows: lev8[k] = bytes <= mn + k - 1 for k in [0, spread + 1] */
-    int32_t lev[256 + 1];  /* wide rows' */
+    int64_t lev[256 + 1];  /* wide rows' */
     uint8_t dv[256];       /* wide rows: the distinct values, ascending, and their counts */
-    int32_t dc[256];
+    int64_t dc[256];
     int nd;
 } RowRule;
 
@@ -71,14 +71,14 @@ static inline void row_rule_fill(RowRule *R, const uint8_t *restrict row) {
     } else {
         int64_t j = 0;
         for (; j + 4 <= cols; j += 4)
-            R->h32[0][row[j]]++, R->h32[1][row[j + 1]]++, R->h32[2][row[j + 2]]++, R->h32[3][row[j + 3]]++;
-        for (; j < cols; j++) R->h32[j & 3][row[j]]++;
-        int32_t acc = 0;
+            R->h64[0][row[j]]++, R->h64[1][row[j + 1]]++, R->h64[2][row[j + 2]]++, R->h64[3][row[j + 3]]++;
+        for (; j < cols; j++) R->h64[j & 3][row[j]]++;
+        int64_t acc = 0;
         int nd = 0;
         R->lev[0] = 0;
         for (int v = mn; v <= mx; v++) { /* branch-free: a row's values are unpredictable */
-            const int32_t c = R->h32[0][v] + R->h32[1][v] + R->h32[2][v] + R->h32[3][v];
-            R->h32[0][v] = R->h32[1][v] = R->h32[2][v] = R->h32[3][v] = 0;
+            const int64_t c = R->h64[0][v] + R->h64[1][v] + R->h64[2][v] + R->h64[3][v];
+            R->h64[0][v] = R->h64[1][v] = R->h64[2][v] = R->h64[3][v] = 0;
             acc += c;
             R->lev[v - mn + 1] = acc;
             R->dv[nd] = (uint8_t)v, R->dc[nd] = c;
@@ -123,8 +123,8 @@ static inline int row_rule_base(RowRule *R, const uint8_t *restrict row, int spa
     /* the smallest maximising b is 0 or has a value at its window's top (else b - 1 held as many): b = 0 first,
        then b = v - span + 1 for each value v >= span - 1, ascending, by two pointers over the distinct values */
     const uint8_t *dv = R->dv;
-    const int32_t *dc = R->dc;
-    int32_t best = 0, c = 0;
+    const int64_t *dc = R->dc;
+    int64_t best = 0, c = 0;
     int left = 0, at = 0;
     for (int j = 0; j < R->nd && dv[j] <= span - 1; j++) best += dc[j];
     for (int j = 0; j < R->nd; j++) {
