@@ -20,6 +20,7 @@ from csf_codec import (
     inline_from_payload,
 )
 from csf_codec.container import HEADER_BYTES
+from csf_codec.engine_records import encode_engine_records
 
 from .planes_for_tests import clustered_plane, reseal, special_rows
 
@@ -134,6 +135,16 @@ def test_non_byte_inputs_are_refused():
         encode_compact(torch.zeros(4, dtype=torch.uint8), MXFP4, name=NAME)
     with pytest.raises(CorruptPayloadError, match="1-D uint8"):
         decode_compact(torch.zeros(100, dtype=torch.int32), name=NAME)
+
+
+@pytest.mark.parametrize("shape", [(0, 1 << 31), (1 << 31, 0), (0, 1 << 31, 4)])
+def test_planes_with_a_dimension_past_the_header_are_refused_before_encoding(shape):
+    """A header holds each dimension below 2**31 (its decoder refuses more), so encoders refuse such a plane up front
+    rather than write a payload no decoder reads; an empty plane of that shape costs no memory to try."""
+    plane = torch.empty(shape, dtype=torch.uint8)
+    for encode in (encode_compact, encode_inline, encode_engine_records):
+        with pytest.raises(ShapeMismatchError, match=r"below 2\*\*31"):
+            encode(plane, MXFP4, name=NAME)
 
 
 @settings(

@@ -33,6 +33,7 @@ import torch
 
 from .errors import CorruptPayloadError, FormatVersionError
 from .formats import ScaleFormat, scale_format
+from .planes import MAX_DIM
 
 __all__ = [
     "CSF_FORMAT_VERSION",
@@ -51,7 +52,6 @@ DIGEST_BYTES = 32
 _HEAD = struct.Struct("<4sHBBB3s3II5Q32sI")
 HEADER_BYTES = _HEAD.size + 4
 _DIGEST_AT = 68
-MAX_DIM = 1 << 31
 _COMPACT, _INLINE = b"CSFc", b"CSFi"
 
 

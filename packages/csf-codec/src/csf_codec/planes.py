@@ -6,7 +6,9 @@ import torch
 
 from .errors import ShapeMismatchError
 
-__all__ = ["as_rows", "as_scale_bytes"]
+__all__ = ["MAX_DIM", "as_rows", "as_scale_bytes"]
+
+MAX_DIM = 1 << 31  # a plane's dimensions lie below it: payload headers hold each in 32 bits, decoders refuse more
 
 _BYTE_DTYPES = {torch.uint8, torch.int8, torch.float8_e4m3fn}
 if hasattr(torch, "float8_e8m0fnu"):
@@ -24,8 +26,10 @@ def as_rows(plane: torch.Tensor, *, name: str = "scales") -> tuple[torch.Tensor,
     """Return the plane as contiguous uint8 rows [E * N, KB] and its original shape."""
     if plane.dim() not in (2, 3):
         raise ShapeMismatchError(name, f"a scale plane is [N, KB] or [E, N, KB]; got shape {tuple(plane.shape)}")
-    data = as_scale_bytes(plane, name=name).contiguous()
     shape = tuple(int(d) for d in plane.shape)
+    if any(d >= MAX_DIM for d in shape):
+        raise ShapeMismatchError(name, f"a scale plane's dimensions lie below 2**31; got shape {shape}")
+    data = as_scale_bytes(plane, name=name).contiguous()
     rows = 1
     for d in shape[:-1]:
         rows *= d
