@@ -244,7 +244,7 @@ slots repeat slot 0, the reference is the rule's at delta_bits over the block's 
 clipped to delta_bits) must be the stored ones: ref, and base less ref at every slot (0 at padding). */
 static int block_bases_ok(const uint8_t *out, int64_t cols, const int64_t *rows, const uint8_t *vb, const int16_t *bb,
                           const uint8_t *proven, int span, int ref, int delta_bits, RowRule *Rrow, RowRule *Rblock) {
-    uint8_t nat[128];
+    uint8_t nat[128] = {0}; /* padding slots copy slot 0, which the geometry makes real: never read unset */
     for (int s = 0; s < 128; s++) {
         if (!vb[s]) continue;
         if (proven && proven[s]) {
