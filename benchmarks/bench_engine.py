@@ -35,6 +35,7 @@ from csf_kernels import env, runtime
 from csf_kernels.moe.engine import dense_fp4_gemm_launch, grouped_fp4_gemm_launch
 from csf_kernels.moe.engine_panels import engine_scale_panel, engine_weight_panel
 from csf_kernels.moe.engine_specs import ENGINE_PROBE_TILE_N, ENGINE_PROBES, ENGINE_TILE_N
+from csf_kernels.moe.launch import WIDE_TILE_ROWS, wide_row_tiles
 
 # (weight rows R, tokens N, K): the gate's square problem, then gpt-oss's FC1 (2N rows) and FC2 per expert at the
 # routes an expert sees at 8192 tokens (256) and at 512 (16)
@@ -123,18 +124,23 @@ GROUPED = (("gpt-oss-120b", 128, 2880, 2880, 4), ("DS4.1-TP4", 384, 5120, 576, 6
 
 
 def _random_panels(experts: int, rows: int, k: int, g: torch.Generator):
-    """Random MXFP4 experts, their panels (built on the GPU) and, for checking, expert 0 dequantized."""
+    """Random MXFP4 experts, their panels (built on the GPU), their 64-row tiles' wide flags and, for checking,
+    expert 0 dequantized. E8M0 bytes 118..128, as real weights keep them: no tile is wide, so the GEMMs take the
+    one-multiply conversion the served layer takes (``wide_row_tiles``), not the two-multiply one every tile of an
+    unflagged launch gets."""
     w_panel = torch.empty(experts, k // 64, rows // 64, 256, dtype=torch.uint64, device="cuda")
     s_panel = torch.empty(experts, k // 64, 2 * rows, dtype=torch.uint8, device="cuda")
+    wide = torch.empty(experts, -(-rows // WIDE_TILE_ROWS), dtype=torch.uint8, device="cuda")
     first = None
     for e in range(experts):
         packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda", generator=g)
-        scales = torch.randint(118, 130, (rows, k // 32), dtype=torch.uint8, device="cuda", generator=g)
+        scales = torch.randint(118, 129, (rows, k // 32), dtype=torch.uint8, device="cuda", generator=g)
         w_panel[e] = engine_weight_panel(packed)
         s_panel[e] = engine_scale_panel(scales)
+        wide[e] = wide_row_tiles(scales[None])[0]
         if e == 0:
             first = dequantize_mxfp4(packed.cpu(), scales.cpu()).to(torch.bfloat16).cuda()
-    return w_panel, s_panel, first
+    return w_panel, s_panel, wide, first
 
 
 def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak, probes=False) -> dict:
@@ -143,8 +149,8 @@ def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak
     activation or combine: what the engine's fused epilogues will add). ``probes``: also each GEMM whole-block and
     as each bound probe, where the block size has them."""
     g = torch.Generator(device="cuda").manual_seed(tokens * 131 + experts)
-    w13, s13, w13_0 = _random_panels(experts, 2 * inter, hidden, g)
-    w2, s2, w2_0 = _random_panels(experts, hidden, inter, g)
+    w13, s13, wide13, w13_0 = _random_panels(experts, 2 * inter, hidden, g)
+    w2, s2, wide2, w2_0 = _random_panels(experts, hidden, inter, g)
     ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices.reshape(-1)
     counts = torch.bincount(ids, minlength=experts).tolist()
     routes_per_expert = tokens * top_k / experts
@@ -158,8 +164,8 @@ def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak
     x2 = torch.randn(rows_x, inter, device="cuda", generator=g).to(torch.bfloat16)
     out1 = torch.empty(rows_x, 2 * inter, dtype=torch.bfloat16, device="cuda")
     out2 = torch.empty(rows_x, hidden, dtype=torch.bfloat16, device="cuda")
-    fc1 = grouped_fp4_gemm_launch(w13, s13, x1, out1, be, meta, tile_n=tile_n).bind(name)
-    fc2 = grouped_fp4_gemm_launch(w2, s2, x2, out2, be, meta, tile_n=tile_n).bind(name)
+    fc1 = grouped_fp4_gemm_launch(w13, s13, x1, out1, be, meta, tile_n=tile_n, wide=wide13).bind(name)
+    fc2 = grouped_fp4_gemm_launch(w2, s2, x2, out2, be, meta, tile_n=tile_n, wide=wide2).bind(name)
     fc1()
     fc2()
     torch.cuda.synchronize()
@@ -175,7 +181,8 @@ def bench_grouped(name, experts, hidden, inter, top_k, tokens, reps, flush, peak
         t = replay_times(capture(fn), reps, flush)
         arms[label] = {"samples_s": t, "median_us": statistics.median(t) * 1e6}
     if probes and tile_n in ENGINE_PROBE_TILE_N:
-        _time_probes(arms, (w13, s13, x1, out1, w13_0), (w2, s2, x2, out2, w2_0), be, meta, tile_n, b0, reps, flush)
+        _time_probes(arms, (w13, s13, wide13, x1, out1, w13_0), (w2, s2, wide2, x2, out2, w2_0), be, meta, tile_n, b0,
+                     reps, flush)  # fmt: skip
     med = arms["fc1+fc2"]["median_us"] / 1e6
     print(f"  {name} T={tokens} blocks of {tile_n} ({blocks}): fc1 {arms['fc1']['median_us']:.1f} us, "
           f"fc2 {arms['fc2']['median_us']:.1f} us, both {med * 1e6:.1f} us, {useful / med / 1e12:.0f} useful TFLOP/s, "
@@ -199,8 +206,8 @@ def _time_probes(arms, fc1, fc2, be, meta, tile_n, b0, reps, flush) -> None:
     (``<probe>_fc1``: outputs wrong by design, not checked), each timed alone."""
     for variant in ("whole", *ENGINE_PROBES):
         probe = None if variant == "whole" else variant
-        for label, (w, s, x, out, w0) in (("fc1", fc1), ("fc2", fc2)):
-            fn = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=tile_n, ragged=False, probe=probe)
+        for label, (w, s, wide, x, out, w0) in (("fc1", fc1), ("fc2", fc2)):
+            fn = grouped_fp4_gemm_launch(w, s, x, out, be, meta, tile_n=tile_n, wide=wide, ragged=False, probe=probe)
             fn = fn.bind("bench_engine")
             out.fill_(float("nan"))
             fn()
