@@ -61,3 +61,12 @@ def test_ss_probe_gives_ring_stages_to_its_a_tiles():
     assert GroupedFp4Gemm(16, schedule="stage", ctas_per_sm=2, probe="ss").stages == 8
     with pytest.raises(ValueError, match="probe"):
         GroupedFp4Gemm(TILE_N, io="gather", probe="ss")
+
+
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_ss_probe_rings_as_the_transform_programs_it_stands_for(tile_n):
+    """What the ss probe bounds is the transform warps' consumer side: at the sizes where the two are compared, the
+    probe's ring has the transform program's stages, one CTA an SM (docs/moe-engine.md §7)."""
+    probe = GroupedFp4Gemm(tile_n, probe="ss")
+    transform = GroupedFp4Gemm(tile_n, schedule="transform", ragged=1)
+    assert (probe.stages, probe.ctas_per_sm) == (transform.stages, transform.ctas_per_sm)
