@@ -39,6 +39,7 @@ from csf_kernels.moe.kernels.engine_convert import (
     PLACED_FACTOR_PTX,
 )
 from csf_kernels.moe.kernels.engine_epilogue import asm_u32
+from csf_kernels.moe.kernels.engine_producer import ring_slot
 from csf_kernels.moe.kernels.engine_transform import A_TILES
 
 __all__ = ["PROBES", "SCHEDULES", "STEP_GROUP", "ConsumerStep"]
@@ -140,7 +141,7 @@ class ConsumerStep:
         tiles`` (``count``: the stages consumed so far), waited for where the transform warpgroup writes it."""
         if self.shared_a:
             a_tiles, bars = frags
-            a = count & (A_TILES - 1)  # as SharedATiles.tile
+            a = ring_slot(count, A_TILES)
             if cutlass.const_expr(self.tiles is not None):
                 self.tiles.wait_full(bars, count)
                 a = self.tiles.tile(count)

@@ -30,6 +30,24 @@ UNROLLED_COPIES = 8  # a gathering thread's copies a stage unrolled up to this m
 CONSUMER_WARPS = 8  # both consumer warpgroups' warps: each releases a ring stage (and an A tile) once
 
 
+def _power_of_two(slots: int) -> int:
+    if slots < 1 or slots & (slots - 1):
+        raise ValueError(f"a ring of {slots} slots: slots and phases go by mask and shift, so a power of two")
+    return slots.bit_length() - 1
+
+
+def ring_slot(count, slots: int):
+    """Slot ``count % slots`` of a ring of a power-of-two ``slots``, for a ``count`` that never goes negative (a mask:
+    a signed ``%`` costs fix-up instructions on every use)."""
+    _power_of_two(slots)
+    return count & (slots - 1)
+
+
+def ring_phase(count, slots: int):
+    """The phase parity of slot ``ring_slot(count, slots)``'s ``count // slots``-th use (by shift, as ``ring_slot``)."""
+    return (count >> _power_of_two(slots)) & 1
+
+
 def make_ring(
     bars_ptr, stages: int, tx: int, producers: int = 1, consumers: int = CONSUMER_WARPS
 ) -> pipeline.PipelineTmaAsync:

@@ -51,6 +51,7 @@ from csf_codec.engine_record_layout import (
 )
 from csf_codec.tile_layout import TILE_COLS
 from csf_kernels.moe.engine_specs import INLINE_MAX_COL_TILES as MAX_COL_TILES
+from csf_kernels.moe.kernels.engine_producer import ring_phase, ring_slot
 from csf_kernels.moe.kernels.engine_record_lanes import (
     RECORD_SLOTS,
     above_value,
@@ -132,9 +133,7 @@ class RecordDecoderWarp:
         self.stages = stages
         self.warps = warps
         self.slots = RECORD_SLOTS
-        if RECORD_SLOTS & (RECORD_SLOTS - 1):
-            raise ValueError(f"RECORD_SLOTS {RECORD_SLOTS} is not a power of two (slots and phases by mask and shift)")
-        self.slot_shift = RECORD_SLOTS.bit_length() - 1
+        ring_slot(0, RECORD_SLOTS)  # refuses a slot count that is not a power of two
         self.steps_per_record = 1 if nvfp4 else 2
         self.work = UnitWork(False) if work is None else work
 
@@ -185,7 +184,8 @@ class RecordDecoderWarp:
                     cursor = first
                     for _ in cutlass.range(self.slots, unroll=1):
                         if cursor < n:
-                            self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued & (self.slots - 1), lane)
+                            to = ring_slot(issued, self.slots)
+                            self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, to, lane)
                             issued += 1
                             cursor += deal
                 bases = self._bases(ref, delta)
@@ -196,22 +196,23 @@ class RecordDecoderWarp:
                     ref, delta = self._base_words(base_ref, base_delta, rb_next, lane)
                 next_table = Int32(0)  # the next unit's offsets are in table half ``1 - half``
                 for i in cutlass.range(first, n, deal, unroll=1):
-                    slot = taken & (self.slots - 1)
-                    cute.arch.mbarrier_wait(bars + slot, (taken >> self.slot_shift) & 1)
+                    slot = ring_slot(taken, self.slots)
+                    cute.arch.mbarrier_wait(bars + slot, ring_phase(taken, self.slots))
                     tc = _tile_cols(j0 + i, full, cols)
                     self._decode(words, s_rec, s_tile, slot, tc, bases, lane)
                     cute.arch.sync_warp()  # every lane is done with the staging slot
                     taken += 1
                     if cursor < n:  # the record a staging slot's lead ahead: this unit's, then the next's
-                        self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, issued & (self.slots - 1), lane)
+                        to = ring_slot(issued, self.slots)
+                        self._issue(bars, s_rec, s_offs, half, body, j0 + cursor, to, lane)
                         issued += 1
                         cursor += deal
                     elif (rb_next >= 0) & (cursor < n + n_next):
                         if next_table == 0:
                             self._offsets(s_offs, 1 - half, lengths, start_next, tiles, lane)
                             next_table = Int32(1)
-                        slot_next = issued & (self.slots - 1)
-                        self._issue(bars, s_rec, s_offs, 1 - half, body, j0_next + cursor - n, slot_next, lane)
+                        to = ring_slot(issued, self.slots)
+                        self._issue(bars, s_rec, s_offs, 1 - half, body, j0_next + cursor - n, to, lane)
                         issued += 1
                         cursor += deal
                     self._fill_record(ring, s_s, words, stage0, i, tc, tail_rows, lane, Uint32(0xFFFFFFFF))

@@ -30,7 +30,7 @@ import cutlass.pipeline as pipeline
 
 from csf_kernels.moe.engine_specs import ENGINE_TILE_K as TILE_K
 from csf_kernels.moe.engine_specs import ENGINE_TILE_M as TILE_M
-from csf_kernels.moe.kernels.engine_producer import CONSUMER_WARPS
+from csf_kernels.moe.kernels.engine_producer import CONSUMER_WARPS, ring_phase, ring_slot
 
 __all__ = [
     "A_TILES",
@@ -62,8 +62,7 @@ class SharedATiles:
     arrival each on a full barrier."""
 
     def __init__(self, writers: int, tiles: int = A_TILES):
-        if tiles < 1 or tiles & (tiles - 1):
-            raise ValueError(f"A tiles: {tiles} is not a power of two")
+        ring_slot(0, tiles)  # refuses a slot count that is not a power of two
         self.writers = writers
         self.tiles = tiles
 
@@ -75,14 +74,12 @@ class SharedATiles:
             cute.arch.mbarrier_init(bars + self.tiles + i, CONSUMER_WARPS)
         cute.arch.mbarrier_init_fence()
 
-    # ``count`` is a signed Int32 that never goes negative: masks and shifts, not ``%`` and ``//``, whose signed
-    # forms cost fix-up instructions on every stage
     def tile(self, count):
-        return count & (self.tiles - 1)
+        return ring_slot(count, self.tiles)
 
     def parity(self, count):
         """The phase parity of tile ``count % tiles``'s ``count // tiles``-th use."""
-        return (count >> (self.tiles.bit_length() - 1)) & 1
+        return ring_phase(count, self.tiles)
 
     @cute.jit
     def wait_full(self, bars, count):
