@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run 324x: next-run324.sh, 324b and 324c regrouped into two calls after refused starts took a third of the
-# session's device time (2026-12-08). This first call checks what main serves, then bounds the conversion: the Triton
-# layer's GPU tests (every align program changed: route slots, fact INV), the engine layers' (MXFP4), W4A8's gather,
-# row quantizer and layer (FC1's input by token), then the bound probes at 512-8192 tokens. ~520 s.
+# Run 324x: the first of run 324's calls (three prepared calls regrouped into two on one carry after refused starts
+# took a third of a session's device time, 2026-12-08; the rest in next-run324z.sh). This first call checks what main
+# serves, then bounds the conversion: the Triton layer's GPU tests (every align program changed: route slots, fact
+# INV), the engine layers' (MXFP4), W4A8's gather, row quantizer and layer (FC1's input by token), then the bound
+# probes at 512-8192 tokens. ~520 s.
 # Carry (one for both calls): aot_cache/carry.tgz packed with --drop for mla.merge, mla.sparse_decode_mma,
 # mla.sparse_decode_wgmma, mla.sparse_decode_wide, stage.inline_decoder, "moe.engine_gemm:FMT=nvfp4",
 # "moe.engine_gemm:RAG=2" (~51 MiB); .peers/triton_kernels, .peers/SOURCE, .ab/COMMIT, the codec's cp312 extension.

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Run 324z: what next-run324x.sh and next-run324y.sh leave out of the three-call form (next-run324b.sh and 324c), for
-# a session with device time left after them; same tree and carry as 324x. The counters that choose the next
-# structures: the W4A16 FC1's and W4A8 FC1's warp stalls at gpt-oss 8192 (tensor pipe, issue slots, eligible warps:
-# docs/moe-engine.md §4.7, §7), then where a one-token call's time goes (issue 46 asks <= 0.50 of the peer at one
-# token; plain launches, CSF_PDL=0): csf's Triton layer, the split engine, the unsplit engine and the peer at 1 and 8
-# tokens. ~330 s.
+# Run 324z: what next-run324x.sh and next-run324y.sh leave out, for a session with device time left after them; same
+# tree and carry as 324x. The counters that choose the next structures: the W4A16 FC1's and W4A8 FC1's warp stalls at
+# gpt-oss 8192 (tensor pipe, issue slots, eligible warps: docs/moe-engine.md §4.7, §7), then where a one-token call's
+# time goes (issue 46 asks <= 0.50 of the peer at one token; plain launches, CSF_PDL=0): csf's Triton layer, the split
+# engine, the unsplit engine and the peer at 1 and 8 tokens. ~330 s.
 set -uo pipefail
 source validation/calls/preamble.sh run324z
 timeout 60 ncu --clock-control none -k regex:GroupedFp4Gemm -c 1 --metrics $NCU_MET --section WarpStateStats \
